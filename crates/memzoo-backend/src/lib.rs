@@ -1,0 +1,320 @@
+//! Run-time backend selection for memzoo.
+//!
+//! In Burn 0.22 a tensor carries no backend type: the [`Device`] picks the backend when the
+//! program runs, and cargo features decide which backends are compiled in. memzoo declares the
+//! backend features once, here (`flex`, the default; `wgpu`; `tch`; `cuda`), every other crate
+//! forwards to them, and users pick a backend with a device string:
+//!
+//! | string | backend | cargo feature |
+//! |---|---|---|
+//! | `flex` | Burn's pure-Rust CPU backend | `flex` (default) |
+//! | `wgpu` | wgpu, graphics API chosen by the runtime | `wgpu` |
+//! | `wgpu-gl` / `wgpu-vulkan` | wgpu pinned to OpenGL / Vulkan | `wgpu` |
+//! | `cuda`, `cuda:N` | CubeCL CUDA, GPU `N` | `cuda` |
+//! | `tch`, `tch-cuda`, `tch-cuda:N` | LibTorch on CPU / CUDA GPU `N` | `tch` |
+//!
+//! ```
+//! let device = memzoo_backend::parse_device("flex").unwrap();
+//! assert!(memzoo_backend::parse_device("tpu").is_err());
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Mutex, OnceLock};
+
+pub use burn::tensor::Device;
+
+/// Every device name memzoo understands, with the cargo feature it needs.
+pub const DEVICE_NAMES: &[(&str, &str)] = &[
+    ("flex", "flex"),
+    ("wgpu", "wgpu"),
+    ("wgpu-gl", "wgpu"),
+    ("wgpu-vulkan", "wgpu"),
+    ("cuda", "cuda"),
+    ("tch", "tch"),
+    ("tch-cuda", "tch"),
+];
+
+/// Why a device string could not be turned into a [`Device`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DeviceError {
+    /// The name is not one memzoo knows.
+    #[error(
+        "unknown device `{name}`: expected one of flex, wgpu, wgpu-gl, wgpu-vulkan, cuda[:N], tch, tch-cuda[:N]"
+    )]
+    Unknown { name: String },
+    /// The backend exists but this binary was built without its cargo feature.
+    #[error(
+        "device `{name}` needs the cargo feature `{feature}`, which this binary was built without; \
+         rebuild with `--features {feature}` (compiled in: {compiled})"
+    )]
+    NotCompiled {
+        name: String,
+        feature: &'static str,
+        compiled: String,
+    },
+    /// A malformed index, e.g. `cuda:x`.
+    #[error("bad device index in `{name}`: `{index}` is not a non-negative integer")]
+    BadIndex { name: String, index: String },
+    /// The backend is compiled in but could not start (no adapter, driver error, ...).
+    #[error("device `{name}` could not be initialised: {message}")]
+    Init { name: String, message: String },
+}
+
+/// A parsed device string; [`DeviceSpec::init`] turns it into a Burn [`Device`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceSpec {
+    /// Burn's pure-Rust CPU backend.
+    Flex,
+    /// wgpu with the given graphics API choice.
+    Wgpu(WgpuApi),
+    /// CubeCL CUDA on GPU `index`.
+    Cuda(usize),
+    /// LibTorch on the CPU.
+    Tch,
+    /// LibTorch on CUDA GPU `index`.
+    TchCuda(usize),
+}
+
+/// Which graphics API the wgpu backend uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WgpuApi {
+    /// Let the runtime pick (Vulkan, then DX12, then GL on Linux).
+    Auto,
+    /// OpenGL: the path that works on Mesa's software rasteriser (llvmpipe).
+    Gl,
+    /// Vulkan (SPIR-V).
+    Vulkan,
+}
+
+impl DeviceSpec {
+    /// The cargo feature this device needs.
+    pub fn feature(&self) -> &'static str {
+        match self {
+            DeviceSpec::Flex => "flex",
+            DeviceSpec::Wgpu(_) => "wgpu",
+            DeviceSpec::Cuda(_) => "cuda",
+            DeviceSpec::Tch | DeviceSpec::TchCuda(_) => "tch",
+        }
+    }
+
+    /// Whether this binary was built with the backend of this device.
+    pub fn is_compiled(&self) -> bool {
+        compiled_features().contains(&self.feature())
+    }
+
+    /// Creates (or reuses: a runtime can only be initialised once per process) the device.
+    pub fn init(&self) -> Result<Device, DeviceError> {
+        if !self.is_compiled() {
+            return Err(DeviceError::NotCompiled {
+                name: self.to_string(),
+                feature: self.feature(),
+                compiled: compiled_features().join(", "),
+            });
+        }
+        static CACHE: OnceLock<Mutex<HashMap<DeviceSpec, Device>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(Default::default);
+        let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(device) = cache.get(self) {
+            return Ok(device.clone());
+        }
+        let device = self.create()?;
+        cache.insert(*self, device.clone());
+        Ok(device)
+    }
+
+    #[allow(unreachable_code, unused_variables, deprecated)]
+    fn create(&self) -> Result<Device, DeviceError> {
+        match *self {
+            DeviceSpec::Flex => {
+                #[cfg(feature = "flex")]
+                return Ok(Device::flex());
+            }
+            DeviceSpec::Wgpu(api) => {
+                #[cfg(feature = "wgpu")]
+                {
+                    use burn::tensor::wgpu::WgpuBackend;
+                    let api = match api {
+                        WgpuApi::Auto => WgpuBackend::Auto,
+                        WgpuApi::Gl => WgpuBackend::Gl,
+                        WgpuApi::Vulkan => WgpuBackend::Vulkan,
+                    };
+                    return Device::wgpu_options()
+                        .graphics_api(api)
+                        .init()
+                        .map_err(|e| DeviceError::Init {
+                            name: self.to_string(),
+                            message: e.to_string(),
+                        });
+                }
+            }
+            DeviceSpec::Cuda(index) => {
+                #[cfg(feature = "cuda")]
+                return Ok(Device::cuda(index));
+            }
+            DeviceSpec::Tch => {
+                #[cfg(feature = "tch")]
+                return Ok(Device::libtorch());
+            }
+            DeviceSpec::TchCuda(index) => {
+                #[cfg(feature = "tch")]
+                return Ok(Device::libtorch_cuda(index));
+            }
+        }
+        unreachable!("is_compiled() was checked before create()")
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Flex => write!(f, "flex"),
+            DeviceSpec::Wgpu(WgpuApi::Auto) => write!(f, "wgpu"),
+            DeviceSpec::Wgpu(WgpuApi::Gl) => write!(f, "wgpu-gl"),
+            DeviceSpec::Wgpu(WgpuApi::Vulkan) => write!(f, "wgpu-vulkan"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+            DeviceSpec::Tch => write!(f, "tch"),
+            DeviceSpec::TchCuda(i) => write!(f, "tch-cuda:{i}"),
+        }
+    }
+}
+
+impl FromStr for DeviceSpec {
+    type Err = DeviceError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let name = s.trim().to_ascii_lowercase();
+        let (base, index) = match name.split_once(':') {
+            Some((base, idx)) => {
+                let index = idx.parse::<usize>().map_err(|_| DeviceError::BadIndex {
+                    name: s.to_string(),
+                    index: idx.to_string(),
+                })?;
+                (base, Some(index))
+            }
+            None => (name.as_str(), None),
+        };
+        let spec = match (base, index) {
+            ("flex", None) => DeviceSpec::Flex,
+            ("wgpu", None) => DeviceSpec::Wgpu(WgpuApi::Auto),
+            ("wgpu-gl", None) => DeviceSpec::Wgpu(WgpuApi::Gl),
+            ("wgpu-vulkan", None) => DeviceSpec::Wgpu(WgpuApi::Vulkan),
+            ("cuda", i) => DeviceSpec::Cuda(i.unwrap_or(0)),
+            ("tch", None) => DeviceSpec::Tch,
+            ("tch-cuda", i) => DeviceSpec::TchCuda(i.unwrap_or(0)),
+            _ => {
+                return Err(DeviceError::Unknown {
+                    name: s.to_string(),
+                });
+            }
+        };
+        Ok(spec)
+    }
+}
+
+/// Backend features compiled into this binary.
+pub fn compiled_features() -> Vec<&'static str> {
+    let mut features = Vec::new();
+    if cfg!(feature = "flex") {
+        features.push("flex");
+    }
+    if cfg!(feature = "wgpu") {
+        features.push("wgpu");
+    }
+    if cfg!(feature = "tch") {
+        features.push("tch");
+    }
+    if cfg!(feature = "cuda") {
+        features.push("cuda");
+    }
+    features
+}
+
+/// Parses a device string (see the crate docs) and initialises the device.
+pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
+    name.parse::<DeviceSpec>()?.init()
+}
+
+/// Every compiled-in device a parity test can reasonably try on this machine, `flex` first.
+///
+/// `wgpu` is listed as `wgpu-gl` when `MEMZOO_WGPU_API=gl` (software rendering in CI);
+/// CUDA and LibTorch-CUDA are only listed when `MEMZOO_TEST_CUDA=1`.
+pub fn test_devices() -> Vec<DeviceSpec> {
+    let mut specs = vec![];
+    if cfg!(feature = "flex") {
+        specs.push(DeviceSpec::Flex);
+    }
+    if cfg!(feature = "wgpu") {
+        let api = match std::env::var("MEMZOO_WGPU_API").as_deref() {
+            Ok("gl") => WgpuApi::Gl,
+            Ok("vulkan") => WgpuApi::Vulkan,
+            _ => WgpuApi::Auto,
+        };
+        specs.push(DeviceSpec::Wgpu(api));
+    }
+    if cfg!(feature = "tch") {
+        specs.push(DeviceSpec::Tch);
+    }
+    let cuda = std::env::var("MEMZOO_TEST_CUDA").is_ok_and(|v| v == "1");
+    if cfg!(feature = "cuda") && cuda {
+        specs.push(DeviceSpec::Cuda(0));
+    }
+    specs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_documented_name() {
+        for (name, feature) in DEVICE_NAMES {
+            let spec: DeviceSpec = name.parse().unwrap();
+            assert_eq!(spec.feature(), *feature, "{name}");
+        }
+        assert_eq!("cuda:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(3));
+        assert_eq!(
+            "tch-cuda:1".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::TchCuda(1)
+        );
+        assert_eq!(" FLEX ".parse::<DeviceSpec>().unwrap(), DeviceSpec::Flex);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let err = "tpu".parse::<DeviceSpec>().unwrap_err().to_string();
+        assert!(err.contains("`tpu`"), "{err}");
+        let err = "cuda:x".parse::<DeviceSpec>().unwrap_err().to_string();
+        assert!(err.contains("`x`"), "{err}");
+        let err = "flex:1".parse::<DeviceSpec>().unwrap_err().to_string();
+        assert!(err.contains("flex:1"), "{err}");
+    }
+
+    #[test]
+    fn missing_feature_is_named() {
+        for spec in [
+            DeviceSpec::Cuda(0),
+            DeviceSpec::Tch,
+            DeviceSpec::Wgpu(WgpuApi::Gl),
+        ] {
+            if spec.is_compiled() {
+                continue;
+            }
+            let err = spec.init().unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("--features {}", spec.feature())),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn flex_device_works_and_is_reused() {
+        let a = parse_device("flex").unwrap();
+        let b = parse_device("flex").unwrap();
+        assert_eq!(a, b);
+        let t = burn::tensor::Tensor::<1>::from_floats([1.0, 2.0], &a);
+        assert_eq!(t.sum().into_scalar::<f32>(), 3.0);
+    }
+}

@@ -1,0 +1,17 @@
+//! Relative-position multi-head attention for memzoo.
+//!
+//! One module, [`RelativeMultiHeadAttention`], three position schemes ([`PositionKind`]):
+//! Transformer-XL's sinusoidal encodings with `u`/`v` biases, learned relative embeddings
+//! (the labml variant) and T5's bucketed bias. Memory keys (cached hidden states of earlier
+//! segments) are prepended to the segment's keys; the causal mask is offset by the memory
+//! length. Positions are computed once per forward pass in a [`RelativeContext`] and shared by
+//! every layer; [`shift::relative_shift`] re-indexes distance-major scores by key exactly.
+
+pub mod attention;
+pub mod error;
+pub mod positions;
+pub mod shift;
+
+pub use attention::{RelativeAttentionConfig, RelativeMultiHeadAttention, XlBiases};
+pub use error::RelativeError;
+pub use positions::{AttentionMask, PositionConfig, PositionKind, RelativeContext, t5_bucket};

@@ -1,0 +1,293 @@
+//! Relative positions: the three schemes, their per-distance encodings and the key mask.
+//!
+//! Everything here depends only on `(qlen, mlen)`, never on a layer, so a model builds one
+//! [`RelativeContext`] per forward pass and hands it to every layer.
+
+use burn::config::Config;
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::shift::{distance_of_column, n_distances};
+
+/// Which relative position scheme an attention layer uses.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PositionKind {
+    /// Transformer-XL (Dai et al. 2019, sec. 3.3): sinusoidal `R` projected by `W_R`, with the
+    /// global content bias `u` and position bias `v`.
+    #[default]
+    Xl,
+    /// Learned relative embeddings with key and query position biases (the labml variant).
+    Learned,
+    /// T5's bucketed scalar bias per head (Raffel et al. 2020), as the Memorizing Transformer
+    /// uses for its local attention.
+    T5,
+}
+
+impl std::str::FromStr for PositionKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "xl" => Ok(PositionKind::Xl),
+            "learned" => Ok(PositionKind::Learned),
+            "t5" => Ok(PositionKind::T5),
+            other => Err(format!(
+                "unknown position scheme `{other}`: expected xl, learned or t5"
+            )),
+        }
+    }
+}
+
+/// Configuration of the relative position scheme.
+#[derive(Config, Debug, PartialEq)]
+pub struct PositionConfig {
+    /// The scheme. Default: `xl`.
+    #[config(default = "PositionKind::Xl")]
+    pub kind: PositionKind,
+    /// XL only: distances beyond `clamp_len` use the encoding of `clamp_len`. Default: none.
+    #[config(default = "None")]
+    pub clamp_len: Option<usize>,
+    /// Learned: the table covers distances `-max_distance..=max_distance` (larger ones are
+    /// clamped). T5: the distance at which the last bucket starts. Default: 128.
+    #[config(default = 128)]
+    pub max_distance: usize,
+    /// T5 only: number of buckets. Default: 32.
+    #[config(default = 32)]
+    pub num_buckets: usize,
+    /// T5 only: give future keys their own buckets (half of them). Default: false (causal).
+    #[config(default = false)]
+    pub bidirectional: bool,
+}
+
+impl Default for PositionConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PositionConfig {
+    /// Checks the scheme's own fields; `d_model` is the attention width.
+    pub fn validate(&self, d_model: usize) -> Result<(), String> {
+        match self.kind {
+            PositionKind::Xl => {
+                if d_model % 2 != 0 {
+                    return Err(format!(
+                        "xl positions need an even d_model for the sin/cos pairs, got d_model = {d_model}"
+                    ));
+                }
+                if self.clamp_len == Some(0) {
+                    return Err("clamp_len = 0 would give every distance the same encoding; use a positive value or none".into());
+                }
+            }
+            PositionKind::Learned => {
+                if self.max_distance == 0 {
+                    return Err("learned positions need max_distance > 0".into());
+                }
+            }
+            PositionKind::T5 => {
+                let per_side = if self.bidirectional {
+                    if self.num_buckets % 2 != 0 {
+                        return Err(format!(
+                            "bidirectional T5 buckets are split in two halves: num_buckets must be even, got {}",
+                            self.num_buckets
+                        ));
+                    }
+                    self.num_buckets / 2
+                } else {
+                    self.num_buckets
+                };
+                if per_side < 2 {
+                    return Err(format!(
+                        "T5 positions need at least 2 buckets per direction, got num_buckets = {}",
+                        self.num_buckets
+                    ));
+                }
+                if self.max_distance <= per_side / 2 {
+                    return Err(format!(
+                        "T5 max_distance ({}) must exceed the exact range num_buckets/2 = {}",
+                        self.max_distance,
+                        per_side / 2
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Size of the per-distance parameter table (learned: `2 max_distance + 1`, T5: buckets).
+    pub fn table_len(&self) -> usize {
+        match self.kind {
+            PositionKind::Xl => 0,
+            PositionKind::Learned => 2 * self.max_distance + 1,
+            PositionKind::T5 => self.num_buckets,
+        }
+    }
+
+    /// Row of the parameter table used for distance `d = query position - key position`.
+    pub fn table_index(&self, d: i64) -> usize {
+        match self.kind {
+            PositionKind::Xl => 0,
+            PositionKind::Learned => {
+                let m = self.max_distance as i64;
+                (d.clamp(-m, m) + m) as usize
+            }
+            PositionKind::T5 => {
+                t5_bucket(d, self.bidirectional, self.num_buckets, self.max_distance)
+            }
+        }
+    }
+
+    /// The distance the XL sinusoid is evaluated at for distance `d` (after `clamp_len`).
+    pub fn clamped(&self, d: i64) -> i64 {
+        match self.clamp_len {
+            Some(c) => d.clamp(-(c as i64), c as i64),
+            None => d,
+        }
+    }
+}
+
+/// T5's relative position bucket of distance `d = query position - key position`.
+///
+/// Small distances get a bucket each (`max_exact = buckets / 2` of them); larger ones share
+/// logarithmically wider buckets up to `max_distance`, beyond which all fall in the last.
+/// Causal (`bidirectional = false`): future keys (`d < 0`) share bucket 0 with `d = 0`.
+pub fn t5_bucket(d: i64, bidirectional: bool, num_buckets: usize, max_distance: usize) -> usize {
+    let mut buckets = num_buckets;
+    let mut offset = 0;
+    let n = if bidirectional {
+        buckets /= 2;
+        if d < 0 {
+            offset = buckets;
+        }
+        d.unsigned_abs() as usize
+    } else {
+        d.max(0) as usize
+    };
+    let max_exact = buckets / 2;
+    let bucket = if n < max_exact {
+        n
+    } else {
+        let ratio =
+            (n as f64 / max_exact as f64).ln() / (max_distance as f64 / max_exact as f64).ln();
+        let large = max_exact + (ratio * (buckets - max_exact) as f64) as usize;
+        large.min(buckets - 1)
+    };
+    offset + bucket
+}
+
+/// Sinusoidal encoding of distance `d` in `d_model` dims: `[sin(d ω_k)…, cos(d ω_k)…]`,
+/// `ω_k = 10000^(-2k / d_model)` (Vaswani et al. 2017, as Transformer-XL's `R`).
+pub fn sinusoid(d: i64, d_model: usize, out: &mut Vec<f32>) {
+    let half = d_model / 2;
+    let start = out.len();
+    out.resize(start + d_model, 0.0);
+    for k in 0..half {
+        let inv_freq = 1.0 / 10000f64.powf(2.0 * k as f64 / d_model as f64);
+        let angle = d as f64 * inv_freq;
+        out[start + k] = angle.sin() as f32;
+        out[start + half + k] = angle.cos() as f32;
+    }
+}
+
+/// Which keys each query may attend to (`true` in a mask = hidden, Burn's convention).
+#[derive(Debug, Clone)]
+pub enum AttentionMask {
+    /// Every query sees every key.
+    None,
+    /// Query `i` (absolute position `mlen + i`) sees keys `j <= mlen + i`; with a window `w`,
+    /// only the `w` most recent of those (`j > mlen + i - w`), so that every query sees the
+    /// same number of keys (Transformer-XL's `same_length`).
+    Causal { window: Option<usize> },
+    /// An explicit mask, `[1 or batch, qlen, klen]`, `true` = hidden.
+    Explicit(Tensor<3, Bool>),
+}
+
+impl AttentionMask {
+    /// The causal mask with no window.
+    pub fn causal() -> Self {
+        AttentionMask::Causal { window: None }
+    }
+
+    /// Materialises the mask, `[1 or batch, qlen, klen]`, or `None` when nothing is hidden.
+    pub fn build(&self, qlen: usize, mlen: usize, device: &Device) -> Option<Tensor<3, Bool>> {
+        let klen = qlen + mlen;
+        match self {
+            AttentionMask::None => None,
+            AttentionMask::Explicit(mask) => Some(mask.clone()),
+            AttentionMask::Causal { window } => {
+                let mut hidden = vec![false; qlen * klen];
+                let mut any = false;
+                for i in 0..qlen {
+                    let pos = (mlen + i) as i64;
+                    for j in 0..klen {
+                        let ji = j as i64;
+                        let h = ji > pos || window.is_some_and(|w| ji <= pos - w as i64);
+                        hidden[i * klen + j] = h;
+                        any |= h;
+                    }
+                }
+                any.then(|| Tensor::from_data(TensorData::new(hidden, [1, qlen, klen]), device))
+            }
+        }
+    }
+}
+
+/// Position information shared by every layer of one forward pass.
+///
+/// Columns are indexed by distance, `c ↦ klen - 1 - c` (see [`crate::shift`]).
+#[derive(Debug, Clone)]
+pub struct RelativeContext {
+    /// Queries in this segment.
+    pub qlen: usize,
+    /// Memory keys prepended to the segment.
+    pub mlen: usize,
+    /// XL: the sinusoid of every (clamped) distance, `[klen + qlen - 1, d_model]`.
+    pub sinusoid: Option<Tensor<2>>,
+    /// Learned / T5: the parameter-table row of every distance, `[klen + qlen - 1]`.
+    pub table_index: Option<Tensor<1, Int>>,
+    /// Hidden keys, `[1 or batch, qlen, klen]` (`true` = hidden), `None` if all are visible.
+    pub mask: Option<Tensor<3, Bool>>,
+}
+
+impl RelativeContext {
+    /// Builds the context for `qlen` queries over `mlen` memory keys plus the segment.
+    pub fn new(
+        positions: &PositionConfig,
+        d_model: usize,
+        qlen: usize,
+        mlen: usize,
+        mask: &AttentionMask,
+        device: &Device,
+    ) -> Self {
+        let klen = qlen + mlen;
+        let w = n_distances(qlen, klen);
+        let distances = (0..w).map(|c| distance_of_column(c, klen));
+        let (sinusoid, table_index) = match positions.kind {
+            PositionKind::Xl => {
+                let mut data = Vec::with_capacity(w * d_model);
+                for d in distances {
+                    sinusoid(positions.clamped(d), d_model, &mut data);
+                }
+                let t = Tensor::from_data(TensorData::new(data, [w, d_model]), device);
+                (Some(t), None)
+            }
+            PositionKind::Learned | PositionKind::T5 => {
+                let idx: Vec<i64> = distances.map(|d| positions.table_index(d) as i64).collect();
+                let t = Tensor::from_data(TensorData::new(idx, [w]), device);
+                (None, Some(t))
+            }
+        };
+        Self {
+            qlen,
+            mlen,
+            sinusoid,
+            table_index,
+            mask: mask.build(qlen, mlen, device),
+        }
+    }
+
+    /// Keys per query: `mlen + qlen`.
+    pub fn klen(&self) -> usize {
+        self.qlen + self.mlen
+    }
+}

@@ -1,0 +1,112 @@
+//! The recurrence state of Transformer-XL.
+
+use burn::tensor::{Device, Tensor};
+
+/// Cached hidden states of earlier segments: one tensor per layer, the *input* of that layer
+/// at the last `mlen` positions, `[batch, mlen, d_model]`.
+///
+/// Returned by every forward pass and handed to the next one. Its tensors are always detached
+/// from the autodiff graph (Dai et al. 2019, eq. 1: `SG(h_{τ-1})`), so a backward pass never
+/// reaches an earlier segment and the graph does not grow across segments.
+#[derive(Debug, Clone, Default)]
+pub struct XlMemory {
+    layers: Vec<Tensor<3>>,
+}
+
+impl XlMemory {
+    /// No memory: the first segment of a sequence.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// Memory from per-layer tensors `[batch, mlen, d_model]` (all the same shape); detached.
+    ///
+    /// Returns an error naming the mismatch if the layers disagree in shape.
+    pub fn from_layers(layers: Vec<Tensor<3>>) -> Result<Self, String> {
+        if let Some(first) = layers.first() {
+            let dims = first.dims();
+            for (l, t) in layers.iter().enumerate() {
+                if t.dims() != dims {
+                    return Err(format!(
+                        "memory layer {l} has shape {:?}, layer 0 has {dims:?}",
+                        t.dims()
+                    ));
+                }
+            }
+        }
+        Ok(Self {
+            layers: layers.into_iter().map(|t| t.detach()).collect(),
+        })
+    }
+
+    /// Number of cached positions (`mlen`); 0 when empty.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, |t| t.dims()[1])
+    }
+
+    /// True when no position is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of layers the memory covers (0 when empty).
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Batch size of the memory, if any.
+    pub fn batch(&self) -> Option<usize> {
+        self.layers.first().map(|t| t.dims()[0])
+    }
+
+    /// The memory of layer `l`, `[batch, mlen, d_model]`.
+    pub fn layer(&self, l: usize) -> Option<&Tensor<3>> {
+        self.layers.get(l)
+    }
+
+    /// All layers.
+    pub fn layers(&self) -> &[Tensor<3>] {
+        &self.layers
+    }
+
+    /// Moves the memory to another device (e.g. from an autodiff device to its inner one).
+    pub fn to_device(self, device: &Device) -> Self {
+        Self {
+            layers: self
+                .layers
+                .into_iter()
+                .map(|t| t.to_device(device))
+                .collect(),
+        }
+    }
+
+    /// The memory after a segment: per layer, the last `mem_len` positions of
+    /// `cat(old memory, layer input)`, detached.
+    ///
+    /// The window is taken from the end of the concatenation, so it is right whatever the
+    /// segment length `qlen` and the previous `mlen` (the evaluation segment length may differ
+    /// from training's, and evaluation may use a longer `mem_len`).
+    ///
+    /// # Shapes
+    /// - `inputs[l]`: `[batch, qlen, d_model]`
+    pub fn update(&self, inputs: &[Tensor<3>], mem_len: usize) -> Self {
+        if mem_len == 0 {
+            return Self::empty();
+        }
+        let layers = inputs
+            .iter()
+            .enumerate()
+            .map(|(l, input)| {
+                let input = input.clone().detach();
+                let cat = match self.layers.get(l) {
+                    Some(old) => Tensor::cat(vec![old.clone(), input], 1),
+                    None => input,
+                };
+                let total = cat.dims()[1];
+                let keep = total.min(mem_len);
+                cat.narrow(1, total - keep, keep)
+            })
+            .collect();
+        Self { layers }
+    }
+}

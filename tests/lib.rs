@@ -1,0 +1,111 @@
+//! Helpers shared by memzoo's integration tests: host copies of tensors and naive reference maths.
+
+use burn::tensor::{Device, Tensor, TensorData};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+/// The flex device every reference test runs on.
+pub fn flex() -> Device {
+    memzoo_backend::parse_device("flex").expect("flex is compiled in")
+}
+
+/// Host copy of a tensor, row-major.
+pub fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("f32 data")
+}
+
+/// A tensor of standard normal values from a seeded RNG (independent of Burn's RNG).
+pub fn randn<const D: usize>(shape: [usize; D], seed: u64, device: &Device) -> Tensor<D> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n)
+        .map(|_| {
+            // Box-Muller
+            let u1: f32 = rng.random_range(1e-7..1.0);
+            let u2: f32 = rng.random();
+            (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+/// Largest absolute difference, asserting equal lengths.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Asserts `a` and `b` agree to `tol` (absolute), with a helpful message.
+#[track_caller]
+pub fn assert_close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    let d = max_abs_diff(a, b);
+    assert!(d <= tol, "{what}: max |diff| = {d:e} > {tol:e}");
+    assert!(a.iter().all(|x| x.is_finite()), "{what}: non-finite values");
+}
+
+/// Row-major `[n, m]` matrix on the host.
+#[derive(Clone, Debug)]
+pub struct Mat {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f64>,
+}
+
+impl Mat {
+    pub fn from_tensor(t: Tensor<2>) -> Self {
+        let [rows, cols] = t.dims();
+        Self {
+            rows,
+            cols,
+            data: host(t).into_iter().map(f64::from).collect(),
+        }
+    }
+    pub fn at(&self, r: usize, c: usize) -> f64 {
+        self.data[r * self.cols + c]
+    }
+    /// `self · other`
+    pub fn matmul(&self, other: &Mat) -> Mat {
+        assert_eq!(self.cols, other.rows);
+        let mut data = vec![0.0; self.rows * other.cols];
+        for i in 0..self.rows {
+            for k in 0..self.cols {
+                let a = self.at(i, k);
+                for j in 0..other.cols {
+                    data[i * other.cols + j] += a * other.at(k, j);
+                }
+            }
+        }
+        Mat {
+            rows: self.rows,
+            cols: other.cols,
+            data,
+        }
+    }
+    pub fn row(&self, r: usize) -> &[f64] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+pub fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Softmax of `scores` where `None` entries are hidden.
+pub fn masked_softmax(scores: &[Option<f64>]) -> Vec<f64> {
+    let max = scores
+        .iter()
+        .flatten()
+        .cloned()
+        .fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = scores
+        .iter()
+        .map(|s| s.map_or(0.0, |s| (s - max).exp()))
+        .collect();
+    let sum: f64 = exps.iter().sum();
+    exps.into_iter().map(|e| e / sum).collect()
+}

@@ -1,0 +1,5 @@
+//! memzoo's integration tests, in one binary so that Burn is linked once.
+
+mod backend;
+mod relative;
+mod xl;

@@ -1,0 +1,384 @@
+//! Relative attention against naive double loops over (query i, key j).
+
+use burn::tensor::{Device, Tensor};
+use memzoo_relative::shift::relative_shift;
+use memzoo_relative::{
+    AttentionMask, PositionConfig, PositionKind, RelativeAttentionConfig, RelativeContext,
+    RelativeMultiHeadAttention, XlBiases,
+};
+use memzoo_tests::*;
+
+#[test]
+fn relative_shift_matches_index_formula() {
+    let dev = flex();
+    for (qlen, mlen) in [(1, 0), (1, 4), (4, 0), (5, 3), (3, 7), (6, 6)] {
+        let klen = qlen + mlen;
+        let w = klen + qlen - 1;
+        let x = randn([2, 3, qlen, w], 7, &dev);
+        let xs = host(x.clone());
+        let out = host(relative_shift(x, klen));
+        assert_eq!(out.len(), 2 * 3 * qlen * klen);
+        for bh in 0..6 {
+            for i in 0..qlen {
+                for j in 0..klen {
+                    let want = xs[bh * qlen * w + i * w + (qlen - 1 - i + j)];
+                    let got = out[bh * qlen * klen + i * klen + j];
+                    assert_eq!(got, want, "qlen {qlen} mlen {mlen} bh {bh} i {i} j {j}");
+                }
+            }
+        }
+    }
+}
+
+/// Sinusoid written independently of the crate: R_d[k] = sin(d / 10000^(2k/D)), R_d[D/2+k] = cos(..).
+fn naive_sinusoid(d: i64, dm: usize) -> Vec<f64> {
+    let mut v = vec![0.0; dm];
+    for k in 0..dm / 2 {
+        let a = d as f64 / 10000f64.powf((2 * k) as f64 / dm as f64);
+        v[k] = a.sin();
+        v[dm / 2 + k] = a.cos();
+    }
+    v
+}
+
+/// T5's bucket in the form of the reference (Mesh TensorFlow), with relative_position = j - i.
+fn naive_t5_bucket(relative_position: i64, bidirectional: bool, nb: usize, maxd: usize) -> usize {
+    let mut num_buckets = nb as i64;
+    let mut ret = 0i64;
+    let mut n = -relative_position;
+    if bidirectional {
+        num_buckets /= 2;
+        if n < 0 {
+            ret += num_buckets;
+        }
+        n = n.abs();
+    } else {
+        n = n.max(0);
+    }
+    let max_exact = num_buckets / 2;
+    if n < max_exact {
+        ret += n;
+    } else {
+        let v = max_exact
+            + ((n as f64 / max_exact as f64).ln() / (maxd as f64 / max_exact as f64).ln()
+                * (num_buckets - max_exact) as f64) as i64;
+        ret += v.min(num_buckets - 1);
+    }
+    ret as usize
+}
+
+fn param2(p: &burn::module::Param<Tensor<2>>) -> Mat {
+    Mat::from_tensor(p.val())
+}
+
+/// The attention output computed with plain loops, in f64.
+#[allow(clippy::too_many_arguments)]
+fn naive_attention(
+    att: &RelativeMultiHeadAttention,
+    shared: Option<&XlBiases>,
+    x: &Tensor<3>,
+    mem: Option<&Tensor<3>>,
+    causal: bool,
+    window: Option<usize>,
+) -> Vec<f32> {
+    let [batch, qlen, dm] = x.dims();
+    let mlen = mem.map_or(0, |m| m.dims()[1]);
+    let klen = qlen + mlen;
+    let (h, dh) = (att.n_heads, att.d_head);
+    let pos = &att.positions;
+    let wq = param2(&att.query.weight);
+    let wkv = param2(&att.key_value.weight);
+    let wo = param2(&att.output.weight);
+    let scale = 1.0 / (dh as f64).sqrt();
+    let mut out = Vec::new();
+    for b in 0..batch {
+        let xb = Mat::from_tensor(x.clone().narrow(0, b, 1).reshape([qlen, dm]));
+        let cat = match mem {
+            Some(m) => {
+                let mb = Mat::from_tensor(m.clone().narrow(0, b, 1).reshape([mlen, dm]));
+                let mut data = mb.data.clone();
+                data.extend_from_slice(&xb.data);
+                Mat {
+                    rows: klen,
+                    cols: dm,
+                    data,
+                }
+            }
+            None => xb.clone(),
+        };
+        let q = xb.matmul(&wq);
+        let kv = cat.matmul(&wkv);
+        let mut ctx = Mat {
+            rows: qlen,
+            cols: h * dh,
+            data: vec![0.0; qlen * h * dh],
+        };
+        for hd in 0..h {
+            let qh = |i: usize| q.row(i)[hd * dh..(hd + 1) * dh].to_vec();
+            let kh = |j: usize| kv.row(j)[hd * dh..(hd + 1) * dh].to_vec();
+            let vh = |j: usize| kv.row(j)[h * dh + hd * dh..h * dh + (hd + 1) * dh].to_vec();
+            for i in 0..qlen {
+                let qi = qh(i);
+                let mut scores = Vec::with_capacity(klen);
+                for j in 0..klen {
+                    let d = (i + mlen) as i64 - j as i64;
+                    let visible = !causal || (d >= 0 && window.is_none_or(|w| d < w as i64));
+                    if !visible {
+                        scores.push(None);
+                        continue;
+                    }
+                    let kj = kh(j);
+                    let s = match pos.kind {
+                        PositionKind::Xl => {
+                            let biases = att.xl_biases.as_ref().or(shared).unwrap();
+                            let u = param2(&biases.content);
+                            let v = param2(&biases.position);
+                            let wr = param2(&att.r_net.as_ref().unwrap().weight);
+                            let dc = match pos.clamp_len {
+                                Some(c) => d.clamp(-(c as i64), c as i64),
+                                None => d,
+                            };
+                            let rd = Mat {
+                                rows: 1,
+                                cols: dm,
+                                data: naive_sinusoid(dc, dm),
+                            };
+                            let r = rd.matmul(&wr);
+                            let r = &r.data[hd * dh..(hd + 1) * dh];
+                            let qu: Vec<f64> =
+                                qi.iter().zip(u.row(hd)).map(|(a, b)| a + b).collect();
+                            let qv: Vec<f64> =
+                                qi.iter().zip(v.row(hd)).map(|(a, b)| a + b).collect();
+                            scale * (dot(&qu, &kj) + dot(&qv, r))
+                        }
+                        PositionKind::Learned => {
+                            let m = pos.max_distance as i64;
+                            let idx = (d.clamp(-m, m) + m) as usize;
+                            let e = host(att.rel_embedding.as_ref().unwrap().val());
+                            let e = &e[(idx * h + hd) * dh..(idx * h + hd + 1) * dh];
+                            let e: Vec<f64> = e.iter().map(|&x| x as f64).collect();
+                            let bk = param2(att.rel_bias.as_ref().unwrap()).at(idx, hd);
+                            let bq = param2(att.query_bias.as_ref().unwrap());
+                            let qb: Vec<f64> =
+                                qi.iter().zip(bq.row(hd)).map(|(a, b)| a + b).collect();
+                            scale * (dot(&qb, &kj) + dot(&qi, &e) + bk)
+                        }
+                        PositionKind::T5 => {
+                            let bucket = naive_t5_bucket(
+                                j as i64 - (i + mlen) as i64,
+                                pos.bidirectional,
+                                pos.num_buckets,
+                                pos.max_distance,
+                            );
+                            let beta = param2(att.rel_bias.as_ref().unwrap()).at(bucket, hd);
+                            scale * dot(&qi, &kj) + beta
+                        }
+                    };
+                    scores.push(Some(s));
+                }
+                let p = masked_softmax(&scores);
+                for j in 0..klen {
+                    let vj = vh(j);
+                    for e in 0..dh {
+                        ctx.data[i * h * dh + hd * dh + e] += p[j] * vj[e];
+                    }
+                }
+            }
+        }
+        out.extend(ctx.matmul(&wo).data.iter().map(|&v| v as f32));
+    }
+    out
+}
+
+struct Case {
+    positions: PositionConfig,
+    qlen: usize,
+    mlen: usize,
+    causal: bool,
+    window: Option<usize>,
+    own_biases: bool,
+}
+
+fn check(case: Case, dev: &Device) {
+    let (dm, h, dh, batch) = (16, 2, 6, 2);
+    let att = RelativeAttentionConfig::new(dm, h, dh)
+        .with_positions(case.positions.clone())
+        .with_own_biases(case.own_biases)
+        .with_initializer(burn::nn::Initializer::Normal {
+            mean: 0.0,
+            std: 0.3,
+        })
+        .init(dev)
+        .unwrap();
+    let shared = (!case.own_biases).then(|| {
+        XlBiases::init(
+            h,
+            dh,
+            &burn::nn::Initializer::Normal {
+                mean: 0.0,
+                std: 0.3,
+            },
+            dev,
+        )
+    });
+    let x = randn([batch, case.qlen, dm], 11, dev);
+    let mem = (case.mlen > 0).then(|| randn([batch, case.mlen, dm], 12, dev));
+    let mask = if case.causal {
+        AttentionMask::Causal {
+            window: case.window,
+        }
+    } else {
+        AttentionMask::None
+    };
+    let ctx = RelativeContext::new(&case.positions, dm, case.qlen, case.mlen, &mask, dev);
+    let got = host(att.forward(x.clone(), mem.clone(), &ctx, shared.as_ref()));
+    let want = naive_attention(
+        &att,
+        shared.as_ref(),
+        &x,
+        mem.as_ref(),
+        case.causal,
+        case.window,
+    );
+    assert_close(
+        &got,
+        &want,
+        2e-4,
+        &format!(
+            "{:?} qlen {} mlen {} causal {} window {:?}",
+            case.positions.kind, case.qlen, case.mlen, case.causal, case.window
+        ),
+    );
+}
+
+fn shapes() -> Vec<(usize, usize, bool, Option<usize>)> {
+    vec![
+        (5, 0, true, None),
+        (5, 3, true, None),
+        (3, 7, true, None),
+        (6, 10, true, None),
+        (6, 4, true, Some(4)),
+        (4, 3, false, None),
+        (1, 5, true, None),
+    ]
+}
+
+#[test]
+fn xl_attention_matches_naive() {
+    let dev = flex();
+    for (qlen, mlen, causal, window) in shapes() {
+        for own_biases in [true, false] {
+            let positions = PositionConfig::new();
+            check(
+                Case {
+                    positions,
+                    qlen,
+                    mlen,
+                    causal,
+                    window,
+                    own_biases,
+                },
+                &dev,
+            );
+        }
+        let positions = PositionConfig::new().with_clamp_len(Some(2));
+        check(
+            Case {
+                positions,
+                qlen,
+                mlen,
+                causal,
+                window,
+                own_biases: true,
+            },
+            &dev,
+        );
+    }
+}
+
+#[test]
+fn learned_attention_matches_naive() {
+    let dev = flex();
+    for (qlen, mlen, causal, window) in shapes() {
+        let positions = PositionConfig::new()
+            .with_kind(PositionKind::Learned)
+            .with_max_distance(4);
+        check(
+            Case {
+                positions,
+                qlen,
+                mlen,
+                causal,
+                window,
+                own_biases: true,
+            },
+            &dev,
+        );
+    }
+}
+
+#[test]
+fn t5_attention_matches_naive() {
+    let dev = flex();
+    for (qlen, mlen, causal, window) in shapes() {
+        for bidirectional in [false, true] {
+            let positions = PositionConfig::new()
+                .with_kind(PositionKind::T5)
+                .with_num_buckets(8)
+                .with_max_distance(9)
+                .with_bidirectional(bidirectional);
+            check(
+                Case {
+                    positions,
+                    qlen,
+                    mlen,
+                    causal,
+                    window,
+                    own_biases: true,
+                },
+                &dev,
+            );
+        }
+    }
+}
+
+#[test]
+fn t5_buckets_match_reference_formula() {
+    for bidirectional in [false, true] {
+        for (nb, maxd) in [(32, 128), (8, 9), (16, 40)] {
+            for d in -300i64..300 {
+                assert_eq!(
+                    memzoo_relative::t5_bucket(d, bidirectional, nb, maxd),
+                    naive_t5_bucket(-d, bidirectional, nb, maxd),
+                    "d {d} bidirectional {bidirectional} nb {nb} maxd {maxd}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_attention_configs_are_errors_naming_the_value() {
+    let dev = flex();
+    let err = RelativeAttentionConfig::new(15, 3, 5)
+        .init(&dev)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("d_model = 15"), "{err}");
+    let err = RelativeAttentionConfig::new(16, 2, 8)
+        .with_dropatt(1.5)
+        .init(&dev)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dropatt") && err.contains("1.5"), "{err}");
+    let t5 = PositionConfig::new()
+        .with_kind(PositionKind::T5)
+        .with_num_buckets(7)
+        .with_bidirectional(true);
+    let err = RelativeAttentionConfig::new(16, 2, 8)
+        .with_positions(t5)
+        .init(&dev)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("got 7"), "{err}");
+}
