@@ -1,0 +1,1 @@
+//! memzoo-data (work in progress).

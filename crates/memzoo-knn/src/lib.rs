@@ -1,0 +1,1 @@
+//! memzoo-knn (work in progress).

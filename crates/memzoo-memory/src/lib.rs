@@ -1,0 +1,1 @@
+//! memzoo-memory (work in progress).

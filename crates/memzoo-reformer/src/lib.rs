@@ -1,0 +1,1 @@
+//! memzoo-reformer (work in progress).

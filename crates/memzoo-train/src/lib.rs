@@ -1,0 +1,1 @@
+//! memzoo-train (work in progress).
