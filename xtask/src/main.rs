@@ -1,1 +1,130 @@
-fn main() {}
+//! memzoo's benchmark harness.
+//!
+//! ```text
+//! cargo xtask bench xl-small [--device flex] [--threads 2] [--quick] [--steps N] [--out FILE]
+//! cargo xtask bench models --compare peers.jsonl
+//! ```
+//!
+//! Every measurement is printed as one JSON line (and appended to `--out`); a Markdown table
+//! summarises the run. `--compare FILE` reads JSON lines of another implementation (same
+//! `name` field, e.g. from `../shared/peers/bench_peers.py`) and prints the ratios.
+
+mod measure;
+mod models;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use measure::Measurement;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "memzoo developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run benchmarks: a suite (`models`) or one config (`xl-small`).
+    Bench(BenchArgs),
+}
+
+/// Options shared by every benchmark.
+#[derive(Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Suites or configs to run: models, xl-small.
+    #[arg(required = true)]
+    pub targets: Vec<String>,
+    /// Device string (flex, wgpu, wgpu-gl, cuda, tch, ...).
+    #[arg(long, default_value = "flex")]
+    pub device: String,
+    /// CPU threads for the flex backend (sets RAYON_NUM_THREADS).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Fewer steps: a quick look, not a measurement to report.
+    #[arg(long)]
+    pub quick: bool,
+    /// Timed steps (default 20, quick 4).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Untimed warm-up steps (default 3, quick 1).
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Append the JSON lines to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// JSON lines of another implementation to compare with (matched by `name`).
+    #[arg(long)]
+    pub compare: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    pub fn steps(&self) -> usize {
+        self.steps.unwrap_or(if self.quick { 4 } else { 20 })
+    }
+    pub fn warmup(&self) -> usize {
+        self.warmup.unwrap_or(if self.quick { 1 } else { 3 })
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(args) => bench(args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn bench(args: BenchArgs) -> Result<(), String> {
+    // Must happen before the first rayon use: Burn's flex backend sizes its pool from it.
+    // SAFETY: single-threaded at this point, nothing else reads the environment concurrently.
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string()) };
+    let device = memzoo_backend::parse_device(&args.device).map_err(|e| e.to_string())?;
+
+    let mut results: Vec<Measurement> = Vec::new();
+    for target in &args.targets {
+        let configs: Vec<&str> = match target.as_str() {
+            "models" => vec!["xl-small"],
+            other => vec![other],
+        };
+        for config in configs {
+            let m = match config {
+                "xl-small" => models::xl_small(&args, &device)?,
+                other => {
+                    return Err(format!(
+                        "unknown benchmark `{other}`: expected models or xl-small"
+                    ));
+                }
+            };
+            emit(&m, args.out.as_ref())?;
+            results.push(m);
+        }
+    }
+    println!();
+    println!("{}", measure::markdown(&results));
+    if let Some(path) = &args.compare {
+        let peers = measure::read_jsonl(path)?;
+        println!("{}", measure::compare(&results, &peers));
+    }
+    Ok(())
+}
+
+fn emit(m: &Measurement, out: Option<&PathBuf>) -> Result<(), String> {
+    let line = serde_json::to_string(m).map_err(|e| e.to_string())?;
+    println!("{line}");
+    if let Some(path) = out {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        writeln!(f, "{line}").map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}

@@ -1,1 +1,25 @@
-//! memzoo-train (work in progress).
+//! The segment-recurrence trainer of memzoo.
+//!
+//! [`train`] runs truncated back-propagation through time over ordered segments: every batch
+//! row is a contiguous stream, the model's state (memories) is carried from one step to the
+//! next and detached, and reset where a row's document ends when the model asks for it.
+//! AdamW, linear warm-up then cosine decay, global gradient-norm clipping, gradient
+//! accumulation; burn-train's dashboard on a terminal, plain lines otherwise, every metric in
+//! `<run-dir>/metrics.jsonl`; atomic checkpoints with `--resume`; [`evaluate`] scores a whole
+//! split in order with memory carried (optionally with a longer memory).
+
+pub mod checkpoint;
+pub mod error;
+pub mod grads;
+pub mod metrics;
+pub mod model;
+pub mod schedule;
+pub mod trainer;
+
+pub use error::TrainError;
+pub use model::{SegmentModel, segment_loss};
+pub use schedule::ScheduleConfig;
+pub use trainer::{
+    EvalResult, RunOptions, Segment, SegmentSource, TrainConfig, TrainOutcome, TrainerState,
+    evaluate, train,
+};

@@ -1,1 +1,16 @@
+//! memzoo: transformers that remember beyond their context window, on Burn.
+//!
+//! This facade re-exports the model zoo's crates:
+//! - [`backend`]: choose the Burn backend at run time from a device string;
+//! - [`relative`]: relative multi-head attention (Transformer-XL, learned, T5 bias);
+//! - [`xl`]: Transformer-XL with segment-level recurrence.
 
+pub use memzoo_backend as backend;
+pub use memzoo_relative as relative;
+pub use memzoo_xl as xl;
+
+/// The types most programs need.
+pub mod prelude {
+    pub use memzoo_backend::{Device, parse_device};
+    pub use memzoo_xl::{TransformerXl, XlConfig, XlMemory};
+}

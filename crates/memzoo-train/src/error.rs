@@ -1,0 +1,36 @@
+/// Errors of the trainer; each message names the value, file or field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// Invalid training configuration.
+    #[error("invalid config: {0}")]
+    Config(String),
+    /// Data that does not fit (too short, wrong ids, ...).
+    #[error("data: {0}")]
+    Data(String),
+    /// Tensor shapes that do not fit.
+    #[error("shape: {0}")]
+    Shape(String),
+    /// The model refused its input.
+    #[error("model: {0}")]
+    Model(String),
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    /// File-system trouble (unwritable run directory, ...).
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl TrainError {
+    /// An I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        TrainError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Gradient utilities: global-norm clipping and scaling of a whole [`GradientsParams`].
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
+
+/// Sums `‖g‖²` over every float parameter of a module.
+struct SquaredNorm<'a> {
+    grads: &'a GradientsParams,
+    total: Option<Tensor<1>>,
+}
+
+impl ModuleVisitor for SquaredNorm<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = self.grads.get::<D>(param.id) {
+            let sq = g.powi_scalar(2).sum();
+            self.total = Some(match self.total.take() {
+                Some(t) => t + sq,
+                None => sq,
+            });
+        }
+    }
+}
+
+/// Multiplies every parameter gradient by `factor`.
+struct Scale<'a> {
+    grads: &'a mut GradientsParams,
+    factor: f64,
+}
+
+impl ModuleVisitor for Scale<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = self.grads.remove::<D>(param.id) {
+            self.grads.register(param.id, g.mul_scalar(self.factor));
+        }
+    }
+}
+
+/// The global L2 norm of all gradients, `sqrt(Σ_p ‖g_p‖²)` (one host read).
+pub fn global_norm<M: Module>(model: &M, grads: &GradientsParams) -> f64 {
+    let mut v = SquaredNorm { grads, total: None };
+    model.visit(&mut v);
+    v.total
+        .map(|t| t.into_scalar::<f64>().sqrt())
+        .unwrap_or(0.0)
+}
+
+/// Scales the gradients by `scale` (e.g. `1 / accumulation steps`), then clips their global
+/// norm to `max_norm` (as `torch.nn.utils.clip_grad_norm_`). Returns the norm before clipping.
+pub fn scale_and_clip<M: Module>(
+    model: &M,
+    mut grads: GradientsParams,
+    scale: f64,
+    max_norm: Option<f64>,
+) -> (GradientsParams, f64) {
+    let norm = global_norm(model, &grads) * scale;
+    let clip = match max_norm {
+        Some(max) if norm > max => max / (norm + 1e-6),
+        _ => 1.0,
+    };
+    let factor = scale * clip;
+    if factor != 1.0 {
+        model.visit(&mut Scale {
+            grads: &mut grads,
+            factor,
+        });
+    }
+    (grads, norm)
+}

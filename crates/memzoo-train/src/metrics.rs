@@ -1,0 +1,193 @@
+//! Reporting: burn-train's dashboard (TUI on a terminal), plain log lines otherwise, and every
+//! metric appended as a JSON line to `<run-dir>/metrics.jsonl`.
+
+use std::fs::File;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::tensor::TensorReadError;
+use burn::train::Interrupter;
+use burn::train::metric::{
+    Metric, MetricAttributes, MetricDefinition, MetricEntry, MetricId, MetricMetadata,
+    MetricName, NumericAttributes, NumericEntry, SerializedEntry,
+};
+use burn::train::renderer::{MetricState, MetricsRenderer, default_renderer};
+use serde::Serialize;
+
+use crate::error::TrainError;
+
+/// A scalar the trainer computes itself, shown by burn-train's renderer.
+#[derive(Clone)]
+struct Scalar {
+    name: MetricName,
+    unit: Option<String>,
+    higher_is_better: bool,
+}
+
+impl Metric for Scalar {
+    type Input = f64;
+
+    fn name(&self) -> MetricName {
+        self.name.clone()
+    }
+
+    fn attributes(&self) -> MetricAttributes {
+        NumericAttributes {
+            unit: self.unit.clone(),
+            higher_is_better: self.higher_is_better,
+        }
+        .into()
+    }
+
+    fn update(
+        &mut self,
+        item: &f64,
+        _metadata: &MetricMetadata,
+    ) -> Result<SerializedEntry, TensorReadError> {
+        Ok(SerializedEntry::new(format!("{item:.4}"), item.to_string()))
+    }
+
+    fn compute(&mut self) -> Result<SerializedEntry, TensorReadError> {
+        Ok(SerializedEntry::new(String::new(), String::new()))
+    }
+
+    fn clear(&mut self) {}
+}
+
+/// One record of `metrics.jsonl`.
+#[derive(Serialize, Debug, Clone)]
+pub struct MetricRecord {
+    /// Optimizer step (1-based) the record belongs to.
+    pub step: usize,
+    /// `train`, `valid` or `test`.
+    pub split: String,
+    /// Metric name (`loss`, `bpc`, `ppl`, `lr`, `tokens_per_s`, `grad_norm`).
+    pub metric: String,
+    /// Its value.
+    pub value: f64,
+}
+
+/// The trainer's reporting: dashboard + plain lines + JSON lines.
+pub struct Reporter {
+    renderer: Box<dyn MetricsRenderer>,
+    ids: Vec<(String, MetricId)>,
+    jsonl: File,
+    plain: bool,
+    /// Set when the user quits from the dashboard; the trainer checkpoints and stops.
+    pub interrupter: Interrupter,
+}
+
+/// Metrics shown on the dashboard: (name, unit, higher is better).
+const METRICS: &[(&str, Option<&str>, bool)] = &[
+    ("loss", Some("nats"), false),
+    ("bpc", Some("bits/char"), false),
+    ("ppl", None, false),
+    ("lr", None, true),
+    ("tokens_per_s", Some("tok/s"), true),
+    ("grad_norm", None, false),
+];
+
+impl Reporter {
+    /// Opens `<run_dir>/metrics.jsonl` for appending and starts the renderer: burn-train's
+    /// TUI when stdout is a terminal (and `quiet` is off), plain lines otherwise.
+    pub fn new(run_dir: &Path, total_steps: usize, start_step: usize, quiet: bool) -> Result<Self, TrainError> {
+        let path = run_dir.join("metrics.jsonl");
+        let jsonl = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| TrainError::io(format!("cannot open {}", path.display()), e))?;
+        let interrupter = Interrupter::new();
+        let terminal = std::io::stdout().is_terminal() && !quiet;
+        let mut renderer: Box<dyn MetricsRenderer> = if terminal {
+            default_renderer(interrupter.clone(), None)
+        } else {
+            Box::new(burn::train::renderer::CliMetricsRenderer::new())
+        };
+        let mut ids = Vec::new();
+        for (name, unit, better) in METRICS {
+            let metric = Scalar {
+                name: Arc::new(name.to_string()),
+                unit: unit.map(str::to_string),
+                higher_is_better: *better,
+            };
+            let id = MetricId::new(Arc::new(name.to_string()));
+            renderer.register_metric(MetricDefinition::new(id.clone(), &metric));
+            ids.push((name.to_string(), id));
+        }
+        if terminal {
+            renderer.start(1, 0, Some(total_steps), Some("memzoo train"));
+            renderer.start_split("train", total_steps);
+            renderer.update_split(start_step);
+        }
+        Ok(Self {
+            renderer,
+            ids,
+            jsonl,
+            plain: !terminal,
+            interrupter,
+        })
+    }
+
+    /// Records metrics of `split` at `step`: dashboard, JSON line per metric, one plain line.
+    pub fn record(&mut self, step: usize, split: &str, values: &[(&str, f64)]) -> Result<(), TrainError> {
+        for (name, value) in values {
+            let rec = MetricRecord {
+                step,
+                split: split.to_string(),
+                metric: name.to_string(),
+                value: *value,
+            };
+            let line = serde_json::to_string(&rec).expect("plain record");
+            writeln!(self.jsonl, "{line}")
+                .map_err(|e| TrainError::io("cannot append to metrics.jsonl", e))?;
+            if let Some((_, id)) = self.ids.iter().find(|(n, _)| n == name) {
+                let entry = MetricEntry::new(
+                    id.clone(),
+                    SerializedEntry::new(format!("{value:.4}"), value.to_string()),
+                );
+                let state = MetricState::Numeric(entry, Some(NumericEntry::Value(*value)));
+                match split {
+                    "train" => self.renderer.update_train(state),
+                    _ => self.renderer.update_valid(state),
+                }
+            }
+        }
+        self.jsonl
+            .flush()
+            .map_err(|e| TrainError::io("cannot flush metrics.jsonl", e))?;
+        if self.plain {
+            let parts: Vec<String> = values
+                .iter()
+                .map(|(n, v)| {
+                    if *n == "lr" {
+                        format!("{n} {v:.2e}")
+                    } else {
+                        format!("{n} {v:.4}")
+                    }
+                })
+                .collect();
+            println!("[{split}] step {step}: {}", parts.join("  "));
+        } else if split == "train" {
+            self.renderer.update_split(step);
+        }
+        Ok(())
+    }
+
+    /// A plain message (only printed when no dashboard is shown).
+    pub fn note(&self, message: &str) {
+        if self.plain {
+            println!("{message}");
+        }
+    }
+
+    /// Ends the dashboard.
+    pub fn finish(&mut self) {
+        if !self.plain {
+            self.renderer.end_split();
+            self.renderer.end();
+            let _ = self.renderer.on_train_end(None);
+        }
+    }
+}

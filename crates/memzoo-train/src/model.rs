@@ -1,0 +1,192 @@
+//! What the trainer needs from a model: a loss per segment, with state carried across segments.
+
+use std::path::Path;
+
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_xl::{TransformerXl, XlMemory};
+
+use crate::error::TrainError;
+
+/// A language model trained segment by segment, carrying state (memories) between segments.
+///
+/// The trainer never looks inside the state: it hands it back on the next call for the same
+/// rows, saves it in checkpoints and restores it on `--resume`.
+pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
+    /// State carried from one segment to the next (e.g. [`XlMemory`]); `Default` = no memory.
+    type State: Clone + Default + Send;
+
+    /// Short name of the model family, stored in checkpoints.
+    fn family(&self) -> &'static str;
+
+    /// Vocabulary size (targets must be below it).
+    fn vocab_size(&self) -> usize;
+
+    /// Reads one segment: returns logits `[batch, len, vocab]` and updates `state`
+    /// (detached from the graph). `reset[r]`: row `r` starts a new document here.
+    ///
+    /// # Shapes
+    /// - `inputs`: `[batch, len]`
+    fn segment_logits(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut Self::State,
+        reset: &[bool],
+    ) -> Result<Tensor<3>, TrainError>;
+
+    /// One training step's loss and gradients. The default is plain autodiff of the mean
+    /// cross-entropy; models with their own backward (reversible layers) override it.
+    fn train_step(
+        &self,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut Self::State,
+        reset: &[bool],
+        ignore_index: Option<usize>,
+    ) -> Result<(f64, GradientsParams), TrainError> {
+        let loss = segment_loss(self, inputs, targets, state, reset, ignore_index)?;
+        let value = loss.clone().into_scalar::<f64>();
+        let grads = GradientsParams::from_grads(loss.backward(), self);
+        Ok((value, grads))
+    }
+
+    /// The model for evaluation with another memory length (where it has one).
+    fn with_eval_mem_len(self, _mem_len: usize) -> Self {
+        self
+    }
+
+    /// Moves the carried state to `device` (e.g. between the autodiff and inference devices).
+    fn state_to_device(state: Self::State, device: &Device) -> Self::State;
+
+    /// Saves the carried state under `dir`.
+    fn save_state(state: &Self::State, dir: &Path) -> Result<(), TrainError>;
+
+    /// Loads the carried state saved by [`Self::save_state`].
+    fn load_state(dir: &Path, device: &Device) -> Result<Self::State, TrainError>;
+}
+
+/// Mean cross-entropy (nats) of one segment, skipping targets equal to `ignore_index`.
+pub fn segment_loss<M: SegmentModel>(
+    model: &M,
+    inputs: Tensor<2, Int>,
+    targets: Tensor<2, Int>,
+    state: &mut M::State,
+    reset: &[bool],
+    ignore_index: Option<usize>,
+) -> Result<Tensor<1>, TrainError> {
+    let [b, l] = targets.dims();
+    if inputs.dims() != [b, l] {
+        return Err(TrainError::Shape(format!(
+            "inputs {:?} and targets {:?} differ",
+            inputs.dims(),
+            targets.dims()
+        )));
+    }
+    let device = inputs.device();
+    let logits = model.segment_logits(inputs, state, reset)?;
+    let v = model.vocab_size();
+    let loss = CrossEntropyLossConfig::new()
+        .with_pad_tokens(ignore_index.map(|i| vec![i]))
+        .init(&device)
+        .forward(logits.reshape([b * l, v]), targets.reshape([b * l]));
+    Ok(loss)
+}
+
+impl SegmentModel for TransformerXl {
+    type State = XlMemory;
+
+    fn family(&self) -> &'static str {
+        "xl"
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn segment_logits(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut XlMemory,
+        _reset: &[bool],
+    ) -> Result<Tensor<3>, TrainError> {
+        // Transformer-XL reads documents as one stream (as the paper): it keeps its memory.
+        let out = self
+            .forward(inputs, state)
+            .map_err(|e| TrainError::Model(e.to_string()))?;
+        *state = out.memory;
+        Ok(self.logits(out.hidden))
+    }
+
+    fn with_eval_mem_len(self, mem_len: usize) -> Self {
+        self.with_mem_len(mem_len)
+    }
+
+    fn state_to_device(state: XlMemory, device: &Device) -> XlMemory {
+        state.to_device(device)
+    }
+
+    fn save_state(state: &XlMemory, dir: &Path) -> Result<(), TrainError> {
+        save_tensors(&dir.join("memory.safetensors"), state.layers())
+    }
+
+    fn load_state(dir: &Path, device: &Device) -> Result<XlMemory, TrainError> {
+        let layers = load_tensors(&dir.join("memory.safetensors"), device)?;
+        XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)
+    }
+}
+
+/// Writes rank-3 f32 tensors to a safetensors file (`layer.0`, `layer.1`, ...).
+pub fn save_tensors(path: &Path, tensors: &[Tensor<3>]) -> Result<(), TrainError> {
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let shape = t.dims().to_vec();
+            let values = t
+                .clone()
+                .into_data()
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .map_err(|e| TrainError::Checkpoint(format!("reading memory tensor: {e:?}")))?;
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            Ok((format!("layer.{i}"), shape, bytes))
+        })
+        .collect::<Result<_, TrainError>>()?;
+    let views = data
+        .iter()
+        .map(|(name, shape, bytes)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| TrainError::Checkpoint(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    safetensors::serialize_to_file(views, None, path)
+        .map_err(|e| TrainError::Checkpoint(format!("writing {}: {e}", path.display())))
+}
+
+/// Reads the tensors written by [`save_tensors`], in order.
+pub fn load_tensors(path: &Path, device: &Device) -> Result<Vec<Tensor<3>>, TrainError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| TrainError::Checkpoint(format!("reading {}: {e}", path.display())))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| TrainError::Checkpoint(format!("{} is damaged: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for i in 0..st.len() {
+        let name = format!("layer.{i}");
+        let view = st.tensor(&name).map_err(|e| {
+            TrainError::Checkpoint(format!("{}: missing {name}: {e}", path.display()))
+        })?;
+        let shape: [usize; 3] = view.shape().try_into().map_err(|_| {
+            TrainError::Checkpoint(format!("{}: {name} is not rank 3", path.display()))
+        })?;
+        let values: Vec<f32> = view
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        out.push(Tensor::from_data(TensorData::new(values, shape), device));
+    }
+    Ok(out)
+}

@@ -1,0 +1,421 @@
+//! The segment-recurrence training loop.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::config::Config;
+use burn::optim::{AdamWConfig, GradientsAccumulator, ModuleOptimizer};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::error::TrainError;
+use crate::grads::scale_and_clip;
+use crate::metrics::Reporter;
+use crate::model::{SegmentModel, segment_loss};
+use crate::schedule::ScheduleConfig;
+
+/// One step of ordered language-model data: `batch` rows of `len` tokens, each row continuing
+/// exactly where its previous segment stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    /// Rows.
+    pub batch: usize,
+    /// Tokens per row.
+    pub len: usize,
+    /// Inputs, row-major `[batch, len]`.
+    pub inputs: Vec<i64>,
+    /// Next-token targets, row-major `[batch, len]`.
+    pub targets: Vec<i64>,
+    /// Per row: a new document starts with this segment (memory must be cleared).
+    pub reset: Vec<bool>,
+}
+
+impl Segment {
+    /// The inputs and targets as tensors on `device`.
+    pub fn tensors(&self, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
+        let shape = [self.batch, self.len];
+        (
+            Tensor::from_data(TensorData::new(self.inputs.clone(), shape), device),
+            Tensor::from_data(TensorData::new(self.targets.clone(), shape), device),
+        )
+    }
+}
+
+/// Ordered segments of one split, with a position that checkpoints save and restore.
+pub trait SegmentSource: Send {
+    /// The next segment of `len` tokens per row, or `None` at the end of the split.
+    fn next_segment(&mut self, len: usize) -> Option<Segment>;
+    /// Back to the start of the split (a new epoch).
+    fn rewind(&mut self);
+    /// Where the source stands (serialisable; saved in checkpoints).
+    fn position(&self) -> serde_json::Value;
+    /// Continue from a saved position.
+    fn restore(&mut self, position: &serde_json::Value) -> Result<(), TrainError>;
+    /// Target id the loss ignores (document padding), if any.
+    fn ignore_index(&self) -> Option<usize> {
+        None
+    }
+    /// Number of segments of `len` in the split.
+    fn segments_per_epoch(&self, len: usize) -> usize;
+}
+
+/// Configuration of a training run.
+#[derive(Config, Debug)]
+pub struct TrainConfig {
+    /// Optimizer steps. Default: 1000.
+    #[config(default = 1000)]
+    pub steps: usize,
+    /// Rows per segment. Default: 8.
+    #[config(default = 8)]
+    pub batch: usize,
+    /// Tokens per row and segment (`tgt_len`). Default: 128.
+    #[config(default = 128)]
+    pub tgt_len: usize,
+    /// Learning-rate schedule (peak lr, warm-up, cosine floor).
+    #[config(default = "ScheduleConfig::new()")]
+    pub schedule: ScheduleConfig,
+    /// AdamW weight decay. Default: 0.01.
+    #[config(default = 0.01)]
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this value. Default: 0.25 (Transformer-XL).
+    #[config(default = "Some(0.25)")]
+    pub clip_norm: Option<f64>,
+    /// Segments whose gradients are summed per optimizer step. Default: 1.
+    #[config(default = 1)]
+    pub grad_accum: usize,
+    /// Seed of every random choice (initialisation, dropout). Default: 42.
+    #[config(default = 42)]
+    pub seed: u64,
+    /// Log training metrics every N steps. Default: 10.
+    #[config(default = 10)]
+    pub log_every: usize,
+    /// Evaluate on the validation split every N steps (0: only at the end). Default: 200.
+    #[config(default = 200)]
+    pub eval_every: usize,
+    /// Segments per periodic evaluation (`None`: the whole split). Default: none.
+    #[config(default = "None")]
+    pub eval_segments: Option<usize>,
+    /// Memory length at evaluation (`None`: the training one). Default: none.
+    #[config(default = "None")]
+    pub eval_mem_len: Option<usize>,
+    /// Checkpoint every N steps (0: only at the end). Default: 200.
+    #[config(default = 200)]
+    pub checkpoint_every: usize,
+    /// Checkpoints kept on disk. Default: 2.
+    #[config(default = 2)]
+    pub keep_checkpoints: usize,
+}
+
+impl TrainConfig {
+    /// Checks every field, naming the bad value.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let bad = |m: String| Err(TrainError::Config(m));
+        for (name, v) in [
+            ("train.steps", self.steps),
+            ("train.batch", self.batch),
+            ("train.tgt_len", self.tgt_len),
+            ("train.grad_accum", self.grad_accum),
+            ("train.log_every", self.log_every),
+            ("train.keep_checkpoints", self.keep_checkpoints),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be positive, got 0"));
+            }
+        }
+        if let Some(c) = self.clip_norm
+            && !(c.is_finite() && c > 0.0)
+        {
+            return bad(format!("train.clip_norm must be positive, got {c}"));
+        }
+        if !(self.weight_decay >= 0.0) {
+            return bad(format!("train.weight_decay must be >= 0, got {}", self.weight_decay));
+        }
+        self.schedule.validate().map_err(TrainError::Config)
+    }
+
+    /// AdamW with this run's weight decay.
+    pub fn optimizer(&self) -> ModuleOptimizer {
+        AdamWConfig::new()
+            .with_weight_decay(self.weight_decay as f32)
+            .init()
+    }
+}
+
+/// What a checkpoint stores besides the model, optimizer and carried state.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct TrainerState {
+    /// Model family (`xl`, `reformer`, `memorizing`).
+    pub family: String,
+    /// Optimizer steps done.
+    pub step: usize,
+    /// Tokens trained on.
+    pub tokens: u64,
+    /// Position of the training data.
+    pub data_position: serde_json::Value,
+    /// The learning rate schedule (and so the scheduler's state: it is a function of `step`).
+    pub schedule: ScheduleConfig,
+    /// Total steps the schedule was planned for.
+    pub total_steps: usize,
+}
+
+/// Evaluation result over a split.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct EvalResult {
+    /// Mean cross-entropy per token, nats.
+    pub loss: f64,
+    /// Bits per character (= loss / ln 2 for byte-level data).
+    pub bpc: f64,
+    /// Perplexity (= exp(loss)).
+    pub ppl: f64,
+    /// Tokens scored.
+    pub tokens: u64,
+}
+
+impl EvalResult {
+    fn from_sum(nats: f64, tokens: u64) -> Self {
+        let loss = nats / tokens.max(1) as f64;
+        Self {
+            loss,
+            bpc: loss / std::f64::consts::LN_2,
+            ppl: loss.exp(),
+            tokens,
+        }
+    }
+}
+
+/// Evaluates `model` over `source` in order, carrying state across segments.
+///
+/// `max_segments` limits the number of segments (`None`: the whole split). The model runs
+/// without autodiff.
+pub fn evaluate<M: SegmentModel>(
+    model: &M,
+    source: &mut dyn SegmentSource,
+    len: usize,
+    max_segments: Option<usize>,
+) -> Result<EvalResult, TrainError> {
+    let model = model.valid();
+    let device = model
+        .devices()
+        .into_iter()
+        .next()
+        .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
+    source.rewind();
+    let mut state = M::State::default();
+    let (mut nats, mut tokens) = (0.0, 0u64);
+    let mut n = 0;
+    while let Some(seg) = source.next_segment(len) {
+        let (x, y) = seg.tensors(&device);
+        let counted = match source.ignore_index() {
+            Some(pad) => seg.targets.iter().filter(|&&t| t != pad as i64).count(),
+            None => seg.targets.len(),
+        } as u64;
+        let loss = segment_loss(&model, x, y, &mut state, &seg.reset, source.ignore_index())?;
+        nats += loss.into_scalar::<f64>() * counted as f64;
+        tokens += counted;
+        n += 1;
+        if max_segments.is_some_and(|m| n >= m) {
+            break;
+        }
+    }
+    if tokens == 0 {
+        return Err(TrainError::Data(format!(
+            "the evaluation split holds no full segment of {len} tokens"
+        )));
+    }
+    Ok(EvalResult::from_sum(nats, tokens))
+}
+
+/// Result of a training run.
+pub struct TrainOutcome<M> {
+    /// The trained model.
+    pub model: M,
+    /// Steps done in total (including before a resume).
+    pub steps: usize,
+    /// Last validation result, if any evaluation ran.
+    pub valid: Option<EvalResult>,
+    /// Whether the user interrupted the run (a checkpoint was saved).
+    pub interrupted: bool,
+}
+
+/// Options of [`train`] beyond the config.
+pub struct RunOptions {
+    /// Run directory (metrics.jsonl, checkpoints/).
+    pub run_dir: PathBuf,
+    /// Continue from the latest checkpoint in `run_dir`.
+    pub resume: bool,
+    /// No dashboard even on a terminal.
+    pub quiet: bool,
+}
+
+/// Trains `model` (on an autodiff device) on `train_data`, evaluating on `valid_data`.
+///
+/// Memory is carried across steps per batch row and detached every step (truncated BPTT).
+/// Checkpoints (model, optimizer, schedule position, data position, carried state) are
+/// written atomically every `checkpoint_every` steps and at the end; with `resume`, the run
+/// continues from the latest one and loses nothing else.
+pub fn train<M: SegmentModel>(
+    mut model: M,
+    config: &TrainConfig,
+    train_data: &mut dyn SegmentSource,
+    mut valid_data: Option<&mut dyn SegmentSource>,
+    options: &RunOptions,
+) -> Result<TrainOutcome<M>, TrainError> {
+    config.validate()?;
+    std::fs::create_dir_all(&options.run_dir).map_err(|e| {
+        TrainError::io(
+            format!("cannot create run directory {}", options.run_dir.display()),
+            e,
+        )
+    })?;
+    let device = model
+        .devices()
+        .into_iter()
+        .next()
+        .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
+    let mut optim = config.optimizer();
+    let mut state = M::State::default();
+    let mut start = 0;
+    let mut tokens: u64 = 0;
+    let ckpt_dir = options.run_dir.join("checkpoints");
+
+    if options.resume {
+        match crate::checkpoint::latest(&ckpt_dir)? {
+            Some(dir) => {
+                let restored = crate::checkpoint::load(&dir, model, optim, &device)?;
+                if restored.trainer.family != restored.model.family() {
+                    return Err(TrainError::Checkpoint(format!(
+                        "{} holds a `{}` model, this run trains `{}`",
+                        dir.display(),
+                        restored.trainer.family,
+                        restored.model.family()
+                    )));
+                }
+                model = restored.model;
+                optim = restored.optim;
+                state = restored.state;
+                train_data.restore(&restored.trainer.data_position)?;
+                start = restored.trainer.step;
+                tokens = restored.trainer.tokens;
+            }
+            None => {
+                return Err(TrainError::Checkpoint(format!(
+                    "--resume: no checkpoint in {}",
+                    ckpt_dir.display()
+                )));
+            }
+        }
+    }
+
+    let mut reporter = Reporter::new(&options.run_dir, config.steps, start, options.quiet)?;
+    if start > 0 {
+        reporter.note(&format!("resumed at step {start}"));
+    }
+    let ignore = train_data.ignore_index();
+    let mut valid = None;
+    let mut window = (0.0, 0usize, 0u64, Instant::now());
+    let mut step = start;
+    let mut interrupted = false;
+    while step < config.steps {
+        let mut acc = GradientsAccumulator::<M>::new();
+        let mut loss_sum = 0.0;
+        for _ in 0..config.grad_accum {
+            let seg = match train_data.next_segment(config.tgt_len) {
+                Some(seg) => seg,
+                None => {
+                    // A new epoch: rows restart, so memories restart too.
+                    train_data.rewind();
+                    state = M::State::default();
+                    train_data.next_segment(config.tgt_len).ok_or_else(|| {
+                        TrainError::Data(format!(
+                            "the training split holds no full segment of {} x {} tokens",
+                            config.batch, config.tgt_len
+                        ))
+                    })?
+                }
+            };
+            let (x, y) = seg.tensors(&device);
+            let (loss, grads) = model.train_step(x, y, &mut state, &seg.reset, ignore)?;
+            if !loss.is_finite() {
+                return Err(TrainError::Model(format!(
+                    "loss became {loss} at step {}; lower train.schedule.lr",
+                    step + 1
+                )));
+            }
+            loss_sum += loss;
+            tokens += (seg.batch * seg.len) as u64;
+            window.2 += (seg.batch * seg.len) as u64;
+            acc.accumulate(&model, grads);
+        }
+        let (grads, norm) = scale_and_clip(
+            &model,
+            acc.grads(),
+            1.0 / config.grad_accum as f64,
+            config.clip_norm,
+        );
+        let lr = config.schedule.lr_at(step, config.steps);
+        model = optim.step(lr, model, grads);
+        step += 1;
+        window.0 += loss_sum / config.grad_accum as f64;
+        window.1 += 1;
+
+        if step % config.log_every == 0 || step == config.steps {
+            let loss = window.0 / window.1 as f64;
+            let tps = window.2 as f64 / window.3.elapsed().as_secs_f64();
+            reporter.record(
+                step,
+                "train",
+                &[
+                    ("loss", loss),
+                    ("bpc", loss / std::f64::consts::LN_2),
+                    ("lr", lr),
+                    ("tokens_per_s", tps),
+                    ("grad_norm", norm),
+                ],
+            )?;
+            window = (0.0, 0, 0, Instant::now());
+        }
+        let eval_now = (config.eval_every > 0 && step % config.eval_every == 0) || step == config.steps;
+        if eval_now && let Some(v) = valid_data.as_deref_mut() {
+            let eval_model = match config.eval_mem_len {
+                Some(m) => model.clone().with_eval_mem_len(m),
+                None => model.clone(),
+            };
+            let r = evaluate(&eval_model, v, config.tgt_len, config.eval_segments)?;
+            reporter.record(step, "valid", &[("loss", r.loss), ("bpc", r.bpc), ("ppl", r.ppl)])?;
+            valid = Some(r);
+            window.3 = Instant::now();
+        }
+        interrupted = reporter.interrupter.should_stop();
+        let ckpt_now = (config.checkpoint_every > 0 && step % config.checkpoint_every == 0)
+            || step == config.steps
+            || interrupted;
+        if ckpt_now {
+            let trainer = TrainerState {
+                family: model.family().to_string(),
+                step,
+                tokens,
+                data_position: train_data.position(),
+                schedule: config.schedule.clone(),
+                total_steps: config.steps,
+            };
+            crate::checkpoint::save(&ckpt_dir, &model, &optim, &state, &trainer, config.keep_checkpoints)?;
+            window.3 = Instant::now();
+        }
+        if interrupted {
+            reporter.note(&format!("interrupted at step {step}; checkpoint saved"));
+            break;
+        }
+    }
+    reporter.finish();
+    Ok(TrainOutcome {
+        model,
+        steps: step,
+        valid,
+        interrupted,
+    })
+}
+
+/// The run directory's checkpoint folder.
+pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("checkpoints")
+}

@@ -1,0 +1,153 @@
+//! Measurements: timing statistics, memory, JSON lines, Markdown, comparison with peers.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+/// One benchmark result, printed as one JSON line.
+///
+/// The field names match those of the PyTorch peer script (`name`, `tokens_per_s`,
+/// `step_s_median`, `peak_rss_mb`) so that `--compare` can read either.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+pub struct Measurement {
+    /// Benchmark name, e.g. `xl-small`.
+    pub name: String,
+    /// Implementation (`memzoo` for ours).
+    #[serde(default)]
+    pub implementation: String,
+    /// Backend / device string.
+    #[serde(default)]
+    pub backend: String,
+    /// CPU threads.
+    #[serde(default)]
+    pub threads: usize,
+    /// The configuration measured.
+    #[serde(default)]
+    pub config: serde_json::Value,
+    /// Timed steps.
+    #[serde(default)]
+    pub steps: usize,
+    /// Median step time in seconds.
+    #[serde(default)]
+    pub step_s_median: f64,
+    /// Fastest step (s).
+    #[serde(default)]
+    pub step_s_min: f64,
+    /// Slowest step (s).
+    #[serde(default)]
+    pub step_s_max: f64,
+    /// Tokens per second at the median step time.
+    #[serde(default)]
+    pub tokens_per_s: f64,
+    /// Trainable parameters.
+    #[serde(default)]
+    pub params: usize,
+    /// Peak resident memory of the process (MiB).
+    #[serde(default)]
+    pub peak_rss_mb: f64,
+}
+
+/// Times `steps` calls of `step` after `warmup` untimed ones; returns the sorted durations (s).
+pub fn time_steps(warmup: usize, steps: usize, mut step: impl FnMut()) -> Vec<f64> {
+    for _ in 0..warmup {
+        step();
+    }
+    let mut times: Vec<f64> = (0..steps)
+        .map(|_| {
+            let t = Instant::now();
+            step();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times
+}
+
+/// Median of sorted values.
+pub fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        0.5 * (sorted[n / 2 - 1] + sorted[n / 2])
+    }
+}
+
+/// Peak resident set size of this process in MiB (`VmHWM`), 0 where /proc is missing.
+pub fn peak_rss_mb() -> f64 {
+    proc_status_kb("VmHWM:") / 1024.0
+}
+
+fn proc_status_kb(key: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A Markdown table of the results.
+pub fn markdown(results: &[Measurement]) -> String {
+    let mut s = String::from(
+        "| benchmark | backend | threads | step (median) | min..max | tokens/s | params | peak RSS |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for m in results {
+        s += &format!(
+            "| {} | {} | {} | {:.3} s | {:.3}..{:.3} | {:.0} | {:.2} M | {:.0} MiB |\n",
+            m.name,
+            m.backend,
+            m.threads,
+            m.step_s_median,
+            m.step_s_min,
+            m.step_s_max,
+            m.tokens_per_s,
+            m.params as f64 / 1e6,
+            m.peak_rss_mb
+        );
+    }
+    s
+}
+
+/// Reads JSON lines (lines that do not parse are skipped).
+pub fn read_jsonl(path: &Path) -> Result<Vec<Measurement>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Measurement>(l.trim()).ok())
+        .filter(|m| !m.name.is_empty())
+        .collect())
+}
+
+/// Side-by-side table: each of our results against every peer line whose name starts with ours.
+pub fn compare(ours: &[Measurement], peers: &[Measurement]) -> String {
+    let mut s = String::from(
+        "| benchmark | peer | peer tokens/s | memzoo tokens/s | memzoo / peer | peer RSS | memzoo RSS |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for m in ours {
+        for p in peers.iter().filter(|p| p.name.starts_with(&m.name)) {
+            let ratio = m.tokens_per_s / p.tokens_per_s;
+            s += &format!(
+                "| {} | {} | {:.0} | {:.0} | {:.2}x | {:.0} MiB | {:.0} MiB |\n",
+                m.name,
+                if p.implementation.is_empty() { &p.name } else { &p.implementation },
+                p.tokens_per_s,
+                m.tokens_per_s,
+                ratio,
+                p.peak_rss_mb,
+                m.peak_rss_mb
+            );
+        }
+    }
+    s
+}
