@@ -117,14 +117,36 @@ pub fn markdown(results: &[Measurement]) -> String {
     s
 }
 
-/// Reads JSON lines (lines that do not parse are skipped).
+/// Reads JSON lines: ours, or the peers' (`config` names the benchmark, `impl` the
+/// implementation); lines that are not measurements are skipped.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Measurement>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
+    let text_of =
+        |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
     Ok(text
         .lines()
-        .filter_map(|l| serde_json::from_str::<Measurement>(l.trim()).ok())
-        .filter(|m| !m.name.is_empty())
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+        .filter(|v| {
+            v.get("status")
+                .and_then(|s| s.as_str())
+                .is_none_or(|s| s == "ok")
+        })
+        .filter_map(|v| {
+            let name = text_of(&v, "name").or_else(|| text_of(&v, "config"))?;
+            Some(Measurement {
+                name,
+                implementation: text_of(&v, "implementation")
+                    .or_else(|| text_of(&v, "impl"))
+                    .unwrap_or_default(),
+                tokens_per_s: num(&v, "tokens_per_s"),
+                step_s_median: num(&v, "step_s_median"),
+                peak_rss_mb: num(&v, "peak_rss_mb"),
+                ..Default::default()
+            })
+        })
+        .filter(|m| m.tokens_per_s > 0.0)
         .collect())
 }
 
@@ -140,7 +162,11 @@ pub fn compare(ours: &[Measurement], peers: &[Measurement]) -> String {
             s += &format!(
                 "| {} | {} | {:.0} | {:.0} | {:.2}x | {:.0} MiB | {:.0} MiB |\n",
                 m.name,
-                if p.implementation.is_empty() { &p.name } else { &p.implementation },
+                if p.implementation.is_empty() {
+                    &p.name
+                } else {
+                    &p.implementation
+                },
                 p.tokens_per_s,
                 m.tokens_per_s,
                 ratio,

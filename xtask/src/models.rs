@@ -28,7 +28,10 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
     let mut rng = StdRng::seed_from_u64(0);
     let times = time_steps(args.warmup(), args.steps(), || {
         let tokens = random_tokens(batch, tgt_len + 1, &mut rng, &device);
-        let (x, y) = (tokens.clone().narrow(1, 0, tgt_len), tokens.narrow(1, 1, tgt_len));
+        let (x, y) = (
+            tokens.clone().narrow(1, 0, tgt_len),
+            tokens.narrow(1, 1, tgt_len),
+        );
         let (loss, next) = model.forward_loss(x, y, &memory).expect("valid shapes");
         memory = next;
         let grads = GradientsParams::from_grads(loss.backward(), &model);

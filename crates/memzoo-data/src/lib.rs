@@ -1,1 +1,54 @@
-//! memzoo-data (work in progress).
+//! Data for memzoo: byte-level tokenizer, corpus readers and splits, the ordered batches
+//! that segment-level recurrence needs, data set manifests and their download, a generated
+//! long-range corpus, and corpus statistics.
+//!
+//! This crate does not depend on Burn: it works on plain token vectors. A [`Batch`] holds
+//! `inputs` / `targets` as row-major `[batch, len]` `Vec<i64>`, ready for
+//! `Tensor::from_data(TensorData::new(batch.inputs, [batch.batch, batch.len]), &device)`.
+//!
+//! A typical training pipeline:
+//!
+//! ```
+//! use memzoo_data::{generate_corpus, ByteTokenizer, LongRangeConfig, OrderedBatcher};
+//!
+//! let cfg = LongRangeConfig { documents: 20, valid_documents: 2, test_documents: 2, ..Default::default() };
+//! let corpus = generate_corpus(&cfg)?;
+//! let tok = ByteTokenizer::new();
+//! let mut batches = OrderedBatcher::named("train", tok.encode(&corpus.train), 4, 64)?;
+//! let first = batches.next_batch().unwrap();
+//! assert_eq!(first.shape(), [4, 64]);
+//! // the next step of every row starts where this one stopped
+//! let second = batches.next_batch().unwrap();
+//! assert_eq!(second.inputs[0], first.targets[63]);
+//! # Ok::<(), memzoo_data::DataError>(())
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod batcher;
+pub mod corpus;
+pub mod error;
+pub mod fetch;
+pub mod manifest;
+pub mod stats;
+pub mod synthetic;
+pub mod tokenizer;
+
+pub use batcher::{Batch, BatcherState, DocBatcher, OrderedBatcher};
+pub use corpus::{
+    Corpus, FileKind, Split, SplitRanges, SplitRule, file_kind, read_bytes, zip_members,
+};
+pub use error::DataError;
+pub use fetch::{
+    FetchOptions, FetchOutcome, fetch, fetch_from, fetch_with, part_path, sha256_file, verify,
+};
+pub use manifest::{Check, Manifest};
+pub use stats::{CorpusStats, byte_stats, stats};
+pub use synthetic::{
+    LongRangeConfig, LongRangeDocument, PassageKind, generate, generate_corpus, generate_split,
+    join_documents, join_with_mask, recallable_mask,
+};
+pub use tokenizer::{BOS, BYTE_VOCAB, ByteTokenizer, EOS, PAD, Token};
+
+#[cfg(test)]
+mod tests;

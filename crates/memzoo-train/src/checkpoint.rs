@@ -67,7 +67,8 @@ pub fn save<M: SegmentModel>(
     std::fs::rename(&tmp, &fin).map_err(io(format!("cannot rename to {}", fin.display())))?;
     let latest_tmp = ckpt_dir.join(".latest.tmp");
     std::fs::write(&latest_tmp, &name).map_err(io("cannot write latest".into()))?;
-    std::fs::rename(&latest_tmp, ckpt_dir.join("latest")).map_err(io("cannot update latest".into()))?;
+    std::fs::rename(&latest_tmp, ckpt_dir.join("latest"))
+        .map_err(io("cannot update latest".into()))?;
     prune(ckpt_dir, keep)?;
     Ok(fin)
 }
@@ -146,7 +147,10 @@ pub fn load<M: SegmentModel>(
 pub fn load_model<M: Module>(dir: &Path, model: M) -> Result<M, TrainError> {
     let path = dir.join("model.bpk");
     if !path.exists() {
-        return Err(TrainError::Checkpoint(format!("{} is missing", path.display())));
+        return Err(TrainError::Checkpoint(format!(
+            "{} is missing",
+            path.display()
+        )));
     }
     model.try_load_file(&path).map_err(|e| {
         TrainError::Checkpoint(format!(

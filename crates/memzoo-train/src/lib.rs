@@ -9,6 +9,7 @@
 //! split in order with memory carried (optionally with a longer memory).
 
 pub mod checkpoint;
+pub mod data;
 pub mod error;
 pub mod grads;
 pub mod metrics;

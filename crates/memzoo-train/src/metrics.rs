@@ -9,8 +9,8 @@ use std::sync::Arc;
 use burn::tensor::TensorReadError;
 use burn::train::Interrupter;
 use burn::train::metric::{
-    Metric, MetricAttributes, MetricDefinition, MetricEntry, MetricId, MetricMetadata,
-    MetricName, NumericAttributes, NumericEntry, SerializedEntry,
+    Metric, MetricAttributes, MetricDefinition, MetricEntry, MetricId, MetricMetadata, MetricName,
+    NumericAttributes, NumericEntry, SerializedEntry,
 };
 use burn::train::renderer::{MetricState, MetricsRenderer, default_renderer};
 use serde::Serialize;
@@ -91,7 +91,12 @@ const METRICS: &[(&str, Option<&str>, bool)] = &[
 impl Reporter {
     /// Opens `<run_dir>/metrics.jsonl` for appending and starts the renderer: burn-train's
     /// TUI when stdout is a terminal (and `quiet` is off), plain lines otherwise.
-    pub fn new(run_dir: &Path, total_steps: usize, start_step: usize, quiet: bool) -> Result<Self, TrainError> {
+    pub fn new(
+        run_dir: &Path,
+        total_steps: usize,
+        start_step: usize,
+        quiet: bool,
+    ) -> Result<Self, TrainError> {
         let path = run_dir.join("metrics.jsonl");
         let jsonl = std::fs::OpenOptions::new()
             .create(true)
@@ -131,7 +136,12 @@ impl Reporter {
     }
 
     /// Records metrics of `split` at `step`: dashboard, JSON line per metric, one plain line.
-    pub fn record(&mut self, step: usize, split: &str, values: &[(&str, f64)]) -> Result<(), TrainError> {
+    pub fn record(
+        &mut self,
+        step: usize,
+        split: &str,
+        values: &[(&str, f64)],
+    ) -> Result<(), TrainError> {
         for (name, value) in values {
             let rec = MetricRecord {
                 step,

@@ -38,7 +38,10 @@ impl ScheduleConfig {
             return Err(format!("train.lr must be positive, got {}", self.lr));
         }
         if !(0.0..=1.0).contains(&self.min_ratio) {
-            return Err(format!("train.min_ratio must be in [0, 1], got {}", self.min_ratio));
+            return Err(format!(
+                "train.min_ratio must be in [0, 1], got {}",
+                self.min_ratio
+            ));
         }
         Ok(())
     }

@@ -128,7 +128,10 @@ impl TrainConfig {
             return bad(format!("train.clip_norm must be positive, got {c}"));
         }
         if !(self.weight_decay >= 0.0) {
-            return bad(format!("train.weight_decay must be >= 0, got {}", self.weight_decay));
+            return bad(format!(
+                "train.weight_decay must be >= 0, got {}",
+                self.weight_decay
+            ));
         }
         self.schedule.validate().map_err(TrainError::Config)
     }
@@ -374,14 +377,19 @@ pub fn train<M: SegmentModel>(
             )?;
             window = (0.0, 0, 0, Instant::now());
         }
-        let eval_now = (config.eval_every > 0 && step % config.eval_every == 0) || step == config.steps;
+        let eval_now =
+            (config.eval_every > 0 && step % config.eval_every == 0) || step == config.steps;
         if eval_now && let Some(v) = valid_data.as_deref_mut() {
             let eval_model = match config.eval_mem_len {
                 Some(m) => model.clone().with_eval_mem_len(m),
                 None => model.clone(),
             };
             let r = evaluate(&eval_model, v, config.tgt_len, config.eval_segments)?;
-            reporter.record(step, "valid", &[("loss", r.loss), ("bpc", r.bpc), ("ppl", r.ppl)])?;
+            reporter.record(
+                step,
+                "valid",
+                &[("loss", r.loss), ("bpc", r.bpc), ("ppl", r.ppl)],
+            )?;
             valid = Some(r);
             window.3 = Instant::now();
         }
@@ -398,7 +406,14 @@ pub fn train<M: SegmentModel>(
                 schedule: config.schedule.clone(),
                 total_steps: config.steps,
             };
-            crate::checkpoint::save(&ckpt_dir, &model, &optim, &state, &trainer, config.keep_checkpoints)?;
+            crate::checkpoint::save(
+                &ckpt_dir,
+                &model,
+                &optim,
+                &state,
+                &trainer,
+                config.keep_checkpoints,
+            )?;
             window.3 = Instant::now();
         }
         if interrupted {

@@ -1,29 +1,273 @@
-//! The `memzoo` command line.
+//! The `memzoo` command line: train, evaluate and sample from long-context language models.
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use memzoo::commands;
+use memzoo::config::{ModelKind, RunConfig};
 
 #[derive(Parser)]
-#[command(name = "memzoo", version, about = "Transformers that remember beyond their context window")]
+#[command(
+    name = "memzoo",
+    version,
+    about = "Transformers that remember beyond their context window",
+    long_about = "Train, evaluate and sample from long-context language models on any Burn backend.\n\
+                  `memzoo train` with no arguments trains a small Transformer-XL on a generated \
+                  corpus whose text can only be predicted from far back."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+/// Options every model command shares.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Device: flex, wgpu, wgpu-gl, wgpu-vulkan, cuda[:N], tch, tch-cuda[:N].
+    #[arg(long, default_value = "flex", global = true)]
+    pub device: String,
+    /// Print one JSON object with the result instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// List the device strings and which are compiled into this binary.
+    /// Train a model (default: a small Transformer-XL on the generated long-range corpus).
+    Train {
+        #[command(flatten)]
+        common: Common,
+        /// TOML file with [model], [train] and [data] sections.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Override a config field, e.g. --set model.mem_len=256 (repeatable).
+        #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
+        sets: Vec<String>,
+        /// Model family.
+        #[arg(long, value_enum)]
+        model: Option<ModelKind>,
+        /// Data: a text file (.txt, .gz, .zip) or a known data set name; default: generated.
+        #[arg(long)]
+        data: Option<String>,
+        /// Optimizer steps (same as --set train.steps=N).
+        #[arg(long)]
+        steps: Option<usize>,
+        /// Run directory: config.toml, metrics.jsonl, checkpoints/.
+        #[arg(long, default_value = "runs/default")]
+        run_dir: PathBuf,
+        /// Continue the run in --run-dir from its latest checkpoint.
+        #[arg(long)]
+        resume: bool,
+        /// No terminal dashboard, plain log lines only.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Evaluate a run's latest checkpoint over a whole split, memory carried in order.
+    Eval {
+        #[command(flatten)]
+        common: Common,
+        /// The run directory to evaluate.
+        #[arg(long, default_value = "runs/default")]
+        run_dir: PathBuf,
+        /// Split: valid or test.
+        #[arg(long, default_value = "test")]
+        split: String,
+        /// Memory length at evaluation (the paper evaluates with a longer one).
+        #[arg(long)]
+        mem_len: Option<usize>,
+        /// Segment length at evaluation.
+        #[arg(long)]
+        tgt_len: Option<usize>,
+        /// Only the first N segments.
+        #[arg(long)]
+        max_segments: Option<usize>,
+    },
+    /// Sample text from a run's latest checkpoint, reusing the XL memory token by token.
+    Generate {
+        #[command(flatten)]
+        common: Common,
+        /// The run directory.
+        #[arg(long, default_value = "runs/default")]
+        run_dir: PathBuf,
+        /// Text to continue.
+        #[arg(long, default_value = "")]
+        prompt: String,
+        /// Tokens to generate.
+        #[arg(long, default_value_t = 200)]
+        tokens: usize,
+        /// Sampling temperature (0: greedy).
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f64,
+        /// Sample among the k most likely tokens only.
+        #[arg(long)]
+        top_k: Option<usize>,
+        /// Sample from the smallest set of tokens whose probability reaches p.
+        #[arg(long)]
+        top_p: Option<f64>,
+        /// Seed of the sampler.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Also time generation by recomputing the whole context for every token.
+        #[arg(long)]
+        compare_recompute: bool,
+    },
+    /// Data sets: list, fetch, prepare, stats.
+    Data {
+        #[command(subcommand)]
+        command: DataCommand,
+    },
+    /// List device strings and which backends this binary has.
     Devices,
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// The known data sets.
+    List,
+    /// Download a known data set (resumable, checksum-verified).
+    Fetch {
+        /// Data set name (see `memzoo data list`).
+        name: String,
+        /// Destination directory.
+        #[arg(long, default_value = "data")]
+        dir: PathBuf,
+        /// Download from this URL instead of the manifest's (a mirror).
+        #[arg(long)]
+        url: Option<String>,
+    },
+    /// Load and split a data set or file, and report the split sizes.
+    Prepare {
+        /// Data set name or file path.
+        source: String,
+        /// Where data sets are downloaded.
+        #[arg(long, default_value = "data")]
+        dir: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Statistics of a data set, file or the generated corpus: size, symbols, entropy.
+    Stats {
+        /// Data set name, file path, or `generated`.
+        source: String,
+        /// Where data sets are downloaded.
+        #[arg(long, default_value = "data")]
+        dir: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() {
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
+        Command::Train {
+            common,
+            config,
+            sets,
+            model,
+            data,
+            steps,
+            run_dir,
+            resume,
+            quiet,
+        } => {
+            let mut sets = sets;
+            if let Some(m) = model {
+                sets.insert(
+                    0,
+                    format!("model_kind={}", serde_json::to_string(&m).unwrap()),
+                );
+            }
+            if let Some(d) = data {
+                sets.insert(
+                    0,
+                    format!("data.source={}", serde_json::to_string(&d).unwrap()),
+                );
+            }
+            if let Some(s) = steps {
+                sets.push(format!("train.steps={s}"));
+            }
+            let config = if resume {
+                RunConfig::from_run_dir(&run_dir, &sets)
+            } else {
+                RunConfig::resolve(config.as_deref(), &sets)
+            };
+            config.and_then(|config| {
+                commands::train(
+                    &config,
+                    &common.device,
+                    &run_dir,
+                    resume,
+                    quiet,
+                    common.json,
+                )
+            })
+        }
+        Command::Eval {
+            common,
+            run_dir,
+            split,
+            mem_len,
+            tgt_len,
+            max_segments,
+        } => commands::eval(
+            &run_dir,
+            &common.device,
+            &split,
+            mem_len,
+            tgt_len,
+            max_segments,
+            common.json,
+        ),
+        Command::Generate {
+            common,
+            run_dir,
+            prompt,
+            tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            compare_recompute,
+        } => commands::generate(
+            &run_dir,
+            &common.device,
+            &commands::SampleOptions {
+                prompt,
+                tokens,
+                temperature,
+                top_k,
+                top_p,
+                seed,
+                compare_recompute,
+            },
+            common.json,
+        ),
+        Command::Data { command } => match command {
+            DataCommand::List => commands::data_list(),
+            DataCommand::Fetch { name, dir, url } => commands::data_fetch(&name, &dir, url),
+            DataCommand::Prepare { source, dir, json } => {
+                commands::data_prepare(&source, &dir, json)
+            }
+            DataCommand::Stats { source, dir, json } => commands::data_stats(&source, &dir, json),
+        },
         Command::Devices => {
             for (name, feature) in memzoo::backend::DEVICE_NAMES {
                 let spec: memzoo::backend::DeviceSpec = name.parse().expect("known name");
-                let state = if spec.is_compiled() { "compiled in" } else { "not compiled" };
+                let state = if spec.is_compiled() {
+                    "compiled in"
+                } else {
+                    "not compiled"
+                };
                 println!("{name:12} feature `{feature}`: {state}");
             }
+            Ok(())
         }
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
     }
 }

@@ -1,0 +1,168 @@
+//! The one error type of the crate.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading, batching, describing or downloading data.
+///
+/// Every message names the bad value, file or URL so that a user can act on it without a
+/// backtrace.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A data file does not exist.
+    #[error("data file {} does not exist", path.display())]
+    NotFound {
+        /// The path that was asked for.
+        path: PathBuf,
+    },
+    /// A data file (or the archive member read from it) has no bytes.
+    #[error("data file {} is empty", path.display())]
+    Empty {
+        /// The empty file.
+        path: PathBuf,
+    },
+    /// An I/O error on a named file.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("cannot read", "cannot create", ...).
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `.gz` or `.zip` file that cannot be decoded, or a zip member that is missing or
+    /// ambiguous.
+    #[error("archive {}: {message}", path.display())]
+    Archive {
+        /// The archive.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A token stream too short for even one batch.
+    #[error(
+        "{what} has {tokens} tokens, but one batch of {batch} rows x {seq_len} tokens needs at \
+         least {needed} (batch * (seq_len + 1))"
+    )]
+    TooShort {
+        /// Which corpus or split.
+        what: String,
+        /// How many tokens it has.
+        tokens: usize,
+        /// How many one batch needs.
+        needed: usize,
+        /// Rows per batch.
+        batch: usize,
+        /// Segment length.
+        seq_len: usize,
+    },
+    /// A parameter with a value it cannot take.
+    #[error("invalid {name} = {value}: {reason}")]
+    InvalidValue {
+        /// The parameter ("batch", "split.valid", ...).
+        name: String,
+        /// Its value as given.
+        value: String,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// A token id outside the tokenizer's vocabulary.
+    #[error("token id {id} is outside the vocabulary of size {vocab_size}")]
+    TokenOutOfRange {
+        /// The bad id.
+        id: u32,
+        /// The vocabulary size.
+        vocab_size: usize,
+    },
+    /// A special token name the tokenizer does not know.
+    #[error("unknown special token {name:?}; this tokenizer has {known:?}")]
+    UnknownSpecial {
+        /// The name asked for.
+        name: String,
+        /// The special tokens the tokenizer has.
+        known: Vec<String>,
+    },
+    /// A data set name without a manifest.
+    #[error("unknown data set {name:?}; known data sets: {}", known.join(", "))]
+    UnknownDataset {
+        /// The name asked for.
+        name: String,
+        /// The names with a manifest.
+        known: Vec<String>,
+    },
+    /// A manifest that does not parse or is inconsistent.
+    #[error("manifest {name}: {message}")]
+    Manifest {
+        /// Manifest name or file.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A saved batcher position that does not belong to this batcher.
+    #[error("cannot restore batcher state: {field} is {saved} in the state but {actual} here")]
+    StateMismatch {
+        /// The field that differs.
+        field: &'static str,
+        /// Its value in the saved state.
+        saved: u64,
+        /// Its value in this batcher.
+        actual: u64,
+    },
+    /// A failed HTTP transfer.
+    #[error("download of {url} failed: {message}")]
+    Http {
+        /// The URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A downloaded file whose size differs from the manifest.
+    #[error("{}: size is {actual} bytes, the manifest says {expected}", path.display())]
+    SizeMismatch {
+        /// The file.
+        path: PathBuf,
+        /// Size from the manifest.
+        expected: u64,
+        /// Size on disk.
+        actual: u64,
+    },
+    /// A downloaded file whose sha256 differs from the manifest.
+    #[error("{}: sha256 is {actual}, the manifest says {expected}", path.display())]
+    ChecksumMismatch {
+        /// The file.
+        path: PathBuf,
+        /// Checksum from the manifest.
+        expected: String,
+        /// Checksum of the bytes on disk.
+        actual: String,
+    },
+}
+
+impl DataError {
+    /// An [`DataError::Io`] for `path`.
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        DataError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// An [`DataError::InvalidValue`].
+    pub(crate) fn invalid(
+        name: impl Into<String>,
+        value: impl ToString,
+        reason: impl Into<String>,
+    ) -> Self {
+        DataError::InvalidValue {
+            name: name.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! The CLI's commands, as library functions (the binary only parses arguments).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_data::{ByteTokenizer, Manifest, Split};
+use memzoo_train::{RunOptions, checkpoint, evaluate, train as run_training};
+use memzoo_xl::{TransformerXl, XlMemory};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde_json::json;
+
+use crate::config::{ModelKind, RunConfig};
+use crate::data_setup::{batcher, load_corpus, load_splits};
+
+fn device(name: &str) -> Result<Device, String> {
+    memzoo_backend::parse_device(name).map_err(|e| e.to_string())
+}
+
+/// `memzoo train`.
+pub fn train(
+    config: &RunConfig,
+    device_name: &str,
+    run_dir: &Path,
+    resume: bool,
+    quiet: bool,
+    json_out: bool,
+) -> Result<(), String> {
+    config.validate()?;
+    let device = device(device_name)?.autodiff();
+    device.seed(config.train.seed);
+    let splits = load_splits(&config.data)?;
+    let t = &config.train;
+    let mut train_data = batcher(&splits, Split::Train, t.batch, t.tgt_len)?;
+    let mut valid_data = batcher(&splits, Split::Valid, t.batch, t.tgt_len)?;
+
+    std::fs::create_dir_all(run_dir)
+        .map_err(|e| format!("cannot create run directory {}: {e}", run_dir.display()))?;
+    if !resume {
+        std::fs::write(run_dir.join("config.toml"), config.to_toml())
+            .map_err(|e| format!("cannot write to run directory {}: {e}", run_dir.display()))?;
+    }
+    let options = RunOptions {
+        run_dir: run_dir.to_path_buf(),
+        resume,
+        quiet: quiet || json_out,
+    };
+    if !json_out {
+        println!(
+            "training {:?} on {} ({} train tokens) on {device_name}, run dir {}",
+            config.model_kind,
+            splits.name,
+            splits.train.len(),
+            run_dir.display()
+        );
+    }
+    let start = Instant::now();
+    let outcome = match config.model_kind {
+        ModelKind::Xl => {
+            let model = config.model.init(&device).map_err(|e| e.to_string())?;
+            let o = run_training(model, t, &mut train_data, Some(&mut valid_data), &options)
+                .map_err(|e| e.to_string())?;
+            (o.steps, o.valid, o.interrupted)
+        }
+    };
+    let (steps, valid, interrupted) = outcome;
+    let summary = json!({
+        "run_dir": run_dir,
+        "steps": steps,
+        "interrupted": interrupted,
+        "valid": valid,
+        "seconds": start.elapsed().as_secs_f64(),
+    });
+    if json_out {
+        println!("{summary}");
+    } else if let Some(v) = valid {
+        println!(
+            "done: {steps} steps, valid loss {:.4} nats, {:.4} bpc ({}s); checkpoint in {}",
+            v.loss,
+            v.bpc,
+            start.elapsed().as_secs(),
+            checkpoint::latest(&run_dir.join("checkpoints"))
+                .ok()
+                .flatten()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// The model of a run directory with its latest checkpoint, on `device` (no autodiff).
+pub fn load_xl(run_dir: &Path, device: &Device) -> Result<(RunConfig, TransformerXl), String> {
+    let config = RunConfig::from_run_dir(run_dir, &[])?;
+    let dir = checkpoint::latest(&run_dir.join("checkpoints"))
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} has no checkpoint yet", run_dir.display()))?;
+    let trainer = checkpoint::read_trainer_state(&dir).map_err(|e| e.to_string())?;
+    if trainer.family != "xl" {
+        return Err(format!(
+            "{} holds a `{}` model, not a Transformer-XL",
+            dir.display(),
+            trainer.family
+        ));
+    }
+    let model = config.model.init(device).map_err(|e| e.to_string())?;
+    let model = checkpoint::load_model(&dir, model).map_err(|e| e.to_string())?;
+    Ok((config, model))
+}
+
+/// `memzoo eval`.
+pub fn eval(
+    run_dir: &Path,
+    device_name: &str,
+    split: &str,
+    mem_len: Option<usize>,
+    tgt_len: Option<usize>,
+    max_segments: Option<usize>,
+    json_out: bool,
+) -> Result<(), String> {
+    let split = match split {
+        "valid" => Split::Valid,
+        "test" => Split::Test,
+        "train" => Split::Train,
+        other => return Err(format!("unknown split `{other}`: expected valid or test")),
+    };
+    let device = device(device_name)?;
+    let (config, model) = load_xl(run_dir, &device)?;
+    let model = match mem_len {
+        Some(m) => model.with_mem_len(m),
+        None => model,
+    };
+    let len = tgt_len.unwrap_or(config.train.tgt_len);
+    let splits = load_splits(&config.data)?;
+    let mut data = batcher(&splits, split, config.train.batch, len)?;
+    let start = Instant::now();
+    let r = evaluate(&model, &mut data, len, max_segments).map_err(|e| e.to_string())?;
+    let secs = start.elapsed().as_secs_f64();
+    if json_out {
+        println!(
+            "{}",
+            json!({"split": split.as_str(), "mem_len": model.mem_len, "tgt_len": len,
+                   "loss": r.loss, "bpc": r.bpc, "ppl": r.ppl, "tokens": r.tokens, "seconds": secs})
+        );
+    } else {
+        println!(
+            "{} split: loss {:.4} nats, {:.4} bpc, ppl {:.3} over {} tokens (mem_len {}, tgt_len {len}, {secs:.1}s)",
+            split.as_str(),
+            r.loss,
+            r.bpc,
+            r.ppl,
+            r.tokens,
+            model.mem_len
+        );
+    }
+    Ok(())
+}
+
+/// Sampling options of `memzoo generate`.
+pub struct SampleOptions {
+    /// Text to continue.
+    pub prompt: String,
+    /// Tokens to generate.
+    pub tokens: usize,
+    /// Temperature (0: greedy).
+    pub temperature: f64,
+    /// Top-k filter.
+    pub top_k: Option<usize>,
+    /// Nucleus filter.
+    pub top_p: Option<f64>,
+    /// Sampler seed.
+    pub seed: u64,
+    /// Also time the recompute-the-context baseline.
+    pub compare_recompute: bool,
+}
+
+/// Draws a token from `logits` with temperature, top-k and top-p.
+pub fn sample(logits: &[f32], opts: &SampleOptions, rng: &mut StdRng) -> usize {
+    if opts.temperature <= 0.0 {
+        return logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+            .unwrap_or(0);
+    }
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    if let Some(k) = opts.top_k {
+        order.truncate(k.max(1));
+    }
+    let max = logits[order[0]] as f64;
+    let mut probs: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i] as f64 - max) / opts.temperature).exp())
+        .collect();
+    let total: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= total);
+    if let Some(p) = opts.top_p {
+        let mut acc = 0.0;
+        let keep = probs
+            .iter()
+            .position(|&q| {
+                acc += q;
+                acc >= p
+            })
+            .map_or(probs.len(), |i| i + 1);
+        order.truncate(keep);
+        probs.truncate(keep);
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= total);
+    }
+    let mut u: f64 = rng.random();
+    for (i, q) in order.iter().zip(&probs) {
+        u -= q;
+        if u <= 0.0 {
+            return *i;
+        }
+    }
+    order[order.len() - 1]
+}
+
+fn last_logits(model: &TransformerXl, hidden: Tensor<3>) -> Vec<f32> {
+    let [_, q, d] = hidden.dims();
+    let last = hidden.narrow(1, q - 1, 1).reshape([1, 1, d]);
+    model
+        .logits(last)
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("f32 logits")
+}
+
+fn token_tensor(tokens: &[i64], device: &Device) -> Tensor<2, Int> {
+    Tensor::from_data(TensorData::new(tokens.to_vec(), [1, tokens.len()]), device)
+}
+
+/// Generates with the XL memory: the prompt is read once, then each new token costs one step
+/// over `mem_len` cached positions. Returns the tokens and the seconds spent per new token.
+pub fn generate_cached(
+    model: &TransformerXl,
+    prompt: &[i64],
+    opts: &SampleOptions,
+    device: &Device,
+) -> Result<(Vec<i64>, f64), String> {
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let mut memory = XlMemory::empty();
+    let mut out = Vec::with_capacity(opts.tokens);
+    let first = model
+        .forward(token_tensor(prompt, device), &memory)
+        .map_err(|e| e.to_string())?;
+    memory = first.memory;
+    let mut logits = last_logits(model, first.hidden);
+    let start = Instant::now();
+    for _ in 0..opts.tokens {
+        let next = sample(&logits, opts, &mut rng) as i64;
+        out.push(next);
+        let o = model
+            .forward(token_tensor(&[next], device), &memory)
+            .map_err(|e| e.to_string())?;
+        memory = o.memory;
+        logits = last_logits(model, o.hidden);
+    }
+    Ok((
+        out,
+        start.elapsed().as_secs_f64() / opts.tokens.max(1) as f64,
+    ))
+}
+
+/// The baseline: every new token recomputes the whole context (no memory).
+pub fn generate_recompute(
+    model: &TransformerXl,
+    prompt: &[i64],
+    opts: &SampleOptions,
+    device: &Device,
+) -> Result<(Vec<i64>, f64), String> {
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let mut context = prompt.to_vec();
+    let mut out = Vec::with_capacity(opts.tokens);
+    let start = Instant::now();
+    for _ in 0..opts.tokens {
+        let o = model
+            .forward(token_tensor(&context, device), &XlMemory::empty())
+            .map_err(|e| e.to_string())?;
+        let next = sample(&last_logits(model, o.hidden), opts, &mut rng) as i64;
+        out.push(next);
+        context.push(next);
+    }
+    Ok((
+        out,
+        start.elapsed().as_secs_f64() / opts.tokens.max(1) as f64,
+    ))
+}
+
+/// `memzoo generate`.
+pub fn generate(
+    run_dir: &Path,
+    device_name: &str,
+    opts: &SampleOptions,
+    json_out: bool,
+) -> Result<(), String> {
+    let device = device(device_name)?;
+    let (_, model) = load_xl(run_dir, &device)?;
+    let tok = ByteTokenizer::new();
+    let mut prompt: Vec<i64> = tok
+        .encode(opts.prompt.as_bytes())
+        .iter()
+        .map(|&t| t as i64)
+        .collect();
+    if prompt.is_empty() {
+        prompt.push(b'\n' as i64);
+    }
+    // Memory as long as the whole context: cached generation then sees exactly what the
+    // recomputation sees, and costs one step per token.
+    let context = prompt.len() + opts.tokens;
+    let model = model.clone().with_mem_len(model.mem_len.max(context));
+    let (tokens, cached_s) = generate_cached(&model, &prompt, opts, &device)?;
+    let text_tokens: Vec<u16> = tokens.iter().map(|&t| t as u16).collect();
+    let text = tok.decode_lossy(&text_tokens).map_err(|e| e.to_string())?;
+    let recompute = if opts.compare_recompute {
+        let (_, s) = generate_recompute(&model, &prompt, opts, &device)?;
+        Some(s)
+    } else {
+        None
+    };
+    if json_out {
+        println!(
+            "{}",
+            json!({"prompt": opts.prompt, "text": text, "tokens": tokens.len(),
+                   "cached_tokens_per_s": 1.0 / cached_s,
+                   "recompute_tokens_per_s": recompute.map(|s| 1.0 / s),
+                   "speedup": recompute.map(|s| s / cached_s)})
+        );
+    } else {
+        println!("{}{}", opts.prompt, text);
+        eprintln!("\n[{:.1} tokens/s with the XL memory]", 1.0 / cached_s);
+        if let Some(s) = recompute {
+            eprintln!(
+                "[{:.1} tokens/s recomputing the context: memory is {:.1}x faster]",
+                1.0 / s,
+                s / cached_s
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `memzoo data list`.
+pub fn data_list() -> Result<(), String> {
+    for m in Manifest::all().map_err(|e| e.to_string())? {
+        println!("{:16} {:>12} bytes  {}", m.name, m.size, m.description);
+    }
+    Ok(())
+}
+
+/// `memzoo data fetch`.
+pub fn data_fetch(name: &str, dir: &Path, url: Option<String>) -> Result<(), String> {
+    let manifest = Manifest::load(name).map_err(|e| e.to_string())?;
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let path: PathBuf = match url {
+        Some(url) => memzoo_data::fetch_from(&url, &manifest, dir, progress),
+        None => memzoo_data::fetch(&manifest, dir, progress),
+    }
+    .map_err(|e| e.to_string())?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+fn source_config(source: &str, dir: &Path) -> crate::config::DataConfig {
+    crate::config::DataConfig {
+        source: Some(source.to_string()),
+        data_dir: dir.display().to_string(),
+        ..Default::default()
+    }
+}
+
+/// `memzoo data prepare`: load, split and report sizes (checks the file end to end).
+pub fn data_prepare(source: &str, dir: &Path, json_out: bool) -> Result<(), String> {
+    let (name, corpus) = load_corpus(&source_config(source, dir))?;
+    if json_out {
+        println!(
+            "{}",
+            json!({"source": name, "train": corpus.train.len(), "valid": corpus.valid.len(), "test": corpus.test.len()})
+        );
+    } else {
+        println!(
+            "{name}: train {} bytes, valid {} bytes, test {} bytes",
+            corpus.train.len(),
+            corpus.valid.len(),
+            corpus.test.len()
+        );
+    }
+    Ok(())
+}
+
+/// `memzoo data stats`.
+pub fn data_stats(source: &str, dir: &Path, json_out: bool) -> Result<(), String> {
+    let (name, corpus) = load_corpus(&source_config(source, dir))?;
+    for (split, bytes) in [
+        ("train", &corpus.train),
+        ("valid", &corpus.valid),
+        ("test", &corpus.test),
+    ] {
+        let s = memzoo_data::byte_stats(bytes);
+        if json_out {
+            println!(
+                "{}",
+                json!({"source": name, "split": split, "tokens": s.tokens, "distinct": s.distinct,
+                       "unigram_entropy_bits": s.unigram_entropy_bits})
+            );
+        } else {
+            println!(
+                "{name} {split}: {} tokens, {} distinct, unigram entropy {:.3} bits/char",
+                s.tokens, s.distinct, s.unigram_entropy_bits
+            );
+        }
+    }
+    Ok(())
+}

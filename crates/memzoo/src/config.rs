@@ -1,0 +1,260 @@
+//! The run configuration of the CLI: one TOML file with `[model]`, `[train]` and `[data]`
+//! sections, every field overridable from the command line with `--set section.field=value`.
+
+use std::path::Path;
+
+use memzoo_data::LongRangeConfig;
+use memzoo_train::TrainConfig;
+use memzoo_xl::XlConfig;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Which model family a run trains.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Transformer-XL.
+    #[default]
+    Xl,
+}
+
+/// Where the data comes from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// A text file (plain, `.gz` or `.zip`) or the name of a known data set (`memzoo data list`).
+    /// Empty: the generated long-range corpus (`[data.generated]`).
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Member of a `.zip` archive to read (default: its only member).
+    #[serde(default)]
+    pub member: Option<String>,
+    /// Fraction of a plain file used for validation (its last part). Default 0.05.
+    #[serde(default = "default_fraction")]
+    pub valid_fraction: f64,
+    /// Fraction used for test (the part before validation). Default 0.05.
+    #[serde(default = "default_fraction")]
+    pub test_fraction: f64,
+    /// Where known data sets are downloaded. Default `data`.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: String,
+    /// The generated long-range corpus (used when `source` is empty).
+    #[serde(default)]
+    pub generated: LongRangeConfig,
+}
+
+fn default_fraction() -> f64 {
+    0.05
+}
+
+fn default_data_dir() -> String {
+    "data".into()
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            source: None,
+            member: None,
+            valid_fraction: default_fraction(),
+            test_fraction: default_fraction(),
+            data_dir: default_data_dir(),
+            generated: LongRangeConfig::default(),
+        }
+    }
+}
+
+/// Everything a run needs besides the device.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct RunConfig {
+    /// The model family.
+    pub model_kind: ModelKind,
+    /// Transformer-XL configuration (`[model]`).
+    pub model: XlConfig,
+    /// Training configuration (`[train]`).
+    pub train: TrainConfig,
+    /// Data (`[data]`).
+    pub data: DataConfig,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            model_kind: ModelKind::Xl,
+            // A small XL that trains in minutes on a CPU.
+            model: XlConfig::new()
+                .with_n_layers(4)
+                .with_d_model(128)
+                .with_n_heads(4)
+                .with_d_inner(512)
+                .with_mem_len(128)
+                .with_dropout(0.1),
+            train: TrainConfig::new()
+                .with_steps(1000)
+                .with_batch(8)
+                .with_tgt_len(64)
+                .with_eval_segments(Some(50))
+                .with_schedule(
+                    memzoo_train::ScheduleConfig::new()
+                        .with_lr(1e-3)
+                        .with_warmup(50),
+                ),
+            data: DataConfig::default(),
+        }
+    }
+}
+
+impl RunConfig {
+    /// Defaults, then the TOML file (if any), then the `--set` overrides, in that order.
+    ///
+    /// Unknown sections or fields and ill-typed values are errors that name them.
+    pub fn resolve(file: Option<&Path>, sets: &[String]) -> Result<Self, String> {
+        let mut value = serde_json::to_value(RunConfig::default()).expect("serialisable");
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+            let table: toml::Table = toml::from_str(&text)
+                .map_err(|e| format!("config {} is not valid TOML: {e}", path.display()))?;
+            let user = serde_json::to_value(table).map_err(|e| e.to_string())?;
+            merge(&mut value, &user, "")?;
+        }
+        for set in sets {
+            let (key, raw) = set
+                .split_once('=')
+                .ok_or_else(|| format!("--set `{set}`: expected section.field=value"))?;
+            set_path(&mut value, key.trim(), parse_scalar(raw.trim()))?;
+        }
+        Self::from_value(value)
+    }
+
+    /// Parses a resolved JSON value, rejecting fields the types do not know.
+    fn from_value(value: Value) -> Result<Self, String> {
+        let config: RunConfig =
+            serde_json::from_value(value.clone()).map_err(|e| format!("invalid config: {e}"))?;
+        // Burn's Config derive ignores unknown fields: compare with a round trip.
+        let back = serde_json::to_value(&config).expect("serialisable");
+        unknown_fields(&value, &back, "")?;
+        Ok(config)
+    }
+
+    /// Checks every section, naming the bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        self.model.validate().map_err(|e| e.to_string())?;
+        self.train.validate().map_err(|e| e.to_string())?;
+        if !(0.0..1.0).contains(&(self.data.valid_fraction + self.data.test_fraction)) {
+            return Err(format!(
+                "data.valid_fraction + data.test_fraction must be below 1, got {} + {}",
+                self.data.valid_fraction, self.data.test_fraction
+            ));
+        }
+        self.data.generated.validate().map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// The config as TOML (what a run directory keeps).
+    pub fn to_toml(&self) -> String {
+        let value = serde_json::to_value(self).expect("serialisable");
+        toml::to_string_pretty(&strip_nulls(value)).unwrap_or_default()
+    }
+
+    /// Reads a run directory's `config.toml`, then applies `sets`.
+    pub fn from_run_dir(run_dir: &Path, sets: &[String]) -> Result<Self, String> {
+        let path = run_dir.join("config.toml");
+        if !path.exists() {
+            return Err(format!(
+                "{} has no config.toml: is it a memzoo run directory?",
+                run_dir.display()
+            ));
+        }
+        // Saved configs are complete, but resolve() also fills fields added since.
+        Self::resolve(Some(&path), sets)
+    }
+}
+
+/// TOML has no null: drop `None` fields.
+fn strip_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, strip_nulls(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+fn parse_scalar(raw: &str) -> Value {
+    if raw == "none" || raw == "null" {
+        return Value::Null;
+    }
+    serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()))
+}
+
+fn merge(base: &mut Value, user: &Value, path: &str) -> Result<(), String> {
+    match (base, user) {
+        (Value::Object(b), Value::Object(u)) => {
+            for (k, v) in u {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match b.get_mut(k) {
+                    Some(slot) if slot.is_object() && v.is_object() => merge(slot, v, &p)?,
+                    Some(slot) => *slot = v.clone(),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            Ok(())
+        }
+        (b, u) => {
+            *b = u.clone();
+            Ok(())
+        }
+    }
+}
+
+fn set_path(root: &mut Value, key: &str, value: Value) -> Result<(), String> {
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut cur = root;
+    for (i, part) in parts.iter().enumerate() {
+        let here = parts[..=i].join(".");
+        let obj = cur
+            .as_object_mut()
+            .ok_or_else(|| format!("--set {key}: `{}` is not a section", parts[..i].join(".")))?;
+        if i + 1 == parts.len() {
+            if !obj.contains_key(*part) {
+                return Err(format!("--set {key}: unknown field `{here}`"));
+            }
+            obj.insert(part.to_string(), value);
+            return Ok(());
+        }
+        cur = obj
+            .get_mut(*part)
+            .ok_or_else(|| format!("--set {key}: unknown section `{here}`"))?;
+        if cur.is_null() {
+            *cur = Value::Object(Default::default());
+        }
+    }
+    Ok(())
+}
+
+fn unknown_fields(given: &Value, known: &Value, path: &str) -> Result<(), String> {
+    if let (Value::Object(g), Value::Object(k)) = (given, known) {
+        for (key, v) in g {
+            let p = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
+            match k.get(key) {
+                None => return Err(format!("unknown config field `{p}`")),
+                Some(kv) => unknown_fields(v, kv, &p)?,
+            }
+        }
+    }
+    Ok(())
+}

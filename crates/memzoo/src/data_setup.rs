@@ -1,0 +1,91 @@
+//! Turning a `[data]` section into token streams and ordered batchers.
+
+use std::path::Path;
+
+use memzoo_data::{ByteTokenizer, Corpus, Manifest, OrderedBatcher, Split, SplitRule, Token};
+
+use crate::config::DataConfig;
+
+/// The three splits as token streams, with a name for messages.
+pub struct Splits {
+    /// What the data is (file, data set or generated corpus).
+    pub name: String,
+    /// Training tokens.
+    pub train: Vec<Token>,
+    /// Validation tokens.
+    pub valid: Vec<Token>,
+    /// Test tokens.
+    pub test: Vec<Token>,
+}
+
+impl Splits {
+    /// The tokens of one split.
+    pub fn get(&self, split: Split) -> &[Token] {
+        match split {
+            Split::Train => &self.train,
+            Split::Valid => &self.valid,
+            Split::Test => &self.test,
+        }
+    }
+}
+
+/// Loads the corpus a `[data]` section names and tokenises it (bytes).
+pub fn load_corpus(cfg: &DataConfig) -> Result<(String, Corpus), String> {
+    match cfg.source.as_deref() {
+        None | Some("") | Some("generated") => {
+            let corpus = memzoo_data::generate_corpus(&cfg.generated).map_err(|e| e.to_string())?;
+            Ok((
+                format!("generated long-range corpus (seed {})", cfg.generated.seed),
+                corpus,
+            ))
+        }
+        Some(name) if Manifest::known().contains(&name) => {
+            let manifest = Manifest::load(name).map_err(|e| e.to_string())?;
+            let path = manifest.local_path(Path::new(&cfg.data_dir));
+            if !path.exists() {
+                return Err(format!(
+                    "data set `{name}` is not downloaded ({} is missing): run `memzoo data fetch {name}` first",
+                    path.display()
+                ));
+            }
+            let corpus = manifest
+                .load_corpus(Path::new(&cfg.data_dir))
+                .map_err(|e| e.to_string())?;
+            Ok((format!("data set {name}"), corpus))
+        }
+        Some(path) => {
+            let rule = SplitRule::Fractions {
+                valid: cfg.valid_fraction,
+                test: cfg.test_fraction,
+            };
+            let corpus = Corpus::load(Path::new(path), cfg.member.as_deref(), &rule)
+                .map_err(|e| e.to_string())?;
+            Ok((path.to_string(), corpus))
+        }
+    }
+}
+
+/// Loads and tokenises the three splits.
+pub fn load_splits(cfg: &DataConfig) -> Result<Splits, String> {
+    let (name, corpus) = load_corpus(cfg)?;
+    let tok = ByteTokenizer::new();
+    Ok(Splits {
+        name,
+        train: tok.encode(&corpus.train),
+        valid: tok.encode(&corpus.valid),
+        test: tok.encode(&corpus.test),
+    })
+}
+
+/// An ordered batcher over one split (full-length segments only).
+pub fn batcher(
+    splits: &Splits,
+    split: Split,
+    batch: usize,
+    len: usize,
+) -> Result<OrderedBatcher, String> {
+    let label = format!("the {} split of {}", split.as_str(), splits.name);
+    OrderedBatcher::named(&label, splits.get(split).to_vec(), batch, len)
+        .map(|b| b.drop_last(true))
+        .map_err(|e| e.to_string())
+}
