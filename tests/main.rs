@@ -2,4 +2,5 @@
 
 mod backend;
 mod relative;
+mod train;
 mod xl;

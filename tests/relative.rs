@@ -382,3 +382,64 @@ fn bad_attention_configs_are_errors_naming_the_value() {
         .to_string();
     assert!(err.contains("got 7"), "{err}");
 }
+
+/// Autodiff gradients of the attention against central finite differences (in f32).
+#[test]
+fn attention_gradients_match_finite_differences() {
+    use burn::module::Param;
+    let dev = flex().autodiff();
+    for kind in [PositionKind::Xl, PositionKind::Learned, PositionKind::T5] {
+        let positions = PositionConfig::new()
+            .with_kind(kind)
+            .with_max_distance(6)
+            .with_num_buckets(8);
+        let att = RelativeAttentionConfig::new(8, 2, 4)
+            .with_positions(positions.clone())
+            .with_initializer(burn::nn::Initializer::Normal {
+                mean: 0.0,
+                std: 0.5,
+            })
+            .init(&dev)
+            .unwrap();
+        let x = randn([1, 4, 8], 5, &dev);
+        let mem = randn([1, 3, 8], 6, &dev);
+        let w = randn([1, 4, 8], 7, &dev);
+        let ctx = RelativeContext::new(&positions, 8, 4, 3, &AttentionMask::causal(), &dev);
+        let loss_of = |a: &RelativeMultiHeadAttention| {
+            (a.forward(x.clone(), Some(mem.clone()), &ctx, None) * w.clone()).sum()
+        };
+        let grads = loss_of(&att).backward();
+        let checks: Vec<(&str, &Param<Tensor<2>>)> = vec![
+            ("query", &att.query.weight),
+            ("key_value", &att.key_value.weight),
+        ];
+        for (name, p) in checks {
+            let g = host(p.grad(&grads).unwrap());
+            let base = host(p.val());
+            for idx in [0usize, 5, 17, 30] {
+                let eps = 1e-2f32;
+                let eval = |delta: f32| {
+                    let mut v = base.clone();
+                    v[idx] += delta;
+                    let t = Tensor::<2>::from_data(
+                        burn::tensor::TensorData::new(v, p.val().dims()),
+                        &dev,
+                    );
+                    let mut a = att.clone();
+                    if name == "query" {
+                        a.query.weight = Param::from_tensor(t);
+                    } else {
+                        a.key_value.weight = Param::from_tensor(t);
+                    }
+                    loss_of(&a).into_scalar::<f32>()
+                };
+                let fd = (eval(eps) - eval(-eps)) / (2.0 * eps);
+                assert!(
+                    (fd - g[idx]).abs() < 2e-2 * (1.0 + fd.abs()),
+                    "{kind:?} {name}[{idx}]: autodiff {} vs finite difference {fd}",
+                    g[idx]
+                );
+            }
+        }
+    }
+}

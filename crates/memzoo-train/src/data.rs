@@ -12,6 +12,7 @@ fn segment(b: Batch) -> Segment {
         inputs: b.inputs,
         targets: b.targets,
         reset: b.reset,
+        target_mask: b.target_mask,
     }
 }
 

@@ -22,5 +22,5 @@ pub use model::{SegmentModel, segment_loss};
 pub use schedule::ScheduleConfig;
 pub use trainer::{
     EvalResult, RunOptions, Segment, SegmentSource, TrainConfig, TrainOutcome, TrainerState,
-    evaluate, train,
+    evaluate, token_nll, train,
 };

@@ -86,6 +86,7 @@ const METRICS: &[(&str, Option<&str>, bool)] = &[
     ("lr", None, true),
     ("tokens_per_s", Some("tok/s"), true),
     ("grad_norm", None, false),
+    ("selected_bpc", Some("bits/char"), false),
 ];
 
 impl Reporter {

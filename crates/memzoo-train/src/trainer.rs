@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::TrainError;
 use crate::grads::scale_and_clip;
 use crate::metrics::Reporter;
-use crate::model::{SegmentModel, segment_loss};
+use crate::model::SegmentModel;
 use crate::schedule::ScheduleConfig;
 
 /// One step of ordered language-model data: `batch` rows of `len` tokens, each row continuing
@@ -28,6 +28,9 @@ pub struct Segment {
     pub targets: Vec<i64>,
     /// Per row: a new document starts with this segment (memory must be cleared).
     pub reset: Vec<bool>,
+    /// Optional `[batch, len]` selection of targets scored separately at evaluation (e.g. the
+    /// recallable positions of the long-range corpus).
+    pub target_mask: Option<Vec<bool>>,
 }
 
 impl Segment {
@@ -172,6 +175,11 @@ pub struct EvalResult {
     pub ppl: f64,
     /// Tokens scored.
     pub tokens: u64,
+    /// Mean cross-entropy (nats) over the targets selected by the data's target mask (e.g. the
+    /// recallable positions of the long-range corpus), when it has one.
+    pub selected_loss: Option<f64>,
+    /// Targets selected by the mask.
+    pub selected_tokens: u64,
 }
 
 impl EvalResult {
@@ -182,6 +190,8 @@ impl EvalResult {
             bpc: loss / std::f64::consts::LN_2,
             ppl: loss.exp(),
             tokens,
+            selected_loss: None,
+            selected_tokens: 0,
         }
     }
 }
@@ -204,17 +214,39 @@ pub fn evaluate<M: SegmentModel>(
         .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
     source.rewind();
     let mut state = M::State::default();
+    let ignore = source.ignore_index();
     let (mut nats, mut tokens) = (0.0, 0u64);
+    let (mut sel_nats, mut sel_tokens) = (0.0, 0u64);
     let mut n = 0;
     while let Some(seg) = source.next_segment(len) {
         let (x, y) = seg.tensors(&device);
-        let counted = match source.ignore_index() {
-            Some(pad) => seg.targets.iter().filter(|&&t| t != pad as i64).count(),
-            None => seg.targets.len(),
-        } as u64;
-        let loss = segment_loss(&model, x, y, &mut state, &seg.reset, source.ignore_index())?;
-        nats += loss.into_scalar::<f64>() * counted as f64;
-        tokens += counted;
+        let nll = token_nll(&model, x, y, &mut state, &seg.reset)?;
+        // Weights: 1 for counted targets (not padding), and the selection mask.
+        let keep: Vec<f32> = seg
+            .targets
+            .iter()
+            .map(|&t| {
+                if ignore.is_some_and(|p| t == p as i64) {
+                    0.0
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        tokens += keep.iter().filter(|&&k| k > 0.0).count() as u64;
+        let shape = [seg.batch, seg.len];
+        let w = Tensor::<2>::from_data(TensorData::new(keep.clone(), shape), &device);
+        nats += (nll.clone() * w).sum().into_scalar::<f64>();
+        if let Some(mask) = &seg.target_mask {
+            let sel: Vec<f32> = mask
+                .iter()
+                .zip(&keep)
+                .map(|(&m, &k)| if m { k } else { 0.0 })
+                .collect();
+            sel_tokens += sel.iter().filter(|&&k| k > 0.0).count() as u64;
+            let w = Tensor::<2>::from_data(TensorData::new(sel, shape), &device);
+            sel_nats += (nll * w).sum().into_scalar::<f64>();
+        }
         n += 1;
         if max_segments.is_some_and(|m| n >= m) {
             break;
@@ -225,7 +257,27 @@ pub fn evaluate<M: SegmentModel>(
             "the evaluation split holds no full segment of {len} tokens"
         )));
     }
-    Ok(EvalResult::from_sum(nats, tokens))
+    let mut result = EvalResult::from_sum(nats, tokens);
+    if sel_tokens > 0 {
+        result.selected_loss = Some(sel_nats / sel_tokens as f64);
+        result.selected_tokens = sel_tokens;
+    }
+    Ok(result)
+}
+
+/// Per-token negative log-likelihood (nats) of one segment, `[batch, len]`.
+pub fn token_nll<M: SegmentModel>(
+    model: &M,
+    inputs: Tensor<2, Int>,
+    targets: Tensor<2, Int>,
+    state: &mut M::State,
+    reset: &[bool],
+) -> Result<Tensor<2>, TrainError> {
+    let [b, l] = targets.dims();
+    let logits = model.segment_logits(inputs, state, reset)?;
+    let logp = burn::tensor::activation::log_softmax(logits, 2);
+    let picked = logp.gather(2, targets.reshape([b, l, 1]));
+    Ok(picked.reshape([b, l]).neg())
 }
 
 /// Result of a training run.
@@ -385,11 +437,11 @@ pub fn train<M: SegmentModel>(
                 None => model.clone(),
             };
             let r = evaluate(&eval_model, v, config.tgt_len, config.eval_segments)?;
-            reporter.record(
-                step,
-                "valid",
-                &[("loss", r.loss), ("bpc", r.bpc), ("ppl", r.ppl)],
-            )?;
+            let mut values = vec![("loss", r.loss), ("bpc", r.bpc), ("ppl", r.ppl)];
+            if let Some(sel) = r.selected_loss {
+                values.push(("selected_bpc", sel / std::f64::consts::LN_2));
+            }
+            reporter.record(step, "valid", &values)?;
             valid = Some(r);
             window.3 = Instant::now();
         }

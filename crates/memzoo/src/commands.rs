@@ -140,7 +140,8 @@ pub fn eval(
         println!(
             "{}",
             json!({"split": split.as_str(), "mem_len": model.mem_len, "tgt_len": len,
-                   "loss": r.loss, "bpc": r.bpc, "ppl": r.ppl, "tokens": r.tokens, "seconds": secs})
+                   "loss": r.loss, "bpc": r.bpc, "ppl": r.ppl, "tokens": r.tokens, "seconds": secs,
+                   "recall_loss": r.selected_loss, "recall_tokens": r.selected_tokens})
         );
     } else {
         println!(
@@ -152,6 +153,13 @@ pub fn eval(
             r.tokens,
             model.mem_len
         );
+        if let Some(sel) = r.selected_loss {
+            println!(
+                "  on the {} recallable positions: {:.4} bpc",
+                r.selected_tokens,
+                sel / std::f64::consts::LN_2
+            );
+        }
     }
     Ok(())
 }

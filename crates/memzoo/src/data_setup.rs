@@ -78,6 +78,9 @@ pub fn load_splits(cfg: &DataConfig) -> Result<Splits, String> {
 }
 
 /// An ordered batcher over one split (full-length segments only).
+///
+/// Evaluation splits of text in the long-range format carry its recallable positions as the
+/// target mask, so evaluation also reports the loss on exactly those positions.
 pub fn batcher(
     splits: &Splits,
     split: Split,
@@ -85,7 +88,15 @@ pub fn batcher(
     len: usize,
 ) -> Result<OrderedBatcher, String> {
     let label = format!("the {} split of {}", split.as_str(), splits.name);
-    OrderedBatcher::named(&label, splits.get(split).to_vec(), batch, len)
-        .map(|b| b.drop_last(true))
-        .map_err(|e| e.to_string())
+    let tokens = splits.get(split).to_vec();
+    let mask = (split != Split::Train).then(|| {
+        let bytes: Vec<u8> = tokens.iter().map(|&t| t.min(255) as u8).collect();
+        memzoo_data::recallable_mask(&bytes)
+    });
+    let b = OrderedBatcher::named(&label, tokens, batch, len).map_err(|e| e.to_string())?;
+    let b = match mask {
+        Some(m) if m.iter().any(|&x| x) => b.with_target_mask(m).map_err(|e| e.to_string())?,
+        _ => b,
+    };
+    Ok(b.drop_last(true))
 }

@@ -1,0 +1,403 @@
+//! The trainer: exact resume, checkpoint errors, schedule, clipping, config handling, and the
+//! proof that memory matters.
+
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
+use memzoo::config::RunConfig;
+use memzoo_data::{ByteTokenizer, LongRangeConfig, OrderedBatcher, generate_corpus};
+use memzoo_tests::*;
+use memzoo_train::grads::{global_norm, scale_and_clip};
+use memzoo_train::{RunOptions, ScheduleConfig, TrainConfig, train};
+use memzoo_xl::{TransformerXl, XlConfig};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memzoo-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn tiny_model() -> XlConfig {
+    XlConfig::new()
+        .with_n_layers(2)
+        .with_d_model(32)
+        .with_n_heads(2)
+        .with_d_inner(64)
+        .with_mem_len(16)
+        .with_dropout(0.0)
+}
+
+fn tiny_train(steps: usize) -> TrainConfig {
+    TrainConfig::new()
+        .with_steps(steps)
+        .with_batch(4)
+        .with_tgt_len(16)
+        .with_log_every(100)
+        .with_eval_every(0)
+        .with_checkpoint_every(4)
+        .with_schedule(ScheduleConfig::new().with_lr(3e-3).with_warmup(2))
+}
+
+fn stream() -> Vec<u16> {
+    let cfg = LongRangeConfig {
+        documents: 20,
+        valid_documents: 2,
+        test_documents: 2,
+        min_gap: 20,
+        max_gap: 40,
+        ..Default::default()
+    };
+    ByteTokenizer::new().encode(&generate_corpus(&cfg).unwrap().train)
+}
+
+fn batcher(tokens: &[u16]) -> OrderedBatcher {
+    OrderedBatcher::new(tokens.to_vec(), 4, 16)
+        .unwrap()
+        .drop_last(true)
+}
+
+fn options(dir: &Path, resume: bool) -> RunOptions {
+    RunOptions {
+        run_dir: dir.to_path_buf(),
+        resume,
+        quiet: true,
+    }
+}
+
+fn params(model: &TransformerXl) -> Vec<f32> {
+    let mut v = host(model.embedding.weight.val());
+    v.extend(host(model.layers[1].ff_out.weight.val()));
+    v.extend(host(model.layers[0].attention.query.weight.val()));
+    v
+}
+
+#[test]
+fn resumed_run_equals_uninterrupted_run() {
+    let dev = flex().autodiff();
+    let tokens = stream();
+
+    dev.seed(1);
+    let model = tiny_model().init(&dev).unwrap();
+    let init = model.clone();
+    let dir_a = scratch("straight");
+    let straight = train(
+        model,
+        &tiny_train(12),
+        &mut batcher(&tokens),
+        None,
+        &options(&dir_a, false),
+    )
+    .unwrap();
+
+    // Same start, killed after the checkpoint of step 8: the same run whose checkpoints
+    // after step 8 are gone, resumed with a new model object and a new data iterator.
+    let dir_b = scratch("resumed");
+    train(
+        init,
+        &tiny_train(12),
+        &mut batcher(&tokens),
+        None,
+        &options(&dir_b, false),
+    )
+    .unwrap();
+    let ckpts = dir_b.join("checkpoints");
+    std::fs::remove_dir_all(ckpts.join("step-00000012")).unwrap();
+    std::fs::write(ckpts.join("latest"), "step-00000008").unwrap();
+    let fresh = tiny_model().init(&dev).unwrap();
+    let resumed = train(
+        fresh,
+        &tiny_train(12),
+        &mut batcher(&tokens),
+        None,
+        &options(&dir_b, true),
+    )
+    .unwrap();
+    assert_eq!(resumed.steps, 12);
+    assert_close(
+        &params(&straight.model),
+        &params(&resumed.model),
+        1e-6,
+        "resumed parameters",
+    );
+
+    // Both runs wrote metrics and kept at most two checkpoints.
+    let kept = std::fs::read_dir(dir_b.join("checkpoints"))
+        .unwrap()
+        .count();
+    assert!(kept <= 3, "{kept} entries (2 checkpoints + latest)");
+    assert!(
+        std::fs::read_to_string(dir_b.join("metrics.jsonl"))
+            .unwrap()
+            .contains("\"loss\"")
+    );
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}
+
+#[test]
+fn damaged_or_foreign_checkpoints_are_clear_errors() {
+    let dev = flex().autodiff();
+    let tokens = stream();
+    let dir = scratch("damaged");
+    let model = tiny_model().init(&dev).unwrap();
+    train(
+        model,
+        &tiny_train(4),
+        &mut batcher(&tokens),
+        None,
+        &options(&dir, false),
+    )
+    .unwrap();
+
+    // Another architecture.
+    let other = tiny_model().with_d_model(48).init(&dev).unwrap();
+    let err = train(
+        other,
+        &tiny_train(8),
+        &mut batcher(&tokens),
+        None,
+        &options(&dir, true),
+    )
+    .err()
+    .expect("foreign checkpoint must fail")
+    .to_string();
+    assert!(
+        err.contains("model.bpk") && err.contains("does not fit"),
+        "{err}"
+    );
+
+    // A truncated model file.
+    let ckpt = dir.join("checkpoints/step-00000004/model.bpk");
+    let bytes = std::fs::read(&ckpt).unwrap();
+    std::fs::write(&ckpt, &bytes[..bytes.len() / 2]).unwrap();
+    let model = tiny_model().init(&dev).unwrap();
+    let err = train(
+        model,
+        &tiny_train(8),
+        &mut batcher(&tokens),
+        None,
+        &options(&dir, true),
+    )
+    .err()
+    .expect("truncated checkpoint must fail")
+    .to_string();
+    assert!(err.contains("model.bpk"), "{err}");
+
+    // Data of another shape than the checkpoint's position.
+    let model = tiny_model().init(&dev).unwrap();
+    std::fs::write(&ckpt, &bytes).unwrap();
+    let mut other_data = OrderedBatcher::new(tokens.clone(), 2, 16).unwrap();
+    let err = train(
+        model,
+        &tiny_train(8),
+        &mut other_data,
+        None,
+        &options(&dir, true),
+    )
+    .err()
+    .expect("mismatched data position must fail")
+    .to_string();
+    assert!(err.contains("data position"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn unwritable_run_directory_is_an_error() {
+    let dev = flex().autodiff();
+    let file = scratch("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let model = tiny_model().init(&dev).unwrap();
+    let err = train(
+        model,
+        &tiny_train(2),
+        &mut batcher(&stream()),
+        None,
+        &options(&file.join("run"), false),
+    )
+    .err()
+    .expect("run dir under a file must fail")
+    .to_string();
+    assert!(err.contains("cannot create run directory"), "{err}");
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn schedule_warms_up_linearly_then_decays_by_cosine() {
+    let s = ScheduleConfig::new()
+        .with_lr(1.0)
+        .with_warmup(10)
+        .with_min_ratio(0.1);
+    assert!((s.lr_at(0, 110) - 0.1).abs() < 1e-12);
+    assert!((s.lr_at(9, 110) - 1.0).abs() < 1e-12);
+    assert!((s.lr_at(10, 110) - 1.0).abs() < 1e-12);
+    // halfway through the decay: (1 + 0.1) / 2
+    assert!((s.lr_at(60, 110) - 0.55).abs() < 1e-12);
+    assert!((s.lr_at(110, 110) - 0.1).abs() < 1e-12);
+    assert!((s.lr_at(500, 110) - 0.1).abs() < 1e-12);
+}
+
+#[test]
+fn global_norm_clipping_matches_a_naive_norm() {
+    let dev = flex().autodiff();
+    let model = tiny_model().init(&dev).unwrap();
+    let x = burn::tensor::Tensor::<2, burn::tensor::Int>::zeros([2, 8], &dev);
+    let (loss, _) = model
+        .forward_loss(x.clone(), x, &memzoo_xl::XlMemory::empty())
+        .unwrap();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+
+    // Naive: every parameter's gradient to the host, sum of squares.
+    struct Collect<'a>(&'a GradientsParams, f64);
+    impl burn::module::ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.get::<D>(p.id) {
+                self.1 += host(g).iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
+            }
+        }
+    }
+    let mut c = Collect(&grads, 0.0);
+    model.visit(&mut c);
+    let naive = c.1.sqrt();
+    let norm = global_norm(&model, &grads);
+    assert!((norm - naive).abs() < 1e-4 * naive, "{norm} vs {naive}");
+
+    let (clipped, before) = scale_and_clip(&model, grads, 0.5, Some(naive / 4.0));
+    assert!((before - naive * 0.5).abs() < 1e-4 * naive);
+    let after = global_norm(&model, &clipped);
+    assert!(
+        (after - naive / 4.0).abs() < 1e-3 * naive,
+        "clipped norm {after}"
+    );
+}
+
+#[test]
+fn config_files_and_overrides_are_checked() {
+    let dir = scratch("config");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("run.toml");
+    std::fs::write(
+        &file,
+        "[model]\nmem_len = 32\nn_layers = 3\n[train]\nsteps = 7\n",
+    )
+    .unwrap();
+    let c = RunConfig::resolve(Some(&file), &["model.d_model=64".into()]).unwrap();
+    assert_eq!(
+        (
+            c.model.mem_len,
+            c.model.n_layers,
+            c.model.d_model,
+            c.train.steps
+        ),
+        (32, 3, 64, 7)
+    );
+
+    std::fs::write(&file, "[model]\nmem_lenn = 32\n").unwrap();
+    let err = RunConfig::resolve(Some(&file), &[]).unwrap_err();
+    assert!(err.contains("model.mem_lenn"), "{err}");
+    let err = RunConfig::resolve(None, &["train.steps=many".into()]).unwrap_err();
+    assert!(err.contains("invalid config"), "{err}");
+    let err = RunConfig::resolve(None, &["nosection.x=1".into()]).unwrap_err();
+    assert!(err.contains("nosection"), "{err}");
+    let c = RunConfig::resolve(None, &["model.d_model=102".into()]).unwrap();
+    let err = c.validate().unwrap_err();
+    assert!(err.contains("d_model (102)"), "{err}");
+    // A saved config reads back to the same values.
+    let c = RunConfig::resolve(None, &["model.positions.clamp_len=40".into()]).unwrap();
+    std::fs::write(dir.join("config.toml"), c.to_toml()).unwrap();
+    let back = RunConfig::from_run_dir(&dir, &[]).unwrap();
+    assert_eq!(back.model.positions.clamp_len, Some(40));
+    assert_eq!(back.to_toml(), c.to_toml());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_corpus_shorter_than_one_batch_is_an_error() {
+    let dir = scratch("short");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tiny.txt");
+    std::fs::write(&file, "far too short for a batch of eight rows\n".repeat(3)).unwrap();
+    let mut c = RunConfig::default();
+    c.data.source = Some(file.display().to_string());
+    let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, true, true).unwrap_err();
+    assert!(err.contains("needs at least"), "{err}");
+    std::fs::write(&file, "").unwrap();
+    let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, true, true).unwrap_err();
+    assert!(err.contains("empty") || err.contains("tiny.txt"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Random 5-letter passages, each repeated 8 times: a character is predictable only from the
+/// one 6 positions back, beyond a 4-token segment but inside an 8-token memory.
+fn periodic_stream(seed: u64, passages: usize) -> Vec<u16> {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for _ in 0..passages {
+        let p: Vec<u16> = (0..5)
+            .map(|_| rng.random_range(b'a'..=b'z') as u16)
+            .collect();
+        for _ in 0..8 {
+            out.extend_from_slice(&p);
+            out.push(b' ' as u16);
+        }
+    }
+    out
+}
+
+#[test]
+fn memory_beats_no_memory_on_text_only_memory_can_predict() {
+    let dev = flex().autodiff();
+    let train_tokens = periodic_stream(1, 3000);
+    let valid_tokens = periodic_stream(2, 100);
+    let run = |mem_len: usize, name: &str| {
+        dev.seed(3);
+        let model = tiny_model()
+            .with_mem_len(mem_len)
+            .with_vocab_size(128)
+            .init(&dev)
+            .unwrap();
+        let cfg = tiny_train(2000)
+            .with_batch(16)
+            .with_tgt_len(4)
+            .with_checkpoint_every(0)
+            .with_schedule(
+                ScheduleConfig::new()
+                    .with_lr(3e-3)
+                    .with_warmup(20)
+                    .with_min_ratio(1.0),
+            );
+        let dir = scratch(name);
+        let mut data = OrderedBatcher::new(train_tokens.clone(), 16, 4)
+            .unwrap()
+            .drop_last(true);
+        let out = train(model, &cfg, &mut data, None, &options(&dir, false)).unwrap();
+        let mut valid = OrderedBatcher::new(valid_tokens.clone(), 4, 4)
+            .unwrap()
+            .drop_last(true);
+        let r = memzoo_train::evaluate(&out.model, &mut valid, 4, None).unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+        r
+    };
+    let with = run(8, "mem8");
+    let without = run(0, "mem0");
+    eprintln!(
+        "valid bpc with memory {:.3}, without {:.3} (random letters: {:.3})",
+        with.bpc,
+        without.bpc,
+        (26f64).log2()
+    );
+    // Without memory 5/6 of the letters are still a guess (~4 bits); with it they are copied.
+    assert!(
+        without.bpc > 3.0,
+        "no-memory model cannot beat guessing here: {}",
+        without.bpc
+    );
+    assert!(
+        with.bpc < 0.6 * without.bpc,
+        "memory {} vs none {}",
+        with.bpc,
+        without.bpc
+    );
+}
