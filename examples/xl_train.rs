@@ -5,7 +5,7 @@
 //! cargo run --release --example xl_train [-- --device flex --steps 300]
 //! ```
 
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{AdamWConfig, GradientsParams};
 use memzoo::prelude::*;
 use memzoo_examples::{arg, device_from_args, ordered_segments};
 use rand::{Rng, SeedableRng, rngs::StdRng};

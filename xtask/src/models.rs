@@ -19,7 +19,8 @@ fn random_tokens(batch: usize, len: usize, rng: &mut StdRng, device: &Device) ->
 /// batch 8, vocab 256, f32; memory carried across steps as in training.
 pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
     let (batch, tgt_len) = (8, 128);
-    let config = XlConfig::new(); // the defaults are XL-small
+    // The defaults are XL-small; like the peers' reference run: no dropout, u/v per layer.
+    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
     let device = device.clone().autodiff();
     let mut model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
@@ -48,7 +49,7 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
             "n_layers": config.n_layers, "d_model": config.d_model, "n_heads": config.n_heads,
             "d_head": config.head_width(), "d_inner": config.d_inner, "tgt_len": tgt_len,
             "mem_len": config.mem_len, "batch": batch, "vocab": config.vocab_size,
-            "dropout": config.dropout,
+            "dropout": config.dropout, "untie_rel_bias": config.untie_rel_bias,
         }),
         steps: times.len(),
         step_s_median: med,
