@@ -90,15 +90,16 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     let mut results: Vec<Measurement> = Vec::new();
     for target in &args.targets {
         let configs: Vec<&str> = match target.as_str() {
-            "models" => vec!["xl-small"],
+            "models" => vec!["xl-small", "xl-small-trainer"],
             other => vec![other],
         };
         for config in configs {
             let m = match config {
                 "xl-small" => models::xl_small(&args, &device)?,
+                "xl-small-trainer" => models::xl_small_trainer(&args, &device)?,
                 other => {
                     return Err(format!(
-                        "unknown benchmark `{other}`: expected models or xl-small"
+                        "unknown benchmark `{other}`: expected models, xl-small or xl-small-trainer"
                     ));
                 }
             };

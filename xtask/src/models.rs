@@ -60,3 +60,66 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
         peak_rss_mb: peak_rss_mb(),
     })
 }
+
+/// XL-small trained by `memzoo-train` (data iterator, metrics, memory carried, clipping,
+/// schedule): compare with `xl-small`, the bare model loop; the difference is the trainer's cost.
+pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
+    use memzoo_data::{ByteTokenizer, LongRangeConfig, OrderedBatcher, generate_corpus};
+    use memzoo_train::{RunOptions, TrainConfig, train};
+
+    let (batch, tgt_len) = (8, 128);
+    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
+    let device = device.clone().autodiff();
+    let model = config.init(&device).map_err(|e| e.to_string())?;
+    let params = model.num_params();
+    let corpus = generate_corpus(&LongRangeConfig::default()).map_err(|e| e.to_string())?;
+    let tokens = ByteTokenizer::new().encode(&corpus.train);
+    let mut data = OrderedBatcher::new(tokens, batch, tgt_len)
+        .map_err(|e| e.to_string())?
+        .drop_last(true);
+    let (warmup, steps) = (args.warmup(), args.steps());
+    let train_config = TrainConfig::new()
+        .with_steps(warmup + steps)
+        .with_batch(batch)
+        .with_tgt_len(tgt_len)
+        .with_log_every(1)
+        .with_eval_every(0)
+        .with_checkpoint_every(0);
+    let dir = std::env::temp_dir().join(format!("memzoo-bench-trainer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = RunOptions {
+        run_dir: dir.clone(),
+        resume: false,
+        quiet: true,
+    };
+    train(model, &train_config, &mut data, None, &options).map_err(|e| e.to_string())?;
+    // The trainer's own per-step throughput (its log windows exclude checkpoints).
+    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).map_err(|e| e.to_string())?;
+    let mut step_s: Vec<f64> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            v["metric"] == "tokens_per_s" && v["step"].as_u64().unwrap_or(0) > warmup as u64
+        })
+        .filter_map(|v| v["value"].as_f64())
+        .map(|tps| (batch * tgt_len) as f64 / tps)
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    step_s.sort_by(f64::total_cmp);
+    let med = median(&step_s);
+    Ok(Measurement {
+        name: "xl-small-trainer".into(),
+        implementation: "memzoo".into(),
+        backend: args.device.clone(),
+        threads: args.threads,
+        config: serde_json::json!({"model": "xl-small", "batch": batch, "tgt_len": tgt_len,
+            "data": "generated long-range corpus", "clip_norm": 0.25}),
+        steps: step_s.len(),
+        step_s_median: med,
+        step_s_min: step_s.first().copied().unwrap_or(f64::NAN),
+        step_s_max: step_s.last().copied().unwrap_or(f64::NAN),
+        tokens_per_s: (batch * tgt_len) as f64 / med,
+        params,
+        peak_rss_mb: peak_rss_mb(),
+    })
+}
