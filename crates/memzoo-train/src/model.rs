@@ -190,3 +190,60 @@ pub fn load_tensors(path: &Path, device: &Device) -> Result<Vec<Tensor<3>>, Trai
     }
     Ok(out)
 }
+
+/// The Reformer reads each segment on its own (no state across segments: its long context is
+/// the segment itself) and trains with its reversible backward.
+impl SegmentModel for memzoo_reformer::ReformerLm {
+    type State = ();
+
+    fn family(&self) -> &'static str {
+        "reformer"
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn segment_logits(
+        &self,
+        inputs: Tensor<2, Int>,
+        _state: &mut (),
+        _reset: &[bool],
+    ) -> Result<Tensor<3>, TrainError> {
+        self.forward(inputs)
+            .map_err(|e| TrainError::Model(e.to_string()))
+    }
+
+    fn train_step(
+        &self,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        _state: &mut (),
+        _reset: &[bool],
+        ignore_index: Option<usize>,
+    ) -> Result<(f64, GradientsParams), TrainError> {
+        let (loss, grads) = match ignore_index {
+            None => self.train_step(inputs, targets),
+            Some(pad) => {
+                // Padding targets weigh 0 in the loss.
+                let weights = targets.clone().not_equal_elem(pad as i64).float();
+                let opts = self.next_train_options();
+                self.train_step_with(inputs, targets, Some(weights), &opts)
+            }
+        }
+        .map_err(|e| TrainError::Model(e.to_string()))?;
+        Ok((loss.into_scalar::<f64>(), grads))
+    }
+
+    fn state_to_device(state: (), _device: &Device) {
+        state
+    }
+
+    fn save_state(_state: &(), _dir: &Path) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    fn load_state(_dir: &Path, _device: &Device) -> Result<(), TrainError> {
+        Ok(())
+    }
+}

@@ -62,6 +62,12 @@ pub fn train(
                 .map_err(|e| e.to_string())?;
             (o.steps, o.valid, o.interrupted)
         }
+        ModelKind::Reformer => {
+            let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
+            let o = run_training(model, t, &mut train_data, Some(&mut valid_data), &options)
+                .map_err(|e| e.to_string())?;
+            (o.steps, o.valid, o.interrupted)
+        }
     };
     let (steps, valid, interrupted) = outcome;
     let summary = json!({
@@ -125,21 +131,34 @@ pub fn eval(
         other => return Err(format!("unknown split `{other}`: expected valid or test")),
     };
     let device = device(device_name)?;
-    let (config, model) = load_xl(run_dir, &device)?;
-    let model = match mem_len {
-        Some(m) => model.with_mem_len(m),
-        None => model,
-    };
+    let config = RunConfig::from_run_dir(run_dir, &[])?;
     let len = tgt_len.unwrap_or(config.train.tgt_len);
     let splits = load_splits(&config.data)?;
     let mut data = batcher(&splits, split, config.train.batch, len)?;
     let start = Instant::now();
-    let r = evaluate(&model, &mut data, len, max_segments).map_err(|e| e.to_string())?;
+    let (r, eval_mem_len) = match config.model_kind {
+        ModelKind::Xl => {
+            let (_, model) = load_xl(run_dir, &device)?;
+            let model = match mem_len {
+                Some(m) => model.with_mem_len(m),
+                None => model,
+            };
+            let m = model.mem_len;
+            (evaluate(&model, &mut data, len, max_segments), Some(m))
+        }
+        ModelKind::Reformer => {
+            let dir = latest_checkpoint(run_dir)?;
+            let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
+            let model = checkpoint::load_model(&dir, model).map_err(|e| e.to_string())?;
+            (evaluate(&model, &mut data, len, max_segments), None)
+        }
+    };
+    let r = r.map_err(|e| e.to_string())?;
     let secs = start.elapsed().as_secs_f64();
     if json_out {
         println!(
             "{}",
-            json!({"split": split.as_str(), "mem_len": model.mem_len, "tgt_len": len,
+            json!({"split": split.as_str(), "mem_len": eval_mem_len, "tgt_len": len,
                    "loss": r.loss, "bpc": r.bpc, "ppl": r.ppl, "tokens": r.tokens, "seconds": secs,
                    "recall_loss": r.selected_loss, "recall_tokens": r.selected_tokens})
         );
@@ -151,13 +170,72 @@ pub fn eval(
             r.bpc,
             r.ppl,
             r.tokens,
-            model.mem_len
+            eval_mem_len.map_or("-".to_string(), |m| m.to_string())
         );
         if let Some(sel) = r.selected_loss {
             println!(
                 "  on the {} recallable positions: {:.4} bpc",
                 r.selected_tokens,
                 sel / std::f64::consts::LN_2
+            );
+        }
+    }
+    Ok(())
+}
+
+fn latest_checkpoint(run_dir: &Path) -> Result<PathBuf, String> {
+    checkpoint::latest(&run_dir.join("checkpoints"))
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} has no checkpoint yet", run_dir.display()))
+}
+
+/// `memzoo duplication`: the Reformer paper's duplication task (sequences `0 w 0 w`), trained
+/// with `train_rounds` hash rounds and evaluated with 1, 2 and 4.
+pub fn duplication(
+    device_name: &str,
+    train_rounds: usize,
+    len: usize,
+    steps: usize,
+    seconds: f64,
+    json_out: bool,
+) -> Result<(), String> {
+    use memzoo_reformer::ReformerConfig;
+    use memzoo_reformer::duplication::{DuplicationConfig, train as train_dup};
+    let device = device(device_name)?.autodiff();
+    let model = ReformerConfig::new()
+        .with_n_layers(1)
+        .with_d_model(64)
+        .with_n_heads(2)
+        .with_d_head(32)
+        .with_d_ff(128)
+        .with_vocab_size(16)
+        .with_max_seq_len(len)
+        .with_bucket_size(4)
+        .with_dropout(0.0)
+        .with_axial_positions(false);
+    let cfg = DuplicationConfig::new(model)
+        .with_len(len)
+        .with_vocab(16)
+        .with_steps(steps)
+        .with_max_seconds(seconds)
+        .with_train_rounds(train_rounds)
+        .with_eval_rounds(vec![1, 2, 4]);
+    let report = train_dup(&cfg, &device).map_err(|e| e.to_string())?;
+    if json_out {
+        println!(
+            "{}",
+            json!({"train_rounds": train_rounds, "len": len, "steps": report.steps,
+                   "seconds": report.seconds, "accuracy": report.accuracy})
+        );
+    } else {
+        println!(
+            "duplication (len {len}), trained with {train_rounds} rounds for {} steps ({:.0}s):",
+            report.steps, report.seconds
+        );
+        for (rounds, acc) in &report.accuracy {
+            println!(
+                "  evaluated with {rounds} rounds: {:.1}% of the copy correct",
+                acc * 100.0
             );
         }
     }

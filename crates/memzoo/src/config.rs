@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use memzoo_data::LongRangeConfig;
+use memzoo_reformer::ReformerConfig;
 use memzoo_train::TrainConfig;
 use memzoo_xl::XlConfig;
 use serde::{Deserialize, Serialize};
@@ -16,6 +17,8 @@ pub enum ModelKind {
     /// Transformer-XL.
     #[default]
     Xl,
+    /// Reformer (LSH attention, reversible layers).
+    Reformer,
 }
 
 /// Where the data comes from.
@@ -71,6 +74,8 @@ pub struct RunConfig {
     pub model_kind: ModelKind,
     /// Transformer-XL configuration (`[model]`).
     pub model: XlConfig,
+    /// Reformer configuration (`[reformer]`, used with `model_kind = "reformer"`).
+    pub reformer: ReformerConfig,
     /// Training configuration (`[train]`).
     pub train: TrainConfig,
     /// Data (`[data]`).
@@ -89,6 +94,17 @@ impl Default for RunConfig {
                 .with_d_inner(512)
                 .with_mem_len(128)
                 .with_dropout(0.1),
+            // A small Reformer: 2 layers (local + LSH), segments of up to 1024 tokens.
+            reformer: ReformerConfig::new()
+                .with_n_layers(2)
+                .with_d_model(128)
+                .with_n_heads(4)
+                .with_d_head(32)
+                .with_d_ff(512)
+                .with_max_seq_len(1024)
+                .with_axial_shape(Some([32, 32]))
+                .with_axial_dims(Some([64, 64]))
+                .with_attn_layers(vec!["local".into(), "lsh".into()]),
             train: TrainConfig::new()
                 .with_steps(1000)
                 .with_batch(8)
@@ -139,7 +155,18 @@ impl RunConfig {
 
     /// Checks every section, naming the bad field.
     pub fn validate(&self) -> Result<(), String> {
-        self.model.validate().map_err(|e| e.to_string())?;
+        match self.model_kind {
+            ModelKind::Xl => self.model.validate().map_err(|e| e.to_string())?,
+            ModelKind::Reformer => {
+                self.reformer.validate().map_err(|e| e.to_string())?;
+                if self.train.tgt_len > self.reformer.max_seq_len {
+                    return Err(format!(
+                        "train.tgt_len ({}) exceeds reformer.max_seq_len ({})",
+                        self.train.tgt_len, self.reformer.max_seq_len
+                    ));
+                }
+            }
+        }
         self.train.validate().map_err(|e| e.to_string())?;
         if !(0.0..1.0).contains(&(self.data.valid_fraction + self.data.test_fraction)) {
             return Err(format!(

@@ -116,6 +116,24 @@ enum Command {
         #[command(subcommand)]
         command: DataCommand,
     },
+    /// The Reformer paper's duplication task (`0 w 0 w`): train a 1-layer LSH model and report
+    /// copy accuracy evaluated with 1, 2 and 4 hash rounds.
+    Duplication {
+        #[command(flatten)]
+        common: Common,
+        /// Hash rounds during training.
+        #[arg(long, default_value_t = 4)]
+        train_rounds: usize,
+        /// Sequence length (2 copies of a (len/2 - 1)-symbol word).
+        #[arg(long, default_value_t = 32)]
+        len: usize,
+        /// Training steps.
+        #[arg(long, default_value_t = 2000)]
+        steps: usize,
+        /// Stop after this many seconds (0: no limit).
+        #[arg(long, default_value_t = 0.0)]
+        seconds: f64,
+    },
     /// List device strings and which backends this binary has.
     Devices,
 }
@@ -253,6 +271,20 @@ fn main() {
             }
             DataCommand::Stats { source, dir, json } => commands::data_stats(&source, &dir, json),
         },
+        Command::Duplication {
+            common,
+            train_rounds,
+            len,
+            steps,
+            seconds,
+        } => commands::duplication(
+            &common.device,
+            train_rounds,
+            len,
+            steps,
+            seconds,
+            common.json,
+        ),
         Command::Devices => {
             for (name, feature) in memzoo::backend::DEVICE_NAMES {
                 let spec: memzoo::backend::DeviceSpec = name.parse().expect("known name");

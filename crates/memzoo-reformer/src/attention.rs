@@ -1,0 +1,611 @@
+//! LSH self-attention and local (chunked) self-attention (Kitaev et al. 2020, sec. 2 and 3).
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::tensor::activation::softmax;
+use burn::tensor::kind::Basic;
+use burn::tensor::{Bool, Device, Int, Tensor};
+
+use crate::error::ReformerError;
+use crate::rng::{dropout_mask, mix, random_rotations};
+
+/// Score of a hidden key (causal, padding, outside the window).
+pub const MASKED: f32 = -1.0e9;
+/// Score of a query's own key under shared QK: lower than any real score, higher than
+/// [`MASKED`], so a token attends to itself only when nothing else is available.
+pub const SELF_SCORE: f32 = -5.0e4;
+
+/// Mode and randomness of one forward pass.
+///
+/// Hash rotations and dropout masks are drawn from `seed` (mixed with the layer index), so the
+/// same options replay the same pass exactly — the reversible backward relies on it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForwardOptions {
+    /// Seed of this pass.
+    pub seed: u64,
+    /// Training mode: dropout is active.
+    pub train: bool,
+    /// Overrides every LSH layer's number of hash rounds (e.g. evaluate with 1, 2, 4, 8).
+    pub n_rounds: Option<usize>,
+}
+
+impl ForwardOptions {
+    /// Evaluation: no dropout, rotations fixed by `seed`.
+    pub fn eval(seed: u64) -> Self {
+        Self {
+            seed,
+            train: false,
+            n_rounds: None,
+        }
+    }
+
+    /// Training: dropout on, rotations and masks drawn from `seed`.
+    pub fn train(seed: u64) -> Self {
+        Self {
+            seed,
+            train: true,
+            n_rounds: None,
+        }
+    }
+
+    /// The same options with `n_rounds` hash rounds in every LSH layer.
+    pub fn with_rounds(mut self, n_rounds: usize) -> Self {
+        self.n_rounds = Some(n_rounds);
+        self
+    }
+
+    /// The options of sub-component `tag` (a layer, a dropout site): a derived seed.
+    pub fn child(&self, tag: u64) -> Self {
+        Self {
+            seed: mix(self.seed, tag),
+            ..self.clone()
+        }
+    }
+}
+
+/// How queries see neighbouring chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkParams {
+    /// Length of a chunk (the LSH bucket size).
+    pub chunk_len: usize,
+    /// Chunks before its own that a chunk attends to.
+    pub before: usize,
+    /// Chunks after its own that a chunk attends to.
+    pub after: usize,
+    /// Hide keys whose original position is after the query's.
+    pub causal: bool,
+    /// LSH: count each (query, key) pair once over the hash rounds (its score in a round is
+    /// lowered by `log(number of rounds whose windows hold the pair)`), so the mixture of
+    /// rounds is exactly attention over the union of candidates. Ignored by local attention.
+    pub dedup_rounds: bool,
+}
+
+/// Bucket ids of `x` under random rotations: `h(x) = argmax([xR; -xR])` per round (eq. in sec. 2).
+///
+/// # Shapes
+/// - `x`: `[batch, heads, len, d_head]`
+/// - `rotations`: `[d_head, n_rounds, n_buckets / 2]`
+/// - output: `[batch, heads, n_rounds, len]`, ids in `0..n_buckets` (no round offsets)
+pub fn hash_buckets(x: Tensor<4>, rotations: Tensor<3>) -> Tensor<4, Int> {
+    let [b, h, l, dh] = x.dims();
+    let [_, r, half] = rotations.dims();
+    let rot = rotations
+        .reshape([1, 1, dh, r * half])
+        .expand([b, h, dh, r * half]);
+    // xR: [b, h, l, r, n_buckets / 2]
+    let rotated = x.matmul(rot).reshape([b, h, l, r, half]);
+    let both = Tensor::cat(vec![rotated.clone(), rotated.neg()], 4);
+    both.argmax(4).reshape([b, h, l, r]).swap_dims(2, 3)
+}
+
+/// `x` followed by its chunks `1..=before` back and `1..=after` ahead, along dim 2.
+///
+/// Rolls along the chunk axis (dim 1), so the first chunk's "previous" chunk is the last one;
+/// callers mask by position where that matters.
+fn look_around<const D: usize, K: Basic>(
+    x: Tensor<D, K>,
+    before: usize,
+    after: usize,
+) -> Tensor<D, K> {
+    let mut parts = vec![x.clone()];
+    for s in 1..=before {
+        parts.push(x.clone().roll_dim(s as i64, 1));
+    }
+    for s in 1..=after {
+        parts.push(x.clone().roll_dim(-(s as i64), 1));
+    }
+    if parts.len() == 1 {
+        return x;
+    }
+    Tensor::cat(parts, 2)
+}
+
+/// Inputs of [`chunked_attention`], already cut into chunks.
+struct Chunked {
+    /// `[n, n_chunks, chunk_len, d_head]`.
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    /// Original position of every element, `[n, n_chunks, chunk_len]`.
+    pos: Tensor<3, Int>,
+    /// Padding keys (`true` = hidden), `[n, n_chunks, chunk_len]`.
+    pad: Option<Tensor<3, Bool>>,
+    /// LSH de-duplication: for every round, the chunk holding each sorted element in that
+    /// round (as floats), `[n_rounds]` x `[n, n_chunks, chunk_len]`.
+    round_locs: Vec<Tensor<3>>,
+}
+
+/// Attention inside chunks, each also seeing `before` / `after` neighbouring chunks.
+///
+/// `shared_qk`: a query's own key gets [`SELF_SCORE`]; `window`: keys outside the chunk window
+/// by original position are hidden (local attention; LSH lets the window wrap around).
+/// Returns the outputs `[n, n_chunks, chunk_len, d_head]` and the log-partition `[.., 1]`.
+fn chunked_attention(
+    input: Chunked,
+    params: ChunkParams,
+    shared_qk: bool,
+    window: bool,
+    dropatt: Option<(f64, u64)>,
+) -> (Tensor<4>, Tensor<4>) {
+    let Chunked {
+        q,
+        k,
+        v,
+        pos,
+        pad,
+        round_locs,
+    } = input;
+    let [n, nc, c, dh] = q.dims();
+    // Distinct neighbour chunks only: with few chunks the roll would repeat a chunk.
+    let before = params.before.min(nc - 1);
+    let after = params.after.min(nc - 1 - before);
+    let k = look_around(k, before, after);
+    let v = look_around(v, before, after);
+    let kpos = look_around(pos.clone(), before, after);
+    let w = c * (1 + before + after);
+
+    // s_ij = q_i · k_j / sqrt(d_head)
+    let scores = q
+        .matmul(k.swap_dims(2, 3))
+        .mul_scalar((dh as f64).powf(-0.5));
+    let shape = [n, nc, c, w];
+    let qp = pos.unsqueeze_dim::<4>(3).expand(shape);
+    let kp = kpos.unsqueeze_dim::<4>(2).expand(shape);
+    let mut scores = scores;
+    if shared_qk {
+        scores = scores.mask_fill(qp.clone().equal(kp.clone()), SELF_SCORE);
+    }
+    if !round_locs.is_empty() {
+        // count_ij = #rounds whose chunk windows hold (i, j); s_ij -= log count_ij
+        let mut count: Option<Tensor<4>> = None;
+        for loc in round_locs {
+            let kl = look_around(loc.clone(), before, after).unsqueeze_dim::<4>(2);
+            let ql = loc.unsqueeze_dim::<4>(3);
+            // chunk offset of the key from the query, in 0..nc (the window wraps around)
+            // (k - q + before) mod nc <= before + after
+            let inside = (kl - ql)
+                .add_scalar((nc + before) as f64)
+                .remainder_scalar(nc as f64)
+                .lower_equal_elem((before + after) as f64 + 0.5)
+                .float();
+            count = Some(match count {
+                Some(c) => c + inside,
+                None => inside,
+            });
+        }
+        if let Some(count) = count {
+            scores = scores - count.clamp_min(1.0).log();
+        }
+    }
+    let mut hidden: Option<Tensor<4, Bool>> = None;
+    let mut hide = |m: Tensor<4, Bool>| {
+        hidden = Some(match hidden.take() {
+            Some(h) => h.bool_or(m),
+            None => m,
+        })
+    };
+    if params.causal {
+        hide(kp.clone().greater(qp.clone()));
+    }
+    if window {
+        let qc = qp.div_scalar(c as i64);
+        let kc = kp.div_scalar(c as i64);
+        hide(kc.clone().lower(qc.clone().sub_scalar(before as i64)));
+        hide(kc.greater(qc.add_scalar(after as i64)));
+    }
+    if let Some(pad) = pad {
+        let kpad = look_around(pad, before, after);
+        hide(kpad.unsqueeze_dim::<4>(2).expand(shape));
+    }
+    if let Some(h) = hidden {
+        scores = scores.mask_fill(h, MASKED);
+    }
+    // log Z_i = logsumexp_j s_ij ; p_ij = exp(s_ij - log Z_i)
+    let max = scores.clone().max_dim(3).detach();
+    let lse = (scores.clone() - max.clone()).exp().sum_dim(3).log() + max;
+    let mut p = (scores - lse.clone()).exp();
+    if let Some((rate, seed)) = dropatt
+        && let Some(mask) = dropout_mask(shape, rate, seed, &p.device())
+    {
+        p = p * mask;
+    }
+    (p.matmul(v), lse)
+}
+
+/// LSH attention on projected heads (sec. 2): hash, sort by (bucket, position), attend inside
+/// chunks, undo the sort and mix the rounds by their log-partitions.
+///
+/// The keys are the unit-normalised queries (shared QK). `len` must be a multiple of
+/// `params.chunk_len` (the layer pads); `key_pad` marks hidden keys (`true` = padding).
+/// With rounds `r`, outputs `o_r` and log-partitions `z_r`, the result is
+/// `Σ_r softmax_r(z_r) o_r` — attention over the union of the rounds' candidate sets (exactly
+/// so with `params.dedup_rounds`, which counts a pair found in several rounds once).
+/// One set of rotations is shared by every batch row and head.
+///
+/// Causality: no output depends on the *value* of a later token (keys are masked by original
+/// position). As in the paper, *which* earlier keys share a query's chunk can depend on the
+/// hashes of later tokens, since they shift the chunk boundaries of the sorted sequence.
+///
+/// # Shapes
+/// - `qk`, `v`: `[batch, heads, len, d_head]`
+/// - `rotations`: `[d_head, n_rounds, n_buckets / 2]`
+/// - `key_pad`: `[batch, len]`
+/// - output: `[batch, heads, len, d_head]`
+pub fn lsh_attention(
+    qk: Tensor<4>,
+    v: Tensor<4>,
+    rotations: Tensor<3>,
+    key_pad: Option<Tensor<2, Bool>>,
+    params: ChunkParams,
+    dropatt: Option<(f64, u64)>,
+) -> Tensor<4> {
+    let [b, h, l, dh] = qk.dims();
+    let [_, r, half] = rotations.dims();
+    let n_buckets = 2 * half;
+    let (n, rl, c) = (b * h, r * l, params.chunk_len);
+    let device = qk.device();
+
+    // Buckets with round offsets, so that rounds never share a bucket: [n, r*l].
+    let offsets = Tensor::<1, Int>::arange(0..r as i64, &device)
+        .mul_scalar(n_buckets as i64)
+        .reshape([1, 1, r, 1]);
+    let buckets = (hash_buckets(qk.clone().detach(), rotations) + offsets).reshape([n, rl]);
+    // Sort by (bucket, position): the keys are unique, so any sort is stable here.
+    let ticker = Tensor::<1, Int>::arange(0..rl as i64, &device)
+        .reshape([1, rl])
+        .expand([n, rl]);
+    let key = buckets.mul_scalar(l as i64) + ticker.remainder_scalar(l as i64);
+    let (_, sticker) = key.sort_with_indices(1);
+    let undo = sticker.clone().argsort(1);
+    let spos = sticker.clone().remainder_scalar(l as i64);
+
+    // Gather the sorted copies (each round sees all `l` positions once) as row selections of
+    // the flattened `[n * l, dh]` inputs.
+    let row = |len: usize| {
+        Tensor::<1, Int>::arange(0..n as i64, &device)
+            .mul_scalar(len as i64)
+            .reshape([n, 1])
+    };
+    let flat_pos = (spos.clone() + row(l).cast(spos.dtype())).reshape([n * rl]);
+    let sqk = qk.reshape([n * l, dh]).select(0, flat_pos.clone());
+    let sv = v.reshape([n * l, dh]).select(0, flat_pos.clone());
+    let nc = rl / c;
+    let q = sqk.reshape([n, nc, c, dh]);
+    // Shared QK: k_j = q_j / ||q_j||.
+    let norm = q.clone().powi_scalar(2).sum_dim(3).sqrt().clamp_min(1e-6);
+    let k = q.clone() / norm;
+    let pad = key_pad.map(|m| {
+        let m = m
+            .int()
+            .unsqueeze_dim::<3>(1)
+            .expand([b, h, l])
+            .reshape([n * l])
+            .select(0, flat_pos.clone());
+        m.reshape([n, nc, c]).bool()
+    });
+    // chunk of (round r', position p) = undo[r' l + p] / c, read at each sorted element's p
+    let round_locs = if params.dedup_rounds && r > 1 {
+        let locs = undo.clone().div_scalar(c as i64).reshape([n, r, l]);
+        (0..r)
+            .map(|ri| {
+                locs.clone()
+                    .slice([0..n, ri..ri + 1])
+                    .reshape([n * l])
+                    .select(0, flat_pos.clone())
+                    .reshape([n, nc, c])
+                    .float()
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let chunks = Chunked {
+        q,
+        k,
+        v: sv.reshape([n, nc, c, dh]),
+        pos: spos.reshape([n, nc, c]),
+        pad,
+        round_locs,
+    };
+    let (out, lse) = chunked_attention(chunks, params, true, false, dropatt);
+
+    // Undo the sort, then mix the rounds: w_r = exp(z_r - logsumexp_r z_r).
+    let flat_undo = (undo.clone() + row(rl).cast(undo.dtype())).reshape([n * rl]);
+    let out = out
+        .reshape([n * rl, dh])
+        .select(0, flat_undo.clone())
+        .reshape([n, r, l, dh]);
+    let lse = lse
+        .reshape([n * rl])
+        .select(0, flat_undo)
+        .reshape([n, r, l, 1]);
+    let weights = softmax(lse, 1);
+    (out * weights).sum_dim(1).reshape([b, h, l, dh])
+}
+
+/// Local attention on projected heads: chunks of `chunk_len` in position order, each seeing
+/// `before` / `after` neighbouring chunks (no wrap-around).
+///
+/// # Shapes
+/// - `q`, `k`, `v`: `[batch, heads, len, d_head]`, `len` a multiple of `chunk_len`
+/// - `key_pad`: `[batch, len]`
+/// - output: `[batch, heads, len, d_head]`
+pub fn local_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    key_pad: Option<Tensor<2, Bool>>,
+    params: ChunkParams,
+    dropatt: Option<(f64, u64)>,
+) -> Tensor<4> {
+    let [b, h, l, dh] = q.dims();
+    let (n, c) = (b * h, params.chunk_len);
+    let nc = l / c;
+    let pos = Tensor::<1, Int>::arange(0..l as i64, &q.device())
+        .reshape([1, nc, c])
+        .expand([n, nc, c]);
+    let pad = key_pad.map(|m| {
+        m.unsqueeze_dim::<3>(1)
+            .expand([b, h, l])
+            .reshape([n, nc, c])
+    });
+    let chunks = Chunked {
+        q: q.reshape([n, nc, c, dh]),
+        k: k.reshape([n, nc, c, dh]),
+        v: v.reshape([n, nc, c, dh]),
+        pos,
+        pad,
+        round_locs: Vec::new(),
+    };
+    let (out, _) = chunked_attention(chunks, params, false, true, dropatt);
+    out.reshape([b, h, l, dh])
+}
+
+/// Which attention a Reformer layer uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum AttentionKind {
+    /// Hashed (LSH) attention with shared QK.
+    Lsh,
+    /// Local attention inside position-ordered chunks.
+    Local,
+}
+
+impl AttentionKind {
+    /// Parses `"lsh"` or `"local"`.
+    pub fn parse(s: &str) -> Result<Self, ReformerError> {
+        match s {
+            "lsh" => Ok(Self::Lsh),
+            "local" => Ok(Self::Local),
+            other => Err(ReformerError::Config(format!(
+                "unknown attention layer type `{other}`: expected \"lsh\" or \"local\""
+            ))),
+        }
+    }
+}
+
+/// Configuration of a [`ReformerAttention`] layer (LSH or local).
+#[derive(Config, Debug)]
+pub struct ReformerAttentionConfig {
+    /// Width of the layer's input and output.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Width of each head.
+    pub d_head: usize,
+    /// `"lsh"` or `"local"`. Default: `"lsh"`.
+    #[config(default = "String::from(\"lsh\")")]
+    pub kind: String,
+    /// Chunk length (= LSH bucket size). Default: 64.
+    #[config(default = 64)]
+    pub chunk_len: usize,
+    /// LSH buckets per round, even; `None`: the padded length over `chunk_len`, rounded up to
+    /// an even number (at least 2). Default: none.
+    #[config(default = "None")]
+    pub n_buckets: Option<usize>,
+    /// LSH hash rounds. Default: 4.
+    #[config(default = 4)]
+    pub n_rounds: usize,
+    /// Chunks before its own a chunk attends to. Default: 1.
+    #[config(default = 1)]
+    pub n_chunks_before: usize,
+    /// Chunks after its own a chunk attends to. Default: 0.
+    #[config(default = 0)]
+    pub n_chunks_after: usize,
+    /// Causal masking by original position. Default: true.
+    #[config(default = true)]
+    pub causal: bool,
+    /// LSH: attend to a key found in several rounds once (see [`ChunkParams::dedup_rounds`]).
+    /// Default: true.
+    #[config(default = true)]
+    pub dedup_rounds: bool,
+    /// Dropout on the attention probabilities. Default: 0.0.
+    #[config(default = 0.0)]
+    pub dropatt: f64,
+    /// Initialiser of every weight. Default: normal(0, 0.02).
+    #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
+    pub initializer: Initializer,
+}
+
+impl ReformerAttentionConfig {
+    /// Checks the configuration, naming the bad value.
+    pub fn validate(&self) -> Result<AttentionKind, ReformerError> {
+        let bad = |m: String| Err(ReformerError::Config(m));
+        for (name, v) in [
+            ("d_model", self.d_model),
+            ("n_heads", self.n_heads),
+            ("d_head", self.d_head),
+            ("chunk_len", self.chunk_len),
+            ("n_rounds", self.n_rounds),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be positive, got 0"));
+            }
+        }
+        if let Some(nb) = self.n_buckets
+            && (nb == 0 || nb % 2 != 0)
+        {
+            return bad(format!(
+                "n_buckets must be even and positive (buckets are argmax over [xR, -xR]), got {nb}"
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropatt) {
+            return bad(format!("dropatt must be in [0, 1), got {}", self.dropatt));
+        }
+        AttentionKind::parse(&self.kind)
+    }
+
+    /// Initialises the layer after validating the configuration.
+    pub fn init(&self, device: &Device) -> Result<ReformerAttention, ReformerError> {
+        let kind = self.validate()?;
+        let inner = self.n_heads * self.d_head;
+        let linear = |i, o| {
+            LinearConfig::new(i, o)
+                .with_bias(false)
+                .with_initializer(self.initializer.clone())
+                .init(device)
+        };
+        Ok(ReformerAttention {
+            query: linear(self.d_model, inner),
+            key: (kind == AttentionKind::Local).then(|| linear(self.d_model, inner)),
+            value: linear(self.d_model, inner),
+            output: linear(inner, self.d_model),
+            kind,
+            n_heads: self.n_heads,
+            d_head: self.d_head,
+            chunk_len: self.chunk_len,
+            n_buckets: self.n_buckets,
+            n_rounds: self.n_rounds,
+            n_chunks_before: self.n_chunks_before,
+            n_chunks_after: self.n_chunks_after,
+            causal: self.causal,
+            dedup_rounds: self.dedup_rounds,
+            dropatt: self.dropatt,
+        })
+    }
+}
+
+/// Multi-head self-attention of the Reformer: LSH (shared QK) or local (chunked).
+///
+/// Sequences whose length is not a multiple of `chunk_len` are padded internally (the padding
+/// is hidden as keys and cut from the output).
+///
+/// # Shapes
+/// - `x`: `[batch, len, d_model]`
+/// - `pad_mask`: `[batch, len]`, `true` = padding token (never attended to)
+/// - output: `[batch, len, d_model]`
+#[derive(Module, Debug)]
+pub struct ReformerAttention {
+    /// `W_q` (LSH: the shared `W_qk`), `d_model -> n_heads * d_head`.
+    pub query: Linear,
+    /// `W_k` (local attention only).
+    pub key: Option<Linear>,
+    /// `W_v`.
+    pub value: Linear,
+    /// Output projection.
+    pub output: Linear,
+    /// LSH or local.
+    #[module(skip)]
+    pub kind: AttentionKind,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Width of each head.
+    pub d_head: usize,
+    /// Chunk length (bucket size).
+    pub chunk_len: usize,
+    /// Buckets per round (`None`: from the length).
+    pub n_buckets: Option<usize>,
+    /// Hash rounds.
+    pub n_rounds: usize,
+    /// Chunks looked at before.
+    pub n_chunks_before: usize,
+    /// Chunks looked at after.
+    pub n_chunks_after: usize,
+    /// Causal masking.
+    pub causal: bool,
+    /// De-duplicate pairs over hash rounds.
+    pub dedup_rounds: bool,
+    /// Dropout on attention probabilities.
+    pub dropatt: f64,
+}
+
+impl ReformerAttention {
+    /// Buckets per round used for a padded length.
+    pub fn buckets_for(&self, padded_len: usize) -> usize {
+        self.n_buckets.unwrap_or_else(|| {
+            let n = padded_len.div_ceil(self.chunk_len).max(2);
+            n + n % 2
+        })
+    }
+
+    /// Self-attention of `x`. Rotations and dropout come from `opts` (see [`ForwardOptions`]).
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        pad_mask: Option<Tensor<2, Bool>>,
+        opts: &ForwardOptions,
+    ) -> Tensor<3> {
+        let [b, l, d] = x.dims();
+        let (h, dh, c) = (self.n_heads, self.d_head, self.chunk_len);
+        let device = x.device();
+        let lp = l.div_ceil(c) * c;
+        let (x, pad) = if lp == l {
+            (x, pad_mask)
+        } else {
+            let x = Tensor::cat(vec![x, Tensor::zeros([b, lp - l, d], &device)], 1);
+            let user = pad_mask.unwrap_or_else(|| Tensor::<2, Int>::zeros([b, l], &device).bool());
+            let extra = Tensor::<2, Int>::ones([b, lp - l], &device).bool();
+            (x, Some(Tensor::cat(vec![user, extra], 1)))
+        };
+        let heads = |t: Tensor<3>| t.reshape([b, lp, h, dh]).swap_dims(1, 2);
+        let params = ChunkParams {
+            chunk_len: c,
+            before: self.n_chunks_before,
+            after: self.n_chunks_after,
+            causal: self.causal,
+            dedup_rounds: self.dedup_rounds,
+        };
+        let dropatt = (opts.train && self.dropatt > 0.0).then(|| (self.dropatt, mix(opts.seed, 2)));
+        let q = heads(self.query.forward(x.clone()));
+        let v = heads(self.value.forward(x.clone()));
+        let out = match (self.kind, &self.key) {
+            (AttentionKind::Local, Some(key)) => {
+                let k = heads(key.forward(x));
+                local_attention(q, k, v, pad, params, dropatt)
+            }
+            _ => {
+                let rounds = opts.n_rounds.unwrap_or(self.n_rounds);
+                let rot =
+                    random_rotations(dh, rounds, self.buckets_for(lp), mix(opts.seed, 1), &device);
+                lsh_attention(q, v, rot, pad, params, dropatt)
+            }
+        };
+        let out = out.swap_dims(1, 2).reshape([b, lp, h * dh]);
+        let out = if lp == l {
+            out
+        } else {
+            out.slice([0..b, 0..l])
+        };
+        self.output.forward(out)
+    }
+}

@@ -1,0 +1,346 @@
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+
+use super::{dev, rand_tensor, to_vec};
+use crate::attention::{
+    ChunkParams, ForwardOptions, MASKED, ReformerAttentionConfig, SELF_SCORE, hash_buckets,
+    local_attention, lsh_attention,
+};
+use crate::rng::random_rotations;
+
+/// Naive attention of one (batch, head) with explicit rules, on row-major `[l, dh]` slices.
+/// `shared_qk`: keys are unit-normalised queries and the self score is SELF_SCORE.
+fn naive_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    l: usize,
+    dh: usize,
+    shared_qk: bool,
+    visible: impl Fn(usize, usize) -> bool,
+) -> Vec<f32> {
+    let key = |j: usize| -> Vec<f32> {
+        let row = &k[j * dh..(j + 1) * dh];
+        if shared_qk {
+            let n = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+            row.iter().map(|x| x / n).collect()
+        } else {
+            row.to_vec()
+        }
+    };
+    let mut out = vec![0.0; l * dh];
+    for i in 0..l {
+        let qi = &q[i * dh..(i + 1) * dh];
+        let scores: Vec<f32> = (0..l)
+            .map(|j| {
+                if !visible(i, j) {
+                    MASKED
+                } else if shared_qk && i == j {
+                    SELF_SCORE
+                } else {
+                    qi.iter().zip(key(j)).map(|(a, b)| a * b).sum::<f32>() / (dh as f32).sqrt()
+                }
+            })
+            .collect();
+        let m = scores.iter().cloned().fold(f32::MIN, f32::max);
+        let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
+        let z: f32 = e.iter().sum();
+        for j in 0..l {
+            for d in 0..dh {
+                out[i * dh + d] += e[j] / z * v[j * dh + d];
+            }
+        }
+    }
+    out
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn buckets_follow_the_argmax_rule() {
+    let device = dev();
+    let (b, h, l, dh, r, nb) = (2, 3, 7, 5, 3, 6);
+    let x = rand_tensor([b, h, l, dh], 1, &device);
+    let rot = random_rotations(dh, r, nb, 2, &device);
+    let got = hash_buckets(x.clone(), rot.clone());
+    assert_eq!(got.dims(), [b, h, r, l]);
+    let got: Vec<i64> = got
+        .into_data()
+        .convert::<i64>()
+        .try_to_vec::<i64>()
+        .unwrap();
+    let xv = to_vec(x);
+    let rv = to_vec(rot);
+    let half = nb / 2;
+    for bi in 0..b {
+        for hi in 0..h {
+            for li in 0..l {
+                let row = &xv[((bi * h + hi) * l + li) * dh..][..dh];
+                for ri in 0..r {
+                    // [xR, -xR]
+                    let mut vals = vec![0f32; nb];
+                    for j in 0..half {
+                        let s: f32 = (0..dh).map(|d| row[d] * rv[(d * r + ri) * half + j]).sum();
+                        vals[j] = s;
+                        vals[j + half] = -s;
+                    }
+                    let arg = (0..nb).fold(0, |a, j| if vals[j] > vals[a] { j } else { a });
+                    assert_eq!(got[((bi * h + hi) * r + ri) * l + li], arg as i64);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lsh_with_one_chunk_equals_full_attention() {
+    let device = dev();
+    let (b, h, l, dh) = (2, 2, 12, 4);
+    for (causal, rounds, with_pad) in [(false, 1, false), (true, 1, false), (true, 3, true)] {
+        let qk = rand_tensor([b, h, l, dh], 3, &device).mul_scalar(2.0);
+        let v = rand_tensor([b, h, l, dh], 4, &device);
+        let rot = random_rotations(dh, rounds, 4, 5, &device);
+        // batch 1 hides keys 9.. as padding
+        let pad_v: Vec<bool> = (0..b * l)
+            .map(|i| with_pad && i / l == 1 && i % l >= 9)
+            .collect();
+        let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad_v.clone(), [b, l]), &device);
+        let params = ChunkParams {
+            chunk_len: l,
+            before: 0,
+            after: 0,
+            causal,
+            dedup_rounds: true,
+        };
+        let out = lsh_attention(qk.clone(), v.clone(), rot, Some(pad), params, None);
+        let (out, qkv, vv) = (to_vec(out), to_vec(qk), to_vec(v));
+        for bh in 0..b * h {
+            let s = bh * l * dh..(bh + 1) * l * dh;
+            let bi = bh / h;
+            let visible = |i: usize, j: usize| (!causal || j <= i) && !pad_v[bi * l + j];
+            let want = naive_attention(
+                &qkv[s.clone()],
+                &qkv[s.clone()],
+                &vv[s.clone()],
+                l,
+                dh,
+                true,
+                visible,
+            );
+            let d = max_diff(&out[s], &want);
+            assert!(
+                d < 1e-5,
+                "causal={causal} rounds={rounds} pad={with_pad}: max diff {d}"
+            );
+        }
+    }
+}
+
+/// Points in tight clusters: every query has clear neighbours (its cluster), found by
+/// hashing with high probability; more rounds miss fewer.
+#[test]
+fn more_rounds_approach_full_attention() {
+    let device = dev();
+    let (l, dh, n_clusters) = (64, 16, 8);
+    let centers = to_vec(rand_tensor([n_clusters, dh], 10, &device));
+    let noise = to_vec(rand_tensor([l, dh], 11, &device));
+    // position i belongs to cluster (i * 5) % 8: clusters are spread over the sequence
+    let mut qk = vec![0f32; l * dh];
+    for i in 0..l {
+        let c = (i * 5) % n_clusters;
+        for d in 0..dh {
+            qk[i * dh + d] = 10.0 * (centers[c * dh + d] + 0.05 * noise[i * dh + d]);
+        }
+    }
+    let v = to_vec(rand_tensor([l, dh], 12, &device));
+    let full = naive_attention(&qk, &qk, &v, l, dh, true, |_, _| true);
+    let t =
+        |x: &Vec<f32>| Tensor::<4>::from_data(TensorData::new(x.clone(), [1, 1, l, dh]), &device);
+    let err = |rounds: usize, dedup_rounds: bool| -> f32 {
+        let params = ChunkParams {
+            chunk_len: 8,
+            before: 1,
+            after: 1,
+            causal: false,
+            dedup_rounds,
+        };
+        // mean over rotation seeds of the mean absolute error
+        let mut total = 0.0;
+        for seed in 0..4 {
+            let rot = random_rotations(dh, rounds, 8, 100 + seed, &device);
+            let out = to_vec(lsh_attention(t(&qk), t(&v), rot, None, params, None));
+            total += out
+                .iter()
+                .zip(&full)
+                .map(|(a, b)| (a - b).abs())
+                .sum::<f32>()
+                / out.len() as f32;
+        }
+        total / 4.0
+    };
+    let (e1, e2, e8) = (err(1, true), err(2, true), err(8, true));
+    let e8_dup = err(8, false);
+    eprintln!("mean |lsh - full|: rounds 1 {e1}, 2 {e2}, 8 {e8}; 8 without dedup {e8_dup}");
+    assert!(
+        e8 < 0.5 * e1,
+        "8 rounds ({e8}) should clearly beat 1 round ({e1})"
+    );
+    assert!(e2 < e1, "2 rounds ({e2}) should beat 1 round ({e1})");
+    // without de-duplication keys found in several rounds count several times
+    assert!(
+        e8 < e8_dup,
+        "dedup ({e8}) should beat duplicates ({e8_dup})"
+    );
+    assert!(
+        e8 < 0.02,
+        "8 rounds should be close to full attention, mean error {e8}"
+    );
+}
+
+/// Causal masking by original position inside the sorted chunks: changing the values of
+/// future tokens changes no output at or before t (with the hashes held fixed).
+#[test]
+fn lsh_causal_ignores_future_values() {
+    let device = dev();
+    let (b, h, l, dh) = (1, 2, 32, 8);
+    let qk = rand_tensor([b, h, l, dh], 20, &device);
+    let v = rand_tensor([b, h, l, dh], 21, &device);
+    let t = 13;
+    let bump = rand_tensor([b, h, l - t - 1, dh], 22, &device);
+    let v2 = v.clone().slice_assign(
+        [0..b, 0..h, t + 1..l],
+        v.clone().slice([0..b, 0..h, t + 1..l]) + bump,
+    );
+    let rot = random_rotations(dh, 2, 4, 23, &device);
+    let params = ChunkParams {
+        chunk_len: 4,
+        before: 1,
+        after: 1,
+        causal: true,
+        dedup_rounds: true,
+    };
+    let a = lsh_attention(qk.clone(), v, rot.clone(), None, params, None);
+    let c = lsh_attention(qk, v2, rot, None, params, None);
+    let past = |x: Tensor<4>| to_vec(x.slice([0..b, 0..h, 0..t + 1]));
+    let later = |x: Tensor<4>| to_vec(x.slice([0..b, 0..h, t + 1..l]));
+    assert_eq!(
+        past(a.clone()),
+        past(c.clone()),
+        "an output at <= t depends on the future"
+    );
+    assert!(
+        max_diff(&later(a), &later(c)) > 1e-3,
+        "the perturbation must reach later outputs"
+    );
+}
+
+/// Whole layers: perturbing every token after t (embeddings, hence hashes too) changes no
+/// output at <= t — local attention with several chunks, LSH with one chunk. The length is
+/// not a multiple of the chunk length (auto-padding).
+#[test]
+fn causal_layers_ignore_the_future() {
+    let device = dev();
+    let (b, l, d, t) = (2, 21, 16, 9);
+    for (kind, chunk) in [("local", 4), ("lsh", 24)] {
+        let layer = ReformerAttentionConfig::new(d, 2, 8)
+            .with_kind(kind.into())
+            .with_chunk_len(chunk)
+            .with_n_rounds(2)
+            .init(&device)
+            .unwrap();
+        let x = rand_tensor([b, l, d], 30, &device);
+        let x2 = x.clone().slice_assign(
+            [0..b, t + 1..l],
+            rand_tensor([b, l - t - 1, d], 31, &device),
+        );
+        let opts = ForwardOptions::eval(7);
+        let a = layer.forward(x, None, &opts);
+        let c = layer.forward(x2, None, &opts);
+        assert_eq!(a.dims(), [b, l, d]);
+        let past = |y: Tensor<3>| to_vec(y.slice([0..b, 0..t + 1]));
+        let d_past = max_diff(&past(a.clone()), &past(c.clone()));
+        assert!(d_past < 1e-6, "{kind}: output at <= t moved by {d_past}");
+        let d_all = max_diff(&to_vec(a), &to_vec(c));
+        assert!(d_all > 1e-4, "{kind}: later outputs must change");
+    }
+}
+
+/// Local attention equals naive attention restricted to the chunk window.
+#[test]
+fn local_attention_matches_windowed_naive() {
+    let device = dev();
+    let (b, h, l, dh, c) = (1, 2, 16, 4, 4);
+    for (before, after, causal) in [(1, 0, true), (1, 1, false), (2, 1, true)] {
+        let q = rand_tensor([b, h, l, dh], 40, &device);
+        let k = rand_tensor([b, h, l, dh], 41, &device);
+        let v = rand_tensor([b, h, l, dh], 42, &device);
+        let params = ChunkParams {
+            chunk_len: c,
+            before,
+            after,
+            causal,
+            dedup_rounds: false,
+        };
+        let out = to_vec(local_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            None,
+            params,
+            None,
+        ));
+        let (qv, kv, vv) = (to_vec(q), to_vec(k), to_vec(v));
+        for bh in 0..b * h {
+            let s = bh * l * dh..(bh + 1) * l * dh;
+            let visible = |i: usize, j: usize| {
+                let (ci, cj) = (i / c, j / c);
+                (!causal || j <= i) && cj + before >= ci && cj <= ci + after
+            };
+            let want = naive_attention(
+                &qv[s.clone()],
+                &kv[s.clone()],
+                &vv[s.clone()],
+                l,
+                dh,
+                false,
+                visible,
+            );
+            let d = max_diff(&out[s], &want);
+            assert!(
+                d < 1e-5,
+                "before={before} after={after} causal={causal}: diff {d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_bucket_counts_are_errors_naming_the_value() {
+    let err = ReformerAttentionConfig::new(16, 2, 8)
+        .with_n_buckets(Some(7))
+        .validate()
+        .unwrap_err();
+    assert!(err.to_string().contains('7'), "{err}");
+    let err = ReformerAttentionConfig::new(16, 2, 8)
+        .with_kind("global".into())
+        .validate()
+        .unwrap_err();
+    assert!(err.to_string().contains("global"), "{err}");
+}
+
+#[test]
+fn auto_bucket_count_is_even() {
+    let layer = ReformerAttentionConfig::new(16, 2, 8)
+        .with_chunk_len(4)
+        .init(&dev())
+        .unwrap();
+    assert_eq!(layer.buckets_for(12), 4);
+    assert_eq!(layer.buckets_for(16), 4);
+    assert_eq!(layer.buckets_for(4), 2);
+    let _ = Tensor::<1, Int>::arange(0..2, &Device::flex());
+}

@@ -1,0 +1,96 @@
+use burn::tensor::Tensor;
+
+use super::{dev, rand_tensor, to_vec};
+use crate::duplication::generate;
+use crate::feedforward::{AxialPositionalEmbeddingConfig, ChunkedFeedForwardConfig};
+
+#[test]
+fn chunked_feed_forward_equals_unchunked() {
+    let device = dev();
+    let ff = ChunkedFeedForwardConfig::new(8, 24)
+        .with_chunk_len(3)
+        .with_initializer(burn::nn::Initializer::Normal {
+            mean: 0.0,
+            std: 0.5,
+        })
+        .init(&device)
+        .unwrap();
+    let x = rand_tensor([2, 10, 8], 1, &device);
+    let chunked = to_vec(ff.forward(x.clone()));
+    let whole = to_vec(ff.forward_chunk(x.clone()));
+    // naive: W_2 gelu(W_1 x + b_1) + b_2, position by position with host loops
+    let (w1, b1) = (
+        to_vec(ff.inner.weight.val()),
+        to_vec(ff.inner.bias.clone().unwrap().val()),
+    );
+    let (w2, b2) = (
+        to_vec(ff.outer.weight.val()),
+        to_vec(ff.outer.bias.clone().unwrap().val()),
+    );
+    let gelu_t = |v: Vec<f32>| {
+        to_vec(burn::tensor::activation::gelu(Tensor::<1>::from_floats(
+            v.as_slice(),
+            &device,
+        )))
+    };
+    let xv = to_vec(x);
+    for p in 0..20 {
+        let row = &xv[p * 8..(p + 1) * 8];
+        let h: Vec<f32> = (0..24)
+            .map(|j| b1[j] + (0..8).map(|i| row[i] * w1[i * 24 + j]).sum::<f32>())
+            .collect();
+        let h = gelu_t(h);
+        for o in 0..8 {
+            let want = b2[o] + (0..24).map(|j| h[j] * w2[j * 8 + o]).sum::<f32>();
+            assert!(
+                (chunked[p * 8 + o] - want).abs() < 1e-4,
+                "pos {p} out {o}: {} vs {want}",
+                chunked[p * 8 + o]
+            );
+            assert!((chunked[p * 8 + o] - whole[p * 8 + o]).abs() < 1e-6);
+        }
+    }
+}
+
+#[test]
+fn axial_positions_concatenate_the_two_tables() {
+    let device = dev();
+    let axial = AxialPositionalEmbeddingConfig::new([3, 4], [2, 5])
+        .init(&device)
+        .unwrap();
+    assert_eq!(axial.max_len(), 12);
+    let out = axial.forward(10).unwrap();
+    assert_eq!(out.dims(), [1, 10, 7]);
+    let out = to_vec(out);
+    let rows = to_vec(axial.rows.val());
+    let cols = to_vec(axial.cols.val());
+    for p in 0..10 {
+        let (i, j) = (p / 4, p % 4);
+        let want: Vec<f32> = rows[i * 2..i * 2 + 2]
+            .iter()
+            .chain(&cols[j * 5..j * 5 + 5])
+            .cloned()
+            .collect();
+        assert_eq!(&out[p * 7..p * 7 + 7], want.as_slice(), "position {p}");
+    }
+    let err = axial.forward(13).unwrap_err().to_string();
+    assert!(err.contains("13"), "{err}");
+}
+
+#[test]
+fn duplication_sequences_repeat_their_first_half() {
+    let b = generate(3, 10, 7, 5).unwrap();
+    assert_eq!(b.tokens.len(), 30);
+    for s in 0..3 {
+        let t = &b.tokens[s * 10..(s + 1) * 10];
+        assert_eq!(t[0], 0);
+        assert_eq!(t[5], 0);
+        assert_eq!(t[..5], t[5..]);
+        assert!(t[1..5].iter().all(|&x| (1..7).contains(&x)));
+        assert_eq!(&b.targets[s * 10..s * 10 + 9], &t[1..]);
+        let w = &b.weights[s * 10..(s + 1) * 10];
+        // targets 6..9 are the second copy of w: predicted at positions 5..8
+        assert_eq!(w, &[0., 0., 0., 0., 0., 1., 1., 1., 1., 0.]);
+    }
+    assert!(generate(1, 7, 5, 0).is_err());
+}
