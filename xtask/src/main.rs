@@ -9,6 +9,7 @@
 //! summarises the run. `--compare FILE` reads JSON lines of another implementation (same
 //! `name` field, e.g. from `../shared/peers/bench_peers.py`) and prints the ratios.
 
+mod attention;
 mod measure;
 mod models;
 
@@ -90,16 +91,26 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     let mut results: Vec<Measurement> = Vec::new();
     for target in &args.targets {
         let configs: Vec<&str> = match target.as_str() {
-            "models" => vec!["xl-small", "xl-small-trainer"],
+            "models" => vec!["xl-small", "xl-small-trainer", "reformer-small"],
+            "attention" => {
+                for m in attention::suite(&args)? {
+                    emit(&m, args.out.as_ref())?;
+                    results.push(m);
+                }
+                continue;
+            }
             other => vec![other],
         };
         for config in configs {
             let m = match config {
                 "xl-small" => models::xl_small(&args, &device)?,
                 "xl-small-trainer" => models::xl_small_trainer(&args, &device)?,
+                "reformer-small" => models::reformer_small(&args, &device)?,
+                a if a.starts_with("attention-") => attention::one(a, &args, &device)?,
                 other => {
                     return Err(format!(
-                        "unknown benchmark `{other}`: expected models, xl-small or xl-small-trainer"
+                        "unknown benchmark `{other}`: expected models, attention, xl-small, \
+                         xl-small-trainer, reformer-small or attention-<full|lsh>-<len>"
                     ));
                 }
             };

@@ -123,3 +123,36 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
         peak_rss_mb: peak_rss_mb(),
     })
 }
+
+/// Reformer-small: 6 layers, d_model 256, 8 heads x 32, seq 4096, bucket 64, 4 rounds, causal,
+/// reversible, chunked FF, axial positions, batch 1 (the defaults of `ReformerConfig`).
+pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
+    let config = memzoo_reformer::ReformerConfig::new();
+    let len = if args.quick { 1024 } else { config.max_seq_len };
+    let reps = args.steps.unwrap_or(if args.quick { 1 } else { 3 });
+    let t = memzoo_reformer::bench::train_step_timing(
+        &config,
+        1,
+        len,
+        reps,
+        &device.clone().autodiff(),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Measurement {
+        name: "reformer-small".into(),
+        implementation: "memzoo".into(),
+        backend: args.device.clone(),
+        threads: args.threads,
+        config: serde_json::json!({"n_layers": config.n_layers, "d_model": config.d_model,
+            "n_heads": config.n_heads, "d_head": config.d_head, "seq": len,
+            "bucket_size": config.bucket_size, "n_rounds": config.n_rounds, "reversible": config.reversible,
+            "batch": 1, "rss_above_baseline_mb": (t.peak_rss_kib - t.rss_baseline_kib) as f64 / 1024.0}),
+        steps: reps,
+        step_s_median: t.seconds,
+        step_s_min: t.seconds,
+        step_s_max: t.seconds,
+        tokens_per_s: t.tokens_per_s,
+        params: 0,
+        peak_rss_mb: t.peak_rss_kib as f64 / 1024.0,
+    })
+}
