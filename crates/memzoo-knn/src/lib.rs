@@ -1,1 +1,35 @@
-//! memzoo-knn (work in progress).
+//! The Memorizing Transformer (Wu et al., ICLR 2022) for memzoo.
+//!
+//! [`KnnAttention`] adds, to local attention over the segment and its XL memory, attention
+//! over the top-k (key, value) pairs retrieved for each query from everything the model has
+//! read before in the document (a [`memzoo_memory::KnnIndex`]), mixed per head by a learned
+//! gate. [`MemorizingTransformer`] puts kNN layers at chosen depths of a Transformer-XL; the
+//! caller owns the recurrence state ([`MemorizingState`]: the XL memory and the kNN
+//! memories) and marks rows whose document starts with `reset`.
+//!
+//! ```no_run
+//! use burn::tensor::{Int, Tensor};
+//! use memzoo_knn::{MemorizingConfig, MemorizingState};
+//!
+//! let device = burn::tensor::Device::flex();
+//! let model = MemorizingConfig::new().init(&device).unwrap();
+//! let mut state = MemorizingState::new();
+//! for segment in 0..3 {
+//!     let tokens = Tensor::<2, Int>::zeros([2, 512], &device);
+//!     let reset = [segment == 0, segment == 0];
+//!     let hidden = model.forward(tokens, &mut state, &reset).unwrap();
+//!     let _logits = model.logits(hidden);
+//! }
+//! ```
+
+pub mod attention;
+pub mod error;
+pub mod model;
+pub mod recall_task;
+
+pub use attention::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, l2_normalize};
+pub use error::KnnError;
+pub use model::{KnnLayer, MemorizingConfig, MemorizingState, MemorizingTransformer};
+
+#[cfg(test)]
+mod tests;

@@ -134,7 +134,7 @@ pub fn load<M: SegmentModel>(
     let optim = optim.load(&optim_path).map_err(|e| {
         TrainError::Checkpoint(format!("{} cannot be loaded: {e:?}", optim_path.display()))
     })?;
-    let state = M::load_state(&dir.join("state"), device)?;
+    let state = model.load_state(&dir.join("state"), device)?;
     Ok(Restored {
         model,
         optim,

@@ -16,7 +16,7 @@ use crate::error::TrainError;
 /// rows, saves it in checkpoints and restores it on `--resume`.
 pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     /// State carried from one segment to the next (e.g. [`XlMemory`]); `Default` = no memory.
-    type State: Clone + Default + Send;
+    type State: Default + Send;
 
     /// Short name of the model family, stored in checkpoints.
     fn family(&self) -> &'static str;
@@ -63,8 +63,8 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     /// Saves the carried state under `dir`.
     fn save_state(state: &Self::State, dir: &Path) -> Result<(), TrainError>;
 
-    /// Loads the carried state saved by [`Self::save_state`].
-    fn load_state(dir: &Path, device: &Device) -> Result<Self::State, TrainError>;
+    /// Loads the carried state saved by [`Self::save_state`] (the model fixes its shapes).
+    fn load_state(&self, dir: &Path, device: &Device) -> Result<Self::State, TrainError>;
 }
 
 /// Mean cross-entropy (nats) of one segment, skipping targets equal to `ignore_index`.
@@ -131,7 +131,7 @@ impl SegmentModel for TransformerXl {
         save_tensors(&dir.join("memory.safetensors"), state.layers())
     }
 
-    fn load_state(dir: &Path, device: &Device) -> Result<XlMemory, TrainError> {
+    fn load_state(&self, dir: &Path, device: &Device) -> Result<XlMemory, TrainError> {
         let layers = load_tensors(&dir.join("memory.safetensors"), device)?;
         XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)
     }
@@ -243,7 +243,63 @@ impl SegmentModel for memzoo_reformer::ReformerLm {
         Ok(())
     }
 
-    fn load_state(_dir: &Path, _device: &Device) -> Result<(), TrainError> {
+    fn load_state(&self, _dir: &Path, _device: &Device) -> Result<(), TrainError> {
         Ok(())
+    }
+}
+
+/// The Memorizing Transformer carries its XL memory and its kNN memories (host side); rows are
+/// cleared where the data marks a new document.
+impl SegmentModel for memzoo_knn::MemorizingTransformer {
+    type State = memzoo_knn::MemorizingState;
+
+    fn family(&self) -> &'static str {
+        "memorizing"
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.xl.vocab_size
+    }
+
+    fn segment_logits(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut Self::State,
+        reset: &[bool],
+    ) -> Result<Tensor<3>, TrainError> {
+        let hidden = self
+            .forward(inputs, state, reset)
+            .map_err(|e| TrainError::Model(e.to_string()))?;
+        Ok(self.logits(hidden))
+    }
+
+    fn state_to_device(state: Self::State, _device: &Device) -> Self::State {
+        state
+    }
+
+    fn save_state(state: &Self::State, dir: &Path) -> Result<(), TrainError> {
+        state
+            .save_knn(dir)
+            .map_err(|e| TrainError::Checkpoint(format!("saving kNN memories: {e}")))?;
+        save_tensors(&dir.join("memory.safetensors"), state.xl.layers())?;
+        let valid = serde_json::to_string(&state.xl_valid).expect("plain vector");
+        std::fs::write(dir.join("xl_valid.json"), valid)
+            .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))
+    }
+
+    fn load_state(&self, dir: &Path, device: &Device) -> Result<Self::State, TrainError> {
+        if !dir.join("knn-0").exists() {
+            // Saved before the first forward: no memories yet.
+            return Ok(Self::State::default());
+        }
+        let mut state = memzoo_knn::MemorizingState::open_knn(dir, self, device)
+            .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?;
+        let layers = load_tensors(&dir.join("memory.safetensors"), device)?;
+        state.xl = XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
+        let valid = std::fs::read_to_string(dir.join("xl_valid.json"))
+            .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?;
+        state.xl_valid = serde_json::from_str(&valid)
+            .map_err(|e| TrainError::Checkpoint(format!("xl_valid.json is damaged: {e}")))?;
+        Ok(state)
     }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_data::{ByteTokenizer, Manifest, Split};
-use memzoo_train::{RunOptions, checkpoint, evaluate, train as run_training};
+use memzoo_train::{RunOptions, SegmentSource, checkpoint, evaluate, train as run_training};
 use memzoo_xl::{TransformerXl, XlMemory};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::json;
@@ -31,8 +31,11 @@ pub fn train(
     device.seed(config.train.seed);
     let splits = load_splits(&config.data)?;
     let t = &config.train;
-    let mut train_data = batcher(&splits, Split::Train, t.batch, t.tgt_len)?;
-    let mut valid_data = batcher(&splits, Split::Valid, t.batch, t.tgt_len)?;
+    // The Memorizing Transformer clears a row's memories where its document ends: it reads
+    // documents laid out per row when the data has them (the generated corpus).
+    let docs = config.model_kind == ModelKind::Memorizing;
+    let mut train_data = source(config, &splits, Split::Train, docs)?;
+    let mut valid_data = source(config, &splits, Split::Valid, docs)?;
 
     std::fs::create_dir_all(run_dir)
         .map_err(|e| format!("cannot create run directory {}: {e}", run_dir.display()))?;
@@ -58,13 +61,19 @@ pub fn train(
     let outcome = match config.model_kind {
         ModelKind::Xl => {
             let model = config.model.init(&device).map_err(|e| e.to_string())?;
-            let o = run_training(model, t, &mut train_data, Some(&mut valid_data), &options)
+            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)
                 .map_err(|e| e.to_string())?;
             (o.steps, o.valid, o.interrupted)
         }
         ModelKind::Reformer => {
             let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
-            let o = run_training(model, t, &mut train_data, Some(&mut valid_data), &options)
+            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)
+                .map_err(|e| e.to_string())?;
+            (o.steps, o.valid, o.interrupted)
+        }
+        ModelKind::Memorizing => {
+            let model = config.memorizing.init(&device).map_err(|e| e.to_string())?;
+            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)
                 .map_err(|e| e.to_string())?;
             (o.steps, o.valid, o.interrupted)
         }
@@ -134,7 +143,13 @@ pub fn eval(
     let config = RunConfig::from_run_dir(run_dir, &[])?;
     let len = tgt_len.unwrap_or(config.train.tgt_len);
     let splits = load_splits(&config.data)?;
-    let mut data = batcher(&splits, split, config.train.batch, len)?;
+    let docs = config.model_kind == ModelKind::Memorizing;
+    let mut data = if docs && tgt_len.is_none() {
+        source(&config, &splits, split, true)?
+    } else {
+        Box::new(batcher(&splits, split, config.train.batch, len)?) as Box<dyn SegmentSource>
+    };
+    let data = &mut *data;
     let start = Instant::now();
     let (r, eval_mem_len) = match config.model_kind {
         ModelKind::Xl => {
@@ -144,13 +159,19 @@ pub fn eval(
                 None => model,
             };
             let m = model.mem_len;
-            (evaluate(&model, &mut data, len, max_segments), Some(m))
+            (evaluate(&model, data, len, max_segments), Some(m))
         }
         ModelKind::Reformer => {
             let dir = latest_checkpoint(run_dir)?;
             let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
             let model = checkpoint::load_model(&dir, model).map_err(|e| e.to_string())?;
-            (evaluate(&model, &mut data, len, max_segments), None)
+            (evaluate(&model, data, len, max_segments), None)
+        }
+        ModelKind::Memorizing => {
+            let dir = latest_checkpoint(run_dir)?;
+            let model = config.memorizing.init(&device).map_err(|e| e.to_string())?;
+            let model = checkpoint::load_model(&dir, model).map_err(|e| e.to_string())?;
+            (evaluate(&model, data, len, max_segments), None)
         }
     };
     let r = r.map_err(|e| e.to_string())?;
@@ -181,6 +202,23 @@ pub fn eval(
         }
     }
     Ok(())
+}
+
+/// The data a model trains on: documents per row (with resets) for the Memorizing
+/// Transformer on the generated corpus, the ordered stream otherwise.
+fn source(
+    config: &RunConfig,
+    splits: &crate::data_setup::Splits,
+    split: Split,
+    docs: bool,
+) -> Result<Box<dyn SegmentSource>, String> {
+    let t = &config.train;
+    if docs
+        && let Some(d) = crate::data_setup::doc_batcher(&config.data, split, t.batch, t.tgt_len)?
+    {
+        return Ok(Box::new(d));
+    }
+    Ok(Box::new(batcher(splits, split, t.batch, t.tgt_len)?))
 }
 
 fn latest_checkpoint(run_dir: &Path) -> Result<PathBuf, String> {

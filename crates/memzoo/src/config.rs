@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use memzoo_data::LongRangeConfig;
+use memzoo_knn::MemorizingConfig;
 use memzoo_reformer::ReformerConfig;
 use memzoo_train::TrainConfig;
 use memzoo_xl::XlConfig;
@@ -19,6 +20,8 @@ pub enum ModelKind {
     Xl,
     /// Reformer (LSH attention, reversible layers).
     Reformer,
+    /// Memorizing Transformer (XL + kNN attention over an external memory).
+    Memorizing,
 }
 
 /// Where the data comes from.
@@ -76,6 +79,8 @@ pub struct RunConfig {
     pub model: XlConfig,
     /// Reformer configuration (`[reformer]`, used with `model_kind = "reformer"`).
     pub reformer: ReformerConfig,
+    /// Memorizing Transformer configuration (`[memorizing]`, with `model_kind = "memorizing"`).
+    pub memorizing: MemorizingConfig,
     /// Training configuration (`[train]`).
     pub train: TrainConfig,
     /// Data (`[data]`).
@@ -105,6 +110,23 @@ impl Default for RunConfig {
                 .with_axial_shape(Some([32, 32]))
                 .with_axial_dims(Some([64, 64]))
                 .with_attn_layers(vec!["local".into(), "lsh".into()]),
+            // A small Memorizing Transformer: the small XL with T5 positions and a kNN layer
+            // at depth 2 of 4 (top-32 over up to 16K memories per row and head).
+            memorizing: MemorizingConfig::new()
+                .with_xl(
+                    XlConfig::new()
+                        .with_n_layers(4)
+                        .with_d_model(128)
+                        .with_n_heads(4)
+                        .with_d_inner(512)
+                        .with_mem_len(64)
+                        .with_dropout(0.0)
+                        .with_positions(
+                            memzoo_relative::PositionConfig::new()
+                                .with_kind(memzoo_relative::PositionKind::T5),
+                        ),
+                )
+                .with_knn_layers(vec![2]),
             train: TrainConfig::new()
                 .with_steps(1000)
                 .with_batch(8)
@@ -157,6 +179,7 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), String> {
         match self.model_kind {
             ModelKind::Xl => self.model.validate().map_err(|e| e.to_string())?,
+            ModelKind::Memorizing => self.memorizing.validate().map_err(|e| e.to_string())?,
             ModelKind::Reformer => {
                 self.reformer.validate().map_err(|e| e.to_string())?;
                 if self.train.tgt_len > self.reformer.max_seq_len {

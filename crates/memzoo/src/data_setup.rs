@@ -100,3 +100,26 @@ pub fn batcher(
     };
     Ok(b.drop_last(true))
 }
+
+/// Documents laid out per row (each starting at a segment boundary, `reset` where a new one
+/// starts, padding ignored by the loss) when the data has documents: the generated corpus.
+/// `None` for a plain file or data set, which is read as one stream.
+pub fn doc_batcher(
+    cfg: &DataConfig,
+    split: Split,
+    batch: usize,
+    len: usize,
+) -> Result<Option<memzoo_data::DocBatcher>, String> {
+    if !matches!(cfg.source.as_deref(), None | Some("") | Some("generated")) {
+        return Ok(None);
+    }
+    let docs: Vec<Vec<Token>> = memzoo_data::generate_split(&cfg.generated, split)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|d| d.text.into_iter().map(Token::from).collect())
+        .collect();
+    // Byte 0 never occurs in the generated text: it pads, and its targets are ignored.
+    memzoo_data::DocBatcher::new(&docs, batch, len, 0)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,272 @@
+//! kNN-augmented attention (Wu et al. 2022, sec. 3): local attention plus attention over the
+//! top-k (key, value) pairs retrieved from an external memory, mixed by a learned gate.
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::nn::Initializer;
+use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::{Device, Tensor, TensorData};
+use memzoo_memory::KnnIndex;
+use memzoo_relative::{
+    PositionConfig, PositionKind, RelativeAttentionConfig, RelativeContext,
+    RelativeMultiHeadAttention,
+};
+
+use crate::error::KnnError;
+
+/// Value a hidden score is set to before the softmax.
+const MASKED: f32 = -1.0e9;
+
+/// Configuration of a [`KnnAttention`] layer.
+#[derive(Config, Debug)]
+pub struct KnnAttentionConfig {
+    /// Width of the layer's input and output.
+    pub d_model: usize,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Width of each head.
+    pub d_head: usize,
+    /// Relative positions of the local attention. Default: T5 buckets, as the paper.
+    #[config(default = "PositionConfig::new().with_kind(PositionKind::T5)")]
+    pub positions: PositionConfig,
+    /// Dropout on the layer output. Default: 0.0.
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Dropout on the attention probabilities. Default: 0.0.
+    #[config(default = 0.0)]
+    pub dropatt: f64,
+    /// Initial temperature `τ` of the normalised scores `τ q̂·k̂` (learned per head, as
+    /// log τ). Default: 20 (with unit vectors, `1/sqrt(d_head)` would make every softmax
+    /// nearly uniform).
+    #[config(default = 20.0)]
+    pub attn_scale_init: f64,
+    /// Initial gate bias `b_g` (`g = sigmoid(b_g)`). Default: 0 (g = 0.5).
+    #[config(default = 0.0)]
+    pub gate_init: f64,
+    /// Initialiser of the projections. Default: normal(0, 0.02).
+    #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
+    pub initializer: Initializer,
+}
+
+impl KnnAttentionConfig {
+    /// Checks the configuration, naming the bad value.
+    pub fn validate(&self) -> Result<(), KnnError> {
+        if !(self.attn_scale_init.is_finite() && self.attn_scale_init > 0.0) {
+            return Err(KnnError::Config(format!(
+                "attn_scale_init must be positive, got {}",
+                self.attn_scale_init
+            )));
+        }
+        if !self.gate_init.is_finite() {
+            return Err(KnnError::Config(format!(
+                "gate_init must be finite, got {}",
+                self.gate_init
+            )));
+        }
+        self.relative().validate()?;
+        Ok(())
+    }
+
+    fn relative(&self) -> RelativeAttentionConfig {
+        RelativeAttentionConfig::new(self.d_model, self.n_heads, self.d_head)
+            .with_positions(self.positions.clone())
+            .with_dropout(self.dropout)
+            .with_dropatt(self.dropatt)
+            .with_initializer(self.initializer.clone())
+    }
+
+    /// Initialises the layer after validating the configuration.
+    pub fn init(&self, device: &Device) -> Result<KnnAttention, KnnError> {
+        self.validate()?;
+        let h = self.n_heads;
+        let fill = |v: f64| {
+            Param::from_tensor(Tensor::from_data(
+                TensorData::new(vec![v as f32; h], [h]),
+                device,
+            ))
+        };
+        Ok(KnnAttention {
+            attention: self.relative().init(device)?,
+            log_scale: fill(self.attn_scale_init.ln()),
+            gate: fill(self.gate_init),
+            n_heads: h,
+            d_head: self.d_head,
+        })
+    }
+}
+
+/// The output of [`KnnAttention::forward`].
+#[derive(Debug, Clone)]
+pub struct KnnAttentionOutput {
+    /// Layer output, `[batch, qlen, d_model]`.
+    pub output: Tensor<3>,
+    /// The segment's normalised keys, `[batch, qlen, heads, d_head]`, detached: what
+    /// goes into the memory after the step.
+    pub keys: Tensor<4>,
+    /// The segment's values, `[batch, qlen, heads, d_head]`, detached.
+    pub values: Tensor<4>,
+}
+
+/// kNN-augmented multi-head attention (the Memorizing Transformer's memory layer).
+///
+/// With `q̂ = q/‖q‖`, `k̂ = k/‖k‖` (Wu et al. normalise keys and queries so that keys
+/// computed by older parameters stay comparable) and a learned per-head temperature `τ`:
+///
+/// - local: `A_c = softmax(τ q̂_i·k̂_j + β_bucket(i-j))` over `cat(XL memory, segment)`
+///   (causal), `V_c = A_c V`;
+/// - memory: `A_m = softmax(τ q̂_i·k̂_m)` over the top-k retrieved `(k̂_m, v_m)` of query
+///   `i` (its own row and head, no position bias), `V_m = A_m V_mem`;
+/// - `out = W_o [g ⊙ V_m + (1 - g) ⊙ V_c]`, `g = sigmoid(b_g)` per head (sec. 3.2). A
+///   query with no memory at all (empty memory) uses `V_c` alone.
+///
+/// Retrieved pairs are constants (no gradient reaches the memory); the segment's `(k̂, v)`
+/// are returned detached for the caller to add to the memory after the step.
+///
+/// # Shapes
+/// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
+/// - output: `[batch, qlen, d_model]`
+#[derive(Module, Debug)]
+pub struct KnnAttention {
+    /// Projections `W_q`, `[W_k; W_v]`, `W_o` and the T5 bias table, with the local
+    /// attention's dropouts.
+    pub attention: RelativeMultiHeadAttention,
+    /// `log τ` per head, `[heads]`.
+    pub log_scale: Param<Tensor<1>>,
+    /// `b_g` per head, `[heads]`.
+    pub gate: Param<Tensor<1>>,
+    /// Number of heads.
+    pub n_heads: usize,
+    /// Width of each head.
+    pub d_head: usize,
+}
+
+/// `x / ‖x‖` along the last dim.
+pub fn l2_normalize<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    let norm = x
+        .clone()
+        .powi_scalar(2)
+        .sum_dim(D - 1)
+        .sqrt()
+        .clamp_min(1e-6);
+    x / norm
+}
+
+impl KnnAttention {
+    /// Local + kNN attention of the segment `x` (see the type docs); `knn` is searched with
+    /// the segment's queries for the `top_k` best pairs each.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        ctx: &RelativeContext,
+        knn: &dyn KnnIndex,
+        top_k: usize,
+    ) -> Result<KnnAttentionOutput, KnnError> {
+        let [batch, qlen, d_model] = x.dims();
+        let (h, dh) = (self.n_heads, self.d_head);
+        let att = &self.attention;
+        if d_model != att.d_model {
+            return Err(KnnError::Input(format!(
+                "x has width {d_model}, the layer expects {}",
+                att.d_model
+            )));
+        }
+        let mlen = memory.as_ref().map_or(0, |m| m.dims()[1]);
+        if qlen != ctx.qlen || mlen != ctx.mlen {
+            return Err(KnnError::Input(format!(
+                "context built for qlen {} / mlen {}, got {qlen} / {mlen}",
+                ctx.qlen, ctx.mlen
+            )));
+        }
+        if knn.config().n_heads != h || knn.config().d_head != dh || knn.batch() != batch {
+            return Err(KnnError::Input(format!(
+                "kNN memory holds {} rows x {} heads x {} dims, the layer needs {batch} x {h} x {dh}",
+                knn.batch(),
+                knn.config().n_heads,
+                knn.config().d_head
+            )));
+        }
+        let keys_in = match memory {
+            Some(m) => Tensor::cat(vec![m, x.clone()], 1),
+            None => x.clone(),
+        };
+        let klen = qlen + mlen;
+        // [batch, len, heads, d_head]
+        let q = l2_normalize(att.query.forward(x).reshape([batch, qlen, h, dh]));
+        let kv = att
+            .key_value
+            .forward(keys_in)
+            .reshape([batch, klen, 2, h, dh]);
+        let k = l2_normalize(kv.clone().narrow(2, 0, 1).reshape([batch, klen, h, dh]));
+        let v = kv.narrow(2, 1, 1).reshape([batch, klen, h, dh]);
+        let tau = self.log_scale.val().exp().reshape([1, h, 1, 1]);
+
+        // Local: τ q̂·k̂ + β. `scores` multiplies by 1/sqrt(d_head), so q̂ enters as τ sqrt(d_head) q̂.
+        let qh = q.clone().swap_dims(1, 2); // [batch, heads, qlen, dh]
+        let q_in = qh.clone() * tau.clone().mul_scalar((dh as f32).sqrt());
+        let scores = att.scores(q_in, k.clone().swap_dims(1, 2), ctx, None);
+        let scores = match &ctx.mask {
+            Some(mask) => {
+                let mb = mask.dims()[0];
+                let mask = mask
+                    .clone()
+                    .reshape([mb, 1, qlen, klen])
+                    .expand([batch, h, qlen, klen]);
+                scores.mask_fill(mask, MASKED)
+            }
+            None => scores,
+        };
+        let local = att
+            .dropatt
+            .forward(softmax(scores, 3))
+            .matmul(v.clone().swap_dims(1, 2)); // [batch, heads, qlen, dh]
+
+        // Memory: top-k of q̂ in this row's and head's store, constants.
+        let found = knn.search(q.clone().detach(), top_k)?;
+        let kk = found.keys.dims()[3];
+        let mem_k = found.keys.permute([0, 2, 1, 3, 4]); // [batch, heads, qlen, k, dh]
+        let mem_v = found.values.permute([0, 2, 1, 3, 4]);
+        let hidden = found.mask.permute([0, 2, 1, 3]); // [batch, heads, qlen, k]
+        // τ q̂·k̂_m: [b, h, q, 1, dh] x [b, h, q, dh, k] -> [b, h, q, k]
+        let mem_scores = qh
+            .unsqueeze_dim::<5>(3)
+            .matmul(mem_k.swap_dims(3, 4))
+            .reshape([batch, h, qlen, kk])
+            * tau;
+        let mem_scores = mem_scores.mask_fill(hidden.clone(), MASKED);
+        let mem_probs = att.dropatt.forward(softmax(mem_scores, 3));
+        let remote = mem_probs
+            .unsqueeze_dim::<5>(3)
+            .matmul(mem_v)
+            .reshape([batch, h, qlen, dh]);
+
+        // g = sigmoid(b_g) per head, 0 where the query found nothing.
+        let found_any = hidden.float().min_dim(3).neg().add_scalar(1.0); // [b, h, q, 1]
+        let g = sigmoid(self.gate.val()).reshape([1, h, 1, 1]) * found_any;
+        let mixed = remote * g.clone() + local * g.neg().add_scalar(1.0);
+        let context = mixed.swap_dims(1, 2).reshape([batch, qlen, h * dh]);
+        let output = att.dropout.forward(att.output.forward(context));
+        Ok(KnnAttentionOutput {
+            output,
+            keys: k.narrow(1, mlen, qlen).detach(),
+            values: v.narrow(1, mlen, qlen).detach(),
+        })
+    }
+
+    /// [`forward`](Self::forward), then adds the segment's `(k̂, v)` to `knn`.
+    pub fn forward_and_store(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        ctx: &RelativeContext,
+        knn: &mut dyn KnnIndex,
+        top_k: usize,
+    ) -> Result<Tensor<3>, KnnError> {
+        let out = self.forward(x, memory, ctx, &*knn, top_k)?;
+        knn.add(out.keys, out.values)?;
+        Ok(out.output)
+    }
+}

@@ -1,0 +1,358 @@
+//! The exact backend: keys and values on the model's device, search = batched matmul + top-k.
+
+use std::path::Path;
+
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData, s};
+use rayon::prelude::*;
+
+use crate::config::{IndexKind, KnnMemoryConfig, TopkPlacement};
+use crate::error::MemoryError;
+use crate::persist::Snapshot;
+use crate::{KnnIndex, Retrieved, RowState, check_input, check_rows};
+
+/// Score given to empty slots before the top-k.
+const EMPTY: f32 = -1.0e30;
+/// Scores below this are empty slots.
+const EMPTY_BELOW: f32 = -1.0e29;
+/// Largest score block (elements) computed at once; queries are chunked to stay under it.
+const SCORE_BLOCK: usize = 1 << 24;
+
+/// Brute-force kNN memory: `[batch, heads, slots, d_head]` key and value tensors on the
+/// model's device, grown by doubling up to `max_memories` slots.
+///
+/// A search scores every query against every stored key of its row and head,
+/// `S = Q Kᵀ` (`[batch, heads, tokens, slots]`), hides the empty slots, and keeps the top `k`
+/// per query; keys and values are then gathered by slot on the device.
+#[derive(Debug)]
+pub struct ExactIndex {
+    config: KnnMemoryConfig,
+    device: Device,
+    rows: Vec<RowState>,
+    /// `[batch, heads, alloc, d_head]`, detached.
+    keys: Option<Tensor<4>>,
+    /// `[batch, heads, alloc, d_head]`, detached.
+    values: Option<Tensor<4>>,
+    host_topk: bool,
+}
+
+impl ExactIndex {
+    /// An empty memory for `batch` rows.
+    pub fn new(config: &KnnMemoryConfig, batch: usize, device: &Device) -> Self {
+        let host_topk = match config.topk {
+            TopkPlacement::Host => true,
+            TopkPlacement::Device => false,
+            TopkPlacement::Auto => is_cpu(device),
+        };
+        Self {
+            config: config.clone(),
+            device: device.clone(),
+            rows: vec![RowState::default(); batch],
+            keys: None,
+            values: None,
+            host_topk,
+        }
+    }
+
+    /// A memory holding `snapshot` (from [`crate::open`]).
+    pub(crate) fn from_snapshot(config: &KnnMemoryConfig, snap: Snapshot, device: &Device) -> Self {
+        let mut index = Self::new(config, snap.rows.len(), device);
+        let (b, h, d) = (snap.rows.len(), config.n_heads, config.d_head);
+        if snap.slots > 0 {
+            let shape = [b, h, snap.slots, d];
+            index.keys = Some(Tensor::from_data(TensorData::new(snap.keys, shape), device));
+            index.values = Some(Tensor::from_data(
+                TensorData::new(snap.values, shape),
+                device,
+            ));
+        }
+        index.rows = snap.rows;
+        index
+    }
+
+    fn alloc(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.dims()[2])
+    }
+
+    /// Grows the stores to at least `needed` slots (doubling, at most `max_memories`).
+    fn grow(&mut self, needed: usize) {
+        let alloc = self.alloc();
+        if needed <= alloc {
+            return;
+        }
+        let cap = self.config.max_memories;
+        let new = needed.max(2 * alloc).max(256).min(cap);
+        let [b, h, d] = [self.rows.len(), self.config.n_heads, self.config.d_head];
+        let extend = |t: Option<Tensor<4>>| {
+            let pad = Tensor::zeros([b, h, new - alloc, d], &self.device);
+            Some(match t {
+                Some(t) => Tensor::cat(vec![t, pad], 2),
+                None => pad,
+            })
+        };
+        self.keys = extend(self.keys.take());
+        self.values = extend(self.values.take());
+    }
+
+    /// Top-k on the host: one pass per score row keeping the `k` best seen so far (most
+    /// scores fail the threshold test), then a sort of those `k`.
+    fn topk_host(scores: Tensor<4>, k: usize) -> (Vec<i64>, Vec<bool>) {
+        let n = scores.dims()[3];
+        let data = scores
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .expect("f32 scores");
+        let rows = data.len() / n;
+        let mut idx = vec![0i64; rows * k];
+        let mut empty = vec![false; rows * k];
+        idx.par_chunks_mut(k)
+            .zip(empty.par_chunks_mut(k))
+            .enumerate()
+            .for_each_init(Vec::new, |best: &mut Vec<(f32, u32)>, (r, (idx, empty))| {
+                let row = &data[r * n..(r + 1) * n];
+                best.clear();
+                best.extend(row[..k].iter().enumerate().map(|(i, &s)| (s, i as u32)));
+                let worst = |best: &[(f32, u32)]| {
+                    let mut w = 0;
+                    for (i, b) in best.iter().enumerate() {
+                        if b.0 < best[w].0 {
+                            w = i;
+                        }
+                    }
+                    w
+                };
+                let mut w = worst(best);
+                for (i, &s) in row.iter().enumerate().skip(k) {
+                    if s > best[w].0 {
+                        best[w] = (s, i as u32);
+                        w = worst(best);
+                    }
+                }
+                // Best first; ties by slot, as a stable reference.
+                best.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                for (j, &(s, i)) in best.iter().enumerate() {
+                    idx[j] = i as i64;
+                    empty[j] = s < EMPTY_BELOW;
+                }
+            });
+        (idx, empty)
+    }
+
+    /// Slot indices `[batch, heads, tokens, kk]` and their emptiness for `q`
+    /// (`[batch, heads, tokens, d]`) against the first `filled` slots, in query chunks so
+    /// that a score block stays under [`SCORE_BLOCK`] elements.
+    fn topk(
+        &self,
+        q: Tensor<4>,
+        keys: &Tensor<4>,
+        filled: usize,
+        kk: usize,
+    ) -> (Tensor<4, Int>, Tensor<4, Bool>) {
+        let [batch, heads, tokens, _] = q.dims();
+        let hidden = self.rows.iter().any(|r| r.len < filled).then(|| {
+            let mut hidden = Vec::with_capacity(batch * filled);
+            for r in &self.rows {
+                hidden.extend((0..filled).map(|s| s >= r.len));
+            }
+            Tensor::<4, Bool>::from_data(
+                TensorData::new(hidden, [batch, 1, 1, filled]),
+                &self.device,
+            )
+        });
+        let chunk = (SCORE_BLOCK / (batch * heads * filled).max(1)).clamp(1, tokens);
+        let kt = keys.clone().transpose();
+        let mut idx_parts = Vec::new();
+        let mut empty_parts = Vec::new();
+        for start in (0..tokens).step_by(chunk) {
+            let t = chunk.min(tokens - start);
+            // S = Q Kᵀ: [batch, heads, t, d] x [batch, heads, d, filled]
+            let mut scores = q.clone().narrow(2, start, t).matmul(kt.clone());
+            if let Some(h) = &hidden {
+                scores = scores.mask_fill(h.clone().expand([batch, heads, t, filled]), EMPTY);
+            }
+            if self.host_topk {
+                let (idx, empty) = Self::topk_host(scores, kk);
+                let shape = [batch, heads, t, kk];
+                idx_parts.push(Tensor::<4, Int>::from_data(
+                    TensorData::new(idx, shape),
+                    &self.device,
+                ));
+                empty_parts.push(Tensor::<4, Bool>::from_data(
+                    TensorData::new(empty, shape),
+                    &self.device,
+                ));
+            } else {
+                let (vals, idx) = scores.topk_with_indices(kk, 3);
+                idx_parts.push(idx);
+                empty_parts.push(vals.lower_elem(EMPTY_BELOW));
+            }
+        }
+        (Tensor::cat(idx_parts, 2), Tensor::cat(empty_parts, 2))
+    }
+}
+
+/// True for the backends that run on the host CPU.
+fn is_cpu(device: &Device) -> bool {
+    let name = format!("{device:?}");
+    name.contains("Flex") || name.contains("NdArray") || name.contains("LibTorch(Cpu")
+}
+
+impl KnnIndex for ExactIndex {
+    fn kind(&self) -> IndexKind {
+        IndexKind::Exact
+    }
+
+    fn config(&self) -> &KnnMemoryConfig {
+        &self.config
+    }
+
+    fn batch(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn rows(&self) -> &[RowState] {
+        &self.rows
+    }
+
+    fn add(&mut self, keys: Tensor<4>, values: Tensor<4>) -> Result<(), MemoryError> {
+        check_input("keys", keys.dims(), self.batch(), &self.config)?;
+        if keys.dims() != values.dims() {
+            return Err(MemoryError::Input(format!(
+                "keys {:?} and values {:?} differ in shape",
+                keys.dims(),
+                values.dims()
+            )));
+        }
+        let [batch, tokens, _, _] = keys.dims();
+        if tokens == 0 {
+            return Ok(());
+        }
+        let cap = self.config.max_memories;
+        let needed = self
+            .rows
+            .iter()
+            .map(|r| (r.len + tokens).min(cap))
+            .max()
+            .unwrap_or(0);
+        self.grow(needed);
+        // [batch, tokens, heads, d] -> [batch, heads, tokens, d], on our device, detached.
+        let keys = keys.detach().to_device(&self.device).swap_dims(1, 2);
+        let values = values.detach().to_device(&self.device).swap_dims(1, 2);
+        let mut store_k = self.keys.take().expect("grown");
+        let mut store_v = self.values.take().expect("grown");
+        for b in 0..batch {
+            let (runs, next) = self.rows[b].plan(tokens, cap);
+            for (slot, offset, count) in runs.into_iter().filter(|r| r.2 > 0) {
+                let src = s![b..b + 1, .., offset..offset + count, ..];
+                let dst = s![b..b + 1, .., slot..slot + count, ..];
+                store_k = store_k.slice_assign(dst, keys.clone().slice(src));
+                store_v = store_v.slice_assign(dst, values.clone().slice(src));
+            }
+            self.rows[b] = next;
+        }
+        self.keys = Some(store_k);
+        self.values = Some(store_v);
+        Ok(())
+    }
+
+    fn search(&self, queries: Tensor<4>, k: usize) -> Result<Retrieved, MemoryError> {
+        check_input("queries", queries.dims(), self.batch(), &self.config)?;
+        if k == 0 {
+            return Err(MemoryError::Input("k must be positive, got 0".into()));
+        }
+        let [batch, tokens, heads, d] = queries.dims();
+        let filled = self.rows.iter().map(|r| r.len).max().unwrap_or(0);
+        let out_device = queries.device();
+        let empty_result = || Retrieved {
+            keys: Tensor::zeros([batch, tokens, heads, k, d], &out_device),
+            values: Tensor::zeros([batch, tokens, heads, k, d], &out_device),
+            mask: Tensor::<4, Bool>::from_data(
+                TensorData::new(
+                    vec![true; batch * tokens * heads * k],
+                    [batch, tokens, heads, k],
+                ),
+                &out_device,
+            ),
+        };
+        if filled == 0 || tokens == 0 {
+            return Ok(empty_result());
+        }
+        let keys = self.keys.clone().expect("filled").narrow(2, 0, filled);
+        let values = self.values.clone().expect("filled").narrow(2, 0, filled);
+        let q = queries.detach().to_device(&self.device).swap_dims(1, 2);
+        let kk = k.min(filled);
+        let (idx, empty) = self.topk(q, &keys, filled, kk);
+        // Gather by slot: [batch, heads, tokens * kk, d]
+        let gather_idx =
+            idx.reshape([batch, heads, tokens * kk, 1])
+                .expand([batch, heads, tokens * kk, d]);
+        let pick = |store: Tensor<4>| {
+            store
+                .gather(2, gather_idx.clone())
+                .reshape([batch, heads, tokens, kk, d])
+                .permute([0, 2, 1, 3, 4])
+        };
+        let (mut rk, mut rv) = (pick(keys), pick(values));
+        let mut mask = empty.permute([0, 2, 1, 3]);
+        // Zero the empty slots so that they carry no stale data.
+        let zero = mask
+            .clone()
+            .unsqueeze_dim::<5>(4)
+            .expand([batch, tokens, heads, kk, d]);
+        rk = rk.mask_fill(zero.clone(), 0.0);
+        rv = rv.mask_fill(zero, 0.0);
+        if kk < k {
+            let pad = [batch, tokens, heads, k - kk, d];
+            rk = Tensor::cat(vec![rk, Tensor::zeros(pad, &self.device)], 3);
+            rv = Tensor::cat(vec![rv, Tensor::zeros(pad, &self.device)], 3);
+            let pad_mask = Tensor::<4, Bool>::from_data(
+                TensorData::new(
+                    vec![true; batch * tokens * heads * (k - kk)],
+                    [batch, tokens, heads, k - kk],
+                ),
+                &self.device,
+            );
+            mask = Tensor::cat(vec![mask, pad_mask], 3);
+        }
+        Ok(Retrieved {
+            keys: rk.to_device(&out_device),
+            values: rv.to_device(&out_device),
+            mask: mask.to_device(&out_device),
+        })
+    }
+
+    fn clear(&mut self, rows: &[usize]) -> Result<(), MemoryError> {
+        check_rows(rows, self.batch())?;
+        for &r in rows {
+            // The slots stay allocated; `len = 0` hides them from every search.
+            self.rows[r] = RowState::default();
+        }
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Result<Snapshot, MemoryError> {
+        let slots = self.rows.iter().map(|r| r.len).max().unwrap_or(0);
+        let host = |t: &Option<Tensor<4>>| -> Vec<f32> {
+            match t {
+                Some(t) if slots > 0 => t
+                    .clone()
+                    .narrow(2, 0, slots)
+                    .into_data()
+                    .convert::<f32>()
+                    .try_into_vec::<f32>()
+                    .expect("f32 store"),
+                _ => Vec::new(),
+            }
+        };
+        Ok(Snapshot {
+            rows: self.rows.clone(),
+            slots,
+            keys: host(&self.keys),
+            values: host(&self.values),
+        })
+    }
+
+    fn save_extra(&self, _dir: &Path) -> Result<Vec<u32>, MemoryError> {
+        Ok(Vec::new())
+    }
+}

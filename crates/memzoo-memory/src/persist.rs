@@ -1,0 +1,238 @@
+//! Saving and opening a memory: `header.json`, `keys.f32`, `values.f32` (memory-mapped when
+//! read) and, for HNSW, the usearch index files.
+
+use std::fs;
+use std::path::Path;
+
+use burn::tensor::Device;
+use memmap2::Mmap;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{HnswConfig, IndexKind, KnnMemoryConfig};
+use crate::error::MemoryError;
+use crate::exact::ExactIndex;
+use crate::hnsw::UsearchIndex;
+use crate::{KnnIndex, RowState};
+
+/// Identifies the file format.
+pub const FORMAT: &str = "memzoo-knn-memory";
+/// Current format version.
+pub const VERSION: u32 = 1;
+
+/// Host copy of a memory's pairs.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Fill state per row.
+    pub rows: Vec<RowState>,
+    /// Slots per (row, head) in `keys` / `values` (the largest row `len`).
+    pub slots: usize,
+    /// `[batch, heads, slots, d_head]`, row-major.
+    pub keys: Vec<f32>,
+    /// `[batch, heads, slots, d_head]`, row-major.
+    pub values: Vec<f32>,
+}
+
+/// The `header.json` of a saved memory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Header {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// Format version.
+    pub version: u32,
+    /// `exact` or `hnsw`.
+    pub kind: IndexKind,
+    /// Batch rows.
+    pub batch: usize,
+    /// Heads.
+    pub n_heads: usize,
+    /// Width of keys and values.
+    pub d_head: usize,
+    /// Capacity per (row, head).
+    pub max_memories: usize,
+    /// HNSW parameters (connectivity is fixed in the index files).
+    pub hnsw: HnswConfig,
+    /// Slots per (row, head) in the data files.
+    pub slots: usize,
+    /// Fill state per row.
+    pub rows: Vec<RowState>,
+    /// CRC-32 of `keys.f32`.
+    pub keys_crc32: u32,
+    /// CRC-32 of `values.f32`.
+    pub values_crc32: u32,
+    /// CRC-32 of every usearch index file, `b * heads + h` (HNSW only).
+    pub index_crc32: Vec<u32>,
+}
+
+fn write_f32(path: &Path, data: &[f32]) -> Result<u32, MemoryError> {
+    let mut bytes = Vec::with_capacity(data.len() * 4);
+    for x in data {
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    fs::write(path, &bytes).map_err(|e| MemoryError::io(path, e))?;
+    Ok(crc32fast::hash(&bytes))
+}
+
+/// Saves `index` into `dir` (see the module docs for the layout).
+pub fn save<I: KnnIndex + ?Sized>(index: &I, dir: &Path) -> Result<(), MemoryError> {
+    fs::create_dir_all(dir).map_err(|e| MemoryError::io(dir, e))?;
+    let config = index.config();
+    let snap = index.snapshot()?;
+    let keys_crc32 = write_f32(&dir.join("keys.f32"), &snap.keys)?;
+    let values_crc32 = write_f32(&dir.join("values.f32"), &snap.values)?;
+    let index_crc32 = index.save_extra(dir)?;
+    let header = Header {
+        format: FORMAT.into(),
+        version: VERSION,
+        kind: index.kind(),
+        batch: index.batch(),
+        n_heads: config.n_heads,
+        d_head: config.d_head,
+        max_memories: config.max_memories,
+        hnsw: config.hnsw.clone(),
+        slots: snap.slots,
+        rows: snap.rows,
+        keys_crc32,
+        values_crc32,
+        index_crc32,
+    };
+    let path = dir.join("header.json");
+    let json = serde_json::to_string_pretty(&header).expect("header serialises");
+    fs::write(&path, json).map_err(|e| MemoryError::io(&path, e))
+}
+
+/// Reads a `f32` file through a memory map, checking its length and CRC-32.
+fn read_f32(dir: &Path, name: &str, len: usize, crc: u32) -> Result<Vec<f32>, MemoryError> {
+    let path = dir.join(name);
+    let corrupt = |message: String| MemoryError::Corrupt {
+        dir: dir.to_path_buf(),
+        message,
+    };
+    let file = fs::File::open(&path).map_err(|e| MemoryError::io(&path, e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| MemoryError::io(&path, e))?
+        .len() as usize;
+    if size != len * 4 {
+        return Err(corrupt(format!(
+            "{name} has {size} bytes, the header implies {}",
+            len * 4
+        )));
+    }
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the file is opened read-only and not modified while mapped (we own the dir).
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| MemoryError::io(&path, e))?;
+    let actual = crc32fast::hash(&map);
+    if actual != crc {
+        return Err(corrupt(format!(
+            "{name} has CRC-32 {actual:08x}, the header says {crc:08x}"
+        )));
+    }
+    Ok(map
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+/// Opens a memory saved by [`KnnIndex::save`], on `device`.
+///
+/// `config` must agree with the saved memory in `n_heads`, `d_head`, `max_memories`, the
+/// backend (`auto` resolved) and HNSW connectivity; search-time parameters
+/// (`expansion_search`, `topk`) are taken from `config`. Any missing, damaged (CRC, size)
+/// or mismatched file is a [`MemoryError`] naming it.
+pub fn open(
+    dir: &Path,
+    config: &KnnMemoryConfig,
+    device: &Device,
+) -> Result<Box<dyn KnnIndex>, MemoryError> {
+    config.validate()?;
+    let corrupt = |message: String| MemoryError::Corrupt {
+        dir: dir.to_path_buf(),
+        message,
+    };
+    let path = dir.join("header.json");
+    let text = fs::read_to_string(&path).map_err(|e| MemoryError::io(&path, e))?;
+    let header: Header =
+        serde_json::from_str(&text).map_err(|e| corrupt(format!("header.json: {e}")))?;
+    if header.format != FORMAT || header.version != VERSION {
+        return Err(corrupt(format!(
+            "header.json is format `{}` v{}, expected `{FORMAT}` v{VERSION}",
+            header.format, header.version
+        )));
+    }
+    let kind = config.resolved_kind();
+    let checks = [
+        ("n_heads", header.n_heads, config.n_heads),
+        ("d_head", header.d_head, config.d_head),
+        ("max_memories", header.max_memories, config.max_memories),
+    ];
+    for (name, saved, wanted) in checks {
+        if saved != wanted {
+            return Err(corrupt(format!(
+                "saved {name} = {saved}, the config asks for {wanted}"
+            )));
+        }
+    }
+    if header.kind != kind {
+        return Err(corrupt(format!(
+            "saved index kind {:?}, the config resolves to {kind:?}",
+            header.kind
+        )));
+    }
+    if kind == IndexKind::Hnsw && header.hnsw.connectivity != config.hnsw.connectivity {
+        return Err(corrupt(format!(
+            "saved HNSW connectivity {}, the config asks for {}",
+            header.hnsw.connectivity, config.hnsw.connectivity
+        )));
+    }
+    if header.batch == 0 || header.rows.len() != header.batch {
+        return Err(corrupt(format!(
+            "header lists {} rows for batch {}",
+            header.rows.len(),
+            header.batch
+        )));
+    }
+    for (b, r) in header.rows.iter().enumerate() {
+        let full_ok = r.len == header.max_memories || r.next == r.len % header.max_memories;
+        if r.len > header.slots || r.len > header.max_memories || !full_ok {
+            return Err(corrupt(format!(
+                "row {b} has len {} and next {} (slots {}, max_memories {})",
+                r.len, r.next, header.slots, header.max_memories
+            )));
+        }
+    }
+    let n = header.batch * header.n_heads * header.slots * header.d_head;
+    let keys = read_f32(dir, "keys.f32", n, header.keys_crc32)?;
+    let values = read_f32(dir, "values.f32", n, header.values_crc32)?;
+    let snap = Snapshot {
+        rows: header.rows.clone(),
+        slots: header.slots,
+        keys,
+        values,
+    };
+    Ok(match kind {
+        IndexKind::Hnsw => {
+            let expected = header.batch * header.n_heads;
+            if header.index_crc32.len() != expected {
+                return Err(corrupt(format!(
+                    "header lists {} index checksums, expected {expected}",
+                    header.index_crc32.len()
+                )));
+            }
+            for (i, &crc) in header.index_crc32.iter().enumerate() {
+                let name = UsearchIndex::file_name(i / header.n_heads, i % header.n_heads);
+                let path = dir.join(&name);
+                let bytes = fs::read(&path).map_err(|e| MemoryError::io(&path, e))?;
+                let actual = crc32fast::hash(&bytes);
+                if actual != crc {
+                    return Err(corrupt(format!(
+                        "{name} has CRC-32 {actual:08x}, the header says {crc:08x}"
+                    )));
+                }
+            }
+            Box::new(UsearchIndex::from_snapshot(config, snap, dir)?)
+        }
+        _ => Box::new(ExactIndex::from_snapshot(config, snap, device)),
+    })
+}

@@ -1,0 +1,490 @@
+//! Tests of the kNN memory: every result is checked against a naive host computation.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+use crate::bench::{clustered_keys, recall, retrieved_ids, segment_tensors};
+use crate::*;
+
+fn device() -> Device {
+    Device::flex()
+}
+
+fn config(kind: IndexKind, heads: usize, d: usize, max: usize) -> KnnMemoryConfig {
+    KnnMemoryConfig::new(heads, d)
+        .with_kind(kind)
+        .with_max_memories(max)
+}
+
+const KINDS: [IndexKind; 2] = [IndexKind::Exact, IndexKind::Hnsw];
+
+fn tensor4(data: Vec<f32>, shape: [usize; 4]) -> Tensor<4> {
+    Tensor::from_data(TensorData::new(data, shape), &device())
+}
+
+fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap()
+}
+
+/// Naive top-k ids over `keys[n, d]` for `q[d]`, by inner product, best first.
+fn naive_topk(keys: &[f32], q: &[f32], d: usize, k: usize) -> Vec<usize> {
+    let mut scored: Vec<(f32, usize)> = keys
+        .chunks(d)
+        .enumerate()
+        .map(|(i, key)| (key.iter().zip(q).map(|(a, b)| a * b).sum(), i))
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored.into_iter().take(k).map(|(_, i)| i).collect()
+}
+
+#[test]
+fn exact_search_equals_naive_topk_per_row_and_head() {
+    let (b, h, d, n, t, k) = (2, 3, 8, 50, 4, 5);
+    let dev = device();
+    let mut index = config(IndexKind::Exact, h, d, 64).init(b, &dev).unwrap();
+    // Distinct keys per (row, head): [b, n, h, d]; value = [row, head, slot, 0...].
+    let keys = clustered_keys(b * n * h, d, 0, 0.0, 1);
+    let mut values = vec![0.0f32; b * n * h * d];
+    for (o, v) in values.chunks_mut(d).enumerate() {
+        let (row, i, head) = (o / (n * h), (o / h) % n, o % h);
+        v[0] = row as f32;
+        v[1] = head as f32;
+        v[2] = i as f32;
+    }
+    index
+        .add(
+            tensor4(keys.clone(), [b, n, h, d]),
+            tensor4(values, [b, n, h, d]),
+        )
+        .unwrap();
+    let queries = clustered_keys(b * t * h, d, 0, 0.0, 2);
+    let r = index
+        .search(tensor4(queries.clone(), [b, t, h, d]), k)
+        .unwrap();
+    assert_eq!(r.keys.dims(), [b, t, h, k, d]);
+    let rk = host(r.keys);
+    let rv = host(r.values);
+    for row in 0..b {
+        for head in 0..h {
+            let own: Vec<f32> = (0..n)
+                .flat_map(|i| {
+                    let at = ((row * n + i) * h + head) * d;
+                    keys[at..at + d].to_vec()
+                })
+                .collect();
+            for ti in 0..t {
+                let qa = ((row * t + ti) * h + head) * d;
+                let want = naive_topk(&own, &queries[qa..qa + d], d, k);
+                for (j, &slot) in want.iter().enumerate() {
+                    let o = (((row * t + ti) * h + head) * k + j) * d;
+                    assert_eq!(rv[o] as usize, row, "row of the retrieved value");
+                    assert_eq!(rv[o + 1] as usize, head, "head of the retrieved value");
+                    assert_eq!(rv[o + 2] as usize, slot, "rank {j} of query {ti}");
+                    let key = &own[slot * d..(slot + 1) * d];
+                    for (a, e) in rk[o..o + d].iter().zip(key) {
+                        assert!((a - e).abs() < 1e-6);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn host_and_device_topk_agree() {
+    let (b, h, d, n, t, k) = (1, 2, 16, 300, 6, 7);
+    let dev = device();
+    let keys = clustered_keys(b * n * h, d, 4, 0.5, 3);
+    let q = clustered_keys(b * t * h, d, 4, 0.5, 4);
+    let mut ids = Vec::new();
+    for topk in [TopkPlacement::Host, TopkPlacement::Device] {
+        let mut index = config(IndexKind::Exact, h, d, 512)
+            .with_topk(topk)
+            .init(b, &dev)
+            .unwrap();
+        let (kt, vt) = segment_tensors(&keys, n, 0, n, b, h, d, &dev);
+        index.add(kt, vt).unwrap();
+        ids.push(retrieved_ids(
+            &index.search(tensor4(q.clone(), [b, t, h, d]), k).unwrap(),
+        ));
+    }
+    assert_eq!(ids[0], ids[1]);
+}
+
+#[test]
+fn fewer_than_k_entries_are_masked_and_zero() {
+    for kind in KINDS {
+        let (h, d) = (2, 4);
+        let dev = device();
+        let mut index = config(kind, h, d, 16).init(1, &dev).unwrap();
+        let keys = clustered_keys(3, d, 0, 0.0, 5);
+        let (kt, vt) = segment_tensors(&keys, 3, 0, 3, 1, h, d, &dev);
+        index.add(kt, vt).unwrap();
+        let r = index
+            .search(tensor4(keys[..d * h].to_vec(), [1, 1, h, d]), 5)
+            .unwrap();
+        let mask = r.mask.clone().into_data().try_into_vec::<bool>().unwrap();
+        assert_eq!(
+            mask,
+            [false, false, false, true, true].repeat(h),
+            "{kind:?}"
+        );
+        let ids = retrieved_ids(&r);
+        let mut found: Vec<i64> = ids[..5].to_vec();
+        found.sort();
+        assert_eq!(found, vec![-1, -1, 0, 1, 2], "{kind:?}");
+        let rk = host(r.keys);
+        assert!(
+            rk[3 * d..5 * d].iter().all(|&x| x == 0.0),
+            "{kind:?}: empty keys are zero"
+        );
+    }
+}
+
+#[test]
+fn fifo_evicts_the_oldest_entries() {
+    for kind in KINDS {
+        let (h, d, cap) = (2, 8, 8);
+        let dev = device();
+        let mut index = config(kind, h, d, cap).init(1, &dev).unwrap();
+        let keys = clustered_keys(32, d, 0, 0.0, 6);
+        let mut added = 0;
+        for seg in [5, 6, 3, 20] {
+            let (kt, vt) = segment_tensors(&keys, 32, added, seg, 1, h, d, &dev);
+            index.add(kt, vt).unwrap();
+            added += seg;
+            assert_eq!(index.len(0), added.min(cap), "{kind:?}");
+            // Query with every stored key's own vector: top-cap returns exactly the survivors.
+            let r = index
+                .search(tensor4(keys[..d * h].to_vec(), [1, 1, h, d]), cap)
+                .unwrap();
+            for head in 0..h {
+                let mut ids: Vec<i64> = retrieved_ids(&r)[head * cap..(head + 1) * cap]
+                    .iter()
+                    .copied()
+                    .filter(|&x| x >= 0)
+                    .collect();
+                ids.sort();
+                let first = added.saturating_sub(cap) as i64;
+                let want: Vec<i64> = (first..added as i64).collect();
+                assert_eq!(ids, want, "{kind:?} after {added} adds, head {head}");
+            }
+        }
+        assert_eq!(index.capacity(), cap);
+    }
+}
+
+#[test]
+fn clear_empties_only_the_given_rows() {
+    for kind in KINDS {
+        let (b, h, d) = (3, 2, 8);
+        let dev = device();
+        let mut index = config(kind, h, d, 64).init(b, &dev).unwrap();
+        let keys = clustered_keys(40, d, 0, 0.0, 7);
+        let (kt, vt) = segment_tensors(&keys, 40, 0, 40, b, h, d, &dev);
+        index.add(kt, vt).unwrap();
+        let q = tensor4(clustered_keys(b * 3 * h, d, 0, 0.0, 8), [b, 3, h, d]);
+        let before = retrieved_ids(&index.search(q.clone(), 4).unwrap());
+        index.clear(&[1]).unwrap();
+        assert_eq!((index.len(0), index.len(1), index.len(2)), (40, 0, 40));
+        let after = retrieved_ids(&index.search(q.clone(), 4).unwrap());
+        let per_row = 3 * h * 4;
+        assert_eq!(
+            before[..per_row],
+            after[..per_row],
+            "{kind:?}: row 0 unchanged"
+        );
+        assert!(
+            after[per_row..2 * per_row].iter().all(|&x| x == -1),
+            "{kind:?}"
+        );
+        assert_eq!(
+            before[2 * per_row..],
+            after[2 * per_row..],
+            "{kind:?}: row 2 unchanged"
+        );
+        // A cleared row refills from scratch, FIFO intact.
+        let (kt, vt) = segment_tensors(&keys, 40, 100, 2, b, h, d, &dev);
+        index.add(kt, vt).unwrap();
+        assert_eq!((index.len(0), index.len(1)), (42, 2));
+        assert!(index.clear(&[3]).is_err(), "row 3 of 3 is an error");
+    }
+}
+
+#[test]
+fn no_row_retrieves_another_rows_memories() {
+    for kind in KINDS {
+        let (b, h, d, n, t) = (3, 2, 8, 30, 5);
+        let dev = device();
+        let mut index = config(kind, h, d, 64).init(b, &dev).unwrap();
+        // Distinct keys per row; the values name the row (1-based).
+        let k = clustered_keys(b * n * h, d, 2, 0.3, 9);
+        let mut v = vec![0.0f32; b * n * h * d];
+        for (o, c) in v.chunks_mut(d).enumerate() {
+            c[0] = (o / (n * h)) as f32 + 1.0;
+        }
+        index
+            .add(tensor4(k.clone(), [b, n, h, d]), tensor4(v, [b, n, h, d]))
+            .unwrap();
+        index.clear(&[2]).unwrap();
+        // Row r queries with exact copies of keys stored in row (r + 1) % b: perfect matches
+        // that live in another row.
+        let mut q = Vec::new();
+        for r in 0..b {
+            let other = (r + 1) % b;
+            q.extend_from_slice(&k[other * n * h * d..(other * n + t) * h * d]);
+        }
+        let r = index.search(tensor4(q, [b, t, h, d]), 10).unwrap();
+        let vals = host(r.values);
+        let mask = r.mask.into_data().try_into_vec::<bool>().unwrap();
+        for (o, &hidden) in mask.iter().enumerate() {
+            let row = o / (t * h * 10);
+            if row == 2 {
+                assert!(hidden, "{kind:?}: cleared row 2 found an entry");
+            } else {
+                assert!(!hidden);
+                assert_eq!(
+                    vals[o * d],
+                    row as f32 + 1.0,
+                    "{kind:?}: row {row} got another row's value"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_and_configs_are_errors() {
+    let dev = device();
+    let mut index = config(IndexKind::Exact, 2, 4, 8).init(2, &dev).unwrap();
+    let err = index
+        .add(
+            Tensor::zeros([2, 3, 2, 5], &dev),
+            Tensor::zeros([2, 3, 2, 5], &dev),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("[2, 3, 2, 5]"), "{err}");
+    assert!(index.search(Tensor::zeros([1, 3, 2, 4], &dev), 2).is_err());
+    assert!(index.search(Tensor::zeros([2, 3, 2, 4], &dev), 0).is_err());
+    let err = config(IndexKind::Hnsw, 2, 0, 8).init(1, &dev).unwrap_err();
+    assert!(err.to_string().contains("d_head"), "{err}");
+    assert!(config(IndexKind::Exact, 2, 4, 0).init(1, &dev).is_err());
+}
+
+#[test]
+fn auto_picks_exact_below_the_crossover() {
+    let c = KnnMemoryConfig::new(8, 32);
+    assert_eq!(c.kind, IndexKind::Auto);
+    assert_eq!(c.resolved_kind(), IndexKind::Exact);
+    let big = c.clone().with_max_memories(c.auto_crossover + 1);
+    assert_eq!(big.resolved_kind(), IndexKind::Hnsw);
+}
+
+#[test]
+fn hnsw_recall_at_defaults_on_random_and_clustered_keys() {
+    // Default HNSW parameters, d_head 32 (Memorizing-small), 8,192 stored, k = 32.
+    let (h, d, n, t, k) = (2, 32, 8192, 64, 32);
+    let dev = device();
+    for (name, clusters, min) in [("random", 0, 0.95), ("clustered", 64, 0.95)] {
+        let keys = clustered_keys(n, d, clusters, 0.6, 10);
+        let queries = clustered_keys(t, d, clusters, 0.6, 11);
+        let mut ids = Vec::new();
+        for kind in KINDS {
+            let mut index = config(kind, h, d, n).init(1, &dev).unwrap();
+            bench::fill(index.as_mut(), &keys, n, 2048, &dev).unwrap();
+            let (q, _) = segment_tensors(&queries, t, 0, t, 1, h, d, &dev);
+            ids.push(retrieved_ids(&index.search(q, k).unwrap()));
+        }
+        let r = recall(&ids[1], &ids[0], k);
+        println!("recall@{k} of HNSW (defaults) vs exact, {name} keys, {n} stored: {r:.4}");
+        assert!(r >= min, "{name}: recall@{k} = {r:.4} < {min}");
+    }
+}
+
+fn round_trip(kind: IndexKind) {
+    let (b, h, d, cap) = (2, 2, 8, 32);
+    let dev = device();
+    let c = config(kind, h, d, cap);
+    let mut index = c.init(b, &dev).unwrap();
+    let keys = clustered_keys(64, d, 3, 0.5, 12);
+    // Wrap the ring (45 > 32) and leave row 1 shorter.
+    let (kt, vt) = segment_tensors(&keys, 64, 0, 45, b, h, d, &dev);
+    index.add(kt, vt).unwrap();
+    index.clear(&[1]).unwrap();
+    let (kt, vt) = segment_tensors(&keys, 64, 45, 7, b, h, d, &dev);
+    index.add(kt, vt).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    index.save(dir.path()).unwrap();
+    let opened = open(dir.path(), &c, &dev).unwrap();
+    assert_eq!(opened.kind(), kind);
+    assert_eq!(opened.rows(), index.rows());
+    let q = tensor4(clustered_keys(b * 4 * h, d, 3, 0.5, 13), [b, 4, h, d]);
+    let (a, o) = (
+        index.search(q.clone(), 9).unwrap(),
+        opened.search(q, 9).unwrap(),
+    );
+    assert_eq!(host(a.keys), host(o.keys), "{kind:?}: keys");
+    assert_eq!(host(a.values), host(o.values), "{kind:?}: values");
+    assert_eq!(
+        a.mask.into_data().try_into_vec::<bool>().unwrap(),
+        o.mask.into_data().try_into_vec::<bool>().unwrap()
+    );
+    // The opened memory keeps working: FIFO continues where it stopped.
+    let mut opened = opened;
+    let (kt, vt) = segment_tensors(&keys, 64, 52, 3, b, h, d, &dev);
+    opened.add(kt.clone(), vt.clone()).unwrap();
+    index.add(kt, vt).unwrap();
+    let q = tensor4(clustered_keys(b * 4 * h, d, 3, 0.5, 14), [b, 4, h, d]);
+    assert_eq!(
+        retrieved_ids(&index.search(q.clone(), 9).unwrap()),
+        retrieved_ids(&opened.search(q, 9).unwrap())
+    );
+}
+
+#[test]
+fn save_open_round_trip_exact() {
+    round_trip(IndexKind::Exact);
+}
+
+#[test]
+fn save_open_round_trip_hnsw() {
+    round_trip(IndexKind::Hnsw);
+}
+
+#[test]
+fn damaged_or_mismatched_files_are_errors() {
+    let dev = device();
+    for kind in KINDS {
+        let c = config(kind, 2, 8, 32);
+        let mut index = c.init(1, &dev).unwrap();
+        let keys = clustered_keys(20, 8, 0, 0.0, 15);
+        let (kt, vt) = segment_tensors(&keys, 20, 0, 20, 1, 2, 8, &dev);
+        index.add(kt, vt).unwrap();
+        let fresh = || {
+            let dir = tempfile::tempdir().unwrap();
+            index.save(dir.path()).unwrap();
+            dir
+        };
+        let expect_err = |dir: &std::path::Path, c: &KnnMemoryConfig, what: &str, needle: &str| {
+            let err = open(dir, c, &dev).expect_err(what).to_string();
+            assert!(err.contains(needle), "{kind:?} {what}: {err}");
+        };
+        // A flipped byte in the values.
+        let dir = fresh();
+        let p = dir.path().join("values.f32");
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[17] ^= 0x40;
+        std::fs::write(&p, bytes).unwrap();
+        expect_err(
+            dir.path(),
+            &c,
+            "flipped value byte",
+            "values.f32 has CRC-32",
+        );
+        // Truncated keys.
+        let dir = fresh();
+        let p = dir.path().join("keys.f32");
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 4]).unwrap();
+        expect_err(dir.path(), &c, "truncated keys", "keys.f32 has");
+        // Missing header, garbage header.
+        let dir = fresh();
+        std::fs::remove_file(dir.path().join("header.json")).unwrap();
+        expect_err(dir.path(), &c, "missing header", "header.json");
+        let dir = fresh();
+        std::fs::write(dir.path().join("header.json"), "{ not json").unwrap();
+        expect_err(dir.path(), &c, "garbage header", "header.json");
+        // Config mismatches.
+        let dir = fresh();
+        expect_err(dir.path(), &config(kind, 2, 16, 32), "d_head", "d_head = 8");
+        expect_err(
+            dir.path(),
+            &config(kind, 2, 8, 64),
+            "max_memories",
+            "max_memories = 32",
+        );
+        let other = if kind == IndexKind::Exact {
+            IndexKind::Hnsw
+        } else {
+            IndexKind::Exact
+        };
+        expect_err(dir.path(), &config(other, 2, 8, 32), "kind", "kind");
+        if kind == IndexKind::Hnsw {
+            let p = dir.path().join(UsearchIndex::file_name(0, 1));
+            let mut bytes = std::fs::read(&p).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x01;
+            std::fs::write(&p, bytes).unwrap();
+            expect_err(
+                dir.path(),
+                &c,
+                "damaged index",
+                "index-b0-h1.usearch has CRC-32",
+            );
+            std::fs::remove_file(&p).unwrap();
+            expect_err(dir.path(), &c, "missing index", "index-b0-h1.usearch");
+        }
+    }
+}
+
+/// The exact-vs-HNSW crossover (not a test: `cargo test -p memzoo-memory -- --ignored
+/// crossover --nocapture`). Env: `MEMZOO_BENCH_SIZES` (default `16384,65536,262144`),
+/// `MEMZOO_BENCH_HEADS` (default 8), `MEMZOO_BENCH_KINDS` (default `exact,hnsw`),
+/// `MEMZOO_BENCH_EF` (HNSW expansion_search), `MEMZOO_BENCH_M` (HNSW connectivity).
+#[test]
+#[ignore]
+fn crossover() {
+    let sizes: Vec<usize> = std::env::var("MEMZOO_BENCH_SIZES")
+        .unwrap_or_else(|_| "16384,65536,262144".into())
+        .split(',')
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    let heads: usize = std::env::var("MEMZOO_BENCH_HEADS")
+        .map(|s| s.parse().unwrap())
+        .unwrap_or(8);
+    let kinds: Vec<IndexKind> = std::env::var("MEMZOO_BENCH_KINDS")
+        .unwrap_or_else(|_| "exact,hnsw".into())
+        .split(',')
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    let expansion: Option<usize> = std::env::var("MEMZOO_BENCH_EF")
+        .ok()
+        .map(|s| s.parse().unwrap());
+    let connectivity: Option<usize> = std::env::var("MEMZOO_BENCH_M")
+        .ok()
+        .map(|s| s.parse().unwrap());
+    let (d, t, k) = (32, 512, 32);
+    let dev = device();
+    for &n in &sizes {
+        let keys = clustered_keys(n + t, d, 256, 0.6, 20);
+        let queries = clustered_keys(t, d, 256, 0.6, 21);
+        let mut exact_ids = Vec::new();
+        for &kind in &kinds {
+            let mut c = config(kind, heads, d, n + t);
+            if let Some(ef) = expansion {
+                c.hnsw.expansion_search = Some(ef);
+            }
+            if let Some(m) = connectivity {
+                c.hnsw.connectivity = m;
+            }
+            let r = bench::time_segment(&c, 1, &keys, &queries, n, t, k, &dev).unwrap();
+            let rec = if kind == IndexKind::Exact {
+                exact_ids = r.ids.clone();
+                1.0
+            } else if exact_ids.is_empty() {
+                f64::NAN
+            } else {
+                recall(&r.ids, &exact_ids, k)
+            };
+            println!(
+                "{kind:?} stored {n} x {heads} heads: fill {:.1} s, segment add {:.3} s + search {:.3} s = {:.3} s, recall@{k} {rec:.4}",
+                r.fill_s,
+                r.add_s,
+                r.search_s,
+                r.add_s + r.search_s
+            );
+        }
+    }
+}
