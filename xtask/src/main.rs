@@ -11,6 +11,7 @@
 
 mod attention;
 mod measure;
+mod memory;
 mod models;
 
 use std::io::Write;
@@ -91,7 +92,20 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     let mut results: Vec<Measurement> = Vec::new();
     for target in &args.targets {
         let configs: Vec<&str> = match target.as_str() {
-            "models" => vec!["xl-small", "xl-small-trainer", "reformer-small"],
+            "models" => vec![
+                "xl-small",
+                "xl-small-trainer",
+                "reformer-small",
+                "memorizing-small",
+                "memorizing-small-noknn",
+            ],
+            "memory" => {
+                for m in memory::suite(&args, &device)? {
+                    emit(&m, args.out.as_ref())?;
+                    results.push(m);
+                }
+                continue;
+            }
             "attention" => {
                 for m in attention::suite(&args)? {
                     emit(&m, args.out.as_ref())?;
@@ -106,11 +120,14 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 "xl-small" => models::xl_small(&args, &device)?,
                 "xl-small-trainer" => models::xl_small_trainer(&args, &device)?,
                 "reformer-small" => models::reformer_small(&args, &device)?,
+                "memorizing-small" => models::memorizing_small(&args, &device, true)?,
+                "memorizing-small-noknn" => models::memorizing_small(&args, &device, false)?,
                 a if a.starts_with("attention-") => attention::one(a, &args, &device)?,
                 other => {
                     return Err(format!(
-                        "unknown benchmark `{other}`: expected models, attention, xl-small, \
-                         xl-small-trainer, reformer-small or attention-<full|lsh>-<len>"
+                        "unknown benchmark `{other}`: expected models, attention, memory, xl-small, \
+                         xl-small-trainer, reformer-small, memorizing-small[-noknn] or \
+                         attention-<full|lsh>-<len>"
                     ));
                 }
             };

@@ -156,3 +156,63 @@ pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, 
         peak_rss_mb: t.peak_rss_kib as f64 / 1024.0,
     })
 }
+
+/// Memorizing-small: 6 layers, d_model 256, 8 heads x 32, seq 512, kNN layer 4, top-32,
+/// 16,384 memories per row, batch 2; with `knn = false` the same model without the kNN layer
+/// (the overhead baseline). Memories are carried across steps and fill as in training.
+pub fn memorizing_small(
+    args: &BenchArgs,
+    device: &Device,
+    knn: bool,
+) -> Result<Measurement, String> {
+    use memzoo_knn::MemorizingConfig;
+    use memzoo_relative::{PositionConfig, PositionKind};
+    let (batch, len) = (2, 512);
+    let xl = XlConfig::new()
+        .with_dropout(0.0)
+        .with_mem_len(512)
+        .with_positions(PositionConfig::new().with_kind(PositionKind::T5));
+    let config = MemorizingConfig::new()
+        .with_xl(xl)
+        .with_knn_layers(if knn { vec![3] } else { vec![] })
+        .with_top_k(32)
+        .with_max_memories(16_384);
+    let device = device.clone().autodiff();
+    let mut model = config.init(&device).map_err(|e| e.to_string())?;
+    let params = model.num_params();
+    let mut optim = AdamWConfig::new().init();
+    let mut state = memzoo_knn::MemorizingState::new();
+    let mut rng = StdRng::seed_from_u64(0);
+    let reset = vec![false; batch];
+    let times = time_steps(args.warmup(), args.steps(), || {
+        let tokens = random_tokens(batch, len + 1, &mut rng, &device);
+        let (x, y) = (tokens.clone().narrow(1, 0, len), tokens.narrow(1, 1, len));
+        let loss = model
+            .forward_loss(x, y, &mut state, &reset)
+            .expect("valid shapes");
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(2.5e-4, model.clone(), grads);
+        device.sync().expect("device sync");
+    });
+    let med = median(&times);
+    Ok(Measurement {
+        name: if knn {
+            "memorizing-small".into()
+        } else {
+            "memorizing-small-noknn".into()
+        },
+        implementation: "memzoo".into(),
+        backend: args.device.clone(),
+        threads: args.threads,
+        config: serde_json::json!({"n_layers": 6, "d_model": 256, "heads": 8, "d_head": 32,
+            "seq": len, "knn_layers": config.knn_layers, "top_k": 32, "max_memories": 16384,
+            "batch": batch, "index": format!("{:?}", config.index)}),
+        steps: times.len(),
+        step_s_median: med,
+        step_s_min: times[0],
+        step_s_max: times[times.len() - 1],
+        tokens_per_s: (batch * len) as f64 / med,
+        params,
+        peak_rss_mb: peak_rss_mb(),
+    })
+}
