@@ -9,6 +9,32 @@ use memzoo_relative::{
 use memzoo_tests::*;
 
 #[test]
+fn causal_relative_shift_with_only_nonnegative_distances() {
+    let dev = flex();
+    for (qlen, mlen) in [(4, 0), (5, 3), (3, 7)] {
+        let klen = qlen + mlen;
+        let x = randn([1, 2, qlen, klen], 9, &dev);
+        let xs = host(x.clone());
+        let out = host(relative_shift(x, klen));
+        for bh in 0..2 {
+            for i in 0..qlen {
+                for j in 0..klen {
+                    let got = out[bh * qlen * klen + i * klen + j];
+                    let c = qlen - 1 - i + j;
+                    // visible keys (j <= mlen + i) read their distance; future keys are zero
+                    let want = if c < klen {
+                        xs[bh * qlen * klen + i * klen + c]
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(got, want, "qlen {qlen} mlen {mlen} i {i} j {j}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn relative_shift_matches_index_formula() {
     let dev = flex();
     for (qlen, mlen) in [(1, 0), (1, 4), (4, 0), (5, 3), (3, 7), (6, 6)] {

@@ -234,16 +234,17 @@ impl AttentionMask {
 
 /// Position information shared by every layer of one forward pass.
 ///
-/// Columns are indexed by distance, `c ↦ klen - 1 - c` (see [`crate::shift`]).
+/// Columns are indexed by distance, `c ↦ klen - 1 - c` (see [`crate::shift`]): all
+/// `klen + qlen - 1` distances, or only the `klen` non-negative ones under a causal mask.
 #[derive(Debug, Clone)]
 pub struct RelativeContext {
     /// Queries in this segment.
     pub qlen: usize,
     /// Memory keys prepended to the segment.
     pub mlen: usize,
-    /// XL: the sinusoid of every (clamped) distance, `[klen + qlen - 1, d_model]`.
+    /// XL: the sinusoid of every (clamped) distance, `[columns, d_model]`.
     pub sinusoid: Option<Tensor<2>>,
-    /// Learned / T5: the parameter-table row of every distance, `[klen + qlen - 1]`.
+    /// Learned / T5: the parameter-table row of every distance, `[columns]`.
     pub table_index: Option<Tensor<1, Int>>,
     /// Hidden keys, `[1 or batch, qlen, klen]` (`true` = hidden), `None` if all are visible.
     pub mask: Option<Tensor<3, Bool>>,
@@ -260,7 +261,11 @@ impl RelativeContext {
         device: &Device,
     ) -> Self {
         let klen = qlen + mlen;
-        let w = n_distances(qlen, klen);
+        // A causal mask hides every negative distance: score only the klen non-negative ones.
+        let w = match mask {
+            AttentionMask::Causal { .. } => klen,
+            _ => n_distances(qlen, klen),
+        };
         let distances = (0..w).map(|c| distance_of_column(c, klen));
         let (sinusoid, table_index) = match positions.kind {
             PositionKind::Xl => {

@@ -35,17 +35,27 @@ pub fn distance_of_column(c: usize, klen: usize) -> i64 {
 
 /// Re-indexes scores by distance into scores by key.
 ///
+/// `x` holds either every distance (`klen + qlen - 1` columns) or, for causal attention, only
+/// the non-negative ones (`klen` columns, distances `klen - 1 .. 0`): the missing negative
+/// distances (future keys, which the causal mask hides) then read as exact zeros.
+///
 /// # Shapes
-/// - `x`: `[batch, heads, qlen, klen + qlen - 1]`, column `c` = distance `klen - 1 - c`
+/// - `x`: `[batch, heads, qlen, klen + qlen - 1]` or `[batch, heads, qlen, klen]`,
+///   column `c` = distance `klen - 1 - c`
 /// - output: `[batch, heads, qlen, klen]`, `out[.., i, j] = x[.., i, qlen - 1 - i + j]`
 pub fn relative_shift(x: Tensor<4>, klen: usize) -> Tensor<4> {
-    let [b, h, qlen, w] = x.dims();
-    debug_assert_eq!(w, n_distances(qlen, klen), "relative_shift: width mismatch");
+    let [b, h, qlen, c] = x.dims();
+    let w = n_distances(qlen, klen);
+    debug_assert!(
+        c == w || c == klen,
+        "relative_shift: {c} columns for klen {klen}, qlen {qlen}"
+    );
     if qlen == 1 {
-        return x; // one row: out[0, j] = x[0, j]
+        return x; // one row: out[0, j] = x[0, j], and W = klen
     }
     let device = x.device();
-    let zeros = Tensor::<4>::zeros([b, h, qlen, 1], &device);
+    // Zero columns up to W + 1: the missing negative distances and the one pad column.
+    let zeros = Tensor::<4>::zeros([b, h, qlen, w + 1 - c], &device);
     Tensor::cat(vec![x, zeros], 3)
         .reshape([b, h, qlen * (w + 1)])
         .narrow(2, qlen - 1, qlen * w)
