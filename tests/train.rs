@@ -68,7 +68,7 @@ fn options(dir: &Path, resume: bool) -> RunOptions {
 
 fn params(model: &TransformerXl) -> Vec<f32> {
     let mut v = host(model.embedding.weight.val());
-    v.extend(host(model.layers[1].ff_out.weight.val()));
+    v.extend(host(model.layers[1].block.ff_out.weight.val()));
     v.extend(host(model.layers[0].attention.query.weight.val()));
     v
 }

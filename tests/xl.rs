@@ -154,7 +154,7 @@ fn memory_is_detached_from_the_previous_segment() {
     // If segment 2's backward reached segment 1's graph, the parameters used in both
     // segments would collect extra gradient there.
     let params = [
-        &model.layers[0].ff_in.weight,
+        &model.layers[0].block.ff_in.weight,
         &model.layers[0].attention.query.weight,
         &model.layers[2].attention.key_value.weight,
     ];

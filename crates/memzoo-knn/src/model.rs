@@ -3,14 +3,12 @@
 
 use burn::config::Config;
 use burn::module::Module;
+use burn::nn::Initializer;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{
-    Dropout, DropoutConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig, Relu,
-};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use memzoo_memory::{HnswConfig, IndexKind, KnnIndex, KnnMemoryConfig};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
-use memzoo_xl::{TransformerXl, XlConfig, XlMemory};
+use memzoo_xl::{TransformerXl, XlBlock, XlConfig, XlMemory};
 
 use crate::attention::{KnnAttention, KnnAttentionConfig};
 use crate::error::KnnError;
@@ -123,15 +121,6 @@ impl MemorizingConfig {
     pub fn init(&self, device: &Device) -> Result<MemorizingTransformer, KnnError> {
         self.validate()?;
         let xl = &self.xl;
-        let init = Initializer::Normal {
-            mean: 0.0,
-            std: xl.init_std,
-        };
-        let linear = |i, o| {
-            LinearConfig::new(i, o)
-                .with_initializer(init.clone())
-                .init(device)
-        };
         let attention = self.knn_attention();
         let mut knn_layers = self.knn_layers.clone();
         knn_layers.sort_unstable();
@@ -140,13 +129,7 @@ impl MemorizingConfig {
             .map(|_| {
                 Ok(KnnLayer {
                     attention: attention.init(device)?,
-                    norm_attention: LayerNormConfig::new(xl.d_model).init(device),
-                    ff_in: linear(xl.d_model, xl.d_inner),
-                    ff_out: linear(xl.d_inner, xl.d_model),
-                    norm_ff: LayerNormConfig::new(xl.d_model).init(device),
-                    activation: Relu::new(),
-                    dropout: DropoutConfig::new(xl.dropout).init(),
-                    pre_ln: xl.pre_ln,
+                    block: xl.init_block(device),
                 })
             })
             .collect::<Result<Vec<_>, KnnError>>()?;
@@ -161,8 +144,8 @@ impl MemorizingConfig {
     }
 }
 
-/// A Transformer-XL layer whose attention is [`KnnAttention`]: residual blocks around the
-/// kNN attention and the position-wise feed-forward (post-LN as the paper, or pre-LN).
+/// A Transformer-XL layer whose attention is [`KnnAttention`]: the same residual block
+/// ([`XlBlock`]: LayerNorms and feed-forward, post-LN or pre-LN) around kNN attention.
 ///
 /// # Shapes
 /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]` → `[batch, qlen, d_model]`
@@ -170,20 +153,8 @@ impl MemorizingConfig {
 pub struct KnnLayer {
     /// kNN-augmented attention.
     pub attention: KnnAttention,
-    /// LayerNorm of the attention block.
-    pub norm_attention: LayerNorm,
-    /// Feed-forward `d_model -> d_inner`.
-    pub ff_in: Linear,
-    /// Feed-forward `d_inner -> d_model`.
-    pub ff_out: Linear,
-    /// LayerNorm of the feed-forward block.
-    pub norm_ff: LayerNorm,
-    /// ReLU of the feed-forward.
-    pub activation: Relu,
-    /// Dropout in the feed-forward.
-    pub dropout: Dropout,
-    /// Pre-LN instead of post-LN.
-    pub pre_ln: bool,
+    /// LayerNorms and feed-forward around it.
+    pub block: XlBlock,
 }
 
 impl KnnLayer {
@@ -196,29 +167,9 @@ impl KnnLayer {
         knn: &mut dyn KnnIndex,
         top_k: usize,
     ) -> Result<Tensor<3>, KnnError> {
-        let att = &self.attention;
-        if self.pre_ln {
-            // h = x + Attn(LN(cat(m, x)));  out = h + FF(LN(h))
-            let norm = |t: Tensor<3>| self.norm_attention.forward(t);
-            let a = att.forward_and_store(norm(x.clone()), memory.map(norm), ctx, knn, top_k)?;
-            let h = x + a;
-            let f = self.feed_forward(self.norm_ff.forward(h.clone()));
-            Ok(h + f)
-        } else {
-            // h = LN(x + Attn(cat(m, x)));  out = LN(h + FF(h))
-            let a = att.forward_and_store(x.clone(), memory, ctx, knn, top_k)?;
-            let h = self.norm_attention.forward(x + a);
-            let f = self.feed_forward(h.clone());
-            Ok(self.norm_ff.forward(h + f))
-        }
-    }
-
-    /// `FF(x) = Dropout(W_2 Dropout(ReLU(W_1 x)))`
-    fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = self
-            .dropout
-            .forward(self.activation.forward(self.ff_in.forward(x)));
-        self.dropout.forward(self.ff_out.forward(h))
+        self.block.forward(x, memory, |x, m| {
+            self.attention.forward_and_store(x, m, ctx, knn, top_k)
+        })
     }
 }
 

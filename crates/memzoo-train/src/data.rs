@@ -40,10 +40,6 @@ impl SegmentSource for OrderedBatcher {
         let state = serde_json::from_value(position.clone()).map_err(restore_err)?;
         OrderedBatcher::restore(self, state).map_err(restore_err)
     }
-
-    fn segments_per_epoch(&self, len: usize) -> usize {
-        self.steps_per_epoch(len)
-    }
 }
 
 /// Documents laid out per row; `reset` marks where a row's new document starts and padding
@@ -71,9 +67,5 @@ impl SegmentSource for DocBatcher {
 
     fn ignore_index(&self) -> Option<usize> {
         Some(self.pad() as usize)
-    }
-
-    fn segments_per_epoch(&self, _len: usize) -> usize {
-        self.steps_per_epoch()
     }
 }

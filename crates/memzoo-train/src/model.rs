@@ -57,9 +57,6 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
         self
     }
 
-    /// Moves the carried state to `device` (e.g. between the autodiff and inference devices).
-    fn state_to_device(state: Self::State, device: &Device) -> Self::State;
-
     /// Saves the carried state under `dir`.
     fn save_state(state: &Self::State, dir: &Path) -> Result<(), TrainError>;
 
@@ -121,10 +118,6 @@ impl SegmentModel for TransformerXl {
 
     fn with_eval_mem_len(self, mem_len: usize) -> Self {
         self.with_mem_len(mem_len)
-    }
-
-    fn state_to_device(state: XlMemory, device: &Device) -> XlMemory {
-        state.to_device(device)
     }
 
     fn save_state(state: &XlMemory, dir: &Path) -> Result<(), TrainError> {
@@ -235,10 +228,6 @@ impl SegmentModel for memzoo_reformer::ReformerLm {
         Ok((loss.into_scalar::<f64>(), grads))
     }
 
-    fn state_to_device(state: (), _device: &Device) {
-        state
-    }
-
     fn save_state(_state: &(), _dir: &Path) -> Result<(), TrainError> {
         Ok(())
     }
@@ -271,10 +260,6 @@ impl SegmentModel for memzoo_knn::MemorizingTransformer {
             .forward(inputs, state, reset)
             .map_err(|e| TrainError::Model(e.to_string()))?;
         Ok(self.logits(hidden))
-    }
-
-    fn state_to_device(state: Self::State, _device: &Device) -> Self::State {
-        state
     }
 
     fn save_state(state: &Self::State, dir: &Path) -> Result<(), TrainError> {

@@ -1,6 +1,6 @@
 //! The segment-recurrence training loop.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::config::Config;
@@ -58,8 +58,6 @@ pub trait SegmentSource: Send {
     fn ignore_index(&self) -> Option<usize> {
         None
     }
-    /// Number of segments of `len` in the split.
-    fn segments_per_epoch(&self, len: usize) -> usize;
 }
 
 /// Configuration of a training run.
@@ -480,9 +478,4 @@ pub fn train<M: SegmentModel>(
         valid,
         interrupted,
     })
-}
-
-/// The run directory's checkpoint folder.
-pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join("checkpoints")
 }

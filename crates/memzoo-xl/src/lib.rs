@@ -21,4 +21,4 @@ pub mod model;
 
 pub use error::XlError;
 pub use memory::XlMemory;
-pub use model::{TransformerXl, XlConfig, XlLayer, XlOutput};
+pub use model::{TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput};

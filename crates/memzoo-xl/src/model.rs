@@ -127,6 +127,24 @@ impl XlConfig {
             .with_initializer(self.initializer())
     }
 
+    /// The residual block (LayerNorms and feed-forward) of one layer, for any attention.
+    pub fn init_block(&self, device: &Device) -> XlBlock {
+        let linear = |i, o| {
+            LinearConfig::new(i, o)
+                .with_initializer(self.initializer())
+                .init(device)
+        };
+        XlBlock {
+            norm_attention: LayerNormConfig::new(self.d_model).init(device),
+            ff_in: linear(self.d_model, self.d_inner),
+            ff_out: linear(self.d_inner, self.d_model),
+            norm_ff: LayerNormConfig::new(self.d_model).init(device),
+            activation: Relu::new(),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            pre_ln: self.pre_ln,
+        }
+    }
+
     /// Validates the config and initialises the model.
     pub fn init(&self, device: &Device) -> Result<TransformerXl, XlError> {
         self.validate()?;
@@ -141,13 +159,7 @@ impl XlConfig {
             .map(|_| {
                 Ok(XlLayer {
                     attention: attention.init(device)?,
-                    norm_attention: LayerNormConfig::new(self.d_model).init(device),
-                    ff_in: linear(self.d_model, self.d_inner),
-                    ff_out: linear(self.d_inner, self.d_model),
-                    norm_ff: LayerNormConfig::new(self.d_model).init(device),
-                    activation: Relu::new(),
-                    dropout: DropoutConfig::new(self.dropout).init(),
-                    pre_ln: self.pre_ln,
+                    block: self.init_block(device),
                 })
             })
             .collect::<Result<Vec<_>, XlError>>()?;
@@ -182,16 +194,15 @@ impl XlConfig {
     }
 }
 
-/// One Transformer-XL layer: relative attention over `cat(memory, x)`, then the position-wise
-/// feed-forward, each in a residual block (post-LN as the paper, or pre-LN).
+/// The residual structure of a Transformer-XL layer around any attention: LayerNorms and the
+/// position-wise feed-forward (post-LN as the paper, or pre-LN). [`XlLayer`] puts relative
+/// attention inside it; the Memorizing Transformer's kNN layer puts kNN attention inside it.
 ///
 /// # Shapes
 /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
 /// - output: `[batch, qlen, d_model]`
 #[derive(Module, Debug)]
-pub struct XlLayer {
-    /// Relative multi-head attention.
-    pub attention: RelativeMultiHeadAttention,
+pub struct XlBlock {
     /// LayerNorm of the attention block.
     pub norm_attention: LayerNorm,
     /// Feed-forward `d_model -> d_inner`.
@@ -208,6 +219,52 @@ pub struct XlLayer {
     pub pre_ln: bool,
 }
 
+impl XlBlock {
+    /// Applies the block with `attend(x, memory)` as its attention (see the type docs).
+    pub fn forward<E>(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        attend: impl FnOnce(Tensor<3>, Option<Tensor<3>>) -> Result<Tensor<3>, E>,
+    ) -> Result<Tensor<3>, E> {
+        if self.pre_ln {
+            // h = x + Attn(LN(cat(m, x)));  out = h + FF(LN(h))
+            let norm = |t: Tensor<3>| self.norm_attention.forward(t);
+            let a = attend(norm(x.clone()), memory.map(norm))?;
+            let h = x + a;
+            let f = self.feed_forward(self.norm_ff.forward(h.clone()));
+            Ok(h + f)
+        } else {
+            // h = LN(x + Attn(cat(m, x)));  out = LN(h + FF(h))
+            let a = attend(x.clone(), memory)?;
+            let h = self.norm_attention.forward(x + a);
+            let f = self.feed_forward(h.clone());
+            Ok(self.norm_ff.forward(h + f))
+        }
+    }
+
+    /// `FF(x) = Dropout(W_2 Dropout(ReLU(W_1 x)))`
+    pub fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let h = self
+            .dropout
+            .forward(self.activation.forward(self.ff_in.forward(x)));
+        self.dropout.forward(self.ff_out.forward(h))
+    }
+}
+
+/// One Transformer-XL layer: relative attention over `cat(memory, x)` inside an [`XlBlock`].
+///
+/// # Shapes
+/// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
+/// - output: `[batch, qlen, d_model]`
+#[derive(Module, Debug)]
+pub struct XlLayer {
+    /// Relative multi-head attention.
+    pub attention: RelativeMultiHeadAttention,
+    /// LayerNorms and feed-forward around it.
+    pub block: XlBlock,
+}
+
 impl XlLayer {
     /// Applies the layer (see the type docs for shapes).
     pub fn forward(
@@ -217,30 +274,12 @@ impl XlLayer {
         ctx: &RelativeContext,
         shared: Option<&XlBiases>,
     ) -> Tensor<3> {
-        if self.pre_ln {
-            // h = x + Attn(LN(cat(m, x)));  out = h + FF(LN(h))
-            let norm = |t: Tensor<3>| self.norm_attention.forward(t);
-            let a = self
-                .attention
-                .forward(norm(x.clone()), memory.map(norm), ctx, shared);
-            let h = x + a;
-            let f = self.feed_forward(self.norm_ff.forward(h.clone()));
-            h + f
-        } else {
-            // h = LN(x + Attn(cat(m, x)));  out = LN(h + FF(h))
-            let a = self.attention.forward(x.clone(), memory, ctx, shared);
-            let h = self.norm_attention.forward(x + a);
-            let f = self.feed_forward(h.clone());
-            self.norm_ff.forward(h + f)
+        let attend =
+            |x, m| Ok::<_, std::convert::Infallible>(self.attention.forward(x, m, ctx, shared));
+        match self.block.forward(x, memory, attend) {
+            Ok(out) => out,
+            Err(never) => match never {},
         }
-    }
-
-    /// `FF(x) = Dropout(W_2 Dropout(ReLU(W_1 x)))`
-    fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = self
-            .dropout
-            .forward(self.activation.forward(self.ff_in.forward(x)));
-        self.dropout.forward(self.ff_out.forward(h))
     }
 }
 
