@@ -455,76 +455,121 @@ fn bad_configs_name_the_value() {
     assert!(state.knn.is_empty());
 }
 
-/// The associative-recall comparison (not a test: `cargo test -p memzoo-knn -- --ignored
-/// associative_recall --nocapture`). Env: `MEMZOO_RECALL_STEPS` (default 600),
-/// `MEMZOO_RECALL_COPY` (copy variant), `MEMZOO_RECALL_LR` (default 3e-3),
-/// `MEMZOO_RECALL_CONTROL` (also an XL with mem_len 128 that sees the pairs).
+/// The recall task's documents: the repeat copies the passage, recall flags mark exactly the
+/// repeat's positions after its first, gaps fall in their ranges, segments align.
+#[test]
+fn recall_task_documents() {
+    use crate::recall_task::{RecallStream, RecallTask};
+    use crate::recall_task::Target;
+    let task = RecallTask {
+        n_values: 20,
+        passage: 6,
+        n_filler: 4,
+        short_gap: (0, 3),
+        long_gap: (40, 50),
+        long_fraction: 0.5,
+        repeats: 2,
+        reverse: false,
+        seg_len: 8,
+    };
+    let mut rng = 3;
+    let (mut longs, mut shorts) = (0, 0);
+    for _ in 0..200 {
+        let (toks, targets) = task.document(&mut rng);
+        assert_eq!(toks.len() % 8, 0);
+        let markers: Vec<usize> = (0..toks.len()).filter(|&i| toks[i] == 24).collect();
+        assert_eq!(markers.len(), 2);
+        let (q, q2) = (markers[0], markers[1]);
+        let passage = &toks[..6];
+        let mut distinct = passage.to_vec();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 6, "{passage:?}");
+        assert!(passage.iter().all(|&t| t < 20));
+        // Two repeats, each after a marker, the second after a short gap of filler.
+        assert_eq!(&toks[q + 1..q + 7], passage);
+        assert!((q + 7..=q + 10).contains(&q2), "{q} {q2}");
+        assert!(toks[q + 7..q2].iter().all(|&t| (20..24).contains(&t)));
+        assert_eq!(&toks[q2 + 1..q2 + 7], passage);
+        let gap = q - 6;
+        let long = gap >= 40;
+        if long {
+            longs += 1;
+            assert!(gap <= 50, "{gap}");
+        } else {
+            shorts += 1;
+            assert!(gap <= 3, "{gap}");
+        }
+        // Filler cycles through 20..24.
+        for w in toks[6..q].windows(2).chain(toks[q + 7..q2].windows(2)) {
+            assert_eq!(w[1] - 20, (w[0] - 20 + 1) % 4);
+        }
+        let of = |kind| -> Vec<usize> {
+            (0..toks.len()).filter(|&i| targets[i] == kind).collect()
+        };
+        let first: Vec<usize> = (q + 1..q + 6).collect();
+        let second: Vec<usize> = (q2 + 1..q2 + 6).collect();
+        if long {
+            assert_eq!(of(Target::Long), first);
+            assert_eq!(of(Target::Short), second);
+        } else {
+            assert!(of(Target::Long).is_empty());
+            assert_eq!(of(Target::Short), [first, second].concat());
+        }
+    }
+    assert!(longs > 60 && shorts > 60, "{longs} long, {shorts} short");
+    // The stream: resets exactly at document starts, recall weights follow the targets.
+    let mut stream = RecallStream::new(task.clone(), 3, 1).unwrap();
+    for _ in 0..50 {
+        let seg = stream.next_segment();
+        for i in 0..seg.tokens.len() {
+            if seg.long_recall[i] + seg.short_recall[i] > 0.0 {
+                assert!(seg.targets[i] < 20 && seg.tokens[i] < 20);
+            }
+        }
+    }
+    let bad = RecallTask {
+        passage: 21,
+        ..task
+    };
+    assert!(
+        RecallStream::new(bad, 1, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("passage")
+    );
+}
+
+/// The long-range recall comparison (not a test: `cargo test -p memzoo-knn -- --ignored
+/// long_range_recall --nocapture`; `memzoo recall` runs the same). Env:
+/// `MEMZOO_RECALL_STEPS` (default 6000), `MEMZOO_RECALL_LR` (default 3e-3),
+/// `MEMZOO_RECALL_ONLY` (a name prefix: `XL` or `memorizing`).
 #[test]
 #[ignore]
-fn associative_recall() {
-    use crate::recall_task::{RecallTask, run};
-    let steps: usize = std::env::var("MEMZOO_RECALL_STEPS")
-        .map(|s| s.parse().unwrap())
-        .unwrap_or(600);
-    let copy = std::env::var("MEMZOO_RECALL_COPY").is_ok();
-    let task = RecallTask {
-        n_pairs: 12,
-        n_keys: 24,
-        n_values: if copy { 32 } else { 16 },
-        n_filler: 16,
-        gap: 48,
-        seg_len: 32,
-        copy,
-    };
-    let lr: f64 = std::env::var("MEMZOO_RECALL_LR")
-        .map(|s| s.parse().unwrap())
-        .unwrap_or(3e-3);
-    let control = std::env::var("MEMZOO_RECALL_CONTROL").is_ok();
+fn long_range_recall() {
+    use crate::recall_task::{reference_config, reference_task, run};
+    let env = |k: &str, d: f64| std::env::var(k).map_or(d, |s| s.parse().unwrap());
+    let steps = env("MEMZOO_RECALL_STEPS", 6000.0) as usize;
+    let lr = env("MEMZOO_RECALL_LR", 3e-3);
+    let task = reference_task();
     let dev = device().autodiff();
-    let xl = |mem_len| {
-        XlConfig::new()
-            .with_d_model(64)
-            .with_n_layers(3)
-            .with_n_heads(4)
-            .with_d_inner(128)
-            .with_dropout(0.0)
-            .with_mem_len(mem_len)
-            .with_positions(PositionConfig::new().with_kind(PositionKind::T5))
-    };
-    let base = MemorizingConfig::new()
-        .with_top_k(8)
-        .with_max_memories(1024)
-        .with_index(IndexKind::Exact);
-    println!(
-        "task: doc {} tokens, {} pairs, pair-to-query distance >= {} > mem_len 16 + seg_len 32",
-        task.doc_len(),
-        task.n_pairs,
-        task.gap + 1
-    );
-    let runs = [
-        ("memorizing (kNN at layer 1, mem_len 16)", vec![1], 16),
-        ("XL, no kNN (mem_len 16)", vec![], 16),
-        (
-            "XL, no kNN, control with mem_len 128 (sees the pairs)",
-            vec![],
-            128,
-        ),
-    ];
-    for (name, layers, mem_len) in runs {
-        if mem_len == 128 && !control {
+    let only = std::env::var("MEMZOO_RECALL_ONLY").unwrap_or_default();
+    for (name, knn) in [("memorizing (kNN at layer 1)", true), ("XL", false)] {
+        if !name.starts_with(only.as_str()) {
             continue;
         }
-        let cfg = base.clone().with_xl(xl(mem_len)).with_knn_layers(layers);
-        let r = run(&cfg, &task, 8, steps, 40, lr, 7, &dev).unwrap();
+        let r = run(&reference_config(knn), &task, 16, steps, 60, lr, 7, &dev, 100, |s, l, sh| {
+            println!("  {name} step {s}: recall loss long gaps {l:.3}, short gaps {sh:.3}")
+        })
+        .unwrap();
         println!(
-            "{name}: {steps} segments x 8 rows in {:.0} s; train value loss {:.3}, eval value loss {:.3} nats, eval accuracy {:.3} (chance {:.3}, ln {} = {:.3})",
+            "{name}: {steps} steps in {:.0} s; train loss {:.3}; valid loss {:.3}, recall loss {:.3} nats, recall accuracy {:.3} ({} targets)",
             r.train_s,
             r.train_loss,
-            r.eval_loss,
-            r.eval_accuracy,
-            1.0 / task.n_values as f64,
-            task.n_values,
-            (task.n_values as f64).ln()
+            r.valid_loss,
+            r.recall_loss,
+            r.recall_accuracy,
+            r.recall_targets
         );
     }
 }

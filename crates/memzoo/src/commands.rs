@@ -280,6 +280,87 @@ pub fn duplication(
     Ok(())
 }
 
+/// `memzoo recall`: trains the reference Memorizing Transformer and the same XL without
+/// kNN memory on the long-range recall task and compares their validation losses.
+pub fn recall(
+    device_name: &str,
+    which: &str,
+    steps: usize,
+    lr: f64,
+    batch: usize,
+    seed: u64,
+    json_out: bool,
+) -> Result<(), String> {
+    use memzoo_knn::recall_task::{reference_config, reference_task, run};
+    let models: &[(&str, bool)] = match which {
+        "both" => &[("memorizing", true), ("xl", false)],
+        "memorizing" => &[("memorizing", true)],
+        "xl" => &[("xl", false)],
+        other => {
+            return Err(format!(
+                "--model must be both, memorizing or xl, got `{other}`"
+            ));
+        }
+    };
+    if steps == 0 || batch == 0 {
+        return Err(format!(
+            "--steps and --batch must be positive, got {steps} and {batch}"
+        ));
+    }
+    let device = device(device_name)?.autodiff();
+    let task = reference_task();
+    if !json_out {
+        println!(
+            "task: passages of {} of {} tokens, repeated {}x; {:.0}% of documents recall across {}-{} filler tokens (XL reach: mem_len 32 + segment 32)",
+            task.passage,
+            task.n_values,
+            task.repeats,
+            task.long_fraction * 100.0,
+            task.long_gap.0,
+            task.long_gap.1
+        );
+    }
+    for &(name, knn) in models {
+        let report_every = (steps / 10).max(1);
+        let r = run(
+            &reference_config(knn),
+            &task,
+            batch,
+            steps,
+            60,
+            lr,
+            seed,
+            &device,
+            report_every,
+            |s, long, short| {
+                if !json_out {
+                    println!(
+                        "  {name} step {s}: train recall loss {long:.3} (long gaps), {short:.3} (short gaps)"
+                    );
+                }
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        if json_out {
+            println!(
+                "{}",
+                json!({"model": name, "steps": steps, "lr": lr, "batch": batch, "result": r})
+            );
+        } else {
+            println!(
+                "{name}: {steps} steps in {:.0} s; validation (long gaps only): loss {:.3} nats, recall loss {:.3} nats, recall accuracy {:.1}% ({} targets; chance {:.1}%)",
+                r.train_s,
+                r.valid_loss,
+                r.recall_loss,
+                r.recall_accuracy * 100.0,
+                r.recall_targets,
+                100.0 / task.n_values as f64
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Sampling options of `memzoo generate`.
 pub struct SampleOptions {
     /// Text to continue.

@@ -134,6 +134,27 @@ enum Command {
         #[arg(long, default_value_t = 0.0)]
         seconds: f64,
     },
+    /// The long-range recall comparison: the Memorizing Transformer against the same
+    /// Transformer-XL without kNN memory, on passages recalled far beyond the XL memory.
+    Recall {
+        #[command(flatten)]
+        common: Common,
+        /// Training steps per model.
+        #[arg(long, default_value_t = 6000)]
+        steps: usize,
+        /// Learning rate (AdamW).
+        #[arg(long, default_value_t = 3e-3)]
+        lr: f64,
+        /// Rows per batch (segments of 32 tokens).
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Which models: both, memorizing or xl.
+        #[arg(long, default_value = "both")]
+        model: String,
+        /// Seed of the data stream (the weights are drawn from Burn's seeded generator).
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
     /// List device strings and which backends this binary has.
     Devices,
 }
@@ -285,6 +306,14 @@ fn main() {
             seconds,
             common.json,
         ),
+        Command::Recall {
+            common,
+            steps,
+            lr,
+            batch,
+            model,
+            seed,
+        } => commands::recall(&common.device, &model, steps, lr, batch, seed, common.json),
         Command::Devices => {
             for (name, feature) in memzoo::backend::DEVICE_NAMES {
                 let spec: memzoo::backend::DeviceSpec = name.parse().expect("known name");
