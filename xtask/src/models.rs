@@ -158,12 +158,15 @@ pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, 
 }
 
 /// Memorizing-small: 6 layers, d_model 256, 8 heads x 32, seq 512, kNN layer 4, top-32,
-/// 16,384 memories per row, batch 2; with `knn = false` the same model without the kNN layer
-/// (the overhead baseline). Memories are carried across steps and fill as in training.
+/// 16,384 memories per row, batch 2, no XL memory (as the PyTorch peer runs it); with
+/// `knn = false` the same model without the kNN layer (the overhead baseline). The kNN
+/// memory is prefilled with `prefill` random unit keys per row and head (the peer: 8,192)
+/// and keeps filling during the timed steps, as in training.
 pub fn memorizing_small(
     args: &BenchArgs,
     device: &Device,
     knn: bool,
+    prefill: usize,
 ) -> Result<Measurement, String> {
     use memzoo_knn::MemorizingConfig;
     use memzoo_relative::{PositionConfig, PositionKind};
@@ -174,6 +177,7 @@ pub fn memorizing_small(
         .with_positions(PositionConfig::new().with_kind(PositionKind::T5));
     let config = MemorizingConfig::new()
         .with_xl(xl)
+        .with_xl_memory(false)
         .with_knn_layers(if knn { vec![3] } else { vec![] })
         .with_top_k(32)
         .with_max_memories(16_384);
@@ -181,8 +185,30 @@ pub fn memorizing_small(
     let mut model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
     let mut optim = AdamWConfig::new().init();
-    let mut state = memzoo_knn::MemorizingState::new();
+    let mut state = model.new_state(batch, &device).map_err(|e| e.to_string())?;
     let mut rng = StdRng::seed_from_u64(0);
+    let (h, d) = (config.xl.n_heads, config.xl.head_width());
+    for store in state.knn.iter_mut() {
+        let mut left = prefill.min(config.max_memories);
+        while left > 0 {
+            let n = left.min(1024);
+            let mut unit = |normalise: bool| {
+                let mut v: Vec<f32> = (0..batch * n * h * d)
+                    .map(|_| rng.random_range(-1.0f32..1.0))
+                    .collect();
+                if normalise {
+                    for x in v.chunks_mut(d) {
+                        let norm = x.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-6);
+                        x.iter_mut().for_each(|a| *a /= norm);
+                    }
+                }
+                Tensor::<4>::from_data(TensorData::new(v, [batch, n, h, d]), &device)
+            };
+            let (k, v) = (unit(true), unit(false));
+            store.add(k, v).map_err(|e| e.to_string())?;
+            left -= n;
+        }
+    }
     let reset = vec![false; batch];
     let times = time_steps(args.warmup(), args.steps(), || {
         let tokens = random_tokens(batch, len + 1, &mut rng, &device);
@@ -206,6 +232,7 @@ pub fn memorizing_small(
         threads: args.threads,
         config: serde_json::json!({"n_layers": 6, "d_model": 256, "heads": 8, "d_head": 32,
             "seq": len, "knn_layers": config.knn_layers, "top_k": 32, "max_memories": 16384,
+            "prefill_memories": prefill, "xl_memory": 0,
             "batch": batch, "index": format!("{:?}", config.index)}),
         steps: times.len(),
         step_s_median: med,

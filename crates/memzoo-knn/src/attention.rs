@@ -224,30 +224,29 @@ impl KnnAttention {
             .forward(softmax(scores, 3))
             .matmul(v.clone().swap_dims(1, 2)); // [batch, heads, qlen, dh]
 
-        // Memory: top-k of q̂ in this row's and head's store, constants.
+        // Memory: top-k of q̂ in this row's and head's store, constants. Computed in the
+        // store's [batch, qlen, heads, k, dh] layout (no permutes of the retrieved pairs).
         let found = knn.search(q.clone().detach(), top_k)?;
         let kk = found.keys.dims()[3];
-        let mem_k = found.keys.permute([0, 2, 1, 3, 4]); // [batch, heads, qlen, k, dh]
-        let mem_v = found.values.permute([0, 2, 1, 3, 4]);
-        let hidden = found.mask.permute([0, 2, 1, 3]); // [batch, heads, qlen, k]
-        // τ q̂·k̂_m: [b, h, q, 1, dh] x [b, h, q, dh, k] -> [b, h, q, k]
-        let mem_scores = qh
-            .unsqueeze_dim::<5>(3)
-            .matmul(mem_k.swap_dims(3, 4))
-            .reshape([batch, h, qlen, kk])
-            * tau;
+        let hidden = found.mask; // [batch, qlen, heads, k]
+        // τ q̂·k̂_m: Σ_d [b, q, h, 1, dh] * [b, q, h, k, dh] -> [b, q, h, k]
+        let mem_scores = (q.unsqueeze_dim::<5>(3) * found.keys)
+            .sum_dim(4)
+            .reshape([batch, qlen, h, kk])
+            * tau.reshape([1, 1, h, 1]);
         let mem_scores = mem_scores.mask_fill(hidden.clone(), MASKED);
         let mem_probs = att.dropatt.forward(softmax(mem_scores, 3));
-        let remote = mem_probs
-            .unsqueeze_dim::<5>(3)
-            .matmul(mem_v)
-            .reshape([batch, h, qlen, dh]);
+        // A_m V_mem: Σ_k [b, q, h, k, 1] * [b, q, h, k, dh] -> [b, q, h, dh]
+        let remote = (mem_probs.unsqueeze_dim::<5>(4) * found.values)
+            .sum_dim(3)
+            .reshape([batch, qlen, h, dh]);
 
         // g = sigmoid(b_g) per head, 0 where the query found nothing.
-        let found_any = hidden.float().min_dim(3).neg().add_scalar(1.0); // [b, h, q, 1]
-        let g = sigmoid(self.gate.val()).reshape([1, h, 1, 1]) * found_any;
+        let found_any = hidden.float().min_dim(3).neg().add_scalar(1.0); // [b, q, h, 1]
+        let g = sigmoid(self.gate.val()).reshape([1, 1, h, 1]) * found_any;
+        let local = local.swap_dims(1, 2); // [batch, qlen, heads, dh]
         let mixed = remote * g.clone() + local * g.neg().add_scalar(1.0);
-        let context = mixed.swap_dims(1, 2).reshape([batch, qlen, h * dh]);
+        let context = mixed.reshape([batch, qlen, h * dh]);
         let output = att.dropout.forward(att.output.forward(context));
         Ok(KnnAttentionOutput {
             output,

@@ -242,8 +242,10 @@ impl RecallStream {
                 seg.targets
                     .push(row.tokens.get(i + 1).copied().unwrap_or(fallback));
                 let t = row.targets[i];
-                seg.long_recall.push(if t == Target::Long { 1.0 } else { 0.0 });
-                seg.short_recall.push(if t == Target::Short { 1.0 } else { 0.0 });
+                seg.long_recall
+                    .push(if t == Target::Long { 1.0 } else { 0.0 });
+                seg.short_recall
+                    .push(if t == Target::Short { 1.0 } else { 0.0 });
             }
             row.pos += l;
         }
@@ -293,11 +295,9 @@ fn nll(
 
 /// `Σ w·x` and `Σ w` on the host.
 fn weighted_sum(x: &[f32], w: &[f32]) -> (f64, f64) {
-    x.iter()
-        .zip(w)
-        .fold((0.0, 0.0), |(s, n), (&x, &w)| {
-            (s + (x * w) as f64, n + w as f64)
-        })
+    x.iter().zip(w).fold((0.0, 0.0), |(s, n), (&x, &w)| {
+        (s + (x * w) as f64, n + w as f64)
+    })
 }
 
 /// Trains `config` (vocabulary set to the task's) on `steps` segments of `batch` rows with
@@ -338,7 +338,11 @@ pub fn run(
         let hidden = model.forward(tokens, &mut state, &seg.reset)?;
         let (nll, _) = nll(&model, hidden, &seg.targets, device);
         let loss = nll.clone().mean();
-        let per_pos = nll.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let per_pos = nll
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
         let (s, n) = weighted_sum(&per_pos, &seg.long_recall);
         long = (long.0 + s, long.1 + n);
         let (s, n) = weighted_sum(&per_pos, &seg.short_recall);
@@ -375,8 +379,16 @@ pub fn run(
         );
         let hidden = model.forward(tokens, &mut state, &seg.reset)?;
         let (nll, hit) = nll(&model, hidden, &seg.targets, &inner);
-        let nll = nll.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
-        let hit = hit.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let nll = nll
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let hit = hit
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
         all.0 += nll.iter().map(|&x| x as f64).sum::<f64>();
         all.1 += nll.len() as f64;
         let (s, n) = weighted_sum(&nll, &seg.long_recall);

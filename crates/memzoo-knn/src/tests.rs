@@ -459,8 +459,8 @@ fn bad_configs_name_the_value() {
 /// repeat's positions after its first, gaps fall in their ranges, segments align.
 #[test]
 fn recall_task_documents() {
-    use crate::recall_task::{RecallStream, RecallTask};
     use crate::recall_task::Target;
+    use crate::recall_task::{RecallStream, RecallTask};
     let task = RecallTask {
         n_values: 20,
         passage: 6,
@@ -504,9 +504,7 @@ fn recall_task_documents() {
         for w in toks[6..q].windows(2).chain(toks[q + 7..q2].windows(2)) {
             assert_eq!(w[1] - 20, (w[0] - 20 + 1) % 4);
         }
-        let of = |kind| -> Vec<usize> {
-            (0..toks.len()).filter(|&i| targets[i] == kind).collect()
-        };
+        let of = |kind| -> Vec<usize> { (0..toks.len()).filter(|&i| targets[i] == kind).collect() };
         let first: Vec<usize> = (q + 1..q + 6).collect();
         let second: Vec<usize> = (q2 + 1..q2 + 6).collect();
         if long {
@@ -558,9 +556,20 @@ fn long_range_recall() {
         if !name.starts_with(only.as_str()) {
             continue;
         }
-        let r = run(&reference_config(knn), &task, 16, steps, 60, lr, 7, &dev, 100, |s, l, sh| {
-            println!("  {name} step {s}: recall loss long gaps {l:.3}, short gaps {sh:.3}")
-        })
+        let r = run(
+            &reference_config(knn),
+            &task,
+            16,
+            steps,
+            60,
+            lr,
+            7,
+            &dev,
+            100,
+            |s, l, sh| {
+                println!("  {name} step {s}: recall loss long gaps {l:.3}, short gaps {sh:.3}")
+            },
+        )
         .unwrap();
         println!(
             "{name}: {steps} steps in {:.0} s; train loss {:.3}; valid loss {:.3}, recall loss {:.3} nats, recall accuracy {:.3} ({} targets)",

@@ -3,10 +3,10 @@
 use std::path::Path;
 
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData, s};
-use rayon::prelude::*;
 
 use crate::config::{IndexKind, KnnMemoryConfig, TopkPlacement};
 use crate::error::MemoryError;
+use crate::host::HostStore;
 use crate::persist::Snapshot;
 use crate::{KnnIndex, Retrieved, RowState, check_input, check_rows};
 
@@ -17,39 +17,56 @@ const EMPTY_BELOW: f32 = -1.0e29;
 /// Largest score block (elements) computed at once; queries are chunked to stay under it.
 const SCORE_BLOCK: usize = 1 << 24;
 
-/// Brute-force kNN memory: `[batch, heads, slots, d_head]` key and value tensors on the
-/// model's device, grown by doubling up to `max_memories` slots.
+/// Brute-force kNN memory, exact top-k by inner product.
 ///
-/// A search scores every query against every stored key of its row and head,
-/// `S = Q Kᵀ` (`[batch, heads, tokens, slots]`), hides the empty slots, and keeps the top `k`
-/// per query; keys and values are then gathered by slot on the device.
+/// Two stores behind it, chosen by [`TopkPlacement`] (`auto`: by the device):
+/// - on the model's device (GPUs): `[batch, heads, slots, d_head]` key and value tensors,
+///   grown by doubling up to `max_memories` slots; a search scores every query against every
+///   stored key of its row and head, `S = Q Kᵀ` (`[batch, heads, tokens, slots]`), hides the
+///   empty slots, keeps the top `k` per query and gathers keys and values by slot there;
+/// - in host memory (CPU devices): the same layout in plain vectors, searched by a GEMM per
+///   (row, query block, head) fused with the top-k selection and the gather (see
+///   [`crate::host`]), which never materialises the full score matrix.
 #[derive(Debug)]
 pub struct ExactIndex {
     config: KnnMemoryConfig,
     device: Device,
     rows: Vec<RowState>,
-    /// `[batch, heads, alloc, d_head]`, detached.
-    keys: Option<Tensor<4>>,
-    /// `[batch, heads, alloc, d_head]`, detached.
-    values: Option<Tensor<4>>,
-    host_topk: bool,
+    store: Store,
+}
+
+#[derive(Debug)]
+enum Store {
+    /// `[batch, heads, alloc, d_head]` tensors on the device, detached.
+    Device {
+        keys: Option<Tensor<4>>,
+        values: Option<Tensor<4>>,
+    },
+    /// The same in host memory.
+    Host(HostStore),
 }
 
 impl ExactIndex {
     /// An empty memory for `batch` rows.
     pub fn new(config: &KnnMemoryConfig, batch: usize, device: &Device) -> Self {
-        let host_topk = match config.topk {
+        let host = match config.topk {
             TopkPlacement::Host => true,
             TopkPlacement::Device => false,
             TopkPlacement::Auto => is_cpu(device),
+        };
+        let store = if host {
+            Store::Host(HostStore::new(batch, config.n_heads, config.d_head))
+        } else {
+            Store::Device {
+                keys: None,
+                values: None,
+            }
         };
         Self {
             config: config.clone(),
             device: device.clone(),
             rows: vec![RowState::default(); batch],
-            keys: None,
-            values: None,
-            host_topk,
+            store,
         }
     }
 
@@ -58,19 +75,36 @@ impl ExactIndex {
         let mut index = Self::new(config, snap.rows.len(), device);
         let (b, h, d) = (snap.rows.len(), config.n_heads, config.d_head);
         if snap.slots > 0 {
-            let shape = [b, h, snap.slots, d];
-            index.keys = Some(Tensor::from_data(TensorData::new(snap.keys, shape), device));
-            index.values = Some(Tensor::from_data(
-                TensorData::new(snap.values, shape),
-                device,
-            ));
+            index.store = match index.store {
+                Store::Host(_) => Store::Host(HostStore::from_parts(
+                    b,
+                    h,
+                    d,
+                    snap.slots,
+                    snap.keys,
+                    snap.values,
+                )),
+                Store::Device { .. } => {
+                    let shape = [b, h, snap.slots, d];
+                    Store::Device {
+                        keys: Some(Tensor::from_data(TensorData::new(snap.keys, shape), device)),
+                        values: Some(Tensor::from_data(
+                            TensorData::new(snap.values, shape),
+                            device,
+                        )),
+                    }
+                }
+            };
         }
         index.rows = snap.rows;
         index
     }
 
     fn alloc(&self) -> usize {
-        self.keys.as_ref().map_or(0, |k| k.dims()[2])
+        match &self.store {
+            Store::Device { keys, .. } => keys.as_ref().map_or(0, |k| k.dims()[2]),
+            Store::Host(host) => host.alloc,
+        }
     }
 
     /// Grows the stores to at least `needed` slots (doubling, at most `max_memories`).
@@ -82,60 +116,20 @@ impl ExactIndex {
         let cap = self.config.max_memories;
         let new = needed.max(2 * alloc).max(256).min(cap);
         let [b, h, d] = [self.rows.len(), self.config.n_heads, self.config.d_head];
-        let extend = |t: Option<Tensor<4>>| {
-            let pad = Tensor::zeros([b, h, new - alloc, d], &self.device);
-            Some(match t {
-                Some(t) => Tensor::cat(vec![t, pad], 2),
-                None => pad,
-            })
-        };
-        self.keys = extend(self.keys.take());
-        self.values = extend(self.values.take());
-    }
-
-    /// Top-k on the host: one pass per score row keeping the `k` best seen so far (most
-    /// scores fail the threshold test), then a sort of those `k`.
-    fn topk_host(scores: Tensor<4>, k: usize) -> (Vec<i64>, Vec<bool>) {
-        let n = scores.dims()[3];
-        let data = scores
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec::<f32>()
-            .expect("f32 scores");
-        let rows = data.len() / n;
-        let mut idx = vec![0i64; rows * k];
-        let mut empty = vec![false; rows * k];
-        idx.par_chunks_mut(k)
-            .zip(empty.par_chunks_mut(k))
-            .enumerate()
-            .for_each_init(Vec::new, |best: &mut Vec<(f32, u32)>, (r, (idx, empty))| {
-                let row = &data[r * n..(r + 1) * n];
-                best.clear();
-                best.extend(row[..k].iter().enumerate().map(|(i, &s)| (s, i as u32)));
-                let worst = |best: &[(f32, u32)]| {
-                    let mut w = 0;
-                    for (i, b) in best.iter().enumerate() {
-                        if b.0 < best[w].0 {
-                            w = i;
-                        }
-                    }
-                    w
+        match &mut self.store {
+            Store::Host(host) => host.grow(new),
+            Store::Device { keys, values } => {
+                let extend = |t: Option<Tensor<4>>| {
+                    let pad = Tensor::zeros([b, h, new - alloc, d], &self.device);
+                    Some(match t {
+                        Some(t) => Tensor::cat(vec![t, pad], 2),
+                        None => pad,
+                    })
                 };
-                let mut w = worst(best);
-                for (i, &s) in row.iter().enumerate().skip(k) {
-                    if s > best[w].0 {
-                        best[w] = (s, i as u32);
-                        w = worst(best);
-                    }
-                }
-                // Best first; ties by slot, as a stable reference.
-                best.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                for (j, &(s, i)) in best.iter().enumerate() {
-                    idx[j] = i as i64;
-                    empty[j] = s < EMPTY_BELOW;
-                }
-            });
-        (idx, empty)
+                *keys = extend(keys.take());
+                *values = extend(values.take());
+            }
+        }
     }
 
     /// Slot indices `[batch, heads, tokens, kk]` and their emptiness for `q`
@@ -170,25 +164,20 @@ impl ExactIndex {
             if let Some(h) = &hidden {
                 scores = scores.mask_fill(h.clone().expand([batch, heads, t, filled]), EMPTY);
             }
-            if self.host_topk {
-                let (idx, empty) = Self::topk_host(scores, kk);
-                let shape = [batch, heads, t, kk];
-                idx_parts.push(Tensor::<4, Int>::from_data(
-                    TensorData::new(idx, shape),
-                    &self.device,
-                ));
-                empty_parts.push(Tensor::<4, Bool>::from_data(
-                    TensorData::new(empty, shape),
-                    &self.device,
-                ));
-            } else {
-                let (vals, idx) = scores.topk_with_indices(kk, 3);
-                idx_parts.push(idx);
-                empty_parts.push(vals.lower_elem(EMPTY_BELOW));
-            }
+            let (vals, idx) = scores.topk_with_indices(kk, 3);
+            idx_parts.push(idx);
+            empty_parts.push(vals.lower_elem(EMPTY_BELOW));
         }
         (Tensor::cat(idx_parts, 2), Tensor::cat(empty_parts, 2))
     }
+}
+
+/// A tensor's elements on the host, detached.
+fn host_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 data")
 }
 
 /// True for the backends that run on the host CPU.
@@ -235,23 +224,43 @@ impl KnnIndex for ExactIndex {
             .max()
             .unwrap_or(0);
         self.grow(needed);
-        // [batch, tokens, heads, d] -> [batch, heads, tokens, d], on our device, detached.
-        let keys = keys.detach().to_device(&self.device).swap_dims(1, 2);
-        let values = values.detach().to_device(&self.device).swap_dims(1, 2);
-        let mut store_k = self.keys.take().expect("grown");
-        let mut store_v = self.values.take().expect("grown");
-        for b in 0..batch {
-            let (runs, next) = self.rows[b].plan(tokens, cap);
-            for (slot, offset, count) in runs.into_iter().filter(|r| r.2 > 0) {
-                let src = s![b..b + 1, .., offset..offset + count, ..];
-                let dst = s![b..b + 1, .., slot..slot + count, ..];
-                store_k = store_k.slice_assign(dst, keys.clone().slice(src));
-                store_v = store_v.slice_assign(dst, values.clone().slice(src));
+        match &mut self.store {
+            Store::Host(host) => {
+                let keys = host_vec(keys);
+                let values = host_vec(values);
+                for b in 0..batch {
+                    let (runs, next) = self.rows[b].plan(tokens, cap);
+                    for (slot, offset, count) in runs {
+                        for i in 0..count {
+                            host.write(&keys, &values, tokens, b, offset + i, slot + i);
+                        }
+                    }
+                    self.rows[b] = next;
+                }
             }
-            self.rows[b] = next;
+            Store::Device {
+                keys: store_k,
+                values: store_v,
+            } => {
+                // [batch, tokens, heads, d] -> [batch, heads, tokens, d], on our device, detached.
+                let keys = keys.detach().to_device(&self.device).swap_dims(1, 2);
+                let values = values.detach().to_device(&self.device).swap_dims(1, 2);
+                let mut sk = store_k.take().expect("grown");
+                let mut sv = store_v.take().expect("grown");
+                for b in 0..batch {
+                    let (runs, next) = self.rows[b].plan(tokens, cap);
+                    for (slot, offset, count) in runs.into_iter().filter(|r| r.2 > 0) {
+                        let src = s![b..b + 1, .., offset..offset + count, ..];
+                        let dst = s![b..b + 1, .., slot..slot + count, ..];
+                        sk = sk.slice_assign(dst, keys.clone().slice(src));
+                        sv = sv.slice_assign(dst, values.clone().slice(src));
+                    }
+                    self.rows[b] = next;
+                }
+                *store_k = Some(sk);
+                *store_v = Some(sv);
+            }
         }
-        self.keys = Some(store_k);
-        self.values = Some(store_v);
         Ok(())
     }
 
@@ -277,8 +286,25 @@ impl KnnIndex for ExactIndex {
         if filled == 0 || tokens == 0 {
             return Ok(empty_result());
         }
-        let keys = self.keys.clone().expect("filled").narrow(2, 0, filled);
-        let values = self.values.clone().expect("filled").narrow(2, 0, filled);
+        let (keys, values) = match &self.store {
+            Store::Host(host) => {
+                let q = host_vec(queries);
+                let hits = host.search(&self.rows, &q, tokens, k);
+                let shape = [batch, tokens, heads, k, d];
+                return Ok(Retrieved {
+                    keys: Tensor::from_data(TensorData::new(hits.keys, shape), &out_device),
+                    values: Tensor::from_data(TensorData::new(hits.values, shape), &out_device),
+                    mask: Tensor::from_data(
+                        TensorData::new(hits.empty, [batch, tokens, heads, k]),
+                        &out_device,
+                    ),
+                });
+            }
+            Store::Device { keys, values } => (
+                keys.clone().expect("filled").narrow(2, 0, filled),
+                values.clone().expect("filled").narrow(2, 0, filled),
+            ),
+        };
         let q = queries.detach().to_device(&self.device).swap_dims(1, 2);
         let kk = k.min(filled);
         let (idx, empty) = self.topk(q, &keys, filled, kk);
@@ -332,23 +358,22 @@ impl KnnIndex for ExactIndex {
 
     fn snapshot(&self) -> Result<Snapshot, MemoryError> {
         let slots = self.rows.iter().map(|r| r.len).max().unwrap_or(0);
-        let host = |t: &Option<Tensor<4>>| -> Vec<f32> {
-            match t {
-                Some(t) if slots > 0 => t
-                    .clone()
-                    .narrow(2, 0, slots)
-                    .into_data()
-                    .convert::<f32>()
-                    .try_into_vec::<f32>()
-                    .expect("f32 store"),
-                _ => Vec::new(),
+        let (keys, values) = match &self.store {
+            Store::Host(host) if slots > 0 => host.prefix(slots),
+            Store::Device {
+                keys: Some(k),
+                values: Some(v),
+            } if slots > 0 => {
+                let host = |t: &Tensor<4>| host_vec(t.clone().narrow(2, 0, slots));
+                (host(k), host(v))
             }
+            _ => (Vec::new(), Vec::new()),
         };
         Ok(Snapshot {
             rows: self.rows.clone(),
             slots,
-            keys: host(&self.keys),
-            values: host(&self.values),
+            keys,
+            values,
         })
     }
 

@@ -1,0 +1,248 @@
+//! The exact backend's host store, for CPU devices: pairs in plain host memory, and a search
+//! that never materialises the full score matrix.
+//!
+//! For every (row, block of queries) in parallel and every head: `S = Q_block Kᵀ` with a GEMM
+//! into a small per-thread buffer (`block x stored` scores, cache-sized), the top-k of each
+//! score row selected while the buffer is still in cache, and the winners' keys and values
+//! copied straight into the output layout. On a CPU this replaces the device path's chain of
+//! tensor ops (matmul over the whole memory, copy of the scores to the host, index tensors,
+//! gather, permute, mask fill), each of which streamed the full score matrix or the
+//! `[.., k, d]` result through memory.
+
+use rayon::prelude::*;
+
+use crate::RowState;
+
+/// Queries scored together against one (row, head) store.
+const QUERY_BLOCK: usize = 16;
+
+/// Keys and values of every (row, head) store, `[batch, heads, alloc, d_head]` each.
+#[derive(Debug, Clone)]
+pub(crate) struct HostStore {
+    pub batch: usize,
+    pub heads: usize,
+    pub d: usize,
+    /// Slots allocated per (row, head).
+    pub alloc: usize,
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+}
+
+/// What a search returns on the host: keys and values `[batch, tokens, heads, k, d]`, best
+/// first, and `[batch, tokens, heads, k]` with `true` for slots that found no entry.
+pub(crate) struct HostHits {
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+    pub empty: Vec<bool>,
+}
+
+impl HostStore {
+    pub fn new(batch: usize, heads: usize, d: usize) -> Self {
+        Self {
+            batch,
+            heads,
+            d,
+            alloc: 0,
+            keys: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+
+    /// A store holding `slots` slots per (row, head) from `[batch, heads, slots, d]` data.
+    pub fn from_parts(
+        batch: usize,
+        heads: usize,
+        d: usize,
+        slots: usize,
+        keys: Vec<f32>,
+        values: Vec<f32>,
+    ) -> Self {
+        Self {
+            batch,
+            heads,
+            d,
+            alloc: slots,
+            keys,
+            values,
+        }
+    }
+
+    fn offset(&self, b: usize, h: usize, slot: usize) -> usize {
+        ((b * self.heads + h) * self.alloc + slot) * self.d
+    }
+
+    /// Grows every store to `new` slots, keeping the old ones in place.
+    pub fn grow(&mut self, new: usize) {
+        if new <= self.alloc {
+            return;
+        }
+        let (stores, d, old) = (self.batch * self.heads, self.d, self.alloc);
+        let regrow = |src: &[f32]| {
+            let mut dst = vec![0.0; stores * new * d];
+            for s in 0..stores {
+                dst[s * new * d..(s * new + old) * d]
+                    .copy_from_slice(&src[s * old * d..(s + 1) * old * d]);
+            }
+            dst
+        };
+        self.keys = regrow(&self.keys);
+        self.values = regrow(&self.values);
+        self.alloc = new;
+    }
+
+    /// Writes token `token` of row `b` (from `[batch, tokens, heads, d]` data) into `slot`
+    /// of every head.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write(
+        &mut self,
+        keys: &[f32],
+        values: &[f32],
+        tokens: usize,
+        b: usize,
+        token: usize,
+        slot: usize,
+    ) {
+        let (h_n, d) = (self.heads, self.d);
+        for h in 0..h_n {
+            let src = ((b * tokens + token) * h_n + h) * d;
+            let dst = self.offset(b, h, slot);
+            self.keys[dst..dst + d].copy_from_slice(&keys[src..src + d]);
+            self.values[dst..dst + d].copy_from_slice(&values[src..src + d]);
+        }
+    }
+
+    /// The first `slots` slots of every store, `[batch, heads, slots, d]` (keys, values).
+    pub fn prefix(&self, slots: usize) -> (Vec<f32>, Vec<f32>) {
+        let d = self.d;
+        let take = |src: &[f32]| {
+            let mut out = Vec::with_capacity(self.batch * self.heads * slots * d);
+            for s in 0..self.batch * self.heads {
+                let at = s * self.alloc * d;
+                out.extend_from_slice(&src[at..at + slots * d]);
+            }
+            out
+        };
+        (take(&self.keys), take(&self.values))
+    }
+
+    /// The top-`k` stored keys by inner product for every query of `q`
+    /// (`[batch, tokens, heads, d]`), each row searching its first `rows[b].len` slots.
+    pub fn search(&self, rows: &[RowState], q: &[f32], tokens: usize, k: usize) -> HostHits {
+        let (h_n, d) = (self.heads, self.d);
+        let per_token = h_n * k;
+        let mut hits = HostHits {
+            keys: vec![0.0; self.batch * tokens * per_token * d],
+            values: vec![0.0; self.batch * tokens * per_token * d],
+            empty: vec![true; self.batch * tokens * per_token],
+        };
+        let block = QUERY_BLOCK.min(tokens.max(1));
+        // Tasks: (row, block of queries); each owns its slice of the outputs.
+        let tasks: Vec<(usize, usize)> = (0..self.batch)
+            .flat_map(|b| (0..tokens).step_by(block).map(move |t| (b, t)))
+            .collect();
+        let mut outs: Vec<(&mut [f32], &mut [f32], &mut [bool])> = Vec::new();
+        {
+            let (mut ks, mut vs, mut es) = (
+                hits.keys.as_mut_slice(),
+                hits.values.as_mut_slice(),
+                hits.empty.as_mut_slice(),
+            );
+            for &(_, t0) in &tasks {
+                let n = block.min(tokens - t0);
+                let (k0, k1) = ks.split_at_mut(n * per_token * d);
+                let (v0, v1) = vs.split_at_mut(n * per_token * d);
+                let (e0, e1) = es.split_at_mut(n * per_token);
+                outs.push((k0, v0, e0));
+                (ks, vs, es) = (k1, v1, e1);
+            }
+        }
+        tasks.into_par_iter().zip(outs).for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(scores, best): &mut (Vec<f32>, Vec<(f32, u32)>), ((b, t0), (ko, vo, eo))| {
+                let filled = rows[b].len.min(self.alloc);
+                if filled == 0 {
+                    return;
+                }
+                let m = block.min(tokens - t0);
+                let kk = k.min(filled);
+                scores.resize(m * filled, 0.0);
+                for h in 0..h_n {
+                    let store = self.offset(b, h, 0);
+                    // S = Q Kᵀ for this block and head: [m, d] x [d, filled].
+                    // SAFETY: every pointer/stride pair stays inside its slice: the m
+                    // queries of row b from t0 with row stride h_n * d, the first
+                    // `filled` slots of store (b, h) read as a d x filled matrix, and the
+                    // m x filled buffer just sized above.
+                    unsafe {
+                        gemm::gemm(
+                            m,
+                            filled,
+                            d,
+                            scores.as_mut_ptr(),
+                            1,
+                            filled as isize,
+                            false,
+                            q.as_ptr().add(((b * tokens + t0) * h_n + h) * d),
+                            1,
+                            (h_n * d) as isize,
+                            self.keys.as_ptr().add(store),
+                            d as isize,
+                            1,
+                            0.0,
+                            1.0,
+                            false,
+                            false,
+                            false,
+                            gemm::Parallelism::None,
+                        );
+                    }
+                    for i in 0..m {
+                        top_k(&scores[i * filled..(i + 1) * filled], kk, best);
+                        for (j, &(_, slot)) in best.iter().enumerate() {
+                            let src = store + slot as usize * d;
+                            let dst = ((i * h_n + h) * k + j) * d;
+                            ko[dst..dst + d].copy_from_slice(&self.keys[src..src + d]);
+                            vo[dst..dst + d].copy_from_slice(&self.values[src..src + d]);
+                            eo[(i * h_n + h) * k + j] = false;
+                        }
+                    }
+                }
+            },
+        );
+        hits
+    }
+}
+
+/// The `k` largest of `row` as (score, index), best first, ties by index: one pass keeping
+/// the `k` best seen so far (most scores fail the threshold test), then a sort of those.
+pub(crate) fn top_k(row: &[f32], k: usize, best: &mut Vec<(f32, u32)>) {
+    best.clear();
+    best.extend(row[..k].iter().enumerate().map(|(i, &s)| (s, i as u32)));
+    let worst = |best: &[(f32, u32)]| {
+        let mut w = 0;
+        for (i, b) in best.iter().enumerate() {
+            if b.0 < best[w].0 {
+                w = i;
+            }
+        }
+        w
+    };
+    let mut w = worst(best);
+    let mut floor = best[w].0;
+    // Blocks of 16 scores: a branch-free any(s > floor) test (vectorised) skips most blocks.
+    let mut start = k;
+    while start < row.len() {
+        let block = &row[start..(start + 16).min(row.len())];
+        if block.iter().fold(false, |any, &s| any | (s > floor)) {
+            for (i, &s) in block.iter().enumerate() {
+                if s > floor {
+                    best[w] = (s, (start + i) as u32);
+                    w = worst(best);
+                    floor = best[w].0;
+                }
+            }
+        }
+        start += block.len();
+    }
+    best.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+}
