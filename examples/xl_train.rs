@@ -1,58 +1,62 @@
-//! Train a small Transformer-XL on generated text whose second half can only be predicted from
-//! memory, and watch the loss fall.
+//! Train a small Transformer-XL on text that can only be predicted from memory, and watch the
+//! loss on those letters fall to almost nothing.
 //!
 //! ```text
-//! cargo run --release --example xl_train [-- --device flex --steps 300]
+//! cargo run --release --example xl_train [-- --device flex --steps 2000 --mem-len 8]
 //! ```
+//!
+//! The data: documents of 6 random letters, then 6 times a dot and the same 6 letters, then a
+//! newline. Each repeated letter sits 7 positions after its source, further back than a
+//! 4-token segment reaches: only the XL memory (the cached states of earlier segments, 8
+//! positions) lets the model see it. The first copy of a passage is random (4.70 bits a
+//! letter whatever the model does); the repeats fall towards 0 bits once the model has
+//! learned to read its memory (here after 600-800 steps). With `--mem-len 0` they stay at
+//! ~4.7 bits. Other flags: `--lr`, `--seed`, and the task's `--passage`, `--gap`,
+//! `--repeats`, `--seg-len`, `--batch` (a longer copy distance takes far longer to learn).
 
-use burn::optim::{AdamWConfig, GradientsParams};
-use memzoo::prelude::*;
-use memzoo_examples::{arg, device_from_args, ordered_segments};
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use burn::module::Module;
+use memzoo_examples::{
+    CopyTask, arg_or, device_from_args, eval_on_copy_task, small_xl, train_on_copy_task,
+};
 
 fn main() {
+    memzoo_examples::exit_on_error(run());
+}
+
+fn run() -> Result<(), String> {
     let device = device_from_args().autodiff();
-    let steps: usize = arg("--steps").and_then(|s| s.parse().ok()).unwrap_or(300);
+    device.seed(arg_or("--seed", 0));
+    let steps: usize = arg_or("--steps", 2000);
+    let mem_len: usize = arg_or("--mem-len", 8);
+    let lr: f64 = arg_or("--lr", 3e-3);
+    let d = CopyTask::default();
+    let task = CopyTask {
+        passage: arg_or("--passage", d.passage),
+        gap: arg_or("--gap", d.gap),
+        repeats: arg_or("--repeats", d.repeats),
+        seg_len: arg_or("--seg-len", d.seg_len),
+        batch: arg_or("--batch", d.batch),
+    };
 
-    // Documents: a random 48-letter passage, then the same passage again 64 letters later, so
-    // the second copy is predictable only by looking back beyond the 32-token segment.
-    let mut rng = StdRng::seed_from_u64(7);
-    let mut text = Vec::new();
-    while text.len() < 400_000 {
-        let passage: Vec<u8> = (0..48).map(|_| rng.random_range(b'a'..=b'z')).collect();
-        text.extend_from_slice(&passage);
-        text.extend(std::iter::repeat_n(b'.', 16));
-        text.extend_from_slice(&passage);
-        text.push(b'\n');
-    }
+    let config = small_xl(mem_len);
+    let model = config.init(&device).map_err(|e| e.to_string())?;
+    println!(
+        "Transformer-XL: {} layers, d_model {}, mem_len {mem_len}, {} parameters; segments of {} \
+         tokens x {} rows; repeated letters copy from {} positions back; {steps} steps, lr {lr}",
+        config.n_layers,
+        config.d_model,
+        model.num_params(),
+        task.seg_len,
+        task.batch,
+        task.distance()
+    );
+    let model = train_on_copy_task(model, &task, steps, lr, 20, 200)?;
 
-    let config = XlConfig::new()
-        .with_n_layers(2)
-        .with_d_model(128)
-        .with_n_heads(4)
-        .with_d_inner(256)
-        .with_mem_len(96)
-        .with_dropout(0.0);
-    let mut model = config.init(&device).expect("valid config");
-    let mut optim = AdamWConfig::new().init();
-    let segments = ordered_segments(&text, 8, 32, &device);
-    let mut memory = XlMemory::empty();
-    let mut window = Vec::new();
-    for (step, (x, y)) in segments.into_iter().take(steps).enumerate() {
-        let (loss, next) = model.forward_loss(x, y, &memory).expect("shapes fit");
-        memory = next; // carried to the next segment, detached
-        window.push(loss.clone().into_scalar::<f32>());
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(1e-3, model, grads);
-        if (step + 1) % 25 == 0 {
-            let mean = window.iter().sum::<f32>() / window.len() as f32;
-            println!(
-                "step {:4}  loss {:.3} nats  ({:.3} bits/char)",
-                step + 1,
-                mean,
-                mean / std::f32::consts::LN_2
-            );
-            window.clear();
-        }
-    }
+    // Fresh documents, memory carried from segment to segment, no gradients. Rows start
+    // mid-document with an empty memory, so the first segments of each row cannot copy yet.
+    let (copied, rest) = eval_on_copy_task(&model.valid(), &task, 256, 99)?;
+    println!(
+        "held-out text: repeated letters {copied:.3} bits (guessing: 4.700), rest {rest:.3} bits/char"
+    );
+    Ok(())
 }

@@ -1,12 +1,30 @@
-//! Attention alone, forward + backward, batch 1, 8 heads x 64, causal: full attention with an
-//! explicit QK^T against LSH (bucket 64, 4 rounds), across sequence lengths. Each point runs in
-//! its own process so that its peak memory is its own.
+//! Attention alone, forward + backward, batch 1, 8 heads x 64, causal, across sequence
+//! lengths. Each point runs in its own process so that its peak memory is its own.
+//!
+//! - `full`: softmax(QK^T) V with explicit `[len, len]` scores (on q, k, v: no projections);
+//! - `lsh`: Reformer LSH attention, shared QK, bucket 64, 4 rounds (on q, v);
+//! - `xl`: a whole Transformer-XL relative attention layer (`memzoo_relative`, d_model 512:
+//!   projections W_q, W_kv, W_R, W_o, the u/v biases and the relative shift), the segment
+//!   attending to itself (no memory), so the same `len x len` scores as `full`;
+//! - `knn`: a whole kNN-augmented attention layer (`memzoo_knn::KnnAttention`, d_model 512,
+//!   T5-biased local attention over the segment, gated with top-32 attention over an exact
+//!   memory of 16,384 pairs per head, filled before timing). Its time includes the search;
+//!   its peak memory includes the memory (2 x 8 x 16,384 x 64 floats = 64 MiB).
 
-use burn::tensor::Device;
-use memzoo_reformer::bench::{BenchAttention, attention_fwd_bwd};
+use std::time::Instant;
+
+use burn::tensor::{Device, Tensor, TensorData};
+use memzoo_reformer::bench::{BenchAttention, attention_fwd_bwd, peak_rss_kib};
 
 use crate::BenchArgs;
 use crate::measure::Measurement;
+
+/// The kinds of the suite, in order.
+pub const KINDS: [&str; 4] = ["full", "lsh", "xl", "knn"];
+
+/// kNN memory of the `knn` points: pairs per head, retrieved per query.
+const KNN_STORED: usize = 16_384;
+const KNN_TOP_K: usize = 32;
 
 /// The lengths of the suite.
 pub fn lengths(quick: bool) -> Vec<usize> {
@@ -25,30 +43,154 @@ pub fn one(target: &str, args: &BenchArgs, device: &Device) -> Result<Measuremen
         .next()
         .and_then(|l| l.parse().ok())
         .ok_or_else(|| format!("bad attention target `{target}`"))?;
-    let attention = match kind {
-        "full" => BenchAttention::Full,
-        "lsh" => BenchAttention::Lsh {
-            bucket_size: 64,
-            n_rounds: 4,
-        },
-        other => return Err(format!("unknown attention `{other}`: expected full or lsh")),
-    };
     let reps = args.steps.unwrap_or(if args.quick { 1 } else { 3 });
-    let t = attention_fwd_bwd(attention, len, 8, 64, reps, &device.clone().autodiff());
+    let device = device.clone().autodiff();
+    let (seconds, peak_kib, config) = match kind {
+        "full" | "lsh" => {
+            let attention = if kind == "full" {
+                BenchAttention::Full
+            } else {
+                BenchAttention::Lsh {
+                    bucket_size: 64,
+                    n_rounds: 4,
+                }
+            };
+            let t = attention_fwd_bwd(attention, len, 8, 64, reps, &device);
+            let config = if kind == "full" {
+                serde_json::json!({})
+            } else {
+                serde_json::json!({"bucket_size": 64, "n_rounds": 4})
+            };
+            (t.seconds, t.peak_rss_kib, config)
+        }
+        "xl" => {
+            let seconds = xl_fwd_bwd(len, reps, &device)?;
+            (
+                seconds,
+                peak_rss_kib(),
+                serde_json::json!({"d_model": 512, "mem_len": 0}),
+            )
+        }
+        "knn" => {
+            let seconds = knn_fwd_bwd(len, reps, &device)?;
+            (
+                seconds,
+                peak_rss_kib(),
+                serde_json::json!({"d_model": 512, "stored_per_head": KNN_STORED,
+                    "top_k": KNN_TOP_K, "index": "exact"}),
+            )
+        }
+        other => {
+            return Err(format!(
+                "unknown attention `{other}`: expected one of {}",
+                KINDS.join(", ")
+            ));
+        }
+    };
+    let mut config_all = serde_json::json!({"attention": kind, "len": len, "batch": 1,
+        "heads": 8, "d_head": 64, "causal": true});
+    if let (Some(all), Some(extra)) = (config_all.as_object_mut(), config.as_object()) {
+        all.extend(extra.clone());
+    }
     Ok(Measurement {
         name: format!("attention-{kind}-{len}"),
         implementation: "memzoo".into(),
         backend: args.device.clone(),
         threads: args.threads,
-        config: serde_json::json!({"attention": kind, "len": len, "batch": 1, "heads": 8,
-            "d_head": 64, "causal": true, "bucket_size": 64, "n_rounds": 4}),
+        config: config_all,
         steps: reps,
-        step_s_median: t.seconds,
-        step_s_min: t.seconds,
-        step_s_max: t.seconds,
-        tokens_per_s: len as f64 / t.seconds,
+        step_s_median: seconds,
+        step_s_min: seconds,
+        step_s_max: seconds,
+        tokens_per_s: len as f64 / seconds,
         params: 0,
-        peak_rss_mb: t.peak_rss_kib as f64 / 1024.0,
+        peak_rss_mb: peak_kib as f64 / 1024.0,
+    })
+}
+
+/// Random `[1, len, width]` input drawn from `seed`, requiring gradients.
+fn random_input(len: usize, width: usize, seed: u64, device: &Device) -> Tensor<3> {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let data: Vec<f32> = (0..len * width)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    Tensor::<3>::from_data(TensorData::new(data, [1, len, width]), device).require_grad()
+}
+
+/// Mean seconds of `reps` runs of `run` after one warm-up run.
+fn timed(reps: usize, mut run: impl FnMut(u64) -> Result<f32, String>) -> Result<f64, String> {
+    run(0)?;
+    let reps = reps.max(1);
+    let start = Instant::now();
+    for r in 0..reps {
+        run(r as u64 + 1)?;
+    }
+    Ok(start.elapsed().as_secs_f64() / reps as f64)
+}
+
+/// Forward + backward of a Transformer-XL relative attention layer (8 heads x 64) over a
+/// segment of `len` tokens with no memory; `device` is an autodiff device.
+fn xl_fwd_bwd(len: usize, reps: usize, device: &Device) -> Result<f64, String> {
+    use memzoo_relative::{
+        AttentionMask, PositionConfig, RelativeAttentionConfig, RelativeContext,
+    };
+    let d_model = 512;
+    let layer = RelativeAttentionConfig::new(d_model, 8, 64)
+        .init(device)
+        .map_err(|e| e.to_string())?;
+    let positions = PositionConfig::new();
+    timed(reps, |seed| {
+        let x = random_input(len, d_model, seed, device);
+        let ctx = RelativeContext::new(
+            &positions,
+            d_model,
+            len,
+            0,
+            &AttentionMask::causal(),
+            device,
+        );
+        let out = layer.forward(x.clone(), None, &ctx, None);
+        let grads = out.sum().backward();
+        Ok(x.grad(&grads).map(|g| g.sum().into_scalar()).unwrap_or(0.0))
+    })
+}
+
+/// Forward + backward of a kNN-augmented attention layer (8 heads x 64, top-32) over `len`
+/// tokens, searching an exact memory of [`KNN_STORED`] pairs per head (filled first, not
+/// updated while timing); `device` is an autodiff device.
+fn knn_fwd_bwd(len: usize, reps: usize, device: &Device) -> Result<f64, String> {
+    use memzoo_knn::KnnAttentionConfig;
+    use memzoo_memory::bench::{clustered_keys, fill};
+    use memzoo_memory::{IndexKind, KnnMemoryConfig};
+    use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
+    let (d_model, heads, d_head) = (512, 8, 64);
+    let layer = KnnAttentionConfig::new(d_model, heads, d_head)
+        .init(device)
+        .map_err(|e| e.to_string())?;
+    let mut memory = KnnMemoryConfig::new(heads, d_head)
+        .with_max_memories(KNN_STORED)
+        .with_kind(IndexKind::Exact)
+        .init(1, device)
+        .map_err(|e| e.to_string())?;
+    let keys = clustered_keys(KNN_STORED, d_head, 256, 0.6, 20);
+    fill(memory.as_mut(), &keys, KNN_STORED, 2048, device).map_err(|e| e.to_string())?;
+    let positions = PositionConfig::new().with_kind(PositionKind::T5);
+    timed(reps, |seed| {
+        let x = random_input(len, d_model, seed, device);
+        let ctx = RelativeContext::new(
+            &positions,
+            d_model,
+            len,
+            0,
+            &AttentionMask::causal(),
+            device,
+        );
+        let out = layer
+            .forward(x.clone(), None, &ctx, memory.as_ref(), KNN_TOP_K)
+            .map_err(|e| e.to_string())?;
+        let grads = out.output.sum().backward();
+        Ok(x.grad(&grads).map(|g| g.sum().into_scalar()).unwrap_or(0.0))
     })
 }
 
@@ -57,8 +199,8 @@ pub fn one(target: &str, args: &BenchArgs, device: &Device) -> Result<Measuremen
 pub fn suite(args: &BenchArgs) -> Result<Vec<Measurement>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for kind in ["full", "lsh"] {
-        for len in lengths(args.quick) {
+    for kind in KINDS {
+        for len in args.lengths.clone().unwrap_or_else(|| lengths(args.quick)) {
             let mut cmd = std::process::Command::new(&exe);
             cmd.args([
                 "bench",
@@ -69,6 +211,9 @@ pub fn suite(args: &BenchArgs) -> Result<Vec<Measurement>, String> {
             .args(["--threads", &args.threads.to_string()]);
             if args.quick {
                 cmd.arg("--quick");
+            }
+            if let Some(steps) = args.steps {
+                cmd.args(["--steps", &steps.to_string()]);
             }
             let output = cmd.output().map_err(|e| e.to_string())?;
             let line = String::from_utf8_lossy(&output.stdout)

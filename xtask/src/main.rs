@@ -3,6 +3,7 @@
 //! ```text
 //! cargo xtask bench xl-small [--device flex] [--threads 2] [--quick] [--steps N] [--out FILE]
 //! cargo xtask bench models --compare peers.jsonl
+//! cargo xtask bench attention generate --quick --out bench/run.jsonl   # + SVG plots in bench/
 //! ```
 //!
 //! Every measurement is printed as one JSON line (and appended to `--out`); a Markdown table
@@ -10,9 +11,13 @@
 //! `name` field, e.g. from `../shared/peers/bench_peers.py`) and prints the ratios.
 
 mod attention;
+mod generate;
 mod measure;
 mod memory;
 mod models;
+mod plot;
+#[cfg(test)]
+mod tests;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -37,7 +42,8 @@ enum Command {
 /// Options shared by every benchmark.
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Suites or configs to run: models, xl-small.
+    /// Suites (models, attention, memory, generate) or single configs (xl-small,
+    /// attention-xl-2048, ...).
     #[arg(required = true)]
     pub targets: Vec<String>,
     /// Device string (flex, wgpu, wgpu-gl, cuda, tch, ...).
@@ -58,6 +64,14 @@ pub struct BenchArgs {
     /// Append the JSON lines to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Sequence lengths of the attention suite / context lengths of the generate suite
+    /// (comma-separated), instead of the defaults.
+    #[arg(long, value_delimiter = ',')]
+    pub lengths: Option<Vec<usize>>,
+    /// Write SVG plots of the attention and generate suites into this directory (default:
+    /// next to `--out`, when given).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     /// JSON lines of another implementation to compare with (matched by `name`).
     #[arg(long)]
     pub compare: Option<PathBuf>,
@@ -84,6 +98,12 @@ fn main() {
 }
 
 fn bench(args: BenchArgs) -> Result<(), String> {
+    if args.steps == Some(0) {
+        return Err("--steps must be positive, got 0".into());
+    }
+    if let Some(bad) = args.lengths.iter().flatten().find(|&&l| l == 0) {
+        return Err(format!("--lengths must be positive, got {bad}"));
+    }
     // Must happen before the first rayon use: Burn's flex backend sizes its pool from it.
     // SAFETY: single-threaded at this point, nothing else reads the environment concurrently.
     unsafe { std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string()) };
@@ -113,6 +133,13 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 }
                 continue;
             }
+            "generate" => {
+                for m in generate::suite(&args, &device)? {
+                    emit(&m, args.out.as_ref())?;
+                    results.push(m);
+                }
+                continue;
+            }
             other => vec![other],
         };
         for config in configs {
@@ -120,14 +147,15 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 "xl-small" => models::xl_small(&args, &device)?,
                 "xl-small-trainer" => models::xl_small_trainer(&args, &device)?,
                 "reformer-small" => models::reformer_small(&args, &device)?,
-                "memorizing-small" => models::memorizing_small(&args, &device, true)?,
-                "memorizing-small-noknn" => models::memorizing_small(&args, &device, false)?,
+                "memorizing-small" => models::memorizing_small(&args, &device, true, 8192)?,
+                "memorizing-small-full" => models::memorizing_small(&args, &device, true, 16384)?,
+                "memorizing-small-noknn" => models::memorizing_small(&args, &device, false, 0)?,
                 a if a.starts_with("attention-") => attention::one(a, &args, &device)?,
                 other => {
                     return Err(format!(
-                        "unknown benchmark `{other}`: expected models, attention, memory, xl-small, \
-                         xl-small-trainer, reformer-small, memorizing-small[-noknn] or \
-                         attention-<full|lsh>-<len>"
+                        "unknown benchmark `{other}`: expected models, attention, memory, \
+                         generate, xl-small, xl-small-trainer, reformer-small, \
+                         memorizing-small[-full|-noknn] or attention-<full|lsh|xl|knn>-<len>"
                     ));
                 }
             };
@@ -137,6 +165,16 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     }
     println!();
     println!("{}", measure::markdown(&results));
+    let plot_dir = args.plot.clone().or_else(|| {
+        args.out
+            .as_ref()
+            .map(|p| p.parent().map(PathBuf::from).unwrap_or_default())
+    });
+    if let Some(dir) = plot_dir {
+        for path in plot::write_plots(&results, &dir)? {
+            eprintln!("plot: {}", path.display());
+        }
+    }
     if let Some(path) = &args.compare {
         let peers = measure::read_jsonl(path)?;
         println!("{}", measure::compare(&results, &peers));

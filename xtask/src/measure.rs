@@ -102,19 +102,30 @@ pub fn markdown(results: &[Measurement]) -> String {
     );
     for m in results {
         s += &format!(
-            "| {} | {} | {} | {:.3} s | {:.3}..{:.3} | {:.0} | {:.2} M | {:.0} MiB |\n",
+            "| {} | {} | {} | {:.3} s | {:.3}..{:.3} | {} | {:.2} M | {:.0} MiB |\n",
             m.name,
             m.backend,
             m.threads,
             m.step_s_median,
             m.step_s_min,
             m.step_s_max,
-            m.tokens_per_s,
+            rate(m.tokens_per_s),
             m.params as f64 / 1e6,
             m.peak_rss_mb
         );
     }
     s
+}
+
+/// Tokens/s with as many decimals as a small rate needs: `893`, `12.4`, `0.28`.
+pub fn rate(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
 }
 
 /// Reads JSON lines: ours, or the peers' (`config` names the benchmark, `impl` the
