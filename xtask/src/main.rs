@@ -75,6 +75,11 @@ pub struct BenchArgs {
     /// JSON lines of another implementation to compare with (matched by `name`).
     #[arg(long)]
     pub compare: Option<PathBuf>,
+    /// `memory` suite: also measure HNSW recall on real attention keys, read from a saved
+    /// exact kNN memory (a checkpoint's `knn-0` directory of a `memzoo train --model
+    /// memorizing` run).
+    #[arg(long)]
+    pub real_keys: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -120,7 +125,11 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 "memorizing-small-noknn",
             ],
             "memory" => {
-                for m in memory::suite(&args, &device)? {
+                let mut ms = memory::suite(&args, &device)?;
+                if let Some(dir) = &args.real_keys {
+                    ms.extend(memory::real_keys(&args, &device, dir)?);
+                }
+                for m in ms {
                     emit(&m, args.out.as_ref())?;
                     results.push(m);
                 }

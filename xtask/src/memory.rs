@@ -55,3 +55,108 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
     }
     Ok(out)
 }
+
+/// HNSW against exact search on real attention keys: the normalised keys of a saved exact
+/// memory (`dir`: `header.json` + `keys.f32`, `[batch, heads, slots, d_head]`). Per head of
+/// row 0, the last 512 stored keys serve as queries (queries and keys of the kNN layer share
+/// the unit sphere; real queries are not saved) against the others.
+pub fn real_keys(
+    args: &BenchArgs,
+    device: &Device,
+    dir: &std::path::Path,
+) -> Result<Vec<Measurement>, String> {
+    let read = |name: &str| {
+        std::fs::read(dir.join(name)).map_err(|e| format!("{}: {e}", dir.join(name).display()))
+    };
+    let header: serde_json::Value = serde_json::from_slice(&read("header.json")?)
+        .map_err(|e| format!("{}: {e}", dir.join("header.json").display()))?;
+    let field = |k: &str| {
+        header[k]
+            .as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| format!("header.json has no number `{k}`"))
+    };
+    let (batch, heads, d, slots) = (
+        field("batch")?,
+        field("n_heads")?,
+        field("d_head")?,
+        field("slots")?,
+    );
+    let bytes = read("keys.f32")?;
+    if bytes.len() != batch * heads * slots * d * 4 {
+        return Err(format!(
+            "keys.f32 has {} bytes, the header says {batch} x {heads} x {slots} x {d} floats",
+            bytes.len()
+        ));
+    }
+    let keys: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let (tokens, k) = (512, 32);
+    if slots < tokens + k {
+        return Err(format!(
+            "the memory holds {slots} entries per head; at least {} are needed",
+            tokens + k
+        ));
+    }
+    let stored = slots - tokens;
+    let mut out = Vec::new();
+    for h in 0..heads {
+        let pool = &keys[h * slots * d..(h + 1) * slots * d];
+        let queries = &pool[stored * d..];
+        let mut exact_ids = Vec::new();
+        // Exact, then HNSW at the default search expansion and at 4x and 16x of it.
+        let ef = memzoo_memory::HnswConfig::new().expansion_search_for(slots);
+        let runs = [
+            (IndexKind::Exact, None),
+            (IndexKind::Hnsw, None),
+            (IndexKind::Hnsw, Some(4 * ef)),
+            (IndexKind::Hnsw, Some(16 * ef)),
+        ];
+        for (kind, ef) in runs {
+            let config = KnnMemoryConfig::new(1, d)
+                .with_max_memories(slots)
+                .with_kind(kind)
+                .with_hnsw(memzoo_memory::HnswConfig::new().with_expansion_search(ef));
+            let t = time_segment(&config, 1, pool, queries, stored, tokens, k, device)
+                .map_err(|e| e.to_string())?;
+            let rec = if kind == IndexKind::Exact {
+                exact_ids = t.ids.clone();
+                1.0
+            } else {
+                recall(&t.ids, &exact_ids, k)
+            };
+            let kind_name = format!("{kind:?}").to_lowercase();
+            let ef_used = config.hnsw.expansion_search_for(slots);
+            let label = match kind {
+                IndexKind::Hnsw => format!("hnsw-ef{ef_used}"),
+                _ => kind_name.clone(),
+            };
+            out.push(Measurement {
+                name: format!("memory-real-keys-{label}-head{h}"),
+                implementation: "memzoo".into(),
+                backend: args.device.clone(),
+                threads: args.threads,
+                config: serde_json::json!({"source": dir.display().to_string(),
+                    "stored": stored, "head": h, "d_head": d, "tokens": tokens, "k": k,
+                    "kind": kind_name, "expansion_search": ef_used, "search_s": t.search_s,
+                    "recall_at_k": rec}),
+                steps: 1,
+                step_s_median: t.search_s,
+                step_s_min: t.search_s,
+                step_s_max: t.search_s,
+                tokens_per_s: tokens as f64 / t.search_s,
+                params: 0,
+                peak_rss_mb: crate::measure::peak_rss_mb(),
+            });
+            if kind == IndexKind::Hnsw {
+                println!(
+                    "real keys, head {h}: HNSW (ef {ef_used}) recall@{k} = {rec:.3} over {stored} stored, search {:.3} s",
+                    t.search_s
+                );
+            }
+        }
+    }
+    Ok(out)
+}

@@ -238,29 +238,46 @@ pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
 
 /// Every compiled-in device a parity test can reasonably try on this machine, `flex` first.
 ///
-/// `wgpu` is listed as `wgpu-gl` when `MEMZOO_WGPU_API=gl` (software rendering in CI);
-/// CUDA and LibTorch-CUDA are only listed when `MEMZOO_TEST_CUDA=1`.
-pub fn test_devices() -> Vec<DeviceSpec> {
-    let mut specs = vec![];
-    if cfg!(feature = "flex") {
-        specs.push(DeviceSpec::Flex);
-    }
-    if cfg!(feature = "wgpu") {
-        let api = match std::env::var("MEMZOO_WGPU_API").as_deref() {
-            Ok("gl") => WgpuApi::Gl,
-            Ok("vulkan") => WgpuApi::Vulkan,
-            _ => WgpuApi::Auto,
+/// Reads two environment variables (see [`test_devices_from`]):
+/// - `MEMZOO_WGPU_API`: which wgpu graphics APIs to list, a comma-separated list of `gl`,
+///   `vulkan`, `auto`. Default: `gl`, the API that also works on a CPU-only machine (Mesa's
+///   llvmpipe; Vulkan on lavapipe crashes in matmul). On a GPU machine use `vulkan`.
+/// - `MEMZOO_TEST_CUDA=1`: also list `cuda:0` and `tch-cuda:0` (when compiled in).
+///
+/// An unknown `MEMZOO_WGPU_API` value is an error that names it.
+pub fn test_devices() -> Result<Vec<DeviceSpec>, DeviceError> {
+    let wgpu = std::env::var("MEMZOO_WGPU_API").ok();
+    let cuda = std::env::var("MEMZOO_TEST_CUDA").is_ok_and(|v| v.trim() == "1");
+    test_devices_from(wgpu.as_deref(), cuda)
+}
+
+/// [`test_devices`] with explicit settings: `wgpu_apis` as in `MEMZOO_WGPU_API` (`None`: `gl`),
+/// `cuda`: list the CUDA devices. Only backends compiled into this binary are listed.
+pub fn test_devices_from(
+    wgpu_apis: Option<&str>,
+    cuda: bool,
+) -> Result<Vec<DeviceSpec>, DeviceError> {
+    let mut apis = Vec::new();
+    for name in wgpu_apis.unwrap_or("gl").split(',').map(str::trim) {
+        let api = match name.to_ascii_lowercase().as_str() {
+            "gl" => WgpuApi::Gl,
+            "vulkan" => WgpuApi::Vulkan,
+            "auto" => WgpuApi::Auto,
+            _ => {
+                return Err(DeviceError::Unknown {
+                    name: format!("MEMZOO_WGPU_API={name} (expected gl, vulkan or auto)"),
+                });
+            }
         };
-        specs.push(DeviceSpec::Wgpu(api));
+        if !apis.contains(&api) {
+            apis.push(api);
+        }
     }
-    if cfg!(feature = "tch") {
-        specs.push(DeviceSpec::Tch);
-    }
-    let cuda = std::env::var("MEMZOO_TEST_CUDA").is_ok_and(|v| v == "1");
-    if cfg!(feature = "cuda") && cuda {
-        specs.push(DeviceSpec::Cuda(0));
-    }
-    specs
+    let candidates = std::iter::once(DeviceSpec::Flex)
+        .chain(apis.into_iter().map(DeviceSpec::Wgpu))
+        .chain([DeviceSpec::Tch])
+        .chain(cuda.then_some([DeviceSpec::Cuda(0), DeviceSpec::TchCuda(0)]).into_iter().flatten());
+    Ok(candidates.filter(DeviceSpec::is_compiled).collect())
 }
 
 #[cfg(test)]
@@ -307,6 +324,43 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn test_devices_follow_the_features_and_settings() {
+        let compiled = compiled_features();
+        let listed = test_devices_from(None, false).unwrap();
+        assert_eq!(listed.first(), Some(&DeviceSpec::Flex));
+        let expect_gl = compiled.contains(&"wgpu");
+        assert_eq!(listed.contains(&DeviceSpec::Wgpu(WgpuApi::Gl)), expect_gl);
+        assert_eq!(listed.contains(&DeviceSpec::Tch), compiled.contains(&"tch"));
+        assert!(!listed.iter().any(|s| matches!(s, DeviceSpec::Cuda(_) | DeviceSpec::TchCuda(_))));
+        let both = test_devices_from(Some("vulkan, gl,vulkan"), false).unwrap();
+        let wgpu: Vec<_> = both
+            .iter()
+            .filter(|s| matches!(s, DeviceSpec::Wgpu(_)))
+            .collect();
+        if expect_gl {
+            assert_eq!(
+                wgpu,
+                [&DeviceSpec::Wgpu(WgpuApi::Vulkan), &DeviceSpec::Wgpu(WgpuApi::Gl)]
+            );
+        } else {
+            assert!(wgpu.is_empty());
+        }
+        let with_cuda = test_devices_from(None, true).unwrap();
+        assert_eq!(
+            with_cuda.contains(&DeviceSpec::TchCuda(0)),
+            compiled.contains(&"tch")
+        );
+        assert_eq!(
+            with_cuda.contains(&DeviceSpec::Cuda(0)),
+            compiled.contains(&"cuda")
+        );
+        let err = test_devices_from(Some("gl,metal"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("MEMZOO_WGPU_API=metal"), "{err}");
     }
 
     #[test]

@@ -37,8 +37,8 @@ pub struct MemorizingConfig {
     /// kNN search structure. Default: `auto` (exact up to `auto_crossover`, then HNSW).
     #[config(default = "IndexKind::Auto")]
     pub index: IndexKind,
-    /// Where `auto` switches to HNSW. Default: 32,768 (see `KnnMemoryConfig`).
-    #[config(default = 32768)]
+    /// Where `auto` switches to HNSW. Default: 262,144 (see `KnnMemoryConfig`).
+    #[config(default = 262144)]
     pub auto_crossover: usize,
     /// HNSW parameters. Default: connectivity 32, expansion_add 64, expansion_search by size.
     #[config(default = "HnswConfig::new()")]

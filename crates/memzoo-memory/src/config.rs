@@ -71,16 +71,20 @@ pub struct HnswConfig {
 
 impl HnswConfig {
     /// The search expansion used for a store of `max_memories` entries: the configured one,
-    /// or by size `max_memories / 128` rounded up to a power of two, within `[256, 4096]`.
+    /// or by size `max_memories / 64` rounded up to a power of two, within `[1024, 8192]`.
     ///
-    /// Measured recall@32 against exact search on clustered 32-d unit keys (256 clusters):
-    /// connectivity 16: 16K stored, ef 256: 0.989; 65K, ef 256: 0.905, ef 512: 0.967;
-    /// 262K, ef 1024: 0.913, ef 2048: 0.972. Connectivity 32: 16K, ef 256: 0.991; 65K,
-    /// ef 512: 0.992; 262K, ef 1024: 0.952. HNSW recall falls as a store grows, so a fixed
-    /// `ef` would silently lose recall on large memories.
+    /// Measured recall@32 against exact search. Clustered 32-d unit keys (256 clusters),
+    /// connectivity 32: 16K stored, ef 256: 0.991; 65K, ef 512: 0.992; 262K, ef 1024: 0.952.
+    /// Real attention keys (`cargo xtask bench memory --real-keys`: a kNN layer's keys after
+    /// 150 steps on tiny Shakespeare, 15,872 stored per head, 512 held-out keys as queries)
+    /// are much harder: ef 256: 0.77-0.87, ef 1024: 0.88-0.93, ef 4096: 0.93-0.98 over four
+    /// heads, at 0.04 / 0.2 / 0.7 s per 512 queries against 0.03-0.06 s for exact search.
+    /// HNSW recall falls as a store grows, so a fixed `ef` would silently lose recall on
+    /// large memories; and at the sizes we train with exact search is both exact and faster
+    /// (hence [`KnnMemoryConfig::auto_crossover`]).
     pub fn expansion_search_for(&self, max_memories: usize) -> usize {
         self.expansion_search
-            .unwrap_or_else(|| (max_memories / 128).next_power_of_two().clamp(256, 4096))
+            .unwrap_or_else(|| (max_memories / 64).next_power_of_two().clamp(1024, 8192))
     }
 }
 
