@@ -215,7 +215,7 @@ impl KnnAttention {
                     .clone()
                     .reshape([mb, 1, qlen, klen])
                     .expand([batch, h, qlen, klen]);
-                scores.mask_fill(mask, MASKED)
+                scores.mask_fill(mask, ctx.mask_value)
             }
             None => scores,
         };

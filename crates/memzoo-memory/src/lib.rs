@@ -62,7 +62,7 @@ pub mod config;
 pub mod error;
 pub mod exact;
 pub mod hnsw;
-mod host;
+pub(crate) mod host;
 pub mod persist;
 
 pub use config::{HnswConfig, IndexKind, KnnMemoryConfig, TopkPlacement};

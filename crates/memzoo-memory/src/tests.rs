@@ -488,3 +488,49 @@ fn crossover() {
         }
     }
 }
+
+/// The host top-k (block maxima, then the blocks that reach the floor) equals a full sort
+/// (score descending, index ascending) on long rows, rows that are not a multiple of the
+/// block, short rows and rows full of ties.
+#[test]
+fn host_top_k_equals_a_full_sort() {
+    use crate::host::{TopK, top_k};
+    let mut out = TopK::default();
+    let mut seed = 17u64;
+    let mut rand = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32) / (1u64 << 24) as f32 - 0.5
+    };
+    for (n, k, levels) in [
+        (9000, 32, 0),
+        (5003, 7, 0),
+        (2049, 32, 0),
+        (100, 32, 0),
+        (40, 40, 0),
+        (4000, 32, 5),
+        (3000, 1, 0),
+    ] {
+        let row: Vec<f32> = (0..n)
+            .map(|_| {
+                let x = rand();
+                // `levels` > 0: few distinct values, many ties.
+                if levels > 0 {
+                    (x * levels as f32).round()
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let mut want: Vec<(f32, u32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (s, i as u32))
+            .collect();
+        want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        want.truncate(k);
+        top_k(&row, k, &mut out);
+        assert_eq!(out.best, want, "n {n}, k {k}, levels {levels}");
+    }
+}

@@ -11,7 +11,6 @@ use crate::positions::{PositionConfig, PositionKind, RelativeContext};
 use crate::shift::relative_shift;
 
 /// Value a hidden score is set to before the softmax.
-const MASKED: f32 = -1.0e9;
 
 /// Configuration of a [`RelativeMultiHeadAttention`] layer.
 #[derive(Config, Debug)]
@@ -73,7 +72,8 @@ impl XlBiases {
 ///   clamped distance, `b_q` a learned query bias;
 /// - **T5**: `s q_i·k_j + β_bucket(d)`, one learned scalar per head and bucket.
 ///
-/// Hidden keys (causal mask, window, explicit mask) get `-1e9` before the softmax.
+/// Hidden keys (causal mask, window, explicit mask) get `-inf` (causal) or `-1e9` (explicit
+/// masks) before the softmax (see [`RelativeContext::mask_value`]).
 ///
 /// # Shapes
 /// - `x`: `[batch, qlen, d_model]`
@@ -214,7 +214,7 @@ impl RelativeMultiHeadAttention {
                     .clone()
                     .reshape([mb, 1, qlen, klen])
                     .expand([batch, h, qlen, klen]);
-                scores.mask_fill(mask, MASKED)
+                scores.mask_fill(mask, ctx.mask_value)
             }
             None => scores,
         };

@@ -248,6 +248,11 @@ pub struct RelativeContext {
     pub table_index: Option<Tensor<1, Int>>,
     /// Hidden keys, `[1 or batch, qlen, klen]` (`true` = hidden), `None` if all are visible.
     pub mask: Option<Tensor<3, Bool>>,
+    /// The score given to hidden keys before the softmax: `-inf` when every query keeps at
+    /// least one visible key (causal masks: the query itself), so that `exp` of it is an exact
+    /// 0 without libm's underflow path; `-1e9` for explicit masks, where a fully hidden row
+    /// then attends uniformly instead of producing NaN.
+    pub mask_value: f32,
 }
 
 impl RelativeContext {
@@ -288,6 +293,10 @@ impl RelativeContext {
             sinusoid,
             table_index,
             mask: mask.build(qlen, mlen, device),
+            mask_value: match mask {
+                AttentionMask::Causal { .. } => f32::NEG_INFINITY,
+                _ => -1.0e9,
+            },
         }
     }
 
