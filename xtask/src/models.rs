@@ -222,10 +222,10 @@ pub fn memorizing_small(
     });
     let med = median(&times);
     Ok(Measurement {
-        name: if knn {
-            "memorizing-small".into()
-        } else {
-            "memorizing-small-noknn".into()
+        name: match (knn, prefill >= config.max_memories) {
+            (false, _) => "memorizing-small-noknn".into(),
+            (true, false) => "memorizing-small".into(),
+            (true, true) => "memorizing-small-full".into(),
         },
         implementation: "memzoo".into(),
         backend: args.device.clone(),
