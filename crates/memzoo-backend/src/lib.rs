@@ -240,7 +240,7 @@ pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
 ///
 /// Reads two environment variables (see [`test_devices_from`]):
 /// - `MEMZOO_WGPU_API`: which wgpu graphics APIs to list, a comma-separated list of `gl`,
-///   `vulkan`, `auto`. Default: `gl`, the API that also works on a CPU-only machine (Mesa's
+///   `vulkan`, `auto`, or `none`. Default: `gl`, the API that also works on a CPU-only machine (Mesa's
 ///   llvmpipe; Vulkan on lavapipe crashes in matmul). On a GPU machine use `vulkan`.
 /// - `MEMZOO_TEST_CUDA=1`: also list `cuda:0` and `tch-cuda:0` (when compiled in).
 ///
@@ -260,12 +260,13 @@ pub fn test_devices_from(
     let mut apis = Vec::new();
     for name in wgpu_apis.unwrap_or("gl").split(',').map(str::trim) {
         let api = match name.to_ascii_lowercase().as_str() {
+            "none" => continue,
             "gl" => WgpuApi::Gl,
             "vulkan" => WgpuApi::Vulkan,
             "auto" => WgpuApi::Auto,
             _ => {
                 return Err(DeviceError::Unknown {
-                    name: format!("MEMZOO_WGPU_API={name} (expected gl, vulkan or auto)"),
+                    name: format!("MEMZOO_WGPU_API={name} (expected gl, vulkan, auto or none)"),
                 });
             }
         };
@@ -276,7 +277,11 @@ pub fn test_devices_from(
     let candidates = std::iter::once(DeviceSpec::Flex)
         .chain(apis.into_iter().map(DeviceSpec::Wgpu))
         .chain([DeviceSpec::Tch])
-        .chain(cuda.then_some([DeviceSpec::Cuda(0), DeviceSpec::TchCuda(0)]).into_iter().flatten());
+        .chain(
+            cuda.then_some([DeviceSpec::Cuda(0), DeviceSpec::TchCuda(0)])
+                .into_iter()
+                .flatten(),
+        );
     Ok(candidates.filter(DeviceSpec::is_compiled).collect())
 }
 
@@ -334,7 +339,11 @@ mod tests {
         let expect_gl = compiled.contains(&"wgpu");
         assert_eq!(listed.contains(&DeviceSpec::Wgpu(WgpuApi::Gl)), expect_gl);
         assert_eq!(listed.contains(&DeviceSpec::Tch), compiled.contains(&"tch"));
-        assert!(!listed.iter().any(|s| matches!(s, DeviceSpec::Cuda(_) | DeviceSpec::TchCuda(_))));
+        assert!(
+            !listed
+                .iter()
+                .any(|s| matches!(s, DeviceSpec::Cuda(_) | DeviceSpec::TchCuda(_)))
+        );
         let both = test_devices_from(Some("vulkan, gl,vulkan"), false).unwrap();
         let wgpu: Vec<_> = both
             .iter()
@@ -343,11 +352,16 @@ mod tests {
         if expect_gl {
             assert_eq!(
                 wgpu,
-                [&DeviceSpec::Wgpu(WgpuApi::Vulkan), &DeviceSpec::Wgpu(WgpuApi::Gl)]
+                [
+                    &DeviceSpec::Wgpu(WgpuApi::Vulkan),
+                    &DeviceSpec::Wgpu(WgpuApi::Gl)
+                ]
             );
         } else {
             assert!(wgpu.is_empty());
         }
+        let none = test_devices_from(Some("none"), false).unwrap();
+        assert!(!none.iter().any(|s| matches!(s, DeviceSpec::Wgpu(_))));
         let with_cuda = test_devices_from(None, true).unwrap();
         assert_eq!(
             with_cuda.contains(&DeviceSpec::TchCuda(0)),
