@@ -45,8 +45,6 @@ pub struct RecallTask {
     /// a long-range recall; later ones are within local reach and give the model dense
     /// practice at the recall mechanism.
     pub repeats: usize,
-    /// Repeat the passage in reverse order (see the module docs). Default in the CLI: true.
-    pub reverse: bool,
     /// Segment length; documents are padded with filler to a multiple of it.
     pub seg_len: usize,
 }
@@ -131,12 +129,8 @@ impl RecallTask {
             toks.push(marker);
             targets.push(Target::Other);
             for i in 0..self.passage {
-                // Forward: seq[i] predicts seq[i + 1]; reversed: seq[n-1-i] predicts seq[n-2-i].
-                toks.push(if self.reverse {
-                    seq[self.passage - 1 - i]
-                } else {
-                    seq[i]
-                });
+                // The repeat's seq[i] predicts seq[i + 1].
+                toks.push(seq[i]);
                 targets.push(if i + 1 < self.passage {
                     kind
                 } else {
@@ -419,7 +413,6 @@ pub fn reference_task() -> RecallTask {
         long_gap: (128, 192),
         long_fraction: 0.2,
         repeats: 4,
-        reverse: false,
         seg_len: 32,
     }
 }

@@ -469,7 +469,6 @@ fn recall_task_documents() {
         long_gap: (40, 50),
         long_fraction: 0.5,
         repeats: 2,
-        reverse: false,
         seg_len: 8,
     };
     let mut rng = 3;
