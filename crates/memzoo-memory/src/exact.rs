@@ -8,7 +8,7 @@ use crate::config::{IndexKind, KnnMemoryConfig, TopkPlacement};
 use crate::error::MemoryError;
 use crate::host::HostStore;
 use crate::persist::Snapshot;
-use crate::{KnnIndex, Retrieved, RowState, check_input, check_rows};
+use crate::{KnnIndex, Retrieved, RowState, check_input, check_pairs, check_rows, host_vec};
 
 /// Score given to empty slots before the top-k.
 const EMPTY: f32 = -1.0e30;
@@ -172,14 +172,6 @@ impl ExactIndex {
     }
 }
 
-/// A tensor's elements on the host, detached.
-fn host_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .expect("f32 data")
-}
-
 /// True for the backends that run on the host CPU.
 fn is_cpu(device: &Device) -> bool {
     let name = format!("{device:?}");
@@ -204,14 +196,7 @@ impl KnnIndex for ExactIndex {
     }
 
     fn add(&mut self, keys: Tensor<4>, values: Tensor<4>) -> Result<(), MemoryError> {
-        check_input("keys", keys.dims(), self.batch(), &self.config)?;
-        if keys.dims() != values.dims() {
-            return Err(MemoryError::Input(format!(
-                "keys {:?} and values {:?} differ in shape",
-                keys.dims(),
-                values.dims()
-            )));
-        }
+        check_pairs(keys.dims(), values.dims(), self.batch(), &self.config)?;
         let [batch, tokens, _, _] = keys.dims();
         if tokens == 0 {
             return Ok(());

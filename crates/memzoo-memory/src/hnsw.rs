@@ -9,7 +9,7 @@ use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
 use crate::config::{IndexKind, KnnMemoryConfig};
 use crate::error::MemoryError;
 use crate::persist::Snapshot;
-use crate::{KnnIndex, Retrieved, RowState, check_input, check_rows};
+use crate::{KnnIndex, Retrieved, RowState, check_input, check_pairs, check_rows, host_vec};
 
 /// One (row, head) store: the HNSW graph over the keys (usearch key = ring slot) and the
 /// key and value rings, `[slots, d_head]` each, grown up to `max_memories` slots.
@@ -133,14 +133,6 @@ impl UsearchIndex {
             stores,
         })
     }
-
-    fn host(t: Tensor<4>) -> Vec<f32> {
-        t.detach()
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec::<f32>()
-            .expect("f32 tensor")
-    }
 }
 
 impl KnnIndex for UsearchIndex {
@@ -161,21 +153,14 @@ impl KnnIndex for UsearchIndex {
     }
 
     fn add(&mut self, keys: Tensor<4>, values: Tensor<4>) -> Result<(), MemoryError> {
-        check_input("keys", keys.dims(), self.batch(), &self.config)?;
-        if keys.dims() != values.dims() {
-            return Err(MemoryError::Input(format!(
-                "keys {:?} and values {:?} differ in shape",
-                keys.dims(),
-                values.dims()
-            )));
-        }
+        check_pairs(keys.dims(), values.dims(), self.batch(), &self.config)?;
         let [_, tokens, heads, d] = keys.dims();
         if tokens == 0 {
             return Ok(());
         }
         let cap = self.config.max_memories;
         // One round trip: [batch, tokens, heads, d] on the host.
-        let (keys, values) = (Self::host(keys), Self::host(values));
+        let (keys, values) = (host_vec(keys), host_vec(values));
         let plans: Vec<_> = self.rows.iter().map(|r| r.plan(tokens, cap)).collect();
         let at = |b: usize, t: usize, h: usize| ((b * tokens + t) * heads + h) * d;
         self.stores.par_iter_mut().enumerate().try_for_each(
@@ -225,7 +210,7 @@ impl KnnIndex for UsearchIndex {
         }
         let [batch, tokens, heads, d] = queries.dims();
         let device = queries.device();
-        let q = Self::host(queries);
+        let q = host_vec(queries);
         // Per store: [tokens, k] slots (or None), searched in parallel.
         let found: Vec<Vec<Option<u64>>> = self
             .stores

@@ -194,6 +194,31 @@ pub(crate) fn check_input(
     Ok(())
 }
 
+/// Checks the `keys` and `values` passed to `add`: the layout of [`check_input`], one shape.
+pub(crate) fn check_pairs(
+    keys: [usize; 4],
+    values: [usize; 4],
+    batch: usize,
+    config: &KnnMemoryConfig,
+) -> Result<(), MemoryError> {
+    check_input("keys", keys, batch, config)?;
+    if keys != values {
+        return Err(MemoryError::Input(format!(
+            "keys {keys:?} and values {values:?} differ in shape"
+        )));
+    }
+    Ok(())
+}
+
+/// A tensor's elements on the host (one device-to-host copy), detached.
+pub(crate) fn host_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.detach()
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 tensor")
+}
+
 /// Checks `rows` passed to `clear`.
 pub(crate) fn check_rows(rows: &[usize], batch: usize) -> Result<(), MemoryError> {
     if let Some(r) = rows.iter().find(|&&r| r >= batch) {
