@@ -17,6 +17,13 @@
 //! reductions) and use their own `exp` / `log` / `erf`; after 2 layers the measured differences are
 //! ~1e-6 relative (see the table the test prints), so 1e-4 leaves room without hiding a wrong
 //! kernel, which shows up as O(1) relative differences.
+//!
+//! One measured exception, the GELU gradient: Burn 0.22.1's default `gelu_backward` (used by the
+//! CubeCL backends, wgpu and cuda) is the derivative of GELU's *tanh approximation*, while its
+//! forward pass is the exact `x Φ(x)`; flex and LibTorch differentiate the exact GELU. On wgpu the
+//! GELU gradient is therefore off by ~7e-4 relative, and so is every Reformer gradient upstream of
+//! its feed-forward layers (~5e-4). The test measures the backend's GELU-gradient error on its own
+//! (a row of the table) and allows the Reformer gradients twice that error; an O(1) bug still fails.
 
 use std::time::Instant;
 
@@ -37,6 +44,18 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 const TOL: f32 = 1e-4;
 const BATCH: usize = 2;
 const VOCAB: usize = 32;
+
+/// `d/dx Σ w ⊙ gelu(x)` for seeded `x`, `w` (`[16, 64]`, `x ~ 2 N(0, 1)`), on `dev_ad`.
+fn gelu_gradient(dev_ad: &Device) -> Vec<f32> {
+    let x = randn::<2>([16, 64], 11, dev_ad)
+        .mul_scalar(2.0)
+        .require_grad();
+    let w = randn::<2>([16, 64], 12, dev_ad);
+    let grads = (burn::tensor::activation::gelu(x.clone()) * w)
+        .sum()
+        .backward();
+    host(x.grad(&grads).expect("x requires grad"))
+}
 
 /// One backend to compare with flex.
 struct Target {
@@ -137,12 +156,12 @@ impl Report {
 
     fn check(self) {
         println!(
-            "{:<14} {:<58} {:>11} {:>11} {:>11}",
+            "{:<14} {:<68} {:>11} {:>11} {:>11}",
             "backend", "compared", "max|diff|", "max|flex|", "relative"
         );
         for r in &self.rows {
             println!(
-                "{:<14} {:<58} {:>11.3e} {:>11.3e} {:>11.3e}{}",
+                "{:<14} {:<68} {:>11.3e} {:>11.3e} {:>11.3e}{}",
                 r.backend,
                 r.what,
                 r.max_abs,
@@ -160,7 +179,7 @@ impl Report {
         assert!(!self.rows.is_empty(), "nothing was compared");
         assert!(
             failed.is_empty(),
-            "backends disagree with flex beyond {TOL:e}: {failed:?}"
+            "backends disagree with flex beyond the tolerance ({TOL:e} unless the row says otherwise): {failed:?}"
         );
     }
 }
@@ -489,6 +508,7 @@ fn backend_parity_xl_reformer_memorizing() {
     let xl_ref = run_xl(&xl, &flex, &ad);
     let reformer_ref = run_reformer(&reformer, &flex, &ad);
     let memorizing_ref = run_memorizing(&memorizing, &flex, &ad);
+    let gelu_ref = gelu_gradient(&ad);
     // The comparisons below are only meaningful if the flex results carry signal.
     assert!(
         xl_ref
@@ -585,6 +605,18 @@ fn backend_parity_xl_reformer_memorizing() {
             TOL,
         );
         if target.real {
+            // Burn differentiates GELU's tanh approximation on CubeCL backends (module docs):
+            // measure that error and allow the Reformer's gradients twice it.
+            let gelu = gelu_gradient(&dev_ad);
+            let gelu_rel = max_abs_diff(&gelu, &gelu_ref)
+                / gelu_ref.iter().fold(0.0f32, |m, g| m.max(g.abs()));
+            report.float(
+                name,
+                "GELU gradient (tanh-approx. derivative allowed)",
+                &gelu,
+                &gelu_ref,
+                2e-3,
+            );
             report.float(
                 name,
                 "Reformer loss (reversible step)",
@@ -592,13 +624,14 @@ fn backend_parity_xl_reformer_memorizing() {
                 &[reformer_ref.loss],
                 TOL,
             );
+            let reformer_tol = TOL.max(2.0 * gelu_rel);
             compare_params(
                 &mut report,
                 name,
-                "Reformer reversible gradients",
+                &format!("Reformer reversible gradients (tol {reformer_tol:.1e})"),
                 &run.grads,
                 &reformer_ref.grads,
-                TOL,
+                reformer_tol,
             );
         }
         let reformer_ms = run.forward_ms;

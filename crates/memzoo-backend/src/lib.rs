@@ -132,7 +132,7 @@ impl DeviceSpec {
                 return Ok(Device::flex());
             }
             DeviceSpec::Wgpu(api) => {
-                #[cfg(feature = "wgpu")]
+                #[cfg(feature = "wgpu-plain")]
                 {
                     use burn::tensor::wgpu::WgpuBackend;
                     let api = match api {
@@ -219,7 +219,7 @@ pub fn compiled_features() -> Vec<&'static str> {
     if cfg!(feature = "flex") {
         features.push("flex");
     }
-    if cfg!(feature = "wgpu") {
+    if cfg!(feature = "wgpu-plain") {
         features.push("wgpu");
     }
     if cfg!(feature = "tch") {
