@@ -99,6 +99,7 @@ fn param2(p: &burn::module::Param<Tensor<2>>) -> Mat {
 
 /// The attention output computed with plain loops, in f64.
 #[allow(clippy::too_many_arguments)]
+#[allow(clippy::needless_range_loop)] // the formula's indices, as written in the paper
 fn naive_attention(
     att: &RelativeMultiHeadAttention,
     shared: Option<&XlBiases>,

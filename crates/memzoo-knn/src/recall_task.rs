@@ -128,9 +128,9 @@ impl RecallTask {
             };
             toks.push(marker);
             targets.push(Target::Other);
-            for i in 0..self.passage {
+            for (i, &tok) in seq.iter().enumerate().take(self.passage) {
                 // The repeat's seq[i] predicts seq[i + 1].
-                toks.push(seq[i]);
+                toks.push(tok);
                 targets.push(if i + 1 < self.passage {
                     kind
                 } else {

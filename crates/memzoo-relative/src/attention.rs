@@ -10,8 +10,6 @@ use crate::error::RelativeError;
 use crate::positions::{PositionConfig, PositionKind, RelativeContext};
 use crate::shift::relative_shift;
 
-/// Value a hidden score is set to before the softmax.
-
 /// Configuration of a [`RelativeMultiHeadAttention`] layer.
 #[derive(Config, Debug)]
 pub struct RelativeAttentionConfig {

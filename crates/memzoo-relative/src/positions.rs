@@ -70,7 +70,7 @@ impl PositionConfig {
     pub fn validate(&self, d_model: usize) -> Result<(), String> {
         match self.kind {
             PositionKind::Xl => {
-                if d_model % 2 != 0 {
+                if !d_model.is_multiple_of(2) {
                     return Err(format!(
                         "xl positions need an even d_model for the sin/cos pairs, got d_model = {d_model}"
                     ));
@@ -86,7 +86,7 @@ impl PositionConfig {
             }
             PositionKind::T5 => {
                 let per_side = if self.bidirectional {
-                    if self.num_buckets % 2 != 0 {
+                    if !self.num_buckets.is_multiple_of(2) {
                         return Err(format!(
                             "bidirectional T5 buckets are split in two halves: num_buckets must be even, got {}",
                             self.num_buckets
@@ -190,6 +190,8 @@ pub fn sinusoid(d: i64, d_model: usize, out: &mut Vec<f32>) {
 }
 
 /// Which keys each query may attend to (`true` in a mask = hidden, Burn's convention).
+// One value per forward pass: the size of the `Explicit` variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum AttentionMask {
     /// Every query sees every key.

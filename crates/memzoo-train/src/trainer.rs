@@ -128,7 +128,7 @@ impl TrainConfig {
         {
             return bad(format!("train.clip_norm must be positive, got {c}"));
         }
-        if !(self.weight_decay >= 0.0) {
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             return bad(format!(
                 "train.weight_decay must be >= 0, got {}",
                 self.weight_decay

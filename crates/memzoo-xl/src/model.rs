@@ -89,7 +89,7 @@ impl XlConfig {
                 return bad(format!("{name} must be positive, got 0"));
             }
         }
-        if self.d_head.is_none() && self.d_model % self.n_heads != 0 {
+        if self.d_head.is_none() && !self.d_model.is_multiple_of(self.n_heads) {
             return bad(format!(
                 "d_model ({}) is not divisible by n_heads ({}); set d_head explicitly or change one",
                 self.d_model, self.n_heads
