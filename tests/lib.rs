@@ -1,5 +1,7 @@
 //! Helpers shared by memzoo's integration tests: host copies of tensors and naive reference maths.
 
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -29,6 +31,35 @@ pub fn randn<const D: usize>(shape: [usize; D], seed: u64, device: &Device) -> T
         })
         .collect();
     Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+/// Host copies of every float parameter's value (`grads: None`) or gradient, in visiting order;
+/// `None` for a parameter without a gradient.
+pub fn param_vectors<M: Module>(
+    model: &M,
+    grads: Option<&GradientsParams>,
+) -> Vec<Option<Vec<f32>>> {
+    let mut c = Collect {
+        grads,
+        out: Vec::new(),
+    };
+    model.visit(&mut c);
+    c.out
+}
+
+struct Collect<'a> {
+    grads: Option<&'a GradientsParams>,
+    out: Vec<Option<Vec<f32>>>,
+}
+
+impl ModuleVisitor for Collect<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let t = match self.grads {
+            Some(g) => g.get::<D>(param.id),
+            None => Some(param.val()),
+        };
+        self.out.push(t.map(host));
+    }
 }
 
 /// Largest absolute difference, asserting equal lengths.

@@ -27,7 +27,7 @@
 
 use std::time::Instant;
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_backend::{DeviceSpec, test_devices};
@@ -207,32 +207,6 @@ fn tokens(len: usize, seed: u64, dev: &Device) -> Tensor<2, Int> {
     Tensor::from_data(TensorData::new(data, [BATCH, len]), dev)
 }
 
-/// Host copies of every float parameter's value (`grads: None`) or gradient, in visiting order;
-/// `None` for a parameter without a gradient.
-struct Collect<'a> {
-    grads: Option<&'a GradientsParams>,
-    out: Vec<Option<Vec<f32>>>,
-}
-
-impl ModuleVisitor for Collect<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let t = match self.grads {
-            Some(g) => g.get::<D>(param.id),
-            None => Some(param.val()),
-        };
-        self.out.push(t.map(host));
-    }
-}
-
-fn collect<M: Module>(model: &M, grads: Option<&GradientsParams>) -> Vec<Option<Vec<f32>>> {
-    let mut c = Collect {
-        grads,
-        out: Vec::new(),
-    };
-    model.visit(&mut c);
-    c.out
-}
-
 /// Compares per-parameter vectors; every parameter with a flex gradient must have one here.
 ///
 /// Each parameter is compared relative to its own largest flex gradient (floored at 1e-3 of
@@ -364,7 +338,7 @@ fn run_xl(model: &TransformerXl, dev: &Device, ad: &Device) -> XlRun {
         memory: memory_host,
         logits,
         loss: loss_v,
-        grads: collect(model, Some(&grads)),
+        grads: param_vectors(model, Some(&grads)),
         forward_ms,
     }
 }
@@ -424,7 +398,7 @@ fn run_reformer(model: &ReformerLm, dev: &Device, ad: &Device) -> ReformerRun {
         buckets,
         logits,
         loss: host_scalar(loss),
-        grads: collect(model, Some(&grads)),
+        grads: param_vectors(model, Some(&grads)),
         forward_ms,
     }
 }
@@ -492,7 +466,7 @@ fn run_memorizing(model: &MemorizingTransformer, dev: &Device, ad: &Device) -> M
     MemorizingRun {
         hidden,
         loss: loss_v,
-        grads: collect(model, Some(&grads)),
+        grads: param_vectors(model, Some(&grads)),
     }
 }
 
@@ -543,12 +517,12 @@ fn backend_parity_xl_reformer_memorizing() {
         report.float(
             name,
             "XL weights after fork (exact)",
-            &collect(&model, None)
+            &param_vectors(&model, None)
                 .into_iter()
                 .flatten()
                 .flatten()
                 .collect::<Vec<_>>(),
-            &collect(&xl, None)
+            &param_vectors(&xl, None)
                 .into_iter()
                 .flatten()
                 .flatten()

@@ -10,7 +10,8 @@ use memzoo::config::RunConfig;
 use memzoo_data::{ByteTokenizer, LongRangeConfig, OrderedBatcher, generate_corpus};
 use memzoo_tests::*;
 use memzoo_train::grads::{global_norm, scale_and_clip};
-use memzoo_train::{RunOptions, ScheduleConfig, TrainConfig, train};
+use memzoo_train::parallel::{shard_rows, train_step_sharded};
+use memzoo_train::{RunOptions, ScheduleConfig, Segment, SegmentModel, TrainConfig, train};
 use memzoo_xl::{TransformerXl, XlConfig};
 
 fn scratch(name: &str) -> PathBuf {
@@ -75,13 +76,47 @@ fn params(model: &TransformerXl) -> Vec<f32> {
 
 #[test]
 fn resumed_run_equals_uninterrupted_run() {
+    resume_equals_straight(1);
+}
+
+/// With data-parallel replicas each checkpoint holds one carried state per replica.
+#[test]
+fn resumed_data_parallel_run_equals_uninterrupted_run() {
+    let dir_b = resume_equals_straight(2);
+    assert!(
+        dir_b
+            .join("checkpoints/step-00000012/state/shard-1/memory.safetensors")
+            .exists()
+    );
+    // The shards carry the memories of their rows: resuming with another count is refused.
+    let err = train(
+        tiny_model().init(&flex().autodiff()).unwrap(),
+        &tiny_train(16).with_replicas(Some(1)),
+        &mut batcher(&stream()),
+        None,
+        &options(&dir_b, true),
+    )
+    .err()
+    .expect("another replica count must fail")
+    .to_string();
+    assert!(
+        err.contains("train.replicas = 1") && err.contains("2 replicas"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir_b);
+}
+
+/// Trains 12 steps straight and 8 + 4 with a resume in between; returns the resumed run's
+/// directory (the caller removes it).
+fn resume_equals_straight(replicas: usize) -> PathBuf {
     let dev = flex().autodiff();
     let tokens = stream();
+    let tiny_train = |steps| tiny_train(steps).with_replicas(Some(replicas));
 
     dev.seed(1);
     let model = tiny_model().init(&dev).unwrap();
     let init = model.clone();
-    let dir_a = scratch("straight");
+    let dir_a = scratch(&format!("straight-{replicas}"));
     let straight = train(
         model,
         &tiny_train(12),
@@ -93,7 +128,7 @@ fn resumed_run_equals_uninterrupted_run() {
 
     // Same start, killed after the checkpoint of step 8: the same run whose checkpoints
     // after step 8 are gone, resumed with a new model object and a new data iterator.
-    let dir_b = scratch("resumed");
+    let dir_b = scratch(&format!("resumed-{replicas}"));
     train(
         init,
         &tiny_train(12),
@@ -133,7 +168,135 @@ fn resumed_run_equals_uninterrupted_run() {
             .contains("\"loss\"")
     );
     let _ = std::fs::remove_dir_all(dir_a);
-    let _ = std::fs::remove_dir_all(dir_b);
+    dir_b
+}
+
+/// A segment of `batch` rows cut from `tokens` at `offset`; rows listed in `reset` start a
+/// document; the targets of `padded` rows' second halves are `PAD` (ignored by the loss).
+fn segment_at(
+    tokens: &[u16],
+    batch: usize,
+    len: usize,
+    offset: usize,
+    reset: &[usize],
+    padded: &[usize],
+) -> Segment {
+    let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+    for r in 0..batch {
+        let start = offset + r * 101;
+        let row: Vec<i64> = tokens[start..start + len + 1]
+            .iter()
+            .map(|&t| t as i64)
+            .collect();
+        inputs.extend_from_slice(&row[..len]);
+        let mut t = row[1..].to_vec();
+        if padded.contains(&r) {
+            t[len / 2..].iter_mut().for_each(|x| *x = PAD as i64);
+        }
+        targets.extend(t);
+    }
+    Segment {
+        batch,
+        len,
+        inputs,
+        targets,
+        reset: (0..batch).map(|r| reset.contains(&r)).collect(),
+        target_mask: None,
+    }
+}
+
+const PAD: usize = 0;
+
+/// Every parameter's gradient, flattened in visiting order.
+fn flat_grads<M: burn::module::Module>(model: &M, grads: &GradientsParams) -> Vec<f32> {
+    param_vectors(model, Some(grads))
+        .into_iter()
+        .flat_map(|g| g.expect("every parameter has a gradient"))
+        .collect()
+}
+
+/// Runs three consecutive segments (memory carried; on the third, a reset row and padded
+/// targets) with `replicas` data-parallel replicas: the losses and gradients of each step.
+fn sharded_steps<M: SegmentModel>(
+    model: &M,
+    replicas: usize,
+    ignore: Option<usize>,
+) -> Vec<(f64, Vec<f32>)> {
+    let dev = flex().autodiff();
+    let tokens = stream();
+    let mut states: Vec<M::State> = (0..replicas).map(|_| M::State::default()).collect();
+    (0..3)
+        .map(|step| {
+            let (reset, padded): (&[usize], &[usize]) = match step {
+                2 => (&[3], &[0, 1]),
+                _ => (&[], &[]),
+            };
+            let seg = segment_at(&tokens, 5, 12, step * 12, reset, padded);
+            let (loss, grads) = train_step_sharded(model, &dev, &seg, &mut states, ignore).unwrap();
+            (loss, flat_grads(model, &grads))
+        })
+        .collect()
+}
+
+/// Data-parallel replicas (even and uneven shards, one row each) compute the loss and the
+/// gradients of one pass over the whole batch, memory carried per shard across segments.
+fn data_parallel_matches_one_pass<M: SegmentModel>(model: &M, what: &str) {
+    for ignore in [None, Some(PAD)] {
+        let want = sharded_steps(model, 1, ignore);
+        for replicas in [2, 3, 5] {
+            let got = sharded_steps(model, replicas, ignore);
+            for (step, ((l1, g1), (lr, gr))) in want.iter().zip(&got).enumerate() {
+                let what = format!("{what}, {replicas} replicas, ignore {ignore:?}, step {step}");
+                assert!(
+                    (l1 - lr).abs() < 1e-5 * l1.abs(),
+                    "{what}: loss {l1} vs {lr}"
+                );
+                let scale = g1.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                assert!(scale > 1e-4, "{what}: gradients carry signal");
+                assert_close(gr, g1, 1e-5 * scale, &format!("{what}: gradients"));
+            }
+        }
+    }
+}
+
+#[test]
+fn data_parallel_xl_step_equals_one_pass() {
+    let dev = flex().autodiff();
+    dev.seed(5);
+    let model = tiny_model().init(&dev).unwrap();
+    data_parallel_matches_one_pass(&model, "XL");
+}
+
+#[test]
+fn data_parallel_memorizing_step_equals_one_pass() {
+    use memzoo_knn::MemorizingConfig;
+    use memzoo_memory::IndexKind;
+    let dev = flex().autodiff();
+    dev.seed(6);
+    let config = MemorizingConfig::new()
+        .with_xl(tiny_model())
+        .with_knn_layers(vec![1])
+        .with_top_k(4)
+        .with_max_memories(64)
+        .with_index(IndexKind::Exact);
+    let model = config.init(&dev).unwrap();
+    data_parallel_matches_one_pass(&model, "Memorizing");
+}
+
+#[test]
+fn bad_replica_counts_are_config_errors() {
+    for bad in [0, 5] {
+        let err = tiny_train(4)
+            .with_replicas(Some(bad))
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("got {bad}")) && err.contains("train.batch (4)"),
+            "{err}"
+        );
+    }
+    assert_eq!(shard_rows(7, 3), vec![0..3, 3..5, 5..7]);
 }
 
 #[test]

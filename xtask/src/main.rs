@@ -52,6 +52,11 @@ pub struct BenchArgs {
     /// CPU threads for the flex backend (sets RAYON_NUM_THREADS).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// Data-parallel replicas of the model benchmarks (`xl-small`, `memorizing-small*`), each
+    /// training on its share of the batch's rows at once; default: as the trainer (one per
+    /// thread on flex, 1 elsewhere).
+    #[arg(long)]
+    pub replicas: Option<usize>,
     /// Fewer steps: a quick look, not a measurement to report.
     #[arg(long)]
     pub quick: bool,

@@ -1,22 +1,41 @@
 //! Model training-throughput benchmarks (forward + cross-entropy + backward + AdamW).
 
 use burn::module::Module;
-use burn::optim::{AdamWConfig, GradientsParams};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::optim::AdamWConfig;
+use burn::tensor::{Device, Tensor, TensorData};
+use memzoo_train::Segment;
+use memzoo_train::parallel::{shard_rows, train_step_sharded};
 use memzoo_xl::{XlConfig, XlMemory};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::BenchArgs;
 use crate::measure::{Measurement, median, peak_rss_mb, time_steps};
 
-/// Random byte tokens `[batch, len]`.
-fn random_tokens(batch: usize, len: usize, rng: &mut StdRng, device: &Device) -> Tensor<2, Int> {
-    let data: Vec<i64> = (0..batch * len).map(|_| rng.random_range(0..256)).collect();
-    Tensor::from_data(TensorData::new(data, [batch, len]), device)
+/// A segment of random byte tokens, `batch` rows of `len` (no document starts).
+fn random_segment(batch: usize, len: usize, rng: &mut StdRng) -> Segment {
+    let data: Vec<i64> = (0..batch * (len + 1))
+        .map(|_| rng.random_range(0..256))
+        .collect();
+    let rows = data.chunks(len + 1);
+    Segment {
+        batch,
+        len,
+        inputs: rows.clone().flat_map(|r| r[..len].to_vec()).collect(),
+        targets: rows.flat_map(|r| r[1..].to_vec()).collect(),
+        reset: vec![false; batch],
+        target_mask: None,
+    }
+}
+
+/// The replicas a benchmark trains with: `--replicas`, else the trainer's choice.
+fn replicas(args: &BenchArgs, device: &Device, batch: usize) -> usize {
+    args.replicas
+        .unwrap_or_else(|| memzoo_train::parallel::auto_replicas(device, batch))
 }
 
 /// XL-small: 6 layers, d_model 256, 8 heads x 32, d_inner 1024, tgt_len 128, mem_len 128,
-/// batch 8, vocab 256, f32; memory carried across steps as in training.
+/// batch 8, vocab 256, f32; memory carried across steps as in training. The step is the
+/// trainer's: the batch split over data-parallel replicas (`--replicas`, default as the trainer).
 pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
     let (batch, tgt_len) = (8, 128);
     // The defaults are XL-small; like the peers' reference run: no dropout, u/v per layer.
@@ -24,18 +43,14 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
     let device = device.clone().autodiff();
     let mut model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
+    let replicas = replicas(args, &device, batch);
     let mut optim = AdamWConfig::new().init();
-    let mut memory = XlMemory::empty();
+    let mut memories: Vec<XlMemory> = (0..replicas).map(|_| XlMemory::empty()).collect();
     let mut rng = StdRng::seed_from_u64(0);
     let times = time_steps(args.warmup(), args.steps(), || {
-        let tokens = random_tokens(batch, tgt_len + 1, &mut rng, &device);
-        let (x, y) = (
-            tokens.clone().narrow(1, 0, tgt_len),
-            tokens.narrow(1, 1, tgt_len),
-        );
-        let (loss, next) = model.forward_loss(x, y, &memory).expect("valid shapes");
-        memory = next;
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let segment = random_segment(batch, tgt_len, &mut rng);
+        let (_, grads) = train_step_sharded(&model, &device, &segment, &mut memories, None)
+            .expect("valid shapes");
         model = optim.step(2.5e-4, model.clone(), grads);
         device.sync().expect("device sync");
     });
@@ -50,6 +65,7 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
             "d_head": config.head_width(), "d_inner": config.d_inner, "tgt_len": tgt_len,
             "mem_len": config.mem_len, "batch": batch, "vocab": config.vocab_size,
             "dropout": config.dropout, "untie_rel_bias": config.untie_rel_bias,
+            "replicas": replicas,
         }),
         steps: times.len(),
         step_s_median: med,
@@ -184,39 +200,42 @@ pub fn memorizing_small(
     let device = device.clone().autodiff();
     let mut model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
+    let replicas = replicas(args, &device, batch);
     let mut optim = AdamWConfig::new().init();
-    let mut state = model.new_state(batch, &device).map_err(|e| e.to_string())?;
     let mut rng = StdRng::seed_from_u64(0);
     let (h, d) = (config.xl.n_heads, config.xl.head_width());
-    for store in state.knn.iter_mut() {
-        let mut left = prefill.min(config.max_memories);
-        while left > 0 {
-            let n = left.min(1024);
-            let mut unit = |normalise: bool| {
-                let mut v: Vec<f32> = (0..batch * n * h * d)
-                    .map(|_| rng.random_range(-1.0f32..1.0))
-                    .collect();
-                if normalise {
-                    for x in v.chunks_mut(d) {
-                        let norm = x.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-6);
-                        x.iter_mut().for_each(|a| *a /= norm);
+    // One state per replica, for its rows, each kNN memory prefilled with random unit keys.
+    let mut states = Vec::new();
+    for rows in shard_rows(batch, replicas) {
+        let rows = rows.len();
+        let mut state = model.new_state(rows, &device).map_err(|e| e.to_string())?;
+        for store in state.knn.iter_mut() {
+            let mut left = prefill.min(config.max_memories);
+            while left > 0 {
+                let n = left.min(1024);
+                let mut unit = |normalise: bool| {
+                    let mut v: Vec<f32> = (0..rows * n * h * d)
+                        .map(|_| rng.random_range(-1.0f32..1.0))
+                        .collect();
+                    if normalise {
+                        for x in v.chunks_mut(d) {
+                            let norm = x.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-6);
+                            x.iter_mut().for_each(|a| *a /= norm);
+                        }
                     }
-                }
-                Tensor::<4>::from_data(TensorData::new(v, [batch, n, h, d]), &device)
-            };
-            let (k, v) = (unit(true), unit(false));
-            store.add(k, v).map_err(|e| e.to_string())?;
-            left -= n;
+                    Tensor::<4>::from_data(TensorData::new(v, [rows, n, h, d]), &device)
+                };
+                let (k, v) = (unit(true), unit(false));
+                store.add(k, v).map_err(|e| e.to_string())?;
+                left -= n;
+            }
         }
+        states.push(state);
     }
-    let reset = vec![false; batch];
     let times = time_steps(args.warmup(), args.steps(), || {
-        let tokens = random_tokens(batch, len + 1, &mut rng, &device);
-        let (x, y) = (tokens.clone().narrow(1, 0, len), tokens.narrow(1, 1, len));
-        let loss = model
-            .forward_loss(x, y, &mut state, &reset)
-            .expect("valid shapes");
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let segment = random_segment(batch, len, &mut rng);
+        let (_, grads) =
+            train_step_sharded(&model, &device, &segment, &mut states, None).expect("valid shapes");
         model = optim.step(2.5e-4, model.clone(), grads);
         device.sync().expect("device sync");
     });
@@ -233,7 +252,7 @@ pub fn memorizing_small(
         config: serde_json::json!({"n_layers": 6, "d_model": 256, "heads": 8, "d_head": 32,
             "seq": len, "knn_layers": config.knn_layers, "top_k": 32, "max_memories": 16384,
             "prefill_memories": prefill, "xl_memory": 0,
-            "batch": batch, "index": format!("{:?}", config.index)}),
+            "batch": batch, "index": format!("{:?}", config.index), "replicas": replicas}),
         steps: times.len(),
         step_s_median: med,
         step_s_min: times[0],

@@ -231,6 +231,22 @@ pub fn compiled_features() -> Vec<&'static str> {
     features
 }
 
+/// Whether `device` (or the device an autodiff device wraps) is the `flex` CPU backend, whose
+/// element-wise kernels run on the calling thread: the trainer splits a batch over data-parallel
+/// replicas there (see `memzoo_train::parallel`).
+pub fn is_flex(device: &Device) -> bool {
+    #[cfg(feature = "flex")]
+    {
+        // Device equality is hardware identity, autodiff ignored.
+        *device == Device::flex()
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// Parses a device string (see the crate docs) and initialises the device.
 pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
     name.parse::<DeviceSpec>()?.init()
@@ -288,6 +304,18 @@ pub fn test_devices_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flex_is_recognised_with_and_without_autodiff() {
+        let flex = parse_device("flex").unwrap();
+        assert!(is_flex(&flex));
+        assert!(is_flex(&flex.autodiff()));
+        for spec in test_devices_from(Some("gl"), false).unwrap() {
+            if spec != DeviceSpec::Flex {
+                assert!(!is_flex(&spec.init().unwrap()), "{spec}");
+            }
+        }
+    }
 
     #[test]
     fn parses_every_documented_name() {

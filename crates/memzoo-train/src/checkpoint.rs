@@ -1,9 +1,10 @@
 //! Checkpoints: model, optimizer, carried state and trainer state, written atomically.
 //!
 //! Layout: `<run>/checkpoints/step-00000200/{model.bpk, optim.bpk, state/, trainer.json}` and
-//! `<run>/checkpoints/latest` naming the newest complete one. A checkpoint is assembled in a
-//! `.tmp-*` folder and renamed into place, so a crash mid-write never leaves a half-written
-//! checkpoint under a final name; `latest` is replaced by rename too.
+//! `<run>/checkpoints/latest` naming the newest complete one. `state/` holds the carried state;
+//! a run with several data-parallel replicas keeps one per replica, `state/shard-<r>/`. A
+//! checkpoint is assembled in a `.tmp-*` folder and renamed into place, so a crash mid-write
+//! never leaves a half-written checkpoint under a final name; `latest` is replaced by rename too.
 
 use std::path::{Path, PathBuf};
 
@@ -21,8 +22,8 @@ pub struct Restored<M: SegmentModel> {
     pub model: M,
     /// The optimizer with its moments.
     pub optim: ModuleOptimizer,
-    /// The carried state (memories).
-    pub state: M::State,
+    /// The carried state (memories), one per data-parallel replica.
+    pub states: Vec<M::State>,
     /// Step, data position, schedule.
     pub trainer: TrainerState,
 }
@@ -31,12 +32,22 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> TrainError {
     move |e| TrainError::io(context, e)
 }
 
+/// Where replica `r` of `replicas` keeps its carried state inside a checkpoint folder.
+fn state_dir(dir: &Path, r: usize, replicas: usize) -> PathBuf {
+    match replicas {
+        1 => dir.join("state"),
+        _ => dir.join("state").join(format!("shard-{r}")),
+    }
+}
+
 /// Writes a checkpoint for `trainer.step` and keeps the newest `keep`.
+///
+/// `states`: the carried state of each of the `trainer.replicas` replicas.
 pub fn save<M: SegmentModel>(
     ckpt_dir: &Path,
     model: &M,
     optim: &ModuleOptimizer,
-    state: &M::State,
+    states: &[M::State],
     trainer: &TrainerState,
     keep: usize,
 ) -> Result<PathBuf, TrainError> {
@@ -48,8 +59,10 @@ pub fn save<M: SegmentModel>(
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io(format!("cannot clear {}", tmp.display())))?;
     }
-    std::fs::create_dir_all(tmp.join("state"))
-        .map_err(io(format!("cannot create {}", tmp.display())))?;
+    for r in 0..states.len() {
+        let dir = state_dir(&tmp, r, states.len());
+        std::fs::create_dir_all(&dir).map_err(io(format!("cannot create {}", dir.display())))?;
+    }
     model
         .clone()
         .save_file(tmp.join("model.bpk"))
@@ -57,7 +70,9 @@ pub fn save<M: SegmentModel>(
     optim
         .save(tmp.join("optim.bpk"))
         .map_err(|e| TrainError::Checkpoint(format!("writing optimizer: {e:?}")))?;
-    M::save_state(state, &tmp.join("state"))?;
+    for (r, state) in states.iter().enumerate() {
+        M::save_state(state, &state_dir(&tmp, r, states.len()))?;
+    }
     let json = serde_json::to_string_pretty(trainer).expect("serialisable trainer state");
     std::fs::write(tmp.join("trainer.json"), json)
         .map_err(io(format!("cannot write {}", tmp.display())))?;
@@ -134,11 +149,19 @@ pub fn load<M: SegmentModel>(
     let optim = optim.load(&optim_path).map_err(|e| {
         TrainError::Checkpoint(format!("{} cannot be loaded: {e:?}", optim_path.display()))
     })?;
-    let state = model.load_state(&dir.join("state"), device)?;
+    if trainer.replicas == 0 {
+        return Err(TrainError::Checkpoint(format!(
+            "{}: trainer.json names 0 replicas",
+            dir.display()
+        )));
+    }
+    let states = (0..trainer.replicas)
+        .map(|r| model.load_state(&state_dir(dir, r, trainer.replicas), device))
+        .collect::<Result<_, _>>()?;
     Ok(Restored {
         model,
         optim,
-        state,
+        states,
         trainer,
     })
 }

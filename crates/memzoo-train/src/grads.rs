@@ -45,11 +45,22 @@ pub fn global_norm<M: Module>(model: &M, grads: &GradientsParams) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Every parameter gradient multiplied by `factor`.
+pub fn scale<M: Module>(model: &M, mut grads: GradientsParams, factor: f64) -> GradientsParams {
+    if factor != 1.0 {
+        model.visit(&mut Scale {
+            grads: &mut grads,
+            factor,
+        });
+    }
+    grads
+}
+
 /// Scales the gradients by `scale` (e.g. `1 / accumulation steps`), then clips their global
 /// norm to `max_norm` (as `torch.nn.utils.clip_grad_norm_`). Returns the norm before clipping.
 pub fn scale_and_clip<M: Module>(
     model: &M,
-    mut grads: GradientsParams,
+    grads: GradientsParams,
     scale: f64,
     max_norm: Option<f64>,
 ) -> (GradientsParams, f64) {
@@ -58,12 +69,5 @@ pub fn scale_and_clip<M: Module>(
         Some(max) if norm > max => max / (norm + 1e-6),
         _ => 1.0,
     };
-    let factor = scale * clip;
-    if factor != 1.0 {
-        model.visit(&mut Scale {
-            grads: &mut grads,
-            factor,
-        });
-    }
-    (grads, norm)
+    (self::scale(model, grads, scale * clip), norm)
 }

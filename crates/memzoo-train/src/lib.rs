@@ -14,6 +14,7 @@ pub mod error;
 pub mod grads;
 pub mod metrics;
 pub mod model;
+pub mod parallel;
 pub mod schedule;
 pub mod trainer;
 

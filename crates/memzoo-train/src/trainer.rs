@@ -42,6 +42,27 @@ impl Segment {
             Tensor::from_data(TensorData::new(self.targets.clone(), shape), device),
         )
     }
+
+    /// The rows `rows` of this segment (a shard for one data-parallel replica).
+    ///
+    /// # Panics
+    /// If `rows` reaches past `batch`.
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Segment {
+        assert!(
+            rows.end <= self.batch,
+            "rows {rows:?} of a {}-row segment",
+            self.batch
+        );
+        let cells = rows.start * self.len..rows.end * self.len;
+        Segment {
+            batch: rows.len(),
+            len: self.len,
+            inputs: self.inputs[cells.clone()].to_vec(),
+            targets: self.targets[cells.clone()].to_vec(),
+            reset: self.reset[rows].to_vec(),
+            target_mask: self.target_mask.as_ref().map(|m| m[cells].to_vec()),
+        }
+    }
 }
 
 /// Ordered segments of one split, with a position that checkpoints save and restore.
@@ -81,6 +102,11 @@ pub struct TrainConfig {
     /// Clip the global gradient norm to this value. Default: 0.25 (Transformer-XL).
     #[config(default = "Some(0.25)")]
     pub clip_norm: Option<f64>,
+    /// Data-parallel model replicas, each training on its share of the batch's rows at the same
+    /// time (see [`crate::parallel`]); at most `batch`. `None`: one per CPU thread on `flex`, 1
+    /// on every other backend. A resumed run keeps its checkpoint's count. Default: none.
+    #[config(default = "None")]
+    pub replicas: Option<usize>,
     /// Segments whose gradients are summed per optimizer step. Default: 1.
     #[config(default = 1)]
     pub grad_accum: usize,
@@ -123,6 +149,9 @@ impl TrainConfig {
                 return bad(format!("{name} must be positive, got 0"));
             }
         }
+        if let Some(r) = self.replicas {
+            crate::parallel::check_replicas(r, self.batch)?;
+        }
         if let Some(c) = self.clip_norm
             && !(c.is_finite() && c > 0.0)
         {
@@ -160,6 +189,14 @@ pub struct TrainerState {
     pub schedule: ScheduleConfig,
     /// Total steps the schedule was planned for.
     pub total_steps: usize,
+    /// Data-parallel replicas, each with the carried state of its rows (1 in checkpoints
+    /// written before replicas existed).
+    #[serde(default = "one")]
+    pub replicas: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Evaluation result over a split.
@@ -326,7 +363,10 @@ pub fn train<M: SegmentModel>(
         .next()
         .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
     let mut optim = config.optimizer();
-    let mut state = M::State::default();
+    let mut replicas = config
+        .replicas
+        .unwrap_or_else(|| crate::parallel::auto_replicas(&device, config.batch));
+    let mut states: Vec<M::State> = Vec::new();
     let mut start = 0;
     let mut tokens: u64 = 0;
     let ckpt_dir = options.run_dir.join("checkpoints");
@@ -343,9 +383,22 @@ pub fn train<M: SegmentModel>(
                         restored.model.family()
                     )));
                 }
+                if let Some(asked) = config.replicas
+                    && asked != restored.trainer.replicas
+                {
+                    return Err(TrainError::Config(format!(
+                        "train.replicas = {asked}, but {} was trained with {} replicas (each \
+                         carries the memories of its rows): leave train.replicas unset or set \
+                         it to {}",
+                        dir.display(),
+                        restored.trainer.replicas,
+                        restored.trainer.replicas
+                    )));
+                }
                 model = restored.model;
                 optim = restored.optim;
-                state = restored.state;
+                replicas = restored.trainer.replicas;
+                states = restored.states;
                 train_data.restore(&restored.trainer.data_position)?;
                 start = restored.trainer.step;
                 tokens = restored.trainer.tokens;
@@ -359,7 +412,17 @@ pub fn train<M: SegmentModel>(
         }
     }
 
+    crate::parallel::check_replicas(replicas, config.batch)?;
+    if states.is_empty() {
+        states = (0..replicas).map(|_| M::State::default()).collect();
+    }
     let mut reporter = Reporter::new(&options.run_dir, config.steps, start, options.quiet)?;
+    if replicas > 1 {
+        reporter.note(&format!(
+            "{replicas} data-parallel replicas of {} rows",
+            config.batch / replicas
+        ));
+    }
     if start > 0 {
         reporter.note(&format!("resumed at step {start}"));
     }
@@ -377,7 +440,7 @@ pub fn train<M: SegmentModel>(
                 None => {
                     // A new epoch: rows restart, so memories restart too.
                     train_data.rewind();
-                    state = M::State::default();
+                    states.iter_mut().for_each(|s| *s = M::State::default());
                     train_data.next_segment(config.tgt_len).ok_or_else(|| {
                         TrainError::Data(format!(
                             "the training split holds no full segment of {} x {} tokens",
@@ -386,8 +449,8 @@ pub fn train<M: SegmentModel>(
                     })?
                 }
             };
-            let (x, y) = seg.tensors(&device);
-            let (loss, grads) = model.train_step(x, y, &mut state, &seg.reset, ignore)?;
+            let (loss, grads) =
+                crate::parallel::train_step_sharded(&model, &device, &seg, &mut states, ignore)?;
             if !loss.is_finite() {
                 return Err(TrainError::Model(format!(
                     "loss became {loss} at step {}; lower train.schedule.lr",
@@ -455,12 +518,13 @@ pub fn train<M: SegmentModel>(
                 data_position: train_data.position(),
                 schedule: config.schedule.clone(),
                 total_steps: config.steps,
+                replicas,
             };
             crate::checkpoint::save(
                 &ckpt_dir,
                 &model,
                 &optim,
-                &state,
+                &states,
                 &trainer,
                 config.keep_checkpoints,
             )?;
