@@ -284,17 +284,13 @@ impl RelativeMultiHeadAttention {
                 ac + relative_shift(bd, klen)
             }
             PositionKind::T5 => {
-                let idx = ctx.table_index.clone().expect("context has table indices");
-                let w = idx.dims()[0];
+                let idx = ctx.pair_index.clone().expect("context has pair indices");
                 let qlen = q.dims()[2];
                 let bias = self.rel_bias.as_ref().expect("T5 bias table").val();
-                // β per column: [W, h] -> [1, h, qlen, W], then re-indexed by key.
-                let beta = bias
-                    .select(0, idx)
-                    .transpose()
-                    .reshape([1, h, 1, w])
-                    .expand([1, h, qlen, w]);
-                q.mul_scalar(scale).matmul(kt) + relative_shift(beta, klen)
+                // β_{bucket(i + mlen - j)} gathered per pair: [table, h] -> [h, qlen * klen]
+                // -> [1, h, qlen, klen], shared by every batch row.
+                let beta = bias.transpose().select(1, idx).reshape([1, h, qlen, klen]);
+                q.mul_scalar(scale).matmul(kt) + beta
             }
         }
     }

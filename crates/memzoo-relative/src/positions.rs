@@ -246,8 +246,11 @@ pub struct RelativeContext {
     pub mlen: usize,
     /// XL: the sinusoid of every (clamped) distance, `[columns, d_model]`.
     pub sinusoid: Option<Tensor<2>>,
-    /// Learned / T5: the parameter-table row of every distance, `[columns]`.
+    /// Learned: the parameter-table row of every distance, `[columns]`.
     pub table_index: Option<Tensor<1, Int>>,
+    /// T5: the bucket of every (query, key) pair, `bucket(i + mlen - j)` at `i * klen + j`,
+    /// `[qlen * klen]` (a bias needs no shift: it is gathered straight into key order).
+    pub pair_index: Option<Tensor<1, Int>>,
     /// Hidden keys, `[1 or batch, qlen, klen]` (`true` = hidden), `None` if all are visible.
     pub mask: Option<Tensor<3, Bool>>,
     /// The score given to hidden keys before the softmax: `-inf` when every query keeps at
@@ -274,26 +277,44 @@ impl RelativeContext {
             _ => n_distances(qlen, klen),
         };
         let distances = (0..w).map(|c| distance_of_column(c, klen));
-        let (sinusoid, table_index) = match positions.kind {
+        let (mut sinusoids, mut table_index, mut pair_index) = (None, None, None);
+        match positions.kind {
             PositionKind::Xl => {
                 let mut data = Vec::with_capacity(w * d_model);
                 for d in distances {
                     sinusoid(positions.clamped(d), d_model, &mut data);
                 }
-                let t = Tensor::from_data(TensorData::new(data, [w, d_model]), device);
-                (Some(t), None)
+                sinusoids = Some(Tensor::from_data(
+                    TensorData::new(data, [w, d_model]),
+                    device,
+                ));
             }
-            PositionKind::Learned | PositionKind::T5 => {
+            PositionKind::Learned => {
                 let idx: Vec<i64> = distances.map(|d| positions.table_index(d) as i64).collect();
-                let t = Tensor::from_data(TensorData::new(idx, [w]), device);
-                (None, Some(t))
+                table_index = Some(Tensor::from_data(TensorData::new(idx, [w]), device));
             }
-        };
+            PositionKind::T5 => {
+                // Bucket of d = i + mlen - j, per distance once, then laid out per pair.
+                let bucket: Vec<i64> = (-(qlen as i64)..=klen as i64)
+                    .map(|d| positions.table_index(d) as i64)
+                    .collect();
+                let at = |d: i64| bucket[(d + qlen as i64) as usize];
+                let idx: Vec<i64> = (0..qlen)
+                    .flat_map(|i| (0..klen).map(move |j| (i + mlen) as i64 - j as i64))
+                    .map(at)
+                    .collect();
+                pair_index = Some(Tensor::from_data(
+                    TensorData::new(idx, [qlen * klen]),
+                    device,
+                ));
+            }
+        }
         Self {
             qlen,
             mlen,
-            sinusoid,
+            sinusoid: sinusoids,
             table_index,
+            pair_index,
             mask: mask.build(qlen, mlen, device),
             mask_value: match mask {
                 AttentionMask::Causal { .. } => f32::NEG_INFINITY,
