@@ -229,16 +229,20 @@ impl KnnAttention {
         let found = knn.search(q.clone().detach(), top_k)?;
         let kk = found.keys.dims()[3];
         let hidden = found.mask; // [batch, qlen, heads, k]
-        // τ q̂·k̂_m: Σ_d [b, q, h, 1, dh] * [b, q, h, k, dh] -> [b, q, h, k]
-        let mem_scores = (q.unsqueeze_dim::<5>(3) * found.keys)
-            .sum_dim(4)
+        // One small product per (row, query, head): n of them, batched.
+        let n = batch * qlen * h;
+        // τ q̂·k̂_m: [n, 1, dh] x [n, dh, k] -> [b, q, h, k]
+        let mem_scores = q
+            .reshape([n, 1, dh])
+            .matmul(found.keys.reshape([n, kk, dh]).swap_dims(1, 2))
             .reshape([batch, qlen, h, kk])
             * tau.reshape([1, 1, h, 1]);
         let mem_scores = mem_scores.mask_fill(hidden.clone(), MASKED);
         let mem_probs = att.dropatt.forward(softmax(mem_scores, 3));
-        // A_m V_mem: Σ_k [b, q, h, k, 1] * [b, q, h, k, dh] -> [b, q, h, dh]
-        let remote = (mem_probs.unsqueeze_dim::<5>(4) * found.values)
-            .sum_dim(3)
+        // A_m V_mem: [n, 1, k] x [n, k, dh] -> [b, q, h, dh]
+        let remote = mem_probs
+            .reshape([n, 1, kk])
+            .matmul(found.values.reshape([n, kk, dh]))
             .reshape([batch, qlen, h, dh]);
 
         // g = sigmoid(b_g) per head, 0 where the query found nothing.
