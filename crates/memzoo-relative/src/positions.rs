@@ -7,7 +7,7 @@ use burn::config::Config;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
-use crate::shift::{distance_of_column, n_distances};
+use crate::shift::{distance_of_column, n_columns};
 
 /// Which relative position scheme an attention layer uses.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -236,8 +236,9 @@ impl AttentionMask {
 
 /// Position information shared by every layer of one forward pass.
 ///
-/// Columns are indexed by distance, `c ↦ klen - 1 - c` (see [`crate::shift`]): all
-/// `klen + qlen - 1` distances, or only the `klen` non-negative ones under a causal mask.
+/// Columns are indexed by distance, `c ↦ klen - 1 - c`, [`n_columns`] of them (see
+/// [`crate::shift`]): all `klen + qlen - 1` distances, or only the `klen` non-negative ones under
+/// a causal mask, and one more.
 #[derive(Debug, Clone)]
 pub struct RelativeContext {
     /// Queries in this segment.
@@ -271,11 +272,10 @@ impl RelativeContext {
         device: &Device,
     ) -> Self {
         let klen = qlen + mlen;
-        // A causal mask hides every negative distance: score only the klen non-negative ones.
-        let w = match mask {
-            AttentionMask::Causal { .. } => klen,
-            _ => n_distances(qlen, klen),
-        };
+        // A causal mask hides every negative distance: score only the klen non-negative ones
+        // (and one more, which the shift needs as its row stride).
+        let causal = matches!(mask, AttentionMask::Causal { .. });
+        let w = n_columns(qlen, klen, causal);
         let distances = (0..w).map(|c| distance_of_column(c, klen));
         let (mut sinusoids, mut table_index, mut pair_index) = (None, None, None);
         match positions.kind {

@@ -1,4 +1,4 @@
-//! The exact relative shift.
+//! The relative shift.
 //!
 //! Relative attention scores the pair (query `i`, key `j`) with an embedding of their distance
 //! `d = i + mlen - j` (query `i` sits at absolute position `mlen + i` once `mlen` memory keys are
@@ -10,22 +10,37 @@
 //! out[i, j] = x[i, qlen - 1 - i + j]        0 <= i < qlen, 0 <= j < klen
 //! ```
 //!
-//! `x` has `W = klen + qlen - 1` columns, one per distance from `klen - 1` down to `-(qlen - 1)`,
-//! so every output entry is a real score: the upper (future) triangle is filled with the scores
-//! of negative distances, not with the neighbouring row's values as in the approximate shifts
-//! (which are only correct because the causal mask hides their garbage).
+//! It is the pad-and-reshape trick of Dai et al. (2019, appendix B), without the pad: `x`
+//! arrives with one column more than the distances the output reads (`S` columns), the last
+//! two dims are flattened, the first `qlen - 1` entries dropped and the rest read as rows of
+//! `S - 1`. Entry `x[i, c]` sits at flat position `i S + c`; with `c = qlen - 1 - i + j` that
+//! is `(qlen - 1) + i (S - 1) + j`, i.e. row `i`, column `j` of the re-read matrix. The one
+//! copy is the re-read; the extra column (a real distance, computed by the same matmul) only
+//! gives rows their stride and no output entry reads it.
 //!
-//! It is the pad-and-reshape trick of Dai et al. (2019, appendix B), made exact: pad one zero
-//! column on the right (`W + 1` columns), flatten the last two dims, drop the first `qlen - 1`
-//! entries, and read the rest as rows of length `W`. Entry `x[i, c]` sits at flat position
-//! `i (W + 1) + c`; with `c = qlen - 1 - i + j` that is `(qlen - 1) + i W + j`, i.e. row `i`,
-//! column `j` of the re-read matrix.
+//! Two widths (see [`n_columns`]):
+//! - **all distances**, `S = klen + qlen`: distances `klen - 1` down to `-qlen`; every output
+//!   entry is exact, the upper (future) triangle included;
+//! - **causal**, `S = klen + 1`: distances `klen - 1` down to `-1`. Every entry a causal mask
+//!   leaves visible (`j <= i + mlen`, distance >= 0) is exact; the hidden ones hold other
+//!   entries of `x` (finite), which the mask then replaces. Half the work of the full width
+//!   when `mlen = qlen`.
 
 use burn::tensor::Tensor;
 
-/// Number of distance columns the shift needs: `klen + qlen - 1`.
+/// Number of distances between `qlen` queries and `klen` keys: `klen + qlen - 1`.
 pub fn n_distances(qlen: usize, klen: usize) -> usize {
     klen + qlen - 1
+}
+
+/// Columns [`relative_shift`] takes: `klen + 1` under a causal mask (the distances it leaves
+/// visible, plus one), else `klen + qlen` (every distance, plus one).
+pub fn n_columns(qlen: usize, klen: usize, causal: bool) -> usize {
+    if causal {
+        klen + 1
+    } else {
+        n_distances(qlen, klen) + 1
+    }
 }
 
 /// The distance of column `c` of a distance-major score matrix: `klen - 1 - c`.
@@ -35,30 +50,24 @@ pub fn distance_of_column(c: usize, klen: usize) -> i64 {
 
 /// Re-indexes scores by distance into scores by key.
 ///
-/// `x` holds either every distance (`klen + qlen - 1` columns) or, for causal attention, only
-/// the non-negative ones (`klen` columns, distances `klen - 1 .. 0`): the missing negative
-/// distances (future keys, which the causal mask hides) then read as exact zeros.
+/// `x` holds [`n_columns`] columns, column `c` = distance `klen - 1 - c`: with the full width
+/// every output entry is exact; with the causal width (`klen + 1`) the entries of negative
+/// distance (future keys, `j > i + mlen`) are unspecified (see the module docs).
 ///
 /// # Shapes
-/// - `x`: `[batch, heads, qlen, klen + qlen - 1]` or `[batch, heads, qlen, klen]`,
-///   column `c` = distance `klen - 1 - c`
+/// - `x`: `[batch, heads, qlen, S]`, `S = klen + qlen` or `klen + 1`
 /// - output: `[batch, heads, qlen, klen]`, `out[.., i, j] = x[.., i, qlen - 1 - i + j]`
 pub fn relative_shift(x: Tensor<4>, klen: usize) -> Tensor<4> {
-    let [b, h, qlen, c] = x.dims();
-    let w = n_distances(qlen, klen);
+    let [b, h, qlen, s] = x.dims();
     debug_assert!(
-        c == w || c == klen,
-        "relative_shift: {c} columns for klen {klen}, qlen {qlen}"
+        s == n_columns(qlen, klen, false) || s == n_columns(qlen, klen, true),
+        "relative_shift: {s} columns for klen {klen}, qlen {qlen}"
     );
     if qlen == 1 {
-        return x; // one row: out[0, j] = x[0, j], and W = klen
+        return x.narrow(3, 0, klen); // one row: out[0, j] = x[0, j]
     }
-    let device = x.device();
-    // Zero columns up to W + 1: the missing negative distances and the one pad column.
-    let zeros = Tensor::<4>::zeros([b, h, qlen, w + 1 - c], &device);
-    Tensor::cat(vec![x, zeros], 3)
-        .reshape([b, h, qlen * (w + 1)])
-        .narrow(2, qlen - 1, qlen * w)
-        .reshape([b, h, qlen, w])
+    x.reshape([b, h, qlen * s])
+        .narrow(2, qlen - 1, qlen * (s - 1))
+        .reshape([b, h, qlen, s - 1])
         .narrow(3, 0, klen)
 }
