@@ -136,6 +136,29 @@ struct Chunked {
     round_locs: Vec<Tensor<3>>,
 }
 
+/// Whether a key `d = k - q` chunks after its query's chunk (sorted order, `|d| < nc`) is in
+/// the query's window of `before` chunks back and `after` ahead, which wraps around the `nc`
+/// chunks: `(d + before) mod nc <= before + after`.
+///
+/// With `u = d + before` in `(before - nc, before + nc)` and `B = before + after < nc` that is
+/// `0 <= u <= B`, or `u >= nc` (then `u - nc < before <= B`), or `u + nc <= B`. Comparisons
+/// only: the chunk indices are small integers held as floats, and flex's float remainder and
+/// floor are scalar library calls (they took a quarter of a Reformer step).
+pub(crate) fn in_window<const D: usize>(
+    d: Tensor<D>,
+    nc: usize,
+    before: usize,
+    after: usize,
+) -> Tensor<D, Bool> {
+    let u = d.add_scalar(before as f64);
+    let b = (before + after) as f64;
+    u.clone()
+        .greater_equal_elem(-0.5)
+        .bool_and(u.clone().lower_equal_elem(b + 0.5))
+        .bool_or(u.clone().greater_equal_elem(nc as f64 - 0.5))
+        .bool_or(u.lower_equal_elem(b - nc as f64 + 0.5))
+}
+
 /// Attention inside chunks, each also seeing `before` / `after` neighbouring chunks.
 ///
 /// `shared_qk`: a query's own key gets [`SELF_SCORE`]; `window`: keys outside the chunk window
@@ -182,13 +205,7 @@ fn chunked_attention(
         for loc in round_locs {
             let kl = look_around(loc.clone(), before, after).unsqueeze_dim::<4>(2);
             let ql = loc.unsqueeze_dim::<4>(3);
-            // chunk offset of the key from the query, in 0..nc (the window wraps around)
-            // (k - q + before) mod nc <= before + after
-            let inside = (kl - ql)
-                .add_scalar((nc + before) as f64)
-                .remainder_scalar(nc as f64)
-                .lower_equal_elem((before + after) as f64 + 0.5)
-                .float();
+            let inside = in_window(kl - ql, nc, before, after).float();
             count = Some(match count {
                 Some(c) => c + inside,
                 None => inside,

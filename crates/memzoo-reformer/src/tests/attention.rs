@@ -344,3 +344,33 @@ fn auto_bucket_count_is_even() {
     assert_eq!(layer.buckets_for(4), 2);
     let _ = Tensor::<1, Int>::arange(0..2, &Device::flex());
 }
+
+/// The wrapped chunk window of LSH de-duplication against `(k - q + before) mod nc` on integers.
+#[test]
+fn chunk_window_wraps_like_a_remainder() {
+    let device = dev();
+    for (nc, before, after) in [
+        (1, 0, 0),
+        (3, 0, 0),
+        (4, 1, 0),
+        (5, 1, 1),
+        (8, 2, 3),
+        (6, 5, 0),
+    ] {
+        let pairs: Vec<(usize, usize)> =
+            (0..nc).flat_map(|q| (0..nc).map(move |k| (q, k))).collect();
+        let d: Vec<f32> = pairs.iter().map(|&(q, k)| k as f32 - q as f32).collect();
+        let d = Tensor::<1>::from_data(TensorData::new(d, [pairs.len()]), &device);
+        let got = crate::attention::in_window(d, nc, before, after)
+            .into_data()
+            .try_to_vec::<bool>()
+            .unwrap();
+        for (&(q, k), got) in pairs.iter().zip(got) {
+            let want = (k + nc + before - q) % nc <= before + after;
+            assert_eq!(
+                got, want,
+                "nc {nc} before {before} after {after}: q {q} k {k}"
+            );
+        }
+    }
+}
