@@ -26,8 +26,10 @@ pub fn arg_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     }
 }
 
-/// The device from `--device` (default `flex`), or exit with the error.
+/// The device from `--device` (default `flex`), or exit with the error. Also keeps freed
+/// tensor memory in the process ([`memzoo::backend::tune_allocator`]).
 pub fn device_from_args() -> Device {
+    memzoo::backend::tune_allocator();
     let name = arg("--device").unwrap_or_else(|| "flex".into());
     memzoo::backend::parse_device(&name).unwrap_or_else(|e| {
         eprintln!("error: {e}");

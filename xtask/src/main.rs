@@ -97,6 +97,7 @@ impl BenchArgs {
 }
 
 fn main() {
+    memzoo_backend::tune_allocator();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench(args),

@@ -18,6 +18,10 @@
 //! assert!(memzoo_backend::parse_device("tpu").is_err());
 //! ```
 
+mod allocator;
+
+pub use allocator::tune_allocator;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
@@ -304,6 +308,20 @@ pub fn test_devices_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocator_tuning_applies_on_glibc_unless_the_user_chose() {
+        let user_set = [
+            "MALLOC_MMAP_THRESHOLD_",
+            "MALLOC_TRIM_THRESHOLD_",
+            "MALLOC_TOP_PAD_",
+        ]
+        .iter()
+        .chain(&["GLIBC_TUNABLES", "MEMZOO_MALLOC"])
+        .any(|v| std::env::var_os(v).is_some());
+        let glibc = cfg!(all(target_os = "linux", target_env = "gnu"));
+        assert_eq!(tune_allocator(), glibc && !user_set);
+    }
 
     #[test]
     fn flex_is_recognised_with_and_without_autodiff() {

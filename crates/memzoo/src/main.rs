@@ -199,6 +199,7 @@ enum DataCommand {
 }
 
 fn main() {
+    memzoo::backend::tune_allocator();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train {
