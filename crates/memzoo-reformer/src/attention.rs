@@ -188,10 +188,10 @@ fn chunked_attention(
     let kpos = look_around(pos.clone(), before, after);
     let w = c * (1 + before + after);
 
-    // s_ij = q_i · k_j / sqrt(d_head)
+    // s_ij = q_i · k_j / sqrt(d_head) (the scale on q: 1/w of the work)
     let scores = q
-        .matmul(k.swap_dims(2, 3))
-        .mul_scalar((dh as f64).powf(-0.5));
+        .mul_scalar((dh as f64).powf(-0.5))
+        .matmul(k.swap_dims(2, 3));
     let shape = [n, nc, c, w];
     let qp = pos.unsqueeze_dim::<4>(3).expand(shape);
     let kp = kpos.unsqueeze_dim::<4>(2).expand(shape);
@@ -238,10 +238,13 @@ fn chunked_attention(
     if let Some(h) = hidden {
         scores = scores.mask_fill(h, MASKED);
     }
-    // log Z_i = logsumexp_j s_ij ; p_ij = exp(s_ij - log Z_i)
+    // e_ij = exp(s_ij - m_i), Z_i = Σ_j e_ij: p_ij = e_ij / Z_i, log Z_i + m_i = logsumexp_j s_ij
+    // (one exp over the scores, not two)
     let max = scores.clone().max_dim(3).detach();
-    let lse = (scores.clone() - max.clone()).exp().sum_dim(3).log() + max;
-    let mut p = (scores - lse.clone()).exp();
+    let e = (scores - max.clone()).exp();
+    let z = e.clone().sum_dim(3);
+    let mut p = e / z.clone();
+    let lse = z.log() + max;
     if let Some((rate, seed)) = dropatt
         && let Some(mask) = dropout_mask(shape, rate, seed, &p.device())
     {
