@@ -11,7 +11,9 @@ use memzoo_data::{ByteTokenizer, LongRangeConfig, OrderedBatcher, generate_corpu
 use memzoo_tests::*;
 use memzoo_train::grads::{global_norm, scale_and_clip};
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
-use memzoo_train::{RunOptions, ScheduleConfig, Segment, SegmentModel, TrainConfig, train};
+use memzoo_train::{
+    RunOptions, ScheduleConfig, Segment, SegmentModel, SegmentSource, TrainConfig, train,
+};
 use memzoo_xl::{TransformerXl, XlConfig};
 
 fn scratch(name: &str) -> PathBuf {
@@ -67,6 +69,20 @@ fn options(dir: &Path, resume: bool) -> RunOptions {
     }
 }
 
+/// The error of a training run that must fail (`what` names the case in the panic otherwise).
+fn train_error(
+    model: TransformerXl,
+    config: &TrainConfig,
+    data: &mut dyn SegmentSource,
+    options: &RunOptions,
+    what: &str,
+) -> String {
+    match train(model, config, data, None, options) {
+        Ok(_) => panic!("{what}: the run succeeded"),
+        Err(e) => e.to_string(),
+    }
+}
+
 fn params(model: &TransformerXl) -> Vec<f32> {
     let mut v = host(model.embedding.weight.val());
     v.extend(host(model.layers[1].block.ff_out.weight.val()));
@@ -89,16 +105,13 @@ fn resumed_data_parallel_run_equals_uninterrupted_run() {
             .exists()
     );
     // The shards carry the memories of their rows: resuming with another count is refused.
-    let err = train(
+    let err = train_error(
         tiny_model().init(&flex().autodiff()).unwrap(),
         &tiny_train(16).with_replicas(Some(1)),
         &mut batcher(&stream()),
-        None,
         &options(&dir_b, true),
-    )
-    .err()
-    .expect("another replica count must fail")
-    .to_string();
+        "another replica count must fail",
+    );
     assert!(
         err.contains("train.replicas = 1") && err.contains("2 replicas"),
         "{err}"
@@ -316,16 +329,13 @@ fn damaged_or_foreign_checkpoints_are_clear_errors() {
 
     // Another architecture.
     let other = tiny_model().with_d_model(48).init(&dev).unwrap();
-    let err = train(
+    let err = train_error(
         other,
         &tiny_train(8),
         &mut batcher(&tokens),
-        None,
         &options(&dir, true),
-    )
-    .err()
-    .expect("foreign checkpoint must fail")
-    .to_string();
+        "foreign checkpoint must fail",
+    );
     assert!(
         err.contains("model.bpk") && err.contains("does not fit"),
         "{err}"
@@ -336,32 +346,26 @@ fn damaged_or_foreign_checkpoints_are_clear_errors() {
     let bytes = std::fs::read(&ckpt).unwrap();
     std::fs::write(&ckpt, &bytes[..bytes.len() / 2]).unwrap();
     let model = tiny_model().init(&dev).unwrap();
-    let err = train(
+    let err = train_error(
         model,
         &tiny_train(8),
         &mut batcher(&tokens),
-        None,
         &options(&dir, true),
-    )
-    .err()
-    .expect("truncated checkpoint must fail")
-    .to_string();
+        "truncated checkpoint must fail",
+    );
     assert!(err.contains("model.bpk"), "{err}");
 
     // Data of another shape than the checkpoint's position.
     let model = tiny_model().init(&dev).unwrap();
     std::fs::write(&ckpt, &bytes).unwrap();
     let mut other_data = OrderedBatcher::new(tokens.clone(), 2, 16).unwrap();
-    let err = train(
+    let err = train_error(
         model,
         &tiny_train(8),
         &mut other_data,
-        None,
         &options(&dir, true),
-    )
-    .err()
-    .expect("mismatched data position must fail")
-    .to_string();
+        "mismatched data position must fail",
+    );
     assert!(err.contains("data position"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -372,16 +376,13 @@ fn unwritable_run_directory_is_an_error() {
     let file = scratch("a-file");
     std::fs::write(&file, b"not a directory").unwrap();
     let model = tiny_model().init(&dev).unwrap();
-    let err = train(
+    let err = train_error(
         model,
         &tiny_train(2),
         &mut batcher(&stream()),
-        None,
         &options(&file.join("run"), false),
-    )
-    .err()
-    .expect("run dir under a file must fail")
-    .to_string();
+        "run dir under a file must fail",
+    );
     assert!(err.contains("cannot create run directory"), "{err}");
     let _ = std::fs::remove_file(file);
 }
