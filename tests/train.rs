@@ -185,14 +185,15 @@ fn resume_equals_straight(replicas: usize) -> PathBuf {
 }
 
 /// A segment of `batch` rows cut from `tokens` at `offset`; rows listed in `reset` start a
-/// document; the targets of `padded` rows' second halves are `PAD` (ignored by the loss).
+/// document; `padded` lists `(row, from)`: that row's targets from `from` on are `PAD`
+/// (ignored by the loss).
 fn segment_at(
     tokens: &[u16],
     batch: usize,
     len: usize,
     offset: usize,
     reset: &[usize],
-    padded: &[usize],
+    padded: &[(usize, usize)],
 ) -> Segment {
     let (mut inputs, mut targets) = (Vec::new(), Vec::new());
     for r in 0..batch {
@@ -203,8 +204,8 @@ fn segment_at(
             .collect();
         inputs.extend_from_slice(&row[..len]);
         let mut t = row[1..].to_vec();
-        if padded.contains(&r) {
-            t[len / 2..].iter_mut().for_each(|x| *x = PAD as i64);
+        for &(_, from) in padded.iter().filter(|(row, _)| *row == r) {
+            t[from..].iter_mut().for_each(|x| *x = PAD as i64);
         }
         targets.extend(t);
     }
@@ -228,8 +229,9 @@ fn flat_grads<M: burn::module::Module>(model: &M, grads: &GradientsParams) -> Ve
         .collect()
 }
 
-/// Runs three consecutive segments (memory carried; on the third, a reset row and padded
-/// targets) with `replicas` data-parallel replicas: the losses and gradients of each step.
+/// Runs three consecutive segments (memory carried; on the third, a reset row, a row of
+/// padding alone and one half padded) with `replicas` data-parallel replicas: the losses and
+/// gradients of each step.
 fn sharded_steps<M: SegmentModel>(
     model: &M,
     replicas: usize,
@@ -240,8 +242,8 @@ fn sharded_steps<M: SegmentModel>(
     let mut states: Vec<M::State> = (0..replicas).map(|_| M::State::default()).collect();
     (0..3)
         .map(|step| {
-            let (reset, padded): (&[usize], &[usize]) = match step {
-                2 => (&[3], &[0, 1]),
+            let (reset, padded): (&[usize], &[(usize, usize)]) = match step {
+                2 => (&[3], &[(0, 0), (1, 6)]),
                 _ => (&[], &[]),
             };
             let seg = segment_at(&tokens, 5, 12, step * 12, reset, padded);

@@ -15,10 +15,10 @@
 //! L = (1/N) Σ_tokens ℓ = Σ_r (n_r / N) L_r        ∇L = Σ_r (n_r / N) ∇L_r
 //! ```
 //!
-//! where `L_r` is shard `r`'s own mean loss. Each replica is a
-//! [`fork`](burn::module::Module::fork) of the model: the same parameter values (shared, not
-//! copied) as fresh autodiff leaves, so the replicas build independent graphs; their gradients
-//! are keyed by parameter id and summed.
+//! where `L_r` is shard `r`'s own mean loss (a shard of padding alone, `n_r = 0`, still runs
+//! for its memory but adds nothing). Each replica is a [`fork`](burn::module::Module::fork) of
+//! the model: the same parameter values (shared, not copied) as fresh autodiff leaves, so the
+//! replicas build independent graphs; their gradients are keyed by parameter id and summed.
 //!
 //! Each shard keeps its own carried state (memories) for its rows, across steps.
 //!
@@ -137,6 +137,10 @@ pub fn train_step_sharded<M: SegmentModel>(
     let mut loss = 0.0;
     for (result, &w) in results.into_iter().zip(&weights) {
         let (shard_loss, grads) = result?;
+        if w == 0.0 {
+            // Only padding in this shard: its mean loss is 0/0 (NaN). It ran for its memory.
+            continue;
+        }
         loss += w * shard_loss;
         let grads = if uniform {
             grads
