@@ -5,7 +5,8 @@
 //! (the labml variant) and T5's bucketed bias. Memory keys (cached hidden states of earlier
 //! segments) are prepended to the segment's keys; the causal mask is offset by the memory
 //! length. Positions are computed once per forward pass in a [`RelativeContext`] and shared by
-//! every layer; [`shift::relative_shift`] re-indexes distance-major scores by key exactly.
+//! every layer; [`shift::relative_shift`] re-indexes distance-major scores by key with one copy
+//! (exact on every key the mask leaves visible; on every key without a causal mask).
 
 pub mod attention;
 pub mod error;
