@@ -280,9 +280,36 @@ pub fn lsh_attention(
     params: ChunkParams,
     dropatt: Option<(f64, u64)>,
 ) -> Tensor<4> {
+    let n_buckets = 2 * rotations.dims()[2];
+    let buckets = hash_buckets(qk.clone().detach(), rotations);
+    lsh_attention_with_buckets(qk, v, buckets, n_buckets, key_pad, params, dropatt)
+}
+
+/// [`lsh_attention`] with the bucket ids given instead of hashed from `qk`: the reversible
+/// backward replays the forward pass's buckets, since hashing the rebuilt input (which carries
+/// rounding error) can flip an argmax and so differentiate another sparsity pattern.
+///
+/// # Shapes
+/// - `qk`, `v`: `[batch, heads, len, d_head]`
+/// - `buckets`: `[batch, heads, n_rounds, len]`, ids in `0..n_buckets` (as [`hash_buckets`])
+/// - `key_pad`: `[batch, len]`
+/// - output: `[batch, heads, len, d_head]`
+pub fn lsh_attention_with_buckets(
+    qk: Tensor<4>,
+    v: Tensor<4>,
+    buckets: Tensor<4, Int>,
+    n_buckets: usize,
+    key_pad: Option<Tensor<2, Bool>>,
+    params: ChunkParams,
+    dropatt: Option<(f64, u64)>,
+) -> Tensor<4> {
     let [b, h, l, dh] = qk.dims();
-    let [_, r, half] = rotations.dims();
-    let n_buckets = 2 * half;
+    let r = buckets.dims()[2];
+    debug_assert_eq!(
+        buckets.dims(),
+        [b, h, r, l],
+        "bucket ids per (row, head, round, position)"
+    );
     let (n, rl, c) = (b * h, r * l, params.chunk_len);
     let device = qk.device();
 
@@ -290,7 +317,7 @@ pub fn lsh_attention(
     let offsets = Tensor::<1, Int>::arange(0..r as i64, &device)
         .mul_scalar(n_buckets as i64)
         .reshape([1, 1, r, 1]);
-    let buckets = (hash_buckets(qk.clone().detach(), rotations) + offsets).reshape([n, rl]);
+    let buckets = (buckets + offsets).reshape([n, rl]);
     // Sort by (bucket, position): the keys are unique, so any sort is stable here.
     let ticker = Tensor::<1, Int>::arange(0..rl as i64, &device)
         .reshape([1, rl])
@@ -312,8 +339,10 @@ pub fn lsh_attention(
     let sv = v.reshape([n * l, dh]).select(0, flat_pos.clone());
     let nc = rl / c;
     let q = sqk.reshape([n, nc, c, dh]);
-    // Shared QK: k_j = q_j / ||q_j||.
-    let norm = q.clone().powi_scalar(2).sum_dim(3).sqrt().clamp_min(1e-6);
+    // Shared QK: k_j = q_j / ||q_j||. The floor goes under the square root: a zero query (the
+    // zero rows padding a length up to a multiple of the chunk) would otherwise backpropagate
+    // 0 * d sqrt(0) = 0 * inf = NaN.
+    let norm = q.clone().powi_scalar(2).sum_dim(3).clamp_min(1e-12).sqrt();
     let k = q.clone() / norm;
     let pad = key_pad.map(|m| {
         let m = m
@@ -585,6 +614,20 @@ impl ReformerAttention {
         pad_mask: Option<Tensor<2, Bool>>,
         opts: &ForwardOptions,
     ) -> Tensor<3> {
+        self.forward_recorded(x, pad_mask, opts, None).0
+    }
+
+    /// [`forward`](Self::forward) that also returns the LSH bucket ids it used
+    /// (`[batch, heads, n_rounds, padded len]`; `None` for local attention), and that uses
+    /// `buckets` instead of hashing `x` when given (the ids of an earlier pass: the reversible
+    /// backward replays the forward's sparsity pattern exactly).
+    pub fn forward_recorded(
+        &self,
+        x: Tensor<3>,
+        pad_mask: Option<Tensor<2, Bool>>,
+        opts: &ForwardOptions,
+        buckets: Option<Tensor<4, Int>>,
+    ) -> (Tensor<3>, Option<Tensor<4, Int>>) {
         let [b, l, d] = x.dims();
         let (h, dh, c) = (self.n_heads, self.d_head, self.chunk_len);
         let device = x.device();
@@ -608,16 +651,28 @@ impl ReformerAttention {
         let dropatt = (opts.train && self.dropatt > 0.0).then(|| (self.dropatt, mix(opts.seed, 2)));
         let q = heads(self.query.forward(x.clone()));
         let v = heads(self.value.forward(x.clone()));
-        let out = match (self.kind, &self.key) {
+        let (out, used) = match (self.kind, &self.key) {
             (AttentionKind::Local, Some(key)) => {
                 let k = heads(key.forward(x));
-                local_attention(q, k, v, pad, params, dropatt)
+                (local_attention(q, k, v, pad, params, dropatt), None)
             }
             _ => {
-                let rounds = opts.n_rounds.unwrap_or(self.n_rounds);
-                let rot =
-                    random_rotations(dh, rounds, self.buckets_for(lp), mix(opts.seed, 1), &device);
-                lsh_attention(q, v, rot, pad, params, dropatt)
+                let n_buckets = self.buckets_for(lp);
+                let buckets = buckets.unwrap_or_else(|| {
+                    let rounds = opts.n_rounds.unwrap_or(self.n_rounds);
+                    let rot = random_rotations(dh, rounds, n_buckets, mix(opts.seed, 1), &device);
+                    hash_buckets(q.clone().detach(), rot)
+                });
+                let out = lsh_attention_with_buckets(
+                    q,
+                    v,
+                    buckets.clone(),
+                    n_buckets,
+                    pad,
+                    params,
+                    dropatt,
+                );
+                (out, Some(buckets))
             }
         };
         let out = out.swap_dims(1, 2).reshape([b, lp, h * dh]);
@@ -626,6 +681,6 @@ impl ReformerAttention {
         } else {
             out.slice([0..b, 0..l])
         };
-        self.output.forward(out)
+        (self.output.forward(out), used)
     }
 }

@@ -68,12 +68,25 @@ impl ReformerBlock {
         pad: Option<Tensor<2, Bool>>,
         opts: &ForwardOptions,
     ) -> Tensor<3> {
-        let out = self.attention.forward(
+        self.f_recorded(x, pad, opts, None).0
+    }
+
+    /// [`f`](Self::f) with the LSH bucket ids it used, hashing with `buckets` when given (see
+    /// [`ReformerAttention::forward_recorded`]).
+    pub(crate) fn f_recorded(
+        &self,
+        x: Tensor<3>,
+        pad: Option<Tensor<2, Bool>>,
+        opts: &ForwardOptions,
+        buckets: Option<Tensor<4, Int>>,
+    ) -> (Tensor<3>, Option<Tensor<4, Int>>) {
+        let (out, used) = self.attention.forward_recorded(
             self.norm_attention.forward(x),
             pad,
             &opts.child(TAG_ATTENTION),
+            buckets,
         );
-        dropout(out, self.dropout, opts, TAG_DROP_F)
+        (dropout(out, self.dropout, opts, TAG_DROP_F), used)
     }
 
     /// The dropout mask of `G` for activations of `shape` (`None`: no dropout).
@@ -117,9 +130,23 @@ impl ReformerBlock {
         pad: Option<Tensor<2, Bool>>,
         opts: &ForwardOptions,
     ) -> (Tensor<3>, Tensor<3>) {
-        let y1 = x1 + self.f(x2.clone(), pad, opts);
-        let y2 = x2 + self.g(y1.clone(), opts);
+        let (y1, y2, _) = self.forward_reversible_recorded(x1, x2, pad, opts);
         (y1, y2)
+    }
+
+    /// [`forward_reversible`](Self::forward_reversible), also returning the LSH bucket ids of
+    /// `F` (`None` for local attention), which [`reverse`](Self::reverse) replays.
+    pub fn forward_reversible_recorded(
+        &self,
+        x1: Tensor<3>,
+        x2: Tensor<3>,
+        pad: Option<Tensor<2, Bool>>,
+        opts: &ForwardOptions,
+    ) -> (Tensor<3>, Tensor<3>, Option<Tensor<4, Int>>) {
+        let (f, buckets) = self.f_recorded(x2.clone(), pad, opts, None);
+        let y1 = x1 + f;
+        let y2 = x2 + self.g(y1.clone(), opts);
+        (y1, y2, buckets)
     }
 
     /// `x + F(x)`, then `+ G(.)`.
@@ -152,8 +179,11 @@ impl ReformerBlock {
     /// rebuilds the inputs and returns `(x_1, x_2, dx_1, dx_2)`, adding this block's parameter
     /// gradients to `acc`. `G` is recomputed and differentiated `ff_chunk` positions at a time,
     /// so its `d_ff` activation never exists for the whole sequence; `F` is recomputed once on a
-    /// fresh leaf. `self` must live on an autodiff device; dropout and LSH rotations replay the
-    /// forward pass through `opts`.
+    /// fresh leaf. `self` must live on an autodiff device; dropout masks replay the forward pass
+    /// through `opts`. `buckets`: the LSH bucket ids the forward pass used (from
+    /// [`forward_reversible_recorded`](Self::forward_reversible_recorded)); `F` attends with
+    /// them rather than hashing the rebuilt `x_2`, whose rounding error can flip an argmax and
+    /// so differentiate another sparsity pattern than the forward used (`None`: hash again).
     #[allow(clippy::too_many_arguments)]
     pub fn reverse<M: Module>(
         &self,
@@ -162,6 +192,7 @@ impl ReformerBlock {
         dy1: Tensor<3>,
         dy2: Tensor<3>,
         pad: Option<Tensor<2, Bool>>,
+        buckets: Option<Tensor<4, Int>>,
         opts: &ForwardOptions,
         model: &M,
         acc: &mut GradientsAccumulator<M>,
@@ -191,7 +222,12 @@ impl ReformerBlock {
         let dy1_total = dy1 + Tensor::cat(g_grads, 1);
         // F phase.
         let leaf = x2.clone().autodiff().require_grad();
-        let out = self.f(leaf.clone(), pad.map(|p| p.autodiff()), opts);
+        let (out, _) = self.f_recorded(
+            leaf.clone(),
+            pad.map(|p| p.autodiff()),
+            opts,
+            buckets.map(|b| b.autodiff()),
+        );
         let mut grads = (out.clone() * dy1_total.clone()).sum().backward();
         let dx2 = dy2 + leaf.grad(&grads).expect("leaf requires grad").inner();
         acc.accumulate(model, GradientsParams::from_module(&mut grads, self));
@@ -640,10 +676,16 @@ impl ReformerLm {
         // 1. Embeddings with a (small) graph.
         let e = self.embed(tokens, opts)?;
         // 2. The stack without a graph; only the top activations are kept.
+        //    Each LSH layer's bucket ids are kept too (small integers per head, round and
+        //    position), so that the backward attends with the forward's sparsity pattern.
         let valid = self.valid();
         let (mut y1, mut y2) = (e.clone().inner(), e.clone().inner());
+        let mut buckets = Vec::with_capacity(valid.blocks.len());
         for (i, blk) in valid.blocks.iter().enumerate() {
-            (y1, y2) = blk.forward_reversible(y1, y2, None, &opts.child(TAG_LAYER + i as u64));
+            let o = opts.child(TAG_LAYER + i as u64);
+            let (b1, b2, used) = blk.forward_reversible_recorded(y1, y2, None, &o);
+            (y1, y2) = (b1, b2);
+            buckets.push(used);
         }
         drop(valid);
         // 3. Head and loss on fresh leaves.
@@ -660,7 +702,8 @@ impl ReformerLm {
         // 4. Walk back through the layers, rebuilding inputs from outputs.
         for (i, blk) in self.blocks.iter().enumerate().rev() {
             let o = opts.child(TAG_LAYER + i as u64);
-            (y1, y2, dy1, dy2) = blk.reverse(y1, y2, dy1, dy2, None, &o, self, &mut acc);
+            let b = buckets.pop().flatten();
+            (y1, y2, dy1, dy2) = blk.reverse(y1, y2, dy1, dy2, None, b, &o, self, &mut acc);
         }
         // 5. Into the embeddings.
         let mut g = (e * (dy1 + dy2)).sum().backward();

@@ -14,6 +14,8 @@ struct Compare<'a> {
     max_ref: f32,
     n: usize,
     missing: usize,
+    /// Parameters with a NaN or infinite gradient in either (`f32::max` skips NaN).
+    non_finite: usize,
 }
 
 impl ModuleVisitor for Compare<'_> {
@@ -21,6 +23,11 @@ impl ModuleVisitor for Compare<'_> {
         self.n += 1;
         match (self.a.get::<D>(param.id), self.b.get::<D>(param.id)) {
             (Some(x), Some(y)) => {
+                let sx: f32 = x.clone().powi_scalar(2).sum().into_scalar();
+                let sy: f32 = y.clone().powi_scalar(2).sum().into_scalar();
+                if !(sx.is_finite() && sy.is_finite()) {
+                    self.non_finite += 1;
+                }
                 let d: f32 = (x.clone() - y).abs().max().into_scalar();
                 let r: f32 = x.abs().max().into_scalar();
                 self.max_diff = self.max_diff.max(d);
@@ -82,6 +89,7 @@ fn reversible_gradients_equal_plain_autodiff() {
         max_ref: 0.0,
         n: 0,
         missing: 0,
+        non_finite: 0,
     };
     model.visit(&mut cmp);
     eprintln!(
@@ -92,6 +100,11 @@ fn reversible_gradients_equal_plain_autodiff() {
         cmp.missing, 0,
         "{} of {} parameters have no gradient",
         cmp.missing, cmp.n
+    );
+    assert_eq!(
+        cmp.non_finite, 0,
+        "{} of {} parameters have a NaN or infinite gradient",
+        cmp.non_finite, cmp.n
     );
     assert!(
         cmp.max_ref > 1e-3,
@@ -227,4 +240,190 @@ fn train_steps_reduce_the_loss() {
     }
     let last: f32 = model.forward_loss(x, y).unwrap().into_scalar();
     assert!(last < first - 0.1, "loss {first} -> {last}");
+}
+
+/// A one-layer, all-LSH reversible model without dropout, for the hashing tests.
+fn lsh_config() -> ReformerConfig {
+    ReformerConfig::new()
+        .with_vocab_size(11)
+        .with_d_model(16)
+        .with_n_layers(1)
+        .with_n_heads(2)
+        .with_d_head(8)
+        .with_d_ff(32)
+        .with_max_seq_len(16)
+        .with_bucket_size(4)
+        .with_n_rounds(2)
+        .with_ff_chunk_len(3)
+        .with_dropout(0.0)
+        .with_init_std(0.3)
+}
+
+fn int_vec<const D: usize>(t: Tensor<D, Int>) -> Vec<i64> {
+    t.into_data().iter::<i64>().collect()
+}
+
+/// Bug: a length that is not a multiple of the bucket size pads the LSH input with zero rows,
+/// whose key normalisation `q / ||q||` backpropagated `0 * d sqrt(0) = NaN` into every weight.
+#[test]
+fn padded_lsh_length_has_finite_gradients() {
+    let device = dev().autodiff();
+    for reversible in [true, false] {
+        let model = lsh_config()
+            .with_reversible(reversible)
+            .init(&device)
+            .unwrap();
+        // 10 tokens, buckets of 4: padded to 12 inside the attention.
+        let (x, y) = (tokens(2, 10, 11, 1, &device), tokens(2, 10, 11, 2, &device));
+        let (loss, grads) = model
+            .train_step_with(x, y, None, &ForwardOptions::train(5))
+            .unwrap();
+        assert!(loss.into_scalar::<f32>().is_finite());
+        let mut cmp = Compare {
+            a: &grads,
+            b: &grads,
+            max_diff: 0.0,
+            max_ref: 0.0,
+            n: 0,
+            missing: 0,
+            non_finite: 0,
+        };
+        model.visit(&mut cmp);
+        assert_eq!(
+            (cmp.non_finite, cmp.missing),
+            (0, 0),
+            "reversible {reversible}: {} of {} gradients not finite, {} missing",
+            cmp.non_finite,
+            cmp.n,
+            cmp.missing
+        );
+        assert!(cmp.max_ref > 1e-4, "gradients vanish: {}", cmp.max_ref);
+    }
+}
+
+/// Bug: the reversible backward hashed the rebuilt input `x_2 = y_2 - G(y_1)`, whose rounding
+/// error can flip an argmax, and then differentiated another sparsity pattern than the forward
+/// used. The test searches (bisection along a line between two random inputs, to a bucket
+/// boundary) for an `x_2` whose rebuilt copy hashes differently and whose re-hashed backward
+/// gives other gradients; the backward replaying the forward's buckets must still match plain
+/// autodiff of the forward.
+#[test]
+fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
+    let device = dev().autodiff();
+    let model = lsh_config().init(&device).unwrap();
+    let blk = &model.blocks[0];
+    let plain = blk.valid();
+    let opts = ForwardOptions::eval(11);
+    let shape = [1, 12, 16];
+    let n: usize = shape.iter().product();
+    let inner = dev();
+    let x1 = rand_tensor(shape, 1, &inner);
+    let dy1 = rand_tensor(shape, 2, &inner);
+    let dy2 = rand_tensor(shape, 3, &inner);
+    let hash = |x2: &Tensor<3>| int_vec(plain.f_recorded(x2.clone(), None, &opts, None).1.unwrap());
+    // The forward pass (no graph): outputs and the bucket ids it hashed.
+    let forward = |x2: &Tensor<3>| {
+        let (y1, y2, buckets) =
+            plain.forward_reversible_recorded(x1.clone(), x2.clone(), None, &opts);
+        (y1, y2, buckets.expect("an LSH layer"))
+    };
+    // Gradients of sum(y1 dy1 + y2 dy2), (param grads, [dx1, dx2] on the host): by plain
+    // autodiff of the forward with `buckets`, and by `reverse` with those buckets or hashing
+    // the rebuilt input again.
+    let reference = |x2: &Tensor<3>, buckets: &Tensor<4, Int>| {
+        let a1 = x1.clone().autodiff().require_grad();
+        let a2 = x2.clone().autodiff().require_grad();
+        let b = Some(buckets.clone().autodiff());
+        let y1 = a1.clone() + blk.f_recorded(a2.clone(), None, &opts, b).0;
+        let y2 = a2.clone() + blk.g(y1.clone(), &opts);
+        let loss = (y1 * dy1.clone().autodiff()).sum() + (y2 * dy2.clone().autodiff()).sum();
+        let g = loss.backward();
+        let mut v = to_vec(a1.grad(&g).unwrap());
+        v.extend(to_vec(a2.grad(&g).unwrap()));
+        (v, GradientsParams::from_grads(g, blk))
+    };
+    let reversed = |y1: &Tensor<3>, y2: &Tensor<3>, buckets: Option<Tensor<4, Int>>| {
+        let mut acc = burn::optim::GradientsAccumulator::new();
+        let (_, _, dx1, dx2) = blk.reverse(
+            y1.clone(),
+            y2.clone(),
+            dy1.clone(),
+            dy2.clone(),
+            None,
+            buckets,
+            &opts,
+            blk,
+            &mut acc,
+        );
+        let mut v = to_vec(dx1);
+        v.extend(to_vec(dx2));
+        (v, acc.grads())
+    };
+    let diff = |a: &(Vec<f32>, GradientsParams), b: &(Vec<f32>, GradientsParams)| {
+        let mut cmp = Compare {
+            a: &a.1,
+            b: &b.1,
+            max_diff: 0.0,
+            max_ref: 0.0,
+            n: 0,
+            missing: 0,
+            non_finite: 0,
+        };
+        blk.visit(&mut cmp);
+        assert_eq!((cmp.missing, cmp.non_finite), (0, 0));
+        let dx = a.0.iter().zip(&b.0).map(|(p, q)| (p - q).abs());
+        dx.fold(cmp.max_diff, f32::max)
+    };
+    let line = |a: &[f32], b: &[f32], t: f64| {
+        let v: Vec<f32> = a
+            .iter()
+            .zip(b)
+            .map(|(&p, &q)| (p as f64 + t * (q as f64 - p as f64)) as f32)
+            .collect();
+        Tensor::<3>::from_data(TensorData::new(v, shape), &inner)
+    };
+    let mut found = None;
+    'search: for seed in 0..40u64 {
+        let a = crate::rng::normal_vec(n, 100 + 2 * seed);
+        let b = crate::rng::normal_vec(n, 101 + 2 * seed);
+        let start = hash(&line(&a, &b, 0.0));
+        let (mut lo, mut hi) = (0.0f64, 1.0f64);
+        if hash(&line(&a, &b, hi)) == start {
+            continue;
+        }
+        // hash(lo) == start != hash(hi), down to adjacent floats.
+        for _ in 0..60 {
+            let mid = 0.5 * (lo + hi);
+            if hash(&line(&a, &b, mid)) == start {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        for k in -8i32..=8 {
+            let x2 = line(&a, &b, lo + k as f64 * (hi - lo).max(1e-9));
+            let (y1, y2, buckets) = forward(&x2);
+            let rebuilt = y2.clone() - plain.g(y1.clone(), &opts);
+            if int_vec(buckets.clone()) == hash(&rebuilt) {
+                continue;
+            }
+            let want = reference(&x2, &buckets);
+            let rehashed = diff(&want, &reversed(&y1, &y2, None));
+            if rehashed > 1e-3 {
+                let replayed = diff(&want, &reversed(&y1, &y2, Some(buckets)));
+                found = Some((rehashed, replayed, seed));
+                break 'search;
+            }
+        }
+    }
+    let (rehashed, replayed, seed) =
+        found.expect("no input found whose rebuilt copy hashes differently");
+    eprintln!(
+        "line {seed}: gradient error re-hashing the rebuilt input {rehashed:e}, replaying the \
+         forward's buckets {replayed:e}"
+    );
+    assert!(
+        replayed < 1e-4,
+        "replayed buckets: gradient error {replayed:e}"
+    );
 }
