@@ -486,10 +486,12 @@ fn a_corpus_shorter_than_one_batch_is_an_error() {
     std::fs::write(&file, "far too short for a batch of eight rows\n".repeat(3)).unwrap();
     let mut c = RunConfig::default();
     c.data.source = Some(file.display().to_string());
-    let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, true, true).unwrap_err();
+    let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, false, true, true)
+        .unwrap_err();
     assert!(err.contains("needs at least"), "{err}");
     std::fs::write(&file, "").unwrap();
-    let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, true, true).unwrap_err();
+    let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, false, true, true)
+        .unwrap_err();
     assert!(err.contains("empty") || err.contains("tiny.txt"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }

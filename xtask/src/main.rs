@@ -4,11 +4,18 @@
 //! cargo xtask bench xl-small [--device flex] [--threads 2] [--quick] [--steps N] [--out FILE]
 //! cargo xtask bench models --compare peers.jsonl
 //! cargo xtask bench attention generate --quick --out bench/run.jsonl   # + SVG plots in bench/
+//! cargo xtask bench quality [--families xl,reformer,memorizing] [--steps 400]
+//!     [--eval-at 50,100,200,300,400] [--out FILE.jsonl] [--plot DIR] [--no-peers] [--data PATH]
 //! ```
 //!
 //! Every measurement is printed as one JSON line (and appended to `--out`); a Markdown table
 //! summarises the run. `--compare FILE` reads JSON lines of another implementation (same
 //! `name` field, e.g. from `../shared/peers/bench_peers.py`) and prints the ratios.
+//!
+//! `quality` trains memzoo and its PyTorch peers (`xtask/peers/quality.py`, run when the
+//! peers' venvs exist) on the same data, config and recipe and writes both learning curves
+//! (validation bpc at each `--eval-at` step), a table and one SVG chart per family: see
+//! [`quality`].
 
 mod attention;
 mod generate;
@@ -16,6 +23,7 @@ mod measure;
 mod memory;
 mod models;
 mod plot;
+mod quality;
 #[cfg(test)]
 mod tests;
 
@@ -42,7 +50,7 @@ enum Command {
 /// Options shared by every benchmark.
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Suites (models, attention, memory, generate) or single configs (xl-small,
+    /// Suites (models, attention, memory, generate, quality) or single configs (xl-small,
     /// attention-xl-2048, ...).
     #[arg(required = true)]
     pub targets: Vec<String>,
@@ -60,7 +68,7 @@ pub struct BenchArgs {
     /// Fewer steps: a quick look, not a measurement to report.
     #[arg(long)]
     pub quick: bool,
-    /// Timed steps (default 20, quick 4).
+    /// Timed steps (default 20, quick 4); `quality`: training steps (default 400).
     #[arg(long)]
     pub steps: Option<usize>,
     /// Untimed warm-up steps (default 3, quick 1).
@@ -85,6 +93,21 @@ pub struct BenchArgs {
     /// memorizing` run).
     #[arg(long)]
     pub real_keys: Option<PathBuf>,
+    /// `quality`: the families to train (comma-separated: xl, reformer, memorizing; default:
+    /// all three).
+    #[arg(long, value_delimiter = ',')]
+    pub families: Option<Vec<String>>,
+    /// `quality`: the steps at which both sides score the whole validation split
+    /// (comma-separated; default: 50, 100, 200, 300, 400 within --steps, and --steps).
+    #[arg(long, value_delimiter = ',')]
+    pub eval_at: Option<Vec<usize>>,
+    /// `quality`: memzoo only, no PyTorch peer.
+    #[arg(long)]
+    pub no_peers: bool,
+    /// `quality`: the text file (default: ../shared/data/tinyshakespeare.txt beside the
+    /// workspace).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -155,6 +178,10 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 }
                 continue;
             }
+            "quality" => {
+                quality::run(&args, &device)?;
+                continue;
+            }
             other => vec![other],
         };
         for config in configs {
@@ -169,7 +196,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 other => {
                     return Err(format!(
                         "unknown benchmark `{other}`: expected models, attention, memory, \
-                         generate, xl-small, xl-small-trainer, reformer-small, \
+                         generate, quality, xl-small, xl-small-trainer, reformer-small, \
                          memorizing-small[-full|-noknn] or attention-<full|lsh|xl|knn>-<len>"
                     ));
                 }
@@ -177,6 +204,10 @@ fn bench(args: BenchArgs) -> Result<(), String> {
             emit(&m, args.out.as_ref())?;
             results.push(m);
         }
+    }
+    if results.is_empty() {
+        // Only `quality`, which prints its own table.
+        return Ok(());
     }
     println!();
     println!("{}", measure::markdown(&results));
@@ -197,7 +228,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn emit(m: &Measurement, out: Option<&PathBuf>) -> Result<(), String> {
+fn emit<T: serde::Serialize>(m: &T, out: Option<&PathBuf>) -> Result<(), String> {
     let line = serde_json::to_string(m).map_err(|e| e.to_string())?;
     println!("{line}");
     if let Some(path) = out {

@@ -5,7 +5,8 @@
 //!   against sequence length, one line per attention kind;
 //! - `generate.svg`: tokens/s against context length, with the XL memory and recomputing.
 //!
-//! Both axes are logarithmic.
+//! Both axes are logarithmic; `quality-<family>.svg` (learning curves, see `quality.rs`) has
+//! linear axes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -128,10 +129,26 @@ pub fn write_plots(results: &[Measurement], dir: &Path) -> Result<Vec<PathBuf>, 
     Ok(written)
 }
 
+/// How a chart maps values to pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Axes {
+    /// Both axes logarithmic (values must be positive): sizes and rates over decades.
+    Log,
+    /// Both axes linear: learning curves.
+    Linear,
+}
+
 /// A log-log line chart as an SVG document.
 pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
+    chart(title, x_label, y_label, series, Axes::Log)
+}
+
+/// A line chart as an SVG document. x ticks are the data's own x values; y ticks are 1-2-5
+/// values (per decade on log axes, evenly spaced on linear ones).
+pub fn chart(title: &str, x_label: &str, y_label: &str, series: &[Series], axes: Axes) -> String {
+    let log = axes == Axes::Log;
     let pts = || series.iter().flat_map(|s| s.points.iter().copied());
-    let positive = |v: f64| v.is_finite() && v > 0.0;
+    let positive = |v: f64| v.is_finite() && (v > 0.0 || !log);
     let xs: Vec<f64> = pts().map(|p| p.0).filter(|&v| positive(v)).collect();
     let ys: Vec<f64> = pts().map(|p| p.1).filter(|&v| positive(v)).collect();
     let range = |v: &[f64]| {
@@ -145,15 +162,27 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
     };
     let (x_lo, x_hi) = range(&xs);
     let (y_lo, y_hi) = range(&ys);
+    let t = |v: f64| if log { v.log10() } else { v };
     // x: the data's own values as ticks, half a step of margin; y: whole 1-2-5 ticks.
-    let (x_lo_l, x_hi_l) = pad(x_lo.log10(), x_hi.log10(), 0.08);
-    let y_ticks = ticks_125(y_lo, y_hi);
-    let y_lo_l = y_ticks.first().map_or(y_lo, |&t| t.min(y_lo)).log10();
-    let y_hi_l = y_ticks.last().map_or(y_hi, |&t| t.max(y_hi)).log10();
+    let (x_lo_l, x_hi_l) = pad(t(x_lo), t(x_hi), 0.08);
+    let y_ticks = if log {
+        ticks_125(y_lo, y_hi)
+    } else {
+        ticks_linear(y_lo, y_hi)
+    };
+    let y_lo_l = t(y_ticks.first().map_or(y_lo, |&v| v.min(y_lo)));
+    let y_hi_l = t(y_ticks.last().map_or(y_hi, |&v| v.max(y_hi)));
     let (y_lo_l, y_hi_l) = pad(y_lo_l, y_hi_l, 0.04);
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
-    let px = |x: f64| LEFT + (x.log10() - x_lo_l) / (x_hi_l - x_lo_l) * pw;
-    let py = |y: f64| TOP + ph - (y.log10() - y_lo_l) / (y_hi_l - y_lo_l) * ph;
+    let px = |x: f64| LEFT + (t(x) - x_lo_l) / (x_hi_l - x_lo_l) * pw;
+    let py = |y: f64| TOP + ph - (t(y) - y_lo_l) / (y_hi_l - y_lo_l) * ph;
+    let y_text = |v: f64| {
+        if log {
+            short(v)
+        } else {
+            format!("{}", (v * 1e3).round() / 1e3)
+        }
+    };
 
     let mut s = String::new();
     let _ = writeln!(
@@ -189,7 +218,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
             LEFT + pw,
             LEFT - 6.0,
             sy + 4.0,
-            short(y)
+            y_text(y)
         );
     }
     let _ = writeln!(
@@ -236,7 +265,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
                 py(y),
                 esc(&ser.name),
                 short(x),
-                short(y)
+                y_text(y)
             );
         }
         let ly = TOP + 12.0 + 20.0 * i as f64;
@@ -284,6 +313,21 @@ fn ticks_125(lo: f64, hi: f64) -> Vec<f64> {
         .position(|&t| t >= hi * (1.0 - 1e-9))
         .unwrap_or(all.len() - 1);
     all[first..=last].to_vec()
+}
+
+/// About five evenly spaced ticks `k x {1, 2, 5} x 10^e` covering `[lo, hi]`.
+fn ticks_linear(lo: f64, hi: f64) -> Vec<f64> {
+    let span = (hi - lo).max(hi.abs() * 1e-3).max(1e-12);
+    let raw = span / 5.0;
+    let e = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * e)
+        .find(|&s| s >= raw)
+        .unwrap_or(10.0 * e);
+    let first = (lo / step).floor() as i64;
+    let last = (hi / step).ceil() as i64;
+    (first..=last).map(|k| k as f64 * step).collect()
 }
 
 /// `1024` -> `1K`, `0.25` -> `0.25`, `1500` -> `1.5K`.

@@ -83,6 +83,15 @@ impl MemorizingConfig {
     /// Checks every field, naming the bad value.
     pub fn validate(&self) -> Result<(), KnnError> {
         self.xl.validate()?;
+        if self.xl.same_length {
+            // Every layer (the kNN one's local attention too) attends under a plain causal
+            // mask; accepting the flag would silently train another model than asked for.
+            return Err(KnnError::Config(
+                "xl.same_length = true is not supported by the Memorizing Transformer (its \
+                 layers use a plain causal mask): set it to false"
+                    .into(),
+            ));
+        }
         let n = self.xl.n_layers;
         let mut seen = vec![false; n];
         for &l in &self.knn_layers {

@@ -111,11 +111,10 @@ fn read_f32(dir: &Path, name: &str, len: usize, crc: u32) -> Result<Vec<f32>, Me
     let size = file
         .metadata()
         .map_err(|e| MemoryError::io(&path, e))?
-        .len() as usize;
-    if size != len * 4 {
+        .len();
+    if Some(size) != (len as u64).checked_mul(4) {
         return Err(corrupt(format!(
-            "{name} has {size} bytes, the header implies {}",
-            len * 4
+            "{name} has {size} bytes, the header implies {len} floats"
         )));
     }
     if len == 0 {
@@ -202,7 +201,15 @@ pub fn open(
             )));
         }
     }
-    let n = header.batch * header.n_heads * header.slots * header.d_head;
+    let n = [header.n_heads, header.slots, header.d_head]
+        .into_iter()
+        .try_fold(header.batch, usize::checked_mul)
+        .ok_or_else(|| {
+            corrupt(format!(
+                "header.json: batch {} x heads {} x slots {} x d_head {} floats overflow",
+                header.batch, header.n_heads, header.slots, header.d_head
+            ))
+        })?;
     let keys = read_f32(dir, "keys.f32", n, header.keys_crc32)?;
     let values = read_f32(dir, "values.f32", n, header.values_crc32)?;
     let snap = Snapshot {

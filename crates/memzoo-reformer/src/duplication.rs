@@ -162,6 +162,18 @@ pub fn accuracy(
 /// the model's `train_step_with` (reversible when configured), then evaluates the accuracy on
 /// the second halves with each of `cfg.eval_rounds` hash rounds.
 pub fn train(cfg: &DuplicationConfig, device: &Device) -> Result<DuplicationReport, ReformerError> {
+    if cfg.train_rounds == 0 || cfg.eval_rounds.contains(&0) {
+        return Err(ReformerError::Config(format!(
+            "hash rounds must be positive: train_rounds {}, eval_rounds {:?}",
+            cfg.train_rounds, cfg.eval_rounds
+        )));
+    }
+    if !(cfg.lr.is_finite() && cfg.lr > 0.0) {
+        return Err(ReformerError::Config(format!(
+            "the learning rate must be positive, got {}",
+            cfg.lr
+        )));
+    }
     if cfg.vocab > cfg.model.vocab_size || cfg.len > cfg.model.max_seq_len {
         return Err(ReformerError::Config(format!(
             "duplication vocab {} / len {} exceed the model's vocab_size {} / max_seq_len {}",

@@ -5,7 +5,16 @@
 //! a run with several data-parallel replicas keeps one per replica, `state/shard-<r>/`. A
 //! checkpoint is assembled in a `.tmp-*` folder and renamed into place, so a crash mid-write
 //! never leaves a half-written checkpoint under a final name; `latest` is replaced by rename too.
+//! Every file is flushed to disk (`fsync`), and so is each folder, before the rename that
+//! publishes it.
+//!
+//! `trainer.json` records the size and SHA-256 of every other file of its checkpoint; loading
+//! verifies them, so a damaged file is an error naming it rather than other weights. When
+//! `latest` is missing or names a missing or damaged checkpoint, [`latest`] falls back to the
+//! newest intact one and says so.
 
+use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
@@ -15,6 +24,98 @@ use burn::tensor::Device;
 use crate::error::TrainError;
 use crate::model::SegmentModel;
 use crate::trainer::TrainerState;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// `trainer.json`: the trainer state and what every other file of the checkpoint holds.
+#[derive(Serialize, Deserialize)]
+struct TrainerFile {
+    #[serde(flatten)]
+    trainer: TrainerState,
+    /// Path inside the checkpoint (`/`-separated) -> its size and SHA-256. Empty in
+    /// checkpoints written before checksums existed (then nothing is verified).
+    #[serde(default)]
+    files: BTreeMap<String, FileSum>,
+}
+
+/// Size and SHA-256 (hex) of one checkpoint file.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct FileSum {
+    bytes: u64,
+    sha256: String,
+}
+
+fn file_sum(path: &Path) -> Result<FileSum, TrainError> {
+    let mut file =
+        std::fs::File::open(path).map_err(io(format!("cannot read {}", path.display())))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(io(format!("cannot read {}", path.display())))?;
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    let sha256 = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(FileSum { bytes, sha256 })
+}
+
+/// Every file under `dir` (relative, `/`-separated), sorted.
+fn files_under(dir: &Path) -> Result<Vec<String>, TrainError> {
+    let mut out = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), String::new())];
+    while let Some((path, rel)) = stack.pop() {
+        for entry in
+            std::fs::read_dir(&path).map_err(io(format!("cannot list {}", path.display())))?
+        {
+            let entry = entry.map_err(io(format!("cannot list {}", path.display())))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let rel = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            if entry.path().is_dir() {
+                stack.push((entry.path(), rel));
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Flushes a file or a folder to disk.
+fn sync(path: &Path) -> Result<(), TrainError> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(format!("cannot flush {} to disk", path.display())))
+}
+
+/// Flushes every file and folder under `dir`, then `dir` itself.
+fn sync_tree(dir: &Path) -> Result<(), TrainError> {
+    for entry in std::fs::read_dir(dir).map_err(io(format!("cannot list {}", dir.display())))? {
+        let path = entry
+            .map_err(io(format!("cannot list {}", dir.display())))?
+            .path();
+        if path.is_dir() {
+            sync_tree(&path)?;
+        } else {
+            sync(&path)?;
+        }
+    }
+    sync(dir)
+}
 
 /// What [`load`] restores.
 pub struct Restored<M: SegmentModel> {
@@ -73,17 +174,29 @@ pub fn save<M: SegmentModel>(
     for (r, state) in states.iter().enumerate() {
         M::save_state(state, &state_dir(&tmp, r, states.len()))?;
     }
-    let json = serde_json::to_string_pretty(trainer).expect("serialisable trainer state");
+    let mut files = BTreeMap::new();
+    for rel in files_under(&tmp)? {
+        files.insert(rel.clone(), file_sum(&tmp.join(&rel))?);
+    }
+    let record = TrainerFile {
+        trainer: trainer.clone(),
+        files,
+    };
+    let json = serde_json::to_string_pretty(&record).expect("serialisable trainer state");
     std::fs::write(tmp.join("trainer.json"), json)
         .map_err(io(format!("cannot write {}", tmp.display())))?;
+    sync_tree(&tmp)?;
     if fin.exists() {
         std::fs::remove_dir_all(&fin).map_err(io(format!("cannot replace {}", fin.display())))?;
     }
     std::fs::rename(&tmp, &fin).map_err(io(format!("cannot rename to {}", fin.display())))?;
+    sync(ckpt_dir)?;
     let latest_tmp = ckpt_dir.join(".latest.tmp");
     std::fs::write(&latest_tmp, &name).map_err(io("cannot write latest".into()))?;
+    sync(&latest_tmp)?;
     std::fs::rename(&latest_tmp, ckpt_dir.join("latest"))
         .map_err(io("cannot update latest".into()))?;
+    sync(ckpt_dir)?;
     prune(ckpt_dir, keep)?;
     Ok(fin)
 }
@@ -106,27 +219,133 @@ fn prune(ckpt_dir: &Path, keep: usize) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// The newest complete checkpoint in `ckpt_dir`, if any.
+/// The checkpoint `latest` names if it is intact, else the newest intact one (a warning on
+/// stderr says which and why); `None` when `ckpt_dir` holds no checkpoint. An error when it
+/// holds checkpoints but none is intact, naming what is wrong with each.
 pub fn latest(ckpt_dir: &Path) -> Result<Option<PathBuf>, TrainError> {
+    let found = latest_with_note(ckpt_dir)?;
+    if let Some((_, Some(note))) = &found {
+        eprintln!("warning: {note}");
+    }
+    Ok(found.map(|(dir, _)| dir))
+}
+
+/// [`latest`] with the warning returned instead of printed: the folder, and why it is not the
+/// one `latest` names (`None`: it is).
+pub fn latest_with_note(ckpt_dir: &Path) -> Result<Option<(PathBuf, Option<String>)>, TrainError> {
     let pointer = ckpt_dir.join("latest");
-    if !pointer.exists() {
+    let named = std::fs::read_to_string(&pointer)
+        .ok()
+        .map(|n| n.trim().to_string());
+    let problem = match &named {
+        Some(name) if name.starts_with("step-") && !name.contains(['/', '\\']) => {
+            let dir = ckpt_dir.join(name);
+            match verify(&dir) {
+                Ok(()) => return Ok(Some((dir, None))),
+                Err(e) => format!(
+                    "{} names {name}, which is damaged ({})",
+                    pointer.display(),
+                    reason(e)
+                ),
+            }
+        }
+        Some(name) => format!("{} is damaged (it reads {name:?})", pointer.display()),
+        None => format!("{} is missing", pointer.display()),
+    };
+    let mut steps: Vec<String> = match std::fs::read_dir(ckpt_dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("step-"))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    if steps.is_empty() && named.is_none() {
         return Ok(None);
     }
-    let name = std::fs::read_to_string(&pointer)
-        .map_err(io(format!("cannot read {}", pointer.display())))?;
-    let dir = ckpt_dir.join(name.trim());
+    steps.sort();
+    let mut rejected = Vec::new();
+    for name in steps.iter().rev() {
+        if named.as_deref() == Some(name.as_str()) {
+            continue;
+        }
+        let dir = ckpt_dir.join(name);
+        match verify(&dir) {
+            Ok(()) => {
+                let note = format!(
+                    "{problem}; using {}, the newest intact checkpoint",
+                    dir.display()
+                );
+                return Ok(Some((dir, Some(note))));
+            }
+            Err(e) => rejected.push(format!("{name}: {}", reason(e))),
+        }
+    }
+    let rest = if rejected.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", rejected.join("; "))
+    };
+    Err(TrainError::Checkpoint(format!(
+        "no intact checkpoint in {}: {problem}{rest}",
+        ckpt_dir.display()
+    )))
+}
+
+/// Checks a checkpoint folder against the sizes and SHA-256 sums its `trainer.json` records
+/// (checkpoints written before the sums existed: only that `trainer.json` and `model.bpk` are
+/// there). The error names the first file that is missing or differs.
+pub fn verify(dir: &Path) -> Result<(), TrainError> {
     if !dir.is_dir() {
         return Err(TrainError::Checkpoint(format!(
-            "{} names {}, which does not exist",
-            pointer.display(),
+            "{} does not exist",
             dir.display()
         )));
     }
-    Ok(Some(dir))
+    let record = read_trainer_file(dir)?;
+    if record.files.is_empty() && !dir.join("model.bpk").exists() {
+        return Err(TrainError::Checkpoint(format!(
+            "{} is missing",
+            dir.join("model.bpk").display()
+        )));
+    }
+    for (rel, want) in &record.files {
+        let path = dir.join(rel);
+        if !path.is_file() {
+            return Err(TrainError::Checkpoint(format!(
+                "{} is missing",
+                path.display()
+            )));
+        }
+        let got = file_sum(&path)?;
+        if got.bytes != want.bytes {
+            return Err(TrainError::Checkpoint(format!(
+                "{} is damaged: {} bytes, trainer.json records {}",
+                path.display(),
+                got.bytes,
+                want.bytes
+            )));
+        }
+        if got.sha256 != want.sha256 {
+            return Err(TrainError::Checkpoint(format!(
+                "{} is damaged: its SHA-256 is {}, trainer.json records {}",
+                path.display(),
+                got.sha256,
+                want.sha256
+            )));
+        }
+    }
+    Ok(())
 }
 
-/// Reads the trainer state of a checkpoint folder.
-pub fn read_trainer_state(dir: &Path) -> Result<TrainerState, TrainError> {
+/// The message of a checkpoint error without its `checkpoint: ` prefix.
+fn reason(e: TrainError) -> String {
+    match e {
+        TrainError::Checkpoint(m) => m,
+        e => e.to_string(),
+    }
+}
+
+fn read_trainer_file(dir: &Path) -> Result<TrainerFile, TrainError> {
     let path = dir.join("trainer.json");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| TrainError::Checkpoint(format!("cannot read {}: {e}", path.display())))?;
@@ -134,15 +353,55 @@ pub fn read_trainer_state(dir: &Path) -> Result<TrainerState, TrainError> {
         .map_err(|e| TrainError::Checkpoint(format!("{} is damaged: {e}", path.display())))
 }
 
+/// What of a previous run `run_dir` holds (`checkpoints/step-00000200, metrics.jsonl`), or
+/// `None` when there is nothing a new run would mix with or delete.
+pub fn existing_run(run_dir: &Path) -> Option<String> {
+    let mut found = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(run_dir.join("checkpoints")) {
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("step-") || n == "latest")
+            .collect();
+        names.sort();
+        found.extend(names.into_iter().map(|n| format!("checkpoints/{n}")));
+    }
+    if std::fs::metadata(run_dir.join("metrics.jsonl")).is_ok_and(|m| m.len() > 0) {
+        found.push("metrics.jsonl".into());
+    }
+    (!found.is_empty()).then(|| found.join(", "))
+}
+
+/// Removes what a run wrote to `run_dir` (`checkpoints/`, `metrics.jsonl`, `config.toml`),
+/// nothing else, so that a new run starts there (`memzoo train --overwrite`).
+pub fn clear_run(run_dir: &Path) -> Result<(), TrainError> {
+    let ckpt = run_dir.join("checkpoints");
+    if ckpt.exists() {
+        std::fs::remove_dir_all(&ckpt).map_err(io(format!("cannot remove {}", ckpt.display())))?;
+    }
+    for name in ["metrics.jsonl", "config.toml"] {
+        let path = run_dir.join(name);
+        if path.exists() {
+            std::fs::remove_file(&path).map_err(io(format!("cannot remove {}", path.display())))?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads the trainer state of a checkpoint folder.
+pub fn read_trainer_state(dir: &Path) -> Result<TrainerState, TrainError> {
+    Ok(read_trainer_file(dir)?.trainer)
+}
+
 /// Loads a checkpoint into `model` / `optim` (which fix the architecture and device).
 ///
-/// A checkpoint of another architecture, or a truncated file, is an error naming the file.
+/// A checkpoint of another architecture, or a damaged file, is an error naming the file.
 pub fn load<M: SegmentModel>(
     dir: &Path,
     model: M,
     optim: ModuleOptimizer,
     device: &Device,
 ) -> Result<Restored<M>, TrainError> {
+    verify(dir)?;
     let trainer = read_trainer_state(dir)?;
     let model = load_model(dir, model)?;
     let optim_path = dir.join("optim.bpk");
@@ -166,8 +425,9 @@ pub fn load<M: SegmentModel>(
     })
 }
 
-/// Loads only the model parameters of a checkpoint folder.
+/// Loads only the model parameters of a checkpoint folder (verified against its checksums).
 pub fn load_model<M: Module>(dir: &Path, model: M) -> Result<M, TrainError> {
+    verify(dir)?;
     let path = dir.join("model.bpk");
     if !path.exists() {
         return Err(TrainError::Checkpoint(format!(

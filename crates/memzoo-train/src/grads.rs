@@ -22,6 +22,52 @@ impl ModuleVisitor for SquaredNorm<'_> {
     }
 }
 
+/// Finds the parameters whose gradient holds a NaN or an infinity, by module path.
+struct NonFinite<'a> {
+    grads: &'a GradientsParams,
+    path: Vec<String>,
+    found: Vec<(String, f64)>,
+}
+
+impl ModuleVisitor for NonFinite<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = self.grads.get::<D>(param.id) {
+            // Σ g² is finite exactly when every entry is (or overflows, which is as bad).
+            let sq: f64 = g.powi_scalar(2).sum().into_scalar();
+            if !sq.is_finite() {
+                let name = self
+                    .path
+                    .iter()
+                    .filter(|p| !p.is_empty())
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(".");
+                self.found.push((name, sq.sqrt()));
+            }
+        }
+    }
+}
+
+/// The parameters (module paths, e.g. `blocks.0.attention.query.weight`) whose gradient holds
+/// a NaN or an infinity, each with its gradient's norm (NaN or inf).
+pub fn non_finite<M: Module>(model: &M, grads: &GradientsParams) -> Vec<(String, f64)> {
+    let mut v = NonFinite {
+        grads,
+        path: Vec::new(),
+        found: Vec::new(),
+    };
+    model.visit(&mut v);
+    v.found
+}
+
 /// Multiplies every parameter gradient by `factor`.
 struct Scale<'a> {
     grads: &'a mut GradientsParams,

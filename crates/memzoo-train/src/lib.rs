@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod model;
 pub mod parallel;
 pub mod schedule;
+pub mod signals;
 pub mod trainer;
 
 pub use error::TrainError;

@@ -68,6 +68,43 @@ pub struct MetricRecord {
     pub value: f64,
 }
 
+/// Drops the records of `<run_dir>/metrics.jsonl` past `step` (and any line that is not a
+/// whole record, e.g. one torn by a crash), rewriting the file atomically; returns how many
+/// lines were dropped. A resumed run calls it with its checkpoint's step, so that the steps it
+/// repeats are not recorded twice.
+pub fn drop_records_after(run_dir: &Path, step: usize) -> Result<usize, TrainError> {
+    let path = run_dir.join("metrics.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(TrainError::io(format!("cannot read {}", path.display()), e)),
+    };
+    let keep = |line: &str| {
+        serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("step")?.as_u64())
+            .is_some_and(|s| s <= step as u64)
+    };
+    let kept: Vec<&str> = text.lines().filter(|l| keep(l)).collect();
+    let dropped = text.lines().count() - kept.len();
+    if dropped == 0 {
+        return Ok(0);
+    }
+    let tmp = run_dir.join(".metrics.jsonl.tmp");
+    let mut out = kept.join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(out.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| TrainError::io(format!("cannot rewrite {}", path.display()), e))?;
+    Ok(dropped)
+}
+
 /// The trainer's reporting: dashboard + plain lines + JSON lines.
 pub struct Reporter {
     renderer: Box<dyn MetricsRenderer>,

@@ -152,6 +152,12 @@ impl TrainConfig {
         if let Some(r) = self.replicas {
             crate::parallel::check_replicas(r, self.batch)?;
         }
+        if self.eval_segments == Some(0) {
+            return bad(
+                "train.eval_segments must be positive (leave it unset for the whole split), got 0"
+                    .into(),
+            );
+        }
         if let Some(c) = self.clip_norm
             && !(c.is_finite() && c > 0.0)
         {
@@ -241,6 +247,11 @@ pub fn evaluate<M: SegmentModel>(
     len: usize,
     max_segments: Option<usize>,
 ) -> Result<EvalResult, TrainError> {
+    if max_segments == Some(0) {
+        return Err(TrainError::Config(
+            "evaluating 0 segments: the segment limit must be positive".into(),
+        ));
+    }
     let model = model.valid();
     let device = model
         .devices()
@@ -315,6 +326,36 @@ pub fn token_nll<M: SegmentModel>(
     Ok(picked.reshape([b, l]).neg())
 }
 
+/// The error that stops a run whose gradient norm is not finite, before the update: it names
+/// the parameters whose gradient holds a NaN or an infinity.
+fn non_finite_gradient<M: SegmentModel>(
+    model: &M,
+    grads: &burn::optim::GradientsParams,
+    norm: f64,
+    step: usize,
+) -> TrainError {
+    let bad = crate::grads::non_finite(model, grads);
+    let names: Vec<String> = bad
+        .iter()
+        .take(5)
+        .map(|(name, n)| format!("`{name}` ({n})"))
+        .collect();
+    let more = match bad.len() {
+        0..=5 => String::new(),
+        n => format!(" and {} more", n - 5),
+    };
+    TrainError::Model(format!(
+        "the gradient norm is {norm} at step {step} (before the update; the parameters are \
+         unchanged): the gradient of {}{more} is not finite, while the loss was finite: the \
+         backward pass produced it",
+        if names.is_empty() {
+            "the sum of squares overflowed; no single parameter".to_string()
+        } else {
+            names.join(", ")
+        }
+    ))
+}
+
 /// Result of a training run.
 pub struct TrainOutcome<M> {
     /// The trained model.
@@ -325,6 +366,8 @@ pub struct TrainOutcome<M> {
     pub valid: Option<EvalResult>,
     /// Whether the user interrupted the run (a checkpoint was saved).
     pub interrupted: bool,
+    /// The signal (SIGINT 2, SIGTERM 15) that interrupted the run, if one did.
+    pub signal: Option<i32>,
 }
 
 /// Options of [`train`] beyond the config.
@@ -351,6 +394,17 @@ pub fn train<M: SegmentModel>(
     options: &RunOptions,
 ) -> Result<TrainOutcome<M>, TrainError> {
     config.validate()?;
+    if !options.resume
+        && let Some(found) = crate::checkpoint::existing_run(&options.run_dir)
+    {
+        // A second run there would append to metrics.jsonl and prune the first run's
+        // checkpoints together with its own: two runs are never mixed.
+        return Err(TrainError::Config(format!(
+            "run directory {} already holds a run ({found}): continue it with --resume, train \
+             into a new --run-dir, or pass --overwrite to replace it",
+            options.run_dir.display()
+        )));
+    }
     std::fs::create_dir_all(&options.run_dir).map_err(|e| {
         TrainError::io(
             format!("cannot create run directory {}", options.run_dir.display()),
@@ -368,6 +422,7 @@ pub fn train<M: SegmentModel>(
         .unwrap_or_else(|| crate::parallel::auto_replicas(&device, config.batch));
     let mut states: Vec<M::State> = Vec::new();
     let mut start = 0;
+    let mut dropped_records = 0;
     let mut tokens: u64 = 0;
     let ckpt_dir = options.run_dir.join("checkpoints");
 
@@ -402,6 +457,7 @@ pub fn train<M: SegmentModel>(
                 train_data.restore(&restored.trainer.data_position)?;
                 start = restored.trainer.step;
                 tokens = restored.trainer.tokens;
+                dropped_records = crate::metrics::drop_records_after(&options.run_dir, start)?;
             }
             None => {
                 return Err(TrainError::Checkpoint(format!(
@@ -417,6 +473,8 @@ pub fn train<M: SegmentModel>(
         states = (0..replicas).map(|_| M::State::default()).collect();
     }
     let mut reporter = Reporter::new(&options.run_dir, config.steps, start, options.quiet)?;
+    // Ctrl-C / SIGTERM: finish the step, checkpoint, stop (see `crate::signals`).
+    let signals = crate::signals::StopSignals::install()?;
     if replicas > 1 {
         reporter.note(&format!(
             "{replicas} data-parallel replicas of {} rows",
@@ -425,6 +483,12 @@ pub fn train<M: SegmentModel>(
     }
     if start > 0 {
         reporter.note(&format!("resumed at step {start}"));
+    }
+    if dropped_records > 0 {
+        reporter.note(&format!(
+            "dropped {dropped_records} lines of metrics.jsonl past step {start} (the steps \
+             after the checkpoint are trained again)"
+        ));
     }
     let ignore = train_data.ignore_index();
     let mut valid = None;
@@ -468,6 +532,9 @@ pub fn train<M: SegmentModel>(
             1.0 / config.grad_accum as f64,
             config.clip_norm,
         );
+        if !norm.is_finite() {
+            return Err(non_finite_gradient(&model, &grads, norm, step + 1));
+        }
         let lr = config.schedule.lr_at(step, config.steps);
         model = optim.step(lr, model, grads);
         step += 1;
@@ -506,7 +573,7 @@ pub fn train<M: SegmentModel>(
             valid = Some(r);
             window.3 = Instant::now();
         }
-        interrupted = reporter.interrupter.should_stop();
+        interrupted = reporter.interrupter.should_stop() || signals.caught().is_some();
         let ckpt_now = (config.checkpoint_every > 0 && step % config.checkpoint_every == 0)
             || step == config.steps
             || interrupted;
@@ -531,7 +598,15 @@ pub fn train<M: SegmentModel>(
             window.3 = Instant::now();
         }
         if interrupted {
-            reporter.note(&format!("interrupted at step {step}; checkpoint saved"));
+            let by = match signals.caught() {
+                Some(crate::signals::SIGINT) => " by SIGINT".to_string(),
+                Some(crate::signals::SIGTERM) => " by SIGTERM".to_string(),
+                Some(s) => format!(" by signal {s}"),
+                None => String::new(),
+            };
+            reporter.note(&format!(
+                "interrupted{by} at step {step}; checkpoint saved (continue with --resume)"
+            ));
             break;
         }
     }
@@ -541,5 +616,6 @@ pub fn train<M: SegmentModel>(
         steps: step,
         valid,
         interrupted,
+        signal: signals.caught(),
     })
 }

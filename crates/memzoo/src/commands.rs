@@ -17,19 +17,48 @@ fn device(name: &str) -> Result<Device, String> {
     memzoo_backend::parse_device(name).map_err(|e| e.to_string())
 }
 
-/// `memzoo train`.
+/// `memzoo train`: a new run in `run_dir` (refused where a run already is, unless
+/// `overwrite`, which first removes that run's checkpoints, metrics and config), or with
+/// `resume` the continuation of the run there. Returns the signal (SIGINT 2, SIGTERM 15) that
+/// stopped the run, if one did: it finished its step and wrote a checkpoint first.
 pub fn train(
     config: &RunConfig,
     device_name: &str,
     run_dir: &Path,
     resume: bool,
+    overwrite: bool,
     quiet: bool,
     json_out: bool,
-) -> Result<(), String> {
+) -> Result<Option<i32>, String> {
     config.validate()?;
+    check_machine_memory(config)?;
+    if resume && overwrite {
+        return Err(
+            "--resume continues the run in --run-dir and --overwrite replaces it: \
+                    pass one of them"
+                .into(),
+        );
+    }
+    if !resume && let Some(found) = checkpoint::existing_run(run_dir) {
+        if !overwrite {
+            return Err(format!(
+                "run directory {} already holds a run ({found}): continue it with --resume, \
+                 train into a new --run-dir, or pass --overwrite to replace it",
+                run_dir.display()
+            ));
+        }
+        checkpoint::clear_run(run_dir).map_err(|e| e.to_string())?;
+        if !json_out {
+            println!(
+                "--overwrite: removed the run in {} ({found})",
+                run_dir.display()
+            );
+        }
+    }
     let device = device(device_name)?.autodiff();
     device.seed(config.train.seed);
     let splits = load_splits(&config.data)?;
+    check_vocab(config, &splits)?;
     let t = &config.train;
     // The Memorizing Transformer clears a row's memories where its document ends: it reads
     // documents laid out per row when the data has them (the generated corpus).
@@ -63,45 +92,46 @@ pub fn train(
             let model = config.model.init(&device).map_err(|e| e.to_string())?;
             let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)
                 .map_err(|e| e.to_string())?;
-            (o.steps, o.valid, o.interrupted)
+            (o.steps, o.valid, o.interrupted, o.signal)
         }
         ModelKind::Reformer => {
             let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
             let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)
                 .map_err(|e| e.to_string())?;
-            (o.steps, o.valid, o.interrupted)
+            (o.steps, o.valid, o.interrupted, o.signal)
         }
         ModelKind::Memorizing => {
             let model = config.memorizing.init(&device).map_err(|e| e.to_string())?;
             let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)
                 .map_err(|e| e.to_string())?;
-            (o.steps, o.valid, o.interrupted)
+            (o.steps, o.valid, o.interrupted, o.signal)
         }
     };
-    let (steps, valid, interrupted) = outcome;
+    let (steps, valid, interrupted, signal) = outcome;
     let summary = json!({
         "run_dir": run_dir,
         "steps": steps,
         "interrupted": interrupted,
+        "signal": signal,
         "valid": valid,
         "seconds": start.elapsed().as_secs_f64(),
     });
     if json_out {
         println!("{summary}");
     } else if let Some(v) = valid {
+        let saved = match checkpoint::latest(&run_dir.join("checkpoints")) {
+            Ok(Some(p)) => format!("checkpoint in {}", p.display()),
+            Ok(None) => "no checkpoint written".into(),
+            Err(e) => format!("the latest checkpoint cannot be read: {e}"),
+        };
         println!(
-            "done: {steps} steps, valid loss {:.4} nats, {:.4} bpc ({}s); checkpoint in {}",
+            "done: {steps} steps, valid loss {:.4} nats, {:.4} bpc ({}s); {saved}",
             v.loss,
             v.bpc,
             start.elapsed().as_secs(),
-            checkpoint::latest(&run_dir.join("checkpoints"))
-                .ok()
-                .flatten()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
         );
     }
-    Ok(())
+    Ok(signal)
 }
 
 /// The model of a run directory with its latest checkpoint, on `device` (no autodiff).
@@ -139,10 +169,19 @@ pub fn eval(
         "train" => Split::Train,
         other => return Err(format!("unknown split `{other}`: expected valid or test")),
     };
+    if max_segments == Some(0) {
+        return Err(
+            "--max-segments must be positive, got 0 (leave it out for the whole split)".into(),
+        );
+    }
+    if tgt_len == Some(0) {
+        return Err("--tgt-len must be positive, got 0".into());
+    }
     let device = device(device_name)?;
     let config = RunConfig::from_run_dir(run_dir, &[])?;
     let len = tgt_len.unwrap_or(config.train.tgt_len);
     let splits = load_splits(&config.data)?;
+    check_vocab(&config, &splits)?;
     let docs = config.model_kind == ModelKind::Memorizing;
     let mut data = if docs && tgt_len.is_none() {
         source(&config, &splits, split, true)?
@@ -200,6 +239,75 @@ pub fn eval(
                 sel / std::f64::consts::LN_2
             );
         }
+    }
+    Ok(())
+}
+
+/// Token ids must index the model's vocabulary: the largest one in the data is named rather
+/// than panicking inside the embedding lookup.
+fn check_vocab(config: &RunConfig, splits: &crate::data_setup::Splits) -> Result<(), String> {
+    let (field, vocab) = match config.model_kind {
+        ModelKind::Xl => ("model.vocab_size", config.model.vocab_size),
+        ModelKind::Reformer => ("reformer.vocab_size", config.reformer.vocab_size),
+        ModelKind::Memorizing => ("memorizing.xl.vocab_size", config.memorizing.xl.vocab_size),
+    };
+    for (split, tokens) in [
+        ("train", &splits.train),
+        ("valid", &splits.valid),
+        ("test", &splits.test),
+    ] {
+        if let Some(&max) = tokens.iter().max()
+            && max as usize >= vocab
+        {
+            return Err(format!(
+                "{field} = {vocab}, but the {split} split of {} holds token id {max} (ids must \
+                 be below the vocabulary size; byte data needs 256)",
+                splits.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// This machine's memory in bytes (`MemTotal` of /proc/meminfo), where it can be read.
+fn machine_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Refuses a Reformer whose LSH attention cannot fit in this machine's memory (the scores of
+/// one layer: batch x heads x rounds x padded length x chunk window, f32, about four live
+/// copies in the backward), naming the estimate, instead of being killed for memory.
+fn check_machine_memory(config: &RunConfig) -> Result<(), String> {
+    if config.model_kind != ModelKind::Reformer {
+        return Ok(());
+    }
+    let (r, t) = (&config.reformer, &config.train);
+    let len = t.tgt_len.div_ceil(r.bucket_size) * r.bucket_size;
+    let window = r.bucket_size * (1 + r.n_chunks_before + r.n_chunks_after);
+    let bytes = [r.n_heads, r.n_rounds, len, window, 4 * 4]
+        .iter()
+        .map(|&v| v as f64)
+        .product::<f64>()
+        * t.batch as f64;
+    let Some(total) = machine_memory() else {
+        return Ok(());
+    };
+    if bytes > total as f64 {
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        return Err(format!(
+            "reformer.n_rounds = {} with train.batch {} x train.tgt_len {} ({} heads, chunk \
+             window {window}): one LSH layer's attention needs about {:.1} GiB, more than this \
+             machine's {:.1} GiB; lower reformer.n_rounds, train.batch or train.tgt_len",
+            r.n_rounds,
+            t.batch,
+            t.tgt_len,
+            r.n_heads,
+            gib(bytes),
+            gib(total as f64)
+        ));
     }
     Ok(())
 }
@@ -307,7 +415,12 @@ pub fn recall(
             "--steps and --batch must be positive, got {steps} and {batch}"
         ));
     }
+    if !(lr.is_finite() && lr > 0.0) {
+        return Err(format!("--lr must be a positive number, got {lr}"));
+    }
     let device = device(device_name)?.autodiff();
+    // The weights are drawn from the device's generator: seeded, a run is repeatable.
+    device.seed(seed);
     let task = reference_task();
     if !json_out {
         println!(
@@ -377,6 +490,27 @@ pub struct SampleOptions {
     pub seed: u64,
     /// Also time the recompute-the-context baseline.
     pub compare_recompute: bool,
+}
+
+impl SampleOptions {
+    /// Checks the sampling parameters, naming the bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(format!(
+                "--temperature must be >= 0 (0: greedy), got {}",
+                self.temperature
+            ));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(format!("--top-p must be in (0, 1], got {p}"));
+        }
+        if self.top_k == Some(0) {
+            return Err("--top-k must be positive, got 0".into());
+        }
+        Ok(())
+    }
 }
 
 /// Draws a token from `logits` with temperature, top-k and top-p.
@@ -504,6 +638,7 @@ pub fn generate(
     opts: &SampleOptions,
     json_out: bool,
 ) -> Result<(), String> {
+    opts.validate()?;
     let device = device(device_name)?;
     let (_, model) = load_xl(run_dir, &device)?;
     let tok = ByteTokenizer::new();

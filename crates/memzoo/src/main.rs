@@ -56,8 +56,12 @@ enum Command {
         #[arg(long, default_value = "runs/default")]
         run_dir: PathBuf,
         /// Continue the run in --run-dir from its latest checkpoint.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "overwrite")]
         resume: bool,
+        /// Replace the run in --run-dir (its checkpoints, metrics.jsonl and config.toml);
+        /// without it, training into a directory that holds a run is refused.
+        #[arg(long)]
+        overwrite: bool,
         /// No terminal dashboard, plain log lines only.
         #[arg(long)]
         quiet: bool,
@@ -201,6 +205,8 @@ enum DataCommand {
 fn main() {
     memzoo::backend::tune_allocator();
     let cli = Cli::parse();
+    // A run stopped by a signal (after its checkpoint) exits with 128 + the signal's number.
+    let mut signal_exit = None;
     let result = match cli.command {
         Command::Train {
             common,
@@ -211,6 +217,7 @@ fn main() {
             steps,
             run_dir,
             resume,
+            overwrite,
             quiet,
         } => {
             let mut sets = sets;
@@ -234,16 +241,19 @@ fn main() {
             } else {
                 RunConfig::resolve(config.as_deref(), &sets)
             };
-            config.and_then(|config| {
-                commands::train(
-                    &config,
-                    &common.device,
-                    &run_dir,
-                    resume,
-                    quiet,
-                    common.json,
-                )
-            })
+            config
+                .and_then(|config| {
+                    commands::train(
+                        &config,
+                        &common.device,
+                        &run_dir,
+                        resume,
+                        overwrite,
+                        quiet,
+                        common.json,
+                    )
+                })
+                .map(|signal| signal_exit = signal)
         }
         Command::Eval {
             common,
@@ -331,5 +341,8 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }
+    if let Some(signal) = signal_exit {
+        std::process::exit(128 + signal);
     }
 }
