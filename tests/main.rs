@@ -3,5 +3,6 @@
 mod backend;
 mod parity;
 mod relative;
+mod reliability;
 mod train;
 mod xl;

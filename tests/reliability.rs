@@ -1,0 +1,972 @@
+//! The reliability catalogue: bad inputs and faults, each a clear error that names the bad value
+//! (never a panic), or an exact resume. Library entry points (the CLI's `memzoo::commands` and
+//! the trainer) stand for the binary; the signal tests run a child process.
+//!
+//! Covered: run directories (a second run, `--overwrite`), damaged checkpoints (flipped, cut,
+//! emptied, missing, foreign and edited files), `latest` missing / damaged / pointing at a
+//! damaged checkpoint, a resume after a fallback (exact, metrics not repeated), a full disk
+//! (`/dev/full` behind `metrics.jsonl` and the `latest` pointer), non-finite gradients, SIGTERM
+//! and SIGINT, configs and overrides, data files, devices, sampling options, the duplication and
+//! recall commands, and kNN memory headers.
+
+use std::path::{Path, PathBuf};
+
+use burn::module::Param;
+use burn::optim::GradientsParams;
+use burn::tensor::{Tensor, TensorData};
+use memzoo::commands::{self, SampleOptions};
+use memzoo::config::RunConfig;
+use memzoo_data::{ByteTokenizer, LongRangeConfig, OrderedBatcher, generate_corpus};
+use memzoo_tests::*;
+use memzoo_train::checkpoint;
+use memzoo_train::grads::non_finite;
+use memzoo_train::{RunOptions, ScheduleConfig, TrainConfig, TrainError, TrainOutcome, train};
+use memzoo_xl::{TransformerXl, XlConfig};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memzoo-rel-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn tiny_model() -> XlConfig {
+    XlConfig::new()
+        .with_n_layers(2)
+        .with_d_model(32)
+        .with_n_heads(2)
+        .with_d_inner(64)
+        .with_mem_len(16)
+        .with_dropout(0.0)
+}
+
+fn tiny_train(steps: usize) -> TrainConfig {
+    TrainConfig::new()
+        .with_steps(steps)
+        .with_batch(4)
+        .with_tgt_len(16)
+        .with_replicas(Some(1))
+        .with_log_every(1)
+        .with_eval_every(0)
+        .with_checkpoint_every(2)
+        .with_keep_checkpoints(3)
+        .with_schedule(ScheduleConfig::new().with_lr(3e-3).with_warmup(2))
+}
+
+fn batcher() -> OrderedBatcher {
+    let cfg = LongRangeConfig {
+        documents: 20,
+        valid_documents: 2,
+        test_documents: 2,
+        min_gap: 20,
+        max_gap: 40,
+        ..Default::default()
+    };
+    let tokens = ByteTokenizer::new().encode(&generate_corpus(&cfg).unwrap().train);
+    OrderedBatcher::new(tokens, 4, 16).unwrap().drop_last(true)
+}
+
+/// A tiny XL run of `steps` in `dir` (checkpoints every 2 steps, 3 kept).
+fn run(dir: &Path, steps: usize, resume: bool) -> Result<TrainOutcome<TransformerXl>, TrainError> {
+    let dev = flex().autodiff();
+    dev.seed(3);
+    let model = tiny_model().init(&dev).unwrap();
+    let options = RunOptions {
+        run_dir: dir.to_path_buf(),
+        resume,
+        quiet: true,
+    };
+    train(model, &tiny_train(steps), &mut batcher(), None, &options)
+}
+
+fn weights(model: &TransformerXl) -> Vec<f32> {
+    param_vectors(model, None)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .collect()
+}
+
+/// How many times each step's training loss is recorded in `metrics.jsonl`.
+fn loss_records(dir: &Path) -> Vec<usize> {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let mut counts = Vec::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        if v["split"] == "train" && v["metric"] == "loss" {
+            let s = v["step"].as_u64().unwrap() as usize;
+            if counts.len() < s {
+                counts.resize(s, 0);
+            }
+            counts[s - 1] += 1;
+        }
+    }
+    counts
+}
+
+#[track_caller]
+fn assert_mentions(err: &str, parts: &[&str], what: &str) {
+    for p in parts {
+        assert!(err.contains(p), "{what}: `{p}` not in the error: {err}");
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+fn flip_byte(path: &Path, at: f64) {
+    let mut b = std::fs::read(path).unwrap();
+    let i = ((b.len() as f64 * at) as usize).min(b.len() - 1);
+    b[i] ^= 0x04;
+    std::fs::write(path, b).unwrap();
+}
+
+fn cut(path: &Path, keep: f64) {
+    let b = std::fs::read(path).unwrap();
+    std::fs::write(path, &b[..(b.len() as f64 * keep) as usize]).unwrap();
+}
+
+fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn a_second_run_in_a_run_directory_is_refused() {
+    let dir = scratch("second-run");
+    run(&dir, 2, false).unwrap();
+    let metrics = std::fs::read(dir.join("metrics.jsonl")).unwrap();
+    let model = std::fs::read(dir.join("checkpoints/step-00000002/model.bpk")).unwrap();
+    let err = run(&dir, 4, false)
+        .err()
+        .expect("a second run must fail")
+        .to_string();
+    assert_mentions(
+        &err,
+        &[
+            "already holds a run",
+            "checkpoints/step-00000002",
+            "metrics.jsonl",
+            "--resume",
+            "--overwrite",
+        ],
+        "library",
+    );
+    // Nothing of the first run was touched.
+    assert_eq!(std::fs::read(dir.join("metrics.jsonl")).unwrap(), metrics);
+    assert_eq!(
+        std::fs::read(dir.join("checkpoints/step-00000002/model.bpk")).unwrap(),
+        model
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `memzoo train` options for a tiny XL on the generated corpus.
+fn tiny_cli(extra: &[&str]) -> Vec<String> {
+    let mut sets: Vec<String> = [
+        "model.n_layers=1",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.d_inner=32",
+        "model.mem_len=8",
+        "train.batch=2",
+        "train.tgt_len=8",
+        "train.steps=2",
+        "train.eval_segments=1",
+        "train.replicas=1",
+        "train.log_every=1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    sets
+}
+
+fn cli_train(
+    extra: &[&str],
+    dir: &Path,
+    resume: bool,
+    overwrite: bool,
+) -> Result<Option<i32>, String> {
+    let config = RunConfig::resolve(None, &tiny_cli(extra))?;
+    commands::train(&config, "flex", dir, resume, overwrite, true, true)
+}
+
+#[test]
+fn overwrite_replaces_a_run_and_never_mixes_two() {
+    let dir = scratch("overwrite");
+    cli_train(&[], &dir, false, false).unwrap();
+    let err = cli_train(&["train.steps=3"], &dir, false, false).unwrap_err();
+    assert_mentions(
+        &err,
+        &["already holds a run", "--resume", "--overwrite"],
+        "cli",
+    );
+    let err = cli_train(&[], &dir, true, true).unwrap_err();
+    assert_mentions(&err, &["--resume", "--overwrite"], "both flags");
+    assert_eq!(
+        cli_train(&["train.steps=3"], &dir, false, true).unwrap(),
+        None
+    );
+    // Only the new run: steps 1, 2, 3 once each, its config, its checkpoints.
+    assert_eq!(loss_records(&dir), vec![1, 1, 1]);
+    let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+    assert!(config.contains("steps = 3"), "{config}");
+    let latest = checkpoint::latest(&dir.join("checkpoints"))
+        .unwrap()
+        .unwrap();
+    assert!(latest.ends_with("step-00000003"), "{}", latest.display());
+    assert!(!dir.join("checkpoints/step-00000002").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Every way a checkpoint folder can be damaged is an error naming the file (and no load).
+#[test]
+fn damaged_checkpoint_catalogue() {
+    let dir = scratch("catalogue");
+    run(&dir, 4, false).unwrap();
+    let pristine = dir.join("checkpoints/step-00000004");
+    let older = dir.join("checkpoints/step-00000002");
+    checkpoint::verify(&pristine).unwrap();
+    type Damage = Box<dyn Fn(&Path)>;
+    let older_model = older.join("model.bpk");
+    let cases: Vec<(&str, Damage, &[&str])> = vec![
+        (
+            "model.bpk: one bit flipped",
+            Box::new(|d| flip_byte(&d.join("model.bpk"), 0.5)),
+            &["model.bpk is damaged", "SHA-256"],
+        ),
+        (
+            "model.bpk: last byte flipped",
+            Box::new(|d| flip_byte(&d.join("model.bpk"), 1.0)),
+            &["model.bpk is damaged", "SHA-256"],
+        ),
+        (
+            "model.bpk: cut in half",
+            Box::new(|d| cut(&d.join("model.bpk"), 0.5)),
+            &["model.bpk is damaged", "bytes, trainer.json records"],
+        ),
+        (
+            "model.bpk: emptied",
+            Box::new(|d| cut(&d.join("model.bpk"), 0.0)),
+            &["model.bpk is damaged", "0 bytes"],
+        ),
+        (
+            "model.bpk: a byte appended",
+            Box::new(|d| {
+                let mut b = std::fs::read(d.join("model.bpk")).unwrap();
+                b.push(0);
+                std::fs::write(d.join("model.bpk"), b).unwrap();
+            }),
+            &["model.bpk is damaged", "bytes"],
+        ),
+        (
+            "model.bpk: missing",
+            Box::new(|d| std::fs::remove_file(d.join("model.bpk")).unwrap()),
+            &["model.bpk is missing"],
+        ),
+        (
+            "model.bpk: another checkpoint's",
+            Box::new(move |d| {
+                std::fs::copy(&older_model, d.join("model.bpk")).unwrap();
+            }),
+            &["model.bpk is damaged", "SHA-256"],
+        ),
+        (
+            "optim.bpk: one bit flipped",
+            Box::new(|d| flip_byte(&d.join("optim.bpk"), 0.3)),
+            &["optim.bpk is damaged"],
+        ),
+        (
+            "optim.bpk: cut",
+            Box::new(|d| cut(&d.join("optim.bpk"), 0.9)),
+            &["optim.bpk is damaged"],
+        ),
+        (
+            "optim.bpk: missing",
+            Box::new(|d| std::fs::remove_file(d.join("optim.bpk")).unwrap()),
+            &["optim.bpk is missing"],
+        ),
+        (
+            "memory: one bit flipped",
+            Box::new(|d| flip_byte(&d.join("state/memory.safetensors"), 0.7)),
+            &["memory.safetensors is damaged"],
+        ),
+        (
+            "memory: missing",
+            Box::new(|d| std::fs::remove_file(d.join("state/memory.safetensors")).unwrap()),
+            &["memory.safetensors is missing"],
+        ),
+        (
+            "trainer.json: cut",
+            Box::new(|d| cut(&d.join("trainer.json"), 0.5)),
+            &["trainer.json is damaged"],
+        ),
+        (
+            "trainer.json: not JSON",
+            Box::new(|d| std::fs::write(d.join("trainer.json"), "\u{0}garbage").unwrap()),
+            &["trainer.json is damaged"],
+        ),
+        (
+            "trainer.json: missing",
+            Box::new(|d| std::fs::remove_file(d.join("trainer.json")).unwrap()),
+            &["trainer.json"],
+        ),
+        (
+            "trainer.json: a checksum edited",
+            Box::new(|d| {
+                edit_json(&d.join("trainer.json"), |v| {
+                    v["files"]["model.bpk"]["sha256"] = "00".repeat(32).into();
+                })
+            }),
+            &["model.bpk is damaged", "SHA-256"],
+        ),
+        (
+            "trainer.json: a size edited",
+            Box::new(|d| {
+                edit_json(&d.join("trainer.json"), |v| {
+                    v["files"]["optim.bpk"]["bytes"] = 7.into();
+                })
+            }),
+            &["optim.bpk is damaged", "trainer.json records 7"],
+        ),
+        (
+            "folder: missing",
+            Box::new(|d| std::fs::remove_dir_all(d).unwrap()),
+            &["does not exist"],
+        ),
+    ];
+    let dev = flex();
+    for (i, (what, damage, expect)) in cases.iter().enumerate() {
+        let copy = dir.join(format!("case-{i}/step-00000004"));
+        copy_dir(&pristine, &copy);
+        damage(&copy);
+        let err = checkpoint::verify(&copy).expect_err(what).to_string();
+        assert_mentions(&err, expect, what);
+        let err = checkpoint::load_model(&copy, tiny_model().init(&dev).unwrap())
+            .expect_err(what)
+            .to_string();
+        assert_mentions(&err, expect, what);
+    }
+    // Intact sums, but a trainer state no run can have.
+    let copy = dir.join("case-replicas/step-00000004");
+    copy_dir(&pristine, &copy);
+    edit_json(&copy.join("trainer.json"), |v| v["replicas"] = 0.into());
+    let dev = flex().autodiff();
+    let optim = tiny_train(4).optimizer();
+    let err = checkpoint::load(&copy, tiny_model().init(&dev).unwrap(), optim, &dev)
+        .err()
+        .expect("0 replicas")
+        .to_string();
+    assert_mentions(&err, &["0 replicas"], "replicas");
+    // Another architecture: intact files that do not fit.
+    let err = checkpoint::load_model(&pristine, tiny_model().with_d_model(48).init(&dev).unwrap())
+        .expect_err("foreign")
+        .to_string();
+    assert_mentions(&err, &["model.bpk", "does not fit"], "foreign architecture");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn latest_falls_back_to_the_newest_intact_checkpoint_and_resumes_exactly() {
+    let straight = scratch("straight");
+    let want = weights(&run(&straight, 6, false).unwrap().model);
+    let dir = scratch("fallback");
+    run(&dir, 6, false).unwrap();
+    let ckpt = dir.join("checkpoints");
+    let (found, note) = checkpoint::latest_with_note(&ckpt).unwrap().unwrap();
+    assert!(found.ends_with("step-00000006") && note.is_none());
+
+    // The pointer missing, then garbage: the newest intact checkpoint, said so.
+    std::fs::remove_file(ckpt.join("latest")).unwrap();
+    let (found, note) = checkpoint::latest_with_note(&ckpt).unwrap().unwrap();
+    assert!(found.ends_with("step-00000006"));
+    assert_mentions(
+        &note.unwrap(),
+        &["latest is missing", "newest intact"],
+        "no pointer",
+    );
+    std::fs::write(ckpt.join("latest"), "../../etc").unwrap();
+    let (found, note) = checkpoint::latest_with_note(&ckpt).unwrap().unwrap();
+    assert!(found.ends_with("step-00000006"));
+    assert_mentions(
+        &note.unwrap(),
+        &["latest is damaged", "../../etc"],
+        "garbage pointer",
+    );
+    std::fs::write(ckpt.join("latest"), "step-00000006").unwrap();
+
+    // The newest checkpoint damaged: the one before it.
+    flip_byte(&ckpt.join("step-00000006/model.bpk"), 0.5);
+    let (found, note) = checkpoint::latest_with_note(&ckpt).unwrap().unwrap();
+    assert!(found.ends_with("step-00000004"), "{}", found.display());
+    assert_mentions(
+        &note.unwrap(),
+        &[
+            "names step-00000006",
+            "model.bpk is damaged",
+            "step-00000004, the newest intact",
+        ],
+        "damaged latest",
+    );
+
+    // A crash tore the last metrics line; the resume continues from step 4, drops the records
+    // of steps 5 and 6 and the torn line, and ends where the straight run ended.
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("metrics.jsonl"))
+        .unwrap();
+    write!(f, "{{\"step\": 7, \"spl").unwrap();
+    drop(f);
+    let resumed = run(&dir, 6, true).unwrap();
+    assert_eq!(resumed.steps, 6);
+    assert_close(
+        &weights(&resumed.model),
+        &want,
+        0.0,
+        "resumed after a fallback",
+    );
+    assert_eq!(loss_records(&dir), vec![1; 6]);
+
+    // Every checkpoint damaged: an error naming each, not a fresh start.
+    for name in ["step-00000002", "step-00000004", "step-00000006"] {
+        flip_byte(&ckpt.join(name).join("optim.bpk"), 0.5);
+    }
+    let err = checkpoint::latest(&ckpt).unwrap_err().to_string();
+    assert_mentions(
+        &err,
+        &[
+            "no intact checkpoint",
+            "step-00000004: ",
+            "optim.bpk is damaged",
+        ],
+        "all damaged",
+    );
+    let err = run(&dir, 8, true)
+        .err()
+        .expect("nothing to resume")
+        .to_string();
+    assert_mentions(&err, &["no intact checkpoint"], "resume, all damaged");
+    // No checkpoint at all: nothing to fall back to, and --resume says where it looked.
+    let empty = scratch("no-checkpoints");
+    std::fs::create_dir_all(empty.join("checkpoints")).unwrap();
+    assert!(
+        checkpoint::latest(&empty.join("checkpoints"))
+            .unwrap()
+            .is_none()
+    );
+    let err = run(&empty, 2, true)
+        .err()
+        .expect("no checkpoint")
+        .to_string();
+    assert_mentions(&err, &["--resume: no checkpoint in"], "resume, none");
+    for d in [straight, dir, empty] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// A full disk: `/dev/full` behind the files the trainer writes.
+#[test]
+fn a_full_disk_is_an_error_naming_the_file() {
+    #[cfg(unix)]
+    {
+        if !Path::new("/dev/full").exists() {
+            eprintln!("no /dev/full here: skipped");
+            return;
+        }
+        let dir = scratch("full-metrics");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink("/dev/full", dir.join("metrics.jsonl")).unwrap();
+        let err = run(&dir, 2, false).err().expect("a full disk").to_string();
+        assert_mentions(
+            &err,
+            &["metrics.jsonl", "No space left"],
+            "metrics on a full disk",
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let dir = scratch("full-latest");
+        std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
+        std::os::unix::fs::symlink("/dev/full", dir.join("checkpoints/.latest.tmp")).unwrap();
+        let err = run(&dir, 2, false).err().expect("a full disk").to_string();
+        assert_mentions(&err, &["latest", "No space left"], "latest on a full disk");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The trainer's check before every update names the parameters whose gradient is NaN or inf.
+#[test]
+fn non_finite_gradients_are_named() {
+    let dev = flex();
+    let model = tiny_model().init(&dev).unwrap();
+    let mut grads = GradientsParams::new();
+    let bad = |p: &Param<Tensor<2>>, v: f32| {
+        let [a, b] = p.val().dims();
+        let mut data = vec![0.5f32; a * b];
+        data[a * b / 2] = v;
+        Tensor::<2>::from_data(TensorData::new(data, [a, b]), &dev)
+    };
+    grads.register(
+        model.embedding.weight.id,
+        bad(&model.embedding.weight, f32::NAN),
+    );
+    assert!(non_finite(&model, &grads).len() == 1);
+    let query = &model.layers[1].attention.query.weight;
+    grads.register(query.id, bad(query, f32::INFINITY));
+    let found = non_finite(&model, &grads);
+    let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(
+        names[0].contains("embedding") && names[0].ends_with("weight"),
+        "{names:?}"
+    );
+    assert!(names[1].contains("layers.1.attention.query"), "{names:?}");
+    assert!(found[0].1.is_nan() && found[1].1.is_infinite());
+    // Finite gradients: nothing named.
+    let mut fine = GradientsParams::new();
+    fine.register(query.id, bad(query, 1.0));
+    assert!(non_finite(&model, &fine).is_empty());
+}
+
+/// The child side of the signal tests: trains "forever" in `MEMZOO_SIGNAL_RUN` until a signal
+/// stops it, and writes what `train` returned. Does nothing when run on its own.
+#[test]
+#[ignore = "run by stop_signals_checkpoint_and_stop in a child process"]
+fn signal_child() {
+    let Ok(dir) = std::env::var("MEMZOO_SIGNAL_RUN") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let outcome = run(&dir, 1_000_000, false).unwrap();
+    let summary = serde_json::json!({"signal": outcome.signal, "steps": outcome.steps});
+    std::fs::write(dir.join("outcome.json"), summary.to_string()).unwrap();
+}
+
+/// SIGTERM and SIGINT: the step in flight finishes, a checkpoint of it is written, `train`
+/// returns normally with the signal (the CLI then exits 128 + signal).
+#[test]
+fn stop_signals_checkpoint_and_stop() {
+    #[cfg(unix)]
+    for (signal, number) in [("TERM", 15), ("INT", 2)] {
+        let dir = scratch(&format!("signal-{signal}"));
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "reliability::signal_child",
+                "--exact",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("MEMZOO_SIGNAL_RUN", &dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait until it trains (a few steps recorded).
+        let start = std::time::Instant::now();
+        while loss_records_or_empty(&dir).len() < 3 {
+            assert!(start.elapsed().as_secs() < 120, "the child never trained");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let status = std::process::Command::new("kill")
+            .args(["-s", signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exit = child.wait().unwrap();
+        assert!(exit.success(), "SIG{signal}: the child ended with {exit}");
+        let outcome: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("outcome.json")).unwrap())
+                .unwrap();
+        assert_eq!(outcome["signal"], number, "SIG{signal}");
+        let steps = outcome["steps"].as_u64().unwrap() as usize;
+        let latest = checkpoint::latest(&dir.join("checkpoints"))
+            .unwrap()
+            .unwrap();
+        let state = checkpoint::read_trainer_state(&latest).unwrap();
+        assert_eq!(
+            state.step, steps,
+            "SIG{signal}: the checkpoint is the last step"
+        );
+        assert_eq!(loss_records(&dir).len(), steps);
+        checkpoint::verify(&latest).unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+fn loss_records_or_empty(dir: &Path) -> Vec<usize> {
+    match std::fs::read_to_string(dir.join("metrics.jsonl")) {
+        Ok(text) if text.ends_with('\n') => loss_records(dir),
+        _ => Vec::new(),
+    }
+}
+
+/// Bad configs, overrides, data, devices and options of every command: an error naming the
+/// bad value, never a panic.
+#[test]
+fn bad_inputs_are_errors_naming_the_value() {
+    let dir = scratch("bad-inputs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run_dir = dir.join("run");
+    let empty_file = dir.join("empty.txt");
+    std::fs::write(&empty_file, "").unwrap();
+    let bad_toml = dir.join("bad.toml");
+    std::fs::write(&bad_toml, "[train\nsteps = ").unwrap();
+    let unknown_toml = dir.join("unknown.toml");
+    std::fs::write(&unknown_toml, "[train]\nstepz = 3\n").unwrap();
+    let empty_source = format!("data.source={:?}", empty_file.display().to_string());
+    let train_with = |extra: &[&str]| cli_train(extra, &run_dir, false, false).map(|_| ());
+    let file_config = |path: &Path| RunConfig::resolve(Some(path), &[]).map(|_| ());
+    let sample = |t: f64, k: Option<usize>, p: Option<f64>| {
+        SampleOptions {
+            prompt: String::new(),
+            tokens: 1,
+            temperature: t,
+            top_k: k,
+            top_p: p,
+            seed: 0,
+            compare_recompute: false,
+        }
+        .validate()
+    };
+    let eval = |split: &str, tgt: Option<usize>, max: Option<usize>| {
+        commands::eval(&run_dir, "flex", split, None, tgt, max, true)
+    };
+    let reformer = [
+        "model_kind=\"reformer\"",
+        "reformer.n_layers=1",
+        "reformer.d_model=16",
+        "reformer.n_heads=2",
+        "reformer.d_head=8",
+        "reformer.d_ff=32",
+        "reformer.bucket_size=4",
+        "reformer.axial_positions=false",
+        "train.tgt_len=10",
+    ];
+    let with = |base: &[&'static str], more: &[&'static str]| -> Vec<&'static str> {
+        base.iter().chain(more).copied().collect()
+    };
+    let cases: Vec<(&str, Result<(), String>, &[&str])> = vec![
+        (
+            "vocab below the data's ids",
+            train_with(&["model.vocab_size=64"]),
+            &["model.vocab_size = 64", "token id"],
+        ),
+        (
+            "memorizing vocab",
+            train_with(&["model_kind=\"memorizing\"", "memorizing.xl.vocab_size=32"]),
+            &["vocab_size = 32", "token id"],
+        ),
+        (
+            "Reformer beyond memory",
+            train_with(&with(&reformer, &["reformer.n_rounds=1000000000"])),
+            &["reformer.n_rounds = 1000000000", "GiB"],
+        ),
+        (
+            "Reformer 0 rounds",
+            train_with(&with(&reformer, &["reformer.n_rounds=0"])),
+            &["n_rounds must be positive, got 0"],
+        ),
+        (
+            "Reformer odd buckets",
+            train_with(&with(&reformer, &["reformer.n_buckets=3"])),
+            &["n_buckets", "3"],
+        ),
+        (
+            "Reformer tgt_len > max_seq_len",
+            train_with(&with(&reformer, &["reformer.max_seq_len=8"])),
+            &["train.tgt_len (10)", "max_seq_len (8)"],
+        ),
+        (
+            "Memorizing same_length",
+            train_with(&[
+                "model_kind=\"memorizing\"",
+                "memorizing.xl.same_length=true",
+            ]),
+            &["same_length"],
+        ),
+        (
+            "eval_segments 0",
+            train_with(&["train.eval_segments=0"]),
+            &["train.eval_segments", "got 0"],
+        ),
+        (
+            "steps 0",
+            train_with(&["train.steps=0"]),
+            &["train.steps must be positive, got 0"],
+        ),
+        (
+            "batch 0",
+            train_with(&["train.batch=0"]),
+            &["train.batch must be positive, got 0"],
+        ),
+        (
+            "clip_norm negative",
+            train_with(&["train.clip_norm=-1.0"]),
+            &["train.clip_norm", "-1"],
+        ),
+        (
+            "weight decay NaN",
+            train_with(&["train.weight_decay=nan"]),
+            &["nan", "f64"],
+        ),
+        (
+            "replicas > batch",
+            train_with(&["train.replicas=5"]),
+            &["replicas", "5"],
+        ),
+        (
+            "unknown field",
+            train_with(&["model.bogus_field=1"]),
+            &["bogus_field"],
+        ),
+        (
+            "unknown section",
+            train_with(&["bogus.steps=1"]),
+            &["bogus"],
+        ),
+        (
+            "ill-typed value",
+            train_with(&["train.steps=\"many\""]),
+            &["many"],
+        ),
+        (
+            "--set without =",
+            train_with(&["train.steps"]),
+            &["train.steps", "section.field=value"],
+        ),
+        (
+            "data file missing",
+            train_with(&["data.source=\"/nonexistent/memzoo.txt\""]),
+            &["/nonexistent/memzoo.txt", "does not exist"],
+        ),
+        (
+            "data file empty",
+            train_with(&[empty_source.as_str()]),
+            &["empty.txt", "empty"],
+        ),
+        (
+            "config file missing",
+            file_config(&dir.join("none.toml")),
+            &["none.toml"],
+        ),
+        (
+            "config not TOML",
+            file_config(&bad_toml),
+            &["bad.toml", "not valid TOML"],
+        ),
+        (
+            "config unknown field",
+            file_config(&unknown_toml),
+            &["stepz"],
+        ),
+        (
+            "device unknown",
+            commands::train(
+                &RunConfig::resolve(None, &tiny_cli(&[])).unwrap(),
+                "tpu",
+                &run_dir,
+                false,
+                false,
+                true,
+                true,
+            )
+            .map(|_| ()),
+            &["tpu"],
+        ),
+        (
+            "device not compiled",
+            commands::train(
+                &RunConfig::resolve(None, &tiny_cli(&[])).unwrap(),
+                "cuda",
+                &run_dir,
+                false,
+                false,
+                true,
+                true,
+            )
+            .map(|_| ()),
+            &["cuda"],
+        ),
+        (
+            "resume without a run",
+            cli_train(&[], &dir.join("nothing"), true, false).map(|_| ()),
+            &["nothing"],
+        ),
+        (
+            "eval without a run",
+            eval("test", None, None),
+            &["config.toml"],
+        ),
+        (
+            "temperature NaN",
+            sample(f64::NAN, None, None),
+            &["--temperature", "NaN"],
+        ),
+        (
+            "temperature negative",
+            sample(-1.0, None, None),
+            &["--temperature", "-1"],
+        ),
+        (
+            "temperature infinite",
+            sample(f64::INFINITY, None, None),
+            &["--temperature", "inf"],
+        ),
+        (
+            "top-p NaN",
+            sample(1.0, None, Some(f64::NAN)),
+            &["--top-p", "NaN"],
+        ),
+        ("top-p 0", sample(1.0, None, Some(0.0)), &["--top-p", "0"]),
+        (
+            "top-p above 1",
+            sample(1.0, None, Some(1.5)),
+            &["--top-p", "1.5"],
+        ),
+        ("top-k 0", sample(1.0, Some(0), None), &["--top-k", "0"]),
+        (
+            "duplication 0 rounds",
+            commands::duplication("flex", 0, 16, 1, 0.0, true),
+            &["train_rounds 0"],
+        ),
+        (
+            "duplication odd length",
+            commands::duplication("flex", 1, 15, 1, 0.0, true),
+            &["len 15"],
+        ),
+        (
+            "recall lr NaN",
+            commands::recall("flex", "both", 1, f64::NAN, 2, 0, true),
+            &["--lr", "NaN"],
+        ),
+        (
+            "recall lr negative",
+            commands::recall("flex", "both", 1, -1.0, 2, 0, true),
+            &["--lr", "-1"],
+        ),
+        (
+            "recall lr infinite",
+            commands::recall("flex", "both", 1, f64::INFINITY, 2, 0, true),
+            &["--lr", "inf"],
+        ),
+        (
+            "recall unknown model",
+            commands::recall("flex", "gpt", 1, 1e-3, 2, 0, true),
+            &["gpt"],
+        ),
+        (
+            "recall 0 steps",
+            commands::recall("flex", "both", 0, 1e-3, 2, 0, true),
+            &["--steps", "0"],
+        ),
+    ];
+    let n = cases.len();
+    for (what, result, expect) in cases {
+        let err = result.err().unwrap_or_else(|| panic!("{what}: accepted"));
+        assert_mentions(&err, expect, what);
+    }
+    // Evaluation options against a real run.
+    cli_train(&[], &run_dir, false, false).unwrap();
+    for (what, result, expect) in [
+        (
+            "eval 0 segments",
+            eval("test", None, Some(0)),
+            &["--max-segments", "0"][..],
+        ),
+        (
+            "eval tgt_len 0",
+            eval("test", Some(0), None),
+            &["--tgt-len", "0"],
+        ),
+        ("eval unknown split", eval("bogus", None, None), &["bogus"]),
+    ] {
+        assert_mentions(&result.expect_err(what), expect, what);
+    }
+    eval("valid", None, Some(1)).unwrap();
+    eprintln!("{} bad inputs refused with a clear error", n + 3);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The Reformer trains at a length that is not a multiple of its bucket size (it turned NaN).
+#[test]
+fn reformer_trains_at_a_padded_length() {
+    let dir = scratch("reformer-padded");
+    let sets = [
+        "model_kind=\"reformer\"",
+        "reformer.n_layers=2",
+        "reformer.d_model=16",
+        "reformer.n_heads=2",
+        "reformer.d_head=8",
+        "reformer.d_ff=32",
+        "reformer.bucket_size=4",
+        "reformer.axial_positions=false",
+        "train.tgt_len=10",
+        "train.steps=3",
+        "train.log_every=1",
+    ];
+    cli_train(&sets, &dir, false, false).unwrap();
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let norms: Vec<f64> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["metric"] == "grad_norm")
+        .map(|v| v["value"].as_f64().unwrap())
+        .collect();
+    assert_eq!(norms.len(), 3);
+    assert!(norms.iter().all(|g| g.is_finite() && *g > 0.0), "{norms:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A kNN memory header whose sizes overflow, or that is not JSON, is an error naming it.
+#[test]
+fn damaged_knn_memory_headers_are_errors() {
+    use memzoo_memory::{IndexKind, KnnMemoryConfig, open};
+    let dev = flex();
+    let config = KnnMemoryConfig::new(2, 4)
+        .with_kind(IndexKind::Exact)
+        .with_max_memories(8);
+    let index = config.init(1, &dev).unwrap();
+    let dir = scratch("knn-header");
+    index.save(&dir).unwrap();
+    open(&dir, &config, &dev).unwrap();
+    let header = dir.join("header.json");
+    let pristine = std::fs::read_to_string(&header).unwrap();
+    // 1e18 slots: 8e18 floats, which fit in a usize but not in the file (the size check used
+    // to overflow); 1e19: the float count itself overflows.
+    edit_json(&header, |v| {
+        v["slots"] = serde_json::json!(1_000_000_000_000_000_000u64)
+    });
+    let err = open(&dir, &config, &dev).err().expect("1e18").to_string();
+    assert_mentions(
+        &err,
+        &["keys.f32 has 0 bytes", "8000000000000000000 floats"],
+        "slots 1e18",
+    );
+    edit_json(&header, |v| {
+        v["slots"] = serde_json::json!(10_000_000_000_000_000_000u64)
+    });
+    let err = open(&dir, &config, &dev).err().expect("1e19").to_string();
+    assert_mentions(
+        &err,
+        &["slots 10000000000000000000", "overflow"],
+        "slots 1e19",
+    );
+    edit_json(&header, |v| v["slots"] = serde_json::json!(1_000_000));
+    let err = open(&dir, &config, &dev).err().expect("size").to_string();
+    assert_mentions(&err, &["keys.f32", "bytes"], "slots 1e6");
+    std::fs::write(&header, &pristine[..pristine.len() / 2]).unwrap();
+    let err = open(&dir, &config, &dev).err().expect("cut").to_string();
+    assert_mentions(&err, &["header.json"], "cut header");
+    let _ = std::fs::remove_dir_all(dir);
+}
