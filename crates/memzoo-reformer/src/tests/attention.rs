@@ -374,3 +374,164 @@ fn chunk_window_wraps_like_a_remainder() {
         }
     }
 }
+
+/// LSH attention of one (batch, head), written out on the host in f64 from the algorithm's
+/// definition: the `r * l` (round, position) elements sorted by (round offset + bucket,
+/// position); chunks of `c` of that sorted sequence; a query sees its chunk and `before` /
+/// `after` neighbouring chunks, wrapping around the whole sorted sequence (distinct chunks
+/// only); scores `q_i · k_j / sqrt(dh)` with `k_j = q_j / |q_j|`, [`SELF_SCORE`] for `j = i`,
+/// minus `ln(count)` where `count` is the number of rounds whose windows hold the pair, and
+/// [`MASKED`] for hidden keys; then the rounds mixed by the softmax of their log-partitions.
+#[allow(clippy::too_many_arguments)]
+fn naive_lsh(
+    qk: &[f32],
+    v: &[f32],
+    buckets: &[i64],
+    (l, dh, r, nb): (usize, usize, usize, usize),
+    params: ChunkParams,
+    pad: &[bool],
+) -> Vec<f64> {
+    let q = |i: usize| -> Vec<f64> { qk[i * dh..(i + 1) * dh].iter().map(|&x| x as f64).collect() };
+    let k = |j: usize| -> Vec<f64> {
+        let row = q(j);
+        let n = row.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-6);
+        row.iter().map(|x| x / n).collect()
+    };
+    // Sorted elements (round, position).
+    let mut elems: Vec<(usize, usize)> =
+        (0..r).flat_map(|rr| (0..l).map(move |p| (rr, p))).collect();
+    elems.sort_by_key(|&(rr, p)| ((rr * nb) as i64 + buckets[rr * l + p], p));
+    let c = params.chunk_len;
+    let nc = r * l / c;
+    let before = params.before.min(nc - 1);
+    let after = params.after.min(nc - 1 - before);
+    let mut chunk_of = vec![0usize; r * l]; // (round, position) -> chunk
+    for (s, &(rr, p)) in elems.iter().enumerate() {
+        chunk_of[rr * l + p] = s / c;
+    }
+    let window = |cq: usize| -> Vec<usize> {
+        let mut w = vec![cq];
+        w.extend((1..=before).map(|s| (cq + nc - s) % nc));
+        w.extend((1..=after).map(|s| (cq + s) % nc));
+        w
+    };
+    let count = |i: usize, j: usize| -> usize {
+        (0..r)
+            .filter(|&rr| window(chunk_of[rr * l + i]).contains(&chunk_of[rr * l + j]))
+            .count()
+    };
+    let mut outs = vec![vec![0f64; dh]; r * l]; // per (round, position)
+    let mut lses = vec![0f64; r * l];
+    for (s, &(rr, i)) in elems.iter().enumerate() {
+        let mut scores = Vec::new();
+        let mut values = Vec::new();
+        for cj in window(s / c) {
+            for &(_, j) in &elems[cj * c..(cj + 1) * c] {
+                let hidden = (params.causal && j > i) || pad[j];
+                let score = if hidden {
+                    MASKED as f64
+                } else {
+                    let base = if i == j {
+                        SELF_SCORE as f64
+                    } else {
+                        q(i).iter().zip(k(j)).map(|(a, b)| a * b).sum::<f64>() / (dh as f64).sqrt()
+                    };
+                    if params.dedup_rounds && r > 1 {
+                        base - (count(i, j).max(1) as f64).ln()
+                    } else {
+                        base
+                    }
+                };
+                scores.push(score);
+                values.push(j);
+            }
+        }
+        let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = scores.iter().map(|x| (x - m).exp()).sum();
+        for (x, &j) in scores.iter().zip(&values) {
+            let p = (x - m).exp() / z;
+            for d in 0..dh {
+                outs[rr * l + i][d] += p * v[j * dh + d] as f64;
+            }
+        }
+        lses[rr * l + i] = m + z.ln();
+    }
+    let mut out = vec![0f64; l * dh];
+    for i in 0..l {
+        let m = (0..r).map(|rr| lses[rr * l + i]).fold(f64::MIN, f64::max);
+        let w: Vec<f64> = (0..r).map(|rr| (lses[rr * l + i] - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        for rr in 0..r {
+            for d in 0..dh {
+                out[i * dh + d] += w[rr] / z * outs[rr * l + i][d];
+            }
+        }
+    }
+    out
+}
+
+/// LSH attention with several chunks and several rounds equals the naive reference: the sort
+/// order, the chunk windows (wrapping across the sorted sequence and across rounds), the
+/// duplicate counts and the mixing of the rounds all show (one chunk hides them).
+#[test]
+fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
+    let device = dev();
+    let (b, h, dh) = (2, 2, 8);
+    let cases = [
+        // (len, chunk, rounds, buckets, before, after, causal, dedup, pad)
+        (24, 4, 3, 4, 1, 0, true, true, true),
+        (24, 4, 3, 6, 1, 1, false, true, false),
+        (24, 4, 2, 4, 2, 1, true, false, false),
+        (16, 4, 4, 8, 1, 0, true, true, false),
+        (8, 4, 1, 2, 1, 1, true, true, true), // 2 chunks: the window is clamped
+    ];
+    for (n, &(l, c, r, nb, before, after, causal, dedup_rounds, with_pad)) in
+        cases.iter().enumerate()
+    {
+        let qk = rand_tensor([b, h, l, dh], 50 + n as u64, &device).mul_scalar(1.5);
+        let v = rand_tensor([b, h, l, dh], 60 + n as u64, &device);
+        let rot = random_rotations(dh, r, nb, 70 + n as u64, &device);
+        let pad_v: Vec<bool> = (0..b * l)
+            .map(|i| with_pad && i / l == 1 && i % l >= l - 3)
+            .collect();
+        let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad_v.clone(), [b, l]), &device);
+        let params = ChunkParams {
+            chunk_len: c,
+            before,
+            after,
+            causal,
+            dedup_rounds,
+        };
+        let buckets: Vec<i64> = hash_buckets(qk.clone(), rot.clone())
+            .into_data()
+            .iter::<i64>()
+            .collect();
+        let out = to_vec(lsh_attention(
+            qk.clone(),
+            v.clone(),
+            rot,
+            Some(pad),
+            params,
+            None,
+        ));
+        let (qkv, vv) = (to_vec(qk), to_vec(v));
+        let mut worst = 0f64;
+        for bh in 0..b * h {
+            let s = bh * l * dh..(bh + 1) * l * dh;
+            let bi = bh / h;
+            let want = naive_lsh(
+                &qkv[s.clone()],
+                &vv[s.clone()],
+                &buckets[bh * r * l..(bh + 1) * r * l],
+                (l, dh, r, nb),
+                params,
+                &pad_v[bi * l..(bi + 1) * l],
+            );
+            for (got, want) in out[s].iter().zip(&want) {
+                assert!(got.is_finite());
+                worst = worst.max((*got as f64 - want).abs());
+            }
+        }
+        assert!(worst < 1e-5, "case {n}: max |lsh - naive| = {worst:e}");
+    }
+}
