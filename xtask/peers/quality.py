@@ -26,8 +26,10 @@ is cut into `batch` contiguous rows, each step reads the next `tgt_len` tokens o
 (targets shifted by one), wrapping to the start (and clearing every memory) when a row has no full
 segment left. Loss = mean NLL of the next byte, scored from the model's log-probabilities here
 (HF TransfoXL shifts `labels` itself: passing shifted labels would train 2-ahead prediction).
-Validation: the whole split as one row, in segments of `tgt_len` (full segments only, as memzoo's
-evaluation), memory carried (kNN memories cleared at the start); bpc = mean NLL / ln 2.
+Validation: the whole split cut into `eval_rows` contiguous rows (default: `batch`, as `memzoo train`
+evaluates), read in segments of `tgt_len` (full segments only, as memzoo's evaluation), memory
+carried (kNN memories cleared at the start); bpc = mean NLL / ln 2. (quality_tfxl.py reads it as one
+row: 8 rows start cold 8 times instead of once, and run several times faster.)
 
 Where the peers differ from memzoo and cannot be matched by a setting:
 
@@ -188,12 +190,13 @@ def splits(raw, r):
     return raw[: n - nv - nt], raw[n - nv:]
 
 
-def evaluate(peer, valid, tgt_len):
-    """bpc over the whole split as one row, full segments of tgt_len, memory carried."""
+def evaluate(peer, valid, tgt_len, rows):
+    """bpc over the whole split in `rows` contiguous rows, full segments of tgt_len, memory carried."""
     model = peer.model
     model.eval()
-    v = torch.tensor(list(valid), dtype=torch.long).unsqueeze(0)
-    state = peer.new_state(1)
+    t = torch.tensor(list(valid), dtype=torch.long)
+    v = t[: (len(t) // rows) * rows].view(rows, -1)
+    state = peer.new_state(rows)
     tot, cnt, p = 0.0, 0, 0
     with torch.no_grad():
         while p + tgt_len + 1 <= v.size(1):
@@ -267,7 +270,7 @@ def main():
                 f"{train_s / (s + 1):.3f} s/step")
         if s + 1 in eval_at:
             t1 = time.perf_counter()
-            bpc, cnt = evaluate(peer, valid, T)
+            bpc, cnt = evaluate(peer, valid, T, c.get("eval_rows", B))
             print(json.dumps({"kind": "quality", "family": a.family, "impl": peer.name, "step": s + 1,
                               "valid_bpc": bpc, "train_loss": sum(losses[-window:]) / window,
                               "wall_s": round(train_s, 2), "valid_tokens": cnt,

@@ -4,8 +4,10 @@
 //! the real trainer ([`memzoo_train::train`]) on a text file split as `memzoo train --data FILE`
 //! splits it (last 5% of the bytes valid, the 5% before it test, the rest train; ordered
 //! batches of `batch` contiguous rows, memory carried), checkpointing at every evaluation
-//! point. Each of those checkpoints is then scored on the **whole validation split as one row,
-//! in order, memory carried** ([`memzoo_train::evaluate`]). The peer, `xtask/peers/quality.py`,
+//! point. Each of those checkpoints is then scored on the **whole validation split, in order,
+//! memory carried** ([`memzoo_train::evaluate`]), cut into `batch` contiguous rows as `memzoo
+//! train` evaluates (`../shared/peers/quality_tfxl.py` reads it as one row: that starts cold once
+//! instead of 8 times and runs several times slower). The peer, `xtask/peers/quality.py`,
 //! trains the same shape with the same recipe ([`train_config`]; the numbers are passed to it
 //! as JSON, so they live only here) and scores the same tokens at the same steps.
 //!
@@ -531,7 +533,7 @@ fn train_and_score<M: SegmentModel>(
         let mut valid_data = OrderedBatcher::named(
             &format!("the valid split of {name}"),
             valid.to_vec(),
-            1,
+            fam.batch,
             fam.tgt_len,
         )
         .map_err(|e| e.to_string())?

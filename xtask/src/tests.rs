@@ -102,3 +102,155 @@ fn small_rates_keep_their_digits_in_the_table() {
     let table = crate::measure::markdown(&[m("generate-recompute-1024", 3.606, 231.0, 0.2773)]);
     assert!(table.contains("| 0.28 |"), "{table}");
 }
+
+mod quality {
+    use crate::plot::{Axes, Series, chart};
+    use crate::quality::{
+        FamilyModel, QualityPoint, eval_points, family, markdown, parse_peer_output, train_log,
+    };
+
+    fn point(implementation: &str, step: usize, bpc: f64, wall_s: f64) -> QualityPoint {
+        QualityPoint {
+            kind: "quality".into(),
+            family: "xl".into(),
+            implementation: implementation.into(),
+            step,
+            valid_bpc: bpc,
+            train_loss: 2.0,
+            wall_s,
+        }
+    }
+
+    #[test]
+    fn peer_output_keeps_quality_lines_and_names_bad_ones() {
+        let text = "Some warning from a library\n\
+            {\"kind\": \"quality-peer\", \"family\": \"xl\", \"params\": 5}\n\
+            {\"kind\": \"quality\", \"family\": \"xl\", \"impl\": \"HF TransfoXL 4.37.2\", \"step\": 50, \"valid_bpc\": 3.5, \"train_loss\": 2.6, \"wall_s\": 30.5, \"valid_tokens\": 55296}\n\
+            \n\
+            {\"kind\": \"quality\", \"family\": \"xl\", \"impl\": \"HF TransfoXL 4.37.2\", \"step\": 100, \"valid_bpc\": 3.1, \"train_loss\": 2.2, \"wall_s\": 61.0}\n";
+        let points = parse_peer_output(text, "xl").unwrap();
+        assert_eq!(points.len(), 2);
+        assert_eq!(points[0].implementation, "HF TransfoXL 4.37.2");
+        assert_eq!((points[0].step, points[0].valid_bpc), (50, 3.5));
+        assert_eq!((points[1].step, points[1].wall_s), (100, 61.0));
+
+        let missing = "{\"kind\": \"quality\", \"family\": \"xl\", \"impl\": \"p\", \"step\": 50, \"train_loss\": 2.6, \"wall_s\": 1}";
+        let e = parse_peer_output(missing, "xl").unwrap_err();
+        assert!(e.contains("valid_bpc") && e.contains("line 1"), "{e}");
+        let other = "{\"kind\": \"quality\", \"family\": \"reformer\", \"impl\": \"p\", \"step\": 5, \"valid_bpc\": 7, \"train_loss\": 5, \"wall_s\": 1}";
+        let e = parse_peer_output(other, "xl").unwrap_err();
+        assert!(e.contains("`reformer`"), "{e}");
+        let nan = "{\"kind\": \"quality\", \"family\": \"xl\", \"impl\": \"p\", \"step\": 5, \"valid_bpc\": NaN, \"train_loss\": 5, \"wall_s\": 1}";
+        // Not JSON at all (Python prints NaN): ignored like any other non-JSON line.
+        assert!(parse_peer_output(nan, "xl").unwrap().is_empty());
+    }
+
+    #[test]
+    fn table_pairs_the_curves_by_step() {
+        let points = vec![
+            point("memzoo", 50, 3.25, 20.4),
+            point("memzoo", 100, 2.9, 41.0),
+            point("HF TransfoXL 4.37.2", 50, 3.0, 30.0),
+        ];
+        let t = markdown(&points);
+        let rows: Vec<&str> = t.lines().collect();
+        assert_eq!(rows.len(), 4, "{t}");
+        assert!(rows[0].starts_with("| family | step | memzoo valid bpc | peer valid bpc |"));
+        assert_eq!(
+            rows[2],
+            "| xl | 50 | 3.250 | 3.000 | +0.250 | 20 | 30 | HF TransfoXL 4.37.2 |"
+        );
+        // No peer point at step 100 (skipped or failed): dashes.
+        assert_eq!(rows[3], "| xl | 100 | 2.900 | – | – | 41 | – | – |");
+    }
+
+    #[test]
+    fn eval_points_default_to_the_run_and_name_a_bad_step() {
+        assert_eq!(eval_points(400, None).unwrap(), [50, 100, 200, 300, 400]);
+        assert_eq!(eval_points(150, None).unwrap(), [50, 100, 150]);
+        assert_eq!(eval_points(20, None).unwrap(), [20]);
+        assert_eq!(eval_points(20, Some(&[20, 10, 10])).unwrap(), [10, 20]);
+        let e = eval_points(400, Some(&[50, 500])).unwrap_err();
+        assert!(e.contains("500") && e.contains("400"), "{e}");
+        assert!(
+            eval_points(400, Some(&[0]))
+                .unwrap_err()
+                .contains("--eval-at 0")
+        );
+    }
+
+    #[test]
+    fn train_log_sums_the_windows_seconds() {
+        // Two windows of 10 steps of 1,024 tokens: 10,240 tokens at 1,024/s, then at 2,048/s.
+        let metrics = [
+            r#"{"step":10,"split":"train","metric":"loss","value":3.0}"#,
+            r#"{"step":10,"split":"train","metric":"tokens_per_s","value":1024.0}"#,
+            r#"{"step":10,"split":"valid","metric":"loss","value":9.0}"#,
+            r#"{"step":20,"split":"train","metric":"loss","value":2.5}"#,
+            "not json",
+            r#"{"step":20,"split":"train","metric":"tokens_per_s","value":2048.0}"#,
+        ]
+        .join("\n");
+        let log = train_log(&metrics, 1024);
+        assert_eq!(log.at(10), Some((3.0, 10.0)));
+        assert_eq!(log.at(20), Some((2.5, 15.0)));
+        assert_eq!(log.at(15), None);
+    }
+
+    #[test]
+    fn families_validate_and_give_the_peer_the_same_numbers() {
+        let e = family("lstm").map(|_| ()).unwrap_err();
+        assert!(e.contains("`lstm`") && e.contains("--families"), "{e}");
+        for name in crate::quality::FAMILIES {
+            let f = family(name).unwrap();
+            let m = &f.peer_model;
+            match &f.model {
+                FamilyModel::Xl(c) => {
+                    c.validate().unwrap();
+                    assert_eq!(m["n_layer"], c.n_layers);
+                    assert_eq!(m["d_head"], c.head_width());
+                    assert_eq!(m["untie_r"], c.untie_rel_bias);
+                    assert_eq!(m["clamp_len"], 1000);
+                }
+                FamilyModel::Reformer(c) => {
+                    c.validate().unwrap();
+                    assert_eq!(m["ff_mult"].as_u64().unwrap() as usize * c.d_model, c.d_ff);
+                    assert_eq!(m["tgt_len"], c.max_seq_len, "each window read whole");
+                    // The peer needs the length to be a multiple of two buckets.
+                    assert_eq!(c.max_seq_len % (2 * c.bucket_size), 0);
+                }
+                FamilyModel::Memorizing(c) => {
+                    c.validate().unwrap();
+                    assert_eq!(m["knn_layer"], c.knn_layers[0] + 1, "1-based in the peer");
+                    assert_eq!(c.knn_layers.len(), 1);
+                    assert_eq!(
+                        m["ff_mult"].as_u64().unwrap() as usize * c.xl.d_model,
+                        c.xl.d_inner
+                    );
+                    assert_eq!(m["xl_max_memories"], c.xl.mem_len);
+                }
+            }
+            assert_eq!(m["batch"], f.batch);
+            assert_eq!(m["tgt_len"], f.tgt_len);
+        }
+    }
+
+    #[test]
+    fn linear_chart_puts_a_lower_bpc_lower() {
+        let series = vec![Series {
+            name: "memzoo".into(),
+            points: vec![(50.0, 3.9), (100.0, 3.3), (400.0, 2.85)],
+        }];
+        let svg = chart("t", "step", "bpc", &series, Axes::Linear);
+        let lines = super::polylines(&svg);
+        let p = &lines[0];
+        // Linear x: 50 -> 100 is a seventh of 50 -> 400.
+        let (d1, d2) = (p[1].0 - p[0].0, p[2].0 - p[0].0);
+        assert!((d2 / d1 - 7.0).abs() < 0.05, "{p:?}");
+        assert!(
+            p[0].1 < p[1].1 && p[1].1 < p[2].1,
+            "lower bpc, larger pixel y: {p:?}"
+        );
+        assert!(svg.contains(">400<") && svg.contains(">3.5<"), "{svg}");
+    }
+}
