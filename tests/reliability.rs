@@ -970,3 +970,118 @@ fn damaged_knn_memory_headers_are_errors() {
     assert_mentions(&err, &["header.json"], "cut header");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A model whose loss is finite but whose gradient is not: `sqrt` of a zero parameter adds 0 to
+/// the logits, and its derivative at 0 is infinite (the Reformer's padded LSH path had this).
+#[derive(burn::module::Module, Debug)]
+struct NanGradient {
+    xl: TransformerXl,
+    zero: Param<Tensor<1>>,
+}
+
+impl memzoo_train::SegmentModel for NanGradient {
+    type State = memzoo_xl::XlMemory;
+
+    fn family(&self) -> &'static str {
+        "xl"
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.xl.vocab_size
+    }
+
+    fn segment_logits(
+        &self,
+        inputs: burn::tensor::Tensor<2, burn::tensor::Int>,
+        state: &mut Self::State,
+        reset: &[bool],
+    ) -> Result<Tensor<3>, TrainError> {
+        let logits = self.xl.segment_logits(inputs, state, reset)?;
+        Ok(logits + self.zero.val().sqrt().reshape([1, 1, 1]))
+    }
+
+    fn save_state(state: &Self::State, dir: &Path) -> Result<(), TrainError> {
+        TransformerXl::save_state(state, dir)
+    }
+
+    fn load_state(
+        &self,
+        dir: &Path,
+        device: &burn::tensor::Device,
+    ) -> Result<Self::State, TrainError> {
+        self.xl.load_state(dir, device)
+    }
+}
+
+/// The check before every update: a non-finite gradient norm stops the run at step 1, names the
+/// parameter, leaves no checkpoint behind; the loss was finite, so it does not blame the lr.
+#[test]
+fn a_non_finite_gradient_stops_the_run_naming_the_parameter() {
+    use memzoo_train::SegmentModel;
+    let dev = flex().autodiff();
+    let model = NanGradient {
+        xl: tiny_model().init(&dev).unwrap(),
+        zero: Param::from_tensor(Tensor::zeros([1], &dev)),
+    };
+    let dir = scratch("nan-gradient");
+    let options = RunOptions {
+        run_dir: dir.clone(),
+        resume: false,
+        quiet: true,
+    };
+    let err = train(model, &tiny_train(4), &mut batcher(), None, &options)
+        .err()
+        .expect("a NaN gradient must stop the run")
+        .to_string();
+    assert_mentions(
+        &err,
+        &[
+            "gradient norm is",
+            "at step 1",
+            "`zero`",
+            "not finite",
+            "parameters are unchanged",
+        ],
+        "NaN gradient",
+    );
+    assert!(!err.contains("lower train.schedule.lr"), "{err}");
+    eprintln!("{err}");
+    assert!(!dir.join("checkpoints/latest").exists());
+    // The same model without the NaN path trains (the check does not fire on healthy runs).
+    let healthy = tiny_model().init(&dev).unwrap();
+    assert_eq!(healthy.family(), "xl");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Token ids beyond the model's vocabulary, straight through the trainer: an error naming the id.
+#[test]
+fn token_ids_beyond_the_vocabulary_are_named_by_the_trainer() {
+    let dev = flex().autodiff();
+    let dir = scratch("vocab");
+    let options = RunOptions {
+        run_dir: dir.clone(),
+        resume: false,
+        quiet: true,
+    };
+    let model = tiny_model().with_vocab_size(64).init(&dev).unwrap();
+    let err = train(model, &tiny_train(2), &mut batcher(), None, &options)
+        .err()
+        .expect("ids >= 64")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["training data holds token id", "vocabulary of 64"],
+        "vocab 64",
+    );
+    let model = tiny_model().with_vocab_size(64).init(&flex()).unwrap();
+    let err = memzoo_train::evaluate(&model, &mut batcher(), 16, Some(2))
+        .err()
+        .expect("ids >= 64")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["evaluation data holds token id", "vocabulary of 64"],
+        "eval vocab 64",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

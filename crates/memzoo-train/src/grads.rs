@@ -104,6 +104,8 @@ pub fn scale<M: Module>(model: &M, mut grads: GradientsParams, factor: f64) -> G
 
 /// Scales the gradients by `scale` (e.g. `1 / accumulation steps`), then clips their global
 /// norm to `max_norm` (as `torch.nn.utils.clip_grad_norm_`). Returns the norm before clipping.
+/// A non-finite norm leaves the gradients as they are (scaling by `max / inf = 0` would turn
+/// an infinity into a NaN): the caller stops there, and [`non_finite`] names the culprits.
 pub fn scale_and_clip<M: Module>(
     model: &M,
     grads: GradientsParams,
@@ -111,6 +113,9 @@ pub fn scale_and_clip<M: Module>(
     max_norm: Option<f64>,
 ) -> (GradientsParams, f64) {
     let norm = global_norm(model, &grads) * scale;
+    if !norm.is_finite() {
+        return (grads, norm);
+    }
     let clip = match max_norm {
         Some(max) if norm > max => max / (norm + 1e-6),
         _ => 1.0,

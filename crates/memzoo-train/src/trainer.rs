@@ -265,6 +265,7 @@ pub fn evaluate<M: SegmentModel>(
     let (mut sel_nats, mut sel_tokens) = (0.0, 0u64);
     let mut n = 0;
     while let Some(seg) = source.next_segment(len) {
+        check_token_ids(&seg, model.vocab_size(), ignore, "evaluation")?;
         let (x, y) = seg.tensors(&device);
         let nll = token_nll(&model, x, y, &mut state, &seg.reset)?;
         // Weights: 1 for counted targets (not padding), and the selection mask.
@@ -324,6 +325,32 @@ pub fn token_nll<M: SegmentModel>(
     let logp = burn::tensor::activation::log_softmax(logits, 2);
     let picked = logp.gather(2, targets.reshape([b, l, 1]));
     Ok(picked.reshape([b, l]).neg())
+}
+
+/// Every input id, and every target the loss counts, must index the model's vocabulary: the
+/// first one that does not is named (an embedding lookup past the table panics in the backend).
+fn check_token_ids(
+    seg: &Segment,
+    vocab: usize,
+    ignore: Option<usize>,
+    split: &str,
+) -> Result<(), TrainError> {
+    let targets = seg
+        .targets
+        .iter()
+        .filter(|&&t| ignore.is_none_or(|i| t != i as i64));
+    match seg
+        .inputs
+        .iter()
+        .chain(targets)
+        .find(|&&t| t < 0 || t as usize >= vocab)
+    {
+        Some(bad) => Err(TrainError::Data(format!(
+            "the {split} data holds token id {bad}, outside the model's vocabulary of {vocab} \
+             (vocab_size must exceed every id; byte data needs 256)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The error that stops a run whose gradient norm is not finite, before the update: it names
@@ -513,6 +540,7 @@ pub fn train<M: SegmentModel>(
                     })?
                 }
             };
+            check_token_ids(&seg, model.vocab_size(), ignore, "training")?;
             let (loss, grads) =
                 crate::parallel::train_step_sharded(&model, &device, &seg, &mut states, ignore)?;
             if !loss.is_finite() {
