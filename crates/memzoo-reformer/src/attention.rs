@@ -75,9 +75,13 @@ pub struct ChunkParams {
     pub after: usize,
     /// Hide keys whose original position is after the query's.
     pub causal: bool,
-    /// LSH: count each (query, key) pair once over the hash rounds (its score in a round is
-    /// lowered by `log(number of rounds whose windows hold the pair)`), so the mixture of
-    /// rounds is exactly attention over the union of candidates. Ignored by local attention.
+    /// LSH: count a (query, key) pair found in several hash rounds once: its score is lowered
+    /// by `log(number of rounds whose windows hold the pair)`, the count taken per round from
+    /// the chunks the two positions fall in. The mixture of rounds is then close to attention
+    /// over the union of candidates, not exactly it: a window at the edge of a round's block of
+    /// the sorted sequence reaches into the neighbouring round's block (the chunk window wraps
+    /// across rounds), so a key can appear twice in one round's window, and such repeats are not
+    /// counted. Ignored by local attention.
     pub dedup_rounds: bool,
 }
 
@@ -259,8 +263,9 @@ fn chunked_attention(
 /// The keys are the unit-normalised queries (shared QK). `len` must be a multiple of
 /// `params.chunk_len` (the layer pads); `key_pad` marks hidden keys (`true` = padding).
 /// With rounds `r`, outputs `o_r` and log-partitions `z_r`, the result is
-/// `Σ_r softmax_r(z_r) o_r` — attention over the union of the rounds' candidate sets (exactly
-/// so with `params.dedup_rounds`, which counts a pair found in several rounds once).
+/// `Σ_r softmax_r(z_r) o_r` — attention over the union of the rounds' candidate sets (nearly
+/// so with `params.dedup_rounds`, which counts a pair found in several rounds once; see
+/// [`ChunkParams::dedup_rounds`] for the repeats it misses).
 /// One set of rotations is shared by every batch row and head.
 ///
 /// Causality: no output depends on the *value* of a later token (keys are masked by original

@@ -176,7 +176,9 @@ pub fn t5_bucket(d: i64, bidirectional: bool, num_buckets: usize, max_distance: 
 }
 
 /// Sinusoidal encoding of distance `d` in `d_model` dims: `[sin(d ω_k)…, cos(d ω_k)…]`,
-/// `ω_k = 10000^(-2k / d_model)` (Vaswani et al. 2017, as Transformer-XL's `R`).
+/// `ω_k = 10000^(-2k / d_model)`: the sines then the cosines, concatenated as Transformer-XL's
+/// code builds `R` (`PositionalEmbedding`). Vaswani et al. 2017 interleave them instead; the
+/// features are the same up to a permutation, which the projection `W_R` absorbs.
 pub fn sinusoid(d: i64, d_model: usize, out: &mut Vec<f32>) {
     let half = d_model / 2;
     let start = out.len();

@@ -155,7 +155,7 @@ enum Command {
         /// Which models: both, memorizing or xl.
         #[arg(long, default_value = "both")]
         model: String,
-        /// Seed of the data stream (the weights are drawn from Burn's seeded generator).
+        /// Seed of the data stream and of the weights (the device's generator).
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
