@@ -394,3 +394,60 @@ fn cached_generation_equals_recomputation() {
         );
     }
 }
+
+/// `same_length` at model level: segment-by-segment recurrence, where every query attends to
+/// exactly the `mem_len` positions ending at itself (memory included), equals one pass over the
+/// whole sequence whose position p sees q in (p - mem_len, p], at every layer.
+#[test]
+fn same_length_recurrence_equals_one_sliding_window_pass() {
+    let dev = flex();
+    for (qlen, mem_len) in [(4, 4), (3, 7), (6, 4)] {
+        let model = small(mem_len).with_same_length(true).init(&dev).unwrap();
+        let (batch, n_seg) = (2, 4);
+        let total = qlen * n_seg;
+        let toks = tokens(batch, total, 40, 8, &dev);
+        let mut memory = XlMemory::empty();
+        let mut seg_out = Vec::new();
+        for s in 0..n_seg {
+            let out = model
+                .forward(toks.clone().narrow(1, s * qlen, qlen), &memory)
+                .unwrap();
+            memory = out.memory;
+            seg_out.push(out.hidden);
+        }
+        let hidden: Vec<bool> = (0..total * total)
+            .map(|i| {
+                let (p, q) = (i / total, i % total);
+                q > p || q + mem_len <= p
+            })
+            .collect();
+        let mask = AttentionMask::Explicit(Tensor::from_data(
+            TensorData::new(hidden, [1, total, total]),
+            &dev,
+        ));
+        let full = model
+            .forward_masked(toks.clone(), &XlMemory::empty(), &mask)
+            .unwrap();
+        let what = format!("same_length, qlen {qlen}, mem_len {mem_len}");
+        assert_close(
+            &host(Tensor::cat(seg_out, 1)),
+            &host(full.hidden),
+            1e-4,
+            &what,
+        );
+        // and it is another model than the plain causal one (the window bites)
+        let mut plain = model.clone();
+        plain.same_length = false;
+        let plain_out = host(plain.forward(toks, &XlMemory::empty()).unwrap().hidden);
+        let windowed = host(
+            model
+                .forward(tokens(batch, total, 40, 8, &dev), &XlMemory::empty())
+                .unwrap()
+                .hidden,
+        );
+        assert!(
+            max_abs_diff(&plain_out, &windowed) > 1e-3,
+            "{what}: the window changes nothing"
+        );
+    }
+}
