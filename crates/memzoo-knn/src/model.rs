@@ -19,9 +19,11 @@ use crate::error::KnnError;
 #[derive(Config, Debug)]
 pub struct MemorizingConfig {
     /// The XL backbone: `n_layers` counts every layer, kNN ones included; `mem_len` is the
-    /// XL memory. Default: XL-small with T5 positions and `mem_len` 512.
+    /// XL memory. Default: XL-small with T5 positions, `mem_len` 512, pre-LN residual blocks
+    /// and an untied output layer, as the reference implementation
+    /// (memorizing-transformers-pytorch; the paper's decoder is pre-LN too).
     #[config(
-        default = "XlConfig::new().with_positions(PositionConfig::new().with_kind(PositionKind::T5)).with_mem_len(512)"
+        default = "XlConfig::new().with_positions(PositionConfig::new().with_kind(PositionKind::T5)).with_mem_len(512).with_pre_ln(true).with_tie_weights(false)"
     )]
     pub xl: XlConfig,
     /// 0-based depths of the kNN layers (the paper: the 9th of 12, i.e. `[8]`). Empty: plain

@@ -19,7 +19,8 @@ pub struct ChunkedFeedForwardConfig {
     /// Positions processed at once; `0`: the whole sequence. Default: 512.
     #[config(default = 512)]
     pub chunk_len: usize,
-    /// Initialiser of the weights. Default: normal(0, 0.02).
+    /// Initialiser of the weights (the biases start at zero, as HF's Reformer). Default:
+    /// normal(0, 0.02).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
 }
@@ -34,9 +35,11 @@ impl ChunkedFeedForwardConfig {
             )));
         }
         let linear = |i, o| {
-            LinearConfig::new(i, o)
+            let mut l = LinearConfig::new(i, o)
                 .with_initializer(self.initializer.clone())
-                .init(device)
+                .init(device);
+            l.bias = l.bias.map(|_| Initializer::Zeros.init([o], device));
+            l
         };
         Ok(ChunkedFeedForward {
             inner: linear(self.d_model, self.d_ff),
@@ -90,7 +93,8 @@ pub struct AxialPositionalEmbeddingConfig {
     pub shape: [usize; 2],
     /// Widths `(d_1, d_2)` of the two tables; their concatenation has `d_1 + d_2 = d_model`.
     pub dims: [usize; 2],
-    /// Initialiser of the tables. Default: normal(0, 1) as trax.
+    /// Initialiser of the tables (`ReformerConfig` sets it to the token embedding's scale, see
+    /// `ReformerConfig::axial_std`). Default: normal(0, 1), as trax and HF.
     #[config(default = "Initializer::Normal { mean: 0.0, std: 1.0 }")]
     pub initializer: Initializer,
 }

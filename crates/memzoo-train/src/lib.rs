@@ -23,6 +23,6 @@ pub use error::TrainError;
 pub use model::{SegmentModel, segment_loss};
 pub use schedule::ScheduleConfig;
 pub use trainer::{
-    EvalResult, RunOptions, Segment, SegmentSource, TrainConfig, TrainOutcome, TrainerState,
-    evaluate, token_nll, train,
+    AdamConfig, EvalResult, RunOptions, Segment, SegmentSource, TrainConfig, TrainOutcome,
+    TrainerState, evaluate, token_nll, train,
 };

@@ -96,9 +96,13 @@ pub struct TrainConfig {
     /// Learning-rate schedule (peak lr, warm-up, cosine floor).
     #[config(default = "ScheduleConfig::new()")]
     pub schedule: ScheduleConfig,
-    /// AdamW weight decay. Default: 0.01.
+    /// AdamW weight decay (decoupled, on every parameter, as `torch.optim.AdamW` over
+    /// `model.parameters()`). Default: 0.01.
     #[config(default = 0.01)]
     pub weight_decay: f64,
+    /// AdamW's moment decays and epsilon. Default: PyTorch's (0.9, 0.999, 1e-8).
+    #[config(default = "AdamConfig::new()")]
+    pub adam: AdamConfig,
     /// Clip the global gradient norm to this value. Default: 0.25 (Transformer-XL).
     #[config(default = "Some(0.25)")]
     pub clip_norm: Option<f64>,
@@ -169,14 +173,57 @@ impl TrainConfig {
                 self.weight_decay
             ));
         }
+        self.adam.validate().map_err(TrainError::Config)?;
         self.schedule.validate().map_err(TrainError::Config)
     }
 
-    /// AdamW with this run's weight decay.
+    /// AdamW with this run's weight decay, betas and epsilon.
     pub fn optimizer(&self) -> ModuleOptimizer {
         AdamWConfig::new()
+            .with_beta_1(self.adam.beta_1 as f32)
+            .with_beta_2(self.adam.beta_2 as f32)
+            .with_epsilon(self.adam.epsilon as f32)
             .with_weight_decay(self.weight_decay as f32)
             .init()
+    }
+}
+
+/// AdamW's moment decays and epsilon (`torch.optim.AdamW`'s `betas` and `eps`):
+///
+/// `m_t = β₁ m + (1-β₁) g`, `v_t = β₂ v + (1-β₂) g²`,
+/// `θ ← θ (1 - lr λ) - lr (m_t / (1-β₁ᵗ)) / (sqrt(v_t / (1-β₂ᵗ)) + ε)`.
+///
+/// PyTorch's ε = 1e-8, not Burn's default 1e-5: with gradients clipped to a global norm of
+/// 0.25 over millions of weights, most `sqrt(v)` are ~1e-5 or smaller, and ε = 1e-5 then
+/// halves (or less) the step of most weights.
+#[derive(Config, Debug, PartialEq)]
+pub struct AdamConfig {
+    /// Decay of the first moment. Default: 0.9.
+    #[config(default = 0.9)]
+    pub beta_1: f64,
+    /// Decay of the second moment. Default: 0.999.
+    #[config(default = 0.999)]
+    pub beta_2: f64,
+    /// Added to `sqrt(v̂)` in the denominator. Default: 1e-8 (PyTorch's).
+    #[config(default = 1e-8)]
+    pub epsilon: f64,
+}
+
+impl AdamConfig {
+    /// Checks the values, naming the bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, b) in [("beta_1", self.beta_1), ("beta_2", self.beta_2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(format!("train.adam.{name} must be in [0, 1), got {b}"));
+            }
+        }
+        if !(self.epsilon.is_finite() && self.epsilon > 0.0) {
+            return Err(format!(
+                "train.adam.epsilon must be positive, got {}",
+                self.epsilon
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -63,10 +63,19 @@ pub struct XlConfig {
     /// XL's `u`/`v` biases per layer instead of shared across layers. Default: false (shared).
     #[config(default = false)]
     pub untie_rel_bias: bool,
-    /// Standard deviation of the normal initialiser of every weight but the embedding (which
-    /// is drawn from N(0, 1/d_model)). Default: 0.02.
+    /// Standard deviation of the normal initialiser, HF TransfoXL's `init_std` scheme: every
+    /// weight matrix, the embedding (also the tied output layer), the `u`/`v` biases and the
+    /// relative tables are drawn from N(0, init_std), LayerNorm gains from N(1, init_std), every
+    /// bias is zero. Default: 0.02 (HF's and the paper's code).
     #[config(default = 0.02)]
     pub init_std: f64,
+    /// Standard deviation of the embedding's normal initialiser, when it should differ from
+    /// `init_std` (`None`: `init_std`, as HF). A larger one (e.g. `1/sqrt(d_model)`, unit-scale
+    /// inputs after the `sqrt(d_model)` scale) makes a tied model predict its input token: its
+    /// first loss is ~11 nats instead of ln 256 = 5.5, and a tied post-LN XL-small stalls at
+    /// the unigram level. Default: none.
+    #[config(default = "None")]
+    pub embedding_std: Option<f64>,
 }
 
 impl XlConfig {
@@ -104,6 +113,11 @@ impl XlConfig {
         if !(self.init_std.is_finite() && self.init_std > 0.0) {
             return bad(format!("init_std must be positive, got {}", self.init_std));
         }
+        if let Some(std) = self.embedding_std
+            && !(std.is_finite() && std > 0.0)
+        {
+            return bad(format!("embedding_std must be positive, got {std}"));
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad(format!("dropout must be in [0, 1), got {}", self.dropout));
         }
@@ -127,18 +141,35 @@ impl XlConfig {
             .with_initializer(self.initializer())
     }
 
+    /// A linear layer with HF's initialisation: weight ~ N(0, init_std), bias 0.
+    fn init_linear(&self, d_in: usize, d_out: usize, device: &Device) -> Linear {
+        let mut linear = LinearConfig::new(d_in, d_out)
+            .with_initializer(self.initializer())
+            .init(device);
+        linear.bias = linear
+            .bias
+            .map(|_| Initializer::Zeros.init([d_out], device));
+        linear
+    }
+
+    /// A LayerNorm with HF's initialisation: gain ~ N(1, init_std), bias 0.
+    pub fn init_norm(&self, device: &Device) -> LayerNorm {
+        let mut norm = LayerNormConfig::new(self.d_model).init(device);
+        norm.gamma = Initializer::Normal {
+            mean: 1.0,
+            std: self.init_std,
+        }
+        .init([self.d_model], device);
+        norm
+    }
+
     /// The residual block (LayerNorms and feed-forward) of one layer, for any attention.
     pub fn init_block(&self, device: &Device) -> XlBlock {
-        let linear = |i, o| {
-            LinearConfig::new(i, o)
-                .with_initializer(self.initializer())
-                .init(device)
-        };
         XlBlock {
-            norm_attention: LayerNormConfig::new(self.d_model).init(device),
-            ff_in: linear(self.d_model, self.d_inner),
-            ff_out: linear(self.d_inner, self.d_model),
-            norm_ff: LayerNormConfig::new(self.d_model).init(device),
+            norm_attention: self.init_norm(device),
+            ff_in: self.init_linear(self.d_model, self.d_inner, device),
+            ff_out: self.init_linear(self.d_inner, self.d_model, device),
+            norm_ff: self.init_norm(device),
             activation: Relu::new(),
             dropout: DropoutConfig::new(self.dropout).init(),
             pre_ln: self.pre_ln,
@@ -150,11 +181,6 @@ impl XlConfig {
         self.validate()?;
         let init = self.initializer();
         let attention = self.attention();
-        let linear = |i, o| {
-            LinearConfig::new(i, o)
-                .with_initializer(init.clone())
-                .init(device)
-        };
         let layers = (0..self.n_layers)
             .map(|_| {
                 Ok(XlLayer {
@@ -164,23 +190,19 @@ impl XlConfig {
             })
             .collect::<Result<Vec<_>, XlError>>()?;
         Ok(TransformerXl {
-            // Embeddings ~ N(0, 1/d_model): scaled by sqrt(d_model) on lookup they enter the
-            // network with unit variance, and as the tied output layer they give logits of
-            // unit scale (with init_std = 0.02 a tied model sits at the unigram loss for
-            // hundreds of steps).
+            // Embeddings ~ N(0, init_std) as HF (see `embedding_std`).
             embedding: EmbeddingConfig::new(self.vocab_size, self.d_model)
                 .with_initializer(Initializer::Normal {
                     mean: 0.0,
-                    std: 1.0 / (self.d_model as f64).sqrt(),
+                    std: self.embedding_std.unwrap_or(self.init_std),
                 })
                 .init(device),
             layers,
             shared_biases: (!self.untie_rel_bias)
                 .then(|| XlBiases::init(self.n_heads, self.head_width(), &init, device)),
-            final_norm: self
-                .pre_ln
-                .then(|| LayerNormConfig::new(self.d_model).init(device)),
-            output: (!self.tie_weights).then(|| linear(self.d_model, self.vocab_size)),
+            final_norm: self.pre_ln.then(|| self.init_norm(device)),
+            output: (!self.tie_weights)
+                .then(|| self.init_linear(self.d_model, self.vocab_size, device)),
             output_bias: self
                 .tie_weights
                 .then(|| Initializer::Zeros.init([self.vocab_size], device)),

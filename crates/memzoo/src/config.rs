@@ -110,11 +110,13 @@ impl Default for RunConfig {
                 .with_axial_shape(Some([32, 32]))
                 .with_axial_dims(Some([64, 64]))
                 .with_attn_layers(vec!["local".into(), "lsh".into()]),
-            // A small Memorizing Transformer: the small XL with T5 positions and a kNN layer
-            // at depth 2 of 4 (top-32 over up to 16K memories per row and head).
+            // A small Memorizing Transformer: the small XL with T5 positions, pre-LN and an
+            // untied output as the reference, and a kNN layer at depth 2 of 4 (top-32 over up
+            // to 16K memories per row and head).
             memorizing: MemorizingConfig::new()
                 .with_xl(
-                    XlConfig::new()
+                    MemorizingConfig::new()
+                        .xl
                         .with_n_layers(4)
                         .with_d_model(128)
                         .with_n_heads(4)
