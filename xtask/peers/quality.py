@@ -18,6 +18,9 @@ Prints one JSON line per evaluation point on stdout:
 (`train_loss`: mean training loss, nats, over the last `window` steps, window = gcd(10, EVAL_AT);
 `wall_s`: training seconds up to that step, evaluations excluded), and progress on stderr.
 
+cargo xtask runs it with OMP_WAIT_POLICY=PASSIVE (unless set): spinning OpenMP threads stall for
+seconds on a machine shared with other processes.
+
 Recipe (the same as memzoo's side and ../../shared/peers/quality_tfxl.py): seed 0,
 torch.set_num_threads(2), float32, AdamW lr 1e-3 weight_decay 0.01 eps 1e-8 over all parameters,
 50 linear warm-up steps (lr (s+1)/50) then cosine to 0 at STEPS, global grad-norm clip 0.25,
@@ -84,7 +87,7 @@ RECIPE = dict(seed=0, threads=2, lr=1e-3, weight_decay=0.01, beta_1=0.9, beta_2=
 DEFAULTS = {
     "xl": dict(n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024, mem_len=128, clamp_len=1000,
                tgt_len=128, batch=8, dropout=0.1, dropatt=0.0, pre_lnorm=False, tie=True, untie_r=True),
-    "reformer": dict(depth=4, dim=128, heads=4, dim_head=32, ff_mult=4, max_seq_len=256, bucket_size=32,
+    "reformer": dict(depth=3, dim=128, heads=4, dim_head=32, ff_mult=4, max_seq_len=256, bucket_size=32,
                      n_hashes=2, axial_shape=[16, 16], tgt_len=256, batch=8, dropout=0.1, dropatt=0.0),
     "memorizing": dict(depth=4, dim=128, heads=4, dim_head=32, ff_mult=4, knn_layer=3, topk=32,
                        max_knn_memories=4096, xl_max_memories=128, tgt_len=128, batch=8, dropout=0.1,

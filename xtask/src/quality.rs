@@ -136,12 +136,13 @@ pub fn xl_small() -> Family {
 }
 
 /// A Reformer this 2-core machine trains 400 steps in minutes, against reformer-pytorch's
-/// `ReformerLM` (`venv`): 4 layers, d_model 128, 4 heads x 32, d_ff 512, max_seq_len 256 (=
+/// `ReformerLM` (`venv`): 3 layers (a step of the peer took 1.1 s with 4 layers, 0.82 s with 3
+/// and 0.57 s with 2 on the shared machine; memzoo 0.57 s with 4), d_model 128, 4 heads x 32, d_ff 512, max_seq_len 256 (=
 /// tgt_len: each 256-byte window read on its own, no memory), bucket_size 32 (8 buckets), 2
 /// hash rounds, one chunk back, causal, reversible, no feed-forward chunking, axial positions
 /// 16 x 16 of two concatenated 64-wide halves, dropout 0.1, dropatt 0, batch 8.
 ///
-/// Peer: `ReformerLM(num_tokens=256, dim=128, depth=4, max_seq_len=256, heads=4, dim_head=32,
+/// Peer: `ReformerLM(num_tokens=256, dim=128, depth=3, max_seq_len=256, heads=4, dim_head=32,
 /// bucket_size=32, n_hashes=2, ff_chunks=1, ff_mult=4, causal=True, lsh_dropout=0.0,
 /// ff_dropout=0.1, axial_position_emb=True, axial_position_shape=(16, 16))`, its `pos_emb`
 /// replaced by `AxialPositionalEmbedding(128, (16, 16), axial_dims=(64, 64))` and hash-round
@@ -150,7 +151,7 @@ pub fn xl_small() -> Family {
 pub fn reformer_small() -> Family {
     let c = ReformerConfig::new()
         .with_vocab_size(256)
-        .with_n_layers(4)
+        .with_n_layers(3)
         .with_d_model(128)
         .with_n_heads(4)
         .with_d_head(32)
@@ -386,6 +387,18 @@ pub fn run(args: &BenchArgs, device: &Device) -> Result<Vec<QualityPoint>, Strin
     let eval_at = eval_points(steps, args.eval_at.as_deref())?;
     let path = data_path(args);
     let (train, valid) = load_data(&path)?;
+    if let Some(out) = &args.out {
+        // Fail now, not after the first training run.
+        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out)
+            .map_err(|e| format!("cannot open --out {}: {e}", out.display()))?;
+    }
     let mut points = Vec::new();
     let mut notes = Vec::new();
     for fam in &families {
@@ -662,7 +675,13 @@ fn run_peer(
         csv.join(","),
         data.display()
     );
-    let mut child = Command::new(&python)
+    let mut command = Command::new(&python);
+    // On a shared machine, OpenMP threads that spin while they wait stall for seconds whenever
+    // another process holds a core (reformer-pytorch: 1-16 s per step instead of ~1.1 s).
+    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
+        command.env("OMP_WAIT_POLICY", "PASSIVE");
+    }
+    let mut child = command
         .arg(&script)
         .arg(fam.name)
         .arg(steps.to_string())
