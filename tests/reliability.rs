@@ -549,7 +549,16 @@ fn signal_child() {
         return;
     };
     let dir = PathBuf::from(dir);
-    let outcome = run(&dir, 1_000_000, false).unwrap();
+    let every = std::env::var("MEMZOO_SIGNAL_CHECKPOINT_EVERY").map_or(2, |s| s.parse().unwrap());
+    let dev = flex().autodiff();
+    let options = RunOptions {
+        run_dir: dir.clone(),
+        resume: false,
+        quiet: true,
+    };
+    let config = tiny_train(1_000_000).with_checkpoint_every(every);
+    let model = tiny_model().init(&dev).unwrap();
+    let outcome = train(model, &config, &mut batcher(), None, &options).unwrap();
     let summary = serde_json::json!({"signal": outcome.signal, "steps": outcome.steps});
     std::fs::write(dir.join("outcome.json"), summary.to_string()).unwrap();
 }
@@ -1083,5 +1092,100 @@ fn token_ids_beyond_the_vocabulary_are_named_by_the_trainer() {
         &["evaluation data holds token id", "vocabulary of 64"],
         "eval vocab 64",
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `kill -9` at any moment, a checkpoint being written at every step: what is on disk is
+/// always a whole, verified checkpoint (or a stale `.tmp-*` folder the next save removes), and
+/// a resume continues from it with every step's metrics recorded once.
+#[test]
+fn kill_9_while_checkpointing_leaves_an_intact_checkpoint() {
+    #[cfg(unix)]
+    for (i, delay_ms) in [0u64, 3, 11].into_iter().enumerate() {
+        let dir = scratch(&format!("kill-9-{i}"));
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "reliability::signal_child",
+                "--exact",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("MEMZOO_SIGNAL_RUN", &dir)
+            .env("MEMZOO_SIGNAL_CHECKPOINT_EVERY", "1")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while loss_records_or_empty(&dir).len() < 4 {
+            assert!(start.elapsed().as_secs() < 120, "the child never trained");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let latest = checkpoint::latest(&dir.join("checkpoints"))
+            .unwrap()
+            .expect("a checkpoint");
+        checkpoint::verify(&latest).unwrap();
+        let step = checkpoint::read_trainer_state(&latest).unwrap().step;
+        assert!(step >= 3, "kill {i}: latest is step {step}");
+        // Resume two steps further: it continues from `step`, and no step is recorded twice.
+        let resumed = run(&dir, step + 2, true).unwrap();
+        assert_eq!(resumed.steps, step + 2);
+        assert_eq!(loss_records(&dir), vec![1; step + 2], "kill {i}");
+        let leftovers: Vec<String> = std::fs::read_dir(dir.join("checkpoints"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(".tmp-"))
+            .collect();
+        assert!(leftovers.is_empty(), "kill {i}: {leftovers:?}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Resuming from an older checkpoint because the newest is damaged, then checkpointing with
+/// `keep_checkpoints = 1`: the damaged later checkpoint goes, the one just written stays (the
+/// pruning kept the highest step numbers and deleted the new checkpoint instead).
+#[test]
+fn pruning_after_a_fallback_keeps_the_new_checkpoint() {
+    let dev = flex().autodiff();
+    let dir = scratch("prune-fallback");
+    let options = |resume| RunOptions {
+        run_dir: dir.clone(),
+        resume,
+        quiet: true,
+    };
+    let config = |steps, every, keep| {
+        tiny_train(steps)
+            .with_checkpoint_every(every)
+            .with_keep_checkpoints(keep)
+    };
+    let model = tiny_model().init(&dev).unwrap();
+    train(
+        model,
+        &config(4, 2, 2),
+        &mut batcher(),
+        None,
+        &options(false),
+    )
+    .unwrap();
+    flip_byte(&dir.join("checkpoints/step-00000004/model.bpk"), 0.5);
+    let model = tiny_model().init(&dev).unwrap();
+    let outcome = train(
+        model,
+        &config(3, 1, 1),
+        &mut batcher(),
+        None,
+        &options(true),
+    )
+    .unwrap();
+    assert_eq!(outcome.steps, 3);
+    let latest = checkpoint::latest(&dir.join("checkpoints"))
+        .unwrap()
+        .unwrap();
+    assert!(latest.ends_with("step-00000003"), "{}", latest.display());
+    checkpoint::verify(&latest).unwrap();
+    assert!(!dir.join("checkpoints/step-00000004").exists());
+    assert!(!dir.join("checkpoints/step-00000002").exists());
     let _ = std::fs::remove_dir_all(dir);
 }

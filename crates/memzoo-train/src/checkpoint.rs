@@ -197,24 +197,40 @@ pub fn save<M: SegmentModel>(
     std::fs::rename(&latest_tmp, ckpt_dir.join("latest"))
         .map_err(io("cannot update latest".into()))?;
     sync(ckpt_dir)?;
-    prune(ckpt_dir, keep)?;
+    prune(ckpt_dir, keep, &name)?;
     Ok(fin)
 }
 
-fn prune(ckpt_dir: &Path, keep: usize) -> Result<(), TrainError> {
-    let mut steps: Vec<PathBuf> = std::fs::read_dir(ckpt_dir)
-        .map_err(io(format!("cannot list {}", ckpt_dir.display())))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("step-"))
-        })
-        .collect();
+/// Keeps the newest `keep` checkpoints up to `current` (the one just written). Checkpoints of
+/// later steps belong to a timeline this run abandoned (it resumed from an earlier checkpoint,
+/// e.g. because they were damaged) and go, as do `.tmp-*` folders a crash left behind: a
+/// damaged later checkpoint must never outlive the one just written.
+fn prune(ckpt_dir: &Path, keep: usize, current: &str) -> Result<(), TrainError> {
+    let mut steps = Vec::new();
+    let mut stale = Vec::new();
+    for entry in
+        std::fs::read_dir(ckpt_dir).map_err(io(format!("cannot list {}", ckpt_dir.display())))?
+    {
+        let Ok(entry) = entry else { continue };
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if name.starts_with(".tmp-") || (name.starts_with("step-") && name.as_str() > current) {
+            stale.push(entry.path());
+        } else if name.starts_with("step-") {
+            steps.push(entry.path());
+        }
+    }
     steps.sort();
     let n = steps.len();
-    for old in steps.into_iter().take(n.saturating_sub(keep)) {
-        std::fs::remove_dir_all(&old).map_err(io(format!("cannot remove {}", old.display())))?;
+    stale.extend(steps.into_iter().take(n.saturating_sub(keep)));
+    for old in stale {
+        let removed = if old.is_dir() {
+            std::fs::remove_dir_all(&old)
+        } else {
+            std::fs::remove_file(&old)
+        };
+        removed.map_err(io(format!("cannot remove {}", old.display())))?;
     }
     Ok(())
 }
