@@ -956,7 +956,7 @@ fn damaged_knn_memory_headers_are_errors() {
     edit_json(&header, |v| {
         v["slots"] = serde_json::json!(1_000_000_000_000_000_000u64)
     });
-    let err = open(&dir, &config, &dev).err().expect("1e18").to_string();
+    let err = open(&dir, &config, &dev).expect_err("1e18").to_string();
     assert_mentions(
         &err,
         &["keys.f32 has 0 bytes", "8000000000000000000 floats"],
@@ -965,17 +965,17 @@ fn damaged_knn_memory_headers_are_errors() {
     edit_json(&header, |v| {
         v["slots"] = serde_json::json!(10_000_000_000_000_000_000u64)
     });
-    let err = open(&dir, &config, &dev).err().expect("1e19").to_string();
+    let err = open(&dir, &config, &dev).expect_err("1e19").to_string();
     assert_mentions(
         &err,
         &["slots 10000000000000000000", "overflow"],
         "slots 1e19",
     );
     edit_json(&header, |v| v["slots"] = serde_json::json!(1_000_000));
-    let err = open(&dir, &config, &dev).err().expect("size").to_string();
+    let err = open(&dir, &config, &dev).expect_err("size").to_string();
     assert_mentions(&err, &["keys.f32", "bytes"], "slots 1e6");
     std::fs::write(&header, &pristine[..pristine.len() / 2]).unwrap();
-    let err = open(&dir, &config, &dev).err().expect("cut").to_string();
+    let err = open(&dir, &config, &dev).expect_err("cut").to_string();
     assert_mentions(&err, &["header.json"], "cut header");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -1084,8 +1084,7 @@ fn token_ids_beyond_the_vocabulary_are_named_by_the_trainer() {
     );
     let model = tiny_model().with_vocab_size(64).init(&flex()).unwrap();
     let err = memzoo_train::evaluate(&model, &mut batcher(), 16, Some(2))
-        .err()
-        .expect("ids >= 64")
+        .expect_err("ids >= 64")
         .to_string();
     assert_mentions(
         &err,
