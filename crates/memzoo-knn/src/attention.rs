@@ -140,14 +140,15 @@ pub struct KnnAttention {
     pub d_head: usize,
 }
 
-/// `x / ‖x‖` along the last dim.
+/// `x / ‖x‖` along the last dim. The floor goes under the square root: a zero vector would
+/// otherwise backpropagate `0 * d sqrt(0) = NaN` (the Reformer's padded queries did).
 pub fn l2_normalize<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     let norm = x
         .clone()
         .powi_scalar(2)
         .sum_dim(D - 1)
-        .sqrt()
-        .clamp_min(1e-6);
+        .clamp_min(1e-12)
+        .sqrt();
     x / norm
 }
 

@@ -603,3 +603,26 @@ fn long_range_recall() {
         );
     }
 }
+
+/// A zero vector normalises to zero with a finite gradient (the floor under the square root:
+/// `sqrt(0)`'s infinite derivative times 0 was NaN).
+#[test]
+fn l2_normalize_of_a_zero_vector_has_a_finite_gradient() {
+    let dev = device().autodiff();
+    let x = Tensor::<2>::from_data(
+        TensorData::new(vec![0.0f32, 0.0, 0.0, 3.0, 4.0, 0.0], [2, 3]),
+        &dev,
+    )
+    .require_grad();
+    let y = crate::attention::l2_normalize(x.clone());
+    let weights = Tensor::<2>::from_data(
+        TensorData::new(vec![1.0f32, 2.0, 3.0, 1.0, 2.0, 3.0], [2, 3]),
+        &dev,
+    );
+    let grads = (y.clone() * weights).sum().backward();
+    let g: Vec<f32> = x.grad(&grads).unwrap().into_data().try_to_vec().unwrap();
+    assert!(g.iter().all(|v| v.is_finite()), "{g:?}");
+    let y: Vec<f32> = y.into_data().try_to_vec().unwrap();
+    assert_eq!(&y[..3], &[0.0, 0.0, 0.0]);
+    assert!((y[3] - 0.6).abs() < 1e-6 && (y[4] - 0.8).abs() < 1e-6);
+}
