@@ -324,19 +324,35 @@ fn damaged_checkpoint_catalogue() {
             &["trainer.json"],
         ),
         (
-            "trainer.json: a checksum edited",
+            "trainer.json: its step edited",
+            Box::new(|d| edit_json(&d.join("trainer.json"), |v| v["step"] = 5.into())),
+            &["trainer.json is damaged", "a value was changed"],
+        ),
+        (
+            "trainer.json: a file's checksum edited",
             Box::new(|d| {
                 edit_json(&d.join("trainer.json"), |v| {
                     v["files"]["model.bpk"]["sha256"] = "00".repeat(32).into();
                 })
             }),
+            &["trainer.json is damaged", "a value was changed"],
+        ),
+        (
+            "trainer.json: a checksum edited, its own sum removed (an older format)",
+            Box::new(|d| {
+                edit_json(&d.join("trainer.json"), |v| {
+                    v["files"]["model.bpk"]["sha256"] = "00".repeat(32).into();
+                    v.as_object_mut().unwrap().remove("sha256");
+                })
+            }),
             &["model.bpk is damaged", "SHA-256"],
         ),
         (
-            "trainer.json: a size edited",
+            "trainer.json: a size edited, its own sum removed",
             Box::new(|d| {
                 edit_json(&d.join("trainer.json"), |v| {
                     v["files"]["optim.bpk"]["bytes"] = 7.into();
+                    v.as_object_mut().unwrap().remove("sha256");
                 })
             }),
             &["optim.bpk is damaged", "trainer.json records 7"],
@@ -362,7 +378,10 @@ fn damaged_checkpoint_catalogue() {
     // Intact sums, but a trainer state no run can have.
     let copy = dir.join("case-replicas/step-00000004");
     copy_dir(&pristine, &copy);
-    edit_json(&copy.join("trainer.json"), |v| v["replicas"] = 0.into());
+    edit_json(&copy.join("trainer.json"), |v| {
+        v["replicas"] = 0.into();
+        v.as_object_mut().unwrap().remove("sha256");
+    });
     let dev = flex().autodiff();
     let optim = tiny_train(4).optimizer();
     let err = checkpoint::load(&copy, tiny_model().init(&dev).unwrap(), optim, &dev)

@@ -36,6 +36,27 @@ struct TrainerFile {
     /// checkpoints written before checksums existed (then nothing is verified).
     #[serde(default)]
     files: BTreeMap<String, FileSum>,
+    /// SHA-256 of this record as compact JSON without this field: `trainer.json` checks itself
+    /// (a flipped digit of `step` would resume at another step). Absent in older checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sha256: Option<String>,
+}
+
+impl TrainerFile {
+    /// The SHA-256 (hex) of the record without its own sum.
+    fn own_sum(&self) -> String {
+        let unsummed = TrainerFile {
+            trainer: self.trainer.clone(),
+            files: self.files.clone(),
+            sha256: None,
+        };
+        let json = serde_json::to_string(&unsummed).expect("serialisable trainer state");
+        hex(&Sha256::digest(json.as_bytes()))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Size and SHA-256 (hex) of one checkpoint file.
@@ -61,12 +82,10 @@ fn file_sum(path: &Path) -> Result<FileSum, TrainError> {
         bytes += n as u64;
         hasher.update(&buf[..n]);
     }
-    let sha256 = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok(FileSum { bytes, sha256 })
+    Ok(FileSum {
+        bytes,
+        sha256: hex(&hasher.finalize()),
+    })
 }
 
 /// Every file under `dir` (relative, `/`-separated), sorted.
@@ -178,10 +197,12 @@ pub fn save<M: SegmentModel>(
     for rel in files_under(&tmp)? {
         files.insert(rel.clone(), file_sum(&tmp.join(&rel))?);
     }
-    let record = TrainerFile {
+    let mut record = TrainerFile {
         trainer: trainer.clone(),
         files,
+        sha256: None,
     };
+    record.sha256 = Some(record.own_sum());
     let json = serde_json::to_string_pretty(&record).expect("serialisable trainer state");
     std::fs::write(tmp.join("trainer.json"), json)
         .map_err(io(format!("cannot write {}", tmp.display())))?;
@@ -365,8 +386,19 @@ fn read_trainer_file(dir: &Path) -> Result<TrainerFile, TrainError> {
     let path = dir.join("trainer.json");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| TrainError::Checkpoint(format!("cannot read {}: {e}", path.display())))?;
-    serde_json::from_str(&text)
-        .map_err(|e| TrainError::Checkpoint(format!("{} is damaged: {e}", path.display())))
+    let record: TrainerFile = serde_json::from_str(&text)
+        .map_err(|e| TrainError::Checkpoint(format!("{} is damaged: {e}", path.display())))?;
+    if let Some(want) = &record.sha256 {
+        let got = record.own_sum();
+        if &got != want {
+            return Err(TrainError::Checkpoint(format!(
+                "{} is damaged: its content hashes to SHA-256 {got}, it records {want} (a value \
+                 was changed after it was written)",
+                path.display()
+            )));
+        }
+    }
+    Ok(record)
 }
 
 /// What of a previous run `run_dir` holds (`checkpoints/step-00000200, metrics.jsonl`), or
