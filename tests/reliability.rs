@@ -921,6 +921,27 @@ fn bad_inputs_are_errors_naming_the_value() {
     ] {
         assert_mentions(&result.expect_err(what), expect, what);
     }
+    let generate = |tokens: usize| {
+        let opts = SampleOptions {
+            prompt: "ab".into(),
+            tokens,
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+            compare_recompute: false,
+        };
+        commands::generate(&run_dir, "flex", &opts, true)
+    };
+    for tokens in [usize::MAX, 1 << 40] {
+        let err = generate(tokens).expect_err("a context beyond memory");
+        assert_mentions(
+            &err,
+            &[&format!("--tokens {tokens}"), "GiB"],
+            "generate --tokens",
+        );
+    }
+    generate(3).unwrap();
     eval("valid", None, Some(1)).unwrap();
     eprintln!("{} bad inputs refused with a clear error", n + 3);
     let _ = std::fs::remove_dir_all(dir);

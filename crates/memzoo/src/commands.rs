@@ -691,7 +691,21 @@ pub fn generate(
     }
     // Memory as long as the whole context: cached generation then sees exactly what the
     // recomputation sees, and costs one step per token.
-    let context = prompt.len() + opts.tokens;
+    let context = prompt.len().saturating_add(opts.tokens);
+    // The cache holds every layer's states of the whole context (f32), and the recomputation
+    // baseline the hidden states of a whole pass: refuse what cannot fit in memory.
+    let bytes = context as f64 * (model.layers.len() + 1) as f64 * model.d_model as f64 * 4.0 * 2.0;
+    if let Some(total) = machine_memory()
+        && bytes > total as f64
+    {
+        return Err(format!(
+            "--tokens {}: a context of {context} tokens needs about {:.1} GiB of cached states, \
+             more than this machine's {:.1} GiB",
+            opts.tokens,
+            bytes / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64
+        ));
+    }
     let model = model.clone().with_mem_len(model.mem_len.max(context));
     let (tokens, cached_s) = generate_cached(&model, &prompt, opts, &device)?;
     let text_tokens: Vec<u16> = tokens.iter().map(|&t| t as u16).collect();
