@@ -729,6 +729,11 @@ fn bad_inputs_are_errors_naming_the_value() {
             &["train.eval_segments", "got 0"],
         ),
         (
+            "learning rate negative",
+            train_with(&["train.schedule.lr=-1.0"]),
+            &["train.schedule.lr must be positive, got -1"],
+        ),
+        (
             "steps 0",
             train_with(&["train.steps=0"]),
             &["train.steps must be positive, got 0"],

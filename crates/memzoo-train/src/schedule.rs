@@ -35,11 +35,14 @@ impl ScheduleConfig {
     /// Checks the values, naming the bad one.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.lr.is_finite() && self.lr > 0.0) {
-            return Err(format!("train.lr must be positive, got {}", self.lr));
+            return Err(format!(
+                "train.schedule.lr must be positive, got {}",
+                self.lr
+            ));
         }
         if !(0.0..=1.0).contains(&self.min_ratio) {
             return Err(format!(
-                "train.min_ratio must be in [0, 1], got {}",
+                "train.schedule.min_ratio must be in [0, 1], got {}",
                 self.min_ratio
             ));
         }
