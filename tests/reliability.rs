@@ -948,7 +948,7 @@ fn bad_inputs_are_errors_naming_the_value() {
     }
     generate(3).unwrap();
     eval("valid", None, Some(1)).unwrap();
-    eprintln!("{} bad inputs refused with a clear error", n + 3);
+    eprintln!("{} bad inputs refused with a clear error", n + 5);
     let _ = std::fs::remove_dir_all(dir);
 }
 
