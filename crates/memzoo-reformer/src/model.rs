@@ -665,9 +665,11 @@ impl ReformerLm {
     /// Loss and parameter gradients of one step under `opts`.
     ///
     /// Reversible models run the stack forward on a `valid()` copy (no graph), keep only the
-    /// top activations, then walk back layer by layer ([`ReformerBlock::reverse`]): activation
-    /// memory does not grow with depth. Plain models use one `backward()`. The model must live
-    /// on an autodiff device. The returned loss is detached.
+    /// top activations and each LSH layer's bucket ids, then walk back layer by layer
+    /// ([`ReformerBlock::reverse`], attending with those buckets): activation memory does not
+    /// grow with depth; the bucket ids do, by `batch x heads x rounds x len` integers per LSH
+    /// layer. Plain models use one `backward()`. The model must live on an autodiff device. The
+    /// returned loss is detached.
     pub fn train_step_with(
         &self,
         tokens: Tensor<2, Int>,
