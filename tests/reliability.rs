@@ -568,6 +568,13 @@ fn signal_child() {
         return;
     };
     let dir = PathBuf::from(dir);
+    if std::env::var("MEMZOO_SIGNAL_AFTER").is_ok() {
+        // Train to the end, then wait: a signal now must have its default action again.
+        run(&dir, 2, false).unwrap();
+        std::fs::write(dir.join("trained"), "").unwrap();
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        return;
+    }
     let every = std::env::var("MEMZOO_SIGNAL_CHECKPOINT_EVERY").map_or(2, |s| s.parse().unwrap());
     let dev = flex().autodiff();
     let options = RunOptions {
@@ -1232,4 +1239,48 @@ fn pruning_after_a_fallback_keeps_the_new_checkpoint() {
     assert!(!dir.join("checkpoints/step-00000004").exists());
     assert!(!dir.join("checkpoints/step-00000002").exists());
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Once training returns, SIGTERM and SIGINT have their default action again (the process
+/// ends by the signal); they are not swallowed for the rest of the process.
+#[test]
+fn signals_act_as_before_once_training_returns() {
+    #[cfg(unix)]
+    for (signal, number) in [("TERM", 15), ("INT", 2)] {
+        use std::os::unix::process::ExitStatusExt;
+        let dir = scratch(&format!("signal-after-{signal}"));
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "reliability::signal_child",
+                "--exact",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("MEMZOO_SIGNAL_RUN", &dir)
+            .env("MEMZOO_SIGNAL_AFTER", "1")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while !dir.join("trained").exists() {
+            assert!(
+                start.elapsed().as_secs() < 120,
+                "the child never finished training"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let sent = std::process::Command::new("kill")
+            .args(["-s", signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let exit = child.wait().unwrap();
+        assert_eq!(
+            exit.signal(),
+            Some(number),
+            "SIG{signal} after training: {exit}"
+        );
+        assert!(start.elapsed().as_secs() < 50, "SIG{signal} was ignored");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
