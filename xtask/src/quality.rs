@@ -401,6 +401,7 @@ pub fn run(args: &BenchArgs, device: &Device) -> Result<Vec<QualityPoint>, Strin
     }
     let mut points = Vec::new();
     let mut notes = Vec::new();
+    let mut failures: Vec<String> = Vec::new();
     for fam in &families {
         for p in run_memzoo(fam, args, device, steps, &eval_at, &train, &valid, &path)? {
             crate::emit(&p, args.out.as_ref())?;
@@ -409,16 +410,21 @@ pub fn run(args: &BenchArgs, device: &Device) -> Result<Vec<QualityPoint>, Strin
         if args.no_peers {
             continue;
         }
-        match run_peer(fam, args, steps, &eval_at, &path)? {
-            PeerRun::Done(ps) => {
+        // A failed peer is reported at the end: the other families still run.
+        match run_peer(fam, args, steps, &eval_at, &path) {
+            Ok(PeerRun::Done(ps)) => {
                 for p in ps {
                     crate::emit(&p, args.out.as_ref())?;
                     points.push(p);
                 }
             }
-            PeerRun::Skipped(why) => {
+            Ok(PeerRun::Skipped(why)) => {
                 eprintln!("{why}");
                 notes.push(why);
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                failures.push(e);
             }
         }
     }
@@ -440,6 +446,9 @@ pub fn run(args: &BenchArgs, device: &Device) -> Result<Vec<QualityPoint>, Strin
         for p in write_plots(&points, &dir, &data)? {
             eprintln!("plot: {}", p.display());
         }
+    }
+    if !failures.is_empty() {
+        return Err(failures.join("\n"));
     }
     Ok(points)
 }
