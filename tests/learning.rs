@@ -202,7 +202,7 @@ fn tiny_shakespeare() -> Option<PathBuf> {
 /// The splits of tiny Shakespeare as byte tokens, and the bpc of the validation split under
 /// the training split's unigram distribution (add-one smoothed): what a model that ignores
 /// context gets at best.
-fn splits(path: &PathBuf) -> (Vec<u16>, Vec<u16>, f64) {
+fn splits(path: &std::path::Path) -> (Vec<u16>, Vec<u16>, f64) {
     let corpus = Corpus::load(path, None, &SplitRule::generic()).unwrap();
     let tok = ByteTokenizer::new();
     let train = tok.encode(corpus.get(Split::Train));

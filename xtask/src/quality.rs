@@ -200,7 +200,9 @@ pub fn reformer_small() -> Family {
 /// multi-query attention, one softmax over memory and local keys without a gate, when keys
 /// enter the kNN memory and how it evicts, where dropout applies (see the script's header).
 pub fn memorizing_small() -> Family {
-    let xl = XlConfig::new()
+    // From the family's defaults: pre-LN, untied output, the reference's initial scale.
+    let xl = MemorizingConfig::new()
+        .xl
         .with_vocab_size(256)
         .with_n_layers(4)
         .with_d_model(128)
