@@ -67,9 +67,25 @@ fn batcher() -> OrderedBatcher {
 
 /// A tiny XL run of `steps` in `dir` (checkpoints every 2 steps, 3 kept).
 fn run(dir: &Path, steps: usize, resume: bool) -> Result<TrainOutcome<TransformerXl>, TrainError> {
+    run_from(initial_model(), dir, steps, resume)
+}
+
+/// The tiny model's initial weights. Burn's device RNG is shared by the tests running at the
+/// same time, so two inits seeded alike can still differ: runs compared with each other start
+/// from clones of one model.
+fn initial_model() -> TransformerXl {
     let dev = flex().autodiff();
     dev.seed(3);
-    let model = tiny_model().init(&dev).unwrap();
+    tiny_model().init(&dev).unwrap()
+}
+
+/// [`run`] from the given initial model.
+fn run_from(
+    model: TransformerXl,
+    dir: &Path,
+    steps: usize,
+    resume: bool,
+) -> Result<TrainOutcome<TransformerXl>, TrainError> {
     let options = RunOptions {
         run_dir: dir.to_path_buf(),
         resume,
@@ -399,10 +415,11 @@ fn damaged_checkpoint_catalogue() {
 
 #[test]
 fn latest_falls_back_to_the_newest_intact_checkpoint_and_resumes_exactly() {
+    let init = initial_model();
     let straight = scratch("straight");
-    let want = weights(&run(&straight, 6, false).unwrap().model);
+    let want = weights(&run_from(init.clone(), &straight, 6, false).unwrap().model);
     let dir = scratch("fallback");
-    run(&dir, 6, false).unwrap();
+    run_from(init, &dir, 6, false).unwrap();
     let ckpt = dir.join("checkpoints");
     let (found, note) = checkpoint::latest_with_note(&ckpt).unwrap().unwrap();
     assert!(found.ends_with("step-00000006") && note.is_none());
