@@ -439,7 +439,7 @@ pub fn train_memorizing(
 ) -> Result<memzoo_knn::MemorizingTransformer, String> {
     use burn::optim::GradientsParams;
     use burn::tensor::activation::sigmoid;
-    let device = model.xl.embedding.weight.val().device();
+    let device = model.embedding.weight.val().device();
     let (batch, seg_len) = (16, 7);
     let rows = DocumentRows::new(batch, steps, seg_len, 7);
     // The trainer's AdamW (PyTorch's epsilon), without weight decay.
@@ -453,7 +453,7 @@ pub fn train_memorizing(
         let (seg, reset) = rows.segment(step, &device);
         // Rows whose document starts here: kNN memory cleared, XL memory hidden.
         let hidden = model
-            .forward(seg.tokens.clone(), &mut state, &reset)
+            .forward_state(seg.tokens.clone(), &mut state, &reset)
             .map_err(|e| e.to_string())?;
         let (loss, flagged, _) = split_loss(model.logits(hidden), &seg);
         all.push((loss.clone().into_scalar::<f32>(), 1.0));
@@ -463,8 +463,8 @@ pub fn train_memorizing(
         model = optim.step(rate, model, grads);
         if log_every > 0 && (step + 1) % log_every == 0 {
             let fill: Vec<usize> = (0..batch).map(|r| state.knn_len(0, r)).collect();
-            let gate: Vec<f32> = match model.knn.first() {
-                Some(k) => sigmoid(k.attention.gate.val())
+            let gate: Vec<f32> = match model.knn_attentions().next() {
+                Some(k) => sigmoid(k.gate.val())
                     .into_data()
                     .convert::<f32>()
                     .try_to_vec::<f32>()

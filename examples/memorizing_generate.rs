@@ -64,7 +64,7 @@ fn run() -> Result<(), String> {
     let prompt: Vec<i64> = text[..cut].iter().map(|&b| b as i64).collect();
     // `reset`: a document starts here (an empty kNN memory, no XL memory).
     let hidden = model
-        .forward(tokens(&prompt), &mut state, &[true])
+        .forward_state(tokens(&prompt), &mut state, &[true])
         .map_err(|e| e.to_string())?;
     let mut logits = last_logits(&model, hidden)?;
     let start = std::time::Instant::now();
@@ -73,7 +73,7 @@ fn run() -> Result<(), String> {
         let next = sample(&logits, &greedy, &mut rng) as i64;
         out.push(next as u8);
         let hidden = model
-            .forward(tokens(&[next]), &mut state, &[false])
+            .forward_state(tokens(&[next]), &mut state, &[false])
             .map_err(|e| e.to_string())?;
         logits = last_logits(&model, hidden)?;
     }
@@ -94,7 +94,9 @@ fn run() -> Result<(), String> {
     // Save the kNN memory (header, keys, values, checksums) and open it again.
     let dir = std::env::temp_dir().join(format!("memzoo-example-knn-{}", std::process::id()));
     state.save_knn(&dir).map_err(|e| e.to_string())?;
-    let reopened = MemorizingState::open_knn(&dir, &model, &device).map_err(|e| e.to_string())?;
+    let reopened =
+        MemorizingState::open_knn(&dir, model.n_knn_layers(), &model.knn_memory, &device)
+            .map_err(|e| e.to_string())?;
     println!(
         "saved to {} and reopened: {} entries per head",
         dir.display(),

@@ -142,7 +142,7 @@ fn xl_starts_from_hf_transfo_xl_initialisation() {
     near(stats(&host(model.embedding.weight.val())), 0.0, "embedding");
     let layer = &model.layers[0];
     near(
-        stats(&host(layer.attention.query.weight.val())),
+        stats(&host(layer.attention.local().query.weight.val())),
         0.0,
         "query",
     );

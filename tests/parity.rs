@@ -440,7 +440,7 @@ fn run_memorizing(model: &MemorizingTransformer, dev: &Device, ad: &Device) -> M
     for s in 0..3 {
         let reset = [s == 0; BATCH];
         let h = valid
-            .forward(tokens(KNN_QLEN, 20 + s, dev), &mut state, &reset)
+            .forward_state(tokens(KNN_QLEN, 20 + s, dev), &mut state, &reset)
             .unwrap();
         hidden.push(host(h));
     }
@@ -450,11 +450,11 @@ fn run_memorizing(model: &MemorizingTransformer, dev: &Device, ad: &Device) -> M
     for s in 0..3 {
         let reset = [s == 0; BATCH];
         model
-            .forward(tokens(KNN_QLEN, 20 + s, ad), &mut state, &reset)
+            .forward_state(tokens(KNN_QLEN, 20 + s, ad), &mut state, &reset)
             .unwrap();
     }
     let loss = model
-        .forward_loss(
+        .forward_loss_state(
             tokens(KNN_QLEN, 30, ad),
             tokens(KNN_QLEN, 31, ad),
             &mut state,

@@ -3,8 +3,8 @@
 use burn::tensor::{Device, Tensor};
 use memzoo_relative::shift::{n_columns, relative_shift};
 use memzoo_relative::{
-    AttentionMask, PositionConfig, PositionKind, RelativeAttentionConfig, RelativeContext,
-    RelativeMultiHeadAttention, XlBiases,
+    AttentionMask, PositionConfig, PositionKind, PositionParams, RelativeAttentionConfig,
+    RelativeContext, RelativeMultiHeadAttention, XlBiases,
 };
 use memzoo_tests::*;
 
@@ -145,10 +145,13 @@ fn naive_attention(
                     let kj = kh(j);
                     let s = match pos.kind {
                         PositionKind::Xl => {
-                            let biases = att.xl_biases.as_ref().or(shared).unwrap();
+                            let PositionParams::Xl(p) = &att.scheme else {
+                                panic!("XL parameters")
+                            };
+                            let biases = p.biases.as_ref().or(shared).unwrap();
                             let u = param2(&biases.content);
                             let v = param2(&biases.position);
-                            let wr = param2(&att.r_net.as_ref().unwrap().weight);
+                            let wr = param2(&p.r_net.weight);
                             let dc = match pos.clamp_len {
                                 Some(c) => d.clamp(-(c as i64), c as i64),
                                 None => d,
@@ -169,11 +172,14 @@ fn naive_attention(
                         PositionKind::Learned => {
                             let m = pos.max_distance as i64;
                             let idx = (d.clamp(-m, m) + m) as usize;
-                            let e = host(att.rel_embedding.as_ref().unwrap().val());
+                            let PositionParams::Learned(p) = &att.scheme else {
+                                panic!("learned parameters")
+                            };
+                            let e = host(p.embedding.val());
                             let e = &e[(idx * h + hd) * dh..(idx * h + hd + 1) * dh];
                             let e: Vec<f64> = e.iter().map(|&x| x as f64).collect();
-                            let bk = param2(att.rel_bias.as_ref().unwrap()).at(idx, hd);
-                            let bq = param2(att.query_bias.as_ref().unwrap());
+                            let bk = param2(&p.key_bias).at(idx, hd);
+                            let bq = param2(&p.query_bias);
                             let qb: Vec<f64> =
                                 qi.iter().zip(bq.row(hd)).map(|(a, b)| a + b).collect();
                             scale * (dot(&qb, &kj) + dot(&qi, &e) + bk)
@@ -185,7 +191,10 @@ fn naive_attention(
                                 pos.num_buckets,
                                 pos.max_distance,
                             );
-                            let beta = param2(att.rel_bias.as_ref().unwrap()).at(bucket, hd);
+                            let PositionParams::T5(p) = &att.scheme else {
+                                panic!("T5 parameters")
+                            };
+                            let beta = param2(&p.bias).at(bucket, hd);
                             scale * dot(&qi, &kj) + beta
                         }
                     };
@@ -246,7 +255,10 @@ fn check(case: Case, dev: &Device) {
         AttentionMask::None
     };
     let ctx = RelativeContext::new(&case.positions, dm, case.qlen, case.mlen, &mask, dev);
-    let got = host(att.forward(x.clone(), mem.clone(), &ctx, shared.as_ref()));
+    let got = host(
+        att.forward(x.clone(), mem.clone(), &ctx, shared.as_ref())
+            .unwrap(),
+    );
     let want = naive_attention(
         &att,
         shared.as_ref(),
@@ -421,7 +433,7 @@ fn attention_gradients_match_finite_differences() {
         let w = randn([1, 4, 8], 7, &dev);
         let ctx = RelativeContext::new(&positions, 8, 4, 3, &AttentionMask::causal(), &dev);
         let loss_of = |a: &RelativeMultiHeadAttention| {
-            (a.forward(x.clone(), Some(mem.clone()), &ctx, None) * w.clone()).sum()
+            (a.forward(x.clone(), Some(mem.clone()), &ctx, None).unwrap() * w.clone()).sum()
         };
         let grads = loss_of(&att).backward();
         let checks: Vec<(&str, &Param<Tensor<2>>)> = vec![

@@ -559,7 +559,7 @@ fn non_finite_gradients_are_named() {
         bad(&model.embedding.weight, f32::NAN),
     );
     assert!(non_finite(&model, &grads).len() == 1);
-    let query = &model.layers[1].attention.query.weight;
+    let query = &model.layers[1].attention.local().query.weight;
     grads.register(query.id, bad(query, f32::INFINITY));
     let found = non_finite(&model, &grads);
     let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
@@ -568,7 +568,10 @@ fn non_finite_gradients_are_named() {
         names[0].contains("embedding") && names[0].ends_with("weight"),
         "{names:?}"
     );
-    assert!(names[1].contains("layers.1.attention.query"), "{names:?}");
+    assert!(
+        names[1].contains("layers.1.attention.Relative.query"),
+        "{names:?}"
+    );
     assert!(found[0].1.is_nan() && found[1].1.is_infinite());
     // Finite gradients: nothing named.
     let mut fine = GradientsParams::new();
@@ -1058,7 +1061,7 @@ struct NanGradient {
 }
 
 impl memzoo_train::SegmentModel for NanGradient {
-    type State = memzoo_xl::XlMemory;
+    type State = memzoo_xl::XlState;
 
     fn family(&self) -> &'static str {
         "xl"

@@ -155,8 +155,8 @@ fn memory_is_detached_from_the_previous_segment() {
     // segments would collect extra gradient there.
     let params = [
         &model.layers[0].block.ff_in.weight,
-        &model.layers[0].attention.query.weight,
-        &model.layers[2].attention.key_value.weight,
+        &model.layers[0].attention.local().query.weight,
+        &model.layers[2].attention.local().key_value.weight,
     ];
     for p in params {
         let g1 = host(p.grad(&grads).expect("gradient"));

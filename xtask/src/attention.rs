@@ -150,7 +150,9 @@ fn xl_fwd_bwd(len: usize, reps: usize, device: &Device) -> Result<f64, String> {
             &AttentionMask::causal(),
             device,
         );
-        let out = layer.forward(x.clone(), None, &ctx, None);
+        let out = layer
+            .forward(x.clone(), None, &ctx, None)
+            .map_err(|e| e.to_string())?;
         let grads = out.sum().backward();
         Ok(x.grad(&grads).map(|g| g.sum().into_scalar()).unwrap_or(0.0))
     })

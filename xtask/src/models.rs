@@ -5,7 +5,7 @@ use burn::optim::AdamWConfig;
 use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_train::Segment;
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
-use memzoo_xl::{XlConfig, XlMemory};
+use memzoo_xl::{XlConfig, XlState};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::BenchArgs;
@@ -45,7 +45,7 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
     let params = model.num_params();
     let replicas = replicas(args, &device, batch);
     let mut optim = AdamWConfig::new().init();
-    let mut memories: Vec<XlMemory> = (0..replicas).map(|_| XlMemory::empty()).collect();
+    let mut memories: Vec<XlState> = (0..replicas).map(|_| XlState::new()).collect();
     let mut rng = StdRng::seed_from_u64(0);
     let times = time_steps(args.warmup(), args.steps(), || {
         let segment = random_segment(batch, tgt_len, &mut rng);

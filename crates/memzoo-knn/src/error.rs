@@ -23,14 +23,13 @@ impl From<XlError> for KnnError {
         match e {
             XlError::Config(m) => KnnError::Config(m),
             XlError::Input(m) => KnnError::Input(m),
+            XlError::Memory(e) => KnnError::Memory(e),
         }
     }
 }
 
 impl From<RelativeError> for KnnError {
     fn from(e: RelativeError) -> Self {
-        match e {
-            RelativeError::Config(m) => KnnError::Config(m),
-        }
+        XlError::from(e).into()
     }
 }

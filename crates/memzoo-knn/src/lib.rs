@@ -3,9 +3,11 @@
 //! [`KnnAttention`] adds, to local attention over the segment and its XL memory, attention
 //! over the top-k (key, value) pairs retrieved for each query from everything the model has
 //! read before in the document (a [`memzoo_memory::KnnIndex`]), mixed per head by a learned
-//! gate. [`MemorizingTransformer`] puts kNN layers at chosen depths of a Transformer-XL; the
-//! caller owns the recurrence state ([`MemorizingState`]: the XL memory and the kNN
-//! memories) and marks rows whose document starts with `reset`.
+//! gate (it lives in `memzoo-relative`, beside the other attention kinds, and is re-exported
+//! here). [`MemorizingConfig`] is the preset that puts kNN layers at chosen depths of the
+//! layer stack (`memzoo_xl::TransformerXl`, read with `forward_state`); the caller owns the
+//! recurrence state ([`MemorizingState`]: the XL memory and the kNN memories) and marks rows
+//! whose document starts with `reset`.
 //!
 //! ```no_run
 //! use burn::tensor::{Int, Tensor};
@@ -17,19 +19,18 @@
 //! for segment in 0..3 {
 //!     let tokens = Tensor::<2, Int>::zeros([2, 512], &device);
 //!     let reset = [segment == 0, segment == 0];
-//!     let hidden = model.forward(tokens, &mut state, &reset).unwrap();
+//!     let hidden = model.forward_state(tokens, &mut state, &reset).unwrap();
 //!     let _logits = model.logits(hidden);
 //! }
 //! ```
 
-pub mod attention;
 pub mod error;
 pub mod model;
 pub mod recall_task;
 
-pub use attention::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, l2_normalize};
 pub use error::KnnError;
-pub use model::{KnnLayer, MemorizingConfig, MemorizingState, MemorizingTransformer};
+pub use memzoo_relative::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, l2_normalize};
+pub use model::{MemorizingConfig, MemorizingState, MemorizingTransformer};
 
 #[cfg(test)]
 mod tests;

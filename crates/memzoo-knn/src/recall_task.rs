@@ -275,7 +275,7 @@ fn nll(
     device: &Device,
 ) -> (Tensor<1>, Tensor<1>) {
     let [b, l, _] = hidden.dims();
-    let v = model.xl.vocab_size;
+    let v = model.vocab_size;
     let logp = log_softmax(model.logits(hidden).reshape([b * l, v]), 1);
     let targets = Tensor::<1, Int>::from_data(TensorData::new(targets.to_vec(), [b * l]), device);
     let nll = logp
@@ -329,7 +329,7 @@ pub fn run(
             TensorData::new(seg.tokens.clone(), [batch, task.seg_len]),
             device,
         );
-        let hidden = model.forward(tokens, &mut state, &seg.reset)?;
+        let hidden = model.forward_state(tokens, &mut state, &seg.reset)?;
         let (nll, _) = nll(&model, hidden, &seg.targets, device);
         let loss = nll.clone().mean();
         let per_pos = nll
@@ -371,7 +371,7 @@ pub fn run(
             TensorData::new(seg.tokens.clone(), [batch, task.seg_len]),
             &inner,
         );
-        let hidden = model.forward(tokens, &mut state, &seg.reset)?;
+        let hidden = model.forward_state(tokens, &mut state, &seg.reset)?;
         let (nll, hit) = nll(&model, hidden, &seg.targets, &inner);
         let nll = nll
             .into_data()

@@ -86,10 +86,13 @@ fn knn_attention_with_exact_memory_equals_naive() {
     ));
     layer.gate = Param::from_tensor(Tensor::from_data(TensorData::new(b_g.to_vec(), [h]), &dev));
     let table = noise(8 * h, 99);
-    layer.attention.rel_bias = Some(Param::from_tensor(Tensor::from_data(
-        TensorData::new(table.clone(), [8, h]),
-        &dev,
-    )));
+    layer.attention.scheme =
+        memzoo_relative::PositionParams::T5(memzoo_relative::T5PositionParams {
+            bias: Param::from_tensor(Tensor::from_data(
+                TensorData::new(table.clone(), [8, h]),
+                &dev,
+            )),
+        });
 
     // Memory: row 0 holds 6 pairs, row 1 only 2 (< top_k): its third slot is masked.
     let n = 6;
@@ -312,25 +315,25 @@ fn tokens(b: usize, l: usize, seed: u64, dev: &Device) -> Tensor<2, Int> {
 fn model_fills_and_resets_memories_per_row() {
     let dev = device();
     let model = tiny(vec![1]).init(&dev).unwrap();
-    assert_eq!(model.n_layers(), 3);
+    assert_eq!(model.layers.len(), 3);
     let mut state = MemorizingState::new();
     let h = model
-        .forward(tokens(2, 8, 1, &dev), &mut state, &[true, true])
+        .forward_state(tokens(2, 8, 1, &dev), &mut state, &[true, true])
         .unwrap();
     assert_eq!(h.dims(), [2, 8, 16]);
     assert_eq!((state.knn_len(0, 0), state.knn_len(0, 1)), (8, 8));
     assert_eq!(state.xl.len(), 6);
     model
-        .forward(tokens(2, 8, 2, &dev), &mut state, &[false, false])
+        .forward_state(tokens(2, 8, 2, &dev), &mut state, &[false, false])
         .unwrap();
     assert_eq!((state.knn_len(0, 0), state.knn_len(0, 1)), (16, 16));
     model
-        .forward(tokens(2, 8, 3, &dev), &mut state, &[false, true])
+        .forward_state(tokens(2, 8, 3, &dev), &mut state, &[false, true])
         .unwrap();
     // Row 0: 24 added, capacity 20; row 1 cleared, then this segment.
     assert_eq!((state.knn_len(0, 0), state.knn_len(0, 1)), (20, 8));
     let err = model
-        .forward(tokens(2, 8, 4, &dev), &mut state, &[false])
+        .forward_state(tokens(2, 8, 4, &dev), &mut state, &[false])
         .unwrap_err();
     assert!(err.to_string().contains("reset has 1 flags"), "{err}");
 }
@@ -343,16 +346,20 @@ fn reset_row_sees_nothing_of_the_previous_document() {
     let model = tiny(vec![1]).init(&dev).unwrap();
     let mut state = MemorizingState::new();
     model
-        .forward(tokens(2, 8, 11, &dev), &mut state, &[true, true])
+        .forward_state(tokens(2, 8, 11, &dev), &mut state, &[true, true])
         .unwrap();
     let seg_b = tokens(2, 8, 12, &dev);
     let carried = host(
         model
-            .forward(seg_b.clone(), &mut state, &[true, false])
+            .forward_state(seg_b.clone(), &mut state, &[true, false])
             .unwrap(),
     );
     let mut fresh = MemorizingState::new();
-    let alone = host(model.forward(seg_b, &mut fresh, &[true, true]).unwrap());
+    let alone = host(
+        model
+            .forward_state(seg_b, &mut fresh, &[true, true])
+            .unwrap(),
+    );
     let per_row = 8 * 16;
     for (a, f) in carried[..per_row].iter().zip(&alone[..per_row]) {
         assert!((a - f).abs() < 1e-4, "reset row differs: {a} vs {f}");
@@ -378,14 +385,20 @@ fn reset_hides_the_old_document_while_it_lingers_in_a_longer_xl_memory() {
         tokens(1, 4, 33, &dev),
     );
     let mut carried = MemorizingState::new();
-    model.forward(a, &mut carried, &[true]).unwrap();
-    model.forward(b.clone(), &mut carried, &[true]).unwrap();
+    model.forward_state(a, &mut carried, &[true]).unwrap();
+    model
+        .forward_state(b.clone(), &mut carried, &[true])
+        .unwrap();
     assert_eq!(carried.xl.len(), 6);
-    let with_old = host(model.forward(c.clone(), &mut carried, &[false]).unwrap());
+    let with_old = host(
+        model
+            .forward_state(c.clone(), &mut carried, &[false])
+            .unwrap(),
+    );
     let mut fresh = MemorizingState::new();
-    model.forward(b, &mut fresh, &[true]).unwrap();
+    model.forward_state(b, &mut fresh, &[true]).unwrap();
     assert_eq!(fresh.xl.len(), 4);
-    let alone = host(model.forward(c, &mut fresh, &[false]).unwrap());
+    let alone = host(model.forward_state(c, &mut fresh, &[false]).unwrap());
     for (x, y) in with_old.iter().zip(&alone) {
         assert!((x - y).abs() < 1e-4, "old document leaked: {x} vs {y}");
     }
@@ -398,7 +411,7 @@ fn loss_backpropagates_into_gate_temperature_and_projections() {
     let mut state = MemorizingState::new();
     // First segment fills the memory; the second retrieves from it.
     let _ = model
-        .forward_loss(
+        .forward_loss_state(
             tokens(2, 8, 21, &dev),
             tokens(2, 8, 22, &dev),
             &mut state,
@@ -406,7 +419,7 @@ fn loss_backpropagates_into_gate_temperature_and_projections() {
         )
         .unwrap();
     let loss = model
-        .forward_loss(
+        .forward_loss_state(
             tokens(2, 8, 23, &dev),
             tokens(2, 8, 24, &dev),
             &mut state,
@@ -419,7 +432,9 @@ fn loss_backpropagates_into_gate_temperature_and_projections() {
         "loss {value} (ln 32 = 3.47)"
     );
     let grads = loss.backward();
-    let att = &model.knn[0].attention;
+    let memzoo_xl::LayerAttention::Knn(att) = &model.layers[2].attention else {
+        panic!("layer 2 is the kNN layer")
+    };
     for (name, g) in [
         ("gate", att.gate.val().grad(&grads).map(host)),
         ("log_scale", att.log_scale.val().grad(&grads).map(host)),
@@ -450,7 +465,7 @@ fn bad_configs_name_the_value() {
     let plain = tiny(vec![]).init(&dev).unwrap();
     let mut state = MemorizingState::new();
     plain
-        .forward(tokens(1, 4, 1, &dev), &mut state, &[true])
+        .forward_state(tokens(1, 4, 1, &dev), &mut state, &[true])
         .unwrap();
     assert!(state.knn.is_empty());
 }
@@ -614,7 +629,7 @@ fn l2_normalize_of_a_zero_vector_has_a_finite_gradient() {
         &dev,
     )
     .require_grad();
-    let y = crate::attention::l2_normalize(x.clone());
+    let y = crate::l2_normalize(x.clone());
     let weights = Tensor::<2>::from_data(
         TensorData::new(vec![1.0f32, 2.0, 3.0, 1.0, 2.0, 3.0], [2, 3]),
         &dev,

@@ -7,7 +7,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 
 use crate::error::RelativeError;
-use crate::positions::{PositionConfig, PositionKind, RelativeContext};
+use crate::positions::{PositionConfig, PositionIndex, PositionKind, RelativeContext};
 use crate::shift::relative_shift;
 
 /// Configuration of a [`RelativeMultiHeadAttention`] layer.
@@ -58,6 +58,45 @@ impl XlBiases {
     }
 }
 
+/// The position parameters of Transformer-XL's scheme: `W_R`, and `u`/`v` when the layer owns
+/// them (untied; otherwise the model shares one pair across layers).
+#[derive(Module, Debug)]
+pub struct XlPositionParams {
+    /// `W_R`, projecting the sinusoid `R` into every head.
+    pub r_net: Linear,
+    /// `u`, `v` of this layer (untied), or `None` when shared.
+    pub biases: Option<XlBiases>,
+}
+
+/// The position parameters of the learned scheme (labml).
+#[derive(Module, Debug)]
+pub struct LearnedPositionParams {
+    /// Per-distance key embeddings `E`, `[2 max_distance + 1, n_heads, d_head]`.
+    pub embedding: Param<Tensor<3>>,
+    /// Query position bias `b_q`, `[n_heads, d_head]`.
+    pub query_bias: Param<Tensor<2>>,
+    /// Per-distance key bias `b_k`, `[2 max_distance + 1, n_heads]`.
+    pub key_bias: Param<Tensor<2>>,
+}
+
+/// The position parameters of T5's scheme: one scalar per bucket and head.
+#[derive(Module, Debug)]
+pub struct T5PositionParams {
+    /// `β`, `[num_buckets, n_heads]`.
+    pub bias: Param<Tensor<2>>,
+}
+
+/// The parameters of one position scheme ([`PositionKind`]), exactly those it uses.
+#[derive(Module, Debug)]
+pub enum PositionParams {
+    /// Transformer-XL: sinusoids projected by `W_R`, biases `u`, `v`.
+    Xl(XlPositionParams),
+    /// Learned relative embeddings and biases.
+    Learned(LearnedPositionParams),
+    /// T5 bucketed scalar biases.
+    T5(T5PositionParams),
+}
+
 /// Multi-head attention whose scores depend on the distance between query and key.
 ///
 /// Queries come from the segment `x`; keys and values from `cat(memory, x)`, so `qlen` queries
@@ -85,16 +124,8 @@ pub struct RelativeMultiHeadAttention {
     pub key_value: Linear,
     /// Output projection `n_heads * d_head -> d_model`.
     pub output: Linear,
-    /// XL: `W_R`, projecting the sinusoid `R` into every head.
-    pub r_net: Option<Linear>,
-    /// XL (own biases): `u`, `v`.
-    pub xl_biases: Option<XlBiases>,
-    /// Learned: per-distance key embeddings `E`, `[2 max_distance + 1, n_heads, d_head]`.
-    pub rel_embedding: Option<Param<Tensor<3>>>,
-    /// Learned: query position bias `b_q`, `[n_heads, d_head]`.
-    pub query_bias: Option<Param<Tensor<2>>>,
-    /// Learned: per-distance key bias `b_k`; T5: per-bucket bias `β`. `[table, n_heads]`.
-    pub rel_bias: Option<Param<Tensor<2>>>,
+    /// The position scheme's parameters.
+    pub scheme: PositionParams,
     /// Dropout on the output.
     pub dropout: Dropout,
     /// Dropout on the attention probabilities.
@@ -143,18 +174,26 @@ impl RelativeAttentionConfig {
         let (h, dh) = (self.n_heads, self.d_head);
         let table = self.positions.table_len();
         let kind = self.positions.kind;
+        let init = &self.initializer;
+        let scheme = match kind {
+            PositionKind::Xl => PositionParams::Xl(XlPositionParams {
+                r_net: linear(self.d_model, inner),
+                biases: self.own_biases.then(|| XlBiases::init(h, dh, init, device)),
+            }),
+            PositionKind::Learned => PositionParams::Learned(LearnedPositionParams {
+                embedding: init.init([table, h, dh], device),
+                query_bias: init.init([h, dh], device),
+                key_bias: init.init([table, h], device),
+            }),
+            PositionKind::T5 => PositionParams::T5(T5PositionParams {
+                bias: init.init([table, h], device),
+            }),
+        };
         Ok(RelativeMultiHeadAttention {
             query: linear(self.d_model, inner),
             key_value: linear(self.d_model, 2 * inner),
             output: linear(inner, self.d_model),
-            r_net: (kind == PositionKind::Xl).then(|| linear(self.d_model, inner)),
-            xl_biases: (kind == PositionKind::Xl && self.own_biases)
-                .then(|| XlBiases::init(h, dh, &self.initializer, device)),
-            rel_embedding: (kind == PositionKind::Learned)
-                .then(|| self.initializer.init([table, h, dh], device)),
-            query_bias: (kind == PositionKind::Learned)
-                .then(|| self.initializer.init([h, dh], device)),
-            rel_bias: (kind != PositionKind::Xl).then(|| self.initializer.init([table, h], device)),
+            scheme,
             dropout: DropoutConfig::new(self.dropout).init(),
             dropatt: DropoutConfig::new(self.dropatt).init(),
             positions: self.positions.clone(),
@@ -180,48 +219,72 @@ impl RelativeMultiHeadAttention {
         memory: Option<Tensor<3>>,
         ctx: &RelativeContext,
         shared: Option<&XlBiases>,
-    ) -> Tensor<3> {
+    ) -> Result<Tensor<3>, RelativeError> {
         let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
-        debug_assert_eq!(qlen, ctx.qlen, "context built for another qlen");
+        let (q, k, v) = self.project(x, memory, ctx)?;
+        // [batch, len, heads, d_head] -> [batch, heads, len, d_head]
+        let scores = self.scores(q.swap_dims(1, 2), k.swap_dims(1, 2), ctx, shared)?;
+        let probs = self.dropatt.forward(softmax(ctx.mask_scores(scores), 3));
+        let context =
+            probs
+                .matmul(v.swap_dims(1, 2))
+                .swap_dims(1, 2)
+                .reshape([batch, qlen, h * dh]);
+        Ok(self.project_output(context))
+    }
+
+    /// The per-head queries of `x` and keys and values of `cat(memory, x)`, checked against
+    /// the context.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
+    /// - `q`: `[batch, qlen, heads, d_head]`; `k`, `v`: `[batch, mlen + qlen, heads, d_head]`
+    #[allow(clippy::type_complexity)]
+    pub fn project(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        ctx: &RelativeContext,
+    ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), RelativeError> {
+        let [batch, qlen, d_model] = x.dims();
+        let (h, dh) = (self.n_heads, self.d_head);
+        if d_model != self.d_model {
+            return Err(RelativeError::Input(format!(
+                "x has width {d_model}, the layer expects {}",
+                self.d_model
+            )));
+        }
+        let mlen = memory.as_ref().map_or(0, |m| m.dims()[1]);
+        if qlen != ctx.qlen || mlen != ctx.mlen {
+            return Err(RelativeError::Input(format!(
+                "context built for qlen {} / mlen {}, got qlen {qlen} / mlen {mlen}",
+                ctx.qlen, ctx.mlen
+            )));
+        }
         let keys_in = match memory {
             Some(m) => Tensor::cat(vec![m, x.clone()], 1),
             None => x.clone(),
         };
-        let klen = keys_in.dims()[1];
-        debug_assert_eq!(klen, ctx.klen(), "context built for another mlen");
-
-        // [batch, len, heads, d_head] -> [batch, heads, len, d_head]
-        let heads = |t: Tensor<3>, len| t.reshape([batch, len, h, dh]).swap_dims(1, 2);
-        let q = heads(self.query.forward(x), qlen);
+        let klen = qlen + mlen;
+        let q = self.query.forward(x).reshape([batch, qlen, h, dh]);
         let kv = self
             .key_value
             .forward(keys_in)
             .reshape([batch, klen, 2, h, dh]);
-        let k = heads(
-            kv.clone().narrow(2, 0, 1).reshape([batch, klen, h * dh]),
-            klen,
-        );
-        let v = heads(kv.narrow(2, 1, 1).reshape([batch, klen, h * dh]), klen);
-        let scores = self.scores(q, k, ctx, shared);
+        let k = kv.clone().narrow(2, 0, 1).reshape([batch, klen, h, dh]);
+        let v = kv.narrow(2, 1, 1).reshape([batch, klen, h, dh]);
+        Ok((q, k, v))
+    }
 
-        let scores = match &ctx.mask {
-            Some(mask) => {
-                let [mb, _, _] = mask.dims();
-                let mask = mask
-                    .clone()
-                    .reshape([mb, 1, qlen, klen])
-                    .expand([batch, h, qlen, klen]);
-                scores.mask_fill(mask, ctx.mask_value)
-            }
-            None => scores,
-        };
-        let probs = self.dropatt.forward(softmax(scores, 3));
-        let context = probs
-            .matmul(v)
-            .swap_dims(1, 2)
-            .reshape([batch, qlen, h * dh]);
+    /// `Dropout(W_o c)` of the heads' concatenated context `c`, `[batch, qlen, heads * d_head]`.
+    pub fn project_output(&self, context: Tensor<3>) -> Tensor<3> {
         self.dropout.forward(self.output.forward(context))
+    }
+
+    /// Dropout on attention probabilities ("dropatt").
+    pub fn drop_probs<const D: usize>(&self, probs: Tensor<D>) -> Tensor<D> {
+        self.dropatt.forward(probs)
     }
 
     /// Pre-softmax scores `[batch, heads, qlen, klen]` (see the type docs for the formulas).
@@ -234,25 +297,31 @@ impl RelativeMultiHeadAttention {
         k: Tensor<4>,
         ctx: &RelativeContext,
         shared: Option<&XlBiases>,
-    ) -> Tensor<4> {
-        let [_, h, _, dh] = q.dims();
+    ) -> Result<Tensor<4>, RelativeError> {
+        let [_, h, qlen, dh] = q.dims();
         let klen = k.dims()[2];
         let scale = 1.0 / (dh as f32).sqrt();
         let per_head = |p: &Param<Tensor<2>>| p.val().reshape([1, h, 1, dh]);
         let kt = k.transpose();
-        match self.positions.kind {
-            PositionKind::Xl => {
-                let biases = self
-                    .xl_biases
-                    .as_ref()
-                    .or(shared)
-                    .expect("XL attention without own biases needs shared u/v biases");
-                let r_net = self.r_net.as_ref().expect("XL attention has W_R");
-                let sinusoid = ctx.sinusoid.clone().expect("context has XL sinusoids");
+        let mismatch = || {
+            RelativeError::Input(format!(
+                "the context was built for {:?} positions, the layer uses {:?}",
+                ctx.index.kind(),
+                self.positions.kind
+            ))
+        };
+        match (&self.scheme, &ctx.index) {
+            (PositionParams::Xl(p), PositionIndex::Xl(sinusoid)) => {
+                let biases = p.biases.as_ref().or(shared).ok_or_else(|| {
+                    RelativeError::Input(
+                        "XL attention without its own u/v biases needs the shared ones".into(),
+                    )
+                })?;
                 let w = sinusoid.dims()[0];
                 // W_R R: [W, h*dh] -> [1, h, dh, W]
-                let r = r_net
-                    .forward(sinusoid)
+                let r = p
+                    .r_net
+                    .forward(sinusoid.clone())
                     .reshape([w, h, dh])
                     .permute([1, 2, 0])
                     .unsqueeze_dim::<4>(0);
@@ -261,37 +330,41 @@ impl RelativeMultiHeadAttention {
                     .mul_scalar(scale)
                     .matmul(kt);
                 let bd = (q + per_head(&biases.position)).mul_scalar(scale).matmul(r);
-                ac + relative_shift(bd, klen)
+                Ok(ac + relative_shift(bd, klen))
             }
-            PositionKind::Learned => {
-                let idx = ctx.table_index.clone().expect("context has table indices");
+            (PositionParams::Learned(p), PositionIndex::Learned(idx)) => {
                 let w = idx.dims()[0];
-                let emb = self
-                    .rel_embedding
-                    .as_ref()
-                    .expect("learned embeddings")
-                    .val();
-                let bias = self.rel_bias.as_ref().expect("learned key bias").val();
-                let qb = self.query_bias.as_ref().expect("learned query bias");
                 // E_d per column: [W, h, dh] -> [1, h, dh, W]; b_k,d: [W, h] -> [1, h, 1, W]
-                let e = emb
+                let e = p
+                    .embedding
+                    .val()
                     .select(0, idx.clone())
                     .permute([1, 2, 0])
                     .unsqueeze_dim::<4>(0);
-                let bk = bias.select(0, idx).transpose().reshape([1, h, 1, w]);
-                let ac = (q.clone() + per_head(qb)).mul_scalar(scale).matmul(kt);
+                let bk = p
+                    .key_bias
+                    .val()
+                    .select(0, idx.clone())
+                    .transpose()
+                    .reshape([1, h, 1, w]);
+                let ac = (q.clone() + per_head(&p.query_bias))
+                    .mul_scalar(scale)
+                    .matmul(kt);
                 let bd = q.mul_scalar(scale).matmul(e) + bk.mul_scalar(scale);
-                ac + relative_shift(bd, klen)
+                Ok(ac + relative_shift(bd, klen))
             }
-            PositionKind::T5 => {
-                let idx = ctx.pair_index.clone().expect("context has pair indices");
-                let qlen = q.dims()[2];
-                let bias = self.rel_bias.as_ref().expect("T5 bias table").val();
+            (PositionParams::T5(p), PositionIndex::T5(idx)) => {
                 // β_{bucket(i + mlen - j)} gathered per pair: [table, h] -> [h, qlen * klen]
                 // -> [1, h, qlen, klen], shared by every batch row.
-                let beta = bias.transpose().select(1, idx).reshape([1, h, qlen, klen]);
-                q.mul_scalar(scale).matmul(kt) + beta
+                let beta = p
+                    .bias
+                    .val()
+                    .transpose()
+                    .select(1, idx.clone())
+                    .reshape([1, h, qlen, klen]);
+                Ok(q.mul_scalar(scale).matmul(kt) + beta)
             }
+            _ => Err(mismatch()),
         }
     }
 }

@@ -7,12 +7,23 @@
 //! length. Positions are computed once per forward pass in a [`RelativeContext`] and shared by
 //! every layer; [`shift::relative_shift`] re-indexes distance-major scores by key with one copy
 //! (exact on every key the mask leaves visible; on every key without a causal mask).
+//!
+//! [`KnnAttention`] (the Memorizing Transformer's memory layer) is the fourth kind: T5-biased
+//! local attention plus attention over the top-k pairs retrieved from a
+//! [`memzoo_memory::KnnIndex`]. The layer stack (`memzoo-xl`) holds any of them per layer.
 
 pub mod attention;
 pub mod error;
+pub mod knn;
 pub mod positions;
 pub mod shift;
 
-pub use attention::{RelativeAttentionConfig, RelativeMultiHeadAttention, XlBiases};
+pub use attention::{
+    LearnedPositionParams, PositionParams, RelativeAttentionConfig, RelativeMultiHeadAttention,
+    T5PositionParams, XlBiases, XlPositionParams,
+};
 pub use error::RelativeError;
-pub use positions::{AttentionMask, PositionConfig, PositionKind, RelativeContext, t5_bucket};
+pub use knn::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, l2_normalize};
+pub use positions::{
+    AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
+};

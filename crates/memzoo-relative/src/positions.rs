@@ -247,13 +247,8 @@ pub struct RelativeContext {
     pub qlen: usize,
     /// Memory keys prepended to the segment.
     pub mlen: usize,
-    /// XL: the sinusoid of every (clamped) distance, `[columns, d_model]`.
-    pub sinusoid: Option<Tensor<2>>,
-    /// Learned: the parameter-table row of every distance, `[columns]`.
-    pub table_index: Option<Tensor<1, Int>>,
-    /// T5: the bucket of every (query, key) pair, `bucket(i + mlen - j)` at `i * klen + j`,
-    /// `[qlen * klen]` (a bias needs no shift: it is gathered straight into key order).
-    pub pair_index: Option<Tensor<1, Int>>,
+    /// The scheme's position indices.
+    pub index: PositionIndex,
     /// Hidden keys, `[1 or batch, qlen, klen]` (`true` = hidden), `None` if all are visible.
     pub mask: Option<Tensor<3, Bool>>,
     /// The score given to hidden keys before the softmax: `-inf` when every query keeps at
@@ -279,21 +274,20 @@ impl RelativeContext {
         let causal = matches!(mask, AttentionMask::Causal { .. });
         let w = n_columns(qlen, klen, causal);
         let distances = (0..w).map(|c| distance_of_column(c, klen));
-        let (mut sinusoids, mut table_index, mut pair_index) = (None, None, None);
-        match positions.kind {
+        let index = match positions.kind {
             PositionKind::Xl => {
                 let mut data = Vec::with_capacity(w * d_model);
                 for d in distances {
                     sinusoid(positions.clamped(d), d_model, &mut data);
                 }
-                sinusoids = Some(Tensor::from_data(
+                PositionIndex::Xl(Tensor::from_data(
                     TensorData::new(data, [w, d_model]),
                     device,
-                ));
+                ))
             }
             PositionKind::Learned => {
                 let idx: Vec<i64> = distances.map(|d| positions.table_index(d) as i64).collect();
-                table_index = Some(Tensor::from_data(TensorData::new(idx, [w]), device));
+                PositionIndex::Learned(Tensor::from_data(TensorData::new(idx, [w]), device))
             }
             PositionKind::T5 => {
                 // Bucket of d = i + mlen - j, per distance once, then laid out per pair.
@@ -305,18 +299,16 @@ impl RelativeContext {
                     .flat_map(|i| (0..klen).map(move |j| (i + mlen) as i64 - j as i64))
                     .map(at)
                     .collect();
-                pair_index = Some(Tensor::from_data(
+                PositionIndex::T5(Tensor::from_data(
                     TensorData::new(idx, [qlen * klen]),
                     device,
-                ));
+                ))
             }
-        }
+        };
         Self {
             qlen,
             mlen,
-            sinusoid: sinusoids,
-            table_index,
-            pair_index,
+            index,
             mask: mask.build(qlen, mlen, device),
             mask_value: match mask {
                 AttentionMask::Causal { .. } => f32::NEG_INFINITY,
@@ -328,5 +320,47 @@ impl RelativeContext {
     /// Keys per query: `mlen + qlen`.
     pub fn klen(&self) -> usize {
         self.qlen + self.mlen
+    }
+
+    /// `scores` with hidden keys set to [`mask_value`](Self::mask_value).
+    ///
+    /// # Shapes
+    /// - `scores`: `[batch, heads, qlen, klen]`
+    pub fn mask_scores(&self, scores: Tensor<4>) -> Tensor<4> {
+        match &self.mask {
+            Some(mask) => {
+                let [batch, heads, qlen, klen] = scores.dims();
+                let mb = mask.dims()[0];
+                let mask = mask
+                    .clone()
+                    .reshape([mb, 1, qlen, klen])
+                    .expand([batch, heads, qlen, klen]);
+                scores.mask_fill(mask, self.mask_value)
+            }
+            None => scores,
+        }
+    }
+}
+
+/// The position indices of one scheme for one (qlen, mlen), computed once per forward pass.
+#[derive(Debug, Clone)]
+pub enum PositionIndex {
+    /// XL: the sinusoid of every (clamped) distance, `[columns, d_model]`.
+    Xl(Tensor<2>),
+    /// Learned: the parameter-table row of every distance, `[columns]`.
+    Learned(Tensor<1, Int>),
+    /// T5: the bucket of every (query, key) pair, `bucket(i + mlen - j)` at `i * klen + j`,
+    /// `[qlen * klen]` (a bias needs no shift: it is gathered straight into key order).
+    T5(Tensor<1, Int>),
+}
+
+impl PositionIndex {
+    /// The scheme these indices belong to.
+    pub fn kind(&self) -> PositionKind {
+        match self {
+            PositionIndex::Xl(_) => PositionKind::Xl,
+            PositionIndex::Learned(_) => PositionKind::Learned,
+            PositionIndex::T5(_) => PositionKind::T5,
+        }
     }
 }

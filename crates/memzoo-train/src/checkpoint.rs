@@ -474,7 +474,7 @@ pub fn load<M: SegmentModel>(
 }
 
 /// Loads only the model parameters of a checkpoint folder (verified against its checksums).
-pub fn load_model<M: Module>(dir: &Path, model: M) -> Result<M, TrainError> {
+pub fn load_model<M: SegmentModel>(dir: &Path, model: M) -> Result<M, TrainError> {
     verify(dir)?;
     let path = dir.join("model.bpk");
     if !path.exists() {
@@ -483,10 +483,5 @@ pub fn load_model<M: Module>(dir: &Path, model: M) -> Result<M, TrainError> {
             path.display()
         )));
     }
-    model.try_load_file(&path).map_err(|e| {
-        TrainError::Checkpoint(format!(
-            "{} does not fit this model (another architecture, or a damaged file): {e:?}",
-            path.display()
-        ))
-    })
+    model.load_params(&path)
 }

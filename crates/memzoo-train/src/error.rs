@@ -13,6 +13,15 @@ pub enum TrainError {
     /// The model refused its input.
     #[error("model: {0}")]
     Model(String),
+    /// The layer stack (Transformer-XL, Memorizing) refused its input or config.
+    #[error("model: {0}")]
+    Xl(#[from] memzoo_xl::XlError),
+    /// The Reformer refused its input or config.
+    #[error("model: {0}")]
+    Reformer(#[from] memzoo_reformer::ReformerError),
+    /// A Memorizing Transformer preset was invalid.
+    #[error("model: {0}")]
+    Knn(#[from] memzoo_knn::KnnError),
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),

@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use memzoo_xl::{TransformerXl, XlMemory};
+use memzoo_xl::{TransformerXl, XlMemory, XlState};
 
 use crate::error::TrainError;
 
@@ -57,6 +57,18 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
         self
     }
 
+    /// Loads the parameters of a checkpoint's model file into `self` (which fixes the
+    /// architecture). Families whose parameter layout changed override this to read their
+    /// older layouts too.
+    fn load_params(self, path: &Path) -> Result<Self, TrainError> {
+        self.try_load_file(path).map_err(|e| {
+            TrainError::Checkpoint(format!(
+                "{} does not fit this model (another architecture, or a damaged file): {e:?}",
+                path.display()
+            ))
+        })
+    }
+
     /// Saves the carried state under `dir`.
     fn save_state(state: &Self::State, dir: &Path) -> Result<(), TrainError>;
 
@@ -91,11 +103,19 @@ pub fn segment_loss<M: SegmentModel>(
     Ok(loss)
 }
 
+/// The layer stack (Transformer-XL, and with kNN layers the Memorizing Transformer) carries its
+/// XL memory and its kNN memories (host side). Without `document_resets` (Transformer-XL, as
+/// the paper) it reads documents as one stream; with them (the Memorizing preset) rows are
+/// cleared where the data marks a new document.
 impl SegmentModel for TransformerXl {
-    type State = XlMemory;
+    type State = XlState;
 
     fn family(&self) -> &'static str {
-        "xl"
+        if self.n_knn_layers() > 0 {
+            "memorizing"
+        } else {
+            "xl"
+        }
     }
 
     fn vocab_size(&self) -> usize {
@@ -105,28 +125,67 @@ impl SegmentModel for TransformerXl {
     fn segment_logits(
         &self,
         inputs: Tensor<2, Int>,
-        state: &mut XlMemory,
-        _reset: &[bool],
+        state: &mut XlState,
+        reset: &[bool],
     ) -> Result<Tensor<3>, TrainError> {
-        // Transformer-XL reads documents as one stream (as the paper): it keeps its memory.
-        let out = self
-            .forward(inputs, state)
-            .map_err(|e| TrainError::Model(e.to_string()))?;
-        *state = out.memory;
-        Ok(self.logits(out.hidden))
+        let hidden = self.forward_state(inputs, state, reset)?;
+        Ok(self.logits(hidden))
     }
 
     fn with_eval_mem_len(self, mem_len: usize) -> Self {
         self.with_mem_len(mem_len)
     }
 
-    fn save_state(state: &XlMemory, dir: &Path) -> Result<(), TrainError> {
-        save_tensors(&dir.join("memory.safetensors"), state.layers())
+    /// Also reads checkpoints written before the layer stack (converted on load, with a
+    /// warning on stderr).
+    fn load_params(self, path: &Path) -> Result<Self, TrainError> {
+        let (model, converted) = memzoo_xl::legacy::load_any(self, path)
+            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        if converted {
+            eprintln!(
+                "warning: {} was written before the layer stack; its parameters were renamed \
+                 on load (the next checkpoint is written in the current layout)",
+                path.display()
+            );
+        }
+        Ok(model)
     }
 
-    fn load_state(&self, dir: &Path, device: &Device) -> Result<XlMemory, TrainError> {
-        let layers = load_tensors(&dir.join("memory.safetensors"), device)?;
-        XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)
+    fn save_state(state: &XlState, dir: &Path) -> Result<(), TrainError> {
+        state
+            .save_knn(dir)
+            .map_err(|e| TrainError::Checkpoint(format!("saving kNN memories: {e}")))?;
+        save_tensors(&dir.join("memory.safetensors"), state.xl.layers())?;
+        if !state.xl_valid.is_empty() {
+            let valid = serde_json::to_string(&state.xl_valid).expect("plain vector");
+            std::fs::write(dir.join("xl_valid.json"), valid)
+                .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))?;
+        }
+        Ok(())
+    }
+
+    fn load_state(&self, dir: &Path, device: &Device) -> Result<XlState, TrainError> {
+        let n_knn = self.n_knn_layers();
+        let mut state = if n_knn > 0 && dir.join("knn-0").exists() {
+            XlState::open_knn(dir, n_knn, &self.knn_memory, device)
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?
+        } else {
+            // No kNN layers, or saved before the first forward: no kNN memories yet.
+            XlState::default()
+        };
+        let memory = dir.join("memory.safetensors");
+        if memory.exists() || n_knn == 0 {
+            let layers = load_tensors(&memory, device)?;
+            state.xl = XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
+        }
+        let valid = dir.join("xl_valid.json");
+        if valid.exists() {
+            let text = std::fs::read_to_string(&valid)
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", valid.display())))?;
+            state.xl_valid = serde_json::from_str(&text)
+                .map_err(|e| TrainError::Checkpoint(format!("xl_valid.json is damaged: {e}")))?;
+        }
+        Ok(state)
     }
 }
 
@@ -203,8 +262,7 @@ impl SegmentModel for memzoo_reformer::ReformerLm {
         _state: &mut (),
         _reset: &[bool],
     ) -> Result<Tensor<3>, TrainError> {
-        self.forward(inputs)
-            .map_err(|e| TrainError::Model(e.to_string()))
+        Ok(self.forward(inputs)?)
     }
 
     fn train_step(
@@ -223,8 +281,7 @@ impl SegmentModel for memzoo_reformer::ReformerLm {
                 let opts = self.next_train_options();
                 self.train_step_with(inputs, targets, Some(weights), &opts)
             }
-        }
-        .map_err(|e| TrainError::Model(e.to_string()))?;
+        }?;
         Ok((loss.into_scalar::<f64>(), grads))
     }
 
@@ -234,57 +291,5 @@ impl SegmentModel for memzoo_reformer::ReformerLm {
 
     fn load_state(&self, _dir: &Path, _device: &Device) -> Result<(), TrainError> {
         Ok(())
-    }
-}
-
-/// The Memorizing Transformer carries its XL memory and its kNN memories (host side); rows are
-/// cleared where the data marks a new document.
-impl SegmentModel for memzoo_knn::MemorizingTransformer {
-    type State = memzoo_knn::MemorizingState;
-
-    fn family(&self) -> &'static str {
-        "memorizing"
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.xl.vocab_size
-    }
-
-    fn segment_logits(
-        &self,
-        inputs: Tensor<2, Int>,
-        state: &mut Self::State,
-        reset: &[bool],
-    ) -> Result<Tensor<3>, TrainError> {
-        let hidden = self
-            .forward(inputs, state, reset)
-            .map_err(|e| TrainError::Model(e.to_string()))?;
-        Ok(self.logits(hidden))
-    }
-
-    fn save_state(state: &Self::State, dir: &Path) -> Result<(), TrainError> {
-        state
-            .save_knn(dir)
-            .map_err(|e| TrainError::Checkpoint(format!("saving kNN memories: {e}")))?;
-        save_tensors(&dir.join("memory.safetensors"), state.xl.layers())?;
-        let valid = serde_json::to_string(&state.xl_valid).expect("plain vector");
-        std::fs::write(dir.join("xl_valid.json"), valid)
-            .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))
-    }
-
-    fn load_state(&self, dir: &Path, device: &Device) -> Result<Self::State, TrainError> {
-        if !dir.join("knn-0").exists() {
-            // Saved before the first forward: no memories yet.
-            return Ok(Self::State::default());
-        }
-        let mut state = memzoo_knn::MemorizingState::open_knn(dir, self, device)
-            .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?;
-        let layers = load_tensors(&dir.join("memory.safetensors"), device)?;
-        state.xl = XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
-        let valid = std::fs::read_to_string(dir.join("xl_valid.json"))
-            .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?;
-        state.xl_valid = serde_json::from_str(&valid)
-            .map_err(|e| TrainError::Checkpoint(format!("xl_valid.json is damaged: {e}")))?;
-        Ok(state)
     }
 }

@@ -1,7 +1,8 @@
+use memzoo_memory::MemoryError;
 use memzoo_relative::RelativeError;
 
-/// Errors of the Transformer-XL crate.
-#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+/// Errors of the layer stack (Transformer-XL and its kNN layers).
+#[derive(Debug, thiserror::Error)]
 pub enum XlError {
     /// A configuration value is invalid; the message names it.
     #[error("invalid Transformer-XL config: {0}")]
@@ -9,12 +10,17 @@ pub enum XlError {
     /// An input does not fit the model; the message names the shapes.
     #[error("bad input to Transformer-XL: {0}")]
     Input(String),
+    /// A kNN layer's memory failed.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
 }
 
 impl From<RelativeError> for XlError {
     fn from(e: RelativeError) -> Self {
         match e {
             RelativeError::Config(m) => XlError::Config(m),
+            RelativeError::Input(m) => XlError::Input(m),
+            RelativeError::Memory(e) => XlError::Memory(e),
         }
     }
 }

@@ -1,5 +1,8 @@
 //! Transformer-XL (Dai et al. 2019) for memzoo: segment-level recurrence with an explicit,
-//! typed memory ([`XlMemory`]) and the XL language model ([`TransformerXl`]).
+//! typed memory ([`XlMemory`]) and the layer stack ([`TransformerXl`]): one embedding, a list
+//! of layers of any attention kind ([`LayerKind`]: `xl`, `learned`, `t5`, `knn`) in one
+//! residual block, one output. The Memorizing Transformer is this stack with `knn` layers
+//! (`memzoo_knn::MemorizingConfig` is its preset); [`XlState`] carries its kNN memories.
 //!
 //! ```no_run
 //! use burn::tensor::{Int, Tensor};
@@ -16,9 +19,12 @@
 //! ```
 
 pub mod error;
+pub mod legacy;
 pub mod memory;
 pub mod model;
 
 pub use error::XlError;
-pub use memory::XlMemory;
-pub use model::{TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput};
+pub use memory::{XlMemory, XlState};
+pub use model::{
+    KnnLayerConfig, LayerAttention, LayerKind, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
+};

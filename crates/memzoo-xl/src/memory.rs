@@ -1,6 +1,9 @@
 //! The recurrence state of Transformer-XL.
 
+use std::path::Path;
+
 use burn::tensor::{Device, Tensor};
+use memzoo_memory::{KnnIndex, KnnMemoryConfig, MemoryError};
 
 /// Cached hidden states of earlier segments: one tensor per layer, the *input* of that layer
 /// at the last `mlen` positions, `[batch, mlen, d_model]`.
@@ -108,5 +111,58 @@ impl XlMemory {
             })
             .collect();
         Self { layers }
+    }
+}
+
+/// The recurrence state of a stack read with `TransformerXl::forward_state`, owned by the
+/// caller (the trainer): the XL memory and one kNN memory per kNN layer. Host-side, not part
+/// of the Module.
+#[derive(Debug, Default)]
+pub struct XlState {
+    /// Cached layer inputs of the last `mem_len` positions (every layer).
+    pub xl: XlMemory,
+    /// One memory per kNN layer (bottom to top), each with one store per (row, head).
+    pub knn: Vec<Box<dyn KnnIndex>>,
+    /// Per row, how many of the most recent XL memory positions belong to the row's current
+    /// document (older ones are hidden from attention; with `document_resets`). Empty: all
+    /// valid.
+    pub xl_valid: Vec<usize>,
+}
+
+impl XlState {
+    /// No memory yet; the first forward pass creates the kNN memories for its batch size.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Entries stored per row in kNN layer `l` (counting kNN layers only, bottom to top).
+    pub fn knn_len(&self, l: usize, row: usize) -> usize {
+        self.knn.get(l).map_or(0, |m| m.len(row))
+    }
+
+    /// Saves the kNN memories into `dir/knn-<i>` (the XL memory is saved by the caller).
+    pub fn save_knn(&self, dir: &Path) -> Result<(), MemoryError> {
+        for (i, m) in self.knn.iter().enumerate() {
+            m.save(&dir.join(format!("knn-{i}")))?;
+        }
+        Ok(())
+    }
+
+    /// Opens `n` kNN memories saved by [`save_knn`](Self::save_knn) with `config` (empty XL
+    /// memory).
+    pub fn open_knn(
+        dir: &Path,
+        n: usize,
+        config: &KnnMemoryConfig,
+        device: &Device,
+    ) -> Result<Self, MemoryError> {
+        let knn = (0..n)
+            .map(|i| memzoo_memory::open(&dir.join(format!("knn-{i}")), config, device))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            xl: XlMemory::empty(),
+            knn,
+            xl_valid: Vec::new(),
+        })
     }
 }

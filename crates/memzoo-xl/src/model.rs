@@ -1,4 +1,9 @@
-//! The Transformer-XL language model (Dai et al. 2019).
+//! The layer stack: Transformer-XL (Dai et al. 2019) with any attention kind per layer.
+//!
+//! One embedding, a list of layers — each one attention kind ([`LayerKind`]: XL-relative,
+//! learned-relative, T5, kNN) inside one residual block ([`XlBlock`]) — and one output.
+//! Transformer-XL is the stack of `xl` layers; the Memorizing Transformer
+//! (`memzoo_knn::MemorizingConfig`) is the same stack with `knn` layers at chosen depths.
 
 use burn::config::Config;
 use burn::module::{Module, Param};
@@ -7,14 +12,75 @@ use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig,
     Linear, LinearConfig, Relu,
 };
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use memzoo_memory::{HnswConfig, IndexKind, KnnIndex, KnnMemoryConfig};
 use memzoo_relative::{
-    AttentionMask, PositionConfig, RelativeAttentionConfig, RelativeContext,
-    RelativeMultiHeadAttention, XlBiases,
+    AttentionMask, KnnAttention, KnnAttentionConfig, PositionConfig, PositionKind,
+    RelativeAttentionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
 };
+use serde::{Deserialize, Serialize};
 
 use crate::error::XlError;
-use crate::memory::XlMemory;
+use crate::memory::{XlMemory, XlState};
+
+/// The attention of one layer of the stack.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerKind {
+    /// Relative attention with Transformer-XL's sinusoids and `u`/`v` biases (Dai et al. 2019).
+    Xl,
+    /// Relative attention with learned relative embeddings (labml).
+    Learned,
+    /// Relative attention with T5's bucketed biases (Raffel et al. 2020).
+    T5,
+    /// kNN-augmented attention (Wu et al. 2022): T5 local attention plus the top-k pairs
+    /// retrieved from the layer's kNN memory of everything read before.
+    Knn,
+}
+
+impl LayerKind {
+    /// The relative position scheme of a relative kind (`None` for `knn`).
+    pub fn positions(self) -> Option<PositionKind> {
+        match self {
+            LayerKind::Xl => Some(PositionKind::Xl),
+            LayerKind::Learned => Some(PositionKind::Learned),
+            LayerKind::T5 => Some(PositionKind::T5),
+            LayerKind::Knn => None,
+        }
+    }
+
+    /// The relative kind of a position scheme.
+    pub fn of_positions(kind: PositionKind) -> Self {
+        match kind {
+            PositionKind::Xl => LayerKind::Xl,
+            PositionKind::Learned => LayerKind::Learned,
+            PositionKind::T5 => LayerKind::T5,
+        }
+    }
+}
+
+/// Settings of the stack's kNN layers (used where [`XlConfig::layers`] lists `knn`).
+#[derive(Config, Debug)]
+pub struct KnnLayerConfig {
+    /// Retrieved pairs per query. Default: 32 (Wu et al. 2022).
+    #[config(default = 32)]
+    pub top_k: usize,
+    /// kNN memories per (batch row, head), oldest evicted first. Default: 16,384.
+    #[config(default = 16384)]
+    pub max_memories: usize,
+    /// kNN search structure. Default: `auto` (exact up to `auto_crossover`, then HNSW).
+    #[config(default = "IndexKind::Auto")]
+    pub index: IndexKind,
+    /// Where `auto` switches to HNSW. Default: 262,144 (see `KnnMemoryConfig`).
+    #[config(default = 262144)]
+    pub auto_crossover: usize,
+    /// HNSW parameters. Default: connectivity 32, expansion_add 64, expansion_search by size.
+    #[config(default = "HnswConfig::new()")]
+    pub hnsw: HnswConfig,
+    /// Initial temperature of the normalised scores. Default: 20.
+    #[config(default = 20.0)]
+    pub attn_scale_init: f64,
+}
 
 /// Configuration of a [`TransformerXl`] language model. Defaults: the XL-small reference
 /// config (6 layers, d_model 256, 8 heads x 32, d_inner 1024, mem_len 128, bytes).
@@ -81,6 +147,19 @@ pub struct XlConfig {
     /// the unigram level. Default: none.
     #[config(default = "None")]
     pub embedding_std: Option<f64>,
+    /// The attention kind of every layer, bottom to top (as x-transformers' `layers`), e.g.
+    /// `["xl", "xl", "knn", "xl"]`; its length must be `n_layers`. Empty: `n_layers` layers of
+    /// the `positions` scheme. Default: empty.
+    #[config(default = "Vec::new()")]
+    pub layers: Vec<LayerKind>,
+    /// The kNN layers' retrieval and memory (unused without `knn` layers).
+    #[config(default = "KnnLayerConfig::new()")]
+    pub knn: KnnLayerConfig,
+    /// Where a batch row starts a new document, hide its XL memory and clear its kNN
+    /// memories. Default: false (Transformer-XL reads the text as one stream, as the paper;
+    /// the Memorizing Transformer sets it, as its paper does for documents).
+    #[config(default = false)]
+    pub document_resets: bool,
 }
 
 impl XlConfig {
@@ -126,8 +205,81 @@ impl XlConfig {
         if !(0.0..1.0).contains(&self.dropout) {
             return bad(format!("dropout must be in [0, 1), got {}", self.dropout));
         }
-        self.attention().validate()?;
+        if !self.layers.is_empty() && self.layers.len() != self.n_layers {
+            return bad(format!(
+                "layers lists {} kinds ({:?}) for n_layers = {}",
+                self.layers.len(),
+                self.layers,
+                self.n_layers
+            ));
+        }
+        let kinds = self.layer_kinds();
+        if kinds.contains(&LayerKind::Knn) {
+            if self.same_length {
+                // kNN layers attend under a plain causal mask; accepting the flag would
+                // silently train another model than asked for.
+                return bad(
+                    "same_length = true is not supported with knn layers (they attend under a \
+                     plain causal mask): set it to false"
+                        .into(),
+                );
+            }
+            if kinds.iter().all(|&k| k == LayerKind::Knn) {
+                return bad(format!(
+                    "all {} layers are knn layers; at least one must be a relative-attention layer",
+                    kinds.len()
+                ));
+            }
+            let knn = &self.knn;
+            if knn.top_k == 0 {
+                return bad("knn.top_k must be positive, got 0".into());
+            }
+            if knn.top_k > knn.max_memories {
+                return bad(format!(
+                    "knn.top_k ({}) exceeds knn.max_memories ({})",
+                    knn.top_k, knn.max_memories
+                ));
+            }
+            self.knn_attention().validate()?;
+            self.knn_memory().validate()?;
+        }
+        for kind in kinds.iter().filter_map(|k| k.positions()) {
+            self.attention(kind).validate()?;
+        }
         Ok(())
+    }
+
+    /// The kind of every layer, bottom to top (resolving an empty [`layers`](Self::layers)).
+    pub fn layer_kinds(&self) -> Vec<LayerKind> {
+        if self.layers.is_empty() {
+            vec![LayerKind::of_positions(self.positions.kind); self.n_layers]
+        } else {
+            self.layers.clone()
+        }
+    }
+
+    /// The configuration of every kNN layer's memory.
+    pub fn knn_memory(&self) -> KnnMemoryConfig {
+        KnnMemoryConfig::new(self.n_heads, self.head_width())
+            .with_max_memories(self.knn.max_memories)
+            .with_kind(self.knn.index)
+            .with_auto_crossover(self.knn.auto_crossover)
+            .with_hnsw(self.knn.hnsw.clone())
+    }
+
+    /// kNN layers: T5 local attention (the model's `positions` when they are T5, else T5's
+    /// defaults), the model's dropouts and initialiser.
+    fn knn_attention(&self) -> KnnAttentionConfig {
+        let positions = match self.positions.kind {
+            PositionKind::T5 => self.positions.clone(),
+            _ => PositionConfig::new().with_kind(PositionKind::T5),
+        };
+        KnnAttentionConfig::new(self.d_model, self.n_heads, self.head_width())
+            .with_positions(positions)
+            .with_dropout(self.dropout)
+            .with_dropatt(self.dropatt)
+            .with_attn_scale_init(self.knn.attn_scale_init)
+            .with_initializer(self.initializer())
     }
 
     fn initializer(&self) -> Initializer {
@@ -137,9 +289,11 @@ impl XlConfig {
         }
     }
 
-    fn attention(&self) -> RelativeAttentionConfig {
+    /// Relative attention of `kind`, with the parameters of `positions` (clamp length, table
+    /// size, buckets).
+    fn attention(&self, kind: PositionKind) -> RelativeAttentionConfig {
         RelativeAttentionConfig::new(self.d_model, self.n_heads, self.head_width())
-            .with_positions(self.positions.clone())
+            .with_positions(self.positions.clone().with_kind(kind))
             .with_dropout(self.dropout)
             .with_dropatt(self.dropatt)
             .with_own_biases(self.untie_rel_bias)
@@ -185,15 +339,21 @@ impl XlConfig {
     pub fn init(&self, device: &Device) -> Result<TransformerXl, XlError> {
         self.validate()?;
         let init = self.initializer();
-        let attention = self.attention();
-        let layers = (0..self.n_layers)
-            .map(|_| {
+        let kinds = self.layer_kinds();
+        let layers = kinds
+            .iter()
+            .map(|&kind| {
+                let attention = match kind.positions() {
+                    Some(p) => LayerAttention::Relative(self.attention(p).init(device)?),
+                    None => LayerAttention::Knn(self.knn_attention().init(device)?),
+                };
                 Ok(XlLayer {
-                    attention: attention.init(device)?,
+                    attention,
                     block: self.init_block(device),
                 })
             })
             .collect::<Result<Vec<_>, XlError>>()?;
+        let shares_biases = !self.untie_rel_bias && kinds.contains(&LayerKind::Xl);
         Ok(TransformerXl {
             // Embeddings ~ N(0, init_std) as HF (see `embedding_std`).
             embedding: EmbeddingConfig::new(self.vocab_size, self.d_model)
@@ -203,7 +363,7 @@ impl XlConfig {
                 })
                 .init(device),
             layers,
-            shared_biases: (!self.untie_rel_bias)
+            shared_biases: shares_biases
                 .then(|| XlBiases::init(self.n_heads, self.head_width(), &init, device)),
             final_norm: self.pre_ln.then(|| self.init_norm(device)),
             output: (!self.tie_weights)
@@ -212,18 +372,19 @@ impl XlConfig {
                 .tie_weights
                 .then(|| Initializer::Zeros.init([self.vocab_size], device)),
             dropout: DropoutConfig::new(self.dropout).init(),
-            positions: self.positions.clone(),
+            knn_memory: self.knn_memory(),
             d_model: self.d_model,
             vocab_size: self.vocab_size,
             mem_len: self.mem_len,
             same_length: self.same_length,
+            top_k: self.knn.top_k,
+            document_resets: self.document_resets,
         })
     }
 }
 
-/// The residual structure of a Transformer-XL layer around any attention: LayerNorms and the
-/// position-wise feed-forward (post-LN as the paper, or pre-LN). [`XlLayer`] puts relative
-/// attention inside it; the Memorizing Transformer's kNN layer puts kNN attention inside it.
+/// The residual structure of a layer around any attention: LayerNorms and the position-wise
+/// feed-forward (post-LN as Transformer-XL, or pre-LN).
 ///
 /// # Shapes
 /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
@@ -279,34 +440,76 @@ impl XlBlock {
     }
 }
 
-/// One Transformer-XL layer: relative attention over `cat(memory, x)` inside an [`XlBlock`].
+/// The attention of one layer: relative (XL, learned or T5 positions) or kNN-augmented.
+#[derive(Module, Debug)]
+pub enum LayerAttention {
+    /// Relative multi-head attention over `cat(memory, x)`.
+    Relative(RelativeMultiHeadAttention),
+    /// kNN-augmented attention: local attention plus the pairs retrieved from a kNN memory.
+    Knn(KnnAttention),
+}
+
+impl LayerAttention {
+    /// The layer's kind.
+    pub fn kind(&self) -> LayerKind {
+        match self {
+            LayerAttention::Relative(a) => LayerKind::of_positions(a.positions.kind),
+            LayerAttention::Knn(_) => LayerKind::Knn,
+        }
+    }
+
+    /// The relative attention over `cat(memory, x)`: the layer itself, or a kNN layer's local
+    /// attention (its projections are shared with the retrieval, Wu et al. sec. 3).
+    pub fn local(&self) -> &RelativeMultiHeadAttention {
+        match self {
+            LayerAttention::Relative(a) => a,
+            LayerAttention::Knn(a) => &a.attention,
+        }
+    }
+
+    /// The position scheme whose [`RelativeContext`] the layer reads.
+    fn positions(&self) -> &PositionConfig {
+        match self {
+            LayerAttention::Relative(a) => &a.positions,
+            LayerAttention::Knn(a) => &a.attention.positions,
+        }
+    }
+}
+
+/// One layer of the stack: its attention over `cat(memory, x)` inside an [`XlBlock`].
 ///
 /// # Shapes
 /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
 /// - output: `[batch, qlen, d_model]`
 #[derive(Module, Debug)]
 pub struct XlLayer {
-    /// Relative multi-head attention.
-    pub attention: RelativeMultiHeadAttention,
+    /// The attention.
+    pub attention: LayerAttention,
     /// LayerNorms and feed-forward around it.
     pub block: XlBlock,
 }
 
 impl XlLayer {
-    /// Applies the layer (see the type docs for shapes).
+    /// Applies the layer; a kNN layer searches `knn` and then adds the segment's pairs to it.
     pub fn forward(
         &self,
         x: Tensor<3>,
         memory: Option<Tensor<3>>,
         ctx: &RelativeContext,
         shared: Option<&XlBiases>,
-    ) -> Tensor<3> {
-        let attend =
-            |x, m| Ok::<_, std::convert::Infallible>(self.attention.forward(x, m, ctx, shared));
-        match self.block.forward(x, memory, attend) {
-            Ok(out) => out,
-            Err(never) => match never {},
-        }
+        knn: Option<(&mut (dyn KnnIndex + 'static), usize)>,
+    ) -> Result<Tensor<3>, XlError> {
+        self.block
+            .forward(x, memory, |x, m| match (&self.attention, knn) {
+                (LayerAttention::Relative(a), _) => Ok(a.forward(x, m, ctx, shared)?),
+                (LayerAttention::Knn(a), Some((store, top_k))) => {
+                    Ok(a.forward_and_store(x, m, ctx, store, top_k)?)
+                }
+                (LayerAttention::Knn(_), None) => Err(XlError::Input(
+                    "a knn layer needs its kNN memory: read with forward_state and an XlState"
+                        .into(),
+                )),
+            })
     }
 }
 
@@ -319,10 +522,13 @@ pub struct XlOutput {
     pub memory: XlMemory,
 }
 
-/// The Transformer-XL language model.
+/// The layer stack's language model: Transformer-XL, and with `knn` layers the Memorizing
+/// Transformer.
 ///
 /// `forward(tokens, memory)` reads one segment, attending over the memory of earlier segments,
-/// and returns the next memory: recurrence is explicit, nothing is hidden in the module.
+/// and returns the next memory: recurrence is explicit, nothing is hidden in the module. A
+/// stack with kNN layers reads with [`forward_state`](Self::forward_state), whose
+/// [`XlState`] also holds the kNN memories.
 ///
 /// # Shapes
 /// - `tokens`: `[batch, qlen]`
@@ -331,9 +537,9 @@ pub struct XlOutput {
 pub struct TransformerXl {
     /// Token embedding (scaled by `sqrt(d_model)` on lookup).
     pub embedding: Embedding,
-    /// The layers.
+    /// The layers, bottom to top.
     pub layers: Vec<XlLayer>,
-    /// `u`, `v` shared by all layers (unless untied).
+    /// `u`, `v` shared by all XL layers (unless untied).
     pub shared_biases: Option<XlBiases>,
     /// Final LayerNorm (pre-LN only).
     pub final_norm: Option<LayerNorm>,
@@ -343,9 +549,9 @@ pub struct TransformerXl {
     pub output_bias: Option<Param<Tensor<1>>>,
     /// Dropout on embeddings and final output.
     pub dropout: Dropout,
-    /// Position scheme, shared by every layer.
+    /// Configuration of every kNN layer's memory.
     #[module(skip)]
-    pub positions: PositionConfig,
+    pub knn_memory: KnnMemoryConfig,
     /// Model width.
     pub d_model: usize,
     /// Vocabulary size.
@@ -354,6 +560,10 @@ pub struct TransformerXl {
     pub mem_len: usize,
     /// Every query sees exactly `mem_len` keys.
     pub same_length: bool,
+    /// Pairs each kNN layer retrieves per query.
+    pub top_k: usize,
+    /// Rows starting a document hide their XL memory and clear their kNN memories.
+    pub document_resets: bool,
 }
 
 impl TransformerXl {
@@ -361,6 +571,27 @@ impl TransformerXl {
     pub fn with_mem_len(mut self, mem_len: usize) -> Self {
         self.mem_len = mem_len;
         self
+    }
+
+    /// The kind of every layer, bottom to top.
+    pub fn layer_kinds(&self) -> Vec<LayerKind> {
+        self.layers.iter().map(|l| l.attention.kind()).collect()
+    }
+
+    /// Number of kNN layers.
+    pub fn n_knn_layers(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| matches!(l.attention, LayerAttention::Knn(_)))
+            .count()
+    }
+
+    /// The kNN attention of every kNN layer, bottom to top.
+    pub fn knn_attentions(&self) -> impl Iterator<Item = &KnnAttention> {
+        self.layers.iter().filter_map(|l| match &l.attention {
+            LayerAttention::Knn(a) => Some(a),
+            LayerAttention::Relative(_) => None,
+        })
     }
 
     /// The attention mask the model uses by default: causal, and with `same_length` a window
@@ -371,6 +602,18 @@ impl TransformerXl {
         }
     }
 
+    /// Empty kNN memories (one per kNN layer) for `batch` rows, and no XL memory.
+    pub fn new_state(&self, batch: usize, device: &Device) -> Result<XlState, XlError> {
+        let knn = (0..self.n_knn_layers())
+            .map(|_| self.knn_memory.init(batch, device))
+            .collect::<Result<_, _>>()?;
+        Ok(XlState {
+            xl: XlMemory::empty(),
+            knn,
+            xl_valid: Vec::new(),
+        })
+    }
+
     /// Reads one segment with the model's default (causal) mask.
     ///
     /// # Shapes
@@ -379,19 +622,116 @@ impl TransformerXl {
         self.forward_masked(tokens, memory, &self.default_mask())
     }
 
-    /// Reads one segment with an explicit mask over its `mlen + qlen` keys.
+    /// Reads one segment with an explicit mask over its `mlen + qlen` keys (a stack without
+    /// kNN layers; see [`forward_state`](Self::forward_state) for those).
     pub fn forward_masked(
         &self,
         tokens: Tensor<2, Int>,
         memory: &XlMemory,
         mask: &AttentionMask,
     ) -> Result<XlOutput, XlError> {
+        if self.n_knn_layers() > 0 {
+            return Err(XlError::Input(format!(
+                "this stack has kNN layers ({:?}): read it with forward_state and an XlState",
+                self.layer_kinds()
+            )));
+        }
+        let (hidden, inputs) = self.run(tokens, memory, mask, &mut [])?;
+        Ok(XlOutput {
+            hidden,
+            memory: memory.update(&inputs, self.mem_len),
+        })
+    }
+
+    /// Reads one segment; returns the final hidden states and updates `state` (the XL memory
+    /// and, in kNN layers, retrieval from and then addition to their kNN memories).
+    /// `reset[b]`: row `b` starts a new document here (with `document_resets`: its kNN
+    /// memories are cleared and its XL memory hidden).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]`, `reset`: `batch` flags → `[batch, qlen, d_model]`
+    pub fn forward_state(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<Tensor<3>, XlError> {
+        let [batch, qlen] = tokens.dims();
+        let device = tokens.device();
+        if reset.len() != batch {
+            return Err(XlError::Input(format!(
+                "reset has {} flags for a batch of {batch}",
+                reset.len()
+            )));
+        }
+        let n_knn = self.n_knn_layers();
+        if state.knn.is_empty() && n_knn > 0 {
+            state.knn = self.new_state(batch, &device)?.knn;
+        }
+        if state.knn.len() != n_knn {
+            return Err(XlError::Input(format!(
+                "state has {} kNN memories, the model {n_knn} kNN layers",
+                state.knn.len()
+            )));
+        }
+        if let Some(m) = state.knn.iter().find(|m| m.batch() != batch) {
+            return Err(XlError::Input(format!(
+                "kNN memory has {} rows, tokens have batch {batch}",
+                m.batch()
+            )));
+        }
+        let mlen = state.xl.len();
+        let mask = if self.document_resets {
+            let rows: Vec<usize> = (0..batch).filter(|&b| reset[b]).collect();
+            for m in state.knn.iter_mut() {
+                m.clear(&rows)?;
+            }
+            if state.xl_valid.len() != batch {
+                state.xl_valid = vec![mlen; batch];
+            }
+            for (v, &r) in state.xl_valid.iter_mut().zip(reset) {
+                if r {
+                    *v = 0;
+                }
+            }
+            document_mask(&state.xl_valid, qlen, mlen, &device)
+        } else {
+            self.default_mask()
+        };
+        let (hidden, inputs) = self.run(tokens, &state.xl, &mask, &mut state.knn)?;
+        state.xl = state.xl.update(&inputs, self.mem_len);
+        if self.document_resets {
+            let new_mlen = state.xl.len();
+            for v in state.xl_valid.iter_mut() {
+                *v = (*v + qlen).min(new_mlen);
+            }
+        }
+        Ok(hidden)
+    }
+
+    /// The layers over one segment: final hidden states (after the final norm and dropout)
+    /// and every layer's input (the next memory's material). `knn`: one memory per kNN layer.
+    fn run(
+        &self,
+        tokens: Tensor<2, Int>,
+        memory: &XlMemory,
+        mask: &AttentionMask,
+        knn: &mut [Box<dyn KnnIndex>],
+    ) -> Result<(Tensor<3>, Vec<Tensor<3>>), XlError> {
         let [batch, qlen] = tokens.dims();
         self.check_memory(batch, memory)?;
         let mlen = memory.len();
         let device = tokens.device();
-        let ctx = RelativeContext::new(&self.positions, self.d_model, qlen, mlen, mask, &device);
-        if let Some(m) = &ctx.mask {
+        // One context per position scheme in use (most stacks use one).
+        let mut contexts: Vec<(&PositionConfig, RelativeContext)> = Vec::new();
+        for layer in &self.layers {
+            let p = layer.attention.positions();
+            if !contexts.iter().any(|(q, _)| *q == p) {
+                let ctx = RelativeContext::new(p, self.d_model, qlen, mlen, mask, &device);
+                contexts.push((p, ctx));
+            }
+        }
+        if let Some(m) = contexts.first().and_then(|(_, c)| c.mask.as_ref()) {
             let [mb, mq, mk] = m.dims();
             if (mb != 1 && mb != batch) || mq != qlen || mk != qlen + mlen {
                 return Err(XlError::Input(format!(
@@ -407,18 +747,31 @@ impl TransformerXl {
             .dropout
             .forward(self.embedding.forward(tokens).mul_scalar(scale));
         let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut stores = knn.iter_mut();
         for (l, layer) in self.layers.iter().enumerate() {
             inputs.push(h.clone());
             let mem = memory.layer(l).cloned();
-            h = layer.forward(h, mem, &ctx, self.shared_biases.as_ref());
+            let p = layer.attention.positions();
+            let ctx = &contexts
+                .iter()
+                .find(|(q, _)| *q == p)
+                .expect("built above")
+                .1;
+            let store = match layer.attention {
+                LayerAttention::Knn(_) => {
+                    let store = stores.next().ok_or_else(|| {
+                        XlError::Input("fewer kNN memories than kNN layers".into())
+                    })?;
+                    Some((store.as_mut(), self.top_k))
+                }
+                LayerAttention::Relative(_) => None,
+            };
+            h = layer.forward(h, mem, ctx, self.shared_biases.as_ref(), store)?;
         }
         if let Some(norm) = &self.final_norm {
             h = norm.forward(h);
         }
-        Ok(XlOutput {
-            hidden: self.dropout.forward(h),
-            memory: memory.update(&inputs, self.mem_len),
-        })
+        Ok((self.dropout.forward(h), inputs))
     }
 
     fn check_memory(&self, batch: usize, memory: &XlMemory) -> Result<(), XlError> {
@@ -472,20 +825,65 @@ impl TransformerXl {
         targets: Tensor<2, Int>,
         memory: &XlMemory,
     ) -> Result<(Tensor<1>, XlMemory), XlError> {
-        if tokens.dims() != targets.dims() {
-            return Err(XlError::Input(format!(
-                "tokens {:?} and targets {:?} differ in shape",
-                tokens.dims(),
-                targets.dims()
-            )));
-        }
-        let device = tokens.device();
-        let [b, q] = targets.dims();
+        check_targets(&tokens, &targets)?;
         let out = self.forward(tokens, memory)?;
-        let logits = self.logits(out.hidden).reshape([b * q, self.vocab_size]);
-        let loss = CrossEntropyLossConfig::new()
-            .init(&device)
-            .forward(logits, targets.reshape([b * q]));
-        Ok((loss, out.memory))
+        Ok((self.loss(out.hidden, targets), out.memory))
     }
+
+    /// Mean next-token cross-entropy (nats) of one segment read with
+    /// [`forward_state`](Self::forward_state); updates `state`.
+    ///
+    /// # Shapes
+    /// - `tokens`, `targets`: `[batch, qlen]`; loss: `[1]`
+    pub fn forward_loss_state(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<Tensor<1>, XlError> {
+        check_targets(&tokens, &targets)?;
+        let hidden = self.forward_state(tokens, state, reset)?;
+        Ok(self.loss(hidden, targets))
+    }
+
+    fn loss(&self, hidden: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+        let device = targets.device();
+        let [b, q] = targets.dims();
+        let logits = self.logits(hidden).reshape([b * q, self.vocab_size]);
+        CrossEntropyLossConfig::new()
+            .init(&device)
+            .forward(logits, targets.reshape([b * q]))
+    }
+}
+
+fn check_targets(tokens: &Tensor<2, Int>, targets: &Tensor<2, Int>) -> Result<(), XlError> {
+    if tokens.dims() != targets.dims() {
+        return Err(XlError::Input(format!(
+            "tokens {:?} and targets {:?} differ in shape",
+            tokens.dims(),
+            targets.dims()
+        )));
+    }
+    Ok(())
+}
+
+/// The causal mask over `mlen + qlen` keys that also hides, per row, the XL memory positions
+/// older than the row's document (`valid[b]` most recent ones are kept).
+fn document_mask(valid: &[usize], qlen: usize, mlen: usize, device: &Device) -> AttentionMask {
+    if valid.iter().all(|&v| v >= mlen) {
+        return AttentionMask::causal();
+    }
+    let klen = qlen + mlen;
+    let mut hidden = Vec::with_capacity(valid.len() * qlen * klen);
+    for &v in valid {
+        let first = mlen - v.min(mlen);
+        for i in 0..qlen {
+            hidden.extend((0..klen).map(|j| j > mlen + i || j < first));
+        }
+    }
+    AttentionMask::Explicit(Tensor::<3, Bool>::from_data(
+        TensorData::new(hidden, [valid.len(), qlen, klen]),
+        device,
+    ))
 }

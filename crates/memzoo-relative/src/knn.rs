@@ -7,12 +7,10 @@ use burn::nn::Initializer;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_memory::KnnIndex;
-use memzoo_relative::{
-    PositionConfig, PositionKind, RelativeAttentionConfig, RelativeContext,
-    RelativeMultiHeadAttention,
-};
 
-use crate::error::KnnError;
+use crate::attention::{RelativeAttentionConfig, RelativeMultiHeadAttention};
+use crate::error::RelativeError;
+use crate::positions::{PositionConfig, PositionKind, RelativeContext};
 
 /// Value a hidden score is set to before the softmax.
 const MASKED: f32 = -1.0e9;
@@ -50,15 +48,15 @@ pub struct KnnAttentionConfig {
 
 impl KnnAttentionConfig {
     /// Checks the configuration, naming the bad value.
-    pub fn validate(&self) -> Result<(), KnnError> {
+    pub fn validate(&self) -> Result<(), RelativeError> {
         if !(self.attn_scale_init.is_finite() && self.attn_scale_init > 0.0) {
-            return Err(KnnError::Config(format!(
+            return Err(RelativeError::Config(format!(
                 "attn_scale_init must be positive, got {}",
                 self.attn_scale_init
             )));
         }
         if !self.gate_init.is_finite() {
-            return Err(KnnError::Config(format!(
+            return Err(RelativeError::Config(format!(
                 "gate_init must be finite, got {}",
                 self.gate_init
             )));
@@ -76,7 +74,7 @@ impl KnnAttentionConfig {
     }
 
     /// Initialises the layer after validating the configuration.
-    pub fn init(&self, device: &Device) -> Result<KnnAttention, KnnError> {
+    pub fn init(&self, device: &Device) -> Result<KnnAttention, RelativeError> {
         self.validate()?;
         let h = self.n_heads;
         let fill = |v: f64| {
@@ -165,64 +163,31 @@ impl KnnAttention {
         ctx: &RelativeContext,
         knn: &dyn KnnIndex,
         top_k: usize,
-    ) -> Result<KnnAttentionOutput, KnnError> {
-        let [batch, qlen, d_model] = x.dims();
+    ) -> Result<KnnAttentionOutput, RelativeError> {
+        let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
         let att = &self.attention;
-        if d_model != att.d_model {
-            return Err(KnnError::Input(format!(
-                "x has width {d_model}, the layer expects {}",
-                att.d_model
-            )));
-        }
-        let mlen = memory.as_ref().map_or(0, |m| m.dims()[1]);
-        if qlen != ctx.qlen || mlen != ctx.mlen {
-            return Err(KnnError::Input(format!(
-                "context built for qlen {} / mlen {}, got {qlen} / {mlen}",
-                ctx.qlen, ctx.mlen
-            )));
-        }
         if knn.config().n_heads != h || knn.config().d_head != dh || knn.batch() != batch {
-            return Err(KnnError::Input(format!(
+            return Err(RelativeError::Input(format!(
                 "kNN memory holds {} rows x {} heads x {} dims, the layer needs {batch} x {h} x {dh}",
                 knn.batch(),
                 knn.config().n_heads,
                 knn.config().d_head
             )));
         }
-        let keys_in = match memory {
-            Some(m) => Tensor::cat(vec![m, x.clone()], 1),
-            None => x.clone(),
-        };
-        let klen = qlen + mlen;
+        let mlen = ctx.mlen;
         // [batch, len, heads, d_head]
-        let q = l2_normalize(att.query.forward(x).reshape([batch, qlen, h, dh]));
-        let kv = att
-            .key_value
-            .forward(keys_in)
-            .reshape([batch, klen, 2, h, dh]);
-        let k = l2_normalize(kv.clone().narrow(2, 0, 1).reshape([batch, klen, h, dh]));
-        let v = kv.narrow(2, 1, 1).reshape([batch, klen, h, dh]);
+        let (q, k, v) = att.project(x, memory, ctx)?;
+        let q = l2_normalize(q);
+        let k = l2_normalize(k);
         let tau = self.log_scale.val().exp().reshape([1, h, 1, 1]);
 
         // Local: τ q̂·k̂ + β. `scores` multiplies by 1/sqrt(d_head), so q̂ enters as τ sqrt(d_head) q̂.
         let qh = q.clone().swap_dims(1, 2); // [batch, heads, qlen, dh]
-        let q_in = qh.clone() * tau.clone().mul_scalar((dh as f32).sqrt());
-        let scores = att.scores(q_in, k.clone().swap_dims(1, 2), ctx, None);
-        let scores = match &ctx.mask {
-            Some(mask) => {
-                let mb = mask.dims()[0];
-                let mask = mask
-                    .clone()
-                    .reshape([mb, 1, qlen, klen])
-                    .expand([batch, h, qlen, klen]);
-                scores.mask_fill(mask, ctx.mask_value)
-            }
-            None => scores,
-        };
+        let q_in = qh * tau.clone().mul_scalar((dh as f32).sqrt());
+        let scores = att.scores(q_in, k.clone().swap_dims(1, 2), ctx, None)?;
         let local = att
-            .dropatt
-            .forward(softmax(scores, 3))
+            .drop_probs(softmax(ctx.mask_scores(scores), 3))
             .matmul(v.clone().swap_dims(1, 2)); // [batch, heads, qlen, dh]
 
         // Memory: top-k of q̂ in this row's and head's store, constants. Computed in the
@@ -239,7 +204,7 @@ impl KnnAttention {
             .reshape([batch, qlen, h, kk])
             * tau.reshape([1, 1, h, 1]);
         let mem_scores = mem_scores.mask_fill(hidden.clone(), MASKED);
-        let mem_probs = att.dropatt.forward(softmax(mem_scores, 3));
+        let mem_probs = att.drop_probs(softmax(mem_scores, 3));
         // A_m V_mem: [n, 1, k] x [n, k, dh] -> [b, q, h, dh]
         let remote = mem_probs
             .reshape([n, 1, kk])
@@ -252,7 +217,7 @@ impl KnnAttention {
         let local = local.swap_dims(1, 2); // [batch, qlen, heads, dh]
         let mixed = remote * g.clone() + local * g.neg().add_scalar(1.0);
         let context = mixed.reshape([batch, qlen, h * dh]);
-        let output = att.dropout.forward(att.output.forward(context));
+        let output = att.project_output(context);
         Ok(KnnAttentionOutput {
             output,
             keys: k.narrow(1, mlen, qlen).detach(),
@@ -268,7 +233,7 @@ impl KnnAttention {
         ctx: &RelativeContext,
         knn: &mut dyn KnnIndex,
         top_k: usize,
-    ) -> Result<Tensor<3>, KnnError> {
+    ) -> Result<Tensor<3>, RelativeError> {
         let out = self.forward(x, memory, ctx, &*knn, top_k)?;
         knn.add(out.keys, out.values)?;
         Ok(out.output)

@@ -1,0 +1,137 @@
+//! Loading checkpoints written before the layer stack (memzoo 0.1 layouts).
+//!
+//! The stack renamed parameters in three ways: a layer's attention is an enum
+//! ([`LayerAttention`](crate::LayerAttention)), so its parameters gained the variant
+//! (`layers.3.attention.Relative.query.weight`); a relative attention keeps exactly the
+//! parameters of its position scheme (`r_net` → `scheme.Xl.r_net`, `rel_bias` →
+//! `scheme.T5.bias` or `scheme.Learned.key_bias`, ...); and the Memorizing Transformer, which
+//! held its plain layers in an inner XL model (`xl.layers.j`) and its kNN layers beside it
+//! (`knn.m`), is one list of layers by depth. [`legacy_path`] maps an old name to the new one;
+//! [`load_legacy`] rewrites a whole burnpack record that way and loads it, so old run
+//! directories keep working (`--resume`, `eval`, `generate`).
+
+use std::path::Path;
+
+use burn::module::Module;
+use burn::store::ModuleRecord;
+use burn_pack::{Reader, Tensor as PackTensor, Writer};
+use memzoo_relative::PositionKind;
+
+use crate::error::XlError;
+use crate::model::{LayerKind, TransformerXl};
+
+/// The new name of an old parameter path, for a stack whose layers are `kinds` (bottom to top). `None`: a path the stack no longer has a place
+/// for (e.g. shared `u`/`v` of a stack without XL layers, which old models created unused).
+pub fn legacy_path(old: &str, kinds: &[LayerKind]) -> Option<String> {
+    let plain: Vec<usize> = (0..kinds.len())
+        .filter(|&d| kinds[d] != LayerKind::Knn)
+        .collect();
+    let knn: Vec<usize> = (0..kinds.len())
+        .filter(|&d| kinds[d] == LayerKind::Knn)
+        .collect();
+    // Old Memorizing models kept the backbone under `xl.`.
+    let path = old.strip_prefix("xl.").unwrap_or(old);
+    let parts: Vec<&str> = path.split('.').collect();
+    match parts.as_slice() {
+        ["layers", j, "attention", rest @ ..] => {
+            let depth = *plain.get(j.parse::<usize>().ok()?)?;
+            let kind = kinds[depth].positions()?;
+            Some(format!(
+                "layers.{depth}.attention.Relative.{}",
+                scheme_path(rest, kind)?
+            ))
+        }
+        ["layers", j, rest @ ..] => {
+            let depth = *plain.get(j.parse::<usize>().ok()?)?;
+            Some(format!("layers.{depth}.{}", rest.join(".")))
+        }
+        ["knn", m, "attention", "attention", rest @ ..] => {
+            let depth = *knn.get(m.parse::<usize>().ok()?)?;
+            Some(format!(
+                "layers.{depth}.attention.Knn.attention.{}",
+                scheme_path(rest, PositionKind::T5)?
+            ))
+        }
+        ["knn", m, "attention", rest @ ..] => {
+            let depth = *knn.get(m.parse::<usize>().ok()?)?;
+            Some(format!("layers.{depth}.attention.Knn.{}", rest.join(".")))
+        }
+        ["knn", m, rest @ ..] => {
+            let depth = *knn.get(m.parse::<usize>().ok()?)?;
+            Some(format!("layers.{depth}.{}", rest.join(".")))
+        }
+        ["shared_biases", ..] if !kinds.contains(&LayerKind::Xl) => None,
+        _ => Some(path.to_string()),
+    }
+}
+
+/// The new name, inside a relative attention of scheme `kind`, of its old parameter `rest`.
+fn scheme_path(rest: &[&str], kind: PositionKind) -> Option<String> {
+    let tail = |from: usize| rest[from..].join(".");
+    let joined = rest.join(".");
+    Some(match (rest.first()?, kind) {
+        (&"r_net", PositionKind::Xl) => format!("scheme.Xl.r_net.{}", tail(1)),
+        (&"xl_biases", PositionKind::Xl) => format!("scheme.Xl.biases.{}", tail(1)),
+        (&"rel_embedding", PositionKind::Learned) => "scheme.Learned.embedding".into(),
+        (&"query_bias", PositionKind::Learned) => "scheme.Learned.query_bias".into(),
+        (&"rel_bias", PositionKind::Learned) => "scheme.Learned.key_bias".into(),
+        (&"rel_bias", PositionKind::T5) => "scheme.T5.bias".into(),
+        _ => joined,
+    })
+}
+
+/// Loads a checkpoint file written before the layer stack into `model` (which fixes the
+/// architecture), renaming every parameter with [`legacy_path`]. Every parameter of `model`
+/// must be found (nothing is left at its initial value); an old parameter with no place in
+/// the stack is an error naming it, except the unused shared `u`/`v` old non-XL stacks held.
+pub fn load_legacy(model: TransformerXl, path: &Path) -> Result<TransformerXl, XlError> {
+    let fail = |m: String| XlError::Input(format!("{}: {m}", path.display()));
+    let kinds: Vec<LayerKind> = model.layers.iter().map(|l| l.attention.kind()).collect();
+    // The names the stack expects.
+    let ours = model
+        .clone()
+        .into_record()
+        .into_bytes()
+        .map_err(|e| fail(format!("{e}")))?;
+    let ours = Reader::from_bytes(ours).map_err(|e| fail(format!("{e}")))?;
+    let expected: Vec<String> = ours.tensor_names().iter().map(|s| s.to_string()).collect();
+    let old = Reader::from_file(path).map_err(|e| fail(format!("{e}")))?;
+    let mut tensors = Vec::new();
+    for t in old.into_tensors().map_err(|e| fail(format!("{e}")))? {
+        let (name, dtype, shape, id, bytes) = t.into_parts().map_err(|e| fail(format!("{e}")))?;
+        match legacy_path(&name, &kinds) {
+            Some(new) if expected.contains(&new) => {
+                tensors.push(PackTensor::new(new, dtype, shape, id, bytes));
+            }
+            Some(new) => {
+                return Err(fail(format!(
+                    "parameter {name} (as {new}) has no place in this model (layers {kinds:?})"
+                )));
+            }
+            None => {} // unused by the old model too (see `legacy_path`)
+        }
+    }
+    let bytes = Writer::new(tensors)
+        .into_bytes()
+        .map_err(|e| fail(format!("{e}")))?;
+    let record = ModuleRecord::from_bytes(bytes).map_err(|e| fail(format!("{e}")))?;
+    model
+        .try_load_record(record)
+        .map_err(|e| fail(format!("{e}")))
+}
+
+/// Loads a checkpoint file of either layout into `model`: the current one, else the layout
+/// before the layer stack (converted on the fly; `Ok((model, true))`).
+pub fn load_any(model: TransformerXl, path: &Path) -> Result<(TransformerXl, bool), XlError> {
+    match model.clone().try_load_file(path) {
+        Ok(m) => Ok((m, false)),
+        Err(current) => match load_legacy(model, path) {
+            Ok(m) => Ok((m, true)),
+            Err(legacy) => Err(XlError::Input(format!(
+                "{} does not fit this model: {current}; read as a checkpoint from before the \
+                 layer stack: {legacy}",
+                path.display()
+            ))),
+        },
+    }
+}

@@ -1,0 +1,293 @@
+//! The layer stack: layer kinds per depth, the Memorizing Transformer as its preset, combinations
+//! no peer offers, the errors of invalid ones, and checkpoints of the layout before the stack.
+
+use burn::module::Module;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_knn::{MemorizingConfig, MemorizingState};
+use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
+use memzoo_tests::*;
+use memzoo_xl::{LayerKind, XlConfig, XlMemory, XlState};
+
+/// The fixture's token ids: `[2, 6]` per segment (as the program that wrote it).
+fn fixture_tokens(seg: usize, dev: &Device) -> Tensor<2, Int> {
+    let v: Vec<i64> = (0..12)
+        .map(|i| ((i * 7 + seg * 5 + i * i) % 32) as i64)
+        .collect();
+    Tensor::from_data(TensorData::new(v, [2, 6]), dev)
+}
+
+fn tiny() -> XlConfig {
+    XlConfig::new()
+        .with_vocab_size(32)
+        .with_d_model(16)
+        .with_n_layers(2)
+        .with_n_heads(2)
+        .with_d_inner(32)
+        .with_mem_len(4)
+        .with_dropout(0.0)
+}
+
+fn fixture_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/legacy")
+}
+
+fn max_diff(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Checkpoints written by memzoo before the layer stack (tests/fixtures/legacy: an XL with
+/// shared u/v, a learned-position XL whose unused shared u/v the old code created, a Memorizing
+/// Transformer with its kNN layer at depth 1), loaded into today's models, give the logits the
+/// old code computed and stored beside them, over two segments with memory carried.
+#[test]
+fn checkpoints_from_before_the_stack_load_and_compute_the_same() {
+    let dev = memzoo_backend::parse_device("flex").unwrap();
+    let dir = fixture_dir();
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let want = |name: &str| -> Vec<f64> {
+        expected[name]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    for (name, config) in [
+        ("xl", tiny()),
+        (
+            "learned",
+            tiny().with_positions(
+                PositionConfig::new()
+                    .with_kind(PositionKind::Learned)
+                    .with_max_distance(8),
+            ),
+        ),
+    ] {
+        let fresh = config.init(&dev).unwrap();
+        // The current layout's loader refuses the old file; the converter takes it.
+        assert!(
+            fresh
+                .clone()
+                .try_load_file(dir.join(format!("{name}.bpk")))
+                .is_err()
+        );
+        let (model, converted) =
+            memzoo_xl::legacy::load_any(fresh, &dir.join(format!("{name}.bpk"))).unwrap();
+        assert!(converted, "{name}: read as the old layout");
+        let mut memory = XlMemory::empty();
+        let mut logits = Vec::new();
+        for s in 0..2 {
+            let out = model.forward(fixture_tokens(s, &dev), &memory).unwrap();
+            memory = out.memory;
+            logits.extend(host(model.logits(out.hidden)));
+        }
+        let d = max_diff(&logits, &want(name));
+        assert!(d < 1e-5, "{name}: max |logit diff| {d}");
+    }
+
+    let config = MemorizingConfig::new()
+        .with_xl(
+            tiny()
+                .with_n_layers(3)
+                .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
+        )
+        .with_knn_layers(vec![1])
+        .with_top_k(4)
+        .with_max_memories(64);
+    let (model, converted) =
+        memzoo_xl::legacy::load_any(config.init(&dev).unwrap(), &dir.join("memorizing.bpk"))
+            .unwrap();
+    assert!(converted);
+    assert_eq!(
+        model.layer_kinds(),
+        [LayerKind::T5, LayerKind::Knn, LayerKind::T5]
+    );
+    let mut state = MemorizingState::new();
+    let mut logits = Vec::new();
+    for s in 0..2 {
+        let reset = [s == 0, s == 0];
+        let h = model
+            .forward_state(fixture_tokens(s, &dev), &mut state, &reset)
+            .unwrap();
+        logits.extend(host(model.logits(h)));
+    }
+    let d = max_diff(&logits, &want("memorizing"));
+    assert!(d < 1e-5, "memorizing: max |logit diff| {d}");
+
+    // A file of another architecture names what does not fit.
+    let wrong = tiny().with_d_model(8).init(&dev).unwrap();
+    let err = memzoo_xl::legacy::load_any(wrong, &dir.join("xl.bpk"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("xl.bpk") && err.contains("does not fit"),
+        "{err}"
+    );
+}
+
+/// A stack of mixed kinds is the composition of its layers, each reading the context of its own
+/// position scheme: computed here layer by layer from the modules, against the model's forward.
+#[test]
+fn a_mixed_stack_composes_its_layers_with_their_own_positions() {
+    let dev = memzoo_backend::parse_device("flex").unwrap();
+    dev.seed(3);
+    let config = tiny()
+        .with_n_layers(3)
+        .with_positions(PositionConfig::new().with_max_distance(32))
+        .with_layers(vec![LayerKind::Xl, LayerKind::T5, LayerKind::Learned]);
+    let model = config.init(&dev).unwrap();
+    assert_eq!(
+        model.layer_kinds(),
+        [LayerKind::Xl, LayerKind::T5, LayerKind::Learned]
+    );
+    let seg0 = fixture_tokens(0, &dev);
+    let seg1 = fixture_tokens(1, &dev);
+    let first = model.forward(seg0, &XlMemory::empty()).unwrap();
+    let got = host(model.forward(seg1.clone(), &first.memory).unwrap().hidden);
+
+    let (qlen, mlen) = (6, 4);
+    let mut h = model.embedding.forward(seg1).mul_scalar((16f64).sqrt());
+    for (l, kind) in [PositionKind::Xl, PositionKind::T5, PositionKind::Learned]
+        .into_iter()
+        .enumerate()
+    {
+        let positions = PositionConfig::new().with_max_distance(32).with_kind(kind);
+        let ctx = RelativeContext::new(&positions, 16, qlen, mlen, &AttentionMask::causal(), &dev);
+        let mem = first.memory.layer(l).cloned();
+        h = model.layers[l]
+            .forward(h, mem, &ctx, model.shared_biases.as_ref(), None)
+            .unwrap();
+    }
+    let want = host(h);
+    let d = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(d < 1e-5, "max |diff| {d}");
+}
+
+/// A kNN layer in a stack that no peer offers (XL and learned layers around it) trains: the
+/// loss on a repeated batch falls well below its start, and every parameter gets a gradient.
+#[test]
+fn a_knn_layer_between_xl_and_learned_layers_trains() {
+    use burn::optim::GradientsParams;
+    let dev = memzoo_backend::parse_device("flex").unwrap().autodiff();
+    dev.seed(5);
+    let config = tiny()
+        .with_n_layers(3)
+        .with_layers(vec![LayerKind::Xl, LayerKind::Knn, LayerKind::Learned])
+        .with_knn(
+            memzoo_xl::KnnLayerConfig::new()
+                .with_top_k(4)
+                .with_max_memories(64),
+        );
+    let mut model = config.init(&dev).unwrap();
+    let mut optim = memzoo_train::TrainConfig::new()
+        .with_weight_decay(0.0)
+        .optimizer();
+    let inputs = fixture_tokens(0, &dev);
+    let targets = fixture_tokens(1, &dev);
+    let mut first = None;
+    let mut last = 0.0;
+    for step in 0..60 {
+        let mut state = XlState::new();
+        // Two segments: the second retrieves the first's pairs from the kNN memory.
+        model
+            .forward_state(inputs.clone(), &mut state, &[true, true])
+            .unwrap();
+        assert_eq!(state.knn_len(0, 0), 6);
+        let loss = model
+            .forward_loss_state(inputs.clone(), targets.clone(), &mut state, &[false, false])
+            .unwrap();
+        last = loss.clone().into_scalar::<f64>();
+        first.get_or_insert(last);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        if step == 0 {
+            assert_eq!(
+                grads.len(),
+                param_tensors(&model),
+                "every parameter has a gradient"
+            );
+        }
+        model = optim.step(3e-3, model, grads);
+    }
+    let first = first.unwrap();
+    assert!(first > 3.0 && last < 0.5 * first, "loss {first} -> {last}");
+}
+
+/// Number of float parameter tensors of `model`.
+fn param_tensors<M: Module>(model: &M) -> usize {
+    struct Count(usize);
+    impl burn::module::ModuleVisitor for Count {
+        fn visit_float<const D: usize>(&mut self, _: &burn::module::Param<Tensor<D>>) {
+            self.0 += 1;
+        }
+    }
+    let mut count = Count(0);
+    model.visit(&mut count);
+    count.0
+}
+
+/// Invalid stacks are errors that say why.
+#[test]
+fn invalid_stacks_say_why() {
+    let dev = memzoo_backend::parse_device("flex").unwrap();
+    for (config, needle) in [
+        (
+            tiny().with_layers(vec![LayerKind::Xl]),
+            "layers lists 1 kinds",
+        ),
+        (
+            tiny().with_layers(vec![LayerKind::Knn, LayerKind::Knn]),
+            "at least one must be a relative-attention layer",
+        ),
+        (
+            tiny()
+                .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
+                .with_same_length(true),
+            "same_length = true is not supported with knn layers",
+        ),
+        (
+            tiny()
+                .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
+                .with_knn(memzoo_xl::KnnLayerConfig::new().with_top_k(0)),
+            "knn.top_k must be positive",
+        ),
+    ] {
+        let err = config.init(&dev).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err}");
+    }
+    // A stack with kNN layers needs its kNN memory: the memory-only forward says so.
+    let model = tiny()
+        .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
+        .init(&dev)
+        .unwrap();
+    let err = model
+        .forward(fixture_tokens(0, &dev), &XlMemory::empty())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("forward_state"), "{err}");
+    // The Memorizing preset describes its stack itself.
+    let err = MemorizingConfig::new()
+        .with_xl(tiny().with_layers(vec![LayerKind::Xl, LayerKind::Xl]))
+        .init(&dev)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("set by the preset"), "{err}");
+    // A relative layer reading the context of another scheme is an error, not a panic.
+    let model = tiny().init(&dev).unwrap();
+    let t5 = PositionConfig::new().with_kind(PositionKind::T5);
+    let ctx = RelativeContext::new(&t5, 16, 6, 0, &AttentionMask::causal(), &dev);
+    let x = Tensor::<3>::zeros([2, 6, 16], &dev);
+    let err = model.layers[0]
+        .forward(x, None, &ctx, model.shared_biases.as_ref(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("T5") && err.contains("Xl"), "{err}");
+}
