@@ -291,3 +291,53 @@ fn invalid_stacks_say_why() {
         .to_string();
     assert!(err.contains("T5") && err.contains("Xl"), "{err}");
 }
+
+/// The papers' presets: Transformer-XL's base models have the parameter counts its paper
+/// reports (Dai et al. 2019, tables 1 and 2: 41M for enwik8 base, 151M for WikiText-103 base),
+/// every preset validates, and the CLI's `--preset` sets the family and section under `--set`.
+#[test]
+fn presets_are_the_papers_configurations() {
+    let dev = memzoo_backend::parse_device("flex").unwrap();
+    for (config, paper) in [
+        (XlConfig::enwik8_base(), 41.0e6),
+        (XlConfig::wt103_base(), 151.0e6),
+    ] {
+        let params = config.init(&dev).unwrap().num_params() as f64;
+        assert!(
+            (params / paper - 1.0).abs() < 0.02,
+            "{params} parameters, the paper {paper}"
+        );
+    }
+    assert_eq!(XlConfig::small().n_layers, XlConfig::new().n_layers);
+    memzoo_reformer::ReformerConfig::enwik8()
+        .validate()
+        .unwrap();
+    memzoo_reformer::ReformerConfig::small().validate().unwrap();
+    let paper = MemorizingConfig::paper();
+    paper.validate().unwrap();
+    let kinds = paper.stack().layer_kinds();
+    assert_eq!(kinds.len(), 12);
+    assert_eq!(
+        kinds.iter().position(|&k| k == LayerKind::Knn),
+        Some(8),
+        "the 9th of 12 layers"
+    );
+    MemorizingConfig::small().validate().unwrap();
+
+    use memzoo::config::{ModelKind, Preset, RunConfig};
+    let config = RunConfig::resolve_preset(
+        Some(Preset::ReformerEnwik8),
+        None,
+        &["reformer.n_layers=2".to_string()],
+    )
+    .unwrap();
+    assert_eq!(config.model_kind, ModelKind::Reformer);
+    assert_eq!(
+        (config.reformer.d_model, config.reformer.n_layers),
+        (1024, 2)
+    );
+    let config = RunConfig::resolve_preset(Some(Preset::MemorizingPaper), None, &[]).unwrap();
+    assert_eq!(config.model_kind, ModelKind::Memorizing);
+    assert_eq!(config.memorizing.knn_layers, vec![8]);
+    config.validate().unwrap();
+}

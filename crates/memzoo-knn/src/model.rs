@@ -56,6 +56,33 @@ pub struct MemorizingConfig {
 }
 
 impl MemorizingConfig {
+    /// Memorizing-small, memzoo's reference for CPU-sized runs (= [`MemorizingConfig::new`]).
+    pub fn small() -> Self {
+        Self::new()
+    }
+
+    /// The configuration of Wu et al. 2022 (sec. 4): a 12-layer decoder, embedding 1024, 8
+    /// heads of 128, feed-forward 4096, T5 relative positions, XL cache 512, the kNN layer 9th
+    /// of 12, top-32 over 65,536 memories per head, a 32K sentencepiece vocabulary (memzoo's
+    /// byte tokenizer needs `vocab_size` 256 instead). Their recipe: segments of 512 tokens.
+    pub fn paper() -> Self {
+        Self::new()
+            .with_xl(
+                Self::new()
+                    .xl
+                    .with_vocab_size(32_000)
+                    .with_n_layers(12)
+                    .with_d_model(1024)
+                    .with_n_heads(8)
+                    .with_d_head(Some(128))
+                    .with_d_inner(4096)
+                    .with_mem_len(512),
+            )
+            .with_knn_layers(vec![8])
+            .with_top_k(32)
+            .with_max_memories(65_536)
+    }
+
     /// The layer stack this preset stands for: `xl` with `knn` layers at `knn_layers` (the
     /// other layers keep the `xl.positions` scheme), document resets on, and `mem_len` 0
     /// without `xl_memory`.

@@ -436,8 +436,9 @@ pub fn local_attention(
     out.reshape([b, h, l, dh])
 }
 
-/// Which attention a Reformer layer uses.
+/// Which attention a Reformer layer uses (`"lsh"` or `"local"` in a config file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AttentionKind {
     /// Hashed (LSH) attention with shared QK.
     Lsh,
@@ -467,9 +468,9 @@ pub struct ReformerAttentionConfig {
     pub n_heads: usize,
     /// Width of each head.
     pub d_head: usize,
-    /// `"lsh"` or `"local"`. Default: `"lsh"`.
-    #[config(default = "String::from(\"lsh\")")]
-    pub kind: String,
+    /// LSH or local attention. Default: LSH.
+    #[config(default = "AttentionKind::Lsh")]
+    pub kind: AttentionKind,
     /// Chunk length (= LSH bucket size). Default: 64.
     #[config(default = 64)]
     pub chunk_len: usize,
@@ -526,7 +527,7 @@ impl ReformerAttentionConfig {
         if !(0.0..1.0).contains(&self.dropatt) {
             return bad(format!("dropatt must be in [0, 1), got {}", self.dropatt));
         }
-        AttentionKind::parse(&self.kind)
+        Ok(self.kind)
     }
 
     /// Initialises the layer after validating the configuration.

@@ -265,7 +265,7 @@ pub struct ReformerConfig {
     /// Attention type per layer, `"lsh"` or `"local"`, repeated to `n_layers`; empty: all
     /// LSH. Default: empty.
     #[config(default = "Vec::new()")]
-    pub attn_layers: Vec<String>,
+    pub attn_layers: Vec<AttentionKind>,
     /// Chunk length of the attention (= LSH bucket size). Default: 64.
     #[config(default = 64)]
     pub bucket_size: usize,
@@ -328,13 +328,46 @@ pub struct ReformerConfig {
 }
 
 impl ReformerConfig {
+    /// Reformer-small, memzoo's reference for CPU-sized runs (= [`ReformerConfig::new`]).
+    pub fn small() -> Self {
+        Self::new()
+    }
+
+    /// The Reformer's enwik8 configuration (Kitaev et al. 2020; trax's `reformer_enwik8.gin`):
+    /// 12 reversible layers, d_model 1024, 8 heads x 128, feed-forward 4096, attention
+    /// `[local, local, lsh, local]` repeated, LSH with 512 buckets of 256 positions and 2 hash
+    /// rounds, dropout 0.2, sequences of 65,536 bytes with axial positions 128 x 512 (widths
+    /// 256 + 768). memzoo uses one chunk length for local and LSH layers (trax's local bins are
+    /// 128 long).
+    pub fn enwik8() -> Self {
+        Self::new()
+            .with_n_layers(12)
+            .with_d_model(1024)
+            .with_n_heads(8)
+            .with_d_head(128)
+            .with_d_ff(4096)
+            .with_attn_layers(vec![
+                AttentionKind::Local,
+                AttentionKind::Local,
+                AttentionKind::Lsh,
+                AttentionKind::Local,
+            ])
+            .with_bucket_size(256)
+            .with_n_buckets(Some(512))
+            .with_n_rounds(2)
+            .with_dropout(0.2)
+            .with_max_seq_len(65_536)
+            .with_axial_shape(Some([128, 512]))
+            .with_axial_dims(Some([256, 768]))
+    }
+
     /// The attention type of every layer.
     pub fn layer_kinds(&self) -> Result<Vec<AttentionKind>, ReformerError> {
         if self.attn_layers.is_empty() {
             return Ok(vec![AttentionKind::Lsh; self.n_layers]);
         }
         (0..self.n_layers)
-            .map(|i| AttentionKind::parse(&self.attn_layers[i % self.attn_layers.len()]))
+            .map(|i| Ok(self.attn_layers[i % self.attn_layers.len()]))
             .collect()
     }
 
@@ -354,10 +387,7 @@ impl ReformerConfig {
 
     fn attention(&self, kind: AttentionKind) -> ReformerAttentionConfig {
         ReformerAttentionConfig::new(self.d_model, self.n_heads, self.d_head)
-            .with_kind(match kind {
-                AttentionKind::Lsh => "lsh".into(),
-                AttentionKind::Local => "local".into(),
-            })
+            .with_kind(kind)
             .with_chunk_len(self.bucket_size)
             .with_n_buckets(self.n_buckets)
             .with_n_rounds(self.n_rounds)

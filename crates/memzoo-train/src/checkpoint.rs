@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 

@@ -163,6 +163,48 @@ pub struct XlConfig {
 }
 
 impl XlConfig {
+    /// XL-small, memzoo's reference for CPU-sized runs (= [`XlConfig::new`]): 6 layers,
+    /// d_model 256, 8 heads x 32, d_inner 1024, mem_len 128, tied, post-LN, bytes; trained with
+    /// `tgt_len` 128 (`cargo xtask bench quality`).
+    pub fn small() -> Self {
+        Self::new()
+    }
+
+    /// Transformer-XL's enwik8 base (Dai et al. 2019; the authors' PyTorch
+    /// `run_enwik8_base.sh`): 12 layers, d_model 512, 8 heads x 64, d_inner 2048, dropout 0.1,
+    /// dropatt 0, mem_len 512, `u`/`v` shared, tied output, post-LN, bytes. Their recipe:
+    /// `tgt_len` 512 (evaluation 128), Adam lr 2.5e-4 with cosine decay, batch 22, 400k steps.
+    pub fn enwik8_base() -> Self {
+        Self::new()
+            .with_n_layers(12)
+            .with_d_model(512)
+            .with_n_heads(8)
+            .with_d_head(Some(64))
+            .with_d_inner(2048)
+            .with_dropout(0.1)
+            .with_dropatt(0.0)
+            .with_mem_len(512)
+    }
+
+    /// Transformer-XL's WikiText-103 base (the authors' `run_wt103_base.sh`): 16 layers,
+    /// d_model 410, 10 heads x 41, d_inner 2100, dropout 0.1, dropatt 0, mem_len 150, the
+    /// 267,735-word vocabulary, tied. Their recipe: `tgt_len` 150, Adam lr 2.5e-4 with cosine
+    /// decay, batch 60, 200k steps. They use an adaptive input and softmax (cutoffs 20k / 40k /
+    /// 200k, div_val 1); memzoo's stack has a full (tied) softmax instead — the same layers,
+    /// another output distribution — until adaptive softmax is part of the stack.
+    pub fn wt103_base() -> Self {
+        Self::new()
+            .with_vocab_size(267_735)
+            .with_n_layers(16)
+            .with_d_model(410)
+            .with_n_heads(10)
+            .with_d_head(Some(41))
+            .with_d_inner(2100)
+            .with_dropout(0.1)
+            .with_dropatt(0.0)
+            .with_mem_len(150)
+    }
+
     /// The width of one head.
     pub fn head_width(&self) -> usize {
         self.d_head.unwrap_or(self.d_model / self.n_heads.max(1))

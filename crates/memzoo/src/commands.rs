@@ -62,9 +62,14 @@ pub fn train(
     let splits = load_splits(&config.data)?;
     check_vocab(config, &splits)?;
     let t = &config.train;
-    // The Memorizing Transformer clears a row's memories where its document ends: it reads
-    // documents laid out per row when the data has them (the generated corpus).
-    let docs = config.model_kind == ModelKind::Memorizing;
+    // A stack with document resets (the Memorizing Transformer) clears a row's memories where
+    // its document ends: it reads documents laid out per row when the data has them (the
+    // generated corpus).
+    let docs = match config.model_kind {
+        ModelKind::Memorizing => true,
+        ModelKind::Xl => config.model.document_resets,
+        ModelKind::Reformer => false,
+    };
     let mut train_data = source(config, &splits, Split::Train, docs)?;
     let mut valid_data = source(config, &splits, Split::Valid, docs)?;
 

@@ -24,6 +24,56 @@ pub enum ModelKind {
     Memorizing,
 }
 
+/// A named model configuration from the papers (`memzoo train --preset NAME`); `--set`
+/// overrides its fields. Each sets `model_kind` and that family's section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preset {
+    /// XL-small (6 x 256), memzoo's CPU reference (`XlConfig::small`).
+    XlSmall,
+    /// Transformer-XL's enwik8 base (12 x 512, mem 512; `XlConfig::enwik8_base`).
+    XlEnwik8Base,
+    /// Transformer-XL's WikiText-103 base (16 x 410, mem 150; `XlConfig::wt103_base`).
+    XlWt103Base,
+    /// Reformer-small (6 x 256, LSH), memzoo's CPU reference (`ReformerConfig::small`).
+    ReformerSmall,
+    /// The Reformer's enwik8 configuration (12 x 1024, 64K tokens; `ReformerConfig::enwik8`).
+    ReformerEnwik8,
+    /// Memorizing-small (6 x 256, kNN layer 4), memzoo's CPU reference.
+    MemorizingSmall,
+    /// The Memorizing Transformer of Wu et al. 2022 (12 x 1024, kNN layer 9, 64K memories).
+    MemorizingPaper,
+}
+
+impl Preset {
+    /// The preset applied to `config`: its family and that family's model section.
+    pub fn apply(self, config: &mut RunConfig) {
+        match self {
+            Preset::XlSmall | Preset::XlEnwik8Base | Preset::XlWt103Base => {
+                config.model_kind = ModelKind::Xl;
+                config.model = match self {
+                    Preset::XlSmall => XlConfig::small(),
+                    Preset::XlEnwik8Base => XlConfig::enwik8_base(),
+                    _ => XlConfig::wt103_base(),
+                };
+            }
+            Preset::ReformerSmall | Preset::ReformerEnwik8 => {
+                config.model_kind = ModelKind::Reformer;
+                config.reformer = match self {
+                    Preset::ReformerSmall => ReformerConfig::small(),
+                    _ => ReformerConfig::enwik8(),
+                };
+            }
+            Preset::MemorizingSmall | Preset::MemorizingPaper => {
+                config.model_kind = ModelKind::Memorizing;
+                config.memorizing = match self {
+                    Preset::MemorizingSmall => MemorizingConfig::small(),
+                    _ => MemorizingConfig::paper(),
+                };
+            }
+        }
+    }
+}
+
 /// Where the data comes from.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -109,7 +159,10 @@ impl Default for RunConfig {
                 .with_max_seq_len(1024)
                 .with_axial_shape(Some([32, 32]))
                 .with_axial_dims(Some([64, 64]))
-                .with_attn_layers(vec!["local".into(), "lsh".into()]),
+                .with_attn_layers(vec![
+                    memzoo_reformer::AttentionKind::Local,
+                    memzoo_reformer::AttentionKind::Lsh,
+                ]),
             // A small Memorizing Transformer: the small XL with T5 positions, pre-LN and an
             // untied output as the reference, and a kNN layer at depth 2 of 4 (top-32 over up
             // to 16K memories per row and head).
@@ -149,7 +202,20 @@ impl RunConfig {
     ///
     /// Unknown sections or fields and ill-typed values are errors that name them.
     pub fn resolve(file: Option<&Path>, sets: &[String]) -> Result<Self, String> {
-        let mut value = serde_json::to_value(RunConfig::default()).expect("serialisable");
+        Self::resolve_preset(None, file, sets)
+    }
+
+    /// Defaults, then the preset (if any), then the TOML file, then the `--set` overrides.
+    pub fn resolve_preset(
+        preset: Option<Preset>,
+        file: Option<&Path>,
+        sets: &[String],
+    ) -> Result<Self, String> {
+        let mut base = RunConfig::default();
+        if let Some(p) = preset {
+            p.apply(&mut base);
+        }
+        let mut value = serde_json::to_value(base).expect("serialisable");
         if let Some(path) = file {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use memzoo::commands;
-use memzoo::config::{ModelKind, RunConfig};
+use memzoo::config::{ModelKind, Preset, RunConfig};
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +46,10 @@ enum Command {
         /// Model family.
         #[arg(long, value_enum)]
         model: Option<ModelKind>,
+        /// A model configuration from the papers (sets the family and its section; --config
+        /// and --set apply on top).
+        #[arg(long, value_enum, conflicts_with_all = ["model", "resume"])]
+        preset: Option<Preset>,
         /// Data: a text file (.txt, .gz, .zip) or a known data set name; default: generated.
         #[arg(long)]
         data: Option<String>,
@@ -213,6 +217,7 @@ fn main() {
             config,
             sets,
             model,
+            preset,
             data,
             steps,
             run_dir,
@@ -239,7 +244,7 @@ fn main() {
             let config = if resume {
                 RunConfig::from_run_dir(&run_dir, &sets)
             } else {
-                RunConfig::resolve(config.as_deref(), &sets)
+                RunConfig::resolve_preset(preset, config.as_deref(), &sets)
             };
             config
                 .and_then(|config| {
