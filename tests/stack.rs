@@ -6,7 +6,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_knn::{MemorizingConfig, MemorizingState};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
 use memzoo_tests::*;
-use memzoo_xl::{LayerKind, XlConfig, XlMemory, XlState};
+use memzoo_xl::{LayerContext, LayerKind, XlConfig, XlMemory, XlState};
 
 /// The fixture's token ids: `[2, 6]` per segment (as the program that wrote it).
 fn fixture_tokens(seg: usize, dev: &Device) -> Tensor<2, Int> {
@@ -159,9 +159,13 @@ fn a_mixed_stack_composes_its_layers_with_their_own_positions() {
         let positions = PositionConfig::new().with_max_distance(32).with_kind(kind);
         let ctx = RelativeContext::new(&positions, 16, qlen, mlen, &AttentionMask::causal(), &dev);
         let mem = first.memory.layer(l).cloned();
-        h = model.layers[l]
-            .forward(h, mem, &ctx, model.shared_biases.as_ref(), None)
-            .unwrap();
+        let cx = LayerContext {
+            positions: Some(&ctx),
+            shared: model.shared_biases.as_ref(),
+            knn: None,
+            seed: 0,
+        };
+        h = model.layers[l].forward(h, mem, cx).unwrap();
     }
     let want = host(h);
     let d = got
@@ -285,10 +289,13 @@ fn invalid_stacks_say_why() {
     let t5 = PositionConfig::new().with_kind(PositionKind::T5);
     let ctx = RelativeContext::new(&t5, 16, 6, 0, &AttentionMask::causal(), &dev);
     let x = Tensor::<3>::zeros([2, 6, 16], &dev);
-    let err = model.layers[0]
-        .forward(x, None, &ctx, model.shared_biases.as_ref(), None)
-        .unwrap_err()
-        .to_string();
+    let cx = LayerContext {
+        positions: Some(&ctx),
+        shared: model.shared_biases.as_ref(),
+        knn: None,
+        seed: 0,
+    };
+    let err = model.layers[0].forward(x, None, cx).unwrap_err().to_string();
     assert!(err.contains("T5") && err.contains("Xl"), "{err}");
 }
 
@@ -340,4 +347,93 @@ fn presets_are_the_papers_configurations() {
     assert_eq!(config.model_kind, ModelKind::Memorizing);
     assert_eq!(config.memorizing.knn_layers, vec![8]);
     config.validate().unwrap();
+}
+
+/// LSH and local layers in an XL stack attend over `cat(memory, segment)` as one causal
+/// sequence: the segment's output equals the Reformer layer applied to that sequence by hand
+/// (its last `qlen` rows), and a stack of local, LSH, XL and kNN layers — a kNN memory layer in
+/// a Reformer-style stack, which no peer offers — trains.
+#[test]
+fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
+    use burn::optim::GradientsParams;
+    use memzoo_reformer::ForwardOptions;
+    use memzoo_xl::LayerAttention;
+    let dev = memzoo_backend::parse_device("flex").unwrap();
+    dev.seed(11);
+    let config = tiny()
+        .with_layers(vec![LayerKind::Xl, LayerKind::Lsh])
+        .with_lsh(memzoo_xl::LshLayerConfig::new().with_chunk_len(4).with_seed(9));
+    let model = config.init(&dev).unwrap();
+    let first = model
+        .forward(fixture_tokens(0, &dev), &XlMemory::empty())
+        .unwrap();
+    let seg = fixture_tokens(1, &dev);
+    // The stack's layer-1 input, computed through layer 0 by hand.
+    let positions = PositionConfig::new();
+    let ctx = RelativeContext::new(&positions, 16, 6, 4, &AttentionMask::causal(), &dev);
+    let x0 = model.embedding.forward(seg.clone()).mul_scalar(4.0);
+    let cx = LayerContext {
+        positions: Some(&ctx),
+        shared: model.shared_biases.as_ref(),
+        knn: None,
+        seed: 0,
+    };
+    let x1 = model.layers[0]
+        .forward(x0, first.memory.layer(0).cloned(), cx)
+        .unwrap();
+    let LayerAttention::Hashed(lsh) = &model.layers[1].attention else {
+        panic!("layer 1 is LSH")
+    };
+    let seq = Tensor::cat(vec![first.memory.layer(1).cloned().unwrap(), x1.clone()], 1);
+    let a = lsh
+        .forward(seq, None, &ForwardOptions::eval(9 + 1))
+        .narrow(1, 4, 6);
+    // Post-LN block: h = LN(x + a); out = LN(h + FF(h)).
+    let block = &model.layers[1].block;
+    let h = block.norm_attention.forward(x1 + a);
+    let want = host(block.norm_ff.forward(h.clone() + block.feed_forward(h)));
+    let got = host(model.forward(seg, &first.memory).unwrap().hidden);
+    let d = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(d < 1e-5, "max |diff| {d}");
+
+    // Local, LSH, XL, kNN, trained on a repeated batch: the loss falls well below its start.
+    let dev = dev.autodiff();
+    let config = tiny()
+        .with_n_layers(4)
+        .with_layers(vec![LayerKind::Local, LayerKind::Lsh, LayerKind::Xl, LayerKind::Knn])
+        .with_lsh(memzoo_xl::LshLayerConfig::new().with_chunk_len(4))
+        .with_knn(memzoo_xl::KnnLayerConfig::new().with_top_k(4).with_max_memories(64));
+    let mut model = config.init(&dev).unwrap();
+    let mut optim = memzoo_train::TrainConfig::new()
+        .with_weight_decay(0.0)
+        .optimizer();
+    let (inputs, targets) = (fixture_tokens(0, &dev), fixture_tokens(1, &dev));
+    let mut losses = Vec::new();
+    for _ in 0..60 {
+        let mut state = XlState::new();
+        model
+            .forward_state(inputs.clone(), &mut state, &[true, true])
+            .unwrap();
+        let loss = model
+            .forward_loss_state(inputs.clone(), targets.clone(), &mut state, &[false, false])
+            .unwrap();
+        losses.push(loss.clone().into_scalar::<f64>());
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(3e-3, model, grads);
+    }
+    let (first, last) = (losses[0], *losses.last().unwrap());
+    assert!(first > 3.0 && last < 0.5 * first, "loss {first} -> {last}");
+
+    // Where the maths does not allow it, the config says why.
+    let err = tiny()
+        .with_layers(vec![LayerKind::Xl, LayerKind::Lsh])
+        .with_document_resets(true)
+        .init(&dev)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("document_resets") && err.contains("Lsh"), "{err}");
 }

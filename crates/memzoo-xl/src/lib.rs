@@ -26,5 +26,6 @@ pub mod model;
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use model::{
-    KnnLayerConfig, LayerAttention, LayerKind, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
+    KnnLayerConfig, LayerAttention, LayerContext, LayerKind, LshLayerConfig, TransformerXl,
+    XlBlock, XlConfig, XlLayer, XlOutput,
 };

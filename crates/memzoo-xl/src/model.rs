@@ -14,6 +14,9 @@ use burn::nn::{
 };
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use memzoo_memory::{HnswConfig, IndexKind, KnnIndex, KnnMemoryConfig};
+use memzoo_reformer::{
+    AttentionKind as ReformerKind, ForwardOptions, ReformerAttention, ReformerAttentionConfig,
+};
 use memzoo_relative::{
     AttentionMask, KnnAttention, KnnAttentionConfig, PositionConfig, PositionKind,
     RelativeAttentionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
@@ -36,16 +39,20 @@ pub enum LayerKind {
     /// kNN-augmented attention (Wu et al. 2022): T5 local attention plus the top-k pairs
     /// retrieved from the layer's kNN memory of everything read before.
     Knn,
+    /// The Reformer's LSH attention (Kitaev et al. 2020), shared-QK, over `cat(memory, x)`.
+    Lsh,
+    /// The Reformer's chunked local attention over `cat(memory, x)`.
+    Local,
 }
 
 impl LayerKind {
-    /// The relative position scheme of a relative kind (`None` for `knn`).
+    /// The relative position scheme of a relative kind (`None` for `knn`, `lsh`, `local`).
     pub fn positions(self) -> Option<PositionKind> {
         match self {
             LayerKind::Xl => Some(PositionKind::Xl),
             LayerKind::Learned => Some(PositionKind::Learned),
             LayerKind::T5 => Some(PositionKind::T5),
-            LayerKind::Knn => None,
+            LayerKind::Knn | LayerKind::Lsh | LayerKind::Local => None,
         }
     }
 
@@ -57,6 +64,31 @@ impl LayerKind {
             PositionKind::T5 => LayerKind::T5,
         }
     }
+}
+
+/// Settings of the stack's LSH and local layers (used where [`XlConfig::layers`] lists `lsh` or
+/// `local`). Such a layer attends over `cat(memory, x)` as one causal sequence (the memory's
+/// positions are keys for the segment's queries, as in an XL layer) and has no position
+/// scheme of its own: positions reach it through the stack's relative layers.
+#[derive(Config, Debug)]
+pub struct LshLayerConfig {
+    /// Chunk length (= LSH bucket size). Default: 32.
+    #[config(default = 32)]
+    pub chunk_len: usize,
+    /// LSH hash rounds. Default: 2.
+    #[config(default = 2)]
+    pub n_rounds: usize,
+    /// LSH buckets per round (even); `None`: from the sequence length. Default: none.
+    #[config(default = "None")]
+    pub n_buckets: Option<usize>,
+    /// Chunks before its own a chunk attends to. Default: 1.
+    #[config(default = 1)]
+    pub n_chunks_before: usize,
+    /// Seed of the LSH rotations. They are drawn once per (layer, seed) and kept, so that a
+    /// stack is one function of its parameters (the Reformer draws fresh ones every step).
+    /// Default: 0.
+    #[config(default = 0)]
+    pub seed: u64,
 }
 
 /// Settings of the stack's kNN layers (used where [`XlConfig::layers`] lists `knn`).
@@ -155,6 +187,9 @@ pub struct XlConfig {
     /// The kNN layers' retrieval and memory (unused without `knn` layers).
     #[config(default = "KnnLayerConfig::new()")]
     pub knn: KnnLayerConfig,
+    /// The LSH and local layers' chunking and hashing (unused without them).
+    #[config(default = "LshLayerConfig::new()")]
+    pub lsh: LshLayerConfig,
     /// Where a batch row starts a new document, hide its XL memory and clear its kNN
     /// memories. Default: false (Transformer-XL reads the text as one stream, as the paper;
     /// the Memorizing Transformer sets it, as its paper does for documents).
@@ -256,6 +291,26 @@ impl XlConfig {
             ));
         }
         let kinds = self.layer_kinds();
+        let hashed: Vec<LayerKind> = [LayerKind::Lsh, LayerKind::Local]
+            .into_iter()
+            .filter(|k| kinds.contains(k))
+            .collect();
+        if let Some(kind) = hashed.first() {
+            // LSH and local layers attend over cat(memory, x) as one causal sequence: they
+            // cannot hide part of the memory per row or per query.
+            if self.same_length {
+                return bad(format!(
+                    "same_length = true is not supported with {kind:?} layers (they see all of \
+                     cat(memory, segment) causally): set it to false"
+                ));
+            }
+            if self.document_resets {
+                return bad(format!(
+                    "document_resets = true is not supported with {kind:?} layers (they cannot \
+                     hide a finished document's memory per row): set it to false"
+                ));
+            }
+        }
         if kinds.contains(&LayerKind::Knn) {
             if self.same_length {
                 // kNN layers attend under a plain causal mask; accepting the flag would
@@ -288,7 +343,32 @@ impl XlConfig {
         for kind in kinds.iter().filter_map(|k| k.positions()) {
             self.attention(kind).validate()?;
         }
+        for kind in [LayerKind::Lsh, LayerKind::Local] {
+            if kinds.contains(&kind) {
+                self.reformer_attention(kind)
+                    .validate()
+                    .map_err(|e| XlError::Config(format!("{kind:?} layers: {e}")))?;
+            }
+        }
         Ok(())
+    }
+
+    /// LSH or local layers: the model's heads, `lsh` chunking, causal, the model's dropatt and
+    /// initialiser.
+    fn reformer_attention(&self, kind: LayerKind) -> ReformerAttentionConfig {
+        let lsh = &self.lsh;
+        ReformerAttentionConfig::new(self.d_model, self.n_heads, self.head_width())
+            .with_kind(match kind {
+                LayerKind::Local => ReformerKind::Local,
+                _ => ReformerKind::Lsh,
+            })
+            .with_chunk_len(lsh.chunk_len)
+            .with_n_rounds(lsh.n_rounds)
+            .with_n_buckets(lsh.n_buckets)
+            .with_n_chunks_before(lsh.n_chunks_before)
+            .with_causal(true)
+            .with_dropatt(self.dropatt)
+            .with_initializer(self.initializer())
     }
 
     /// The kind of every layer, bottom to top (resolving an empty [`layers`](Self::layers)).
@@ -385,9 +465,16 @@ impl XlConfig {
         let layers = kinds
             .iter()
             .map(|&kind| {
-                let attention = match kind.positions() {
-                    Some(p) => LayerAttention::Relative(self.attention(p).init(device)?),
-                    None => LayerAttention::Knn(self.knn_attention().init(device)?),
+                let attention = match (kind, kind.positions()) {
+                    (_, Some(p)) => LayerAttention::Relative(self.attention(p).init(device)?),
+                    (LayerKind::Knn, None) => {
+                        LayerAttention::Knn(self.knn_attention().init(device)?)
+                    }
+                    (_, None) => LayerAttention::Hashed(
+                        self.reformer_attention(kind)
+                            .init(device)
+                            .map_err(|e| XlError::Config(e.to_string()))?,
+                    ),
                 };
                 Ok(XlLayer {
                     attention,
@@ -421,6 +508,7 @@ impl XlConfig {
             same_length: self.same_length,
             top_k: self.knn.top_k,
             document_resets: self.document_resets,
+            lsh_seed: self.lsh.seed,
         })
     }
 }
@@ -489,6 +577,8 @@ pub enum LayerAttention {
     Relative(RelativeMultiHeadAttention),
     /// kNN-augmented attention: local attention plus the pairs retrieved from a kNN memory.
     Knn(KnnAttention),
+    /// The Reformer's LSH or local attention over `cat(memory, x)`.
+    Hashed(ReformerAttention),
 }
 
 impl LayerAttention {
@@ -497,24 +587,36 @@ impl LayerAttention {
         match self {
             LayerAttention::Relative(a) => LayerKind::of_positions(a.positions.kind),
             LayerAttention::Knn(_) => LayerKind::Knn,
+            LayerAttention::Hashed(a) => match a.kind {
+                ReformerKind::Lsh => LayerKind::Lsh,
+                ReformerKind::Local => LayerKind::Local,
+            },
         }
     }
 
     /// The relative attention over `cat(memory, x)`: the layer itself, or a kNN layer's local
-    /// attention (its projections are shared with the retrieval, Wu et al. sec. 3).
-    pub fn local(&self) -> &RelativeMultiHeadAttention {
+    /// attention (its projections are shared with the retrieval, Wu et al. sec. 3); `None`
+    /// for LSH and local layers.
+    pub fn relative(&self) -> Option<&RelativeMultiHeadAttention> {
         match self {
-            LayerAttention::Relative(a) => a,
-            LayerAttention::Knn(a) => &a.attention,
+            LayerAttention::Relative(a) => Some(a),
+            LayerAttention::Knn(a) => Some(&a.attention),
+            LayerAttention::Hashed(_) => None,
         }
     }
 
-    /// The position scheme whose [`RelativeContext`] the layer reads.
-    fn positions(&self) -> &PositionConfig {
-        match self {
-            LayerAttention::Relative(a) => &a.positions,
-            LayerAttention::Knn(a) => &a.attention.positions,
-        }
+    /// [`relative`](Self::relative) of a layer known to have one.
+    ///
+    /// # Panics
+    /// On an LSH or local layer.
+    pub fn local(&self) -> &RelativeMultiHeadAttention {
+        self.relative()
+            .expect("an LSH or local layer has no relative attention")
+    }
+
+    /// The position scheme whose [`RelativeContext`] the layer reads (`None`: it reads none).
+    fn positions(&self) -> Option<&PositionConfig> {
+        self.relative().map(|a| &a.positions)
     }
 }
 
@@ -532,27 +634,64 @@ pub struct XlLayer {
 }
 
 impl XlLayer {
-    /// Applies the layer; a kNN layer searches `knn` and then adds the segment's pairs to it.
+    /// Applies the layer (see [`LayerContext`] for what it reads besides `x` and `memory`); a
+    /// kNN layer searches its kNN memory and then adds the segment's pairs to it.
     pub fn forward(
         &self,
         x: Tensor<3>,
         memory: Option<Tensor<3>>,
-        ctx: &RelativeContext,
-        shared: Option<&XlBiases>,
-        knn: Option<(&mut (dyn KnnIndex + 'static), usize)>,
+        cx: LayerContext<'_>,
     ) -> Result<Tensor<3>, XlError> {
-        self.block
-            .forward(x, memory, |x, m| match (&self.attention, knn) {
-                (LayerAttention::Relative(a), _) => Ok(a.forward(x, m, ctx, shared)?),
-                (LayerAttention::Knn(a), Some((store, top_k))) => {
-                    Ok(a.forward_and_store(x, m, ctx, store, top_k)?)
-                }
-                (LayerAttention::Knn(_), None) => Err(XlError::Input(
-                    "a knn layer needs its kNN memory: read with forward_state and an XlState"
-                        .into(),
-                )),
-            })
+        let LayerContext {
+            positions,
+            shared,
+            knn,
+            seed,
+        } = cx;
+        let missing = |what: &str| {
+            XlError::Input(format!("a {:?} layer needs {what}", self.attention.kind()))
+        };
+        self.block.forward(x, memory, |x, m| match &self.attention {
+            LayerAttention::Relative(a) => {
+                let ctx = positions.ok_or_else(|| missing("its position context"))?;
+                Ok(a.forward(x, m, ctx, shared)?)
+            }
+            LayerAttention::Knn(a) => {
+                let ctx = positions.ok_or_else(|| missing("its position context"))?;
+                let (store, top_k) = knn.ok_or_else(|| {
+                    missing("its kNN memory: read with forward_state and an XlState")
+                })?;
+                Ok(a.forward_and_store(x, m, ctx, store, top_k)?)
+            }
+            LayerAttention::Hashed(a) => {
+                // One causal sequence cat(m, x); the segment's rows of the output.
+                let [_, qlen, _] = x.dims();
+                let seq = match m {
+                    Some(m) => Tensor::cat(vec![m, x], 1),
+                    None => x,
+                };
+                let len = seq.dims()[1];
+                let opts = ForwardOptions {
+                    seed,
+                    train: seq.device().is_autodiff(),
+                    n_rounds: None,
+                };
+                Ok(a.forward(seq, None, &opts).narrow(1, len - qlen, qlen))
+            }
+        })
     }
+}
+
+/// What one layer reads besides its input and memory.
+pub struct LayerContext<'a> {
+    /// The position context of the layer's scheme (relative and kNN layers).
+    pub positions: Option<&'a RelativeContext>,
+    /// XL's `u`/`v` shared across layers (XL layers without their own).
+    pub shared: Option<&'a XlBiases>,
+    /// The layer's kNN memory and how many pairs to retrieve per query (kNN layers).
+    pub knn: Option<(&'a mut (dyn KnnIndex + 'static), usize)>,
+    /// Seed of the LSH rotations (LSH layers).
+    pub seed: u64,
 }
 
 /// The output of a [`TransformerXl`] forward pass.
@@ -606,6 +745,8 @@ pub struct TransformerXl {
     pub top_k: usize,
     /// Rows starting a document hide their XL memory and clear their kNN memories.
     pub document_resets: bool,
+    /// Seed of the LSH layers' rotations (layer `l` uses `lsh_seed + l`).
+    pub lsh_seed: u64,
 }
 
 impl TransformerXl {
@@ -632,7 +773,7 @@ impl TransformerXl {
     pub fn knn_attentions(&self) -> impl Iterator<Item = &KnnAttention> {
         self.layers.iter().filter_map(|l| match &l.attention {
             LayerAttention::Knn(a) => Some(a),
-            LayerAttention::Relative(_) => None,
+            _ => None,
         })
     }
 
@@ -766,8 +907,7 @@ impl TransformerXl {
         let device = tokens.device();
         // One context per position scheme in use (most stacks use one).
         let mut contexts: Vec<(&PositionConfig, RelativeContext)> = Vec::new();
-        for layer in &self.layers {
-            let p = layer.attention.positions();
+        for p in self.layers.iter().filter_map(|l| l.attention.positions()) {
             if !contexts.iter().any(|(q, _)| *q == p) {
                 let ctx = RelativeContext::new(p, self.d_model, qlen, mlen, mask, &device);
                 contexts.push((p, ctx));
@@ -793,22 +933,27 @@ impl TransformerXl {
         for (l, layer) in self.layers.iter().enumerate() {
             inputs.push(h.clone());
             let mem = memory.layer(l).cloned();
-            let p = layer.attention.positions();
-            let ctx = &contexts
-                .iter()
-                .find(|(q, _)| *q == p)
-                .expect("built above")
-                .1;
-            let store = match layer.attention {
+            let positions = layer
+                .attention
+                .positions()
+                .and_then(|p| contexts.iter().find(|(q, _)| *q == p))
+                .map(|(_, ctx)| ctx);
+            let knn = match layer.attention {
                 LayerAttention::Knn(_) => {
                     let store = stores.next().ok_or_else(|| {
                         XlError::Input("fewer kNN memories than kNN layers".into())
                     })?;
                     Some((store.as_mut(), self.top_k))
                 }
-                LayerAttention::Relative(_) => None,
+                _ => None,
             };
-            h = layer.forward(h, mem, ctx, self.shared_biases.as_ref(), store)?;
+            let cx = LayerContext {
+                positions,
+                shared: self.shared_biases.as_ref(),
+                knn,
+                seed: self.lsh_seed.wrapping_add(l as u64),
+            };
+            h = layer.forward(h, mem, cx)?;
         }
         if let Some(norm) = &self.final_norm {
             h = norm.forward(h);
