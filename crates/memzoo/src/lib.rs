@@ -22,5 +22,5 @@ pub mod data_setup;
 /// The types most programs need.
 pub mod prelude {
     pub use memzoo_backend::{Device, parse_device};
-    pub use memzoo_xl::{TransformerXl, XlConfig, XlMemory};
+    pub use memzoo_xl::{LayerKind, TransformerXl, XlConfig, XlMemory, XlState};
 }
