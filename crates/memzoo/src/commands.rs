@@ -185,9 +185,10 @@ pub fn load_xl(run_dir: &Path, device: &Device) -> Result<(RunConfig, Transforme
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{} has no checkpoint yet", run_dir.display()))?;
     let trainer = checkpoint::read_trainer_state(&dir).map_err(|e| e.to_string())?;
-    if trainer.family != "xl" {
+    // The `[model]` stack is "xl", or "memorizing" when its layers include kNN ones.
+    if !matches!(trainer.family.as_str(), "xl" | "memorizing") {
         return Err(format!(
-            "{} holds a `{}` model, not a Transformer-XL",
+            "{} holds a `{}` model, not a Transformer-XL stack",
             dir.display(),
             trainer.family
         ));
