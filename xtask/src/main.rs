@@ -104,6 +104,9 @@ pub struct BenchArgs {
     /// `quality`: memzoo only, no PyTorch peer.
     #[arg(long)]
     pub no_peers: bool,
+    /// `quality`: the seed of both sides (initialisation, data order, dropout). Default: 0.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// `quality`: the text file (default: ../shared/data/tinyshakespeare.txt beside the
     /// workspace).
     #[arg(long)]

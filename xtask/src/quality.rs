@@ -158,6 +158,8 @@ pub fn reformer_small() -> Family {
         .with_d_ff(512)
         .with_max_seq_len(256)
         .with_attn_layers(Vec::new())
+        // reformer-pytorch's score convention (q·k̂ / sqrt(d_head)), as the peer.
+        .with_lsh_scores(memzoo_reformer::LshScores::ScaledUnitKeys)
         .with_bucket_size(32)
         .with_n_buckets(None)
         .with_n_rounds(2)
@@ -247,12 +249,25 @@ pub fn memorizing_small() -> Family {
     }
 }
 
+/// XL-small with the faster-learning initialisation measured on `XlConfig::init_std`:
+/// weights from N(0, 0.03), the tied embedding from N(0, 0.02) (HF's scheme otherwise); the
+/// same peer and recipe as `xl`.
+pub fn xl_fast() -> Family {
+    let mut fam = xl_small();
+    if let FamilyModel::Xl(c) = fam.model {
+        fam.model = FamilyModel::Xl(c.with_init_std(0.03).with_embedding_std(Some(0.02)));
+    }
+    fam.name = "xl-fast";
+    fam
+}
+
 /// The family named `name`.
 pub fn family(name: &str) -> Result<Family, String> {
     match name {
         "xl" => Ok(xl_small()),
         "reformer" => Ok(reformer_small()),
         "memorizing" => Ok(memorizing_small()),
+        "xl-fast" => Ok(xl_fast()),
         other => Err(format!(
             "unknown family `{other}` in --families: expected {}",
             FAMILIES.join(", ")
@@ -260,11 +275,12 @@ pub fn family(name: &str) -> Result<Family, String> {
     }
 }
 
-/// The recipe of both sides: seed 0, AdamW lr 1e-3, weight decay 0.01 on every parameter,
+/// The recipe of both sides: `seed` (`--seed`, default 0), AdamW lr 1e-3, weight decay 0.01 on every parameter,
 /// betas (0.9, 0.999), eps 1e-8 (PyTorch's), 50 linear warm-up steps then cosine to 0 at
 /// `steps`, global grad-norm clip 0.25. `log_every` is the train-loss window; a checkpoint every
 /// `checkpoint_every` steps, all kept, gives the models to evaluate.
 pub fn train_config(
+    seed: u64,
     steps: usize,
     batch: usize,
     tgt_len: usize,
@@ -290,7 +306,7 @@ pub fn train_config(
         )
         .with_clip_norm(Some(0.25))
         .with_grad_accum(1)
-        .with_seed(0)
+        .with_seed(seed)
         .with_log_every(log_every)
         .with_eval_every(0)
         .with_checkpoint_every(checkpoint_every)
@@ -519,7 +535,7 @@ fn train_and_score<M: SegmentModel>(
 ) -> Result<Vec<QualityPoint>, String> {
     let window = eval_at.iter().fold(10, |g, &s| gcd(g, s));
     let every = eval_at.iter().fold(0, |g, &s| gcd(g, s));
-    let mut config = train_config(steps, fam.batch, fam.tgt_len, window, every);
+    let mut config = train_config(args.seed, steps, fam.batch, fam.tgt_len, window, every);
     config.replicas = args.replicas;
     let run_dir = std::env::temp_dir().join(format!(
         "memzoo-quality-{}-{}",
@@ -674,7 +690,7 @@ fn run_peer(
         .join("quality.py");
     let window = eval_at.iter().fold(10, |g, &s| gcd(g, s));
     let every = eval_at.iter().fold(0, |g, &s| gcd(g, s));
-    let t = train_config(steps, fam.batch, fam.tgt_len, window, every);
+    let t = train_config(args.seed, steps, fam.batch, fam.tgt_len, window, every);
     let config =
         serde_json::json!({"model": fam.peer_model, "recipe": peer_recipe(&t, args.threads)});
     let csv: Vec<String> = eval_at.iter().map(|s| s.to_string()).collect();

@@ -64,6 +64,19 @@ impl ForwardOptions {
     }
 }
 
+/// How LSH attention scores a query against its shared-QK keys `k̂_j = q_j / |q_j|`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LshScores {
+    /// `s_ij = q_i · k̂_j`: keys of unit length and no further scale, as trax (the Reformer
+    /// authors' code) and HF's `ReformerModel` score them (HF's `_len_and_dim_norm` divides
+    /// the key by its RMS and then by `sqrt(d_head)`, which is unit length). The default.
+    #[default]
+    UnitKeys,
+    /// `s_ij = q_i · k̂_j / sqrt(d_head)`, as reformer-pytorch (lucidrains) scores them.
+    ScaledUnitKeys,
+}
+
 /// How queries see neighbouring chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkParams {
@@ -83,6 +96,8 @@ pub struct ChunkParams {
     /// across rounds), so a key can appear twice in one round's window, and such repeats are not
     /// counted. Ignored by local attention.
     pub dedup_rounds: bool,
+    /// LSH: the score convention (local attention always scales `q · k` by `1/sqrt(d_head)`).
+    pub lsh_scores: LshScores,
 }
 
 /// Bucket ids of `x` under random rotations: `h(x) = argmax([xR; -xR])` per round (eq. in sec. 2).
@@ -192,10 +207,13 @@ fn chunked_attention(
     let kpos = look_around(pos.clone(), before, after);
     let w = c * (1 + before + after);
 
-    // s_ij = q_i · k_j / sqrt(d_head) (the scale on q: 1/w of the work)
-    let scores = q
-        .mul_scalar((dh as f64).powf(-0.5))
-        .matmul(k.swap_dims(2, 3));
+    // Local: s_ij = q_i · k_j / sqrt(d_head); LSH: s_ij = q_i · k̂_j (trax, HF) or
+    // q_i · k̂_j / sqrt(d_head) (reformer-pytorch). The scale goes on q: 1/w of the work.
+    let scale = match (shared_qk, params.lsh_scores) {
+        (true, LshScores::UnitKeys) => 1.0,
+        _ => (dh as f64).powf(-0.5),
+    };
+    let scores = q.mul_scalar(scale).matmul(k.swap_dims(2, 3));
     let shape = [n, nc, c, w];
     let qp = pos.unsqueeze_dim::<4>(3).expand(shape);
     let kp = kpos.unsqueeze_dim::<4>(2).expand(shape);
@@ -494,6 +512,10 @@ pub struct ReformerAttentionConfig {
     /// Default: true.
     #[config(default = true)]
     pub dedup_rounds: bool,
+    /// LSH: how a query scores its shared-QK keys. Default: unit keys, no further scale
+    /// (trax's and HF's convention).
+    #[config(default = "LshScores::UnitKeys")]
+    pub lsh_scores: LshScores,
     /// Dropout on the attention probabilities. Default: 0.0.
     #[config(default = 0.0)]
     pub dropatt: f64,
@@ -555,6 +577,7 @@ impl ReformerAttentionConfig {
             n_chunks_after: self.n_chunks_after,
             causal: self.causal,
             dedup_rounds: self.dedup_rounds,
+            lsh_scores: self.lsh_scores,
             dropatt: self.dropatt,
         })
     }
@@ -600,6 +623,9 @@ pub struct ReformerAttention {
     pub causal: bool,
     /// De-duplicate pairs over hash rounds.
     pub dedup_rounds: bool,
+    /// LSH score convention.
+    #[module(skip)]
+    pub lsh_scores: LshScores,
     /// Dropout on attention probabilities.
     pub dropatt: f64,
 }
@@ -653,6 +679,7 @@ impl ReformerAttention {
             after: self.n_chunks_after,
             causal: self.causal,
             dedup_rounds: self.dedup_rounds,
+            lsh_scores: self.lsh_scores,
         };
         let dropatt = (opts.train && self.dropatt > 0.0).then(|| (self.dropatt, mix(opts.seed, 2)));
         let q = heads(self.query.forward(x.clone()));

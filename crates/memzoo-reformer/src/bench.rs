@@ -5,7 +5,7 @@ use std::time::Instant;
 use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, Device, Tensor};
 
-use crate::attention::{ChunkParams, MASKED, lsh_attention};
+use crate::attention::{ChunkParams, LshScores, MASKED, lsh_attention};
 use crate::rng::random_rotations;
 
 /// Which attention [`attention_fwd_bwd`] times.
@@ -106,6 +106,7 @@ pub fn attention_fwd_bwd(
                     after: 0,
                     causal: true,
                     dedup_rounds: true,
+                    lsh_scores: LshScores::UnitKeys,
                 };
                 lsh_attention(q.clone(), v.clone(), rot, None, params, None)
             }

@@ -18,8 +18,8 @@ pub mod model;
 pub mod rng;
 
 pub use attention::{
-    AttentionKind, ChunkParams, ForwardOptions, ReformerAttention, ReformerAttentionConfig,
-    hash_buckets, local_attention, lsh_attention,
+    AttentionKind, ChunkParams, ForwardOptions, LshScores, ReformerAttention,
+    ReformerAttentionConfig, hash_buckets, local_attention, lsh_attention,
 };
 pub use error::ReformerError;
 pub use feedforward::{

@@ -12,7 +12,9 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Device, Int, Tensor};
 
-use crate::attention::{AttentionKind, ForwardOptions, ReformerAttention, ReformerAttentionConfig};
+use crate::attention::{
+    AttentionKind, ForwardOptions, LshScores, ReformerAttention, ReformerAttentionConfig,
+};
 use crate::error::ReformerError;
 use crate::feedforward::{
     AxialPositionalEmbedding, AxialPositionalEmbeddingConfig, ChunkedFeedForward,
@@ -266,6 +268,10 @@ pub struct ReformerConfig {
     /// LSH. Default: empty.
     #[config(default = "Vec::new()")]
     pub attn_layers: Vec<AttentionKind>,
+    /// LSH: how a query scores its shared-QK keys. Default: unit keys and no further scale, as
+    /// trax and HF (`scaled_unit_keys`: also `1/sqrt(d_head)`, as reformer-pytorch).
+    #[config(default = "LshScores::UnitKeys")]
+    pub lsh_scores: LshScores,
     /// Chunk length of the attention (= LSH bucket size). Default: 64.
     #[config(default = 64)]
     pub bucket_size: usize,
@@ -388,6 +394,7 @@ impl ReformerConfig {
     fn attention(&self, kind: AttentionKind) -> ReformerAttentionConfig {
         ReformerAttentionConfig::new(self.d_model, self.n_heads, self.d_head)
             .with_kind(kind)
+            .with_lsh_scores(self.lsh_scores)
             .with_chunk_len(self.bucket_size)
             .with_n_buckets(self.n_buckets)
             .with_n_rounds(self.n_rounds)

@@ -2,8 +2,8 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::{dev, rand_tensor, to_vec};
 use crate::attention::{
-    AttentionKind, ChunkParams, ForwardOptions, MASKED, ReformerAttentionConfig, SELF_SCORE,
-    hash_buckets, local_attention, lsh_attention,
+    AttentionKind, ChunkParams, ForwardOptions, LshScores, MASKED, ReformerAttentionConfig,
+    SELF_SCORE, hash_buckets, local_attention, lsh_attention,
 };
 use crate::rng::random_rotations;
 
@@ -116,6 +116,7 @@ fn lsh_with_one_chunk_equals_full_attention() {
             after: 0,
             causal,
             dedup_rounds: true,
+            lsh_scores: LshScores::ScaledUnitKeys,
         };
         let out = lsh_attention(qk.clone(), v.clone(), rot, Some(pad), params, None);
         let (out, qkv, vv) = (to_vec(out), to_vec(qk), to_vec(v));
@@ -168,6 +169,7 @@ fn more_rounds_approach_full_attention() {
             after: 1,
             causal: false,
             dedup_rounds,
+            lsh_scores: LshScores::ScaledUnitKeys,
         };
         // mean over rotation seeds of the mean absolute error
         let mut total = 0.0;
@@ -223,6 +225,7 @@ fn lsh_causal_ignores_future_values() {
         after: 1,
         causal: true,
         dedup_rounds: true,
+        lsh_scores: LshScores::ScaledUnitKeys,
     };
     let a = lsh_attention(qk.clone(), v, rot.clone(), None, params, None);
     let c = lsh_attention(qk, v2, rot, None, params, None);
@@ -285,6 +288,7 @@ fn local_attention_matches_windowed_naive() {
             after,
             causal,
             dedup_rounds: false,
+            lsh_scores: LshScores::UnitKeys,
         };
         let out = to_vec(local_attention(
             q.clone(),
@@ -432,7 +436,12 @@ fn naive_lsh(
                     let base = if i == j {
                         SELF_SCORE as f64
                     } else {
-                        q(i).iter().zip(k(j)).map(|(a, b)| a * b).sum::<f64>() / (dh as f64).sqrt()
+                        // trax / HF: q_i · k̂_j; reformer-pytorch: q_i · k̂_j / sqrt(d_head)
+                        let dot = q(i).iter().zip(k(j)).map(|(a, b)| a * b).sum::<f64>();
+                        match params.lsh_scores {
+                            LshScores::UnitKeys => dot,
+                            LshScores::ScaledUnitKeys => dot / (dh as f64).sqrt(),
+                        }
                     };
                     if params.dedup_rounds && r > 1 {
                         base - (count(i, j).max(1) as f64).ln()
@@ -486,6 +495,12 @@ fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
     for (n, &(l, c, r, nb, before, after, causal, dedup_rounds, with_pad)) in
         cases.iter().enumerate()
     {
+        // Both score conventions, alternating over the cases.
+        let lsh_scores = if n % 2 == 0 {
+            LshScores::UnitKeys
+        } else {
+            LshScores::ScaledUnitKeys
+        };
         let qk = rand_tensor([b, h, l, dh], 50 + n as u64, &device).mul_scalar(1.5);
         let v = rand_tensor([b, h, l, dh], 60 + n as u64, &device);
         let rot = random_rotations(dh, r, nb, 70 + n as u64, &device);
@@ -499,6 +514,7 @@ fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
             after,
             causal,
             dedup_rounds,
+            lsh_scores,
         };
         let buckets: Vec<i64> = hash_buckets(qk.clone(), rot.clone())
             .into_data()
