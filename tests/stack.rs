@@ -295,7 +295,10 @@ fn invalid_stacks_say_why() {
         knn: None,
         seed: 0,
     };
-    let err = model.layers[0].forward(x, None, cx).unwrap_err().to_string();
+    let err = model.layers[0]
+        .forward(x, None, cx)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("T5") && err.contains("Xl"), "{err}");
 }
 
@@ -362,7 +365,11 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
     dev.seed(11);
     let config = tiny()
         .with_layers(vec![LayerKind::Xl, LayerKind::Lsh])
-        .with_lsh(memzoo_xl::LshLayerConfig::new().with_chunk_len(4).with_seed(9));
+        .with_lsh(
+            memzoo_xl::LshLayerConfig::new()
+                .with_chunk_len(4)
+                .with_seed(9),
+        );
     let model = config.init(&dev).unwrap();
     let first = model
         .forward(fixture_tokens(0, &dev), &XlMemory::empty())
@@ -404,9 +411,18 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
     let dev = dev.autodiff();
     let config = tiny()
         .with_n_layers(4)
-        .with_layers(vec![LayerKind::Local, LayerKind::Lsh, LayerKind::Xl, LayerKind::Knn])
+        .with_layers(vec![
+            LayerKind::Local,
+            LayerKind::Lsh,
+            LayerKind::Xl,
+            LayerKind::Knn,
+        ])
         .with_lsh(memzoo_xl::LshLayerConfig::new().with_chunk_len(4))
-        .with_knn(memzoo_xl::KnnLayerConfig::new().with_top_k(4).with_max_memories(64));
+        .with_knn(
+            memzoo_xl::KnnLayerConfig::new()
+                .with_top_k(4)
+                .with_max_memories(64),
+        );
     let mut model = config.init(&dev).unwrap();
     let mut optim = memzoo_train::TrainConfig::new()
         .with_weight_decay(0.0)
@@ -435,5 +451,8 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
         .init(&dev)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("document_resets") && err.contains("Lsh"), "{err}");
+    assert!(
+        err.contains("document_resets") && err.contains("Lsh"),
+        "{err}"
+    );
 }
