@@ -15,10 +15,15 @@
 //! }
 //! ```
 
+pub mod adaptive;
 pub mod error;
 pub mod memory;
 pub mod model;
 
+pub use adaptive::{
+    AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
+    AdaptiveLogSoftmaxTensors,
+};
 pub use error::XlError;
 pub use memory::XlMemory;
 pub use model::{TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput};
