@@ -87,9 +87,16 @@ fn check_gradients(
     prefix: &str,
     skip: impl Fn(&str) -> bool,
 ) {
-    let want: BTreeSet<String> = reference.names(prefix).into_iter().filter(|k| !skip(k)).collect();
+    let want: BTreeSet<String> = reference
+        .names(prefix)
+        .into_iter()
+        .filter(|k| !skip(k))
+        .collect();
     for name in got.keys() {
-        assert!(want.contains(name), "memzoo has a gradient for {name}, HF has none");
+        assert!(
+            want.contains(name),
+            "memzoo has a gradient for {name}, HF has none"
+        );
     }
     for name in &want {
         let hf = reference.floats(&format!("{prefix}{name}"));
@@ -129,12 +136,24 @@ fn plain_parity(weights: &str) {
         let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
         let out = model.forward(x, &memory).unwrap();
         let lp = logits_log_probs(&model, out.hidden);
-        check(&host(lp.clone()), &r.floats(&format!("log_probs.{s}")), &format!("log-probs {s}"));
+        check(
+            &host(lp.clone()),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("log-probs {s}"),
+        );
         let [b, q, _] = lp.dims();
         let nll = lp.gather(2, y.reshape([b, q, 1])).reshape([b, q]).neg();
-        check(&host(nll.clone()), &r.floats(&format!("losses.{s}")), &format!("losses {s}"));
+        check(
+            &host(nll.clone()),
+            &r.floats(&format!("losses.{s}")),
+            &format!("losses {s}"),
+        );
         let loss = nll.mean();
-        check(&host(loss.clone()), &r.floats(&format!("loss.{s}")), &format!("loss {s}"));
+        check(
+            &host(loss.clone()),
+            &r.floats(&format!("loss.{s}")),
+            &format!("loss {s}"),
+        );
         for l in 0..cfg.n_layer {
             check(
                 &host(out.memory.layer(l).unwrap().clone()),
@@ -173,11 +192,23 @@ fn hf_transfo_xl_wt103_shaped_matches_hf() {
         let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
         let out = model.forward(x, &memory).unwrap();
         let lp = model.log_probs(out.hidden.clone()).unwrap();
-        check(&host(lp), &r.floats(&format!("log_probs.{s}")), &format!("log-probs {s}"));
+        check(
+            &host(lp),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("log-probs {s}"),
+        );
         let nll = model.nll(out.hidden, y).unwrap();
-        check(&host(nll.clone()), &r.floats(&format!("losses.{s}")), &format!("losses {s}"));
+        check(
+            &host(nll.clone()),
+            &r.floats(&format!("losses.{s}")),
+            &format!("losses {s}"),
+        );
         let loss = nll.mean();
-        check(&host(loss.clone()), &r.floats(&format!("loss.{s}")), &format!("loss {s}"));
+        check(
+            &host(loss.clone()),
+            &r.floats(&format!("loss.{s}")),
+            &format!("loss {s}"),
+        );
         for l in 0..cfg.n_layer {
             check(
                 &host(out.memory.layer(l).unwrap().clone()),
@@ -202,7 +233,11 @@ fn adaptive_embedding_matches_hf() {
         let (model, _) = load_hf_transfo_xl(&fixture(name), &dev).expect("import");
         let r = Reference::read(name);
         let out = model.embedding().forward(r.tokens::<2>("emb.input", &dev));
-        check(&host(out.clone()), &r.floats("emb.output"), &format!("{name}: embedding"));
+        check(
+            &host(out.clone()),
+            &r.floats("emb.output"),
+            &format!("{name}: embedding"),
+        );
         let loss = (out * r.float::<3>("emb.cotangent", &dev)).sum();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         let got = model.to_hf(Source::Gradients(&grads));
@@ -226,16 +261,32 @@ fn adaptive_log_softmax_matches_hf() {
         let targets = r.tokens::<1>("crit.targets", &dev);
         let (sm, emb) = (model.softmax(), model.embedding());
         let lp = sm.log_probs(hidden.clone(), emb).unwrap();
-        check(&host(lp.clone()), &r.floats("crit.log_probs"), &format!("{name}: log-probs"));
+        check(
+            &host(lp.clone()),
+            &r.floats("crit.log_probs"),
+            &format!("{name}: log-probs"),
+        );
         // The NLL two ways: the cluster-by-cluster path and a gather from the full log-probs.
         let nll = sm.nll(hidden.clone(), targets.clone(), emb).unwrap();
-        check(&host(nll.clone()), &r.floats("crit.nll"), &format!("{name}: nll"));
+        check(
+            &host(nll.clone()),
+            &r.floats("crit.nll"),
+            &format!("{name}: nll"),
+        );
         let n = targets.dims()[0];
         let gathered = lp.gather(1, targets.reshape([n, 1])).reshape([n]).neg();
-        check(&host(gathered), &r.floats("crit.nll"), &format!("{name}: gathered nll"));
+        check(
+            &host(gathered),
+            &r.floats("crit.nll"),
+            &format!("{name}: gathered nll"),
+        );
         let backward = nll.mean().backward();
         let gh = host(hidden.grad(&backward).expect("hidden gradient"));
-        check(&gh, &r.floats("crit_grad.hidden"), &format!("{name}: d nll / d hidden"));
+        check(
+            &gh,
+            &r.floats("crit_grad.hidden"),
+            &format!("{name}: d nll / d hidden"),
+        );
         let grads = GradientsParams::from_grads(backward, &model);
         let got: memzoo_import::hf_transfo_xl::HfTensors = model
             .to_hf(Source::Gradients(&grads))
@@ -280,9 +331,15 @@ fn hf_transfo_xl_import_errors_name_the_tensor() {
         );
     }))
     .unwrap_err();
-    assert!(err.to_string().contains("o_net.weight has shape [16, 15]"), "{err}");
+    assert!(
+        err.to_string().contains("o_net.weight has shape [16, 15]"),
+        "{err}"
+    );
     let err = load(tensors(&|m| {
-        m.insert("transformer.extra".into(), TensorData::new(vec![0f32; 2], [2]));
+        m.insert(
+            "transformer.extra".into(),
+            TensorData::new(vec![0f32; 2], [2]),
+        );
     }))
     .unwrap_err();
     assert!(err.to_string().contains("transformer.extra"), "{err}");
@@ -291,11 +348,23 @@ fn hf_transfo_xl_import_errors_name_the_tensor() {
         m.insert("crit.out_layers.0.weight".into(), bad);
     }))
     .unwrap_err();
-    assert!(err.to_string().contains("crit.out_layers.0.weight") && err.to_string().contains("tied"), "{err}");
+    assert!(
+        err.to_string().contains("crit.out_layers.0.weight") && err.to_string().contains("tied"),
+        "{err}"
+    );
     let err = load(tensors(&|m| {
-        let mut f = full.get("transformer.pos_emb.inv_freq").unwrap().clone().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let mut f = full
+            .get("transformer.pos_emb.inv_freq")
+            .unwrap()
+            .clone()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
         f[1] *= 2.0;
-        m.insert("transformer.pos_emb.inv_freq".into(), TensorData::new(f, [8]));
+        m.insert(
+            "transformer.pos_emb.inv_freq".into(),
+            TensorData::new(f, [8]),
+        );
     }))
     .unwrap_err();
     assert!(err.to_string().contains("inv_freq"), "{err}");

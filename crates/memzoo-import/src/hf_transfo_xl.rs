@@ -334,9 +334,11 @@ fn norm(
         .with_epsilon(cfg.layer_norm_epsilon)
         .init(device);
     norm.gamma = Param::from_tensor(map.float(&format!("{prefix}.weight"), [d], device)?);
-    norm.beta = Some(Param::from_tensor(
-        map.float(&format!("{prefix}.bias"), [d], device)?,
-    ));
+    norm.beta = Some(Param::from_tensor(map.float(
+        &format!("{prefix}.bias"),
+        [d],
+        device,
+    )?));
     Ok(norm)
 }
 
@@ -380,8 +382,16 @@ fn load_layers(
         let att = &mut layer.attention;
         // qkv_net: [3 h dh, d] = [W_q; W_k; W_v]
         let qkv = map.float(&format!("{p}dec_attn.qkv_net.weight"), [3 * hd, d], device)?;
-        set_linear(&mut att.query, qkv.clone().narrow(0, 0, hd).transpose(), None);
-        set_linear(&mut att.key_value, qkv.narrow(0, hd, 2 * hd).transpose(), None);
+        set_linear(
+            &mut att.query,
+            qkv.clone().narrow(0, 0, hd).transpose(),
+            None,
+        );
+        set_linear(
+            &mut att.key_value,
+            qkv.narrow(0, hd, 2 * hd).transpose(),
+            None,
+        );
         let o = linear_weight(map, &format!("{p}dec_attn.o_net.weight"), d, hd, device)?;
         set_linear(&mut att.output, o, None);
         let r = linear_weight(map, &format!("{p}dec_attn.r_net.weight"), hd, d, device)?;
@@ -448,7 +458,13 @@ pub fn transformer_xl_from(
         )));
     }
     let mut model = cfg.xl_config()?.init(device)?;
-    load_layers(map, cfg, &mut model.layers, &mut model.shared_biases, device)?;
+    load_layers(
+        map,
+        cfg,
+        &mut model.layers,
+        &mut model.shared_biases,
+        device,
+    )?;
     let (v, d) = (cfg.vocab_size, cfg.d_model);
     let table = map.float("transformer.word_emb.emb_layers.0.weight", [v, d], device)?;
     model.embedding.weight = Param::from_tensor(table.clone());
@@ -526,7 +542,13 @@ impl HfTransfoXl {
         };
         let size = |i: usize| bounds[i + 1] - bounds[i];
         let n_tables = if cfg.div_val == 1 { 1 } else { n };
-        let table_rows = |i: usize| if cfg.div_val == 1 { cfg.vocab_size } else { size(i) };
+        let table_rows = |i: usize| {
+            if cfg.div_val == 1 {
+                cfg.vocab_size
+            } else {
+                size(i)
+            }
+        };
         let projected = |i: usize| cfg.div_val > 1 || width(i) != cfg.d_model;
         let mut tables = Vec::with_capacity(n_tables);
         let mut projections = Vec::with_capacity(n_tables);
@@ -539,14 +561,19 @@ impl HfTransfoXl {
             )?);
             projections.push(if projected(i) {
                 Some(
-                    map.float(&format!("{p}emb_projs.{i}"), [cfg.d_model, width(i)], device)?
-                        .transpose(),
+                    map.float(
+                        &format!("{p}emb_projs.{i}"),
+                        [cfg.d_model, width(i)],
+                        device,
+                    )?
+                    .transpose(),
                 )
             } else {
                 None
             });
         }
-        let embedding = AdaptiveEmbedding::from_tensors(&emb_cfg, tables.clone(), projections.clone())?;
+        let embedding =
+            AdaptiveEmbedding::from_tensors(&emb_cfg, tables.clone(), projections.clone())?;
 
         // The softmax: owned tensors taken, tied copies checked against the embedding's.
         let sm_cfg = cfg.softmax_config();
@@ -576,10 +603,18 @@ impl HfTransfoXl {
                 .collect();
             let name = "crit.out_layers.0.weight";
             if cfg.tie_word_embeddings {
-                check_tied(map, name, "transformer.word_emb.emb_layers.0.weight", &tables[0], device)?;
+                check_tied(
+                    map,
+                    name,
+                    "transformer.word_emb.emb_layers.0.weight",
+                    &tables[0],
+                    device,
+                )?;
             } else {
                 let w = map.float::<2>(name, [v, de], device)?;
-                out.tables = (0..n).map(|i| w.clone().narrow(0, bounds[i], size(i))).collect();
+                out.tables = (0..n)
+                    .map(|i| w.clone().narrow(0, bounds[i], size(i)))
+                    .collect();
             }
         } else {
             for i in 0..n {
@@ -591,31 +626,40 @@ impl HfTransfoXl {
                     let to = format!("transformer.word_emb.emb_layers.{i}.weight");
                     check_tied(map, &name, &to, &tables[i], device)?;
                 } else {
-                    out.tables.push(map.float(&name, [size(i), width(i)], device)?);
+                    out.tables
+                        .push(map.float(&name, [size(i), width(i)], device)?);
                 }
             }
         }
         for i in 0..n {
             let name = format!("crit.out_projs.{i}");
             let tied = tie_projs.get(i).copied().unwrap_or(false);
-            let emb_proj = if cfg.div_val == 1 { &projections[0] } else { &projections[i] };
+            let emb_proj = if cfg.div_val == 1 {
+                &projections[0]
+            } else {
+                &projections[i]
+            };
             if !projected(i) {
                 out.projections.push(None);
                 if map.contains(&name) {
                     return Err(ImportError::Value {
                         name,
-                        message: format!("present, but d_embed = d_model = {dp} needs no projection"),
+                        message: format!(
+                            "present, but d_embed = d_model = {dp} needs no projection"
+                        ),
                     });
                 }
             } else if tied {
-                let to = format!("transformer.word_emb.emb_projs.{}", if cfg.div_val == 1 { 0 } else { i });
+                let to = format!(
+                    "transformer.word_emb.emb_projs.{}",
+                    if cfg.div_val == 1 { 0 } else { i }
+                );
                 let own = emb_proj.clone().expect("projected").transpose();
                 check_tied(map, &name, &to, &own, device)?;
                 out.projections.push(None);
             } else {
-                out.projections.push(Some(
-                    map.float(&name, [dp, width(i)], device)?.transpose(),
-                ));
+                out.projections
+                    .push(Some(map.float(&name, [dp, width(i)], device)?.transpose()));
             }
         }
         let softmax = AdaptiveLogSoftmax::from_tensors(&sm_cfg, out, device)?;
@@ -684,7 +728,12 @@ impl HfTransfoXl {
         let mut inputs = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate() {
             inputs.push(h.clone());
-            h = layer.forward(h, memory.layer(l).cloned(), &ctx, self.shared_biases.as_ref());
+            h = layer.forward(
+                h,
+                memory.layer(l).cloned(),
+                &ctx,
+                self.shared_biases.as_ref(),
+            );
         }
         Ok(XlOutput {
             hidden: self.dropout.forward(h),
@@ -759,7 +808,11 @@ fn layers_to_hf(
         for (name, p) in [("r_w_bias", &s.content), ("r_r_bias", &s.position)] {
             put(out, format!("transformer.{name}"), src.get(p));
             for l in 0..layers.len() {
-                put(out, format!("transformer.layers.{l}.dec_attn.{name}"), src.get(p));
+                put(
+                    out,
+                    format!("transformer.layers.{l}.dec_attn.{name}"),
+                    src.get(p),
+                );
             }
         }
     }
@@ -772,9 +825,17 @@ fn layers_to_hf(
             _ => None,
         };
         put(out, format!("{p}dec_attn.qkv_net.weight"), qkv);
-        put(out, format!("{p}dec_attn.o_net.weight"), tr(src.get(&att.output.weight)));
+        put(
+            out,
+            format!("{p}dec_attn.o_net.weight"),
+            tr(src.get(&att.output.weight)),
+        );
         if let Some(r) = &att.r_net {
-            put(out, format!("{p}dec_attn.r_net.weight"), tr(src.get(&r.weight)));
+            put(
+                out,
+                format!("{p}dec_attn.r_net.weight"),
+                tr(src.get(&r.weight)),
+            );
         }
         if let Some(b) = &att.xl_biases {
             put(out, format!("{p}dec_attn.r_w_bias"), src.get(&b.content));
@@ -791,7 +852,11 @@ fn layers_to_hf(
             }
         }
         for (i, lin) in [(0, &block.ff_in), (3, &block.ff_out)] {
-            put(out, format!("{p}pos_ff.CoreNet.{i}.weight"), tr(src.get(&lin.weight)));
+            put(
+                out,
+                format!("{p}pos_ff.CoreNet.{i}.weight"),
+                tr(src.get(&lin.weight)),
+            );
             if let Some(b) = &lin.bias {
                 put(out, format!("{p}pos_ff.CoreNet.{i}.bias"), src.get(b));
             }
@@ -805,10 +870,18 @@ pub fn transformer_xl_to_hf(model: &TransformerXl, src: Source<'_>) -> HfTensors
     let mut out = HfTensors::new();
     layers_to_hf(&mut out, &model.layers, model.shared_biases.as_ref(), src);
     let table = src.get(&model.embedding.weight);
-    put(&mut out, "transformer.word_emb.emb_layers.0.weight".into(), table.clone());
+    put(
+        &mut out,
+        "transformer.word_emb.emb_layers.0.weight".into(),
+        table.clone(),
+    );
     match (&model.output, &model.output_bias) {
         (Some(output), _) => {
-            put(&mut out, "crit.out_layers.0.weight".into(), src.get(&output.weight).map(|w| w.transpose()));
+            put(
+                &mut out,
+                "crit.out_layers.0.weight".into(),
+                src.get(&output.weight).map(|w| w.transpose()),
+            );
             if let Some(b) = &output.bias {
                 put(&mut out, "crit.out_layers.0.bias".into(), src.get(b));
             }
@@ -832,11 +905,19 @@ impl HfTransfoXl {
         let sm = &self.softmax;
         let div1 = emb.div_val() == 1;
         for (i, t) in emb.tables().iter().enumerate() {
-            put(&mut out, format!("transformer.word_emb.emb_layers.{i}.weight"), src.get(t));
+            put(
+                &mut out,
+                format!("transformer.word_emb.emb_layers.{i}.weight"),
+                src.get(t),
+            );
         }
         for (i, p) in emb.projections().iter().enumerate() {
             if let Some(p) = p {
-                put(&mut out, format!("transformer.word_emb.emb_projs.{i}"), src.get(p).map(|t| t.transpose()));
+                put(
+                    &mut out,
+                    format!("transformer.word_emb.emb_projs.{i}"),
+                    src.get(p).map(|t| t.transpose()),
+                );
             }
         }
         if let Some(w) = sm.cluster_weight() {
@@ -877,7 +958,11 @@ impl HfTransfoXl {
                     .as_ref()
                     .and_then(|p| src.get(p)),
             };
-            put(&mut out, format!("crit.out_projs.{i}"), t.map(|t| t.transpose()));
+            put(
+                &mut out,
+                format!("crit.out_projs.{i}"),
+                t.map(|t| t.transpose()),
+            );
         }
         out
     }

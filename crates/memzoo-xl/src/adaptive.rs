@@ -68,9 +68,7 @@ fn cluster_bounds(
 
 /// `d_i = d_embed / div_val^i` (0 when it underflows).
 fn cluster_width(d_embed: usize, div_val: usize, i: usize) -> usize {
-    div_val
-        .checked_pow(i as u32)
-        .map_or(0, |p| d_embed / p)
+    div_val.checked_pow(i as u32).map_or(0, |p| d_embed / p)
 }
 
 /// Configuration of an [`AdaptiveEmbedding`]. Defaults: one table, no cutoffs (a plain
@@ -130,7 +128,8 @@ impl AdaptiveEmbeddingConfig {
                 .map(|i| {
                     let d_i = cluster_width(self.d_embed, self.div_val, i);
                     (
-                        self.initializer.init([bounds[i + 1] - bounds[i], d_i], device),
+                        self.initializer
+                            .init([bounds[i + 1] - bounds[i], d_i], device),
                         Some(self.proj_initializer.init([d_i, self.d_proj], device)),
                     )
                 })
@@ -210,9 +209,11 @@ impl AdaptiveEmbedding {
         }
         for (i, (p, want)) in projections.iter().zip(&expected.projections).enumerate() {
             match (p, want) {
-                (Some(p), Some(w)) => {
-                    check(format!("embedding projection {i}"), p.dims(), w.val().dims())?
-                }
+                (Some(p), Some(w)) => check(
+                    format!("embedding projection {i}"),
+                    p.dims(),
+                    w.val().dims(),
+                )?,
                 (None, None) => {}
                 (Some(_), None) => {
                     return Err(XlError::Input(format!(
@@ -323,7 +324,8 @@ impl AdaptiveEmbedding {
             }
             sum.expect("at least one cluster")
         };
-        out.mul_scalar(self.scale).reshape([batch, len, self.d_proj])
+        out.mul_scalar(self.scale)
+            .reshape([batch, len, self.d_proj])
     }
 }
 
@@ -427,7 +429,9 @@ impl AdaptiveLogSoftmaxConfig {
             div_val: self.div_val,
             d_proj: self.d_proj,
             tie_weights: self.tie_weights,
-            tie_projs: (0..n).map(|i| self.projected(i) && self.tied_proj(i)).collect(),
+            tie_projs: (0..n)
+                .map(|i| self.projected(i) && self.tied_proj(i))
+                .collect(),
         })
     }
 }
@@ -493,27 +497,29 @@ impl AdaptiveLogSoftmax {
     ) -> Result<Self, XlError> {
         let expected = config.init(device)?;
         let mismatch = |what: String, got: Vec<usize>, want: Vec<usize>| {
-            XlError::Input(format!("{what} has shape {got:?}, the config needs {want:?}"))
+            XlError::Input(format!(
+                "{what} has shape {got:?}, the config needs {want:?}"
+            ))
         };
         let n = expected.biases.len();
-        let two = |what: &str, got: Option<Tensor<2>>, want: &Option<Param<Tensor<2>>>| match (
-            got, want,
-        ) {
-            (Some(g), Some(w)) if g.dims() == w.val().dims() => Ok(Some(Param::from_tensor(g))),
-            (Some(g), Some(w)) => Err(mismatch(
-                what.to_string(),
-                g.dims().to_vec(),
-                w.val().dims().to_vec(),
-            )),
-            (None, None) => Ok(None),
-            (Some(_), None) => Err(XlError::Input(format!(
-                "{what} given, but the config has none (tied or absent)"
-            ))),
-            (None, Some(w)) => Err(XlError::Input(format!(
-                "{what} missing (shape {:?})",
-                w.val().dims()
-            ))),
-        };
+        let two =
+            |what: &str, got: Option<Tensor<2>>, want: &Option<Param<Tensor<2>>>| match (got, want)
+            {
+                (Some(g), Some(w)) if g.dims() == w.val().dims() => Ok(Some(Param::from_tensor(g))),
+                (Some(g), Some(w)) => Err(mismatch(
+                    what.to_string(),
+                    g.dims().to_vec(),
+                    w.val().dims().to_vec(),
+                )),
+                (None, None) => Ok(None),
+                (Some(_), None) => Err(XlError::Input(format!(
+                    "{what} given, but the config has none (tied or absent)"
+                ))),
+                (None, Some(w)) => Err(XlError::Input(format!(
+                    "{what} missing (shape {:?})",
+                    w.val().dims()
+                ))),
+            };
         let cluster_weight = two(
             "cluster_weight",
             tensors.cluster_weight,
@@ -748,9 +754,7 @@ impl AdaptiveLogSoftmax {
             let len = v.len();
             Tensor::<1, Int>::from_data(TensorData::new(v, [len]), &device)
         };
-        let head_lp = head
-            .gather(1, index(head_col).reshape([n, 1]))
-            .reshape([n]);
+        let head_lp = head.gather(1, index(head_col).reshape([n, 1])).reshape([n]);
         // Tail terms: computed per cluster on its rows, then put back in row order by one
         // `select` from `[0, tail terms...]` (row r reads position 0 when in the head).
         let mut gathered = vec![Tensor::<1>::zeros([1], &device)];
