@@ -18,11 +18,16 @@
 //! }
 //! ```
 
+pub mod adaptive;
 pub mod error;
 pub mod legacy;
 pub mod memory;
 pub mod model;
 
+pub use adaptive::{
+    AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
+    AdaptiveLogSoftmaxTensors,
+};
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use model::{

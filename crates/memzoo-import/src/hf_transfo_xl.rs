@@ -1,0 +1,981 @@
+//! HF `TransfoXLLMHeadModel` checkpoints (transformers 4.x) in memzoo.
+//!
+//! A model directory holds `config.json` and `model.safetensors` (what `save_pretrained`
+//! writes: tied copies left out) or `pytorch_model.bin` (`torch.save` of the state dict: every
+//! key, tied copies included). Names map as follows (`l` a layer, `i` a cluster; HF's linear
+//! weights are `[out, in]`, memzoo's `[in, out]`, so every one is transposed):
+//!
+//! | HF | memzoo |
+//! |---|---|
+//! | `transformer.layers.l.dec_attn.qkv_net.weight` `[3 h dh, d]` | rows `0..h dh` → `attention.query`, rows `h dh..3 h dh` → `attention.key_value` (keys then values) |
+//! | `….dec_attn.o_net.weight`, `….dec_attn.r_net.weight` | `attention.output`, `attention.r_net` |
+//! | `….dec_attn.r_w_bias` / `r_r_bias` (`untie_r`) or `transformer.r_w_bias` / `r_r_bias` | `u` / `v`: `XlBiases::content` / `position`, per layer or shared |
+//! | `….dec_attn.layer_norm`, `….pos_ff.layer_norm` | `block.norm_attention`, `block.norm_ff` (post-LN) |
+//! | `….pos_ff.CoreNet.0`, `….pos_ff.CoreNet.3` | `block.ff_in`, `block.ff_out` |
+//! | `transformer.word_emb.emb_layers.i.weight`, `emb_projs.i` `[d_proj, d_i]` | the embedding's tables; projections transposed |
+//! | `crit.out_layers.i.bias`, `crit.cluster_weight`, `crit.cluster_bias`, untied `crit.out_projs.i` | the softmax's |
+//! | `crit.out_layers.i.weight`, tied `crit.out_projs.i`, tied per-layer `r_w_bias`/`r_r_bias` | tied copies: must equal what they are tied to |
+//! | `transformer.pos_emb.inv_freq` | a buffer: must equal `10000^(-2k/d_model)`, which memzoo computes |
+//!
+//! HF starts a sequence (`mems=None`) from `mem_len` zero vectors per layer, which the first
+//! segment attends to like any memory; [`zero_memory`] gives that memory for exact parity.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, Param};
+use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_relative::{AttentionMask, PositionConfig, PositionParams, RelativeContext, XlBiases};
+use memzoo_xl::{
+    AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
+    AdaptiveLogSoftmaxTensors, LayerAttention, LayerContext, TransformerXl, XlConfig, XlError,
+    XlLayer, XlMemory, XlOutput,
+};
+use serde::Deserialize;
+
+use crate::error::ImportError;
+use crate::reader::TensorMap;
+
+fn default_true() -> bool {
+    true
+}
+
+/// The fields of HF's `TransfoXLConfig` (`config.json`) that shape the model; the defaults are
+/// HF's (`transfo-xl-wt103`'s).
+#[derive(Debug, Clone, Deserialize)]
+pub struct HfTransfoXlConfig {
+    /// Must be `transfo-xl` when present.
+    #[serde(default)]
+    pub model_type: Option<String>,
+    /// Vocabulary size.
+    #[serde(default = "HfTransfoXlConfig::d_vocab")]
+    pub vocab_size: usize,
+    /// Adaptive cluster bounds.
+    #[serde(default = "HfTransfoXlConfig::d_cutoffs")]
+    pub cutoffs: Vec<usize>,
+    /// Model width.
+    #[serde(default = "HfTransfoXlConfig::d_1024")]
+    pub d_model: usize,
+    /// Width of the first cluster's embedding.
+    #[serde(default = "HfTransfoXlConfig::d_1024")]
+    pub d_embed: usize,
+    /// Heads.
+    #[serde(default = "HfTransfoXlConfig::d_16")]
+    pub n_head: usize,
+    /// Head width.
+    #[serde(default = "HfTransfoXlConfig::d_64")]
+    pub d_head: usize,
+    /// Feed-forward width.
+    #[serde(default = "HfTransfoXlConfig::d_4096")]
+    pub d_inner: usize,
+    /// Cluster width divisor.
+    #[serde(default = "HfTransfoXlConfig::d_4")]
+    pub div_val: usize,
+    /// Pre-LayerNorm blocks.
+    #[serde(default)]
+    pub pre_lnorm: bool,
+    /// Layers.
+    #[serde(default = "HfTransfoXlConfig::d_18")]
+    pub n_layer: usize,
+    /// Memory length.
+    #[serde(default = "HfTransfoXlConfig::d_1600")]
+    pub mem_len: usize,
+    /// Distances beyond it share its encoding (0 or less: none).
+    #[serde(default = "HfTransfoXlConfig::d_1000")]
+    pub clamp_len: i64,
+    /// Every query sees `mem_len` keys.
+    #[serde(default = "default_true")]
+    pub same_length: bool,
+    /// Attention type: only 0 (relative, XL's) exists in HF's code.
+    #[serde(default)]
+    pub attn_type: usize,
+    /// Sampled softmax: HF supports only `<= 0` (none).
+    #[serde(default = "HfTransfoXlConfig::d_minus1")]
+    pub sample_softmax: i64,
+    /// Dropout.
+    #[serde(default = "HfTransfoXlConfig::d_dropout")]
+    pub dropout: f64,
+    /// Attention dropout.
+    #[serde(default)]
+    pub dropatt: f64,
+    /// `u`/`v` per layer.
+    #[serde(default = "default_true")]
+    pub untie_r: bool,
+    /// LayerNorm epsilon.
+    #[serde(default = "HfTransfoXlConfig::d_eps")]
+    pub layer_norm_epsilon: f64,
+    /// Per cluster: the softmax's projection is the embedding's.
+    #[serde(default)]
+    pub tie_projs: Option<Vec<bool>>,
+    /// What `tie_projs` defaults to: `[false, true, ...]` when true.
+    #[serde(default = "default_true")]
+    pub proj_share_all_but_first: bool,
+    /// The softmax's tables are the embedding's.
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+}
+
+impl HfTransfoXlConfig {
+    fn d_vocab() -> usize {
+        267735
+    }
+    fn d_cutoffs() -> Vec<usize> {
+        vec![20000, 40000, 200000]
+    }
+    fn d_1024() -> usize {
+        1024
+    }
+    fn d_16() -> usize {
+        16
+    }
+    fn d_64() -> usize {
+        64
+    }
+    fn d_4096() -> usize {
+        4096
+    }
+    fn d_4() -> usize {
+        4
+    }
+    fn d_18() -> usize {
+        18
+    }
+    fn d_1600() -> usize {
+        1600
+    }
+    fn d_1000() -> i64 {
+        1000
+    }
+    fn d_minus1() -> i64 {
+        -1
+    }
+    fn d_dropout() -> f64 {
+        0.1
+    }
+    fn d_eps() -> f64 {
+        1e-5
+    }
+
+    /// Reads `dir/config.json`.
+    pub fn read(dir: &Path) -> Result<Self, ImportError> {
+        let path = dir.join("config.json");
+        let read_err = |message: String| ImportError::Read {
+            path: path.clone(),
+            message,
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| read_err(e.to_string()))?;
+        let config: Self = serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?;
+        if let Some(t) = &config.model_type
+            && t != "transfo-xl"
+        {
+            return Err(read_err(format!(
+                "model_type is `{t}`, this importer reads `transfo-xl`"
+            )));
+        }
+        Ok(config)
+    }
+
+    /// `tie_projs` as HF derives it: given, or `[false, true, ...]` with
+    /// `proj_share_all_but_first`, else all false.
+    pub fn tie_projs(&self) -> Vec<bool> {
+        self.tie_projs.clone().unwrap_or_else(|| {
+            (0..=self.cutoffs.len())
+                .map(|i| i > 0 && self.proj_share_all_but_first)
+                .collect()
+        })
+    }
+
+    /// Whether the model is a plain Transformer-XL (`cutoffs = []`, one table of width
+    /// `d_model`): what [`memzoo_xl::TransformerXl`] holds today.
+    pub fn is_plain(&self) -> bool {
+        self.cutoffs.is_empty() && self.div_val == 1 && self.d_embed == self.d_model
+    }
+
+    /// The memzoo config of the layers (and of the whole model when [`Self::is_plain`]).
+    pub fn xl_config(&self) -> Result<XlConfig, ImportError> {
+        if self.attn_type != 0 {
+            return Err(ImportError::Unsupported(format!(
+                "attn_type = {}: HF's code has only attn_type 0 (XL's relative attention)",
+                self.attn_type
+            )));
+        }
+        if self.sample_softmax > 0 {
+            return Err(ImportError::Unsupported(format!(
+                "sample_softmax = {}: a sampled softmax is a training device HF does not run either",
+                self.sample_softmax
+            )));
+        }
+        if self.pre_lnorm {
+            return Err(ImportError::Unsupported(
+                "pre_lnorm = true: HF's pre-LN TransfoXL has no final LayerNorm, memzoo's pre-LN XL adds one"
+                    .into(),
+            ));
+        }
+        let clamp = usize::try_from(self.clamp_len).ok().filter(|&c| c > 0);
+        Ok(XlConfig::new()
+            .with_vocab_size(self.vocab_size)
+            .with_d_model(self.d_model)
+            .with_n_layers(self.n_layer)
+            .with_n_heads(self.n_head)
+            .with_d_head(Some(self.d_head))
+            .with_d_inner(self.d_inner)
+            .with_dropout(self.dropout)
+            .with_dropatt(self.dropatt)
+            .with_mem_len(self.mem_len)
+            .with_same_length(self.same_length)
+            .with_positions(PositionConfig::new().with_clamp_len(clamp))
+            .with_pre_ln(false)
+            .with_tie_weights(self.tie_word_embeddings)
+            .with_untie_rel_bias(self.untie_r))
+    }
+
+    /// The adaptive input embedding's config (HF's `AdaptiveEmbedding`, `sqrt(d_model)` scale).
+    pub fn embedding_config(&self) -> AdaptiveEmbeddingConfig {
+        AdaptiveEmbeddingConfig::new(self.vocab_size, self.d_embed, self.d_model)
+            .with_cutoffs(self.cutoffs.clone())
+            .with_div_val(self.div_val)
+            .with_scale(true)
+    }
+
+    /// The softmax's config (HF's `ProjectedAdaptiveLogSoftmax`).
+    pub fn softmax_config(&self) -> AdaptiveLogSoftmaxConfig {
+        AdaptiveLogSoftmaxConfig::new(self.vocab_size, self.d_embed, self.d_model)
+            .with_cutoffs(self.cutoffs.clone())
+            .with_div_val(self.div_val)
+            .with_tie_weights(self.tie_word_embeddings)
+            .with_tie_projs(self.tie_projs())
+    }
+}
+
+/// The weight file of a model directory: `model.safetensors`, else `pytorch_model.bin`.
+pub fn weights_file(dir: &Path) -> Result<PathBuf, ImportError> {
+    ["model.safetensors", "pytorch_model.bin"]
+        .iter()
+        .map(|f| dir.join(f))
+        .find(|p| p.is_file())
+        .ok_or_else(|| ImportError::NoWeights {
+            dir: dir.to_path_buf(),
+        })
+}
+
+/// HF's first memory: `mem_len` zero vectors per layer (`init_mems`), `[batch, mem_len, d_model]`.
+pub fn zero_memory(
+    n_layers: usize,
+    batch: usize,
+    mem_len: usize,
+    d_model: usize,
+    device: &Device,
+) -> XlMemory {
+    XlMemory::from_layers(
+        (0..n_layers)
+            .map(|_| Tensor::zeros([batch, mem_len, d_model], device))
+            .collect(),
+    )
+    .expect("equal shapes")
+}
+
+/// Host values of a float tensor (for the tied-copy checks).
+fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("f32 data")
+}
+
+/// A tied copy must equal the tensor it is tied to (bit for bit: it is the same storage in
+/// PyTorch).
+fn check_tied<const D: usize>(
+    map: &mut TensorMap,
+    name: &str,
+    tied_to: &str,
+    value: &Tensor<D>,
+    device: &Device,
+) -> Result<(), ImportError> {
+    let shape = value.dims();
+    if map.contains(name) {
+        let copy = map.float::<D>(name, shape, device)?;
+        if host(copy) != host(value.clone()) {
+            return Err(ImportError::Value {
+                name: name.into(),
+                message: format!(
+                    "is tied to {tied_to} in the config but holds other values; memzoo cannot hold both"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// HF linear weight `[out, in]` → memzoo's `[in, out]`.
+fn linear_weight(
+    map: &mut TensorMap,
+    name: &str,
+    d_out: usize,
+    d_in: usize,
+    device: &Device,
+) -> Result<Tensor<2>, ImportError> {
+    Ok(map.float(name, [d_out, d_in], device)?.transpose())
+}
+
+fn set_linear(linear: &mut Linear, weight: Tensor<2>, bias: Option<Tensor<1>>) {
+    linear.weight = Param::from_tensor(weight);
+    linear.bias = bias.map(Param::from_tensor);
+}
+
+fn norm(
+    map: &mut TensorMap,
+    prefix: &str,
+    cfg: &HfTransfoXlConfig,
+    device: &Device,
+) -> Result<LayerNorm, ImportError> {
+    let d = cfg.d_model;
+    let mut norm = LayerNormConfig::new(d)
+        .with_epsilon(cfg.layer_norm_epsilon)
+        .init(device);
+    norm.gamma = Param::from_tensor(map.float(&format!("{prefix}.weight"), [d], device)?);
+    norm.beta = Some(Param::from_tensor(map.float(
+        &format!("{prefix}.bias"),
+        [d],
+        device,
+    )?));
+    Ok(norm)
+}
+
+fn biases(
+    map: &mut TensorMap,
+    prefix: &str,
+    cfg: &HfTransfoXlConfig,
+    device: &Device,
+) -> Result<XlBiases, ImportError> {
+    let shape = [cfg.n_head, cfg.d_head];
+    Ok(XlBiases {
+        content: Param::from_tensor(map.float(&format!("{prefix}r_w_bias"), shape, device)?),
+        position: Param::from_tensor(map.float(&format!("{prefix}r_r_bias"), shape, device)?),
+    })
+}
+
+/// Replaces the weights of `layers` (and the shared `u`/`v`) by the checkpoint's.
+fn load_layers(
+    map: &mut TensorMap,
+    cfg: &HfTransfoXlConfig,
+    layers: &mut [XlLayer],
+    shared: &mut Option<XlBiases>,
+    device: &Device,
+) -> Result<(), ImportError> {
+    let (d, hd, di) = (cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner);
+    if !cfg.untie_r {
+        let s = biases(map, "transformer.", cfg, device)?;
+        for l in 0..layers.len() {
+            let p = format!("transformer.layers.{l}.dec_attn.");
+            for (name, value, tied) in [
+                ("r_w_bias", &s.content, "transformer.r_w_bias"),
+                ("r_r_bias", &s.position, "transformer.r_r_bias"),
+            ] {
+                check_tied(map, &format!("{p}{name}"), tied, &value.val(), device)?;
+            }
+        }
+        *shared = Some(s);
+    }
+    for (l, layer) in layers.iter_mut().enumerate() {
+        let p = format!("transformer.layers.{l}.");
+        let LayerAttention::Relative(att) = &mut layer.attention else {
+            return Err(
+                XlError::Config(format!("layer {l} is not a relative-attention layer")).into(),
+            );
+        };
+        // qkv_net: [3 h dh, d] = [W_q; W_k; W_v]
+        let qkv = map.float(&format!("{p}dec_attn.qkv_net.weight"), [3 * hd, d], device)?;
+        set_linear(
+            &mut att.query,
+            qkv.clone().narrow(0, 0, hd).transpose(),
+            None,
+        );
+        set_linear(
+            &mut att.key_value,
+            qkv.narrow(0, hd, 2 * hd).transpose(),
+            None,
+        );
+        let o = linear_weight(map, &format!("{p}dec_attn.o_net.weight"), d, hd, device)?;
+        set_linear(&mut att.output, o, None);
+        let r = linear_weight(map, &format!("{p}dec_attn.r_net.weight"), hd, d, device)?;
+        let PositionParams::Xl(xp) = &mut att.scheme else {
+            return Err(XlError::Config("XL attention without W_R".into()).into());
+        };
+        set_linear(&mut xp.r_net, r, None);
+        if cfg.untie_r {
+            xp.biases = Some(biases(map, &format!("{p}dec_attn."), cfg, device)?);
+        }
+        let block = &mut layer.block;
+        block.norm_attention = norm(map, &format!("{p}dec_attn.layer_norm"), cfg, device)?;
+        block.norm_ff = norm(map, &format!("{p}pos_ff.layer_norm"), cfg, device)?;
+        let w1 = linear_weight(map, &format!("{p}pos_ff.CoreNet.0.weight"), di, d, device)?;
+        let b1 = map.float(&format!("{p}pos_ff.CoreNet.0.bias"), [di], device)?;
+        set_linear(&mut block.ff_in, w1, Some(b1));
+        let w2 = linear_weight(map, &format!("{p}pos_ff.CoreNet.3.weight"), d, di, device)?;
+        let b2 = map.float(&format!("{p}pos_ff.CoreNet.3.bias"), [d], device)?;
+        set_linear(&mut block.ff_out, w2, Some(b2));
+    }
+    // The sinusoid's frequencies are a buffer HF saves; memzoo computes them.
+    let name = "transformer.pos_emb.inv_freq";
+    if map.contains(name) {
+        let half = d / 2;
+        let got = host(map.float::<1>(name, [half], device)?);
+        for (k, g) in got.iter().enumerate() {
+            let want = 1.0 / 10000f64.powf(2.0 * k as f64 / d as f64);
+            if ((*g as f64) - want).abs() > 1e-6 * want.max(1e-30) + 1e-12 {
+                return Err(ImportError::Value {
+                    name: name.into(),
+                    message: format!(
+                        "frequency {k} is {g}, memzoo's sinusoid uses 10000^(-2k/d_model) = {want}"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Loads a `cutoffs = []` model (see [`HfTransfoXlConfig::is_plain`]) into memzoo's
+/// [`TransformerXl`]; every tensor of the checkpoint is used or checked.
+pub fn load_transformer_xl(
+    dir: &Path,
+    device: &Device,
+) -> Result<(TransformerXl, HfTransfoXlConfig), ImportError> {
+    let cfg = HfTransfoXlConfig::read(dir)?;
+    let mut map = TensorMap::read(&weights_file(dir)?)?;
+    let model = transformer_xl_from(&cfg, &mut map, device)?;
+    map.finish()?;
+    Ok((model, cfg))
+}
+
+/// [`load_transformer_xl`] from a config and tensors in hand; leaves unknown tensors in `map`.
+pub fn transformer_xl_from(
+    cfg: &HfTransfoXlConfig,
+    map: &mut TensorMap,
+    device: &Device,
+) -> Result<TransformerXl, ImportError> {
+    if !cfg.is_plain() {
+        return Err(ImportError::Unsupported(format!(
+            "cutoffs = {:?}, div_val = {}, d_embed = {} (d_model {}): memzoo's TransformerXl has one embedding table of width d_model; load it as HfTransfoXl (adaptive input and softmax)",
+            cfg.cutoffs, cfg.div_val, cfg.d_embed, cfg.d_model
+        )));
+    }
+    let mut model = cfg.xl_config()?.init(device)?;
+    load_layers(
+        map,
+        cfg,
+        &mut model.layers,
+        &mut model.shared_biases,
+        device,
+    )?;
+    let (v, d) = (cfg.vocab_size, cfg.d_model);
+    let table = map.float("transformer.word_emb.emb_layers.0.weight", [v, d], device)?;
+    model.embedding.weight = Param::from_tensor(table.clone());
+    let bias = map.float("crit.out_layers.0.bias", [v], device)?;
+    if cfg.tie_word_embeddings {
+        check_tied(
+            map,
+            "crit.out_layers.0.weight",
+            "transformer.word_emb.emb_layers.0.weight",
+            &table,
+            device,
+        )?;
+        model.output_bias = Some(Param::from_tensor(bias));
+    } else {
+        let w = linear_weight(map, "crit.out_layers.0.weight", v, d, device)?;
+        match &mut model.output {
+            Some(output) => set_linear(output, w, Some(bias)),
+            None => return Err(XlError::Config("untied XL without an output layer".into()).into()),
+        }
+    }
+    Ok(model)
+}
+
+/// An HF TransfoXL of any shape: adaptive input embedding → memzoo's XL layers → projected
+/// adaptive log-softmax, as `transfo-xl-wt103`.
+///
+/// # Shapes
+/// - `tokens`: `[batch, qlen]`; hidden: `[batch, qlen, d_model]`; log-probs `[batch, qlen, vocab]`
+#[derive(Module, Debug)]
+pub struct HfTransfoXl {
+    embedding: AdaptiveEmbedding,
+    layers: Vec<XlLayer>,
+    shared_biases: Option<XlBiases>,
+    softmax: AdaptiveLogSoftmax,
+    dropout: Dropout,
+    #[module(skip)]
+    positions: PositionConfig,
+    d_model: usize,
+    mem_len: usize,
+    same_length: bool,
+}
+
+/// Loads any HF TransfoXL directory as an [`HfTransfoXl`].
+pub fn load_hf_transfo_xl(
+    dir: &Path,
+    device: &Device,
+) -> Result<(HfTransfoXl, HfTransfoXlConfig), ImportError> {
+    let cfg = HfTransfoXlConfig::read(dir)?;
+    let mut map = TensorMap::read(&weights_file(dir)?)?;
+    let model = HfTransfoXl::from_tensors(&cfg, &mut map, device)?;
+    map.finish()?;
+    Ok((model, cfg))
+}
+
+impl HfTransfoXl {
+    /// Builds the model from a config and tensors in hand; leaves unknown tensors in `map`.
+    pub fn from_tensors(
+        cfg: &HfTransfoXlConfig,
+        map: &mut TensorMap,
+        device: &Device,
+    ) -> Result<Self, ImportError> {
+        let xl = cfg.xl_config()?;
+        // The layers of a memzoo XL (its own embedding, vocab 1, is dropped).
+        let mut body = xl.clone().with_vocab_size(1).init(device)?;
+        load_layers(map, cfg, &mut body.layers, &mut body.shared_biases, device)?;
+        let emb_cfg = cfg.embedding_config();
+        let bounds = emb_cfg.validate()?;
+        let n = bounds.len() - 1;
+        let width = |i: usize| {
+            if cfg.div_val == 1 {
+                cfg.d_embed
+            } else {
+                cfg.d_embed / cfg.div_val.pow(i as u32)
+            }
+        };
+        let size = |i: usize| bounds[i + 1] - bounds[i];
+        let n_tables = if cfg.div_val == 1 { 1 } else { n };
+        let table_rows = |i: usize| {
+            if cfg.div_val == 1 {
+                cfg.vocab_size
+            } else {
+                size(i)
+            }
+        };
+        let projected = |i: usize| cfg.div_val > 1 || width(i) != cfg.d_model;
+        let mut tables = Vec::with_capacity(n_tables);
+        let mut projections = Vec::with_capacity(n_tables);
+        for i in 0..n_tables {
+            let p = "transformer.word_emb.";
+            tables.push(map.float(
+                &format!("{p}emb_layers.{i}.weight"),
+                [table_rows(i), width(i)],
+                device,
+            )?);
+            projections.push(if projected(i) {
+                Some(
+                    map.float(
+                        &format!("{p}emb_projs.{i}"),
+                        [cfg.d_model, width(i)],
+                        device,
+                    )?
+                    .transpose(),
+                )
+            } else {
+                None
+            });
+        }
+        let embedding =
+            AdaptiveEmbedding::from_tensors(&emb_cfg, tables.clone(), projections.clone())?;
+
+        // The softmax: owned tensors taken, tied copies checked against the embedding's.
+        let sm_cfg = cfg.softmax_config();
+        let tie_projs = cfg.tie_projs();
+        let (v, de, dp) = (cfg.vocab_size, cfg.d_embed, cfg.d_model);
+        let clusters = n - 1;
+        let (cluster_weight, cluster_bias) = if clusters > 0 {
+            (
+                Some(map.float("crit.cluster_weight", [clusters, de], device)?),
+                Some(map.float("crit.cluster_bias", [clusters], device)?),
+            )
+        } else {
+            (None, None)
+        };
+        let mut out = AdaptiveLogSoftmaxTensors {
+            cluster_weight,
+            cluster_bias,
+            biases: Vec::with_capacity(n),
+            tables: Vec::new(),
+            projections: Vec::with_capacity(n),
+        };
+        if cfg.div_val == 1 {
+            // One output layer over the whole vocabulary, split at the cutoffs.
+            let bias = map.float::<1>("crit.out_layers.0.bias", [v], device)?;
+            out.biases = (0..n)
+                .map(|i| bias.clone().narrow(0, bounds[i], size(i)))
+                .collect();
+            let name = "crit.out_layers.0.weight";
+            if cfg.tie_word_embeddings {
+                check_tied(
+                    map,
+                    name,
+                    "transformer.word_emb.emb_layers.0.weight",
+                    &tables[0],
+                    device,
+                )?;
+            } else {
+                let w = map.float::<2>(name, [v, de], device)?;
+                out.tables = (0..n)
+                    .map(|i| w.clone().narrow(0, bounds[i], size(i)))
+                    .collect();
+            }
+        } else {
+            for i in 0..n {
+                let p = format!("crit.out_layers.{i}.");
+                out.biases
+                    .push(map.float(&format!("{p}bias"), [size(i)], device)?);
+                let name = format!("{p}weight");
+                if cfg.tie_word_embeddings {
+                    let to = format!("transformer.word_emb.emb_layers.{i}.weight");
+                    check_tied(map, &name, &to, &tables[i], device)?;
+                } else {
+                    out.tables
+                        .push(map.float(&name, [size(i), width(i)], device)?);
+                }
+            }
+        }
+        for i in 0..n {
+            let name = format!("crit.out_projs.{i}");
+            let tied = tie_projs.get(i).copied().unwrap_or(false);
+            let emb_proj = if cfg.div_val == 1 {
+                &projections[0]
+            } else {
+                &projections[i]
+            };
+            if !projected(i) {
+                out.projections.push(None);
+                if map.contains(&name) {
+                    return Err(ImportError::Value {
+                        name,
+                        message: format!(
+                            "present, but d_embed = d_model = {dp} needs no projection"
+                        ),
+                    });
+                }
+            } else if tied {
+                let to = format!(
+                    "transformer.word_emb.emb_projs.{}",
+                    if cfg.div_val == 1 { 0 } else { i }
+                );
+                let own = emb_proj.clone().expect("projected").transpose();
+                check_tied(map, &name, &to, &own, device)?;
+                out.projections.push(None);
+            } else {
+                out.projections
+                    .push(Some(map.float(&name, [dp, width(i)], device)?.transpose()));
+            }
+        }
+        let softmax = AdaptiveLogSoftmax::from_tensors(&sm_cfg, out, device)?;
+        Ok(Self {
+            embedding,
+            layers: body.layers,
+            shared_biases: body.shared_biases,
+            softmax,
+            dropout: DropoutConfig::new(cfg.dropout).init(),
+            positions: xl.positions.clone(),
+            d_model: cfg.d_model,
+            mem_len: cfg.mem_len,
+            same_length: cfg.same_length,
+        })
+    }
+
+    /// Number of layers.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Memory length.
+    pub fn mem_len(&self) -> usize {
+        self.mem_len
+    }
+
+    /// The adaptive input embedding.
+    pub fn embedding(&self) -> &AdaptiveEmbedding {
+        &self.embedding
+    }
+
+    /// The adaptive softmax.
+    pub fn softmax(&self) -> &AdaptiveLogSoftmax {
+        &self.softmax
+    }
+
+    /// Reads one segment over `memory` (HF's `transformer(...)`), returning the final hidden
+    /// states and the next memory.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]`; every `memory` layer `[batch, mlen, d_model]`
+    pub fn forward(&self, tokens: Tensor<2, Int>, memory: &XlMemory) -> Result<XlOutput, XlError> {
+        let [batch, qlen] = tokens.dims();
+        if !memory.is_empty() && memory.n_layers() != self.layers.len() {
+            return Err(XlError::Input(format!(
+                "memory has {} layers, the model {}",
+                memory.n_layers(),
+                self.layers.len()
+            )));
+        }
+        if let Some(mb) = memory.batch()
+            && mb != batch
+        {
+            return Err(XlError::Input(format!(
+                "memory has batch {mb}, the tokens {batch}"
+            )));
+        }
+        let mlen = memory.len();
+        let device = tokens.device();
+        let mask = AttentionMask::Causal {
+            window: self.same_length.then_some(self.mem_len),
+        };
+        let ctx = RelativeContext::new(&self.positions, self.d_model, qlen, mlen, &mask, &device);
+        // h_0 = Dropout(AdaptiveEmbedding(tokens)), the sqrt(d_model) scale inside.
+        let mut h = self.dropout.forward(self.embedding.forward(tokens));
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        for (l, layer) in self.layers.iter().enumerate() {
+            inputs.push(h.clone());
+            let cx = LayerContext {
+                positions: Some(&ctx),
+                shared: self.shared_biases.as_ref(),
+                knn: None,
+                seed: 0,
+            };
+            h = layer.forward(h, memory.layer(l).cloned(), cx)?;
+        }
+        Ok(XlOutput {
+            hidden: self.dropout.forward(h),
+            memory: memory.update(&inputs, self.mem_len),
+        })
+    }
+
+    /// Log-probabilities of every word after each position.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, qlen, d_model]` → `[batch, qlen, vocab]`
+    pub fn log_probs(&self, hidden: Tensor<3>) -> Result<Tensor<3>, XlError> {
+        let [b, q, d] = hidden.dims();
+        let lp = self
+            .softmax
+            .log_probs(hidden.reshape([b * q, d]), &self.embedding)?;
+        Ok(lp.reshape([b, q, self.softmax.vocab_size()]))
+    }
+
+    /// Negative log-likelihood of each target.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, qlen, d_model]`, `targets`: `[batch, qlen]` → `[batch, qlen]`
+    pub fn nll(&self, hidden: Tensor<3>, targets: Tensor<2, Int>) -> Result<Tensor<2>, XlError> {
+        let [b, q, d] = hidden.dims();
+        let nll = self.softmax.nll(
+            hidden.reshape([b * q, d]),
+            targets.reshape([b * q]),
+            &self.embedding,
+        )?;
+        Ok(nll.reshape([b, q]))
+    }
+}
+
+/// Where the values of an HF-named map come from: the parameters themselves, or their
+/// gradients in `grads` (for parity tests).
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    /// The parameters' values.
+    Values,
+    /// The parameters' gradients (a parameter without one is left out).
+    Gradients(&'a GradientsParams),
+}
+
+impl Source<'_> {
+    fn get<const D: usize>(&self, p: &Param<Tensor<D>>) -> Option<Tensor<D>> {
+        match self {
+            Source::Values => Some(p.val()),
+            Source::Gradients(g) => g.get::<D>(p.id),
+        }
+    }
+}
+
+/// HF names → host tensors, the inverse of the import mapping (the export direction); tied
+/// names appear under every name HF's `state_dict` gives them.
+pub type HfTensors = BTreeMap<String, TensorData>;
+
+fn put<const D: usize>(out: &mut HfTensors, name: String, t: Option<Tensor<D>>) {
+    if let Some(t) = t {
+        out.insert(name, t.into_data());
+    }
+}
+
+/// The layers' tensors under HF's names (`transformer.layers.*`, the `u`/`v` biases).
+fn layers_to_hf(
+    out: &mut HfTensors,
+    layers: &[XlLayer],
+    shared: Option<&XlBiases>,
+    src: Source<'_>,
+) {
+    if let Some(s) = shared {
+        for (name, p) in [("r_w_bias", &s.content), ("r_r_bias", &s.position)] {
+            put(out, format!("transformer.{name}"), src.get(p));
+            for l in 0..layers.len() {
+                put(
+                    out,
+                    format!("transformer.layers.{l}.dec_attn.{name}"),
+                    src.get(p),
+                );
+            }
+        }
+    }
+    let tr = |t: Option<Tensor<2>>| t.map(|t| t.transpose());
+    for (l, layer) in layers.iter().enumerate() {
+        let p = format!("transformer.layers.{l}.");
+        let Some(att) = layer.attention.relative() else {
+            continue;
+        };
+        let qkv = match (src.get(&att.query.weight), src.get(&att.key_value.weight)) {
+            (Some(q), Some(kv)) => Some(Tensor::cat(vec![q.transpose(), kv.transpose()], 0)),
+            _ => None,
+        };
+        put(out, format!("{p}dec_attn.qkv_net.weight"), qkv);
+        put(
+            out,
+            format!("{p}dec_attn.o_net.weight"),
+            tr(src.get(&att.output.weight)),
+        );
+        let xp = match &att.scheme {
+            PositionParams::Xl(xp) => Some(xp),
+            _ => None,
+        };
+        if let Some(xp) = xp {
+            put(
+                out,
+                format!("{p}dec_attn.r_net.weight"),
+                tr(src.get(&xp.r_net.weight)),
+            );
+        }
+        if let Some(b) = xp.and_then(|xp| xp.biases.as_ref()) {
+            put(out, format!("{p}dec_attn.r_w_bias"), src.get(&b.content));
+            put(out, format!("{p}dec_attn.r_r_bias"), src.get(&b.position));
+        }
+        let block = &layer.block;
+        for (name, norm) in [
+            ("dec_attn.layer_norm", &block.norm_attention),
+            ("pos_ff.layer_norm", &block.norm_ff),
+        ] {
+            put(out, format!("{p}{name}.weight"), src.get(&norm.gamma));
+            if let Some(beta) = &norm.beta {
+                put(out, format!("{p}{name}.bias"), src.get(beta));
+            }
+        }
+        for (i, lin) in [(0, &block.ff_in), (3, &block.ff_out)] {
+            put(
+                out,
+                format!("{p}pos_ff.CoreNet.{i}.weight"),
+                tr(src.get(&lin.weight)),
+            );
+            if let Some(b) = &lin.bias {
+                put(out, format!("{p}pos_ff.CoreNet.{i}.bias"), src.get(b));
+            }
+        }
+    }
+}
+
+/// A `cutoffs = []` [`TransformerXl`]'s tensors (or gradients) under HF's names, tied copies
+/// included (`crit.out_layers.0.weight` is the embedding when tied).
+pub fn transformer_xl_to_hf(model: &TransformerXl, src: Source<'_>) -> HfTensors {
+    let mut out = HfTensors::new();
+    layers_to_hf(&mut out, &model.layers, model.shared_biases.as_ref(), src);
+    let table = src.get(&model.embedding.weight);
+    put(
+        &mut out,
+        "transformer.word_emb.emb_layers.0.weight".into(),
+        table.clone(),
+    );
+    match (&model.output, &model.output_bias) {
+        (Some(output), _) => {
+            put(
+                &mut out,
+                "crit.out_layers.0.weight".into(),
+                src.get(&output.weight).map(|w| w.transpose()),
+            );
+            if let Some(b) = &output.bias {
+                put(&mut out, "crit.out_layers.0.bias".into(), src.get(b));
+            }
+        }
+        (None, bias) => {
+            put(&mut out, "crit.out_layers.0.weight".into(), table);
+            if let Some(b) = bias {
+                put(&mut out, "crit.out_layers.0.bias".into(), src.get(b));
+            }
+        }
+    }
+    out
+}
+
+impl HfTransfoXl {
+    /// The model's tensors (or gradients) under HF's names, tied copies included.
+    pub fn to_hf(&self, src: Source<'_>) -> HfTensors {
+        let mut out = HfTensors::new();
+        layers_to_hf(&mut out, &self.layers, self.shared_biases.as_ref(), src);
+        let emb = &self.embedding;
+        let sm = &self.softmax;
+        let div1 = emb.div_val() == 1;
+        for (i, t) in emb.tables().iter().enumerate() {
+            put(
+                &mut out,
+                format!("transformer.word_emb.emb_layers.{i}.weight"),
+                src.get(t),
+            );
+        }
+        for (i, p) in emb.projections().iter().enumerate() {
+            if let Some(p) = p {
+                put(
+                    &mut out,
+                    format!("transformer.word_emb.emb_projs.{i}"),
+                    src.get(p).map(|t| t.transpose()),
+                );
+            }
+        }
+        if let Some(w) = sm.cluster_weight() {
+            put(&mut out, "crit.cluster_weight".into(), src.get(w));
+        }
+        if let Some(b) = sm.cluster_bias() {
+            put(&mut out, "crit.cluster_bias".into(), src.get(b));
+        }
+        let biases: Vec<Option<Tensor<1>>> = sm.biases().iter().map(|b| src.get(b)).collect();
+        if div1 {
+            if biases.iter().all(Option::is_some) {
+                let all = Tensor::cat(biases.into_iter().flatten().collect(), 0);
+                put(&mut out, "crit.out_layers.0.bias".into(), Some(all));
+            }
+        } else {
+            for (i, b) in biases.into_iter().enumerate() {
+                put(&mut out, format!("crit.out_layers.{i}.bias"), b);
+            }
+        }
+        // Output tables: the embedding's when tied.
+        let tables: Vec<Option<Tensor<2>>> = if sm.tables().is_empty() {
+            emb.tables().iter().map(|t| src.get(t)).collect()
+        } else {
+            let own: Vec<Option<Tensor<2>>> = sm.tables().iter().map(|t| src.get(t)).collect();
+            if div1 && own.iter().all(Option::is_some) {
+                vec![Some(Tensor::cat(own.into_iter().flatten().collect(), 0))]
+            } else {
+                own
+            }
+        };
+        for (i, t) in tables.into_iter().enumerate() {
+            put(&mut out, format!("crit.out_layers.{i}.weight"), t);
+        }
+        for (i, p) in sm.projections().iter().enumerate() {
+            let t = match p {
+                Some(p) => src.get(p),
+                None => emb.projections()[if div1 { 0 } else { i }]
+                    .as_ref()
+                    .and_then(|p| src.get(p)),
+            };
+            put(
+                &mut out,
+                format!("crit.out_projs.{i}"),
+                t.map(|t| t.transpose()),
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,170 @@
+//! Reading a checkpoint file into a name → tensor map with Burn's own readers: safetensors, and
+//! PyTorch's `torch.save` files (`.bin`, `.pt`, `.pth`) parsed by burn-store's pickle *reader*,
+//! which interprets the pickle opcodes as data and never runs code from the file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_store::{ModuleStore, PytorchStore, SafetensorsStore};
+
+use crate::error::ImportError;
+
+/// The tensors of one checkpoint by name, taken out one at a time by the importer: what is
+/// left at the end is an error ([`TensorMap::finish`]), so no tensor is silently dropped.
+#[derive(Debug, Default)]
+pub struct TensorMap {
+    tensors: BTreeMap<String, TensorData>,
+    source: PathBuf,
+}
+
+impl TensorMap {
+    /// Reads `path`: `*.safetensors` with burn-store's `SafetensorsStore`, anything else as a
+    /// PyTorch file with its `PytorchStore` (no pickle code is executed).
+    pub fn read(path: &Path) -> Result<Self, ImportError> {
+        let read_err = |message: String| ImportError::Read {
+            path: path.to_path_buf(),
+            message,
+        };
+        if !path.is_file() {
+            return Err(read_err("no such file".into()));
+        }
+        let is_safetensors = path.extension().is_some_and(|e| e == "safetensors");
+        let packed = if is_safetensors {
+            SafetensorsStore::from_file(path)
+                .get_all_tensors()
+                .map_err(|e| read_err(e.to_string()))?
+                .clone()
+        } else {
+            // Names as the file has them: no renumbering of `Sequential` indices
+            // (`pos_ff.CoreNet.3` stays 3).
+            PytorchStore::from_file(path)
+                .map_indices_contiguous(false)
+                .get_all_tensors()
+                .map_err(|e| read_err(e.to_string()))?
+                .clone()
+        };
+        let mut tensors = BTreeMap::new();
+        for (name, t) in packed {
+            let data = burn_store::bridge::to_data(&t)
+                .map_err(|e| read_err(format!("tensor {name}: {e}")))?;
+            tensors.insert(name, data);
+        }
+        Ok(Self {
+            tensors,
+            source: path.to_path_buf(),
+        })
+    }
+
+    /// A map from tensors in hand (tests, other sources).
+    pub fn from_tensors(tensors: BTreeMap<String, TensorData>, source: PathBuf) -> Self {
+        Self { tensors, source }
+    }
+
+    /// The file the tensors came from.
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Whether `name` is (still) in the map.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The tensor `name`, left in the map.
+    pub fn get(&self, name: &str) -> Option<&TensorData> {
+        self.tensors.get(name)
+    }
+
+    /// The names still in the map.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// Takes `name` out of the map, checking its shape; an error names a missing or misshaped
+    /// tensor.
+    pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<TensorData, ImportError> {
+        let data = self
+            .tensors
+            .remove(name)
+            .ok_or_else(|| ImportError::Missing {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+            })?;
+        if data.shape().as_slice() != shape {
+            return Err(ImportError::Shape {
+                name: name.to_string(),
+                found: data.shape().to_vec(),
+                expected: shape.to_vec(),
+            });
+        }
+        Ok(data)
+    }
+
+    /// Takes `name` if present (a tensor some checkpoints hold and others do not, e.g. a tied
+    /// copy), checking its shape.
+    pub fn take_optional(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<TensorData>, ImportError> {
+        if self.contains(name) {
+            self.take(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Takes a float tensor as `f32` on `device`.
+    pub fn float<const D: usize>(
+        &mut self,
+        name: &str,
+        shape: [usize; D],
+        device: &Device,
+    ) -> Result<Tensor<D>, ImportError> {
+        let data = self.take(name, &shape)?;
+        Ok(Tensor::from_data(float_data(name, data)?, device))
+    }
+
+    /// Takes an integer tensor on `device`.
+    pub fn int<const D: usize>(
+        &mut self,
+        name: &str,
+        shape: [usize; D],
+        device: &Device,
+    ) -> Result<Tensor<D, Int>, ImportError> {
+        let data = self.take(name, &shape)?;
+        match data.dtype() {
+            DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::U8 => {
+                Ok(Tensor::from_data(data.convert::<i64>(), device))
+            }
+            other => Err(ImportError::Value {
+                name: name.to_string(),
+                message: format!("expected an integer tensor, found {other:?}"),
+            }),
+        }
+    }
+
+    /// Succeeds when every tensor has been taken; else names the ones left.
+    pub fn finish(self) -> Result<(), ImportError> {
+        if self.tensors.is_empty() {
+            Ok(())
+        } else {
+            Err(ImportError::Unknown {
+                names: self.tensors.into_keys().collect(),
+            })
+        }
+    }
+}
+
+/// `data` as `f32`, if it is a float tensor.
+pub fn float_data(name: &str, data: TensorData) -> Result<TensorData, ImportError> {
+    match data.dtype() {
+        DType::F32 => Ok(data),
+        DType::F64 | DType::F16 | DType::BF16 => Ok(data.convert::<f32>()),
+        other => Err(ImportError::Value {
+            name: name.to_string(),
+            message: format!("expected a float tensor, found {other:?}"),
+        }),
+    }
+}

@@ -1,0 +1,384 @@
+//! Checkpoint import: HF TransfoXL models read into memzoo, compared with HF's own outputs.
+//!
+//! The fixtures (`tests/fixtures/hf-transfo-xl/{plain,wt103}`) are small random-weight models
+//! written by HF transformers 4.37.2 itself (`xtask/peers/fixtures/hf_transfo_xl.py`), with
+//! HF's log-probabilities, losses and carried memories over 3 segments, the gradient of every
+//! parameter for segment 1's mean loss, and the adaptive embedding and softmax alone. Every
+//! float comparison: `max |memzoo - HF| <= 1e-4 · max(1, max |HF|)`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use burn::optim::GradientsParams;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_import::hf_transfo_xl::{
+    Source, load_hf_transfo_xl, load_transformer_xl, transformer_xl_to_hf, zero_memory,
+};
+use memzoo_import::{HfTransfoXlConfig, ImportError, TensorMap};
+use memzoo_tests::*;
+use memzoo_xl::XlMemory;
+
+const TOL: f32 = 1e-4;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/hf-transfo-xl")
+        .join(name)
+}
+
+/// HF's reference outputs of a fixture.
+struct Reference(TensorMap);
+
+impl Reference {
+    fn read(name: &str) -> Self {
+        Self(TensorMap::read(&fixture(name).join("reference.safetensors")).expect("reference"))
+    }
+
+    fn data(&self, name: &str) -> &TensorData {
+        self.0
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing from the reference"))
+    }
+
+    fn floats(&self, name: &str) -> Vec<f32> {
+        self.data(name)
+            .clone()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap()
+    }
+
+    fn tokens<const D: usize>(&self, name: &str, device: &Device) -> Tensor<D, Int> {
+        Tensor::from_data(self.data(name).clone().convert::<i64>(), device)
+    }
+
+    fn float<const D: usize>(&self, name: &str, device: &Device) -> Tensor<D> {
+        Tensor::from_data(self.data(name).clone().convert::<f32>(), device)
+    }
+
+    fn names(&self, prefix: &str) -> BTreeSet<String> {
+        self.0
+            .names()
+            .filter_map(|n| n.strip_prefix(prefix).map(String::from))
+            .collect()
+    }
+}
+
+/// `max |got - want| <= TOL · max(1, max |want|)`.
+#[track_caller]
+fn check(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let d = max_abs_diff(got, want);
+    assert!(
+        d <= TOL * scale && got.iter().all(|v| v.is_finite()),
+        "{what}: max |diff| = {d:e} > {TOL:e} x {scale}"
+    );
+}
+
+/// Every gradient HF has for `prefix*` names equals memzoo's under the same HF name (through
+/// the export mapping); a name memzoo has no gradient for must have an all-zero one in HF (a
+/// tensor the loss does not reach), and memzoo names nothing HF does not.
+#[track_caller]
+fn check_gradients(
+    got: &memzoo_import::hf_transfo_xl::HfTensors,
+    reference: &Reference,
+    prefix: &str,
+    skip: impl Fn(&str) -> bool,
+) {
+    let want: BTreeSet<String> = reference
+        .names(prefix)
+        .into_iter()
+        .filter(|k| !skip(k))
+        .collect();
+    for name in got.keys() {
+        assert!(
+            want.contains(name),
+            "memzoo has a gradient for {name}, HF has none"
+        );
+    }
+    for name in &want {
+        let hf = reference.floats(&format!("{prefix}{name}"));
+        match got.get(name) {
+            Some(g) => {
+                let g = g.clone().convert::<f32>().try_to_vec::<f32>().unwrap();
+                check(&g, &hf, &format!("gradient of {name}"));
+            }
+            None => assert!(
+                hf.iter().all(|v| *v == 0.0),
+                "memzoo has no gradient for {name}, HF's is not zero"
+            ),
+        }
+    }
+}
+
+fn logits_log_probs(model: &memzoo_xl::TransformerXl, hidden: Tensor<3>) -> Tensor<3> {
+    log_softmax(model.logits(hidden), 2)
+}
+
+/// `cutoffs = []`: memzoo's own TransformerXl, from `model.safetensors` or `pytorch_model.bin`.
+fn plain_parity(weights: &str) {
+    let dev = flex().autodiff();
+    let dir = fixture("plain");
+    let tmp = std::env::temp_dir().join(format!("memzoo-import-{weights}-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    for f in ["config.json", weights] {
+        std::fs::copy(dir.join(f), tmp.join(f)).unwrap();
+    }
+    let (model, cfg) = load_transformer_xl(&tmp, &dev).expect("import");
+    std::fs::remove_dir_all(&tmp).ok();
+    let r = Reference::read("plain");
+    let batch = r.data("input_ids.0").shape()[0];
+    let mut memory = zero_memory(cfg.n_layer, batch, cfg.mem_len, cfg.d_model, &dev);
+    for s in 0..3 {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
+        let out = model.forward(x, &memory).unwrap();
+        let lp = logits_log_probs(&model, out.hidden);
+        check(
+            &host(lp.clone()),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("log-probs {s}"),
+        );
+        let [b, q, _] = lp.dims();
+        let nll = lp.gather(2, y.reshape([b, q, 1])).reshape([b, q]).neg();
+        check(
+            &host(nll.clone()),
+            &r.floats(&format!("losses.{s}")),
+            &format!("losses {s}"),
+        );
+        let loss = nll.mean();
+        check(
+            &host(loss.clone()),
+            &r.floats(&format!("loss.{s}")),
+            &format!("loss {s}"),
+        );
+        for l in 0..cfg.n_layer {
+            check(
+                &host(out.memory.layer(l).unwrap().clone()),
+                &r.floats(&format!("mems.{s}.{l}")),
+                &format!("memory {s}.{l}"),
+            );
+        }
+        if s == 1 {
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let got = transformer_xl_to_hf(&model, Source::Gradients(&grads));
+            check_gradients(&got, &r, "grad.", |_| false);
+        }
+        memory = out.memory;
+    }
+}
+
+#[test]
+fn hf_transfo_xl_plain_safetensors_matches_hf() {
+    plain_parity("model.safetensors");
+}
+
+#[test]
+fn hf_transfo_xl_plain_pytorch_bin_matches_hf() {
+    plain_parity("pytorch_model.bin");
+}
+
+#[test]
+fn hf_transfo_xl_wt103_shaped_matches_hf() {
+    let dev = flex().autodiff();
+    let (model, cfg) = load_hf_transfo_xl(&fixture("wt103"), &dev).expect("import");
+    let r = Reference::read("wt103");
+    let batch = r.data("input_ids.0").shape()[0];
+    let mut memory = zero_memory(cfg.n_layer, batch, cfg.mem_len, cfg.d_model, &dev);
+    for s in 0..3 {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
+        let out = model.forward(x, &memory).unwrap();
+        let lp = model.log_probs(out.hidden.clone()).unwrap();
+        check(
+            &host(lp),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("log-probs {s}"),
+        );
+        let nll = model.nll(out.hidden, y).unwrap();
+        check(
+            &host(nll.clone()),
+            &r.floats(&format!("losses.{s}")),
+            &format!("losses {s}"),
+        );
+        let loss = nll.mean();
+        check(
+            &host(loss.clone()),
+            &r.floats(&format!("loss.{s}")),
+            &format!("loss {s}"),
+        );
+        for l in 0..cfg.n_layer {
+            check(
+                &host(out.memory.layer(l).unwrap().clone()),
+                &r.floats(&format!("mems.{s}.{l}")),
+                &format!("memory {s}.{l}"),
+            );
+        }
+        if s == 1 {
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let got = model.to_hf(Source::Gradients(&grads));
+            check_gradients(&got, &r, "grad.", |_| false);
+        }
+        memory = out.memory;
+    }
+}
+
+/// The adaptive embedding alone: values and gradients of `sum(E(x) ⊙ c)`.
+#[test]
+fn adaptive_embedding_matches_hf() {
+    for name in ["wt103", "plain"] {
+        let dev = flex().autodiff();
+        let (model, _) = load_hf_transfo_xl(&fixture(name), &dev).expect("import");
+        let r = Reference::read(name);
+        let out = model.embedding().forward(r.tokens::<2>("emb.input", &dev));
+        check(
+            &host(out.clone()),
+            &r.floats("emb.output"),
+            &format!("{name}: embedding"),
+        );
+        let loss = (out * r.float::<3>("emb.cotangent", &dev)).sum();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let got = model.to_hf(Source::Gradients(&grads));
+        let emb: memzoo_import::hf_transfo_xl::HfTensors = got
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("transformer.word_emb."))
+            .collect();
+        check_gradients(&emb, &r, "emb_grad.", |_| false);
+    }
+}
+
+/// The projected adaptive log-softmax alone: log-probs, NLL, and the gradients of the mean NLL
+/// for its own tensors, the tied embedding tensors and the hidden states.
+#[test]
+fn adaptive_log_softmax_matches_hf() {
+    for name in ["wt103", "plain"] {
+        let dev = flex().autodiff();
+        let (model, _) = load_hf_transfo_xl(&fixture(name), &dev).expect("import");
+        let r = Reference::read(name);
+        let hidden = r.float::<2>("crit.hidden", &dev).require_grad();
+        let targets = r.tokens::<1>("crit.targets", &dev);
+        let (sm, emb) = (model.softmax(), model.embedding());
+        let lp = sm.log_probs(hidden.clone(), emb).unwrap();
+        check(
+            &host(lp.clone()),
+            &r.floats("crit.log_probs"),
+            &format!("{name}: log-probs"),
+        );
+        // The NLL two ways: the cluster-by-cluster path and a gather from the full log-probs.
+        let nll = sm.nll(hidden.clone(), targets.clone(), emb).unwrap();
+        check(
+            &host(nll.clone()),
+            &r.floats("crit.nll"),
+            &format!("{name}: nll"),
+        );
+        let n = targets.dims()[0];
+        let gathered = lp.gather(1, targets.reshape([n, 1])).reshape([n]).neg();
+        check(
+            &host(gathered),
+            &r.floats("crit.nll"),
+            &format!("{name}: gathered nll"),
+        );
+        let backward = nll.mean().backward();
+        let gh = host(hidden.grad(&backward).expect("hidden gradient"));
+        check(
+            &gh,
+            &r.floats("crit_grad.hidden"),
+            &format!("{name}: d nll / d hidden"),
+        );
+        let grads = GradientsParams::from_grads(backward, &model);
+        let got: memzoo_import::hf_transfo_xl::HfTensors = model
+            .to_hf(Source::Gradients(&grads))
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("crit.") || k.starts_with("transformer.word_emb."))
+            .collect();
+        check_gradients(&got, &r, "crit_grad.", |k| k == "hidden");
+    }
+}
+
+/// A missing, misshaped or unknown tensor is an error naming it; so is a tied copy that
+/// differs and a config memzoo cannot express.
+#[test]
+fn hf_transfo_xl_import_errors_name_the_tensor() {
+    let dev = flex();
+    let cfg = HfTransfoXlConfig::read(&fixture("plain")).unwrap();
+    let full = TensorMap::read(&fixture("plain").join("pytorch_model.bin")).unwrap();
+    let tensors = |f: &dyn Fn(&mut std::collections::BTreeMap<String, TensorData>)| {
+        let mut m: std::collections::BTreeMap<String, TensorData> = full
+            .names()
+            .map(|n| (n.to_string(), full.get(n).unwrap().clone()))
+            .collect();
+        f(&mut m);
+        TensorMap::from_tensors(m, "test".into())
+    };
+    let load = |mut map: TensorMap| -> Result<(), ImportError> {
+        memzoo_import::hf_transfo_xl::transformer_xl_from(&cfg, &mut map, &dev)?;
+        map.finish()
+    };
+    let err = load(tensors(&|m| {
+        m.remove("transformer.layers.1.pos_ff.CoreNet.3.bias");
+    }))
+    .unwrap_err();
+    assert!(
+        matches!(&err, ImportError::Missing { name, .. } if name == "transformer.layers.1.pos_ff.CoreNet.3.bias"),
+        "{err}"
+    );
+    let err = load(tensors(&|m| {
+        m.insert(
+            "transformer.layers.0.dec_attn.o_net.weight".into(),
+            TensorData::new(vec![0f32; 16 * 15], [16, 15]),
+        );
+    }))
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("o_net.weight has shape [16, 15]"),
+        "{err}"
+    );
+    let err = load(tensors(&|m| {
+        m.insert(
+            "transformer.extra".into(),
+            TensorData::new(vec![0f32; 2], [2]),
+        );
+    }))
+    .unwrap_err();
+    assert!(err.to_string().contains("transformer.extra"), "{err}");
+    let err = load(tensors(&|m| {
+        let bad = TensorData::new(vec![0.5f32; 48 * 16], [48, 16]);
+        m.insert("crit.out_layers.0.weight".into(), bad);
+    }))
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("crit.out_layers.0.weight") && err.to_string().contains("tied"),
+        "{err}"
+    );
+    let err = load(tensors(&|m| {
+        let mut f = full
+            .get("transformer.pos_emb.inv_freq")
+            .unwrap()
+            .clone()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
+        f[1] *= 2.0;
+        m.insert(
+            "transformer.pos_emb.inv_freq".into(),
+            TensorData::new(f, [8]),
+        );
+    }))
+    .unwrap_err();
+    assert!(err.to_string().contains("inv_freq"), "{err}");
+    // The untouched map loads, so the errors above come from the one change each.
+    load(tensors(&|_| {})).expect("the unmodified checkpoint loads");
+    // An adaptive model is refused by the plain loader, with the reason.
+    let wt = HfTransfoXlConfig::read(&fixture("wt103")).unwrap();
+    let mut map = TensorMap::read(&fixture("wt103").join("model.safetensors")).unwrap();
+    let err = memzoo_import::hf_transfo_xl::transformer_xl_from(&wt, &mut map, &dev).unwrap_err();
+    assert!(err.to_string().contains("cutoffs = [12, 24, 60]"), "{err}");
+    // Memory from another model shape is an error, not a panic.
+    let (model, _) = load_hf_transfo_xl(&fixture("wt103"), &dev).unwrap();
+    let x = Tensor::<2, Int>::zeros([2, 3], &dev);
+    let bad = zero_memory(3, 2, 4, 64, &dev);
+    assert!(model.forward(x.clone(), &bad).is_err());
+    assert!(model.forward(x, &XlMemory::empty()).is_ok());
+}
