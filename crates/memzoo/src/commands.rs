@@ -666,11 +666,14 @@ fn generate_with<M: SegmentModel>(
             model.family()
         );
         if let Some((s, same)) = recompute {
+            let ratio = if model.carries_state() {
+                format!("the carried state is {:.1}x faster", s / cached_s)
+            } else {
+                "no cache: both read the window".into()
+            };
             eprintln!(
-                "[{:.1} tokens/s recomputing the context: the state is {:.1}x faster; \
-                 the same tokens: {same}]",
-                1.0 / s,
-                s / cached_s
+                "[{:.1} tokens/s recomputing the context ({ratio}); the same tokens: {same}]",
+                1.0 / s
             );
         }
     }
