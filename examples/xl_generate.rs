@@ -10,13 +10,14 @@
 //! (a few seconds), then asks it to continue a new passage: the repeats must be copied from the
 //! memory. With `--run-dir` it loads the latest checkpoint of a `memzoo train` run instead.
 //! Either way it then times generation with the cached memory against recomputing the whole
-//! context for every token (the sampler and both loops are the `memzoo generate` library code):
-//! `--tokens` new tokens after a prompt of `--context` tokens (default 256; with `--run-dir`,
-//! the `--prompt` text), greedy, with the memory as long as the whole context so that both
-//! see the same tokens.
+//! context for every token (both are `memzoo::train::generate`, the library code of `memzoo
+//! generate`): `--tokens` new tokens after a prompt of `--context` tokens (default 256; with
+//! `--run-dir`, the `--prompt` text), greedy, one token per step with the memory as long as the
+//! whole context, against one pass over the whole context per token: the same function.
 
 use burn::module::Module;
-use memzoo::commands::{SampleOptions, generate_cached, generate_recompute, load_xl};
+use memzoo::commands::load_xl;
+use memzoo::train::generate::{GenerateConfig, SampleConfig, generate, generate_recompute};
 use memzoo_examples::{CopyTask, arg, arg_or, copy_text, device_from_args, small_xl};
 
 fn main() {
@@ -32,14 +33,10 @@ fn run() -> Result<(), String> {
             "--tokens ({tokens}) and --context ({context}) must be positive"
         ));
     }
-    let greedy = |prompt: String, tokens| SampleOptions {
-        prompt,
-        tokens,
-        temperature: 0.0,
-        top_k: None,
-        top_p: None,
-        seed: 0,
-        compare_recompute: false,
+    // Greedy, `segment_len` tokens read per step.
+    let greedy = |tokens, segment_len| {
+        GenerateConfig::new(tokens, segment_len)
+            .with_sampler(SampleConfig::new().with_temperature(0.0))
     };
 
     let (model, prompt_text) = match arg("--run-dir") {
@@ -69,8 +66,9 @@ fn run() -> Result<(), String> {
             let cut = 2 * task.passage + 2 * task.gap;
             let prompt: Vec<i64> = text[..cut].iter().map(|&b| b as i64).collect();
             let want = &text[cut..text.len() - 1];
-            let (out, _) =
-                generate_cached(&model, &prompt, &greedy(String::new(), want.len()), &device)?;
+            let out = generate(&model, &prompt, &greedy(want.len(), 1), &device)
+                .map_err(|e| e.to_string())?
+                .tokens;
             let got: Vec<u8> = out.iter().map(|&t| t as u8).collect();
             let letters = (0..want.len()).filter(|&i| want[i] != b'.');
             let right = letters.clone().filter(|&i| got[i] == want[i]).count();
@@ -94,13 +92,16 @@ fn run() -> Result<(), String> {
     let prompt: Vec<i64> = prompt_text.bytes().map(|b| b as i64).collect();
     let total = prompt.len() + tokens;
     let model = model.clone().with_mem_len(model.mem_len.max(total));
-    let opts = greedy(prompt_text.clone(), tokens);
-    let (cached, cached_s) = generate_cached(&model, &prompt, &opts, &device)?;
+    let cached =
+        generate(&model, &prompt, &greedy(tokens, 1), &device).map_err(|e| e.to_string())?;
+    let (cached, cached_s) = (cached.tokens, cached.seconds_per_token);
     if arg("--run-dir").is_some() {
         let text: Vec<u8> = cached.iter().map(|&t| t as u8).collect();
         println!("{prompt_text}{}", String::from_utf8_lossy(&text));
     }
-    let (recomputed, recompute_s) = generate_recompute(&model, &prompt, &opts, &device)?;
+    let recomputed = generate_recompute(&model, &prompt, &greedy(tokens, total), &device)
+        .map_err(|e| e.to_string())?;
+    let (recomputed, recompute_s) = (recomputed.tokens, recomputed.seconds_per_token);
     let same = cached
         .iter()
         .zip(&recomputed)

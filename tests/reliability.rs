@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use burn::module::Param;
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
-use memzoo::commands::{self, SampleOptions};
+use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
 use memzoo_data::{ByteTokenizer, LongRangeConfig, OrderedBatcher, generate_corpus};
 use memzoo_tests::*;
@@ -682,18 +682,6 @@ fn bad_inputs_are_errors_naming_the_value() {
     let empty_source = format!("data.source={:?}", empty_file.display().to_string());
     let train_with = |extra: &[&str]| cli_train(extra, &run_dir, false, false).map(|_| ());
     let file_config = |path: &Path| RunConfig::resolve(Some(path), &[]).map(|_| ());
-    let sample = |t: f64, k: Option<usize>, p: Option<f64>| {
-        SampleOptions {
-            prompt: String::new(),
-            tokens: 1,
-            temperature: t,
-            top_k: k,
-            top_p: p,
-            seed: 0,
-            compare_recompute: false,
-        }
-        .validate()
-    };
     let eval = |split: &str, tgt: Option<usize>, max: Option<usize>| {
         commands::eval(&run_dir, "flex", split, None, tgt, max, true)
     };
@@ -869,33 +857,6 @@ fn bad_inputs_are_errors_naming_the_value() {
             &["config.toml"],
         ),
         (
-            "temperature NaN",
-            sample(f64::NAN, None, None),
-            &["--temperature", "NaN"],
-        ),
-        (
-            "temperature negative",
-            sample(-1.0, None, None),
-            &["--temperature", "-1"],
-        ),
-        (
-            "temperature infinite",
-            sample(f64::INFINITY, None, None),
-            &["--temperature", "inf"],
-        ),
-        (
-            "top-p NaN",
-            sample(1.0, None, Some(f64::NAN)),
-            &["--top-p", "NaN"],
-        ),
-        ("top-p 0", sample(1.0, None, Some(0.0)), &["--top-p", "0"]),
-        (
-            "top-p above 1",
-            sample(1.0, None, Some(1.5)),
-            &["--top-p", "1.5"],
-        ),
-        ("top-k 0", sample(1.0, Some(0), None), &["--top-k", "0"]),
-        (
             "duplication 0 rounds",
             commands::duplication("flex", 0, 16, 1, 0.0, true),
             &["train_rounds 0"],
@@ -954,13 +915,12 @@ fn bad_inputs_are_errors_naming_the_value() {
         assert_mentions(&result.expect_err(what), expect, what);
     }
     let generate = |tokens: usize| {
-        let opts = SampleOptions {
+        let opts = GenerateOptions {
             prompt: "ab".into(),
             tokens,
-            temperature: 1.0,
-            top_k: None,
-            top_p: None,
-            seed: 0,
+            sampler: memzoo_train::generate::SampleConfig::new(),
+            segment_len: None,
+            mem_len: None,
             compare_recompute: false,
         };
         commands::generate(&run_dir, "flex", &opts, true)

@@ -1,12 +1,13 @@
 //! Generation speed of XL-small: tokens per second reusing the cached XL memory (the prompt is
 //! read once, then one step per token) against recomputing the whole context for every token,
 //! at several context lengths. The loops are `memzoo generate`'s library code
-//! (`memzoo::commands::generate_cached` / `generate_recompute`), greedy decoding, random
-//! weights (speed does not depend on them) and a random prompt.
+//! (`memzoo::train::generate`: one-token segments over a memory covering the context, against
+//! one pass over the whole context per token), greedy decoding, random weights (speed does not
+//! depend on them) and a random prompt.
 
 use burn::module::Module;
 use burn::tensor::Device;
-use memzoo::commands::{SampleOptions, generate_cached, generate_recompute};
+use memzoo::train::generate::{GenerateConfig, SampleConfig, generate, generate_recompute};
 use memzoo_xl::XlConfig;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -37,19 +38,19 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
         // Memory as long as the whole context, as `memzoo generate` does: both loops then see
         // exactly the same tokens.
         let model = model.clone().with_mem_len(context + tokens);
-        let opts = SampleOptions {
-            prompt: String::new(),
-            tokens,
-            temperature: 0.0,
-            top_k: None,
-            top_p: None,
-            seed: 0,
-            compare_recompute: false,
+        let greedy = |tokens, segment_len| {
+            GenerateConfig::new(tokens, segment_len)
+                .with_sampler(SampleConfig::new().with_temperature(0.0))
         };
+        let err = |e: memzoo::train::GenerateError| e.to_string();
         // Warm-up (allocations, kernels) on a short run.
-        generate_cached(&model, &prompt, &opts_with(&opts, 2), device)?;
-        let (a, cached_s) = generate_cached(&model, &prompt, &opts, device)?;
-        let (b, recompute_s) = generate_recompute(&model, &prompt, &opts, device)?;
+        generate(&model, &prompt, &greedy(2, 1), device).map_err(err)?;
+        let cached = generate(&model, &prompt, &greedy(tokens, 1), device).map_err(err)?;
+        let recomputed =
+            generate_recompute(&model, &prompt, &greedy(tokens, context + tokens), device)
+                .map_err(err)?;
+        let (a, cached_s) = (cached.tokens, cached.seconds_per_token);
+        let (b, recompute_s) = (recomputed.tokens, recomputed.seconds_per_token);
         let agree = a.iter().zip(&b).filter(|(x, y)| x == y).count();
         for (how, s) in [("cached", cached_s), ("recompute", recompute_s)] {
             out.push(Measurement {
@@ -72,16 +73,4 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
         }
     }
     Ok(out)
-}
-
-fn opts_with(opts: &SampleOptions, tokens: usize) -> SampleOptions {
-    SampleOptions {
-        prompt: opts.prompt.clone(),
-        tokens,
-        temperature: opts.temperature,
-        top_k: opts.top_k,
-        top_p: opts.top_p,
-        seed: opts.seed,
-        compare_recompute: false,
-    }
 }

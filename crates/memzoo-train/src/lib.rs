@@ -11,6 +11,7 @@
 pub mod checkpoint;
 pub mod data;
 pub mod error;
+pub mod generate;
 pub mod grads;
 pub mod metrics;
 pub mod model;
@@ -20,6 +21,10 @@ pub mod signals;
 pub mod trainer;
 
 pub use error::TrainError;
+pub use generate::{
+    GenerateConfig, GenerateError, Generation, Generator, SampleConfig, Sampler, generate,
+    generate_recompute,
+};
 pub use model::{SegmentModel, segment_loss};
 pub use schedule::ScheduleConfig;
 pub use trainer::{

@@ -6,6 +6,7 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_memory::{IndexKind, KnnIndex, KnnMemoryConfig, MemoryError, Retrieved, RowState};
 use memzoo_xl::{TransformerXl, XlMemory, XlState};
 
 use crate::error::TrainError;
@@ -50,6 +51,33 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
         let value = loss.clone().into_scalar::<f64>();
         let grads = GradientsParams::from_grads(loss.backward(), self);
         Ok((value, grads))
+    }
+
+    /// Whether the model carries state from one segment to the next. Generation
+    /// ([`crate::generate`]) reads a model that does in segments, the state carried across
+    /// them, and one that does not through a sliding window. Default: true.
+    fn carries_state(&self) -> bool {
+        true
+    }
+
+    /// Reads a segment on top of `state` as [`Self::segment_logits`] does, and leaves `state` as
+    /// it was: generation reads the current, unfinished segment again for every new token (see
+    /// [`crate::generate`]). The default refuses, naming the family (a model that only trains
+    /// need not have it).
+    ///
+    /// # Shapes
+    /// - `inputs`: `[batch, len]` → `[batch, len, vocab]`
+    fn peek_logits(
+        &self,
+        _inputs: Tensor<2, Int>,
+        _state: &mut Self::State,
+        _reset: &[bool],
+    ) -> Result<Tensor<3>, TrainError> {
+        Err(TrainError::Model(format!(
+            "the `{}` model cannot read a segment without moving its state on \
+             (SegmentModel::peek_logits), so it cannot generate",
+            self.family()
+        )))
     }
 
     /// The model for evaluation with another memory length (where it has one).
@@ -130,6 +158,39 @@ impl SegmentModel for TransformerXl {
     ) -> Result<Tensor<3>, TrainError> {
         let hidden = self.forward_state(inputs, state, reset)?;
         Ok(self.logits(hidden))
+    }
+
+    /// The segment is read with the committed XL memory and read-only views of the kNN
+    /// memories: it retrieves from them as [`Self::segment_logits`] does (a kNN layer searches
+    /// before it adds), and adds nothing.
+    fn peek_logits(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<Tensor<3>, TrainError> {
+        use std::sync::Arc;
+        let stores: Vec<Arc<Box<dyn KnnIndex>>> = std::mem::take(&mut state.knn)
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let mut view = XlState {
+            xl: state.xl.clone(),
+            knn: stores
+                .iter()
+                .map(|s| Box::new(ReadOnlyIndex(Arc::clone(s))) as Box<dyn KnnIndex>)
+                .collect(),
+            xl_valid: state.xl_valid.clone(),
+        };
+        let logits = self.segment_logits(inputs, &mut view, reset);
+        drop(view);
+        for store in stores {
+            let store = Arc::try_unwrap(store).map_err(|_| {
+                TrainError::Model("a read-only view of the kNN memory outlived its read".into())
+            })?;
+            state.knn.push(store);
+        }
+        logits
     }
 
     fn with_eval_mem_len(self, mem_len: usize) -> Self {
@@ -265,6 +326,19 @@ impl SegmentModel for memzoo_reformer::ReformerLm {
         Ok(self.forward(inputs)?)
     }
 
+    fn carries_state(&self) -> bool {
+        false
+    }
+
+    fn peek_logits(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut (),
+        reset: &[bool],
+    ) -> Result<Tensor<3>, TrainError> {
+        self.segment_logits(inputs, state, reset)
+    }
+
     fn train_step(
         &self,
         inputs: Tensor<2, Int>,
@@ -291,5 +365,53 @@ impl SegmentModel for memzoo_reformer::ReformerLm {
 
     fn load_state(&self, _dir: &Path, _device: &Device) -> Result<(), TrainError> {
         Ok(())
+    }
+}
+
+/// A kNN memory that is searched but not written: [`KnnIndex::add`] stores nothing. Generation
+/// reads the unfinished segment through it (see `peek_logits` of the Memorizing Transformer).
+#[derive(Debug)]
+struct ReadOnlyIndex(std::sync::Arc<Box<dyn KnnIndex>>);
+
+impl KnnIndex for ReadOnlyIndex {
+    fn kind(&self) -> IndexKind {
+        self.0.kind()
+    }
+
+    fn config(&self) -> &KnnMemoryConfig {
+        self.0.config()
+    }
+
+    fn batch(&self) -> usize {
+        self.0.batch()
+    }
+
+    fn add(&mut self, _keys: Tensor<4>, _values: Tensor<4>) -> Result<(), MemoryError> {
+        Ok(())
+    }
+
+    fn search(&self, queries: Tensor<4>, k: usize) -> Result<Retrieved, MemoryError> {
+        self.0.search(queries, k)
+    }
+
+    fn clear(&mut self, rows: &[usize]) -> Result<(), MemoryError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        Err(MemoryError::Input(format!(
+            "rows {rows:?} cannot be cleared through a read-only view of the kNN memory"
+        )))
+    }
+
+    fn rows(&self) -> &[RowState] {
+        self.0.rows()
+    }
+
+    fn snapshot(&self) -> Result<memzoo_memory::persist::Snapshot, MemoryError> {
+        self.0.snapshot()
+    }
+
+    fn save_extra(&self, dir: &Path) -> Result<Vec<u32>, MemoryError> {
+        self.0.save_extra(dir)
     }
 }

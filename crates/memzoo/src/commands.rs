@@ -3,13 +3,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use memzoo_data::{ByteTokenizer, Manifest, Split};
+use memzoo_train::generate::{
+    GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
+};
 use memzoo_train::{
     RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate, train as run_training,
 };
-use memzoo_xl::{TransformerXl, XlMemory};
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use memzoo_xl::TransformerXl;
 use serde_json::json;
 
 use crate::config::{ModelKind, RunConfig};
@@ -519,173 +521,114 @@ pub fn recall(
     Ok(())
 }
 
-/// Sampling options of `memzoo generate`.
-pub struct SampleOptions {
+/// Options of `memzoo generate`.
+pub struct GenerateOptions {
     /// Text to continue.
     pub prompt: String,
     /// Tokens to generate.
     pub tokens: usize,
-    /// Temperature (0: greedy).
-    pub temperature: f64,
-    /// Top-k filter.
-    pub top_k: Option<usize>,
-    /// Nucleus filter.
-    pub top_p: Option<f64>,
-    /// Sampler seed.
-    pub seed: u64,
+    /// Temperature, top-k, top-p and seed.
+    pub sampler: SampleConfig,
+    /// Tokens per segment (the window of a Reformer); `None`: the run's `train.tgt_len`.
+    pub segment_len: Option<usize>,
+    /// XL memory length while generating (Transformer-XL runs); `None`: the run's.
+    pub mem_len: Option<usize>,
     /// Also time the recompute-the-context baseline.
     pub compare_recompute: bool,
 }
 
-impl SampleOptions {
-    /// Checks the sampling parameters, naming the bad one.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(format!(
-                "--temperature must be >= 0 (0: greedy), got {}",
-                self.temperature
-            ));
-        }
-        if let Some(p) = self.top_p
-            && !(p > 0.0 && p <= 1.0)
-        {
-            return Err(format!("--top-p must be in (0, 1], got {p}"));
-        }
-        if self.top_k == Some(0) {
-            return Err("--top-k must be positive, got 0".into());
-        }
-        Ok(())
-    }
+/// A sampler error names the CLI flag as well.
+fn flag_error(e: GenerateError) -> String {
+    let flag = match e {
+        GenerateError::Temperature(_) => "--temperature",
+        GenerateError::TopK(_) => "--top-k",
+        GenerateError::TopP(_) => "--top-p",
+        GenerateError::SegmentLen(_) => "--segment-len",
+        _ => return e.to_string(),
+    };
+    format!("{flag}: {e}")
 }
 
-/// Draws a token from `logits` with temperature, top-k and top-p.
-pub fn sample(logits: &[f32], opts: &SampleOptions, rng: &mut StdRng) -> usize {
-    if opts.temperature <= 0.0 {
-        return logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i)
-            .unwrap_or(0);
+/// The latest checkpoint of `run_dir` into `model`, which must be of the family it holds.
+fn load_checkpoint<M: SegmentModel>(run_dir: &Path, model: M) -> Result<M, String> {
+    let dir = latest_checkpoint(run_dir)?;
+    let trainer = checkpoint::read_trainer_state(&dir).map_err(|e| e.to_string())?;
+    if trainer.family != model.family() {
+        return Err(format!(
+            "{} holds a `{}` model, the run's config.toml a `{}` one",
+            dir.display(),
+            trainer.family,
+            model.family()
+        ));
     }
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-    if let Some(k) = opts.top_k {
-        order.truncate(k.max(1));
-    }
-    let max = logits[order[0]] as f64;
-    let mut probs: Vec<f64> = order
-        .iter()
-        .map(|&i| ((logits[i] as f64 - max) / opts.temperature).exp())
-        .collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
-    if let Some(p) = opts.top_p {
-        let mut acc = 0.0;
-        let keep = probs
-            .iter()
-            .position(|&q| {
-                acc += q;
-                acc >= p
-            })
-            .map_or(probs.len(), |i| i + 1);
-        order.truncate(keep);
-        probs.truncate(keep);
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= total);
-    }
-    let mut u: f64 = rng.random();
-    for (i, q) in order.iter().zip(&probs) {
-        u -= q;
-        if u <= 0.0 {
-            return *i;
-        }
-    }
-    order[order.len() - 1]
+    checkpoint::load_model(&dir, model).map_err(|e| e.to_string())
 }
 
-fn last_logits(model: &TransformerXl, hidden: Tensor<3>) -> Vec<f32> {
-    let [_, q, d] = hidden.dims();
-    let last = hidden.narrow(1, q - 1, 1).reshape([1, 1, d]);
-    model
-        .logits(last)
-        .into_data()
-        .convert::<f32>()
-        .try_to_vec::<f32>()
-        .expect("f32 logits")
-}
-
-fn token_tensor(tokens: &[i64], device: &Device) -> Tensor<2, Int> {
-    Tensor::from_data(TensorData::new(tokens.to_vec(), [1, tokens.len()]), device)
-}
-
-/// Generates with the XL memory: the prompt is read once, then each new token costs one step
-/// over `mem_len` cached positions. Returns the tokens and the seconds spent per new token.
-pub fn generate_cached(
-    model: &TransformerXl,
-    prompt: &[i64],
-    opts: &SampleOptions,
-    device: &Device,
-) -> Result<(Vec<i64>, f64), String> {
-    let mut rng = StdRng::seed_from_u64(opts.seed);
-    let mut memory = XlMemory::empty();
-    let mut out = Vec::with_capacity(opts.tokens);
-    let first = model
-        .forward(token_tensor(prompt, device), &memory)
-        .map_err(|e| e.to_string())?;
-    memory = first.memory;
-    let mut logits = last_logits(model, first.hidden);
-    let start = Instant::now();
-    for _ in 0..opts.tokens {
-        let next = sample(&logits, opts, &mut rng) as i64;
-        out.push(next);
-        let o = model
-            .forward(token_tensor(&[next], device), &memory)
-            .map_err(|e| e.to_string())?;
-        memory = o.memory;
-        logits = last_logits(model, o.hidden);
-    }
-    Ok((
-        out,
-        start.elapsed().as_secs_f64() / opts.tokens.max(1) as f64,
-    ))
-}
-
-/// The baseline: every new token recomputes the whole context (no memory).
-pub fn generate_recompute(
-    model: &TransformerXl,
-    prompt: &[i64],
-    opts: &SampleOptions,
-    device: &Device,
-) -> Result<(Vec<i64>, f64), String> {
-    let mut rng = StdRng::seed_from_u64(opts.seed);
-    let mut context = prompt.to_vec();
-    let mut out = Vec::with_capacity(opts.tokens);
-    let start = Instant::now();
-    for _ in 0..opts.tokens {
-        let o = model
-            .forward(token_tensor(&context, device), &XlMemory::empty())
-            .map_err(|e| e.to_string())?;
-        let next = sample(&last_logits(model, o.hidden), opts, &mut rng) as i64;
-        out.push(next);
-        context.push(next);
-    }
-    Ok((
-        out,
-        start.elapsed().as_secs_f64() / opts.tokens.max(1) as f64,
-    ))
-}
-
-/// `memzoo generate`.
+/// `memzoo generate`: continues `--prompt` with a run's latest checkpoint, of any family
+/// ([`memzoo_train::generate`]).
 pub fn generate(
     run_dir: &Path,
     device_name: &str,
-    opts: &SampleOptions,
+    opts: &GenerateOptions,
     json_out: bool,
 ) -> Result<(), String> {
-    opts.validate()?;
+    opts.sampler.validate().map_err(flag_error)?;
+    if opts.segment_len == Some(0) {
+        return Err(flag_error(GenerateError::SegmentLen(0)));
+    }
+    // The generated tokens and their text stay in memory: refuse what cannot fit.
+    let bytes = opts.tokens as f64 * 16.0;
+    if let Some(total) = machine_memory()
+        && bytes > total as f64
+    {
+        return Err(format!(
+            "--tokens {}: the generated tokens need about {:.1} GiB, more than this machine's \
+             {:.1} GiB",
+            opts.tokens,
+            bytes / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64
+        ));
+    }
     let device = device(device_name)?;
-    let (_, model) = load_xl(run_dir, &device)?;
+    let config = RunConfig::from_run_dir(run_dir, &[])?;
+    if opts.mem_len.is_some() && config.model_kind != ModelKind::Xl {
+        return Err(format!(
+            "--mem-len sets a Transformer-XL's memory, but {} holds a {:?} run",
+            run_dir.display(),
+            config.model_kind
+        ));
+    }
+    let segment_len = opts.segment_len.unwrap_or(config.train.tgt_len);
+    match config.model_kind {
+        ModelKind::Xl => {
+            let model = config.model.init(&device).map_err(|e| e.to_string())?;
+            let model = load_checkpoint(run_dir, model)?;
+            let model = match opts.mem_len {
+                Some(m) => model.with_mem_len(m),
+                None => model,
+            };
+            generate_with(&model, segment_len, opts, &device, json_out)
+        }
+        ModelKind::Reformer => {
+            let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
+            let model = load_checkpoint(run_dir, model)?;
+            generate_with(&model, segment_len, opts, &device, json_out)
+        }
+        ModelKind::Memorizing => {
+            let model = config.memorizing.init(&device).map_err(|e| e.to_string())?;
+            let model = load_checkpoint(run_dir, model)?;
+            generate_with(&model, segment_len, opts, &device, json_out)
+        }
+    }
+}
+
+fn generate_with<M: SegmentModel>(
+    model: &M,
+    segment_len: usize,
+    opts: &GenerateOptions,
+    device: &Device,
+    json_out: bool,
+) -> Result<(), String> {
     let tok = ByteTokenizer::new();
     let mut prompt: Vec<i64> = tok
         .encode(opts.prompt.as_bytes())
@@ -695,49 +638,48 @@ pub fn generate(
     if prompt.is_empty() {
         prompt.push(b'\n' as i64);
     }
-    // Memory as long as the whole context: cached generation then sees exactly what the
-    // recomputation sees, and costs one step per token.
-    let context = prompt.len().saturating_add(opts.tokens);
-    // The cache holds every layer's states of the whole context (f32), and the recomputation
-    // baseline the hidden states of a whole pass: refuse what cannot fit in memory.
-    let bytes = context as f64 * (model.layers.len() + 1) as f64 * model.d_model as f64 * 4.0 * 2.0;
-    if let Some(total) = machine_memory()
-        && bytes > total as f64
-    {
-        return Err(format!(
-            "--tokens {}: a context of {context} tokens needs about {:.1} GiB of cached states, \
-             more than this machine's {:.1} GiB",
-            opts.tokens,
-            bytes / (1u64 << 30) as f64,
-            total as f64 / (1u64 << 30) as f64
-        ));
-    }
-    let model = model.clone().with_mem_len(model.mem_len.max(context));
-    let (tokens, cached_s) = generate_cached(&model, &prompt, opts, &device)?;
-    let text_tokens: Vec<u16> = tokens.iter().map(|&t| t as u16).collect();
+    let config = GenerateConfig::new(opts.tokens, segment_len).with_sampler(opts.sampler.clone());
+    let out = generate_tokens(model, &prompt, &config, device).map_err(flag_error)?;
+    let text_tokens: Vec<u16> = out.tokens.iter().map(|&t| t as u16).collect();
     let text = tok.decode_lossy(&text_tokens).map_err(|e| e.to_string())?;
     let recompute = if opts.compare_recompute {
-        let (_, s) = generate_recompute(&model, &prompt, opts, &device)?;
-        Some(s)
+        let r = generate_recompute(model, &prompt, &config, device).map_err(flag_error)?;
+        Some((r.seconds_per_token, r.tokens == out.tokens))
     } else {
         None
+    };
+    let cached_s = out.seconds_per_token;
+    let how = if model.carries_state() {
+        format!("segments of {segment_len}, state carried")
+    } else {
+        format!("a window of {segment_len}, recomputed")
     };
     if json_out {
         println!(
             "{}",
-            json!({"prompt": opts.prompt, "text": text, "tokens": tokens.len(),
+            json!({"prompt": opts.prompt, "text": text, "tokens": out.tokens.len(),
+                   "family": model.family(), "segment_len": segment_len,
                    "cached_tokens_per_s": 1.0 / cached_s,
-                   "recompute_tokens_per_s": recompute.map(|s| 1.0 / s),
-                   "speedup": recompute.map(|s| s / cached_s)})
+                   "recompute_tokens_per_s": recompute.map(|(s, _)| 1.0 / s),
+                   "speedup": recompute.map(|(s, _)| s / cached_s),
+                   "same_tokens": recompute.map(|(_, same)| same)})
         );
     } else {
         println!("{}{}", opts.prompt, text);
-        eprintln!("\n[{:.1} tokens/s with the XL memory]", 1.0 / cached_s);
-        if let Some(s) = recompute {
+        eprintln!(
+            "\n[{:.1} tokens/s, {} ({how})]",
+            1.0 / cached_s,
+            model.family()
+        );
+        if let Some((s, same)) = recompute {
+            let ratio = if model.carries_state() {
+                format!("the carried state is {:.1}x faster", s / cached_s)
+            } else {
+                "no cache: both read the window".into()
+            };
             eprintln!(
-                "[{:.1} tokens/s recomputing the context: memory is {:.1}x faster]",
-                1.0 / s,
-                s / cached_s
+                "[{:.1} tokens/s recomputing the context ({ratio}); the same tokens: {same}]",
+                1.0 / s
             );
         }
     }

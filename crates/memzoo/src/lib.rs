@@ -5,7 +5,7 @@
 //! - [`relative`]: relative multi-head attention (Transformer-XL, learned, T5 bias);
 //! - [`xl`]: Transformer-XL with segment-level recurrence;
 //! - [`data`]: tokenizer, corpora, ordered batches, data set downloads, generated corpus;
-//! - [`train`]: the segment-recurrence trainer;
+//! - [`train`]: the segment-recurrence trainer, and generation for every family;
 //!
 //! and holds the `memzoo` command line ([`commands`], [`config`]).
 
@@ -22,5 +22,6 @@ pub mod data_setup;
 /// The types most programs need.
 pub mod prelude {
     pub use memzoo_backend::{Device, parse_device};
+    pub use memzoo_train::{GenerateConfig, SampleConfig, generate};
     pub use memzoo_xl::{LayerKind, TransformerXl, XlConfig, XlMemory, XlState};
 }

@@ -90,7 +90,8 @@ enum Command {
         #[arg(long)]
         max_segments: Option<usize>,
     },
-    /// Sample text from a run's latest checkpoint, reusing the XL memory token by token.
+    /// Sample text from a run's latest checkpoint (any family), carrying its memory across
+    /// segments as in training.
     Generate {
         #[command(flatten)]
         common: Common,
@@ -115,6 +116,15 @@ enum Command {
         /// Seed of the sampler.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Tokens per segment: memory is carried across completed segments, the current one is
+        /// read again for each token (a Reformer reads a window of this length). Default: the
+        /// run's train.tgt_len.
+        #[arg(long)]
+        segment_len: Option<usize>,
+        /// Memory length while generating (Transformer-XL runs; with --segment-len 1 and a
+        /// memory covering the context, every token is one step over the cached states).
+        #[arg(long)]
+        mem_len: Option<usize>,
         /// Also time generation by recomputing the whole context for every token.
         #[arg(long)]
         compare_recompute: bool,
@@ -285,17 +295,22 @@ fn main() {
             top_k,
             top_p,
             seed,
+            segment_len,
+            mem_len,
             compare_recompute,
         } => commands::generate(
             &run_dir,
             &common.device,
-            &commands::SampleOptions {
+            &commands::GenerateOptions {
                 prompt,
                 tokens,
-                temperature,
-                top_k,
-                top_p,
-                seed,
+                sampler: memzoo::train::generate::SampleConfig::new()
+                    .with_temperature(temperature)
+                    .with_top_k(top_k)
+                    .with_top_p(top_p)
+                    .with_seed(seed),
+                segment_len,
+                mem_len,
                 compare_recompute,
             },
             common.json,

@@ -1,0 +1,479 @@
+//! Generation (`memzoo_train::generate`): the sampler against naive formulas, and for every
+//! family the cached generator (state carried across completed segments, the current segment
+//! read again per token) against recomputing the whole context for every token.
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo::commands::{self, GenerateOptions};
+use memzoo::config::RunConfig;
+use memzoo_knn::MemorizingConfig;
+use memzoo_memory::IndexKind;
+use memzoo_reformer::ReformerConfig;
+use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_tests::*;
+use memzoo_train::SegmentModel;
+use memzoo_train::generate::{
+    GenerateConfig, GenerateError, Generator, SampleConfig, generate, generate_recompute,
+    recompute_logits,
+};
+use memzoo_xl::{XlConfig, XlMemory};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+/// Distinct seeded logits.
+fn logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-3.0f32..3.0)).collect()
+}
+
+/// Naive `softmax(l / T)` over the tokens in `keep`, in f64.
+fn naive_softmax(l: &[f32], t: f64, keep: &[usize]) -> Vec<f64> {
+    let e: Vec<f64> = keep.iter().map(|&i| (l[i] as f64 / t).exp()).collect();
+    let z: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / z).collect()
+}
+
+/// The sampler keeps exactly the top-k set (the k largest logits) and the top-p set (the
+/// fewest most likely tokens reaching p), with renormalised softmax(l / T) probabilities.
+#[test]
+fn sampler_keeps_the_top_k_and_top_p_sets_of_the_naive_formulas() {
+    let v = 12;
+    for seed in 0..5 {
+        let l = logits(v, seed);
+        for t in [0.3, 1.0, 2.5] {
+            for k in [None, Some(1), Some(3), Some(7), Some(v), Some(v + 5)] {
+                for p in [None, Some(0.05), Some(0.5), Some(0.9), Some(1.0)] {
+                    let what = format!("seed {seed}, T {t}, top_k {k:?}, top_p {p:?}");
+                    let sampler = SampleConfig::new()
+                        .with_temperature(t)
+                        .with_top_k(k)
+                        .with_top_p(p)
+                        .init()
+                        .unwrap();
+                    let got = sampler.distribution(&l).unwrap();
+                    // top-k: token i is kept when fewer than k tokens have a larger logit.
+                    let mut keep: Vec<usize> = (0..v)
+                        .filter(|&i| k.is_none_or(|k| l.iter().filter(|&&x| x > l[i]).count() < k))
+                        .collect();
+                    let mut probs = naive_softmax(&l, t, &keep);
+                    // top-p: the fewest tokens, most likely first, whose probability reaches p.
+                    if let Some(p) = p {
+                        let mut idx: Vec<usize> = (0..keep.len()).collect();
+                        idx.sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap());
+                        let (mut sum, mut n) = (0.0, 0);
+                        while n < idx.len() && sum < p - 1e-12 {
+                            sum += probs[idx[n]];
+                            n += 1;
+                        }
+                        let kept: Vec<usize> = idx[..n].iter().map(|&j| keep[j]).collect();
+                        keep.retain(|i| kept.contains(i));
+                        probs = naive_softmax(&l, t, &keep);
+                    }
+                    let mut got_set: Vec<usize> = got.iter().map(|&(i, _)| i).collect();
+                    got_set.sort_unstable();
+                    assert_eq!(got_set, keep, "{what}: kept set");
+                    for (&i, &q) in keep.iter().zip(&probs) {
+                        let g = got.iter().find(|&&(j, _)| j == i).unwrap().1;
+                        assert!((g - q).abs() < 1e-9, "{what}: p({i}) {g} vs naive {q}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Temperature 0 is the argmax (lowest id on a tie); a tiny temperature puts all the mass there.
+#[test]
+fn temperature_zero_is_the_argmax() {
+    for seed in 0..20 {
+        let l = logits(30, 100 + seed);
+        let argmax = (0..l.len()).fold(0, |best, i| if l[i] > l[best] { i } else { best });
+        let mut greedy = SampleConfig::new()
+            .with_temperature(0.0)
+            .with_seed(seed)
+            .init()
+            .unwrap();
+        for _ in 0..3 {
+            assert_eq!(greedy.sample(&l).unwrap(), argmax, "seed {seed}");
+        }
+        let cold = SampleConfig::new().with_temperature(1e-4).init().unwrap();
+        let d = cold.distribution(&l).unwrap();
+        assert_eq!(d[0].0, argmax);
+        assert!(d[0].1 > 1.0 - 1e-12, "T 1e-4: p(argmax) = {}", d[0].1);
+    }
+    let tie = [1.0, 3.0, 0.5, 3.0];
+    let mut greedy = SampleConfig::new().with_temperature(0.0).init().unwrap();
+    assert_eq!(
+        greedy.sample(&tie).unwrap(),
+        1,
+        "a tie goes to the lower id"
+    );
+}
+
+/// A seeded large draw: frequencies within 5 standard errors of softmax(l / T) (with top-k:
+/// renormalised over the k largest, nothing else ever drawn); the same seed replays the draw.
+#[test]
+fn seeded_draws_follow_the_softmax() {
+    let l = [0.3f32, -1.2, 2.0, 0.9, -0.4, 1.5];
+    let n = 40_000;
+    for (t, k) in [(1.0, None), (0.7, None), (1.6, Some(3))] {
+        let config = SampleConfig::new()
+            .with_temperature(t)
+            .with_top_k(k)
+            .with_seed(42);
+        let mut sampler = config.init().unwrap();
+        let draws: Vec<usize> = (0..n).map(|_| sampler.sample(&l).unwrap()).collect();
+        let keep: Vec<usize> = match k {
+            None => (0..l.len()).collect(),
+            Some(_) => vec![2, 5, 3],
+        };
+        let p = naive_softmax(&l, t, &keep);
+        for (i, count) in (0..l.len()).map(|i| (i, draws.iter().filter(|&&d| d == i).count())) {
+            let f = count as f64 / n as f64;
+            let q = keep.iter().position(|&j| j == i).map_or(0.0, |j| p[j]);
+            let bound = 5.0 * (q * (1.0 - q) / n as f64).sqrt();
+            assert!(
+                (f - q).abs() <= bound,
+                "T {t}, top_k {k:?}: token {i} drawn {f:.4}, softmax {q:.4} (bound {bound:.4})"
+            );
+        }
+        let mut again = config.init().unwrap();
+        assert!(draws[..100].iter().all(|&d| again.sample(&l).unwrap() == d));
+    }
+}
+
+/// Bad settings are errors naming the value; so are logits that cannot be sampled from.
+#[test]
+fn bad_sampler_values_are_refused_naming_them() {
+    let base = SampleConfig::new;
+    for (what, config, expect) in [
+        ("temperature NaN", base().with_temperature(f64::NAN), "NaN"),
+        ("temperature negative", base().with_temperature(-1.0), "-1"),
+        (
+            "temperature infinite",
+            base().with_temperature(f64::INFINITY),
+            "inf",
+        ),
+        ("top_p NaN", base().with_top_p(Some(f64::NAN)), "NaN"),
+        ("top_p 0", base().with_top_p(Some(0.0)), "got 0"),
+        ("top_p above 1", base().with_top_p(Some(1.5)), "1.5"),
+        ("top_p negative", base().with_top_p(Some(-0.1)), "-0.1"),
+        ("top_k 0", base().with_top_k(Some(0)), "got 0"),
+    ] {
+        let err = config
+            .init()
+            .err()
+            .unwrap_or_else(|| panic!("{what}: accepted"));
+        let msg = err.to_string();
+        let name = what.split(' ').next().unwrap();
+        assert!(msg.contains(name) && msg.contains(expect), "{what}: {msg}");
+    }
+    let mut sampler = base().init().unwrap();
+    let msg = sampler.sample(&[0.0, f32::NAN]).unwrap_err().to_string();
+    assert!(msg.contains("NaN") && msg.contains("token 1"), "{msg}");
+    assert!(sampler.sample(&[]).is_err());
+}
+
+fn small_xl(mem_len: usize) -> XlConfig {
+    XlConfig::new()
+        .with_vocab_size(40)
+        .with_d_model(32)
+        .with_n_layers(3)
+        .with_n_heads(4)
+        .with_d_inner(64)
+        .with_dropout(0.0)
+        .with_mem_len(mem_len)
+        .with_init_std(0.2)
+}
+
+/// A fixed pseudo-random walk of tokens, independent of both generators.
+fn walk(n: usize, vocab: usize, seed: usize) -> Vec<i64> {
+    (0..n)
+        .map(|i| ((i * 7 + seed * 13 + 3) % vocab) as i64)
+        .collect()
+}
+
+/// The cached generator against recomputation, token by token: after reading `prompt` and
+/// then each token of `walk`, the next-token logits agree to 1e-4; then `generate` and
+/// `generate_recompute` draw the same tokens (greedy and sampled). Returns the generator's
+/// completed segments.
+fn check_cached_equals_recomputed<M: SegmentModel>(
+    model: &M,
+    segment_len: usize,
+    prompt: &[i64],
+    new: usize,
+    dev: &Device,
+    what: &str,
+) -> usize {
+    let mut generator = Generator::new(model, segment_len, dev).unwrap();
+    generator.read(prompt).unwrap();
+    let mut context = prompt.to_vec();
+    let mut worst = 0f32;
+    for (step, next) in walk(new, model.vocab_size(), 1).into_iter().enumerate() {
+        let cached = generator.next_logits().unwrap();
+        let full = recompute_logits(model, &context, segment_len, dev).unwrap();
+        assert!(cached.iter().all(|x| x.is_finite()), "{what}: step {step}");
+        worst = worst.max(max_abs_diff(&cached, &full));
+        generator.read(&[next]).unwrap();
+        context.push(next);
+    }
+    assert!(
+        worst < 1e-4,
+        "{what}: cached vs recomputed logits: max |diff| = {worst:e}"
+    );
+    assert!(
+        context.len() > 2 * segment_len,
+        "{what}: fewer than two segment boundaries crossed"
+    );
+    for (t, k, p) in [
+        (0.0, None, None),
+        (1.0, None, None),
+        (0.8, Some(5), Some(0.9)),
+    ] {
+        let config = GenerateConfig::new(new, segment_len).with_sampler(
+            SampleConfig::new()
+                .with_temperature(t)
+                .with_top_k(k)
+                .with_top_p(p)
+                .with_seed(9),
+        );
+        let a = generate(model, prompt, &config, dev).unwrap().tokens;
+        let b = generate_recompute(model, prompt, &config, dev)
+            .unwrap()
+            .tokens;
+        assert_eq!(a.len(), new);
+        assert_eq!(
+            a, b,
+            "{what}, temperature {t}: cached and recomputed tokens differ"
+        );
+    }
+    generator.segments()
+}
+
+/// Transformer-XL: segments of 4 over a memory of 6 (shorter than the context), and one-token
+/// steps over a memory covering the context, which equal one causal pass over the whole
+/// context (computed here directly, without the generator).
+#[test]
+fn xl_cached_generation_equals_recomputation() {
+    let dev = flex();
+    dev.seed(5);
+    let model = small_xl(6).init(&dev).unwrap();
+    let prompt = walk(5, 40, 7);
+    let segments =
+        check_cached_equals_recomputed(&model, 4, &prompt, 12, &dev, "xl, segments of 4");
+    assert_eq!(segments, (5 + 12) / 4);
+
+    let new = 10;
+    let model = model.with_mem_len(prompt.len() + new);
+    check_cached_equals_recomputed(&model, 1, &prompt, new, &dev, "xl, one-token steps");
+    let mut generator = Generator::new(&model, 1, &dev).unwrap();
+    generator.read(&prompt).unwrap();
+    let mut context = prompt.clone();
+    let mut worst = 0f32;
+    for next in walk(new, 40, 2) {
+        let ids =
+            Tensor::<2, Int>::from_data(TensorData::new(context.clone(), [1, context.len()]), &dev);
+        let hidden = model.forward(ids, &XlMemory::empty()).unwrap().hidden;
+        let q = context.len();
+        let full = host(model.logits(hidden).narrow(1, q - 1, 1));
+        worst = worst.max(max_abs_diff(&generator.next_logits().unwrap(), &full));
+        generator.read(&[next]).unwrap();
+        context.push(next);
+    }
+    assert!(
+        worst < 1e-4,
+        "one-token steps vs one pass: max |diff| = {worst:e}"
+    );
+}
+
+/// The Memorizing Transformer generates retrieving from its kNN memory and adding to it: the
+/// cached generator (read-only views of the memory for the current segment) equals
+/// recomputation, and the memory holds exactly the completed segments.
+#[test]
+fn memorizing_cached_generation_equals_recomputation() {
+    let dev = flex();
+    dev.seed(6);
+    let xl = small_xl(4)
+        .with_pre_ln(true)
+        .with_tie_weights(false)
+        .with_positions(PositionConfig::new().with_kind(PositionKind::T5));
+    let model = MemorizingConfig::new()
+        .with_xl(xl)
+        .with_knn_layers(vec![1])
+        .with_top_k(4)
+        .with_max_memories(64)
+        .with_index(IndexKind::Exact)
+        .init(&dev)
+        .unwrap();
+    let (prompt, new, len) = (walk(6, 40, 3), 13, 4);
+    let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, "memorizing");
+    assert_eq!(segments, (6 + 13) / len);
+
+    // After generating: the kNN memory holds every completed segment and nothing of the
+    // re-read unfinished one.
+    let mut generator = Generator::new(&model, len, &dev).unwrap();
+    generator.read(&prompt).unwrap();
+    let mut sampler = SampleConfig::new().with_seed(3).init().unwrap();
+    generator.sample(&mut sampler, new).unwrap();
+    let done = (prompt.len() + new) / len * len;
+    assert_eq!(generator.state().knn_len(0, 0), done);
+    assert_eq!(generator.state().xl.len(), 4);
+    // Retrieval changes the prediction: the same weights with an empty kNN memory differ.
+    let mut no_knn = memzoo_knn::MemorizingState::new();
+    let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![5i64, 9, 1], [1, 3]), &dev);
+    let fresh = host(
+        model
+            .segment_logits(ids.clone(), &mut no_knn, &[true])
+            .unwrap(),
+    );
+    let mut state = memzoo_knn::MemorizingState::new();
+    let context = walk(16, 40, 4);
+    for (i, seg) in context.chunks(len).enumerate() {
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(seg.to_vec(), [1, len]), &dev);
+        model.segment_logits(ids, &mut state, &[i == 0]).unwrap();
+    }
+    state.xl = XlMemory::empty();
+    state.xl_valid.clear();
+    let recalled = host(model.segment_logits(ids, &mut state, &[false]).unwrap());
+    assert!(
+        max_abs_diff(&fresh, &recalled) > 1e-3,
+        "the kNN memory changes nothing"
+    );
+}
+
+/// The Reformer has no state across segments: every token reads the window of the last
+/// `segment_len` tokens; cached and recomputed are the same, and tokens before the window do
+/// not matter.
+#[test]
+fn reformer_generation_reads_a_sliding_window() {
+    let dev = flex();
+    dev.seed(7);
+    let model = ReformerConfig::new()
+        .with_vocab_size(40)
+        .with_d_model(16)
+        .with_n_layers(2)
+        .with_n_heads(2)
+        .with_d_head(8)
+        .with_d_ff(32)
+        .with_max_seq_len(8)
+        .with_attn_layers(vec![
+            memzoo_reformer::AttentionKind::Local,
+            memzoo_reformer::AttentionKind::Lsh,
+        ])
+        .with_bucket_size(2)
+        .with_n_rounds(2)
+        .with_dropout(0.0)
+        .with_axial_positions(false)
+        .with_init_std(0.3)
+        .init(&dev)
+        .unwrap();
+    let prompt = walk(5, 40, 5);
+    let segments = check_cached_equals_recomputed(&model, 6, &prompt, 10, &dev, "reformer");
+    assert_eq!(segments, 0, "no state: nothing committed");
+    let context = walk(11, 40, 6);
+    let mut changed = context.clone();
+    changed[0] = (changed[0] + 1) % 40;
+    let a = recompute_logits(&model, &context, 6, &dev).unwrap();
+    assert!(max_abs_diff(&a, &recompute_logits(&model, &changed, 6, &dev).unwrap()) == 0.0);
+    changed[8] = (changed[8] + 1) % 40;
+    assert!(max_abs_diff(&a, &recompute_logits(&model, &changed, 6, &dev).unwrap()) > 1e-4);
+}
+
+/// Inputs the generator refuses, naming them.
+#[test]
+fn generator_refuses_bad_inputs_naming_them() {
+    let dev = flex();
+    let model = small_xl(4).init(&dev).unwrap();
+    let msg = |e: GenerateError| e.to_string();
+    assert!(msg(Generator::new(&model, 0, &dev).err().unwrap()).contains("segment_len"));
+    let mut generator = Generator::new(&model, 4, &dev).unwrap();
+    assert!(msg(generator.next_logits().unwrap_err()).contains("prompt is empty"));
+    let e = msg(generator.read(&[3, 40]).unwrap_err());
+    assert!(e.contains("token 40") && e.contains("0..40"), "{e}");
+    let e = msg(recompute_logits(&model, &[-2], 4, &dev).unwrap_err());
+    assert!(e.contains("token -2"), "{e}");
+    let config = GenerateConfig::new(3, 4);
+    assert!(generate(&model, &[], &config, &dev).is_err());
+}
+
+/// `memzoo generate` takes a run of every family (trained 2 steps) and refuses bad values
+/// naming the flag.
+#[test]
+fn cli_generates_from_a_run_of_every_family() {
+    let dir = std::env::temp_dir().join(format!("memzoo-gen-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let common = [
+        "train.batch=2",
+        "train.tgt_len=8",
+        "train.steps=2",
+        "train.eval_segments=1",
+    ];
+    let families: [(&str, &[&str]); 3] = [
+        (
+            "xl",
+            &[
+                "model.n_layers=1",
+                "model.d_model=16",
+                "model.n_heads=2",
+                "model.d_inner=32",
+            ],
+        ),
+        (
+            "memorizing",
+            &[
+                "memorizing.xl.n_layers=2",
+                "memorizing.xl.d_model=16",
+                "memorizing.xl.n_heads=2",
+                "memorizing.xl.d_inner=32",
+                "memorizing.knn_layers=[1]",
+                "memorizing.top_k=4",
+                "memorizing.max_memories=64",
+            ],
+        ),
+        (
+            "reformer",
+            &[
+                "reformer.n_layers=2",
+                "reformer.d_model=16",
+                "reformer.n_heads=2",
+                "reformer.d_head=8",
+                "reformer.d_ff=32",
+                "reformer.bucket_size=4",
+                "reformer.axial_positions=false",
+            ],
+        ),
+    ];
+    let opts = |sampler: SampleConfig, mem_len| GenerateOptions {
+        prompt: "ab".into(),
+        tokens: 10,
+        sampler,
+        segment_len: None,
+        mem_len,
+        compare_recompute: true,
+    };
+    for (family, sets) in families {
+        let run_dir = dir.join(family);
+        let mut all = vec![format!("model_kind=\"{family}\"")];
+        all.extend(common.iter().chain(sets).map(|s| s.to_string()));
+        let config = RunConfig::resolve(None, &all).unwrap();
+        commands::train(&config, "flex", &run_dir, false, false, true, true).unwrap();
+        commands::generate(&run_dir, "flex", &opts(SampleConfig::new(), None), true)
+            .unwrap_or_else(|e| panic!("{family}: {e}"));
+        if family != "xl" {
+            let e = commands::generate(&run_dir, "flex", &opts(SampleConfig::new(), Some(8)), true)
+                .unwrap_err();
+            assert!(e.contains("--mem-len"), "{family}: {e}");
+        }
+    }
+    let xl = dir.join("xl");
+    for (flag, sampler) in [
+        (
+            "--temperature",
+            SampleConfig::new().with_temperature(f64::NAN),
+        ),
+        ("--top-k", SampleConfig::new().with_top_k(Some(0))),
+        ("--top-p", SampleConfig::new().with_top_p(Some(1.5))),
+    ] {
+        let e = commands::generate(&xl, "flex", &opts(sampler, None), true).unwrap_err();
+        assert!(e.contains(flag), "{flag}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
