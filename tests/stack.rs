@@ -135,7 +135,6 @@ fn checkpoints_from_before_the_stack_load_and_compute_the_same() {
 #[test]
 fn a_mixed_stack_composes_its_layers_with_their_own_positions() {
     let dev = memzoo_backend::parse_device("flex").unwrap();
-    dev.seed(3);
     let config = tiny()
         .with_n_layers(3)
         .with_positions(PositionConfig::new().with_max_distance(32))
@@ -182,7 +181,6 @@ fn a_mixed_stack_composes_its_layers_with_their_own_positions() {
 fn a_knn_layer_between_xl_and_learned_layers_trains() {
     use burn::optim::GradientsParams;
     let dev = memzoo_backend::parse_device("flex").unwrap().autodiff();
-    dev.seed(5);
     let config = tiny()
         .with_n_layers(3)
         .with_layers(vec![LayerKind::Xl, LayerKind::Knn, LayerKind::Learned])
@@ -362,7 +360,6 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
     use memzoo_reformer::ForwardOptions;
     use memzoo_xl::LayerAttention;
     let dev = memzoo_backend::parse_device("flex").unwrap();
-    dev.seed(11);
     let config = tiny()
         .with_layers(vec![LayerKind::Xl, LayerKind::Lsh])
         .with_lsh(
