@@ -5,5 +5,6 @@ mod learning;
 mod parity;
 mod relative;
 mod reliability;
+mod tasks;
 mod train;
 mod xl;
