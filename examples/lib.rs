@@ -227,7 +227,11 @@ pub fn train_copy<M: SegmentModel>(
         .with_adam(AdamConfig::new())
         .with_weight_decay(0.0)
         .with_clip_norm(None)
-        .with_log_every(if how.log_every == 0 { how.steps } else { how.log_every })
+        .with_log_every(if how.log_every == 0 {
+            how.steps
+        } else {
+            how.log_every
+        })
         .with_eval_every(how.log_every)
         .with_checkpoint_every(0)
         .with_keep_checkpoints(1);
@@ -306,7 +310,12 @@ pub fn train_memorizing(
         warmup: 20,
         log_every,
     };
-    train_copy(model, &memorizing_task(), how, RunDir::scratch("memorizing").path())
+    train_copy(
+        model,
+        &memorizing_task(),
+        how,
+        RunDir::scratch("memorizing").path(),
+    )
 }
 
 /// Ends the program with `error: <message>` and exit code 1 if `result` is an error.

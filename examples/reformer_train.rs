@@ -73,7 +73,10 @@ fn run(args: Args) -> Result<(), String> {
         .with_dropout(0.0)
         .with_axial_positions(args.axial)
         .with_reversible(true);
-    let params = config.init(&device).map_err(|e| e.to_string())?.num_params();
+    let params = config
+        .init(&device)
+        .map_err(|e| e.to_string())?
+        .num_params();
     println!(
         "Reformer: {} reversible layers, LSH attention (buckets of {}, {} rounds), {params} \
          parameters; duplication sequences of {} symbols, batch {}",

@@ -48,8 +48,8 @@ struct XlTrainFlags {
 
 #[test]
 fn flags_parse_and_unknown_flags_are_errors() {
-    let ok = XlTrainFlags::try_parse_from(["xl_train", "--seg-len", "8", "--device", "flex"])
-        .unwrap();
+    let ok =
+        XlTrainFlags::try_parse_from(["xl_train", "--seg-len", "8", "--device", "flex"]).unwrap();
     assert_eq!(ok.task.task().seg_len, 8);
     assert_eq!(ok.task.task().passage, CopyTask::default().passage);
     assert_eq!(ok.common.device().unwrap(), flex());

@@ -46,7 +46,13 @@ fn evaluation_scores_the_selected_targets_as_a_naive_pass() {
         ..CopyTask::default()
     };
     let text = CopyText::new(task, 2).unwrap();
-    let r = evaluate(&model, &mut TaskStream::limited(text.clone(), 5).unwrap(), 4, None).unwrap();
+    let r = evaluate(
+        &model,
+        &mut TaskStream::limited(text.clone(), 5).unwrap(),
+        4,
+        None,
+    )
+    .unwrap();
 
     let (mut all, mut sel, mut rest, mut hits) = (vec![], vec![], vec![], 0usize);
     let mut memory = XlMemory::empty();
@@ -72,12 +78,19 @@ fn evaluation_scores_the_selected_targets_as_a_naive_pass() {
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     assert!(!sel.is_empty() && !rest.is_empty());
-    assert_eq!((r.tokens, r.selected_tokens), (all.len() as u64, sel.len() as u64));
+    assert_eq!(
+        (r.tokens, r.selected_tokens),
+        (all.len() as u64, sel.len() as u64)
+    );
     for (got, want, what) in [
         (r.loss, mean(&all), "loss"),
         (r.selected_loss.unwrap(), mean(&sel), "selected loss"),
         (r.unselected_loss().unwrap(), mean(&rest), "unselected loss"),
-        (r.selected_accuracy.unwrap(), hits as f64 / sel.len() as f64, "accuracy"),
+        (
+            r.selected_accuracy.unwrap(),
+            hits as f64 / sel.len() as f64,
+            "accuracy",
+        ),
     ] {
         assert!((got - want).abs() < 1e-4, "{what}: {got} vs naive {want}");
     }
@@ -107,8 +120,15 @@ fn duplication_loss_counts_the_second_copy_only() {
     let (x, y) = memzoo_train::segment::tensors(&seg, &dev);
     let w = memzoo_train::segment::loss_weights(&seg, &dev);
     assert!(w.is_some());
-    let logits = host(model.segment_logits(x.clone(), &mut (), &seg.reset).unwrap().inner());
-    let (loss, _) = model.train_step_with(x, y, w, &model.eval_options()).unwrap();
+    let logits = host(
+        model
+            .segment_logits(x.clone(), &mut (), &seg.reset)
+            .unwrap()
+            .inner(),
+    );
+    let (loss, _) = model
+        .train_step_with(x, y, w, &model.eval_options())
+        .unwrap();
     let mask = seg.loss_mask();
     let nll: Vec<f64> = (0..seg.targets.len())
         .filter(|&i| mask[i])
@@ -176,7 +196,10 @@ fn long_range_recall() {
     let steps = env("MEMZOO_RECALL_STEPS", 6000.0) as usize;
     let lr = env("MEMZOO_RECALL_LR", 3e-3);
     let task = RecallTask::reference();
-    let cfg = RecallConfig::new().with_steps(steps).with_lr(lr).with_seed(7);
+    let cfg = RecallConfig::new()
+        .with_steps(steps)
+        .with_lr(lr)
+        .with_seed(7);
     let dev = device().autodiff();
     let only = std::env::var("MEMZOO_RECALL_ONLY").unwrap_or_default();
     let mut results = Vec::new();
@@ -186,7 +209,14 @@ fn long_range_recall() {
         }
         dev.seed(7);
         let (dir, options) = options(if knn { "recall-knn" } else { "recall-xl" });
-        let r = recall(&reference_config(knn, task.vocab()), &task, &cfg, &dev, &options).unwrap();
+        let r = recall(
+            &reference_config(knn, task.vocab()),
+            &task,
+            &cfg,
+            &dev,
+            &options,
+        )
+        .unwrap();
         let _ = std::fs::remove_dir_all(dir);
         println!(
             "{name}: {steps} steps in {:.0} s; train loss {:.3}; valid loss {:.3}, recall loss {:.3} nats, recall accuracy {:.3} ({} targets); curve {:?}",

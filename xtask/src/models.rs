@@ -48,8 +48,8 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
     let mut rng = StdRng::seed_from_u64(0);
     let times = time_steps(args.warmup(), args.steps(), || {
         let segment = random_segment(batch, tgt_len, &mut rng);
-        let (_, grads) = train_step_sharded(&model, &device, &segment, &mut memories)
-            .expect("valid shapes");
+        let (_, grads) =
+            train_step_sharded(&model, &device, &segment, &mut memories).expect("valid shapes");
         model = optim.step(2.5e-4, model.clone(), grads);
         device.sync().expect("device sync");
     });

@@ -127,7 +127,10 @@ impl Batch {
             return Err(DataError::invalid(
                 format!("batch {name} length"),
                 got,
-                format!("must be {want} for a batch of {} x {}", self.batch, self.len),
+                format!(
+                    "must be {want} for a batch of {} x {}",
+                    self.batch, self.len
+                ),
             ));
         }
         Ok(())

@@ -28,6 +28,4 @@ pub use error::TrainError;
 pub use model::{SegmentModel, segment_loss};
 pub use schedule::ScheduleConfig;
 pub use segment::{Segment, SegmentSource};
-pub use trainer::{
-    AdamConfig, EvalResult, RunOptions, TrainConfig, TrainOutcome, evaluate, train,
-};
+pub use trainer::{AdamConfig, EvalResult, RunOptions, TrainConfig, TrainOutcome, evaluate, train};

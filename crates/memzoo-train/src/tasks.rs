@@ -72,7 +72,13 @@ pub struct DuplicationReport {
 
 /// The optimizer of the tasks: AdamW with a constant learning rate, no clipping, and the
 /// moments, epsilon (Burn's 1e-5) and `weight_decay` the tasks were tuned with.
-fn task_train_config(steps: usize, batch: usize, len: usize, lr: f64, weight_decay: f64) -> TrainConfig {
+fn task_train_config(
+    steps: usize,
+    batch: usize,
+    len: usize,
+    lr: f64,
+    weight_decay: f64,
+) -> TrainConfig {
     TrainConfig::new()
         .with_steps(steps)
         .with_batch(batch)
@@ -125,9 +131,7 @@ pub fn duplication(
     if cfg.eval_size == 0 {
         return bad("the duplication eval_size must be positive, got 0".into());
     }
-    let data = |seed| {
-        Duplication::new(cfg.batch, cfg.len, cfg.vocab, seed).map_err(data_error)
-    };
+    let data = |seed| Duplication::new(cfg.batch, cfg.len, cfg.vocab, seed).map_err(data_error);
     let mut train_data = TaskStream::endless(data(cfg.seed)?);
     let eval_batches = cfg.eval_size.div_ceil(cfg.batch.max(1));
     let mut valid_data = TaskStream::limited(data(!cfg.seed)?, eval_batches).map_err(data_error)?;
@@ -138,7 +142,11 @@ pub fn duplication(
         .init(device)
         .map_err(|e| TrainError::Model(e.to_string()))?;
     let config = task_train_config(cfg.steps, cfg.batch, cfg.len, cfg.lr, 0.0)
-        .with_log_every(if cfg.log_every == 0 { cfg.steps.max(1) } else { cfg.log_every })
+        .with_log_every(if cfg.log_every == 0 {
+            cfg.steps.max(1)
+        } else {
+            cfg.log_every
+        })
         .with_max_seconds((cfg.max_seconds > 0.0).then_some(cfg.max_seconds));
     let start = std::time::Instant::now();
     let out = train(model, &config, &mut train_data, None, options)?;
@@ -221,13 +229,15 @@ pub fn recall(
             cfg.steps, cfg.batch, cfg.eval_segments, cfg.evaluations
         )));
     }
-    let mut train_data =
-        TaskStream::endless(RecallStream::new(task.clone(), cfg.batch, cfg.seed).map_err(data_error)?);
+    let mut train_data = TaskStream::endless(
+        RecallStream::new(task.clone(), cfg.batch, cfg.seed).map_err(data_error)?,
+    );
     let eval_task = RecallTask {
         long_fraction: 1.0,
         ..task.clone()
     };
-    let eval_stream = RecallStream::new(eval_task, cfg.batch, cfg.seed ^ 0xabcdef).map_err(data_error)?;
+    let eval_stream =
+        RecallStream::new(eval_task, cfg.batch, cfg.seed ^ 0xabcdef).map_err(data_error)?;
     let mut valid_data = TaskStream::limited(eval_stream, cfg.eval_segments).map_err(data_error)?;
     let model = model
         .init(device)
@@ -238,7 +248,13 @@ pub fn recall(
         .with_log_every(every)
         .with_eval_every(every);
     let start = std::time::Instant::now();
-    let out = train(model, &config, &mut train_data, Some(&mut valid_data), options)?;
+    let out = train(
+        model,
+        &config,
+        &mut train_data,
+        Some(&mut valid_data),
+        options,
+    )?;
     let train_s = start.elapsed().as_secs_f64();
     let last = out
         .valid

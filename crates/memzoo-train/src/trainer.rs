@@ -8,11 +8,11 @@ use burn::optim::{AdamWConfig, GradientsAccumulator, ModuleOptimizer};
 use burn::tensor::activation::log_softmax;
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::TrainerState;
 use crate::error::TrainError;
 use crate::grads::scale_and_clip;
 use crate::metrics::Reporter;
 use crate::model::SegmentModel;
-use crate::checkpoint::TrainerState;
 use crate::schedule::ScheduleConfig;
 use crate::segment::{Segment, SegmentSource, mask_tensor, tensors};
 
@@ -211,7 +211,10 @@ impl EvalResult {
     /// selects some but not all.
     pub fn unselected_loss(&self) -> Option<f64> {
         let sel = self.selected_loss?;
-        let rest = self.tokens.checked_sub(self.selected_tokens).filter(|&n| n > 0)?;
+        let rest = self
+            .tokens
+            .checked_sub(self.selected_tokens)
+            .filter(|&n| n > 0)?;
         Some((self.loss * self.tokens as f64 - sel * self.selected_tokens as f64) / rest as f64)
     }
 }
@@ -288,7 +291,10 @@ pub fn evaluate<M: SegmentModel>(
 /// one that does not is named (an embedding lookup or a gather past the table panics in the
 /// backend).
 fn check_token_ids(seg: &Segment, vocab: usize, split: &str) -> Result<(), TrainError> {
-    let targets = seg.targets.iter().filter(|&&t| seg.pad.is_none_or(|p| t != p));
+    let targets = seg
+        .targets
+        .iter()
+        .filter(|&&t| seg.pad.is_none_or(|p| t != p));
     match seg
         .inputs
         .iter()

@@ -383,10 +383,8 @@ impl ScratchRun {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "memzoo-{task}-{}-{nanos}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("memzoo-{task}-{}-{nanos}", std::process::id()));
         Self(dir)
     }
 

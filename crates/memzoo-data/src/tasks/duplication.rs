@@ -41,7 +41,11 @@ impl Duplication {
             ));
         }
         if batch == 0 {
-            return Err(DataError::invalid("duplication batch", 0, "must be at least 1"));
+            return Err(DataError::invalid(
+                "duplication batch",
+                0,
+                "must be at least 1",
+            ));
         }
         Ok(Self {
             batch,

@@ -61,11 +61,7 @@ impl<T: Task> TaskStream<T> {
     /// The task's first `batches` batches, again at every epoch. Errors when `batches` is 0.
     pub fn limited(task: T, batches: usize) -> Result<Self, DataError> {
         if batches == 0 {
-            return Err(DataError::invalid(
-                "task batches",
-                0,
-                "must be at least 1",
-            ));
+            return Err(DataError::invalid("task batches", 0, "must be at least 1"));
         }
         Ok(Self {
             limit: Some(batches as u64),

@@ -24,15 +24,23 @@ fn duplication_sequences_repeat_their_first_half() {
             assert!(t[1..5].iter().all(|&x| (1..7).contains(&x)));
             assert_eq!(&b.targets[s * 10..s * 10 + 9], &t[1..]);
             // targets 6..9 are the second copy of w: predicted at positions 5..8
-            let want = [false, false, false, false, false, true, true, true, true, false];
+            let want = [
+                false, false, false, false, false, true, true, true, true, false,
+            ];
             assert_eq!(&b.counted.as_ref().unwrap()[s * 10..(s + 1) * 10], &want);
-            assert_eq!(&b.target_mask.as_ref().unwrap()[s * 10..(s + 1) * 10], &want);
+            assert_eq!(
+                &b.target_mask.as_ref().unwrap()[s * 10..(s + 1) * 10],
+                &want
+            );
             assert_eq!(&b.loss_mask()[s * 10..(s + 1) * 10], &want);
         }
     }
     for (len, vocab) in [(7, 5), (2, 5), (8, 1)] {
         let err = Duplication::new(1, len, vocab, 0).unwrap_err().to_string();
-        assert!(err.contains(&format!("{}", if vocab < 2 { vocab } else { len })), "{err}");
+        assert!(
+            err.contains(&format!("{}", if vocab < 2 { vocab } else { len })),
+            "{err}"
+        );
     }
 }
 
@@ -83,7 +91,10 @@ fn copy_text_rows_are_streams_of_whole_documents() {
             let y = &b.targets[r * l..(r + 1) * l];
             assert_eq!(&x[1..], &y[..l - 1], "targets are the next inputs");
             if let Some(prev) = last_target[r] {
-                assert_eq!(x[0], prev, "the previous segment's last target is this one's first input");
+                assert_eq!(
+                    x[0], prev,
+                    "the previous segment's last target is this one's first input"
+                );
             }
             last_target[r] = Some(y[l - 1]);
             rows[r].extend_from_slice(x);
@@ -129,14 +140,23 @@ fn task_streams_replay_and_restore() {
     assert_eq!(first[2].inputs, all[2].inputs);
     limited.start_next_epoch();
     let again = limited.next_batch().unwrap();
-    assert_eq!((again.inputs.clone(), again.epoch), (all[0].inputs.clone(), 1));
+    assert_eq!(
+        (again.inputs.clone(), again.epoch),
+        (all[0].inputs.clone(), 1)
+    );
 
     let mut resumed = TaskStream::endless(task.clone());
-    resumed.restore(TaskPosition { drawn: 4, epoch: 0 }).unwrap();
+    resumed
+        .restore(TaskPosition { drawn: 4, epoch: 0 })
+        .unwrap();
     assert_eq!(resumed.next_batch().unwrap(), all[4]);
     assert_eq!(resumed.position(), TaskPosition { drawn: 5, epoch: 0 });
     let mut limited = TaskStream::limited(task, 3).unwrap();
-    assert!(limited.restore(TaskPosition { drawn: 4, epoch: 0 }).is_err());
+    assert!(
+        limited
+            .restore(TaskPosition { drawn: 4, epoch: 0 })
+            .is_err()
+    );
 }
 
 /// `rows` cuts every per-target field; `loss_mask` combines `pad` and `counted`.
@@ -164,7 +184,12 @@ fn batch_rows_and_loss_mask() {
     assert_eq!(r.loss_mask(), vec![false, true, false, true]);
     assert!(b.rows(2..4).is_err());
     assert!(Batch::new(2, 2, vec![1, 2, 3], vec![1, 2, 3, 4]).is_err());
-    assert!(Batch::new(1, 2, vec![1, 2], vec![1, 2]).unwrap().with_reset(vec![]).is_err());
+    assert!(
+        Batch::new(1, 2, vec![1, 2], vec![1, 2])
+            .unwrap()
+            .with_reset(vec![])
+            .is_err()
+    );
 }
 
 /// The recall task's documents: the repeat copies the passage, recall flags mark exactly the
@@ -243,7 +268,11 @@ fn recall_task_documents() {
         for r in 0..3 {
             // A document starts with its passage: tokens of 0..20, never filler or marker.
             if seg.reset[r] {
-                assert!(seg.inputs[r * 8] < 20, "{:?}", &seg.inputs[r * 8..r * 8 + 8]);
+                assert!(
+                    seg.inputs[r * 8] < 20,
+                    "{:?}",
+                    &seg.inputs[r * 8..r * 8 + 8]
+                );
             }
         }
     }

@@ -75,4 +75,3 @@ fn axial_positions_concatenate_the_two_tables() {
     let err = axial.forward(13).unwrap_err().to_string();
     assert!(err.contains("13"), "{err}");
 }
-
