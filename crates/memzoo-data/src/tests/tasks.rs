@@ -259,10 +259,10 @@ fn recall_task_documents() {
         assert_eq!(seg.shape(), [3, 8]);
         assert!(seg.counted.is_none(), "every position is trained");
         let mask = seg.target_mask.as_ref().unwrap();
-        for i in 0..seg.inputs.len() {
-            if mask[i] {
+        for ((&m, &x), &y) in mask.iter().zip(&seg.inputs).zip(&seg.targets) {
+            if m {
                 selected += 1;
-                assert!(seg.targets[i] < 20 && seg.inputs[i] < 20);
+                assert!(y < 20 && x < 20);
             }
         }
         for r in 0..3 {
