@@ -247,3 +247,35 @@ fn long_range_recall() {
         );
     }
 }
+
+/// The hash rounds set for evaluation survive `valid()` (which `evaluate` calls) and change
+/// the LSH pass: 1 and 4 rounds give other logits, 4 rounds before and after `valid()` the same.
+#[test]
+fn eval_rounds_reach_the_evaluation_pass() {
+    use burn::module::Module;
+    use burn::tensor::{Int, Tensor, TensorData};
+    let dev = flex().autodiff();
+    dev.seed(2);
+    let model = ReformerConfig::new()
+        .with_n_layers(1)
+        .with_d_model(16)
+        .with_n_heads(2)
+        .with_d_head(8)
+        .with_d_ff(32)
+        .with_vocab_size(8)
+        .with_max_seq_len(16)
+        .with_bucket_size(4)
+        .with_n_rounds(1)
+        .with_dropout(0.0)
+        .init(&dev)
+        .unwrap();
+    let ids: Vec<i64> = (0..32).map(|i| (i * 5 % 8) as i64).collect();
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, 16]), &flex());
+    let logits = |m: &memzoo_reformer::ReformerLm| host(m.forward(tokens.clone()).unwrap());
+    let one = logits(&model.clone().with_eval_rounds(1).valid());
+    let four = logits(&model.clone().with_eval_rounds(4).valid());
+    assert!(max_abs_diff(&one, &four) > 1e-4, "4 rounds changed nothing");
+    let tokens_ad = Tensor::<2, Int>::from_data(tokens.to_data(), &dev);
+    let four_ad = host(model.with_eval_rounds(4).forward(tokens_ad).unwrap().inner());
+    assert_close(&four, &four_ad, 1e-5, "4 rounds before and after valid()");
+}
