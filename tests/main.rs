@@ -8,5 +8,6 @@ mod parity;
 mod relative;
 mod reliability;
 mod stack;
+mod tasks;
 mod train;
 mod xl;

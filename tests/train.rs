@@ -209,14 +209,9 @@ fn segment_at(
         }
         targets.extend(t);
     }
-    Segment {
-        batch,
-        len,
-        inputs,
-        targets,
-        reset: (0..batch).map(|r| reset.contains(&r)).collect(),
-        target_mask: None,
-    }
+    Segment::new(batch, len, inputs, targets)
+        .and_then(|s| s.with_reset((0..batch).map(|r| reset.contains(&r)).collect()))
+        .unwrap()
 }
 
 const PAD: usize = 0;
@@ -229,13 +224,24 @@ fn flat_grads<M: burn::module::Module>(model: &M, grads: &GradientsParams) -> Ve
         .collect()
 }
 
+/// Which targets a test segment's loss counts.
+#[derive(Clone, Copy, Debug)]
+enum Counted {
+    /// Every target (`PAD` targets too).
+    All,
+    /// All but the `PAD` targets.
+    NotPad,
+    /// All but the `PAD` targets and every third target (a `counted` selection).
+    Selected,
+}
+
 /// Runs three consecutive segments (memory carried; on the third, a reset row, a row of
 /// padding alone and one half padded) with `replicas` data-parallel replicas: the losses and
 /// gradients of each step.
 fn sharded_steps<M: SegmentModel>(
     model: &M,
     replicas: usize,
-    ignore: Option<usize>,
+    counted: Counted,
 ) -> Vec<(f64, Vec<f32>)> {
     let dev = flex().autodiff();
     let tokens = stream();
@@ -247,7 +253,15 @@ fn sharded_steps<M: SegmentModel>(
                 _ => (&[], &[]),
             };
             let seg = segment_at(&tokens, 5, 12, step * 12, reset, padded);
-            let (loss, grads) = train_step_sharded(model, &dev, &seg, &mut states, ignore).unwrap();
+            let seg = match counted {
+                Counted::All => seg,
+                Counted::NotPad => seg.with_pad(Some(PAD as i64)),
+                Counted::Selected => seg
+                    .with_pad(Some(PAD as i64))
+                    .with_counted((0..5 * 12).map(|i| i % 3 != 0).collect())
+                    .unwrap(),
+            };
+            let (loss, grads) = train_step_sharded(model, &dev, &seg, &mut states).unwrap();
             (loss, flat_grads(model, &grads))
         })
         .collect()
@@ -256,12 +270,12 @@ fn sharded_steps<M: SegmentModel>(
 /// Data-parallel replicas (even and uneven shards, one row each) compute the loss and the
 /// gradients of one pass over the whole batch, memory carried per shard across segments.
 fn data_parallel_matches_one_pass<M: SegmentModel>(model: &M, what: &str) {
-    for ignore in [None, Some(PAD)] {
-        let want = sharded_steps(model, 1, ignore);
+    for counted in [Counted::All, Counted::NotPad, Counted::Selected] {
+        let want = sharded_steps(model, 1, counted);
         for replicas in [2, 3, 5] {
-            let got = sharded_steps(model, replicas, ignore);
+            let got = sharded_steps(model, replicas, counted);
             for (step, ((l1, g1), (lr, gr))) in want.iter().zip(&got).enumerate() {
-                let what = format!("{what}, {replicas} replicas, ignore {ignore:?}, step {step}");
+                let what = format!("{what}, {replicas} replicas, {counted:?}, step {step}");
                 assert!(
                     (l1 - lr).abs() < 1e-5 * l1.abs(),
                     "{what}: loss {l1} vs {lr}"

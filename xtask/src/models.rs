@@ -17,14 +17,13 @@ fn random_segment(batch: usize, len: usize, rng: &mut StdRng) -> Segment {
         .map(|_| rng.random_range(0..256))
         .collect();
     let rows = data.chunks(len + 1);
-    Segment {
+    Segment::new(
         batch,
         len,
-        inputs: rows.clone().flat_map(|r| r[..len].to_vec()).collect(),
-        targets: rows.flat_map(|r| r[1..].to_vec()).collect(),
-        reset: vec![false; batch],
-        target_mask: None,
-    }
+        rows.clone().flat_map(|r| r[..len].to_vec()).collect(),
+        rows.flat_map(|r| r[1..].to_vec()).collect(),
+    )
+    .expect("batch x len tokens")
 }
 
 /// The replicas a benchmark trains with: `--replicas`, else the trainer's choice.
@@ -49,8 +48,8 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
     let mut rng = StdRng::seed_from_u64(0);
     let times = time_steps(args.warmup(), args.steps(), || {
         let segment = random_segment(batch, tgt_len, &mut rng);
-        let (_, grads) = train_step_sharded(&model, &device, &segment, &mut memories, None)
-            .expect("valid shapes");
+        let (_, grads) =
+            train_step_sharded(&model, &device, &segment, &mut memories).expect("valid shapes");
         model = optim.step(2.5e-4, model.clone(), grads);
         device.sync().expect("device sync");
     });
@@ -235,7 +234,7 @@ pub fn memorizing_small(
     let times = time_steps(args.warmup(), args.steps(), || {
         let segment = random_segment(batch, len, &mut rng);
         let (_, grads) =
-            train_step_sharded(&model, &device, &segment, &mut states, None).expect("valid shapes");
+            train_step_sharded(&model, &device, &segment, &mut states).expect("valid shapes");
         model = optim.step(2.5e-4, model.clone(), grads);
         device.sync().expect("device sync");
     });

@@ -22,7 +22,7 @@ use crate::{DataError, Token};
 /// # Shapes
 /// - `inputs`, `targets`: `[batch, len]` (row-major, `inputs[r * len + t]`)
 /// - `reset`: `[batch]`
-/// - `target_mask`: `[batch, len]` when present
+/// - `target_mask`, `counted`: `[batch, len]` when present
 ///
 /// # Ignored targets
 /// A target equal to `pad` (when `pad` is `Some`) must not count in the loss: it is the
@@ -47,8 +47,13 @@ pub struct Batch {
     pub pad: Option<i64>,
     /// Optional per-target selection, `[batch, len]`: `true` where the target's position in
     /// the stream was selected by the mask given to [`OrderedBatcher::with_target_mask`]
-    /// (e.g. the recallable positions of the long-range corpus).
+    /// (e.g. the recallable positions of the long-range corpus). Evaluation scores these
+    /// targets separately (their loss and argmax accuracy).
     pub target_mask: Option<Vec<bool>>,
+    /// Optional `[batch, len]` selection of the targets the loss counts, in training and in
+    /// evaluation (e.g. the second copy of the duplication task); `None`: every target. A
+    /// target equal to `pad` never counts.
+    pub counted: Option<Vec<bool>>,
     /// Epoch of this step (the first pass over the data is epoch 0).
     pub epoch: u64,
     /// Index of this step within its epoch.
@@ -56,25 +61,134 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch of `batch` rows of `len` inputs and next-token targets (row-major), no row
+    /// starting anything (`reset` all `false`), no padding, no masks, epoch and step 0; the
+    /// `with_*` methods set the rest.
+    ///
+    /// Errors when `inputs` or `targets` do not hold `batch * len` tokens.
+    pub fn new(
+        batch: usize,
+        len: usize,
+        inputs: Vec<i64>,
+        targets: Vec<i64>,
+    ) -> Result<Self, DataError> {
+        for (name, v) in [("inputs", &inputs), ("targets", &targets)] {
+            if v.len() != batch * len {
+                return Err(DataError::invalid(
+                    format!("batch {name} length"),
+                    v.len(),
+                    format!("must be batch x len = {batch} x {len}"),
+                ));
+            }
+        }
+        Ok(Self {
+            inputs,
+            targets,
+            batch,
+            len,
+            reset: vec![false; batch],
+            pad: None,
+            target_mask: None,
+            counted: None,
+            epoch: 0,
+            step: 0,
+        })
+    }
+
+    /// The same batch with per-row `reset` flags (`[batch]`).
+    pub fn with_reset(mut self, reset: Vec<bool>) -> Result<Self, DataError> {
+        self.check_len("reset", reset.len(), self.batch)?;
+        self.reset = reset;
+        Ok(self)
+    }
+
+    /// The same batch with targets equal to `pad` ignored by the loss.
+    pub fn with_pad(mut self, pad: Option<i64>) -> Self {
+        self.pad = pad;
+        self
+    }
+
+    /// The same batch with a `[batch, len]` selection scored separately at evaluation.
+    pub fn with_target_mask(mut self, mask: Vec<bool>) -> Result<Self, DataError> {
+        self.check_len("target_mask", mask.len(), self.batch * self.len)?;
+        self.target_mask = Some(mask);
+        Ok(self)
+    }
+
+    /// The same batch with only the `[batch, len]` selected targets counted by the loss.
+    pub fn with_counted(mut self, counted: Vec<bool>) -> Result<Self, DataError> {
+        self.check_len("counted", counted.len(), self.batch * self.len)?;
+        self.counted = Some(counted);
+        Ok(self)
+    }
+
+    fn check_len(&self, name: &str, got: usize, want: usize) -> Result<(), DataError> {
+        if got != want {
+            return Err(DataError::invalid(
+                format!("batch {name} length"),
+                got,
+                format!(
+                    "must be {want} for a batch of {} x {}",
+                    self.batch, self.len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// `[batch, len]`.
     pub fn shape(&self) -> [usize; 2] {
         [self.batch, self.len]
     }
 
-    /// `[batch, len]`: `true` where the target counts in the loss (not equal to `pad`).
+    /// `[batch, len]`: `true` where the target counts in the loss (selected by `counted`, when
+    /// given, and not equal to `pad`).
     pub fn loss_mask(&self) -> Vec<bool> {
-        match self.pad {
-            Some(p) => self.targets.iter().map(|&t| t != p).collect(),
-            None => vec![true; self.targets.len()],
-        }
+        self.targets
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                self.pad.is_none_or(|p| t != p) && self.counted.as_ref().is_none_or(|c| c[i])
+            })
+            .collect()
+    }
+
+    /// Whether every target counts in the loss (no padding target, no `counted` selection
+    /// leaving one out).
+    pub fn counts_every_target(&self) -> bool {
+        self.loss_mask().into_iter().all(|k| k)
     }
 
     /// Number of targets that count in the loss.
     pub fn counted_targets(&self) -> usize {
-        match self.pad {
-            Some(p) => self.targets.iter().filter(|&&t| t != p).count(),
-            None => self.targets.len(),
+        self.loss_mask().into_iter().filter(|&k| k).count()
+    }
+
+    /// The rows `rows` of this batch (e.g. the shard of one data-parallel replica).
+    ///
+    /// Errors when `rows` reaches past `batch`.
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Result<Batch, DataError> {
+        if rows.start > rows.end || rows.end > self.batch {
+            return Err(DataError::invalid(
+                "batch rows",
+                format!("{rows:?}"),
+                format!("must lie in 0..{}", self.batch),
+            ));
         }
+        let cells = rows.start * self.len..rows.end * self.len;
+        let cut = |m: &Option<Vec<bool>>| m.as_ref().map(|m| m[cells.clone()].to_vec());
+        Ok(Batch {
+            inputs: self.inputs[cells.clone()].to_vec(),
+            targets: self.targets[cells.clone()].to_vec(),
+            batch: rows.len(),
+            len: self.len,
+            reset: self.reset[rows].to_vec(),
+            pad: self.pad,
+            target_mask: cut(&self.target_mask),
+            counted: cut(&self.counted),
+            epoch: self.epoch,
+            step: self.step,
+        })
     }
 }
 
@@ -335,6 +449,7 @@ impl OrderedBatcher {
             reset: vec![pos == 0; b],
             pad: None,
             target_mask: mask,
+            counted: None,
             epoch: self.state.epoch,
             step: self.state.step,
         };
@@ -557,6 +672,7 @@ impl DocBatcher {
             reset,
             pad: Some(pad),
             target_mask: None,
+            counted: None,
             epoch: self.state.epoch,
             step: self.state.step,
         };

@@ -1,6 +1,7 @@
 //! Data for memzoo: byte-level tokenizer, corpus readers and splits, the ordered batches
 //! that segment-level recurrence needs, data set manifests and their download, a generated
-//! long-range corpus, and corpus statistics.
+//! long-range corpus, generated tasks ([`tasks`]: duplication, recall, copied text), and
+//! corpus statistics.
 //!
 //! This crate does not depend on Burn: it works on plain token vectors. A [`Batch`] holds
 //! `inputs` / `targets` as row-major `[batch, len]` `Vec<i64>`, ready for
@@ -32,6 +33,7 @@ pub mod fetch;
 pub mod manifest;
 pub mod stats;
 pub mod synthetic;
+pub mod tasks;
 pub mod tokenizer;
 
 pub use batcher::{Batch, BatcherState, DocBatcher, OrderedBatcher};
@@ -48,6 +50,10 @@ pub use synthetic::{
     LongRangeConfig, LongRangeDocument, PassageKind, generate, generate_corpus, generate_split,
     join_documents, join_with_mask, recallable_mask,
 };
+pub use tasks::copy_text::{CopyTask, CopyText, copy_text};
+pub use tasks::duplication::Duplication;
+pub use tasks::recall::{RecallStream, RecallTask};
+pub use tasks::{Task, TaskPosition, TaskStream};
 pub use tokenizer::{BOS, BYTE_VOCAB, ByteTokenizer, EOS, PAD, Token};
 
 #[cfg(test)]

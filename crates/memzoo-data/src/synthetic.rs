@@ -412,14 +412,14 @@ fn document(cfg: &LongRangeConfig, rng: &mut SplitMix64) -> LongRangeDocument {
 /// SplitMix64 (Steele, Lea, Flood 2014): a tiny generator whose output is fixed forever, so
 /// a seed names the same corpus across versions of this crate and of `rand`.
 #[derive(Clone, Debug)]
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(u64);
 
 impl SplitMix64 {
-    fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self(seed)
     }
 
-    fn mix(mut z: u64) -> u64 {
+    pub(crate) fn mix(mut z: u64) -> u64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
@@ -431,12 +431,12 @@ impl SplitMix64 {
     }
 
     /// Uniform in `0..n` (multiply-shift; bias below 2^-40 for the small `n` used here).
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
 
     /// Uniform in `lo..=hi`.
-    fn range_incl(&mut self, lo: usize, hi: usize) -> usize {
+    pub(crate) fn range_incl(&mut self, lo: usize, hi: usize) -> usize {
         lo + self.below((hi - lo) as u64 + 1) as usize
     }
 }

@@ -514,6 +514,7 @@ impl ReformerConfig {
             max_seq_len: self.max_seq_len,
             vocab_size: self.vocab_size,
             eval_seed: self.eval_seed,
+            eval_rounds: None,
             train_seed: self.train_seed,
             steps: StepCounter::default(),
         })
@@ -563,6 +564,10 @@ pub struct ReformerLm {
     /// Seed of the evaluation rotations.
     #[module(skip)]
     pub eval_seed: u64,
+    /// Hash rounds of every LSH layer in evaluation passes (`None`: the configured
+    /// `n_rounds`); see [`ReformerLm::with_eval_rounds`].
+    #[module(skip)]
+    pub eval_rounds: Option<usize>,
     /// Base seed of training steps.
     #[module(skip)]
     pub train_seed: u64,
@@ -594,7 +599,19 @@ pub fn cross_entropy(
 impl ReformerLm {
     /// Options of the evaluation pass (rotations fixed by `eval_seed`, no dropout).
     pub fn eval_options(&self) -> ForwardOptions {
-        ForwardOptions::eval(self.eval_seed)
+        let opts = ForwardOptions::eval(self.eval_seed);
+        match self.eval_rounds {
+            Some(r) => opts.with_rounds(r),
+            None => opts,
+        }
+    }
+
+    /// The same model evaluated with `n_rounds` hash rounds in every LSH layer (more rounds:
+    /// fewer (query, key) pairs missed by the hashing; the paper evaluates a model trained
+    /// with few rounds with more).
+    pub fn with_eval_rounds(mut self, n_rounds: usize) -> Self {
+        self.eval_rounds = Some(n_rounds);
+        self
     }
 
     fn check_tokens(&self, tokens: &Tensor<2, Int>) -> Result<(), ReformerError> {

@@ -22,9 +22,34 @@ use burn::tensor::Device;
 
 use crate::error::TrainError;
 use crate::model::SegmentModel;
-use crate::trainer::TrainerState;
+use crate::schedule::ScheduleConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+/// What a checkpoint stores besides the model, optimizer and carried state.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct TrainerState {
+    /// Model family (`xl`, `reformer`, `memorizing`).
+    pub family: String,
+    /// Optimizer steps done.
+    pub step: usize,
+    /// Tokens trained on.
+    pub tokens: u64,
+    /// Position of the training data.
+    pub data_position: serde_json::Value,
+    /// The learning rate schedule (and so the scheduler's state: it is a function of `step`).
+    pub schedule: ScheduleConfig,
+    /// Total steps the schedule was planned for.
+    pub total_steps: usize,
+    /// Data-parallel replicas, each with the carried state of its rows (1 in checkpoints
+    /// written before replicas existed).
+    #[serde(default = "one")]
+    pub replicas: usize,
+}
+
+fn one() -> usize {
+    1
+}
 
 /// `trainer.json`: the trainer state and what every other file of the checkpoint holds.
 #[derive(Serialize, Deserialize)]

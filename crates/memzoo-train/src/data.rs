@@ -1,20 +1,9 @@
-//! memzoo-data's ordered batchers as the trainer's [`SegmentSource`]s.
+//! memzoo-data's ordered batchers and generated tasks as the trainer's [`SegmentSource`]s.
 
-use memzoo_data::{Batch, DocBatcher, OrderedBatcher};
+use memzoo_data::{DocBatcher, OrderedBatcher, Task, TaskStream};
 
 use crate::error::TrainError;
-use crate::trainer::{Segment, SegmentSource};
-
-fn segment(b: Batch) -> Segment {
-    Segment {
-        batch: b.batch,
-        len: b.len,
-        inputs: b.inputs,
-        targets: b.targets,
-        reset: b.reset,
-        target_mask: b.target_mask,
-    }
-}
+use crate::segment::{Segment, SegmentSource};
 
 fn restore_err(e: impl std::fmt::Display) -> TrainError {
     TrainError::Checkpoint(format!("data position does not fit this data: {e}"))
@@ -23,7 +12,7 @@ fn restore_err(e: impl std::fmt::Display) -> TrainError {
 impl SegmentSource for OrderedBatcher {
     fn next_segment(&mut self, len: usize) -> Option<Segment> {
         match self.next_batch_len(len) {
-            Ok(Some(b)) if b.len == len => Some(segment(b)),
+            Ok(Some(b)) if b.len == len => Some(b),
             _ => None,
         }
     }
@@ -43,13 +32,14 @@ impl SegmentSource for OrderedBatcher {
 }
 
 /// Documents laid out per row; `reset` marks where a row's new document starts and padding
-/// targets are ignored by the loss. The segment length is fixed by the batcher.
+/// targets (the batches' `pad`) are ignored by the loss. The segment length is fixed by the
+/// batcher.
 impl SegmentSource for DocBatcher {
     fn next_segment(&mut self, len: usize) -> Option<Segment> {
         if len != self.seg_len() {
             return None;
         }
-        self.next_batch().map(segment)
+        self.next_batch()
     }
 
     fn rewind(&mut self) {
@@ -64,8 +54,28 @@ impl SegmentSource for DocBatcher {
         let state = serde_json::from_value(position.clone()).map_err(restore_err)?;
         DocBatcher::restore(self, state).map_err(restore_err)
     }
+}
 
-    fn ignore_index(&self) -> Option<usize> {
-        Some(self.pad() as usize)
+/// A generated task (duplication, recall, copied text): endless for training, a fixed set of
+/// batches for evaluation. The segment length is fixed by the task.
+impl<T: Task> SegmentSource for TaskStream<T> {
+    fn next_segment(&mut self, len: usize) -> Option<Segment> {
+        if len != self.seg_len() {
+            return None;
+        }
+        self.next_batch()
+    }
+
+    fn rewind(&mut self) {
+        self.start_next_epoch();
+    }
+
+    fn position(&self) -> serde_json::Value {
+        serde_json::to_value(TaskStream::position(self)).expect("plain state")
+    }
+
+    fn restore(&mut self, position: &serde_json::Value) -> Result<(), TrainError> {
+        let position = serde_json::from_value(position.clone()).map_err(restore_err)?;
+        TaskStream::restore(self, position).map_err(restore_err)
     }
 }

@@ -6,7 +6,9 @@
 //! AdamW, linear warm-up then cosine decay, global gradient-norm clipping, gradient
 //! accumulation; burn-train's dashboard on a terminal, plain lines otherwise, every metric in
 //! `<run-dir>/metrics.jsonl`; atomic checkpoints with `--resume`; [`evaluate`] scores a whole
-//! split in order with memory carried (optionally with a longer memory).
+//! split in order with memory carried (optionally with a longer memory), with the loss and
+//! accuracy on the targets the data selects. [`tasks`] trains the generated tasks
+//! (duplication, long-range recall) with it.
 
 pub mod checkpoint;
 pub mod data;
@@ -17,9 +19,12 @@ pub mod metrics;
 pub mod model;
 pub mod parallel;
 pub mod schedule;
+pub mod segment;
 pub mod signals;
+pub mod tasks;
 pub mod trainer;
 
+pub use checkpoint::TrainerState;
 pub use error::TrainError;
 pub use generate::{
     GenerateConfig, GenerateError, Generation, Generator, SampleConfig, Sampler, generate,
@@ -27,7 +32,5 @@ pub use generate::{
 };
 pub use model::{SegmentModel, segment_loss};
 pub use schedule::ScheduleConfig;
-pub use trainer::{
-    AdamConfig, EvalResult, RunOptions, Segment, SegmentSource, TrainConfig, TrainOutcome,
-    TrainerState, evaluate, token_nll, train,
-};
+pub use segment::{Segment, SegmentSource};
+pub use trainer::{AdamConfig, EvalResult, RunOptions, TrainConfig, TrainOutcome, evaluate, train};

@@ -124,6 +124,7 @@ const METRICS: &[(&str, Option<&str>, bool)] = &[
     ("tokens_per_s", Some("tok/s"), true),
     ("grad_norm", None, false),
     ("selected_bpc", Some("bits/char"), false),
+    ("selected_accuracy", None, true),
 ];
 
 impl Reporter {

@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use burn::module::Module;
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
+use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_memory::{IndexKind, KnnIndex, KnnMemoryConfig, MemoryError, Retrieved, RowState};
 use memzoo_xl::{TransformerXl, XlMemory, XlState};
@@ -37,17 +37,21 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
         reset: &[bool],
     ) -> Result<Tensor<3>, TrainError>;
 
-    /// One training step's loss and gradients. The default is plain autodiff of the mean
-    /// cross-entropy; models with their own backward (reversible layers) override it.
+    /// One training step's loss and gradients: the mean cross-entropy over the targets whose
+    /// `weights` are 1 (`None`: every target). The default is plain autodiff of
+    /// [`segment_loss`]; models with their own backward (reversible layers) override it.
+    ///
+    /// # Shapes
+    /// - `inputs`, `targets`, `weights`: `[batch, len]`
     fn train_step(
         &self,
         inputs: Tensor<2, Int>,
         targets: Tensor<2, Int>,
         state: &mut Self::State,
         reset: &[bool],
-        ignore_index: Option<usize>,
+        weights: Option<Tensor<2>>,
     ) -> Result<(f64, GradientsParams), TrainError> {
-        let loss = segment_loss(self, inputs, targets, state, reset, ignore_index)?;
+        let loss = segment_loss(self, inputs, targets, state, reset, weights)?;
         let value = loss.clone().into_scalar::<f64>();
         let grads = GradientsParams::from_grads(loss.backward(), self);
         Ok((value, grads))
@@ -104,31 +108,37 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     fn load_state(&self, dir: &Path, device: &Device) -> Result<Self::State, TrainError>;
 }
 
-/// Mean cross-entropy (nats) of one segment, skipping targets equal to `ignore_index`.
+/// Mean cross-entropy (nats) of one segment over the targets `weights` selects:
+/// `Σ_i w_i (-log p(y_i)) / Σ_i w_i` (every target when `weights` is `None`).
+///
+/// # Shapes
+/// - `inputs`, `targets`, `weights`: `[batch, len]`
 pub fn segment_loss<M: SegmentModel>(
     model: &M,
     inputs: Tensor<2, Int>,
     targets: Tensor<2, Int>,
     state: &mut M::State,
     reset: &[bool],
-    ignore_index: Option<usize>,
+    weights: Option<Tensor<2>>,
 ) -> Result<Tensor<1>, TrainError> {
     let [b, l] = targets.dims();
-    if inputs.dims() != [b, l] {
+    if inputs.dims() != [b, l] || weights.as_ref().is_some_and(|w| w.dims() != [b, l]) {
         return Err(TrainError::Shape(format!(
-            "inputs {:?} and targets {:?} differ",
+            "inputs {:?}, targets {:?} and weights {:?} differ",
             inputs.dims(),
-            targets.dims()
+            targets.dims(),
+            weights.as_ref().map(|w| w.dims())
         )));
     }
-    let device = inputs.device();
     let logits = model.segment_logits(inputs, state, reset)?;
-    let v = model.vocab_size();
-    let loss = CrossEntropyLossConfig::new()
-        .with_pad_tokens(ignore_index.map(|i| vec![i]))
-        .init(&device)
-        .forward(logits.reshape([b * l, v]), targets.reshape([b * l]));
-    Ok(loss)
+    let nll = log_softmax(logits, 2)
+        .gather(2, targets.reshape([b, l, 1]))
+        .reshape([b, l])
+        .neg();
+    Ok(match weights {
+        None => nll.mean(),
+        Some(w) => (nll * w.clone()).sum() / w.sum().clamp_min(1e-9),
+    })
 }
 
 /// The layer stack (Transformer-XL, and with kNN layers the Memorizing Transformer) carries its
@@ -345,17 +355,10 @@ impl SegmentModel for memzoo_reformer::ReformerLm {
         targets: Tensor<2, Int>,
         _state: &mut (),
         _reset: &[bool],
-        ignore_index: Option<usize>,
+        weights: Option<Tensor<2>>,
     ) -> Result<(f64, GradientsParams), TrainError> {
-        let (loss, grads) = match ignore_index {
-            None => self.train_step(inputs, targets),
-            Some(pad) => {
-                // Padding targets weigh 0 in the loss.
-                let weights = targets.clone().not_equal_elem(pad as i64).float();
-                let opts = self.next_train_options();
-                self.train_step_with(inputs, targets, Some(weights), &opts)
-            }
-        }?;
+        let opts = self.next_train_options();
+        let (loss, grads) = self.train_step_with(inputs, targets, weights, &opts)?;
         Ok((loss.into_scalar::<f64>(), grads))
     }
 

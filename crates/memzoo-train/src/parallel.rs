@@ -9,7 +9,8 @@
 //!
 //! The step computes the same loss and gradients as one pass over the whole batch. Every memzoo
 //! model treats batch rows independently (one memory per row), so with `n_r` counted targets in
-//! shard `r` (targets equal to the ignore index are not counted) and `N = Σ_r n_r`:
+//! shard `r` (those of its [`Segment::loss_mask`]: not padding, selected by `counted`) and
+//! `N = Σ_r n_r`:
 //!
 //! ```text
 //! L = (1/N) Σ_tokens ℓ = Σ_r (n_r / N) L_r        ∇L = Σ_r (n_r / N) ∇L_r
@@ -35,7 +36,7 @@ use rayon::prelude::*;
 use crate::error::TrainError;
 use crate::grads::scale;
 use crate::model::SegmentModel;
-use crate::trainer::Segment;
+use crate::segment::{Segment, loss_weights, tensors};
 
 /// `batch` rows split into `replicas` contiguous ranges whose sizes differ by at most one (the
 /// first ones get the extra rows). Empty when `replicas` is 0.
@@ -79,7 +80,8 @@ pub fn check_replicas(replicas: usize, batch: usize) -> Result<(), TrainError> {
 }
 
 /// One training step of `model` over `segment`, its rows split over `states.len()` replicas
-/// (see the module docs): returns the batch's mean loss and its gradients.
+/// (see the module docs): returns the batch's mean loss over its counted targets and its
+/// gradients.
 ///
 /// `states[r]` is the carried state of shard `r` (rows [`shard_rows`]`(batch, R)[r]`); with
 /// one state this is exactly [`SegmentModel::train_step`].
@@ -88,28 +90,21 @@ pub fn train_step_sharded<M: SegmentModel>(
     device: &Device,
     segment: &Segment,
     states: &mut [M::State],
-    ignore_index: Option<usize>,
 ) -> Result<(f64, GradientsParams), TrainError> {
     let replicas = states.len();
     check_replicas(replicas, segment.batch)?;
     if replicas == 1 {
-        let (x, y) = segment.tensors(device);
-        return model.train_step(x, y, &mut states[0], &segment.reset, ignore_index);
+        let (x, y) = tensors(segment, device);
+        let w = loss_weights(segment, device);
+        return model.train_step(x, y, &mut states[0], &segment.reset, w);
     }
     let shards: Vec<Segment> = shard_rows(segment.batch, replicas)
         .into_iter()
         .map(|rows| segment.rows(rows))
-        .collect();
+        .collect::<Result<_, _>>()
+        .map_err(|e| TrainError::Data(e.to_string()))?;
     // Weights n_r / N (rows / batch if no target counts at all).
-    let counted: Vec<usize> = shards
-        .iter()
-        .map(|s| {
-            s.targets
-                .iter()
-                .filter(|&&t| ignore_index.is_none_or(|i| t != i as i64))
-                .count()
-        })
-        .collect();
+    let counted: Vec<usize> = shards.iter().map(Segment::counted_targets).collect();
     let total: usize = counted.iter().sum();
     let weights: Vec<f64> = shards
         .iter()
@@ -126,8 +121,9 @@ pub fn train_step_sharded<M: SegmentModel>(
         .zip(shards.par_iter())
         .zip(states.par_iter_mut())
         .map(|((replica, shard), state)| {
-            let (x, y) = shard.tensors(device);
-            replica.train_step(x, y, state, &shard.reset, ignore_index)
+            let (x, y) = tensors(shard, device);
+            let w = loss_weights(shard, device);
+            replica.train_step(x, y, state, &shard.reset, w)
         })
         .collect();
 

@@ -5,81 +5,16 @@ use std::time::Instant;
 
 use burn::config::Config;
 use burn::optim::{AdamWConfig, GradientsAccumulator, ModuleOptimizer};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::activation::log_softmax;
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::TrainerState;
 use crate::error::TrainError;
 use crate::grads::scale_and_clip;
 use crate::metrics::Reporter;
 use crate::model::SegmentModel;
 use crate::schedule::ScheduleConfig;
-
-/// One step of ordered language-model data: `batch` rows of `len` tokens, each row continuing
-/// exactly where its previous segment stopped.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Segment {
-    /// Rows.
-    pub batch: usize,
-    /// Tokens per row.
-    pub len: usize,
-    /// Inputs, row-major `[batch, len]`.
-    pub inputs: Vec<i64>,
-    /// Next-token targets, row-major `[batch, len]`.
-    pub targets: Vec<i64>,
-    /// Per row: a new document starts with this segment (memory must be cleared).
-    pub reset: Vec<bool>,
-    /// Optional `[batch, len]` selection of targets scored separately at evaluation (e.g. the
-    /// recallable positions of the long-range corpus).
-    pub target_mask: Option<Vec<bool>>,
-}
-
-impl Segment {
-    /// The inputs and targets as tensors on `device`.
-    pub fn tensors(&self, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
-        let shape = [self.batch, self.len];
-        (
-            Tensor::from_data(TensorData::new(self.inputs.clone(), shape), device),
-            Tensor::from_data(TensorData::new(self.targets.clone(), shape), device),
-        )
-    }
-
-    /// The rows `rows` of this segment (a shard for one data-parallel replica).
-    ///
-    /// # Panics
-    /// If `rows` reaches past `batch`.
-    pub fn rows(&self, rows: std::ops::Range<usize>) -> Segment {
-        assert!(
-            rows.end <= self.batch,
-            "rows {rows:?} of a {}-row segment",
-            self.batch
-        );
-        let cells = rows.start * self.len..rows.end * self.len;
-        Segment {
-            batch: rows.len(),
-            len: self.len,
-            inputs: self.inputs[cells.clone()].to_vec(),
-            targets: self.targets[cells.clone()].to_vec(),
-            reset: self.reset[rows].to_vec(),
-            target_mask: self.target_mask.as_ref().map(|m| m[cells].to_vec()),
-        }
-    }
-}
-
-/// Ordered segments of one split, with a position that checkpoints save and restore.
-pub trait SegmentSource: Send {
-    /// The next segment of `len` tokens per row, or `None` at the end of the split.
-    fn next_segment(&mut self, len: usize) -> Option<Segment>;
-    /// Back to the start of the split (a new epoch).
-    fn rewind(&mut self);
-    /// Where the source stands (serialisable; saved in checkpoints).
-    fn position(&self) -> serde_json::Value;
-    /// Continue from a saved position.
-    fn restore(&mut self, position: &serde_json::Value) -> Result<(), TrainError>;
-    /// Target id the loss ignores (document padding), if any.
-    fn ignore_index(&self) -> Option<usize> {
-        None
-    }
-}
+use crate::segment::{Segment, SegmentSource, mask_tensor, tensors};
 
 /// Configuration of a training run.
 #[derive(Config, Debug)]
@@ -135,6 +70,10 @@ pub struct TrainConfig {
     /// Checkpoints kept on disk. Default: 2.
     #[config(default = 2)]
     pub keep_checkpoints: usize,
+    /// Stop after the step that ends past this many seconds of training (evaluating and
+    /// checkpointing as at the last step); `None`: no limit. Default: none.
+    #[config(default = "None")]
+    pub max_seconds: Option<f64>,
 }
 
 impl TrainConfig {
@@ -166,6 +105,11 @@ impl TrainConfig {
             && !(c.is_finite() && c > 0.0)
         {
             return bad(format!("train.clip_norm must be positive, got {c}"));
+        }
+        if let Some(t) = self.max_seconds
+            && !(t.is_finite() && t > 0.0)
+        {
+            return bad(format!("train.max_seconds must be positive, got {t}"));
         }
         if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             return bad(format!(
@@ -227,31 +171,6 @@ impl AdamConfig {
     }
 }
 
-/// What a checkpoint stores besides the model, optimizer and carried state.
-#[derive(Serialize, Deserialize, Debug, Clone)]
-pub struct TrainerState {
-    /// Model family (`xl`, `reformer`, `memorizing`).
-    pub family: String,
-    /// Optimizer steps done.
-    pub step: usize,
-    /// Tokens trained on.
-    pub tokens: u64,
-    /// Position of the training data.
-    pub data_position: serde_json::Value,
-    /// The learning rate schedule (and so the scheduler's state: it is a function of `step`).
-    pub schedule: ScheduleConfig,
-    /// Total steps the schedule was planned for.
-    pub total_steps: usize,
-    /// Data-parallel replicas, each with the carried state of its rows (1 in checkpoints
-    /// written before replicas existed).
-    #[serde(default = "one")]
-    pub replicas: usize,
-}
-
-fn one() -> usize {
-    1
-}
-
 /// Evaluation result over a split.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
 pub struct EvalResult {
@@ -268,6 +187,10 @@ pub struct EvalResult {
     pub selected_loss: Option<f64>,
     /// Targets selected by the mask.
     pub selected_tokens: u64,
+    /// Share of the selected targets that are the model's most likely token (argmax), when
+    /// the data has a target mask.
+    #[serde(default)]
+    pub selected_accuracy: Option<f64>,
 }
 
 impl EvalResult {
@@ -280,7 +203,19 @@ impl EvalResult {
             tokens,
             selected_loss: None,
             selected_tokens: 0,
+            selected_accuracy: None,
         }
+    }
+
+    /// Mean cross-entropy (nats) over the counted targets the mask does not select, when it
+    /// selects some but not all.
+    pub fn unselected_loss(&self) -> Option<f64> {
+        let sel = self.selected_loss?;
+        let rest = self
+            .tokens
+            .checked_sub(self.selected_tokens)
+            .filter(|&n| n > 0)?;
+        Some((self.loss * self.tokens as f64 - sel * self.selected_tokens as f64) / rest as f64)
     }
 }
 
@@ -307,39 +242,31 @@ pub fn evaluate<M: SegmentModel>(
         .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
     source.rewind();
     let mut state = M::State::default();
-    let ignore = source.ignore_index();
     let (mut nats, mut tokens) = (0.0, 0u64);
-    let (mut sel_nats, mut sel_tokens) = (0.0, 0u64);
+    let (mut sel_nats, mut sel_hits, mut sel_tokens) = (0.0, 0.0, 0u64);
     let mut n = 0;
     while let Some(seg) = source.next_segment(len) {
-        check_token_ids(&seg, model.vocab_size(), ignore, "evaluation")?;
-        let (x, y) = seg.tensors(&device);
-        let nll = token_nll(&model, x, y, &mut state, &seg.reset)?;
-        // Weights: 1 for counted targets (not padding), and the selection mask.
-        let keep: Vec<f32> = seg
-            .targets
-            .iter()
-            .map(|&t| {
-                if ignore.is_some_and(|p| t == p as i64) {
-                    0.0
-                } else {
-                    1.0
-                }
-            })
-            .collect();
-        tokens += keep.iter().filter(|&&k| k > 0.0).count() as u64;
-        let shape = [seg.batch, seg.len];
-        let w = Tensor::<2>::from_data(TensorData::new(keep.clone(), shape), &device);
+        check_token_ids(&seg, model.vocab_size(), "evaluation")?;
+        let (x, y) = tensors(&seg, &device);
+        let shape = seg.shape();
+        let logp = log_softmax(model.segment_logits(x, &mut state, &seg.reset)?, 2);
+        let nll = logp
+            .clone()
+            .gather(2, y.clone().reshape([shape[0], shape[1], 1]))
+            .reshape(shape)
+            .neg();
+        // Weights: 1 for counted targets (not padding, selected by `counted`).
+        let keep = seg.loss_mask();
+        tokens += keep.iter().filter(|&&k| k).count() as u64;
+        let w = mask_tensor(&keep, shape, &device);
         nats += (nll.clone() * w).sum().into_scalar::<f64>();
         if let Some(mask) = &seg.target_mask {
-            let sel: Vec<f32> = mask
-                .iter()
-                .zip(&keep)
-                .map(|(&m, &k)| if m { k } else { 0.0 })
-                .collect();
-            sel_tokens += sel.iter().filter(|&&k| k > 0.0).count() as u64;
-            let w = Tensor::<2>::from_data(TensorData::new(sel, shape), &device);
-            sel_nats += (nll * w).sum().into_scalar::<f64>();
+            let sel: Vec<bool> = mask.iter().zip(&keep).map(|(&m, &k)| m && k).collect();
+            sel_tokens += sel.iter().filter(|&&k| k).count() as u64;
+            let w = mask_tensor(&sel, shape, &device);
+            sel_nats += (nll * w.clone()).sum().into_scalar::<f64>();
+            let hits = logp.argmax(2).reshape(shape).equal(y).float();
+            sel_hits += (hits * w).sum().into_scalar::<f64>();
         }
         n += 1;
         if max_segments.is_some_and(|m| n >= m) {
@@ -355,37 +282,19 @@ pub fn evaluate<M: SegmentModel>(
     if sel_tokens > 0 {
         result.selected_loss = Some(sel_nats / sel_tokens as f64);
         result.selected_tokens = sel_tokens;
+        result.selected_accuracy = Some(sel_hits / sel_tokens as f64);
     }
     Ok(result)
 }
 
-/// Per-token negative log-likelihood (nats) of one segment, `[batch, len]`.
-pub fn token_nll<M: SegmentModel>(
-    model: &M,
-    inputs: Tensor<2, Int>,
-    targets: Tensor<2, Int>,
-    state: &mut M::State,
-    reset: &[bool],
-) -> Result<Tensor<2>, TrainError> {
-    let [b, l] = targets.dims();
-    let logits = model.segment_logits(inputs, state, reset)?;
-    let logp = burn::tensor::activation::log_softmax(logits, 2);
-    let picked = logp.gather(2, targets.reshape([b, l, 1]));
-    Ok(picked.reshape([b, l]).neg())
-}
-
-/// Every input id, and every target the loss counts, must index the model's vocabulary: the
-/// first one that does not is named (an embedding lookup past the table panics in the backend).
-fn check_token_ids(
-    seg: &Segment,
-    vocab: usize,
-    ignore: Option<usize>,
-    split: &str,
-) -> Result<(), TrainError> {
+/// Every input id and every target but padding must index the model's vocabulary: the first
+/// one that does not is named (an embedding lookup or a gather past the table panics in the
+/// backend).
+fn check_token_ids(seg: &Segment, vocab: usize, split: &str) -> Result<(), TrainError> {
     let targets = seg
         .targets
         .iter()
-        .filter(|&&t| ignore.is_none_or(|i| t != i as i64));
+        .filter(|&&t| seg.pad.is_none_or(|p| t != p));
     match seg
         .inputs
         .iter()
@@ -438,6 +347,10 @@ pub struct TrainOutcome<M> {
     pub steps: usize,
     /// Last validation result, if any evaluation ran.
     pub valid: Option<EvalResult>,
+    /// Every validation result of this run (not those before a resume), with its step.
+    pub evaluations: Vec<(usize, EvalResult)>,
+    /// Mean training loss (nats, over the counted targets) of the last logged window of steps.
+    pub train_loss: Option<f64>,
     /// Whether the user interrupted the run (a checkpoint was saved).
     pub interrupted: bool,
     /// The signal (SIGINT 2, SIGTERM 15) that interrupted the run, if one did.
@@ -564,8 +477,9 @@ pub fn train<M: SegmentModel>(
              after the checkpoint are trained again)"
         ));
     }
-    let ignore = train_data.ignore_index();
     let mut valid = None;
+    let (mut evaluations, mut train_loss) = (Vec::new(), None);
+    let started = Instant::now();
     let mut window = (0.0, 0usize, 0u64, Instant::now());
     let mut step = start;
     let mut interrupted = false;
@@ -587,9 +501,9 @@ pub fn train<M: SegmentModel>(
                     })?
                 }
             };
-            check_token_ids(&seg, model.vocab_size(), ignore, "training")?;
+            check_token_ids(&seg, model.vocab_size(), "training")?;
             let (loss, grads) =
-                crate::parallel::train_step_sharded(&model, &device, &seg, &mut states, ignore)?;
+                crate::parallel::train_step_sharded(&model, &device, &seg, &mut states)?;
             if !loss.is_finite() {
                 return Err(TrainError::Model(format!(
                     "loss became {loss} at step {}; lower train.schedule.lr",
@@ -615,9 +529,14 @@ pub fn train<M: SegmentModel>(
         step += 1;
         window.0 += loss_sum / config.grad_accum as f64;
         window.1 += 1;
+        let out_of_time = config
+            .max_seconds
+            .is_some_and(|t| started.elapsed().as_secs_f64() > t);
+        let last = step == config.steps || out_of_time;
 
-        if step % config.log_every == 0 || step == config.steps {
+        if step % config.log_every == 0 || last {
             let loss = window.0 / window.1 as f64;
+            train_loss = Some(loss);
             let tps = window.2 as f64 / window.3.elapsed().as_secs_f64();
             reporter.record(
                 step,
@@ -632,8 +551,7 @@ pub fn train<M: SegmentModel>(
             )?;
             window = (0.0, 0, 0, Instant::now());
         }
-        let eval_now =
-            (config.eval_every > 0 && step % config.eval_every == 0) || step == config.steps;
+        let eval_now = (config.eval_every > 0 && step % config.eval_every == 0) || last;
         if eval_now && let Some(v) = valid_data.as_deref_mut() {
             let eval_model = match config.eval_mem_len {
                 Some(m) => model.clone().with_eval_mem_len(m),
@@ -644,13 +562,17 @@ pub fn train<M: SegmentModel>(
             if let Some(sel) = r.selected_loss {
                 values.push(("selected_bpc", sel / std::f64::consts::LN_2));
             }
+            if let Some(acc) = r.selected_accuracy {
+                values.push(("selected_accuracy", acc));
+            }
             reporter.record(step, "valid", &values)?;
             valid = Some(r);
+            evaluations.push((step, r));
             window.3 = Instant::now();
         }
         interrupted = reporter.interrupter.should_stop() || signals.caught().is_some();
         let ckpt_now = (config.checkpoint_every > 0 && step % config.checkpoint_every == 0)
-            || step == config.steps
+            || last
             || interrupted;
         if ckpt_now {
             let trainer = TrainerState {
@@ -684,12 +606,22 @@ pub fn train<M: SegmentModel>(
             ));
             break;
         }
+        if out_of_time && step < config.steps {
+            reporter.note(&format!(
+                "stopped at step {step} of {}: train.max_seconds ({}) reached",
+                config.steps,
+                config.max_seconds.unwrap_or_default()
+            ));
+            break;
+        }
     }
     reporter.finish();
     Ok(TrainOutcome {
         model,
         steps: step,
         valid,
+        evaluations,
+        train_loss,
         interrupted,
         signal: signals.caught(),
     })

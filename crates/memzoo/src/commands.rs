@@ -382,6 +382,35 @@ fn latest_checkpoint(run_dir: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| format!("{} has no checkpoint yet", run_dir.display()))
 }
 
+/// A fresh run directory for a task run under the system's temp dir, removed on drop: the
+/// trainer writes its metrics and final checkpoint there.
+struct ScratchRun(PathBuf);
+
+impl ScratchRun {
+    fn new(task: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("memzoo-{task}-{}-{nanos}", std::process::id()));
+        Self(dir)
+    }
+
+    fn options(&self) -> RunOptions {
+        RunOptions {
+            run_dir: self.0.clone(),
+            resume: false,
+            quiet: true,
+        }
+    }
+}
+
+impl Drop for ScratchRun {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `memzoo duplication`: the Reformer paper's duplication task (sequences `0 w 0 w`), trained
 /// with `train_rounds` hash rounds and evaluated with 1, 2 and 4.
 pub fn duplication(
@@ -393,7 +422,7 @@ pub fn duplication(
     json_out: bool,
 ) -> Result<(), String> {
     use memzoo_reformer::ReformerConfig;
-    use memzoo_reformer::duplication::{DuplicationConfig, train as train_dup};
+    use memzoo_train::tasks::{DuplicationConfig, duplication as train_dup};
     let device = device(device_name)?.autodiff();
     let model = ReformerConfig::new()
         .with_n_layers(1)
@@ -412,8 +441,10 @@ pub fn duplication(
         .with_steps(steps)
         .with_max_seconds(seconds)
         .with_train_rounds(train_rounds)
-        .with_eval_rounds(vec![1, 2, 4]);
-    let report = train_dup(&cfg, &device).map_err(|e| e.to_string())?;
+        .with_eval_rounds(vec![1, 2, 4])
+        .with_log_every((steps / 10).max(1));
+    let run = ScratchRun::new("duplication");
+    let report = train_dup(&cfg, &device, &run.options()).map_err(|e| e.to_string())?;
     if json_out {
         println!(
             "{}",
@@ -446,7 +477,9 @@ pub fn recall(
     seed: u64,
     json_out: bool,
 ) -> Result<(), String> {
-    use memzoo_knn::recall_task::{reference_config, reference_task, run};
+    use memzoo_data::RecallTask;
+    use memzoo_knn::recall_task::reference_config;
+    use memzoo_train::tasks::{RecallConfig, recall as train_recall};
     let models: &[(&str, bool)] = match which {
         "both" => &[("memorizing", true), ("xl", false)],
         "memorizing" => &[("memorizing", true)],
@@ -466,9 +499,7 @@ pub fn recall(
         return Err(format!("--lr must be a positive number, got {lr}"));
     }
     let device = device(device_name)?.autodiff();
-    // The weights are drawn from the device's generator: seeded, a run is repeatable.
-    device.seed(seed);
-    let task = reference_task();
+    let task = RecallTask::reference();
     if !json_out {
         println!(
             "task: passages of {} of {} tokens, repeated {}x; {:.0}% of documents recall across {}-{} filler tokens (XL reach: mem_len 32 + segment 32)",
@@ -480,25 +511,28 @@ pub fn recall(
             task.long_gap.1
         );
     }
+    let cfg = RecallConfig::new()
+        .with_steps(steps)
+        .with_lr(lr)
+        .with_batch(batch)
+        .with_seed(seed);
     for &(name, knn) in models {
-        let report_every = (steps / 10).max(1);
-        let r = run(
-            &reference_config(knn),
+        // The weights are drawn from the device's generator: seeded, a run is repeatable.
+        device.seed(seed);
+        if !json_out {
+            println!(
+                "{name}: validation every {} steps on long gaps only (selected: the recall \
+                 targets)",
+                (steps / cfg.evaluations).max(1)
+            );
+        }
+        let run = ScratchRun::new("recall");
+        let r = train_recall(
+            &reference_config(knn, task.vocab()),
             &task,
-            batch,
-            steps,
-            60,
-            lr,
-            seed,
+            &cfg,
             &device,
-            report_every,
-            |s, long, short| {
-                if !json_out {
-                    println!(
-                        "  {name} step {s}: train recall loss {long:.3} (long gaps), {short:.3} (short gaps)"
-                    );
-                }
-            },
+            &run.options(),
         )
         .map_err(|e| e.to_string())?;
         if json_out {

@@ -6,6 +6,7 @@ mod fetch;
 mod manifest;
 mod stats;
 mod synthetic;
+mod tasks;
 mod tokenizer;
 
 use std::path::{Path, PathBuf};

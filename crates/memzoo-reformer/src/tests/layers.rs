@@ -1,7 +1,6 @@
 use burn::tensor::Tensor;
 
 use super::{dev, rand_tensor, to_vec};
-use crate::duplication::generate;
 use crate::feedforward::{AxialPositionalEmbeddingConfig, ChunkedFeedForwardConfig};
 
 #[test]
@@ -75,22 +74,4 @@ fn axial_positions_concatenate_the_two_tables() {
     }
     let err = axial.forward(13).unwrap_err().to_string();
     assert!(err.contains("13"), "{err}");
-}
-
-#[test]
-fn duplication_sequences_repeat_their_first_half() {
-    let b = generate(3, 10, 7, 5).unwrap();
-    assert_eq!(b.tokens.len(), 30);
-    for s in 0..3 {
-        let t = &b.tokens[s * 10..(s + 1) * 10];
-        assert_eq!(t[0], 0);
-        assert_eq!(t[5], 0);
-        assert_eq!(t[..5], t[5..]);
-        assert!(t[1..5].iter().all(|&x| (1..7).contains(&x)));
-        assert_eq!(&b.targets[s * 10..s * 10 + 9], &t[1..]);
-        let w = &b.weights[s * 10..(s + 1) * 10];
-        // targets 6..9 are the second copy of w: predicted at positions 5..8
-        assert_eq!(w, &[0., 0., 0., 0., 0., 1., 1., 1., 1., 0.]);
-    }
-    assert!(generate(1, 7, 5, 0).is_err());
 }
