@@ -25,6 +25,10 @@
 //! byte ranges come with each [`LongRangeDocument`], and [`recallable_mask`] recovers them
 //! from any text in this format.
 //!
+//! [`LongRangeConfig::near`] is the dense mode of `memzoo train`'s default run (one word,
+//! recalled 8 times, every letter from one fixed distance), [`LongRangeConfig::far`] the mode of
+//! long gaps for kNN memories.
+//!
 //! Everything is deterministic from [`LongRangeConfig::seed`]; document `i` of a split does
 //! not depend on how many documents are generated.
 
