@@ -25,6 +25,10 @@
 //! byte ranges come with each [`LongRangeDocument`], and [`recallable_mask`] recovers them
 //! from any text in this format.
 //!
+//! [`LongRangeConfig::near`] is the dense mode of `memzoo train`'s default run (one word,
+//! recalled 8 times, every letter from one fixed distance), [`LongRangeConfig::far`] the mode of
+//! long gaps for kNN memories.
+//!
 //! Everything is deterministic from [`LongRangeConfig::seed`]; document `i` of a split does
 //! not depend on how many documents are generated.
 
@@ -107,6 +111,47 @@ impl LongRangeConfig {
             max_gap: 4000,
             ..Self::default()
         }
+    }
+
+    /// The near mode of `memzoo train`'s default run: a passage of one 12-letter word, stated
+    /// and then recalled 8 times with no filler, so that every recalled letter lies exactly
+    /// [`recall_distance`](Self::recall_distance) = 22 bytes after its source (the statement or
+    /// the previous recall):
+    /// ```text
+    /// remember: qzvkwolaptem.
+    /// recall: qzvkwolaptem.
+    /// ... (8 recalls)
+    /// ```
+    /// 2,000 training documents of 200 bytes (400,000 bytes, 48% of them recallable), 200
+    /// valid / 200 test. A model reading segments shorter than 22 bytes can predict the
+    /// recalled letters only from its memory (a random letter costs `log2(26)` = 4.70 bits
+    /// otherwise); one whose memory reaches 21 positions back can copy them from a fixed
+    /// distance, which a small XL learns in a few thousand steps.
+    pub fn near() -> Self {
+        Self {
+            items: 1,
+            min_word_len: 12,
+            max_word_len: 12,
+            min_gap: 0,
+            max_gap: 0,
+            repeats: 8,
+            ..Self::default()
+        }
+    }
+
+    /// The distance in bytes from every recalled byte to its source when it is the same for
+    /// all of them (one word length and one gap, `Words` passages): the passage, `".\n"`, the
+    /// gap and `"recall: "`. `None` when lengths or gaps vary (or for `KeyValue` passages,
+    /// whose recall reorders the pairs).
+    pub fn recall_distance(&self) -> Option<usize> {
+        if self.kind != PassageKind::Words
+            || self.min_word_len != self.max_word_len
+            || self.min_gap != self.max_gap
+        {
+            return None;
+        }
+        let passage = self.items * self.min_word_len + self.items.saturating_sub(1);
+        Some(passage + 2 + self.min_gap + RECALL.len())
     }
 
     /// Checks the numbers.

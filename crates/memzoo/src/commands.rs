@@ -160,23 +160,38 @@ pub fn train(
 }
 
 /// The plain-words summary of a run on text with recallable positions (the generated corpus):
-/// bits per recallable byte with the memory, with the same weights reading none, and what
-/// guessing a letter costs. Losses in nats.
+/// bits per recallable byte with the memory, with the same weights reading none, what guessing
+/// a letter costs (the recalled letters are drawn uniformly from a-z: `log2(26)` bits), and one
+/// sentence on what that means. Losses in nats.
 pub fn recall_summary(with_memory: f64, without_memory: f64, tokens: u64) -> String {
     let bits = |nats: f64| nats / std::f64::consts::LN_2;
+    let (with, without) = (bits(with_memory), bits(without_memory));
     let guess = 26f64.log2();
-    let verdict = if bits(with_memory) < guess - 2.0 && bits(without_memory) > guess - 1.0 {
-        "The memory carries what the segment cannot see."
+    let verdict = if with < guess / 2.0 && without > guess - 0.5 {
+        let worse = if without > guess + 0.5 {
+            ", worse than a guess: they still bet on copying what is not there"
+        } else {
+            ""
+        };
+        format!(
+            "The memory does the work: with it the model predicts letters it cannot see in its \
+             segment ({with:.2} bits against {guess:.2} for a guess); the same weights without \
+             it cannot ({without:.2} bits{worse})."
+        )
+    } else if with < guess - 0.5 {
+        "The memory helps, but the recall is only partly learnt: train longer \
+         (--set train.steps=...)."
+            .to_string()
     } else {
-        "The recall is not learnt yet (the spaces between the recalled words are predictable \
-         without memory, the letters are not): train longer (--set train.steps=...)."
+        "The recall is not learnt yet (the model predicts those letters no better than a \
+         guess): train longer (--set train.steps=...)."
+            .to_string()
     };
     format!(
-        "recall: {tokens} validation bytes repeat a passage stated before the current segment, \
-         which only memory can predict: {:.2} bits each with the XL memory, {:.2} with the same \
-         weights reading no memory; guessing a letter costs log2(26) = {guess:.2} bits. {verdict}",
-        bits(with_memory),
-        bits(without_memory),
+        "recall: {tokens} validation bytes repeat letters stated before the current segment, \
+         which only memory can predict: {with:.2} bits each with the XL memory, {without:.2} \
+         with the same weights reading no memory; guessing a letter costs log2(26) = \
+         {guess:.2} bits. {verdict}"
     )
 }
 

@@ -174,6 +174,30 @@ fn far_mode_gaps_exceed_two_thousand() {
 }
 
 #[test]
+fn near_mode_recalls_every_letter_from_one_distance() {
+    let cfg = LongRangeConfig {
+        documents: 20,
+        ..LongRangeConfig::near()
+    };
+    // "remember: " + 12 letters + ".\n", then 8 x ("recall: " + 12 letters + ".\n").
+    let distance = 12 + ".\n".len() + "recall: ".len();
+    assert_eq!(cfg.recall_distance(), Some(distance));
+    for doc in generate_split(&cfg, Split::Train).unwrap() {
+        assert_eq!(doc.text.len(), 10 + 12 + 2 + 8 * (8 + 12 + 2));
+        assert_eq!(doc.recall.len(), 8);
+        let mask = doc.recall_mask();
+        assert_eq!(mask, recallable_mask(&doc.text));
+        for p in (0..doc.text.len()).filter(|&p| mask[p]) {
+            assert!(doc.text[p].is_ascii_lowercase(), "byte {p}");
+            assert_eq!(doc.text[p], doc.text[p - distance], "byte {p}");
+        }
+    }
+    // Varying lengths or gaps: no single distance.
+    assert_eq!(LongRangeConfig::default().recall_distance(), None);
+    assert_eq!(LongRangeConfig::far().recall_distance(), None);
+}
+
+#[test]
 fn joined_stream_masks_feed_the_batcher() {
     let cfg = small(PassageKind::Words);
     let docs = generate_split(&cfg, Split::Test).unwrap();
