@@ -294,7 +294,7 @@ pub fn train_on_copy_task(
 ) -> Result<TransformerXl, String> {
     use burn::optim::GradientsParams;
     task.validate()?;
-    let device = model.embedding.weight.val().device();
+    let device = model.device();
     // The trainer's AdamW (PyTorch's epsilon), without weight decay.
     let mut optim = memzoo::train::TrainConfig::new()
         .with_weight_decay(0.0)
@@ -334,7 +334,7 @@ pub fn eval_on_copy_task(
     seed: u64,
 ) -> Result<(f32, f32), String> {
     task.validate()?;
-    let device = model.embedding.weight.val().device();
+    let device = model.device();
     let mut memory = XlMemory::empty();
     let (mut copied, mut rest) = (Window::default(), Window::default());
     for seg in task.segments(segments, seed, &device) {
@@ -439,7 +439,7 @@ pub fn train_memorizing(
 ) -> Result<memzoo_knn::MemorizingTransformer, String> {
     use burn::optim::GradientsParams;
     use burn::tensor::activation::sigmoid;
-    let device = model.embedding.weight.val().device();
+    let device = model.device();
     let (batch, seg_len) = (16, 7);
     let rows = DocumentRows::new(batch, steps, seg_len, 7);
     // The trainer's AdamW (PyTorch's epsilon), without weight decay.

@@ -3,8 +3,10 @@
 //! The fixtures (`tests/fixtures/hf-transfo-xl/{plain,wt103}`) are small random-weight models
 //! written by HF transformers 4.37.2 itself (`xtask/peers/fixtures/hf_transfo_xl.py`), with
 //! HF's log-probabilities, losses and carried memories over 3 segments, the gradient of every
-//! parameter for segment 1's mean loss, and the adaptive embedding and softmax alone. Every
-//! float comparison: `max |memzoo - HF| <= 1e-4 · max(1, max |HF|)`.
+//! parameter for segment 1's mean loss, and the adaptive embedding and softmax alone. Both load
+//! into memzoo's one layer stack (`TransformerXl`), which starts from HF's first memory of
+//! `mem_len` zeros (`zero_first_memory`, set by the import). Every float comparison:
+//! `max |memzoo - HF| <= 1e-4 · max(1, max |HF|)`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,12 +14,10 @@ use std::path::{Path, PathBuf};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use memzoo_import::hf_transfo_xl::{
-    Source, load_hf_transfo_xl, load_transformer_xl, transformer_xl_to_hf, zero_memory,
-};
+use memzoo_import::hf_transfo_xl::{Source, load_transformer_xl, transformer_xl_to_hf};
 use memzoo_import::{HfTransfoXlConfig, ImportError, TensorMap};
 use memzoo_tests::*;
-use memzoo_xl::XlMemory;
+use memzoo_xl::{OutputLayer, TransformerXl, XlMemory};
 
 const TOL: f32 = 1e-4;
 
@@ -129,8 +129,8 @@ fn plain_parity(weights: &str) {
     let (model, cfg) = load_transformer_xl(&tmp, &dev).expect("import");
     std::fs::remove_dir_all(&tmp).ok();
     let r = Reference::read("plain");
-    let batch = r.data("input_ids.0").shape()[0];
-    let mut memory = zero_memory(cfg.n_layer, batch, cfg.mem_len, cfg.d_model, &dev);
+    // HF's first memory (mem_len zeros) comes from the model's `zero_first_memory`.
+    let mut memory = XlMemory::empty();
     for s in 0..3 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
@@ -180,30 +180,36 @@ fn hf_transfo_xl_plain_pytorch_bin_matches_hf() {
     plain_parity("pytorch_model.bin");
 }
 
+/// The adaptive model in memzoo's stack: `logits` gives the full log-probabilities, and
+/// `forward_loss` (the cluster-by-cluster NLL, never `[n, vocab]`) the loss and its gradients.
 #[test]
 fn hf_transfo_xl_wt103_shaped_matches_hf() {
     let dev = flex().autodiff();
-    let (model, cfg) = load_hf_transfo_xl(&fixture("wt103"), &dev).expect("import");
+    let (model, cfg) = load_transformer_xl(&fixture("wt103"), &dev).expect("import");
+    assert!(matches!(model.output, OutputLayer::Adaptive(_)));
     let r = Reference::read("wt103");
-    let batch = r.data("input_ids.0").shape()[0];
-    let mut memory = zero_memory(cfg.n_layer, batch, cfg.mem_len, cfg.d_model, &dev);
+    let mut memory = XlMemory::empty();
     for s in 0..3 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
-        let out = model.forward(x, &memory).unwrap();
-        let lp = model.log_probs(out.hidden.clone()).unwrap();
+        let out = model.forward(x.clone(), &memory).unwrap();
+        let lp = model.logits(out.hidden.clone());
         check(
-            &host(lp),
+            &host(lp.clone()),
             &r.floats(&format!("log_probs.{s}")),
             &format!("log-probs {s}"),
         );
-        let nll = model.nll(out.hidden, y).unwrap();
+        let [b, q, _] = lp.dims();
+        let nll = lp
+            .gather(2, y.clone().reshape([b, q, 1]))
+            .reshape([b, q])
+            .neg();
         check(
-            &host(nll.clone()),
+            &host(nll),
             &r.floats(&format!("losses.{s}")),
             &format!("losses {s}"),
         );
-        let loss = nll.mean();
+        let (loss, next) = model.forward_loss(x, y, &memory).unwrap();
         check(
             &host(loss.clone()),
             &r.floats(&format!("loss.{s}")),
@@ -211,28 +217,31 @@ fn hf_transfo_xl_wt103_shaped_matches_hf() {
         );
         for l in 0..cfg.n_layer {
             check(
-                &host(out.memory.layer(l).unwrap().clone()),
+                &host(next.layer(l).unwrap().clone()),
                 &r.floats(&format!("mems.{s}.{l}")),
                 &format!("memory {s}.{l}"),
             );
         }
         if s == 1 {
             let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let got = model.to_hf(Source::Gradients(&grads));
+            let got = transformer_xl_to_hf(&model, Source::Gradients(&grads));
             check_gradients(&got, &r, "grad.", |_| false);
         }
-        memory = out.memory;
+        memory = next;
     }
 }
 
-/// The adaptive embedding alone: values and gradients of `sum(E(x) ⊙ c)`.
+/// The embedding alone: values and gradients of `sum(E(x) ⊙ c)` (adaptive for wt103, the
+/// plain table scaled by `sqrt(d_model)` for plain).
 #[test]
 fn adaptive_embedding_matches_hf() {
     for name in ["wt103", "plain"] {
         let dev = flex().autodiff();
-        let (model, _) = load_hf_transfo_xl(&fixture(name), &dev).expect("import");
+        let (model, _) = load_transformer_xl(&fixture(name), &dev).expect("import");
         let r = Reference::read(name);
-        let out = model.embedding().forward(r.tokens::<2>("emb.input", &dev));
+        let out = model
+            .embedding
+            .embed(r.tokens::<2>("emb.input", &dev), model.scale);
         check(
             &host(out.clone()),
             &r.floats("emb.output"),
@@ -240,7 +249,7 @@ fn adaptive_embedding_matches_hf() {
         );
         let loss = (out * r.float::<3>("emb.cotangent", &dev)).sum();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
-        let got = model.to_hf(Source::Gradients(&grads));
+        let got = transformer_xl_to_hf(&model, Source::Gradients(&grads));
         let emb: memzoo_import::hf_transfo_xl::HfTensors = got
             .into_iter()
             .filter(|(k, _)| k.starts_with("transformer.word_emb."))
@@ -249,25 +258,49 @@ fn adaptive_embedding_matches_hf() {
     }
 }
 
-/// The projected adaptive log-softmax alone: log-probs, NLL, and the gradients of the mean NLL
-/// for its own tensors, the tied embedding tensors and the hidden states.
+/// Log-probabilities and NLL of `hidden` `[n, d]`: the adaptive softmax's own two paths, or
+/// the plain output's logits.
+fn crit(
+    model: &TransformerXl,
+    hidden: Tensor<2>,
+    targets: Tensor<1, Int>,
+) -> (Tensor<2>, Tensor<1>) {
+    let [n, d] = hidden.dims();
+    match (&model.output, model.embedding.adaptive()) {
+        (OutputLayer::Adaptive(sm), Some(emb)) => (
+            sm.log_probs(hidden.clone(), emb).unwrap(),
+            sm.nll(hidden, targets, emb).unwrap(),
+        ),
+        _ => {
+            let v = model.vocab_size;
+            let lp = log_softmax(model.logits(hidden.reshape([1, n, d])), 2).reshape([n, v]);
+            let nll = lp
+                .clone()
+                .gather(1, targets.reshape([n, 1]))
+                .reshape([n])
+                .neg();
+            (lp, nll)
+        }
+    }
+}
+
+/// The output alone: log-probs, NLL, and the gradients of the mean NLL for its own tensors,
+/// the tied embedding tensors and the hidden states.
 #[test]
 fn adaptive_log_softmax_matches_hf() {
     for name in ["wt103", "plain"] {
         let dev = flex().autodiff();
-        let (model, _) = load_hf_transfo_xl(&fixture(name), &dev).expect("import");
+        let (model, _) = load_transformer_xl(&fixture(name), &dev).expect("import");
         let r = Reference::read(name);
         let hidden = r.float::<2>("crit.hidden", &dev).require_grad();
         let targets = r.tokens::<1>("crit.targets", &dev);
-        let (sm, emb) = (model.softmax(), model.embedding());
-        let lp = sm.log_probs(hidden.clone(), emb).unwrap();
+        let (lp, nll) = crit(&model, hidden.clone(), targets.clone());
         check(
             &host(lp.clone()),
             &r.floats("crit.log_probs"),
             &format!("{name}: log-probs"),
         );
         // The NLL two ways: the cluster-by-cluster path and a gather from the full log-probs.
-        let nll = sm.nll(hidden.clone(), targets.clone(), emb).unwrap();
         check(
             &host(nll.clone()),
             &r.floats("crit.nll"),
@@ -288,11 +321,11 @@ fn adaptive_log_softmax_matches_hf() {
             &format!("{name}: d nll / d hidden"),
         );
         let grads = GradientsParams::from_grads(backward, &model);
-        let got: memzoo_import::hf_transfo_xl::HfTensors = model
-            .to_hf(Source::Gradients(&grads))
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("crit.") || k.starts_with("transformer.word_emb."))
-            .collect();
+        let got: memzoo_import::hf_transfo_xl::HfTensors =
+            transformer_xl_to_hf(&model, Source::Gradients(&grads))
+                .into_iter()
+                .filter(|(k, _)| k.starts_with("crit.") || k.starts_with("transformer.word_emb."))
+                .collect();
         check_gradients(&got, &r, "crit_grad.", |k| k == "hidden");
     }
 }
@@ -370,15 +403,26 @@ fn hf_transfo_xl_import_errors_name_the_tensor() {
     assert!(err.to_string().contains("inv_freq"), "{err}");
     // The untouched map loads, so the errors above come from the one change each.
     load(tensors(&|_| {})).expect("the unmodified checkpoint loads");
-    // An adaptive model is refused by the plain loader, with the reason.
+    // The adaptive model: a tied tail projection that differs is named.
     let wt = HfTransfoXlConfig::read(&fixture("wt103")).unwrap();
     let mut map = TensorMap::read(&fixture("wt103").join("model.safetensors")).unwrap();
-    let err = memzoo_import::hf_transfo_xl::transformer_xl_from(&wt, &mut map, &dev).unwrap_err();
-    assert!(err.to_string().contains("cutoffs = [12, 24, 60]"), "{err}");
+    let mut m: std::collections::BTreeMap<String, TensorData> = map
+        .names()
+        .map(|n| (n.to_string(), map.get(n).unwrap().clone()))
+        .collect();
+    m.insert(
+        "crit.out_projs.2".into(),
+        TensorData::new(vec![0.5f32; 64 * 4], [64, 4]),
+    );
+    let mut bad_map = TensorMap::from_tensors(m, "test".into());
+    let err =
+        memzoo_import::hf_transfo_xl::transformer_xl_from(&wt, &mut bad_map, &dev).unwrap_err();
+    assert!(err.to_string().contains("crit.out_projs.2"), "{err}");
+    let model = memzoo_import::hf_transfo_xl::transformer_xl_from(&wt, &mut map, &dev).unwrap();
+    map.finish().unwrap();
     // Memory from another model shape is an error, not a panic.
-    let (model, _) = load_hf_transfo_xl(&fixture("wt103"), &dev).unwrap();
     let x = Tensor::<2, Int>::zeros([2, 3], &dev);
-    let bad = zero_memory(3, 2, 4, 64, &dev);
+    let bad = XlMemory::zeros(3, 2, 4, 64, &dev);
     assert!(model.forward(x.clone(), &bad).is_err());
     assert!(model.forward(x, &XlMemory::empty()).is_ok());
 }

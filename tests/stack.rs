@@ -151,7 +151,12 @@ fn a_mixed_stack_composes_its_layers_with_their_own_positions() {
     let got = host(model.forward(seg1.clone(), &first.memory).unwrap().hidden);
 
     let (qlen, mlen) = (6, 4);
-    let mut h = model.embedding.forward(seg1).mul_scalar((16f64).sqrt());
+    let mut h = model
+        .embedding
+        .plain()
+        .unwrap()
+        .forward(seg1)
+        .mul_scalar((16f64).sqrt());
     for (l, kind) in [PositionKind::Xl, PositionKind::T5, PositionKind::Learned]
         .into_iter()
         .enumerate()
@@ -378,7 +383,12 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
     // The stack's layer-1 input, computed through layer 0 by hand.
     let positions = PositionConfig::new();
     let ctx = RelativeContext::new(&positions, 16, 6, 4, &AttentionMask::causal(), &dev);
-    let x0 = model.embedding.forward(seg.clone()).mul_scalar(4.0);
+    let x0 = model
+        .embedding
+        .plain()
+        .unwrap()
+        .forward(seg.clone())
+        .mul_scalar(4.0);
     let cx = LayerContext {
         positions: Some(&ctx),
         shared: model.shared_biases.as_ref(),
