@@ -426,3 +426,190 @@ fn hf_transfo_xl_import_errors_name_the_tensor() {
     assert!(model.forward(x.clone(), &bad).is_err());
     assert!(model.forward(x, &XlMemory::empty()).is_ok());
 }
+
+/// A scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memzoo-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `memzoo import` writes a run directory whose model (read back the way `memzoo eval` and
+/// `generate` read it: config.toml + latest checkpoint) gives HF's log-probabilities over 3
+/// segments, starting from HF's zero memory; a second import into it is refused.
+#[test]
+fn import_writes_a_run_dir_that_scores_as_hf() {
+    let tmp = scratch("import-run");
+    let data = tmp.join("text.txt");
+    // Bytes below the fixture's vocabulary of 120.
+    std::fs::write(&data, "the cat sat on the mat. ".repeat(400)).unwrap();
+    let run = tmp.join("run");
+    memzoo::import::import(
+        "hf-transfo-xl",
+        &fixture("wt103"),
+        &run,
+        Some(data.display().to_string()),
+        false,
+        true,
+    )
+    .unwrap();
+    let dev = flex();
+    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
+    assert!(config.model.zero_first_memory && config.model.is_adaptive());
+    let r = Reference::read("wt103");
+    let mut memory = XlMemory::empty();
+    for s in 0..3 {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        let out = model.forward(x, &memory).unwrap();
+        check(
+            &host(model.logits(out.hidden)),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("run dir: log-probs {s}"),
+        );
+        memory = out.memory;
+    }
+    let err = memzoo::import::import("hf-transfo-xl", &fixture("wt103"), &run, None, false, true)
+        .unwrap_err();
+    assert!(err.contains("already holds a run"), "{err}");
+    let err = memzoo::import::import(
+        "labml-xl",
+        &fixture("wt103"),
+        &tmp.join("x"),
+        None,
+        false,
+        true,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("labml-xl") && err.contains("not supported yet"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// Export writes what HF's `save_pretrained` wrote for the same model: the same tensor names
+/// (tied copies left out) with bit-identical values, and a config.json that imports back to the
+/// same model (memzoo → HF layout → memzoo is exact).
+#[test]
+fn export_to_hf_is_exact_both_ways() {
+    let dev = flex();
+    for name in ["wt103", "plain"] {
+        let tmp = scratch(&format!("export-{name}"));
+        let (model, hf) = load_transformer_xl(&fixture(name), &dev).unwrap();
+        let xl = hf.xl_config().unwrap();
+        memzoo_import::hf_transfo_xl::export(&model, &xl, &tmp).unwrap();
+        let theirs = TensorMap::read(&fixture(name).join("model.safetensors")).unwrap();
+        let ours = TensorMap::read(&tmp.join("model.safetensors")).unwrap();
+        let names = |m: &TensorMap| m.names().map(String::from).collect::<BTreeSet<_>>();
+        assert_eq!(names(&ours), names(&theirs), "{name}: exported names");
+        for n in theirs.names() {
+            let a = theirs.get(n).unwrap().clone().convert::<f32>();
+            let b = ours.get(n).unwrap().clone().convert::<f32>();
+            assert_eq!(a.shape(), b.shape(), "{name}: shape of {n}");
+            if n == "transformer.pos_emb.inv_freq" {
+                // HF computes it in float32 powers; memzoo in f64, rounded.
+                check(
+                    &b.try_to_vec::<f32>().unwrap(),
+                    &a.try_to_vec::<f32>().unwrap(),
+                    "inv_freq",
+                );
+            } else {
+                assert_eq!(
+                    a.try_to_vec::<f32>().unwrap(),
+                    b.try_to_vec::<f32>().unwrap(),
+                    "{name}: values of {n}"
+                );
+            }
+        }
+        // Back: the same config and every parameter bit for bit.
+        let (again, hf2) = load_transformer_xl(&tmp, &dev).unwrap();
+        assert_eq!(
+            format!("{:?}", hf2.xl_config().unwrap()),
+            format!("{xl:?}"),
+            "{name}: config round trip"
+        );
+        let a = transformer_xl_to_hf(&model, Source::Values);
+        let b = transformer_xl_to_hf(&again, Source::Values);
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (k, v) in &a {
+            assert_eq!(
+                v.clone().convert::<f32>().try_to_vec::<f32>().unwrap(),
+                b[k].clone().convert::<f32>().try_to_vec::<f32>().unwrap(),
+                "{name}: {k} after the round trip"
+            );
+        }
+        std::fs::remove_dir_all(&tmp).ok();
+    }
+    // What HF cannot express is refused, naming the field.
+    let err = memzoo_import::HfTransfoXlConfig::from_xl(
+        &memzoo_xl::XlConfig::new().with_layers(vec![memzoo_xl::LayerKind::T5; 6]),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("T5"), "{err}");
+    let err =
+        memzoo_import::HfTransfoXlConfig::from_xl(&memzoo_xl::XlConfig::new().with_pre_ln(true))
+            .unwrap_err();
+    assert!(err.to_string().contains("final_norm"), "{err}");
+}
+
+/// HF's pre-LN TransfoXL (`pre_lnorm = true`) imports as `pre_ln` without a final norm: its
+/// hidden states are the last layer's output itself, each layer applied by hand here (with
+/// `h = x + Attn(LN(cat(m, x)))`, `out = h + FF(LN(h))` and no norm after the last).
+#[test]
+fn pre_ln_hf_models_import_without_a_final_norm() {
+    let dev = flex();
+    let tmp = scratch("pre-ln");
+    let mut config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("plain").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    config["pre_lnorm"] = serde_json::json!(true);
+    std::fs::write(tmp.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(
+        fixture("plain").join("model.safetensors"),
+        tmp.join("model.safetensors"),
+    )
+    .unwrap();
+    let (model, hf) = load_transformer_xl(&tmp, &dev).unwrap();
+    let xl = hf.xl_config().unwrap();
+    assert!(xl.pre_ln && !xl.final_norm && model.final_norm.is_none());
+    let r = Reference::read("plain");
+    let x = r.tokens::<2>("input_ids.0", &dev);
+    let [b, _] = x.dims();
+    let zeros = XlMemory::zeros(2, b, hf.mem_len, hf.d_model, &dev);
+    let out = model.forward(x.clone(), &XlMemory::empty()).unwrap();
+    // By hand: the embedding, then each layer's block with its attention.
+    let mut h = model.embedding.plain().unwrap().forward(x).mul_scalar(4.0);
+    let qlen = h.dims()[1];
+    let mask = model.default_mask();
+    let positions = memzoo_relative::RelativeContext::new(
+        &model.layers[0].attention.local().positions,
+        hf.d_model,
+        qlen,
+        hf.mem_len,
+        &mask,
+        &dev,
+    );
+    for (l, layer) in model.layers.iter().enumerate() {
+        let m = zeros.layer(l).cloned().unwrap();
+        let ln = |t: Tensor<3>| layer.block.norm_attention.forward(t);
+        let a = layer
+            .attention
+            .local()
+            .forward(
+                ln(h.clone()),
+                Some(ln(m)),
+                &positions,
+                model.shared_biases.as_ref(),
+            )
+            .unwrap();
+        let h1 = h + a;
+        let f = layer
+            .block
+            .feed_forward(layer.block.norm_ff.forward(h1.clone()));
+        h = h1 + f;
+    }
+    check(&host(out.hidden), &host(h), "pre-LN hidden states");
+    std::fs::remove_dir_all(&tmp).ok();
+}
