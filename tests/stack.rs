@@ -466,3 +466,57 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
         "{err}"
     );
 }
+
+/// Checkpoints of the stack from before the embedding and output became enums (their names
+/// `embedding.weight`, `output_bias`, `output.weight`, `output.bias`) load and compute what the
+/// model that wrote them computed. The old file is the current record with those names written
+/// back (the old names spelled out here, not derived from `memzoo_xl::legacy`).
+#[test]
+fn checkpoints_from_before_the_output_enums_load() {
+    let dev = memzoo_backend::parse_device("flex").unwrap();
+    let old_name = |n: &str| -> String {
+        match n {
+            "embedding.Plain.weight" => "embedding.weight".into(),
+            "output.Tied" => "output_bias".into(),
+            "output.Linear.weight" => "output.weight".into(),
+            "output.Linear.bias" => "output.bias".into(),
+            other => other.into(),
+        }
+    };
+    for tied in [true, false] {
+        let config = tiny().with_tie_weights(tied);
+        let model = config.init(&dev).unwrap();
+        let bytes = model.clone().into_record().into_bytes().unwrap();
+        let reader = burn_pack::Reader::from_bytes(bytes).unwrap();
+        let mut renamed = 0;
+        let tensors: Vec<burn_pack::Tensor> = reader
+            .into_tensors()
+            .unwrap()
+            .into_iter()
+            .map(|t| {
+                let (name, dtype, shape, id, bytes) = t.into_parts().unwrap();
+                let old = old_name(&name);
+                renamed += usize::from(old != name);
+                burn_pack::Tensor::new(old, dtype, shape, id, bytes)
+            })
+            .collect();
+        assert_eq!(renamed, if tied { 2 } else { 3 }, "tied = {tied}");
+        let path =
+            std::env::temp_dir().join(format!("memzoo-pre-enum-{tied}-{}.bpk", std::process::id()));
+        burn_pack::Writer::new(tensors)
+            .write_to_file(&path)
+            .unwrap();
+        let fresh = config.init(&dev).unwrap();
+        let (loaded, converted) = memzoo_xl::legacy::load_any(fresh, &path).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert!(converted, "tied = {tied}: read as an older layout");
+        let x = fixture_tokens(0, &dev);
+        let a = model.forward(x.clone(), &XlMemory::empty()).unwrap().hidden;
+        let b = loaded.forward(x, &XlMemory::empty()).unwrap().hidden;
+        assert_eq!(
+            host(model.logits(a)),
+            host(loaded.logits(b)),
+            "tied = {tied}: logits"
+        );
+    }
+}
