@@ -3,8 +3,10 @@
 //! The fixtures (`tests/fixtures/hf-transfo-xl/{plain,wt103}`) are small random-weight models
 //! written by HF transformers 4.37.2 itself (`xtask/peers/fixtures/hf_transfo_xl.py`), with
 //! HF's log-probabilities, losses and carried memories over 3 segments, the gradient of every
-//! parameter for segment 1's mean loss, and the adaptive embedding and softmax alone. Every
-//! float comparison: `max |memzoo - HF| <= 1e-4 · max(1, max |HF|)`.
+//! parameter for segment 1's mean loss, and the adaptive embedding and softmax alone. Both load
+//! into memzoo's one layer stack (`TransformerXl`), which starts from HF's first memory of
+//! `mem_len` zeros (`zero_first_memory`, set by the import). Every float comparison:
+//! `max |memzoo - HF| <= 1e-4 · max(1, max |HF|)`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,12 +14,10 @@ use std::path::{Path, PathBuf};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use memzoo_import::hf_transfo_xl::{
-    Source, load_hf_transfo_xl, load_transformer_xl, transformer_xl_to_hf, zero_memory,
-};
+use memzoo_import::hf_transfo_xl::{Source, load_transformer_xl, transformer_xl_to_hf};
 use memzoo_import::{HfTransfoXlConfig, ImportError, TensorMap};
 use memzoo_tests::*;
-use memzoo_xl::XlMemory;
+use memzoo_xl::{OutputLayer, TransformerXl, XlMemory};
 
 const TOL: f32 = 1e-4;
 
@@ -129,8 +129,8 @@ fn plain_parity(weights: &str) {
     let (model, cfg) = load_transformer_xl(&tmp, &dev).expect("import");
     std::fs::remove_dir_all(&tmp).ok();
     let r = Reference::read("plain");
-    let batch = r.data("input_ids.0").shape()[0];
-    let mut memory = zero_memory(cfg.n_layer, batch, cfg.mem_len, cfg.d_model, &dev);
+    // HF's first memory (mem_len zeros) comes from the model's `zero_first_memory`.
+    let mut memory = XlMemory::empty();
     for s in 0..3 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
@@ -180,30 +180,36 @@ fn hf_transfo_xl_plain_pytorch_bin_matches_hf() {
     plain_parity("pytorch_model.bin");
 }
 
+/// The adaptive model in memzoo's stack: `logits` gives the full log-probabilities, and
+/// `forward_loss` (the cluster-by-cluster NLL, never `[n, vocab]`) the loss and its gradients.
 #[test]
 fn hf_transfo_xl_wt103_shaped_matches_hf() {
     let dev = flex().autodiff();
-    let (model, cfg) = load_hf_transfo_xl(&fixture("wt103"), &dev).expect("import");
+    let (model, cfg) = load_transformer_xl(&fixture("wt103"), &dev).expect("import");
+    assert!(matches!(model.output, OutputLayer::Adaptive(_)));
     let r = Reference::read("wt103");
-    let batch = r.data("input_ids.0").shape()[0];
-    let mut memory = zero_memory(cfg.n_layer, batch, cfg.mem_len, cfg.d_model, &dev);
+    let mut memory = XlMemory::empty();
     for s in 0..3 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
-        let out = model.forward(x, &memory).unwrap();
-        let lp = model.log_probs(out.hidden.clone()).unwrap();
+        let out = model.forward(x.clone(), &memory).unwrap();
+        let lp = model.logits(out.hidden.clone());
         check(
-            &host(lp),
+            &host(lp.clone()),
             &r.floats(&format!("log_probs.{s}")),
             &format!("log-probs {s}"),
         );
-        let nll = model.nll(out.hidden, y).unwrap();
+        let [b, q, _] = lp.dims();
+        let nll = lp
+            .gather(2, y.clone().reshape([b, q, 1]))
+            .reshape([b, q])
+            .neg();
         check(
-            &host(nll.clone()),
+            &host(nll),
             &r.floats(&format!("losses.{s}")),
             &format!("losses {s}"),
         );
-        let loss = nll.mean();
+        let (loss, next) = model.forward_loss(x, y, &memory).unwrap();
         check(
             &host(loss.clone()),
             &r.floats(&format!("loss.{s}")),
@@ -211,28 +217,31 @@ fn hf_transfo_xl_wt103_shaped_matches_hf() {
         );
         for l in 0..cfg.n_layer {
             check(
-                &host(out.memory.layer(l).unwrap().clone()),
+                &host(next.layer(l).unwrap().clone()),
                 &r.floats(&format!("mems.{s}.{l}")),
                 &format!("memory {s}.{l}"),
             );
         }
         if s == 1 {
             let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let got = model.to_hf(Source::Gradients(&grads));
+            let got = transformer_xl_to_hf(&model, Source::Gradients(&grads));
             check_gradients(&got, &r, "grad.", |_| false);
         }
-        memory = out.memory;
+        memory = next;
     }
 }
 
-/// The adaptive embedding alone: values and gradients of `sum(E(x) ⊙ c)`.
+/// The embedding alone: values and gradients of `sum(E(x) ⊙ c)` (adaptive for wt103, the
+/// plain table scaled by `sqrt(d_model)` for plain).
 #[test]
 fn adaptive_embedding_matches_hf() {
     for name in ["wt103", "plain"] {
         let dev = flex().autodiff();
-        let (model, _) = load_hf_transfo_xl(&fixture(name), &dev).expect("import");
+        let (model, _) = load_transformer_xl(&fixture(name), &dev).expect("import");
         let r = Reference::read(name);
-        let out = model.embedding().forward(r.tokens::<2>("emb.input", &dev));
+        let out = model
+            .embedding
+            .embed(r.tokens::<2>("emb.input", &dev), model.scale);
         check(
             &host(out.clone()),
             &r.floats("emb.output"),
@@ -240,7 +249,7 @@ fn adaptive_embedding_matches_hf() {
         );
         let loss = (out * r.float::<3>("emb.cotangent", &dev)).sum();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
-        let got = model.to_hf(Source::Gradients(&grads));
+        let got = transformer_xl_to_hf(&model, Source::Gradients(&grads));
         let emb: memzoo_import::hf_transfo_xl::HfTensors = got
             .into_iter()
             .filter(|(k, _)| k.starts_with("transformer.word_emb."))
@@ -249,25 +258,49 @@ fn adaptive_embedding_matches_hf() {
     }
 }
 
-/// The projected adaptive log-softmax alone: log-probs, NLL, and the gradients of the mean NLL
-/// for its own tensors, the tied embedding tensors and the hidden states.
+/// Log-probabilities and NLL of `hidden` `[n, d]`: the adaptive softmax's own two paths, or
+/// the plain output's logits.
+fn crit(
+    model: &TransformerXl,
+    hidden: Tensor<2>,
+    targets: Tensor<1, Int>,
+) -> (Tensor<2>, Tensor<1>) {
+    let [n, d] = hidden.dims();
+    match (&model.output, model.embedding.adaptive()) {
+        (OutputLayer::Adaptive(sm), Some(emb)) => (
+            sm.log_probs(hidden.clone(), emb).unwrap(),
+            sm.nll(hidden, targets, emb).unwrap(),
+        ),
+        _ => {
+            let v = model.vocab_size;
+            let lp = log_softmax(model.logits(hidden.reshape([1, n, d])), 2).reshape([n, v]);
+            let nll = lp
+                .clone()
+                .gather(1, targets.reshape([n, 1]))
+                .reshape([n])
+                .neg();
+            (lp, nll)
+        }
+    }
+}
+
+/// The output alone: log-probs, NLL, and the gradients of the mean NLL for its own tensors,
+/// the tied embedding tensors and the hidden states.
 #[test]
 fn adaptive_log_softmax_matches_hf() {
     for name in ["wt103", "plain"] {
         let dev = flex().autodiff();
-        let (model, _) = load_hf_transfo_xl(&fixture(name), &dev).expect("import");
+        let (model, _) = load_transformer_xl(&fixture(name), &dev).expect("import");
         let r = Reference::read(name);
         let hidden = r.float::<2>("crit.hidden", &dev).require_grad();
         let targets = r.tokens::<1>("crit.targets", &dev);
-        let (sm, emb) = (model.softmax(), model.embedding());
-        let lp = sm.log_probs(hidden.clone(), emb).unwrap();
+        let (lp, nll) = crit(&model, hidden.clone(), targets.clone());
         check(
             &host(lp.clone()),
             &r.floats("crit.log_probs"),
             &format!("{name}: log-probs"),
         );
         // The NLL two ways: the cluster-by-cluster path and a gather from the full log-probs.
-        let nll = sm.nll(hidden.clone(), targets.clone(), emb).unwrap();
         check(
             &host(nll.clone()),
             &r.floats("crit.nll"),
@@ -288,11 +321,11 @@ fn adaptive_log_softmax_matches_hf() {
             &format!("{name}: d nll / d hidden"),
         );
         let grads = GradientsParams::from_grads(backward, &model);
-        let got: memzoo_import::hf_transfo_xl::HfTensors = model
-            .to_hf(Source::Gradients(&grads))
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("crit.") || k.starts_with("transformer.word_emb."))
-            .collect();
+        let got: memzoo_import::hf_transfo_xl::HfTensors =
+            transformer_xl_to_hf(&model, Source::Gradients(&grads))
+                .into_iter()
+                .filter(|(k, _)| k.starts_with("crit.") || k.starts_with("transformer.word_emb."))
+                .collect();
         check_gradients(&got, &r, "crit_grad.", |k| k == "hidden");
     }
 }
@@ -370,15 +403,213 @@ fn hf_transfo_xl_import_errors_name_the_tensor() {
     assert!(err.to_string().contains("inv_freq"), "{err}");
     // The untouched map loads, so the errors above come from the one change each.
     load(tensors(&|_| {})).expect("the unmodified checkpoint loads");
-    // An adaptive model is refused by the plain loader, with the reason.
+    // The adaptive model: a tied tail projection that differs is named.
     let wt = HfTransfoXlConfig::read(&fixture("wt103")).unwrap();
     let mut map = TensorMap::read(&fixture("wt103").join("model.safetensors")).unwrap();
-    let err = memzoo_import::hf_transfo_xl::transformer_xl_from(&wt, &mut map, &dev).unwrap_err();
-    assert!(err.to_string().contains("cutoffs = [12, 24, 60]"), "{err}");
+    let mut m: std::collections::BTreeMap<String, TensorData> = map
+        .names()
+        .map(|n| (n.to_string(), map.get(n).unwrap().clone()))
+        .collect();
+    m.insert(
+        "crit.out_projs.2".into(),
+        TensorData::new(vec![0.5f32; 64 * 4], [64, 4]),
+    );
+    let mut bad_map = TensorMap::from_tensors(m, "test".into());
+    let err =
+        memzoo_import::hf_transfo_xl::transformer_xl_from(&wt, &mut bad_map, &dev).unwrap_err();
+    assert!(err.to_string().contains("crit.out_projs.2"), "{err}");
+    let model = memzoo_import::hf_transfo_xl::transformer_xl_from(&wt, &mut map, &dev).unwrap();
+    map.finish().unwrap();
     // Memory from another model shape is an error, not a panic.
-    let (model, _) = load_hf_transfo_xl(&fixture("wt103"), &dev).unwrap();
     let x = Tensor::<2, Int>::zeros([2, 3], &dev);
-    let bad = zero_memory(3, 2, 4, 64, &dev);
+    let bad = XlMemory::zeros(3, 2, 4, 64, &dev);
     assert!(model.forward(x.clone(), &bad).is_err());
     assert!(model.forward(x, &XlMemory::empty()).is_ok());
+}
+
+/// A scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memzoo-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `memzoo import` writes a run directory whose model (read back the way `memzoo eval` and
+/// `generate` read it: config.toml + latest checkpoint) gives HF's log-probabilities over 3
+/// segments, starting from HF's zero memory; a second import into it is refused.
+#[test]
+fn import_writes_a_run_dir_that_scores_as_hf() {
+    let tmp = scratch("import-run");
+    let data = tmp.join("text.txt");
+    // Bytes below the fixture's vocabulary of 120.
+    std::fs::write(&data, "the cat sat on the mat. ".repeat(400)).unwrap();
+    let run = tmp.join("run");
+    memzoo::import::import(
+        "hf-transfo-xl",
+        &fixture("wt103"),
+        &run,
+        Some(data.display().to_string()),
+        false,
+        true,
+    )
+    .unwrap();
+    let dev = flex();
+    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
+    assert!(config.model.zero_first_memory && config.model.is_adaptive());
+    let r = Reference::read("wt103");
+    let mut memory = XlMemory::empty();
+    for s in 0..3 {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        let out = model.forward(x, &memory).unwrap();
+        check(
+            &host(model.logits(out.hidden)),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("run dir: log-probs {s}"),
+        );
+        memory = out.memory;
+    }
+    let err = memzoo::import::import("hf-transfo-xl", &fixture("wt103"), &run, None, false, true)
+        .unwrap_err();
+    assert!(err.contains("already holds a run"), "{err}");
+    let err = memzoo::import::import(
+        "labml-xl",
+        &fixture("wt103"),
+        &tmp.join("x"),
+        None,
+        false,
+        true,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("labml-xl") && err.contains("not supported yet"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// Export writes what HF's `save_pretrained` wrote for the same model: the same tensor names
+/// (tied copies left out) with bit-identical values, and a config.json that imports back to the
+/// same model (memzoo → HF layout → memzoo is exact).
+#[test]
+fn export_to_hf_is_exact_both_ways() {
+    let dev = flex();
+    for name in ["wt103", "plain"] {
+        let tmp = scratch(&format!("export-{name}"));
+        let (model, hf) = load_transformer_xl(&fixture(name), &dev).unwrap();
+        let xl = hf.xl_config().unwrap();
+        memzoo_import::hf_transfo_xl::export(&model, &xl, &tmp).unwrap();
+        let theirs = TensorMap::read(&fixture(name).join("model.safetensors")).unwrap();
+        let ours = TensorMap::read(&tmp.join("model.safetensors")).unwrap();
+        let names = |m: &TensorMap| m.names().map(String::from).collect::<BTreeSet<_>>();
+        assert_eq!(names(&ours), names(&theirs), "{name}: exported names");
+        for n in theirs.names() {
+            let a = theirs.get(n).unwrap().clone().convert::<f32>();
+            let b = ours.get(n).unwrap().clone().convert::<f32>();
+            assert_eq!(a.shape(), b.shape(), "{name}: shape of {n}");
+            if n == "transformer.pos_emb.inv_freq" {
+                // HF computes it in float32 powers; memzoo in f64, rounded.
+                check(
+                    &b.try_to_vec::<f32>().unwrap(),
+                    &a.try_to_vec::<f32>().unwrap(),
+                    "inv_freq",
+                );
+            } else {
+                assert_eq!(
+                    a.try_to_vec::<f32>().unwrap(),
+                    b.try_to_vec::<f32>().unwrap(),
+                    "{name}: values of {n}"
+                );
+            }
+        }
+        // Back: the same config and every parameter bit for bit.
+        let (again, hf2) = load_transformer_xl(&tmp, &dev).unwrap();
+        assert_eq!(
+            format!("{:?}", hf2.xl_config().unwrap()),
+            format!("{xl:?}"),
+            "{name}: config round trip"
+        );
+        let a = transformer_xl_to_hf(&model, Source::Values);
+        let b = transformer_xl_to_hf(&again, Source::Values);
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (k, v) in &a {
+            assert_eq!(
+                v.clone().convert::<f32>().try_to_vec::<f32>().unwrap(),
+                b[k].clone().convert::<f32>().try_to_vec::<f32>().unwrap(),
+                "{name}: {k} after the round trip"
+            );
+        }
+        std::fs::remove_dir_all(&tmp).ok();
+    }
+    // What HF cannot express is refused, naming the field.
+    let err = memzoo_import::HfTransfoXlConfig::from_xl(
+        &memzoo_xl::XlConfig::new().with_layers(vec![memzoo_xl::LayerKind::T5; 6]),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("T5"), "{err}");
+    let err =
+        memzoo_import::HfTransfoXlConfig::from_xl(&memzoo_xl::XlConfig::new().with_pre_ln(true))
+            .unwrap_err();
+    assert!(err.to_string().contains("final_norm"), "{err}");
+}
+
+/// HF's pre-LN TransfoXL (`pre_lnorm = true`) imports as `pre_ln` without a final norm: its
+/// hidden states are the last layer's output itself, each layer applied by hand here (with
+/// `h = x + Attn(LN(cat(m, x)))`, `out = h + FF(LN(h))` and no norm after the last).
+#[test]
+fn pre_ln_hf_models_import_without_a_final_norm() {
+    let dev = flex();
+    let tmp = scratch("pre-ln");
+    let mut config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("plain").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    config["pre_lnorm"] = serde_json::json!(true);
+    std::fs::write(tmp.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(
+        fixture("plain").join("model.safetensors"),
+        tmp.join("model.safetensors"),
+    )
+    .unwrap();
+    let (model, hf) = load_transformer_xl(&tmp, &dev).unwrap();
+    let xl = hf.xl_config().unwrap();
+    assert!(xl.pre_ln && !xl.final_norm && model.final_norm.is_none());
+    let r = Reference::read("plain");
+    let x = r.tokens::<2>("input_ids.0", &dev);
+    let [b, _] = x.dims();
+    let zeros = XlMemory::zeros(2, b, hf.mem_len, hf.d_model, &dev);
+    let out = model.forward(x.clone(), &XlMemory::empty()).unwrap();
+    // By hand: the embedding, then each layer's block with its attention.
+    let mut h = model.embedding.plain().unwrap().forward(x).mul_scalar(4.0);
+    let qlen = h.dims()[1];
+    let mask = model.default_mask();
+    let positions = memzoo_relative::RelativeContext::new(
+        &model.layers[0].attention.local().positions,
+        hf.d_model,
+        qlen,
+        hf.mem_len,
+        &mask,
+        &dev,
+    );
+    for (l, layer) in model.layers.iter().enumerate() {
+        let m = zeros.layer(l).cloned().unwrap();
+        let ln = |t: Tensor<3>| layer.block.norm_attention.forward(t);
+        let a = layer
+            .attention
+            .local()
+            .forward(
+                ln(h.clone()),
+                Some(ln(m)),
+                &positions,
+                model.shared_biases.as_ref(),
+            )
+            .unwrap();
+        let h1 = h + a;
+        let f = layer
+            .block
+            .feed_forward(layer.block.norm_ff.forward(h1.clone()));
+        h = h1 + f;
+    }
+    check(&host(out.hidden), &host(h), "pre-LN hidden states");
+    std::fs::remove_dir_all(&tmp).ok();
 }

@@ -555,8 +555,8 @@ fn non_finite_gradients_are_named() {
         Tensor::<2>::from_data(TensorData::new(data, [a, b]), &dev)
     };
     grads.register(
-        model.embedding.weight.id,
-        bad(&model.embedding.weight, f32::NAN),
+        model.embedding.plain().unwrap().weight.id,
+        bad(&model.embedding.plain().unwrap().weight, f32::NAN),
     );
     assert!(non_finite(&model, &grads).len() == 1);
     let query = &model.layers[1].attention.local().query.weight;

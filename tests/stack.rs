@@ -150,7 +150,12 @@ fn a_mixed_stack_composes_its_layers_with_their_own_positions() {
     let got = host(model.forward(seg1.clone(), &first.memory).unwrap().hidden);
 
     let (qlen, mlen) = (6, 4);
-    let mut h = model.embedding.forward(seg1).mul_scalar((16f64).sqrt());
+    let mut h = model
+        .embedding
+        .plain()
+        .unwrap()
+        .forward(seg1)
+        .mul_scalar((16f64).sqrt());
     for (l, kind) in [PositionKind::Xl, PositionKind::T5, PositionKind::Learned]
         .into_iter()
         .enumerate()
@@ -375,7 +380,12 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
     // The stack's layer-1 input, computed through layer 0 by hand.
     let positions = PositionConfig::new();
     let ctx = RelativeContext::new(&positions, 16, 6, 4, &AttentionMask::causal(), &dev);
-    let x0 = model.embedding.forward(seg.clone()).mul_scalar(4.0);
+    let x0 = model
+        .embedding
+        .plain()
+        .unwrap()
+        .forward(seg.clone())
+        .mul_scalar(4.0);
     let cx = LayerContext {
         positions: Some(&ctx),
         shared: model.shared_biases.as_ref(),
@@ -452,4 +462,58 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
         err.contains("document_resets") && err.contains("Lsh"),
         "{err}"
     );
+}
+
+/// Checkpoints of the stack from before the embedding and output became enums (their names
+/// `embedding.weight`, `output_bias`, `output.weight`, `output.bias`) load and compute what the
+/// model that wrote them computed. The old file is the current record with those names written
+/// back (the old names spelled out here, not derived from `memzoo_xl::legacy`).
+#[test]
+fn checkpoints_from_before_the_output_enums_load() {
+    let dev = memzoo_backend::parse_device("flex").unwrap();
+    let old_name = |n: &str| -> String {
+        match n {
+            "embedding.Plain.weight" => "embedding.weight".into(),
+            "output.Tied" => "output_bias".into(),
+            "output.Linear.weight" => "output.weight".into(),
+            "output.Linear.bias" => "output.bias".into(),
+            other => other.into(),
+        }
+    };
+    for tied in [true, false] {
+        let config = tiny().with_tie_weights(tied);
+        let model = config.init(&dev).unwrap();
+        let bytes = model.clone().into_record().into_bytes().unwrap();
+        let reader = burn_pack::Reader::from_bytes(bytes).unwrap();
+        let mut renamed = 0;
+        let tensors: Vec<burn_pack::Tensor> = reader
+            .into_tensors()
+            .unwrap()
+            .into_iter()
+            .map(|t| {
+                let (name, dtype, shape, id, bytes) = t.into_parts().unwrap();
+                let old = old_name(&name);
+                renamed += usize::from(old != name);
+                burn_pack::Tensor::new(old, dtype, shape, id, bytes)
+            })
+            .collect();
+        assert_eq!(renamed, if tied { 2 } else { 3 }, "tied = {tied}");
+        let path =
+            std::env::temp_dir().join(format!("memzoo-pre-enum-{tied}-{}.bpk", std::process::id()));
+        burn_pack::Writer::new(tensors)
+            .write_to_file(&path)
+            .unwrap();
+        let fresh = config.init(&dev).unwrap();
+        let (loaded, converted) = memzoo_xl::legacy::load_any(fresh, &path).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert!(converted, "tied = {tied}: read as an older layout");
+        let x = fixture_tokens(0, &dev);
+        let a = model.forward(x.clone(), &XlMemory::empty()).unwrap().hidden;
+        let b = loaded.forward(x, &XlMemory::empty()).unwrap().hidden;
+        assert_eq!(
+            host(model.logits(a)),
+            host(loaded.logits(b)),
+            "tied = {tied}: logits"
+        );
+    }
 }

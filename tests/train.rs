@@ -84,7 +84,7 @@ fn train_error(
 }
 
 fn params(model: &TransformerXl) -> Vec<f32> {
-    let mut v = host(model.embedding.weight.val());
+    let mut v = host(model.embedding.plain().unwrap().weight.val());
     v.extend(host(model.layers[1].block.ff_out.weight.val()));
     v.extend(host(model.layers[0].attention.local().query.weight.val()));
     v

@@ -114,7 +114,12 @@ fn memory_keeps_the_last_mem_len_positions() {
             .memory;
     }
     assert_eq!(memory.len(), 5);
-    let emb = model.embedding.forward(toks).mul_scalar((32f64).sqrt());
+    let emb = model
+        .embedding
+        .plain()
+        .unwrap()
+        .forward(toks)
+        .mul_scalar((32f64).sqrt());
     let want = host(emb.narrow(1, 7, 5));
     assert_close(
         &host(memory.layer(0).unwrap().clone()),
@@ -164,8 +169,24 @@ fn memory_is_detached_from_the_previous_segment() {
         assert!(g1.iter().any(|v| *v != 0.0));
         assert_close(&g1, &g2, 1e-6, "gradient through detached memory");
     }
-    let e1 = host(model.embedding.weight.grad(&grads).unwrap());
-    let e2 = host(model.embedding.weight.grad(&grads2).unwrap());
+    let e1 = host(
+        model
+            .embedding
+            .plain()
+            .unwrap()
+            .weight
+            .grad(&grads)
+            .unwrap(),
+    );
+    let e2 = host(
+        model
+            .embedding
+            .plain()
+            .unwrap()
+            .weight
+            .grad(&grads2)
+            .unwrap(),
+    );
     assert_close(&e1, &e2, 1e-6, "embedding gradient");
 }
 

@@ -17,23 +17,30 @@
 //! | `crit.out_layers.i.weight`, tied `crit.out_projs.i`, tied per-layer `r_w_bias`/`r_r_bias` | tied copies: must equal what they are tied to |
 //! | `transformer.pos_emb.inv_freq` | a buffer: must equal `10000^(-2k/d_model)`, which memzoo computes |
 //!
-//! HF starts a sequence (`mems=None`) from `mem_len` zero vectors per layer, which the first
-//! segment attends to like any memory; [`zero_memory`] gives that memory for exact parity.
+//! Every shape loads into memzoo's [`TransformerXl`]: `cutoffs = []` with `d_embed = d_model`
+//! into its plain embedding and tied (or linear) output, any other into its adaptive embedding
+//! and adaptive log-softmax. HF starts a sequence (`mems=None`) from `mem_len` zero vectors per
+//! layer, which the first segment attends to like any memory: the imported config sets
+//! `zero_first_memory`, so memzoo does the same. HF's pre-LN variant (`pre_lnorm = true`) has no
+//! final LayerNorm: imported with `pre_ln = true, final_norm = false`.
+//!
+//! The export ([`hf_state_dict`], [`HfTransfoXlConfig::from_xl`], [`export`]) writes what
+//! HF's `save_pretrained` writes: `config.json` and `model.safetensors` without tied copies.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::module::{Module, Param};
-use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear};
+use burn::module::Param;
+use burn::nn::{LayerNorm, LayerNormConfig, Linear};
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Int, Tensor, TensorData};
-use memzoo_relative::{AttentionMask, PositionConfig, PositionParams, RelativeContext, XlBiases};
+use burn::tensor::{Device, Tensor, TensorData};
+use memzoo_relative::PositionKind;
+use memzoo_relative::{PositionConfig, PositionParams, XlBiases};
 use memzoo_xl::{
-    AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
-    AdaptiveLogSoftmaxTensors, LayerAttention, LayerContext, TransformerXl, XlConfig, XlError,
-    XlLayer, XlMemory, XlOutput,
+    AdaptiveEmbedding, AdaptiveLogSoftmax, AdaptiveLogSoftmaxTensors, InputEmbedding,
+    LayerAttention, LayerKind, OutputLayer, TransformerXl, XlConfig, XlError, XlLayer,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::ImportError;
 use crate::reader::TensorMap;
@@ -44,7 +51,7 @@ fn default_true() -> bool {
 
 /// The fields of HF's `TransfoXLConfig` (`config.json`) that shape the model; the defaults are
 /// HF's (`transfo-xl-wt103`'s).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct HfTransfoXlConfig {
     /// Must be `transfo-xl` when present.
     #[serde(default)]
@@ -188,12 +195,13 @@ impl HfTransfoXlConfig {
     }
 
     /// Whether the model is a plain Transformer-XL (`cutoffs = []`, one table of width
-    /// `d_model`): what [`memzoo_xl::TransformerXl`] holds today.
+    /// `d_model`): memzoo's plain embedding and tied output; otherwise adaptive.
     pub fn is_plain(&self) -> bool {
         self.cutoffs.is_empty() && self.div_val == 1 && self.d_embed == self.d_model
     }
 
-    /// The memzoo config of the layers (and of the whole model when [`Self::is_plain`]).
+    /// The memzoo config of the whole model (layers, adaptive input and output, HF's first
+    /// memory of zeros).
     pub fn xl_config(&self) -> Result<XlConfig, ImportError> {
         if self.attn_type != 0 {
             return Err(ImportError::Unsupported(format!(
@@ -207,14 +215,8 @@ impl HfTransfoXlConfig {
                 self.sample_softmax
             )));
         }
-        if self.pre_lnorm {
-            return Err(ImportError::Unsupported(
-                "pre_lnorm = true: HF's pre-LN TransfoXL has no final LayerNorm, memzoo's pre-LN XL adds one"
-                    .into(),
-            ));
-        }
         let clamp = usize::try_from(self.clamp_len).ok().filter(|&c| c > 0);
-        Ok(XlConfig::new()
+        let config = XlConfig::new()
             .with_vocab_size(self.vocab_size)
             .with_d_model(self.d_model)
             .with_n_layers(self.n_layer)
@@ -226,26 +228,95 @@ impl HfTransfoXlConfig {
             .with_mem_len(self.mem_len)
             .with_same_length(self.same_length)
             .with_positions(PositionConfig::new().with_clamp_len(clamp))
-            .with_pre_ln(false)
+            .with_pre_ln(self.pre_lnorm)
+            .with_final_norm(false)
             .with_tie_weights(self.tie_word_embeddings)
-            .with_untie_rel_bias(self.untie_r))
-    }
-
-    /// The adaptive input embedding's config (HF's `AdaptiveEmbedding`, `sqrt(d_model)` scale).
-    pub fn embedding_config(&self) -> AdaptiveEmbeddingConfig {
-        AdaptiveEmbeddingConfig::new(self.vocab_size, self.d_embed, self.d_model)
+            .with_untie_rel_bias(self.untie_r)
+            .with_d_embed((self.d_embed != self.d_model).then_some(self.d_embed))
             .with_cutoffs(self.cutoffs.clone())
             .with_div_val(self.div_val)
-            .with_scale(true)
+            .with_tie_projs(if self.is_plain() {
+                Vec::new()
+            } else {
+                self.tie_projs()
+            })
+            .with_layer_norm_epsilon(self.layer_norm_epsilon)
+            .with_scale_embedding(true)
+            .with_zero_first_memory(true);
+        config.validate()?;
+        Ok(config)
     }
 
-    /// The softmax's config (HF's `ProjectedAdaptiveLogSoftmax`).
-    pub fn softmax_config(&self) -> AdaptiveLogSoftmaxConfig {
-        AdaptiveLogSoftmaxConfig::new(self.vocab_size, self.d_embed, self.d_model)
-            .with_cutoffs(self.cutoffs.clone())
-            .with_div_val(self.div_val)
-            .with_tie_weights(self.tie_word_embeddings)
-            .with_tie_projs(self.tie_projs())
+    /// HF's config of a memzoo stack, when HF's TransfoXL can express it: every layer `xl`,
+    /// XL's sinusoids, post-LN or pre-LN without a final norm, `sqrt(d_model)` scale, a tied
+    /// output when plain (HF's plain output is the adaptive softmax with one cluster: a tied or
+    /// own table with a bias). The error names the field that cannot be expressed.
+    pub fn from_xl(xl: &XlConfig) -> Result<Self, ImportError> {
+        let no = |m: String| Err(ImportError::Unsupported(m));
+        if xl.layer_kinds().iter().any(|&k| k != LayerKind::Xl) {
+            return no(format!(
+                "layers {:?}: HF's TransfoXL has only XL relative attention",
+                xl.layer_kinds()
+            ));
+        }
+        if xl.positions.kind != PositionKind::Xl {
+            return no(format!(
+                "positions.kind = {:?}: HF's TransfoXL has XL's sinusoids only",
+                xl.positions.kind
+            ));
+        }
+        if xl.pre_ln && xl.final_norm {
+            return no(
+                "pre_ln = true with final_norm = true: HF's pre-LN TransfoXL has no final \
+                 LayerNorm"
+                    .into(),
+            );
+        }
+        if !xl.scale_embedding {
+            return no(
+                "scale_embedding = false: HF's TransfoXL always scales by sqrt(d_model)".into(),
+            );
+        }
+        if xl.document_resets {
+            return no("document_resets = true: HF's TransfoXL has no document resets".into());
+        }
+        let n_clusters = xl.cutoffs.len() + 1;
+        let tie_projs: Vec<bool> = (0..n_clusters)
+            .map(|i| xl.tie_projs.get(i).copied().unwrap_or(false))
+            .collect();
+        Ok(Self {
+            model_type: Some("transfo-xl".into()),
+            vocab_size: xl.vocab_size,
+            cutoffs: xl.cutoffs.clone(),
+            d_model: xl.d_model,
+            d_embed: xl.embed_width(),
+            n_head: xl.n_heads,
+            d_head: xl.head_width(),
+            d_inner: xl.d_inner,
+            div_val: xl.div_val,
+            pre_lnorm: xl.pre_ln,
+            n_layer: xl.n_layers,
+            mem_len: xl.mem_len,
+            clamp_len: xl.positions.clamp_len.map_or(-1, |c| c as i64),
+            same_length: xl.same_length,
+            attn_type: 0,
+            sample_softmax: -1,
+            dropout: xl.dropout,
+            dropatt: xl.dropatt,
+            untie_r: xl.untie_rel_bias,
+            layer_norm_epsilon: xl.layer_norm_epsilon,
+            tie_projs: Some(tie_projs),
+            proj_share_all_but_first: false,
+            tie_word_embeddings: xl.tie_weights,
+        })
+    }
+
+    /// The config as HF's `config.json` (with `architectures`, as `save_pretrained` writes).
+    pub fn to_json(&self) -> String {
+        let mut value = serde_json::to_value(self).expect("plain fields");
+        value["architectures"] = serde_json::json!(["TransfoXLLMHeadModel"]);
+        value["adaptive"] = serde_json::json!(true);
+        serde_json::to_string_pretty(&value).expect("plain fields")
     }
 }
 
@@ -258,22 +329,6 @@ pub fn weights_file(dir: &Path) -> Result<PathBuf, ImportError> {
         .ok_or_else(|| ImportError::NoWeights {
             dir: dir.to_path_buf(),
         })
-}
-
-/// HF's first memory: `mem_len` zero vectors per layer (`init_mems`), `[batch, mem_len, d_model]`.
-pub fn zero_memory(
-    n_layers: usize,
-    batch: usize,
-    mem_len: usize,
-    d_model: usize,
-    device: &Device,
-) -> XlMemory {
-    XlMemory::from_layers(
-        (0..n_layers)
-            .map(|_| Tensor::zeros([batch, mem_len, d_model], device))
-            .collect(),
-    )
-    .expect("equal shapes")
 }
 
 /// Host values of a float tensor (for the tied-copy checks).
@@ -437,8 +492,9 @@ fn load_layers(
     Ok(())
 }
 
-/// Loads a `cutoffs = []` model (see [`HfTransfoXlConfig::is_plain`]) into memzoo's
-/// [`TransformerXl`]; every tensor of the checkpoint is used or checked.
+/// Loads an HF TransfoXL directory of any shape into memzoo's [`TransformerXl`]; every tensor
+/// of the checkpoint is used or checked. Returns the memzoo config too (what a run directory
+/// stores).
 pub fn load_transformer_xl(
     dir: &Path,
     device: &Device,
@@ -456,13 +512,8 @@ pub fn transformer_xl_from(
     map: &mut TensorMap,
     device: &Device,
 ) -> Result<TransformerXl, ImportError> {
-    if !cfg.is_plain() {
-        return Err(ImportError::Unsupported(format!(
-            "cutoffs = {:?}, div_val = {}, d_embed = {} (d_model {}): memzoo's TransformerXl has one embedding table of width d_model; load it as HfTransfoXl (adaptive input and softmax)",
-            cfg.cutoffs, cfg.div_val, cfg.d_embed, cfg.d_model
-        )));
-    }
-    let mut model = cfg.xl_config()?.init(device)?;
+    let xl = cfg.xl_config()?;
+    let mut model = xl.init(device)?;
     load_layers(
         map,
         cfg,
@@ -470,308 +521,180 @@ pub fn transformer_xl_from(
         &mut model.shared_biases,
         device,
     )?;
+    if !cfg.is_plain() {
+        let (embedding, softmax) = adaptive_from(cfg, &xl, map, device)?;
+        model.embedding = InputEmbedding::Adaptive(embedding);
+        model.output = OutputLayer::Adaptive(softmax);
+        return Ok(model);
+    }
     let (v, d) = (cfg.vocab_size, cfg.d_model);
     let table = map.float("transformer.word_emb.emb_layers.0.weight", [v, d], device)?;
-    model.embedding.weight = Param::from_tensor(table.clone());
+    let InputEmbedding::Plain(embedding) = &mut model.embedding else {
+        return Err(XlError::Config("a plain config built an adaptive embedding".into()).into());
+    };
+    embedding.weight = Param::from_tensor(table.clone());
     let bias = map.float("crit.out_layers.0.bias", [v], device)?;
-    if cfg.tie_word_embeddings {
-        check_tied(
-            map,
-            "crit.out_layers.0.weight",
-            "transformer.word_emb.emb_layers.0.weight",
-            &table,
-            device,
-        )?;
-        model.output_bias = Some(Param::from_tensor(bias));
-    } else {
-        let w = linear_weight(map, "crit.out_layers.0.weight", v, d, device)?;
-        match &mut model.output {
-            Some(output) => set_linear(output, w, Some(bias)),
-            None => return Err(XlError::Config("untied XL without an output layer".into()).into()),
+    match &mut model.output {
+        OutputLayer::Tied(b) => {
+            check_tied(
+                map,
+                "crit.out_layers.0.weight",
+                "transformer.word_emb.emb_layers.0.weight",
+                &table,
+                device,
+            )?;
+            *b = Param::from_tensor(bias);
+        }
+        OutputLayer::Linear(output) => {
+            let w = linear_weight(map, "crit.out_layers.0.weight", v, d, device)?;
+            set_linear(output, w, Some(bias));
+        }
+        OutputLayer::Adaptive(_) => {
+            return Err(XlError::Config("a plain config built an adaptive output".into()).into());
         }
     }
     Ok(model)
 }
 
-/// An HF TransfoXL of any shape: adaptive input embedding → memzoo's XL layers → projected
-/// adaptive log-softmax, as `transfo-xl-wt103`.
-///
-/// # Shapes
-/// - `tokens`: `[batch, qlen]`; hidden: `[batch, qlen, d_model]`; log-probs `[batch, qlen, vocab]`
-#[derive(Module, Debug)]
-pub struct HfTransfoXl {
-    embedding: AdaptiveEmbedding,
-    layers: Vec<XlLayer>,
-    shared_biases: Option<XlBiases>,
-    softmax: AdaptiveLogSoftmax,
-    dropout: Dropout,
-    #[module(skip)]
-    positions: PositionConfig,
-    d_model: usize,
-    mem_len: usize,
-    same_length: bool,
-}
-
-/// Loads any HF TransfoXL directory as an [`HfTransfoXl`].
-pub fn load_hf_transfo_xl(
-    dir: &Path,
+/// The adaptive embedding and softmax of an adaptive checkpoint: owned tensors taken, tied
+/// copies checked against the embedding's.
+fn adaptive_from(
+    cfg: &HfTransfoXlConfig,
+    xl: &XlConfig,
+    map: &mut TensorMap,
     device: &Device,
-) -> Result<(HfTransfoXl, HfTransfoXlConfig), ImportError> {
-    let cfg = HfTransfoXlConfig::read(dir)?;
-    let mut map = TensorMap::read(&weights_file(dir)?)?;
-    let model = HfTransfoXl::from_tensors(&cfg, &mut map, device)?;
-    map.finish()?;
-    Ok((model, cfg))
-}
-
-impl HfTransfoXl {
-    /// Builds the model from a config and tensors in hand; leaves unknown tensors in `map`.
-    pub fn from_tensors(
-        cfg: &HfTransfoXlConfig,
-        map: &mut TensorMap,
-        device: &Device,
-    ) -> Result<Self, ImportError> {
-        let xl = cfg.xl_config()?;
-        // The layers of a memzoo XL (its own embedding, vocab 1, is dropped).
-        let mut body = xl.clone().with_vocab_size(1).init(device)?;
-        load_layers(map, cfg, &mut body.layers, &mut body.shared_biases, device)?;
-        let emb_cfg = cfg.embedding_config();
-        let bounds = emb_cfg.validate()?;
-        let n = bounds.len() - 1;
-        let width = |i: usize| {
-            if cfg.div_val == 1 {
-                cfg.d_embed
-            } else {
-                cfg.d_embed / cfg.div_val.pow(i as u32)
-            }
-        };
-        let size = |i: usize| bounds[i + 1] - bounds[i];
-        let n_tables = if cfg.div_val == 1 { 1 } else { n };
-        let table_rows = |i: usize| {
-            if cfg.div_val == 1 {
-                cfg.vocab_size
-            } else {
-                size(i)
-            }
-        };
-        let projected = |i: usize| cfg.div_val > 1 || width(i) != cfg.d_model;
-        let mut tables = Vec::with_capacity(n_tables);
-        let mut projections = Vec::with_capacity(n_tables);
-        for i in 0..n_tables {
-            let p = "transformer.word_emb.";
-            tables.push(map.float(
-                &format!("{p}emb_layers.{i}.weight"),
-                [table_rows(i), width(i)],
-                device,
-            )?);
-            projections.push(if projected(i) {
-                Some(
-                    map.float(
-                        &format!("{p}emb_projs.{i}"),
-                        [cfg.d_model, width(i)],
-                        device,
-                    )?
-                    .transpose(),
-                )
-            } else {
-                None
-            });
+) -> Result<(AdaptiveEmbedding, AdaptiveLogSoftmax), ImportError> {
+    let emb_cfg = xl.adaptive_embedding();
+    let bounds = emb_cfg.validate()?;
+    let n = bounds.len() - 1;
+    let width = |i: usize| {
+        if cfg.div_val == 1 {
+            cfg.d_embed
+        } else {
+            cfg.d_embed / cfg.div_val.pow(i as u32)
         }
-        let embedding =
-            AdaptiveEmbedding::from_tensors(&emb_cfg, tables.clone(), projections.clone())?;
-
-        // The softmax: owned tensors taken, tied copies checked against the embedding's.
-        let sm_cfg = cfg.softmax_config();
-        let tie_projs = cfg.tie_projs();
-        let (v, de, dp) = (cfg.vocab_size, cfg.d_embed, cfg.d_model);
-        let clusters = n - 1;
-        let (cluster_weight, cluster_bias) = if clusters > 0 {
-            (
-                Some(map.float("crit.cluster_weight", [clusters, de], device)?),
-                Some(map.float("crit.cluster_bias", [clusters], device)?),
+    };
+    let size = |i: usize| bounds[i + 1] - bounds[i];
+    let n_tables = if cfg.div_val == 1 { 1 } else { n };
+    let table_rows = |i: usize| {
+        if cfg.div_val == 1 {
+            cfg.vocab_size
+        } else {
+            size(i)
+        }
+    };
+    let projected = |i: usize| cfg.div_val > 1 || width(i) != cfg.d_model;
+    let mut tables = Vec::with_capacity(n_tables);
+    let mut projections = Vec::with_capacity(n_tables);
+    for i in 0..n_tables {
+        let p = "transformer.word_emb.";
+        tables.push(map.float(
+            &format!("{p}emb_layers.{i}.weight"),
+            [table_rows(i), width(i)],
+            device,
+        )?);
+        projections.push(if projected(i) {
+            Some(
+                map.float(
+                    &format!("{p}emb_projs.{i}"),
+                    [cfg.d_model, width(i)],
+                    device,
+                )?
+                .transpose(),
             )
         } else {
-            (None, None)
-        };
-        let mut out = AdaptiveLogSoftmaxTensors {
-            cluster_weight,
-            cluster_bias,
-            biases: Vec::with_capacity(n),
-            tables: Vec::new(),
-            projections: Vec::with_capacity(n),
-        };
-        if cfg.div_val == 1 {
-            // One output layer over the whole vocabulary, split at the cutoffs.
-            let bias = map.float::<1>("crit.out_layers.0.bias", [v], device)?;
-            out.biases = (0..n)
-                .map(|i| bias.clone().narrow(0, bounds[i], size(i)))
-                .collect();
-            let name = "crit.out_layers.0.weight";
-            if cfg.tie_word_embeddings {
-                check_tied(
-                    map,
-                    name,
-                    "transformer.word_emb.emb_layers.0.weight",
-                    &tables[0],
-                    device,
-                )?;
-            } else {
-                let w = map.float::<2>(name, [v, de], device)?;
-                out.tables = (0..n)
-                    .map(|i| w.clone().narrow(0, bounds[i], size(i)))
-                    .collect();
-            }
+            None
+        });
+    }
+    let embedding = AdaptiveEmbedding::from_tensors(&emb_cfg, tables.clone(), projections.clone())?;
+
+    // The softmax: owned tensors taken, tied copies checked against the embedding's.
+    let sm_cfg = xl.adaptive_softmax();
+    let tie_projs = cfg.tie_projs();
+    let (v, de, dp) = (cfg.vocab_size, cfg.d_embed, cfg.d_model);
+    let clusters = n - 1;
+    let (cluster_weight, cluster_bias) = if clusters > 0 {
+        (
+            Some(map.float("crit.cluster_weight", [clusters, de], device)?),
+            Some(map.float("crit.cluster_bias", [clusters], device)?),
+        )
+    } else {
+        (None, None)
+    };
+    let mut out = AdaptiveLogSoftmaxTensors {
+        cluster_weight,
+        cluster_bias,
+        biases: Vec::with_capacity(n),
+        tables: Vec::new(),
+        projections: Vec::with_capacity(n),
+    };
+    if cfg.div_val == 1 {
+        // One output layer over the whole vocabulary, split at the cutoffs.
+        let bias = map.float::<1>("crit.out_layers.0.bias", [v], device)?;
+        out.biases = (0..n)
+            .map(|i| bias.clone().narrow(0, bounds[i], size(i)))
+            .collect();
+        let name = "crit.out_layers.0.weight";
+        if cfg.tie_word_embeddings {
+            check_tied(
+                map,
+                name,
+                "transformer.word_emb.emb_layers.0.weight",
+                &tables[0],
+                device,
+            )?;
         } else {
-            for i in 0..n {
-                let p = format!("crit.out_layers.{i}.");
-                out.biases
-                    .push(map.float(&format!("{p}bias"), [size(i)], device)?);
-                let name = format!("{p}weight");
-                if cfg.tie_word_embeddings {
-                    let to = format!("transformer.word_emb.emb_layers.{i}.weight");
-                    check_tied(map, &name, &to, &tables[i], device)?;
-                } else {
-                    out.tables
-                        .push(map.float(&name, [size(i), width(i)], device)?);
-                }
-            }
+            let w = map.float::<2>(name, [v, de], device)?;
+            out.tables = (0..n)
+                .map(|i| w.clone().narrow(0, bounds[i], size(i)))
+                .collect();
         }
+    } else {
         for i in 0..n {
-            let name = format!("crit.out_projs.{i}");
-            let tied = tie_projs.get(i).copied().unwrap_or(false);
-            let emb_proj = if cfg.div_val == 1 {
-                &projections[0]
+            let p = format!("crit.out_layers.{i}.");
+            out.biases
+                .push(map.float(&format!("{p}bias"), [size(i)], device)?);
+            let name = format!("{p}weight");
+            if cfg.tie_word_embeddings {
+                let to = format!("transformer.word_emb.emb_layers.{i}.weight");
+                check_tied(map, &name, &to, &tables[i], device)?;
             } else {
-                &projections[i]
-            };
-            if !projected(i) {
-                out.projections.push(None);
-                if map.contains(&name) {
-                    return Err(ImportError::Value {
-                        name,
-                        message: format!(
-                            "present, but d_embed = d_model = {dp} needs no projection"
-                        ),
-                    });
-                }
-            } else if tied {
-                let to = format!(
-                    "transformer.word_emb.emb_projs.{}",
-                    if cfg.div_val == 1 { 0 } else { i }
-                );
-                let own = emb_proj.clone().expect("projected").transpose();
-                check_tied(map, &name, &to, &own, device)?;
-                out.projections.push(None);
-            } else {
-                out.projections
-                    .push(Some(map.float(&name, [dp, width(i)], device)?.transpose()));
+                out.tables
+                    .push(map.float(&name, [size(i), width(i)], device)?);
             }
         }
-        let softmax = AdaptiveLogSoftmax::from_tensors(&sm_cfg, out, device)?;
-        Ok(Self {
-            embedding,
-            layers: body.layers,
-            shared_biases: body.shared_biases,
-            softmax,
-            dropout: DropoutConfig::new(cfg.dropout).init(),
-            positions: xl.positions.clone(),
-            d_model: cfg.d_model,
-            mem_len: cfg.mem_len,
-            same_length: cfg.same_length,
-        })
     }
-
-    /// Number of layers.
-    pub fn n_layers(&self) -> usize {
-        self.layers.len()
-    }
-
-    /// Memory length.
-    pub fn mem_len(&self) -> usize {
-        self.mem_len
-    }
-
-    /// The adaptive input embedding.
-    pub fn embedding(&self) -> &AdaptiveEmbedding {
-        &self.embedding
-    }
-
-    /// The adaptive softmax.
-    pub fn softmax(&self) -> &AdaptiveLogSoftmax {
-        &self.softmax
-    }
-
-    /// Reads one segment over `memory` (HF's `transformer(...)`), returning the final hidden
-    /// states and the next memory.
-    ///
-    /// # Shapes
-    /// - `tokens`: `[batch, qlen]`; every `memory` layer `[batch, mlen, d_model]`
-    pub fn forward(&self, tokens: Tensor<2, Int>, memory: &XlMemory) -> Result<XlOutput, XlError> {
-        let [batch, qlen] = tokens.dims();
-        if !memory.is_empty() && memory.n_layers() != self.layers.len() {
-            return Err(XlError::Input(format!(
-                "memory has {} layers, the model {}",
-                memory.n_layers(),
-                self.layers.len()
-            )));
-        }
-        if let Some(mb) = memory.batch()
-            && mb != batch
-        {
-            return Err(XlError::Input(format!(
-                "memory has batch {mb}, the tokens {batch}"
-            )));
-        }
-        let mlen = memory.len();
-        let device = tokens.device();
-        let mask = AttentionMask::Causal {
-            window: self.same_length.then_some(self.mem_len),
+    for i in 0..n {
+        let name = format!("crit.out_projs.{i}");
+        let tied = tie_projs.get(i).copied().unwrap_or(false);
+        let emb_proj = if cfg.div_val == 1 {
+            &projections[0]
+        } else {
+            &projections[i]
         };
-        let ctx = RelativeContext::new(&self.positions, self.d_model, qlen, mlen, &mask, &device);
-        // h_0 = Dropout(AdaptiveEmbedding(tokens)), the sqrt(d_model) scale inside.
-        let mut h = self.dropout.forward(self.embedding.forward(tokens));
-        let mut inputs = Vec::with_capacity(self.layers.len());
-        for (l, layer) in self.layers.iter().enumerate() {
-            inputs.push(h.clone());
-            let cx = LayerContext {
-                positions: Some(&ctx),
-                shared: self.shared_biases.as_ref(),
-                knn: None,
-                seed: 0,
-            };
-            h = layer.forward(h, memory.layer(l).cloned(), cx)?;
+        if !projected(i) {
+            out.projections.push(None);
+            if map.contains(&name) {
+                return Err(ImportError::Value {
+                    name,
+                    message: format!("present, but d_embed = d_model = {dp} needs no projection"),
+                });
+            }
+        } else if tied {
+            let to = format!(
+                "transformer.word_emb.emb_projs.{}",
+                if cfg.div_val == 1 { 0 } else { i }
+            );
+            let own = emb_proj.clone().expect("projected").transpose();
+            check_tied(map, &name, &to, &own, device)?;
+            out.projections.push(None);
+        } else {
+            out.projections
+                .push(Some(map.float(&name, [dp, width(i)], device)?.transpose()));
         }
-        Ok(XlOutput {
-            hidden: self.dropout.forward(h),
-            memory: memory.update(&inputs, self.mem_len),
-        })
     }
-
-    /// Log-probabilities of every word after each position.
-    ///
-    /// # Shapes
-    /// - `hidden`: `[batch, qlen, d_model]` → `[batch, qlen, vocab]`
-    pub fn log_probs(&self, hidden: Tensor<3>) -> Result<Tensor<3>, XlError> {
-        let [b, q, d] = hidden.dims();
-        let lp = self
-            .softmax
-            .log_probs(hidden.reshape([b * q, d]), &self.embedding)?;
-        Ok(lp.reshape([b, q, self.softmax.vocab_size()]))
-    }
-
-    /// Negative log-likelihood of each target.
-    ///
-    /// # Shapes
-    /// - `hidden`: `[batch, qlen, d_model]`, `targets`: `[batch, qlen]` → `[batch, qlen]`
-    pub fn nll(&self, hidden: Tensor<3>, targets: Tensor<2, Int>) -> Result<Tensor<2>, XlError> {
-        let [b, q, d] = hidden.dims();
-        let nll = self.softmax.nll(
-            hidden.reshape([b * q, d]),
-            targets.reshape([b * q]),
-            &self.embedding,
-        )?;
-        Ok(nll.reshape([b, q]))
-    }
+    let softmax = AdaptiveLogSoftmax::from_tensors(&sm_cfg, out, device)?;
+    Ok((embedding, softmax))
 }
 
 /// Where the values of an HF-named map come from: the parameters themselves, or their
@@ -876,106 +799,183 @@ fn layers_to_hf(
     }
 }
 
-/// A `cutoffs = []` [`TransformerXl`]'s tensors (or gradients) under HF's names, tied copies
-/// included (`crit.out_layers.0.weight` is the embedding when tied).
+/// A [`TransformerXl`]'s tensors (or gradients) under HF's names, tied copies included (as
+/// HF's `state_dict` names them: `crit.out_layers.i.weight` is the embedding's table when
+/// tied, and so on). Layers other than XL relative attention are left out.
 pub fn transformer_xl_to_hf(model: &TransformerXl, src: Source<'_>) -> HfTensors {
     let mut out = HfTensors::new();
     layers_to_hf(&mut out, &model.layers, model.shared_biases.as_ref(), src);
-    let table = src.get(&model.embedding.weight);
-    put(
-        &mut out,
-        "transformer.word_emb.emb_layers.0.weight".into(),
-        table.clone(),
-    );
-    match (&model.output, &model.output_bias) {
-        (Some(output), _) => {
+    match (&model.embedding, &model.output) {
+        (InputEmbedding::Adaptive(emb), OutputLayer::Adaptive(sm)) => {
+            adaptive_to_hf(&mut out, emb, sm, src)
+        }
+        (InputEmbedding::Plain(emb), output) => {
+            let table = src.get(&emb.weight);
             put(
                 &mut out,
-                "crit.out_layers.0.weight".into(),
-                src.get(&output.weight).map(|w| w.transpose()),
+                "transformer.word_emb.emb_layers.0.weight".into(),
+                table.clone(),
             );
-            if let Some(b) = &output.bias {
-                put(&mut out, "crit.out_layers.0.bias".into(), src.get(b));
+            match output {
+                OutputLayer::Linear(output) => {
+                    put(
+                        &mut out,
+                        "crit.out_layers.0.weight".into(),
+                        src.get(&output.weight).map(|w| w.transpose()),
+                    );
+                    if let Some(b) = &output.bias {
+                        put(&mut out, "crit.out_layers.0.bias".into(), src.get(b));
+                    }
+                }
+                OutputLayer::Tied(bias) => {
+                    put(&mut out, "crit.out_layers.0.weight".into(), table);
+                    put(&mut out, "crit.out_layers.0.bias".into(), src.get(bias));
+                }
+                OutputLayer::Adaptive(_) => {}
             }
         }
-        (None, bias) => {
-            put(&mut out, "crit.out_layers.0.weight".into(), table);
-            if let Some(b) = bias {
-                put(&mut out, "crit.out_layers.0.bias".into(), src.get(b));
-            }
-        }
+        (InputEmbedding::Adaptive(_), _) => {}
     }
     out
 }
 
-impl HfTransfoXl {
-    /// The model's tensors (or gradients) under HF's names, tied copies included.
-    pub fn to_hf(&self, src: Source<'_>) -> HfTensors {
-        let mut out = HfTensors::new();
-        layers_to_hf(&mut out, &self.layers, self.shared_biases.as_ref(), src);
-        let emb = &self.embedding;
-        let sm = &self.softmax;
-        let div1 = emb.div_val() == 1;
-        for (i, t) in emb.tables().iter().enumerate() {
-            put(
-                &mut out,
-                format!("transformer.word_emb.emb_layers.{i}.weight"),
-                src.get(t),
-            );
-        }
-        for (i, p) in emb.projections().iter().enumerate() {
-            if let Some(p) = p {
-                put(
-                    &mut out,
-                    format!("transformer.word_emb.emb_projs.{i}"),
-                    src.get(p).map(|t| t.transpose()),
-                );
-            }
-        }
-        if let Some(w) = sm.cluster_weight() {
-            put(&mut out, "crit.cluster_weight".into(), src.get(w));
-        }
-        if let Some(b) = sm.cluster_bias() {
-            put(&mut out, "crit.cluster_bias".into(), src.get(b));
-        }
-        let biases: Vec<Option<Tensor<1>>> = sm.biases().iter().map(|b| src.get(b)).collect();
-        if div1 {
-            if biases.iter().all(Option::is_some) {
-                let all = Tensor::cat(biases.into_iter().flatten().collect(), 0);
-                put(&mut out, "crit.out_layers.0.bias".into(), Some(all));
-            }
-        } else {
-            for (i, b) in biases.into_iter().enumerate() {
-                put(&mut out, format!("crit.out_layers.{i}.bias"), b);
-            }
-        }
-        // Output tables: the embedding's when tied.
-        let tables: Vec<Option<Tensor<2>>> = if sm.tables().is_empty() {
-            emb.tables().iter().map(|t| src.get(t)).collect()
-        } else {
-            let own: Vec<Option<Tensor<2>>> = sm.tables().iter().map(|t| src.get(t)).collect();
-            if div1 && own.iter().all(Option::is_some) {
-                vec![Some(Tensor::cat(own.into_iter().flatten().collect(), 0))]
-            } else {
-                own
-            }
-        };
-        for (i, t) in tables.into_iter().enumerate() {
-            put(&mut out, format!("crit.out_layers.{i}.weight"), t);
-        }
-        for (i, p) in sm.projections().iter().enumerate() {
-            let t = match p {
-                Some(p) => src.get(p),
-                None => emb.projections()[if div1 { 0 } else { i }]
-                    .as_ref()
-                    .and_then(|p| src.get(p)),
-            };
-            put(
-                &mut out,
-                format!("crit.out_projs.{i}"),
-                t.map(|t| t.transpose()),
-            );
-        }
-        out
+fn adaptive_to_hf(
+    out: &mut HfTensors,
+    emb: &AdaptiveEmbedding,
+    sm: &AdaptiveLogSoftmax,
+    src: Source<'_>,
+) {
+    let div1 = emb.div_val() == 1;
+    for (i, t) in emb.tables().iter().enumerate() {
+        put(
+            out,
+            format!("transformer.word_emb.emb_layers.{i}.weight"),
+            src.get(t),
+        );
     }
+    for (i, p) in emb.projections().iter().enumerate() {
+        if let Some(p) = p {
+            put(
+                out,
+                format!("transformer.word_emb.emb_projs.{i}"),
+                src.get(p).map(|t| t.transpose()),
+            );
+        }
+    }
+    if let Some(w) = sm.cluster_weight() {
+        put(out, "crit.cluster_weight".into(), src.get(w));
+    }
+    if let Some(b) = sm.cluster_bias() {
+        put(out, "crit.cluster_bias".into(), src.get(b));
+    }
+    let biases: Vec<Option<Tensor<1>>> = sm.biases().iter().map(|b| src.get(b)).collect();
+    if div1 {
+        if biases.iter().all(Option::is_some) {
+            let all = Tensor::cat(biases.into_iter().flatten().collect(), 0);
+            put(out, "crit.out_layers.0.bias".into(), Some(all));
+        }
+    } else {
+        for (i, b) in biases.into_iter().enumerate() {
+            put(out, format!("crit.out_layers.{i}.bias"), b);
+        }
+    }
+    // Output tables: the embedding's when tied.
+    let tables: Vec<Option<Tensor<2>>> = if sm.tables().is_empty() {
+        emb.tables().iter().map(|t| src.get(t)).collect()
+    } else {
+        let own: Vec<Option<Tensor<2>>> = sm.tables().iter().map(|t| src.get(t)).collect();
+        if div1 && own.iter().all(Option::is_some) {
+            vec![Some(Tensor::cat(own.into_iter().flatten().collect(), 0))]
+        } else {
+            own
+        }
+    };
+    for (i, t) in tables.into_iter().enumerate() {
+        put(out, format!("crit.out_layers.{i}.weight"), t);
+    }
+    for (i, p) in sm.projections().iter().enumerate() {
+        let t = match p {
+            Some(p) => src.get(p),
+            None => emb.projections()[if div1 { 0 } else { i }]
+                .as_ref()
+                .and_then(|p| src.get(p)),
+        };
+        put(out, format!("crit.out_projs.{i}"), t.map(|t| t.transpose()));
+    }
+}
+
+/// The tensors HF's `save_pretrained` writes for this model: [`transformer_xl_to_hf`]'s
+/// values without the tied copies (`crit.out_layers.i.weight` when tied, tied
+/// `crit.out_projs.i`, the layers' copies of shared `u`/`v`), plus the sinusoid's
+/// `transformer.pos_emb.inv_freq` buffer (`10000^(-2k/d_model)`).
+pub fn hf_state_dict(model: &TransformerXl, config: &HfTransfoXlConfig) -> HfTensors {
+    let mut out = transformer_xl_to_hf(model, Source::Values);
+    let n = config.cutoffs.len() + 1;
+    let tie_projs = config.tie_projs();
+    for i in 0..n {
+        if config.tie_word_embeddings {
+            out.remove(&format!("crit.out_layers.{i}.weight"));
+        }
+        if tie_projs.get(i).copied().unwrap_or(false) {
+            out.remove(&format!("crit.out_projs.{i}"));
+        }
+    }
+    if !config.untie_r {
+        for l in 0..config.n_layer {
+            for name in ["r_w_bias", "r_r_bias"] {
+                out.remove(&format!("transformer.layers.{l}.dec_attn.{name}"));
+            }
+        }
+    }
+    let d = config.d_model;
+    let inv_freq: Vec<f32> = (0..d / 2)
+        .map(|k| (1.0 / 10000f64.powf(2.0 * k as f64 / d as f64)) as f32)
+        .collect();
+    out.insert(
+        "transformer.pos_emb.inv_freq".into(),
+        TensorData::new(inv_freq, [d / 2]),
+    );
+    out
+}
+
+/// Writes an HF TransfoXL model directory: `config.json` and `model.safetensors` (f32, HF's
+/// names, as `save_pretrained` writes them), from a memzoo stack and its config.
+pub fn export(model: &TransformerXl, xl: &XlConfig, dir: &Path) -> Result<(), ImportError> {
+    let config = HfTransfoXlConfig::from_xl(xl)?;
+    let tensors = hf_state_dict(model, &config);
+    let write_err = |path: &Path, message: String| ImportError::Read {
+        path: path.to_path_buf(),
+        message: format!("cannot write: {message}"),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| write_err(dir, e.to_string()))?;
+    let config_path = dir.join("config.json");
+    std::fs::write(&config_path, config.to_json())
+        .map_err(|e| write_err(&config_path, e.to_string()))?;
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|(name, t)| {
+            let shape = t.shape().to_vec();
+            let values =
+                t.convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .map_err(|e| ImportError::Value {
+                        name: name.clone(),
+                        message: format!("not readable as f32: {e:?}"),
+                    })?;
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            Ok((name, shape, bytes))
+        })
+        .collect::<Result<_, ImportError>>()?;
+    let path = dir.join("model.safetensors");
+    let views = data
+        .iter()
+        .map(|(name, shape, bytes)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| write_err(&path, e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(metadata), &path)
+        .map_err(|e| write_err(&path, e.to_string()))
 }

@@ -6,8 +6,11 @@
 //! parameters of its position scheme (`r_net` → `scheme.Xl.r_net`, `rel_bias` →
 //! `scheme.T5.bias` or `scheme.Learned.key_bias`, ...); and the Memorizing Transformer, which
 //! held its plain layers in an inner XL model (`xl.layers.j`) and its kNN layers beside it
-//! (`knn.m`), is one list of layers by depth. [`legacy_path`] maps an old name to the new one;
-//! [`load_legacy`] rewrites a whole burnpack record that way and loads it, so old run
+//! (`knn.m`), is one list of layers by depth. Later the embedding and the output became enums
+//! (plain or adaptive): `embedding.weight` → `embedding.Plain.weight`, `output.weight` →
+//! `output.Linear.weight`, the tied output's `output_bias` → `output.Tied` ([`io_path`]).
+//! [`legacy_path`] maps a name from before the stack to the current one; [`load_legacy`]
+//! rewrites a whole burnpack record of either older layout and loads it, so old run
 //! directories keep working (`--resume`, `eval`, `generate`).
 
 use std::path::Path;
@@ -61,8 +64,31 @@ pub fn legacy_path(old: &str, kinds: &[LayerKind]) -> Option<String> {
             Some(format!("layers.{depth}.{}", rest.join(".")))
         }
         ["shared_biases", ..] if !kinds.contains(&LayerKind::Xl) => None,
-        _ => Some(path.to_string()),
+        _ => Some(io_path(path)),
     }
+}
+
+/// The current name of an embedding or output parameter named before they became enums
+/// (other names are returned as they are).
+pub fn io_path(old: &str) -> String {
+    match old {
+        "embedding.weight" => "embedding.Plain.weight".into(),
+        "output_bias" => "output.Tied".into(),
+        "output.weight" => "output.Linear.weight".into(),
+        "output.bias" => "output.Linear.bias".into(),
+        _ => old.to_string(),
+    }
+}
+
+/// Whether a record's names are the layer stack's (its layers' attention is an enum), so that
+/// only [`io_path`] applies.
+fn is_stack_layout(names: &[String]) -> bool {
+    names.iter().any(|n| {
+        n.split('.')
+            .collect::<Vec<_>>()
+            .windows(2)
+            .any(|w| w[0] == "attention" && matches!(w[1], "Relative" | "Knn" | "Hashed"))
+    })
 }
 
 /// The new name, inside a relative attention of scheme `kind`, of its old parameter `rest`.
@@ -80,7 +106,8 @@ fn scheme_path(rest: &[&str], kind: PositionKind) -> Option<String> {
     })
 }
 
-/// Loads a checkpoint file written before the layer stack into `model` (which fixes the
+/// Loads a checkpoint file of an older layout (before the layer stack, or before the
+/// embedding and output enums) into `model` (which fixes the
 /// architecture), renaming every parameter with [`legacy_path`]. Every parameter of `model`
 /// must be found (nothing is left at its initial value); an old parameter with no place in
 /// the stack is an error naming it, except the unused shared `u`/`v` old non-XL stacks held.
@@ -96,10 +123,17 @@ pub fn load_legacy(model: TransformerXl, path: &Path) -> Result<TransformerXl, X
     let ours = Reader::from_bytes(ours).map_err(|e| fail(format!("{e}")))?;
     let expected: Vec<String> = ours.tensor_names().iter().map(|s| s.to_string()).collect();
     let old = Reader::from_file(path).map_err(|e| fail(format!("{e}")))?;
+    let names: Vec<String> = old.tensor_names().iter().map(|s| s.to_string()).collect();
+    let stack = is_stack_layout(&names);
     let mut tensors = Vec::new();
     for t in old.into_tensors().map_err(|e| fail(format!("{e}")))? {
         let (name, dtype, shape, id, bytes) = t.into_parts().map_err(|e| fail(format!("{e}")))?;
-        match legacy_path(&name, &kinds) {
+        let new = if stack {
+            Some(io_path(&name))
+        } else {
+            legacy_path(&name, &kinds)
+        };
+        match new {
             Some(new) if expected.contains(&new) => {
                 tensors.push(PackTensor::new(new, dtype, shape, id, bytes));
             }

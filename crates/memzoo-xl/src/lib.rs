@@ -31,6 +31,6 @@ pub use adaptive::{
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use model::{
-    KnnLayerConfig, LayerAttention, LayerContext, LayerKind, LshLayerConfig, TransformerXl,
-    XlBlock, XlConfig, XlLayer, XlOutput,
+    InputEmbedding, KnnLayerConfig, LayerAttention, LayerContext, LayerKind, LshLayerConfig,
+    OutputLayer, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
 };

@@ -22,6 +22,22 @@ impl XlMemory {
         Self::default()
     }
 
+    /// `mlen` zero vectors per layer, `[batch, mlen, d_model]`: the memory HF's TransfoXL
+    /// starts a sequence from (`init_mems`; see `XlConfig::zero_first_memory`).
+    pub fn zeros(
+        n_layers: usize,
+        batch: usize,
+        mlen: usize,
+        d_model: usize,
+        device: &Device,
+    ) -> Self {
+        Self {
+            layers: (0..n_layers)
+                .map(|_| Tensor::zeros([batch, mlen, d_model], device))
+                .collect(),
+        }
+    }
+
     /// Memory from per-layer tensors `[batch, mlen, d_model]` (all the same shape); detached.
     ///
     /// Returns an error naming the mismatch if the layers disagree in shape.

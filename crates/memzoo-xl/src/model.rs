@@ -23,6 +23,9 @@ use memzoo_relative::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::adaptive::{
+    AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
+};
 use crate::error::XlError;
 use crate::memory::{XlMemory, XlState};
 
@@ -155,9 +158,46 @@ pub struct XlConfig {
     /// Pre-LayerNorm residual blocks instead of the paper's post-LN. Default: false.
     #[config(default = false)]
     pub pre_ln: bool,
-    /// Output layer shares the embedding matrix. Default: true.
+    /// Output layer shares the embedding matrix (with an adaptive output: the softmax scores
+    /// against the adaptive embedding's tables, HF's `tie_word_embeddings`). Default: true.
     #[config(default = true)]
     pub tie_weights: bool,
+    /// Width of the embedding table (of its first cluster with `cutoffs`); `None`: `d_model`.
+    /// Another width than `d_model` makes input and output adaptive, with projections to
+    /// `d_model` (Baevski & Auli 2019). Default: none.
+    #[config(default = "None")]
+    pub d_embed: Option<usize>,
+    /// Cluster bounds of the adaptive input embedding and adaptive log-softmax (Grave et al.
+    /// 2017), e.g. `[20000, 40000, 200000]` for WikiText-103; empty: one table and a full
+    /// softmax. Any cutoff makes input and output adaptive (see `memzoo_xl::adaptive`).
+    /// Default: empty.
+    #[config(default = "Vec::new()")]
+    pub cutoffs: Vec<usize>,
+    /// Cluster `i`'s table has width `d_embed / div_val^i` and its own projection; 1: one
+    /// table of width `d_embed`. Above 1 it makes input and output adaptive. Default: 1.
+    #[config(default = 1)]
+    pub div_val: usize,
+    /// Per cluster of an adaptive output: its projection is the embedding's (HF's `tie_projs`;
+    /// missing entries are false). Default: empty.
+    #[config(default = "Vec::new()")]
+    pub tie_projs: Vec<bool>,
+    /// Multiply embeddings by `sqrt(d_model)` (Vaswani et al. 2017; Transformer-XL's code and
+    /// HF, inside the adaptive embedding). Default: true.
+    #[config(default = true)]
+    pub scale_embedding: bool,
+    /// Epsilon of every LayerNorm. Default: 1e-5 (HF's `layer_norm_epsilon`).
+    #[config(default = 1e-5)]
+    pub layer_norm_epsilon: f64,
+    /// With `pre_ln`: a LayerNorm after the last layer (GPT-2's, memzoo's pre-LN stacks); HF's
+    /// pre-LN TransfoXL (`pre_lnorm = true`) has none. Unused without `pre_ln`. Default: true.
+    #[config(default = true)]
+    pub final_norm: bool,
+    /// A sequence starts from `mem_len` zero vectors per layer instead of no memory: its first
+    /// segment attends to them like to any memory (they add zero values but take softmax
+    /// weight). HF's TransfoXL does this when called with `mems=None` (`init_mems`); set it
+    /// for an imported model to score its first segment as HF does. Default: false.
+    #[config(default = false)]
+    pub zero_first_memory: bool,
     /// XL's `u`/`v` biases per layer instead of shared across layers. Default: false (shared).
     #[config(default = false)]
     pub untie_rel_bias: bool,
@@ -224,9 +264,9 @@ impl XlConfig {
     /// Transformer-XL's WikiText-103 base (the authors' `run_wt103_base.sh`): 16 layers,
     /// d_model 410, 10 heads x 41, d_inner 2100, dropout 0.1, dropatt 0, mem_len 150, the
     /// 267,735-word vocabulary, tied. Their recipe: `tgt_len` 150, Adam lr 2.5e-4 with cosine
-    /// decay, batch 60, 200k steps. They use an adaptive input and softmax (cutoffs 20k / 40k /
-    /// 200k, div_val 1); memzoo's stack has a full (tied) softmax instead — the same layers,
-    /// another output distribution — until adaptive softmax is part of the stack.
+    /// decay, batch 60, 200k steps. Adaptive input and softmax as theirs: cutoffs 20k / 40k /
+    /// 200k, div_val 1 (one table of width 410, so no projections), tables tied, projections
+    /// tied but the first's (`tie_projs` [false, true, true, true]).
     pub fn wt103_base() -> Self {
         Self::new()
             .with_vocab_size(267_735)
@@ -238,6 +278,52 @@ impl XlConfig {
             .with_dropout(0.1)
             .with_dropatt(0.0)
             .with_mem_len(150)
+            .with_cutoffs(vec![20_000, 40_000, 200_000])
+            .with_div_val(1)
+            .with_tie_projs(vec![false, true, true, true])
+    }
+
+    /// Whether the input embedding and the output are adaptive (`cutoffs`, `div_val > 1` or a
+    /// `d_embed` other than `d_model`).
+    pub fn is_adaptive(&self) -> bool {
+        !self.cutoffs.is_empty() || self.div_val != 1 || self.embed_width() != self.d_model
+    }
+
+    /// The embedding's (first) table width: `d_embed`, else `d_model`.
+    pub fn embed_width(&self) -> usize {
+        self.d_embed.unwrap_or(self.d_model)
+    }
+
+    /// The adaptive input embedding of an adaptive stack: tables ~ N(0, embedding_std or
+    /// init_std), projections ~ N(0, init_std / 2) (HF's `proj_init_std` 0.01 against its
+    /// `init_std` 0.02).
+    pub fn adaptive_embedding(&self) -> AdaptiveEmbeddingConfig {
+        AdaptiveEmbeddingConfig::new(self.vocab_size, self.embed_width(), self.d_model)
+            .with_cutoffs(self.cutoffs.clone())
+            .with_div_val(self.div_val)
+            .with_scale(self.scale_embedding)
+            .with_initializer(Initializer::Normal {
+                mean: 0.0,
+                std: self.embedding_std.unwrap_or(self.init_std),
+            })
+            .with_proj_initializer(Initializer::Normal {
+                mean: 0.0,
+                std: self.init_std / 2.0,
+            })
+    }
+
+    /// The adaptive log-softmax of an adaptive stack (initialised as the embedding).
+    pub fn adaptive_softmax(&self) -> AdaptiveLogSoftmaxConfig {
+        AdaptiveLogSoftmaxConfig::new(self.vocab_size, self.embed_width(), self.d_model)
+            .with_cutoffs(self.cutoffs.clone())
+            .with_div_val(self.div_val)
+            .with_tie_weights(self.tie_weights)
+            .with_tie_projs(self.tie_projs.clone())
+            .with_initializer(self.initializer())
+            .with_proj_initializer(Initializer::Normal {
+                mean: 0.0,
+                std: self.init_std / 2.0,
+            })
     }
 
     /// The width of one head.
@@ -281,6 +367,22 @@ impl XlConfig {
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad(format!("dropout must be in [0, 1), got {}", self.dropout));
+        }
+        if !(self.layer_norm_epsilon.is_finite() && self.layer_norm_epsilon > 0.0) {
+            return bad(format!(
+                "layer_norm_epsilon must be positive, got {}",
+                self.layer_norm_epsilon
+            ));
+        }
+        if self.is_adaptive() {
+            self.adaptive_embedding().validate()?;
+            self.adaptive_softmax().validate()?;
+        } else if self.tie_projs.iter().any(|&t| t) {
+            return bad(format!(
+                "tie_projs = {:?} ties projections, but the stack is not adaptive (no cutoffs, \
+                 div_val 1, d_embed = d_model): there are none",
+                self.tie_projs
+            ));
         }
         if !self.layers.is_empty() && self.layers.len() != self.n_layers {
             return bad(format!(
@@ -435,7 +537,9 @@ impl XlConfig {
 
     /// A LayerNorm with HF's initialisation: gain ~ N(1, init_std), bias 0.
     pub fn init_norm(&self, device: &Device) -> LayerNorm {
-        let mut norm = LayerNormConfig::new(self.d_model).init(device);
+        let mut norm = LayerNormConfig::new(self.d_model)
+            .with_epsilon(self.layer_norm_epsilon)
+            .init(device);
         norm.gamma = Initializer::Normal {
             mean: 1.0,
             std: self.init_std,
@@ -483,23 +587,33 @@ impl XlConfig {
             })
             .collect::<Result<Vec<_>, XlError>>()?;
         let shares_biases = !self.untie_rel_bias && kinds.contains(&LayerKind::Xl);
-        Ok(TransformerXl {
+        let (embedding, output) = if self.is_adaptive() {
+            (
+                InputEmbedding::Adaptive(self.adaptive_embedding().init(device)?),
+                OutputLayer::Adaptive(self.adaptive_softmax().init(device)?),
+            )
+        } else {
             // Embeddings ~ N(0, init_std) as HF (see `embedding_std`).
-            embedding: EmbeddingConfig::new(self.vocab_size, self.d_model)
+            let embedding = EmbeddingConfig::new(self.vocab_size, self.d_model)
                 .with_initializer(Initializer::Normal {
                     mean: 0.0,
                     std: self.embedding_std.unwrap_or(self.init_std),
                 })
-                .init(device),
+                .init(device);
+            let output = if self.tie_weights {
+                OutputLayer::Tied(Initializer::Zeros.init([self.vocab_size], device))
+            } else {
+                OutputLayer::Linear(self.init_linear(self.d_model, self.vocab_size, device))
+            };
+            (InputEmbedding::Plain(embedding), output)
+        };
+        Ok(TransformerXl {
+            embedding,
             layers,
             shared_biases: shares_biases
                 .then(|| XlBiases::init(self.n_heads, self.head_width(), &init, device)),
-            final_norm: self.pre_ln.then(|| self.init_norm(device)),
-            output: (!self.tie_weights)
-                .then(|| self.init_linear(self.d_model, self.vocab_size, device)),
-            output_bias: self
-                .tie_weights
-                .then(|| Initializer::Zeros.init([self.vocab_size], device)),
+            final_norm: (self.pre_ln && self.final_norm).then(|| self.init_norm(device)),
+            output,
             dropout: DropoutConfig::new(self.dropout).init(),
             knn_memory: self.knn_memory(),
             d_model: self.d_model,
@@ -509,6 +623,12 @@ impl XlConfig {
             top_k: self.knn.top_k,
             document_resets: self.document_resets,
             lsh_seed: self.lsh.seed,
+            scale: if self.scale_embedding {
+                (self.d_model as f64).sqrt()
+            } else {
+                1.0
+            },
+            zero_first_memory: self.zero_first_memory,
         })
     }
 }
@@ -716,18 +836,17 @@ pub struct XlOutput {
 /// - hidden: `[batch, qlen, d_model]`, logits: `[batch, qlen, vocab]`
 #[derive(Module, Debug)]
 pub struct TransformerXl {
-    /// Token embedding (scaled by `sqrt(d_model)` on lookup).
-    pub embedding: Embedding,
+    /// Token embedding: one table, or adaptive (scaled by `sqrt(d_model)` unless
+    /// `scale_embedding` is off).
+    pub embedding: InputEmbedding,
     /// The layers, bottom to top.
     pub layers: Vec<XlLayer>,
     /// `u`, `v` shared by all XL layers (unless untied).
     pub shared_biases: Option<XlBiases>,
-    /// Final LayerNorm (pre-LN only).
+    /// Final LayerNorm (pre-LN with `final_norm` only).
     pub final_norm: Option<LayerNorm>,
-    /// Untied output layer.
-    pub output: Option<Linear>,
-    /// Output bias of the tied output layer.
-    pub output_bias: Option<Param<Tensor<1>>>,
+    /// The output distribution: tied, a linear layer, or an adaptive log-softmax.
+    pub output: OutputLayer,
     /// Dropout on embeddings and final output.
     pub dropout: Dropout,
     /// Configuration of every kNN layer's memory.
@@ -747,6 +866,76 @@ pub struct TransformerXl {
     pub document_resets: bool,
     /// Seed of the LSH layers' rotations (layer `l` uses `lsh_seed + l`).
     pub lsh_seed: u64,
+    /// Factor of a plain embedding (`sqrt(d_model)` or 1; an adaptive one applies its own).
+    #[module(skip)]
+    pub scale: f64,
+    /// A sequence starts from `mem_len` zero vectors per layer (HF's `init_mems`).
+    pub zero_first_memory: bool,
+}
+
+/// The input embedding of the stack.
+///
+/// # Shapes
+/// - `tokens`: `[batch, len]` → `[batch, len, d_model]`
+#[derive(Module, Debug)]
+pub enum InputEmbedding {
+    /// One `[vocab, d_model]` table.
+    Plain(Embedding),
+    /// Adaptive input embedding (Baevski & Auli 2019), its `sqrt(d_model)` scale inside.
+    Adaptive(AdaptiveEmbedding),
+}
+
+impl InputEmbedding {
+    /// The plain table, if the embedding is one.
+    pub fn plain(&self) -> Option<&Embedding> {
+        match self {
+            InputEmbedding::Plain(e) => Some(e),
+            InputEmbedding::Adaptive(_) => None,
+        }
+    }
+
+    /// The adaptive embedding, if the embedding is one.
+    pub fn adaptive(&self) -> Option<&AdaptiveEmbedding> {
+        match self {
+            InputEmbedding::Plain(_) => None,
+            InputEmbedding::Adaptive(e) => Some(e),
+        }
+    }
+
+    /// The device of the parameters.
+    pub fn device(&self) -> Device {
+        match self {
+            InputEmbedding::Plain(e) => e.weight.val().device(),
+            InputEmbedding::Adaptive(e) => e.tables()[0].val().device(),
+        }
+    }
+
+    /// `s · E[tokens]` for a plain table (`scale` = `s`: `sqrt(d_model)` or 1); the adaptive
+    /// embedding applies its own scale and ignores `scale`.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, len]` → `[batch, len, d_model]`
+    pub fn embed(&self, tokens: Tensor<2, Int>, scale: f64) -> Tensor<3> {
+        match self {
+            InputEmbedding::Plain(e) => {
+                let x = e.forward(tokens);
+                if scale == 1.0 { x } else { x.mul_scalar(scale) }
+            }
+            InputEmbedding::Adaptive(e) => e.forward(tokens),
+        }
+    }
+}
+
+/// The output distribution of the stack.
+#[derive(Module, Debug)]
+pub enum OutputLayer {
+    /// Logits `h Eᵀ + b` against the plain embedding table; holds `b`, `[vocab]`.
+    Tied(Param<Tensor<1>>),
+    /// A separate linear layer `d_model -> vocab`.
+    Linear(Linear),
+    /// Projected adaptive log-softmax (Grave et al. 2017), its tied tables and projections
+    /// read from the adaptive embedding.
+    Adaptive(AdaptiveLogSoftmax),
 }
 
 impl TransformerXl {
@@ -797,6 +986,13 @@ impl TransformerXl {
         })
     }
 
+    /// With `zero_first_memory`, the memory a sequence starts from when `memory` is empty:
+    /// `mem_len` zero vectors per layer (HF's `init_mems`); `None` otherwise.
+    fn first_memory(&self, memory: &XlMemory, batch: usize, device: &Device) -> Option<XlMemory> {
+        (self.zero_first_memory && memory.is_empty() && self.mem_len > 0)
+            .then(|| XlMemory::zeros(self.layers.len(), batch, self.mem_len, self.d_model, device))
+    }
+
     /// Reads one segment with the model's default (causal) mask.
     ///
     /// # Shapes
@@ -819,6 +1015,8 @@ impl TransformerXl {
                 self.layer_kinds()
             )));
         }
+        let first = self.first_memory(memory, tokens.dims()[0], &tokens.device());
+        let memory = first.as_ref().unwrap_or(memory);
         let (hidden, inputs) = self.run(tokens, memory, mask, &mut [])?;
         Ok(XlOutput {
             hidden,
@@ -862,6 +1060,9 @@ impl TransformerXl {
                 "kNN memory has {} rows, tokens have batch {batch}",
                 m.batch()
             )));
+        }
+        if let Some(zeros) = self.first_memory(&state.xl, batch, &device) {
+            state.xl = zeros;
         }
         let mlen = state.xl.len();
         let mask = if self.document_resets {
@@ -923,11 +1124,10 @@ impl TransformerXl {
             }
         }
 
-        // h_0 = Dropout(E[tokens] * sqrt(d_model))
-        let scale = (self.d_model as f64).sqrt();
+        // h_0 = Dropout(E[tokens] * sqrt(d_model)) (adaptive: Σ_i 1[t in cluster i] E_i P_i · sqrt(d_model))
         let mut h = self
             .dropout
-            .forward(self.embedding.forward(tokens).mul_scalar(scale));
+            .forward(self.embedding.embed(tokens, self.scale));
         let mut inputs = Vec::with_capacity(self.layers.len());
         let mut stores = knn.iter_mut();
         for (l, layer) in self.layers.iter().enumerate() {
@@ -982,24 +1182,40 @@ impl TransformerXl {
         Ok(())
     }
 
-    /// Output logits from hidden states: `h Eᵀ + b` (tied) or a separate linear layer.
+    /// Output logits from hidden states: `h Eᵀ + b` (tied) or a separate linear layer; for an
+    /// adaptive output the full log-probabilities (which are their own logits:
+    /// `log_softmax(log p) = log p`).
     ///
     /// # Shapes
     /// - `hidden`: `[batch, qlen, d_model]` → `[batch, qlen, vocab]`
+    ///
+    /// # Panics
+    /// If `hidden` is not `d_model` wide, or the output is tied to an embedding it does not
+    /// fit (a hand-assembled model; [`XlConfig::init`] and the importer build matching ones).
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
-        match (&self.output, &self.output_bias) {
-            (Some(output), _) => output.forward(hidden),
-            (None, bias) => {
-                let [b, q, d] = hidden.dims();
-                let w = self.embedding.weight.val(); // [vocab, d]
+        let [b, q, d] = hidden.dims();
+        match (&self.output, &self.embedding) {
+            (OutputLayer::Linear(output), _) => output.forward(hidden),
+            (OutputLayer::Tied(bias), InputEmbedding::Plain(embedding)) => {
+                let w = embedding.weight.val(); // [vocab, d]
                 let logits = hidden.reshape([b * q, d]).matmul(w.transpose());
-                let logits = match bias {
-                    Some(bias) => logits + bias.val().unsqueeze_dim(0),
-                    None => logits,
-                };
+                let logits = logits + bias.val().unsqueeze_dim(0);
                 logits.reshape([b, q, self.vocab_size])
             }
+            (OutputLayer::Adaptive(softmax), InputEmbedding::Adaptive(embedding)) => softmax
+                .log_probs(hidden.reshape([b * q, d]), embedding)
+                .expect("the adaptive softmax is built for its embedding and d_model")
+                .reshape([b, q, self.vocab_size]),
+            (OutputLayer::Tied(_), InputEmbedding::Adaptive(_))
+            | (OutputLayer::Adaptive(_), InputEmbedding::Plain(_)) => {
+                panic!("the output is tied to another kind of embedding")
+            }
         }
+    }
+
+    /// The device of the parameters.
+    pub fn device(&self) -> Device {
+        self.embedding.device()
     }
 
     /// Mean next-token cross-entropy (nats) of one segment, and the next memory.
@@ -1014,7 +1230,7 @@ impl TransformerXl {
     ) -> Result<(Tensor<1>, XlMemory), XlError> {
         check_targets(&tokens, &targets)?;
         let out = self.forward(tokens, memory)?;
-        Ok((self.loss(out.hidden, targets), out.memory))
+        Ok((self.loss(out.hidden, targets)?, out.memory))
     }
 
     /// Mean next-token cross-entropy (nats) of one segment read with
@@ -1031,16 +1247,29 @@ impl TransformerXl {
     ) -> Result<Tensor<1>, XlError> {
         check_targets(&tokens, &targets)?;
         let hidden = self.forward_state(tokens, state, reset)?;
-        Ok(self.loss(hidden, targets))
+        self.loss(hidden, targets)
     }
 
-    fn loss(&self, hidden: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    /// Mean cross-entropy; an adaptive output computes each tail cluster only for the targets
+    /// in it (`AdaptiveLogSoftmax::nll`), never the `[n, vocab]` log-probabilities.
+    fn loss(&self, hidden: Tensor<3>, targets: Tensor<2, Int>) -> Result<Tensor<1>, XlError> {
         let device = targets.device();
         let [b, q] = targets.dims();
+        if let (OutputLayer::Adaptive(softmax), InputEmbedding::Adaptive(embedding)) =
+            (&self.output, &self.embedding)
+        {
+            let d = hidden.dims()[2];
+            let nll = softmax.nll(
+                hidden.reshape([b * q, d]),
+                targets.reshape([b * q]),
+                embedding,
+            )?;
+            return Ok(nll.mean());
+        }
         let logits = self.logits(hidden).reshape([b * q, self.vocab_size]);
-        CrossEntropyLossConfig::new()
+        Ok(CrossEntropyLossConfig::new()
             .init(&device)
-            .forward(logits, targets.reshape([b * q]))
+            .forward(logits, targets.reshape([b * q])))
     }
 }
 

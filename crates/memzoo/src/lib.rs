@@ -18,6 +18,7 @@ pub use memzoo_xl as xl;
 pub mod commands;
 pub mod config;
 pub mod data_setup;
+pub mod import;
 
 /// The types most programs need.
 pub mod prelude {

@@ -129,6 +129,41 @@ enum Command {
         #[arg(long)]
         compare_recompute: bool,
     },
+    /// Import a checkpoint from the PyTorch world into a new run directory (config.toml and a
+    /// step-0 checkpoint that eval, generate and train --resume read).
+    Import {
+        /// Source format: hf-transfo-xl (an HF TransfoXL directory: config.json and
+        /// model.safetensors or pytorch_model.bin).
+        #[arg(long)]
+        from: String,
+        /// The checkpoint directory.
+        src: PathBuf,
+        /// The run directory to write.
+        #[arg(long)]
+        run_dir: PathBuf,
+        /// The run's data (a text file or data set name; default: the generated corpus).
+        #[arg(long)]
+        data: Option<String>,
+        /// Replace the run in --run-dir.
+        #[arg(long)]
+        overwrite: bool,
+        /// Print one JSON object with the result instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Export a run's latest checkpoint in a PyTorch-world format.
+    Export {
+        #[command(flatten)]
+        common: Common,
+        /// Target format: hf-transfo-xl (config.json and model.safetensors with HF's names).
+        #[arg(long)]
+        to: String,
+        /// The run directory.
+        #[arg(long, default_value = "runs/default")]
+        run_dir: PathBuf,
+        /// The directory to write.
+        out: PathBuf,
+    },
     /// Data sets: list, fetch, prepare, stats.
     Data {
         #[command(subcommand)]
@@ -315,6 +350,22 @@ fn main() {
             },
             common.json,
         ),
+        Command::Import {
+            from,
+            src,
+            run_dir,
+            data,
+            overwrite,
+            json,
+        } => memzoo::import::import(&from, &src, &run_dir, data, overwrite, json),
+        Command::Export {
+            common,
+            to,
+            run_dir,
+            out,
+        } => memzoo::backend::parse_device(&common.device)
+            .map_err(|e| e.to_string())
+            .and_then(|device| memzoo::import::export(&to, &run_dir, &out, &device, common.json)),
         Command::Data { command } => match command {
             DataCommand::List => commands::data_list(),
             DataCommand::Fetch { name, dir, url } => commands::data_fetch(&name, &dir, url),
