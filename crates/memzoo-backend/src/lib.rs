@@ -251,6 +251,21 @@ pub fn is_flex(device: &Device) -> bool {
     }
 }
 
+/// Whether `device` (or the device an autodiff device wraps) computes on the host CPU in host
+/// memory: `flex`, and LibTorch on the CPU (`tch`). Code that can work on plain host vectors
+/// instead of device tensors (e.g. the kNN memory's exact search) asks this; wgpu is never host,
+/// even on a software rasteriser, since its buffers must be copied back to be read.
+#[allow(deprecated)] // burn-tch is deprecated upstream; memzoo keeps it as a backend
+pub fn is_host_cpu(device: &Device) -> bool {
+    let mut host = Vec::new();
+    #[cfg(feature = "flex")]
+    host.push(Device::flex());
+    #[cfg(feature = "tch")]
+    host.push(Device::libtorch());
+    // Device equality is hardware identity, autodiff ignored.
+    host.contains(device)
+}
+
 /// Parses a device string (see the crate docs) and initialises the device.
 pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
     name.parse::<DeviceSpec>()?.init()
@@ -333,6 +348,23 @@ mod tests {
                 assert!(!is_flex(&spec.init().unwrap()), "{spec}");
             }
         }
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn host_cpu_devices_are_flex_and_libtorch_cpu() {
+        let flex = parse_device("flex").unwrap();
+        assert!(is_host_cpu(&flex));
+        assert!(is_host_cpu(&flex.autodiff()));
+        // Every other compiled-in backend this machine can start (wgpu on GL, LibTorch on CPU).
+        for spec in test_devices_from(Some("gl"), false).unwrap() {
+            let host = matches!(spec, DeviceSpec::Flex | DeviceSpec::Tch);
+            let device = spec.init().unwrap();
+            assert_eq!(is_host_cpu(&device), host, "{spec}");
+            assert_eq!(is_host_cpu(&device.autodiff()), host, "{spec} (autodiff)");
+        }
+        #[cfg(feature = "tch")]
+        assert!(!is_host_cpu(&Device::libtorch_cuda(0)));
     }
 
     #[test]

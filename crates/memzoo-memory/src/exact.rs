@@ -54,7 +54,7 @@ impl ExactIndex {
         let host = match config.topk {
             TopkPlacement::Host => true,
             TopkPlacement::Device => false,
-            TopkPlacement::Auto => is_cpu(device),
+            TopkPlacement::Auto => memzoo_backend::is_host_cpu(device),
         };
         let store = if host {
             Store::Host(HostStore::new(batch, config.n_heads, config.d_head))
@@ -172,12 +172,6 @@ impl ExactIndex {
         }
         (Tensor::cat(idx_parts, 2), Tensor::cat(empty_parts, 2))
     }
-}
-
-/// True for the backends that run on the host CPU.
-fn is_cpu(device: &Device) -> bool {
-    let name = format!("{device:?}");
-    name.contains("Flex") || name.contains("NdArray") || name.contains("LibTorch(Cpu")
 }
 
 impl KnnIndex for ExactIndex {

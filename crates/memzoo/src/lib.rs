@@ -1,9 +1,12 @@
 //! memzoo: transformers that remember beyond their context window, on Burn.
 //!
-//! This facade re-exports the model zoo's crates:
+//! This facade re-exports every library crate of the model zoo:
 //! - [`backend`]: choose the Burn backend at run time from a device string;
 //! - [`relative`]: relative multi-head attention (Transformer-XL, learned, T5 bias);
 //! - [`xl`]: Transformer-XL with segment-level recurrence;
+//! - [`reformer`]: Reformer (LSH attention, reversible layers, chunked feed-forward);
+//! - [`memory`]: the kNN key-value memory (exact search or usearch HNSW);
+//! - [`knn`]: the Memorizing Transformer (kNN-augmented attention over that memory);
 //! - [`data`]: tokenizer, corpora, ordered batches, data set downloads, generated corpus;
 //! - [`train`]: the segment-recurrence trainer, and generation for every family;
 //!
@@ -11,6 +14,11 @@
 
 pub use memzoo_backend as backend;
 pub use memzoo_data as data;
+/// Reading and writing the PyTorch peers' checkpoints (`memzoo-import`).
+pub use memzoo_import as interop;
+pub use memzoo_knn as knn;
+pub use memzoo_memory as memory;
+pub use memzoo_reformer as reformer;
 pub use memzoo_relative as relative;
 pub use memzoo_train as train;
 pub use memzoo_xl as xl;
