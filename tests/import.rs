@@ -27,21 +27,26 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// HF's reference outputs of a fixture.
-struct Reference(TensorMap);
+/// A peer's reference outputs of a fixture.
+pub(crate) struct Reference(TensorMap);
 
 impl Reference {
     fn read(name: &str) -> Self {
-        Self(TensorMap::read(&fixture(name).join("reference.safetensors")).expect("reference"))
+        Self::at(&fixture(name))
     }
 
-    fn data(&self, name: &str) -> &TensorData {
+    /// `dir/reference.safetensors`.
+    pub(crate) fn at(dir: &Path) -> Self {
+        Self(TensorMap::read(&dir.join("reference.safetensors")).expect("reference"))
+    }
+
+    pub(crate) fn data(&self, name: &str) -> &TensorData {
         self.0
             .get(name)
             .unwrap_or_else(|| panic!("{name} missing from the reference"))
     }
 
-    fn floats(&self, name: &str) -> Vec<f32> {
+    pub(crate) fn floats(&self, name: &str) -> Vec<f32> {
         self.data(name)
             .clone()
             .convert::<f32>()
@@ -49,15 +54,15 @@ impl Reference {
             .unwrap()
     }
 
-    fn tokens<const D: usize>(&self, name: &str, device: &Device) -> Tensor<D, Int> {
+    pub(crate) fn tokens<const D: usize>(&self, name: &str, device: &Device) -> Tensor<D, Int> {
         Tensor::from_data(self.data(name).clone().convert::<i64>(), device)
     }
 
-    fn float<const D: usize>(&self, name: &str, device: &Device) -> Tensor<D> {
+    pub(crate) fn float<const D: usize>(&self, name: &str, device: &Device) -> Tensor<D> {
         Tensor::from_data(self.data(name).clone().convert::<f32>(), device)
     }
 
-    fn names(&self, prefix: &str) -> BTreeSet<String> {
+    pub(crate) fn names(&self, prefix: &str) -> BTreeSet<String> {
         self.0
             .names()
             .filter_map(|n| n.strip_prefix(prefix).map(String::from))
@@ -67,7 +72,7 @@ impl Reference {
 
 /// `max |got - want| <= TOL · max(1, max |want|)`.
 #[track_caller]
-fn check(got: &[f32], want: &[f32], what: &str) {
+pub(crate) fn check(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
     let d = max_abs_diff(got, want);
@@ -81,7 +86,7 @@ fn check(got: &[f32], want: &[f32], what: &str) {
 /// the export mapping); a name memzoo has no gradient for must have an all-zero one in HF (a
 /// tensor the loss does not reach), and memzoo names nothing HF does not.
 #[track_caller]
-fn check_gradients(
+pub(crate) fn check_gradients(
     got: &memzoo_import::hf_transfo_xl::HfTensors,
     reference: &Reference,
     prefix: &str,
@@ -428,7 +433,7 @@ fn hf_transfo_xl_import_errors_name_the_tensor() {
 }
 
 /// A scratch directory for one test.
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-{name}-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     std::fs::create_dir_all(&dir).unwrap();
@@ -473,7 +478,7 @@ fn import_writes_a_run_dir_that_scores_as_hf() {
         .unwrap_err();
     assert!(err.contains("already holds a run"), "{err}");
     let err = memzoo::import::import(
-        "labml-xl",
+        "lucidrains-reformer",
         &fixture("wt103"),
         &tmp.join("x"),
         None,
@@ -482,7 +487,7 @@ fn import_writes_a_run_dir_that_scores_as_hf() {
     )
     .unwrap_err();
     assert!(
-        err.contains("labml-xl") && err.contains("not supported yet"),
+        err.contains("lucidrains-reformer") && err.contains("not supported yet"),
         "{err}"
     );
     std::fs::remove_dir_all(&tmp).ok();

@@ -8,7 +8,6 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use memzoo_data::Split;
-use memzoo_import::hf_transfo_xl;
 use memzoo_train::{SegmentSource, TrainerState, checkpoint};
 use memzoo_xl::XlState;
 use serde_json::json;
@@ -17,12 +16,11 @@ use crate::config::{ModelKind, RunConfig};
 use crate::data_setup::{batcher, load_splits};
 
 /// The sources `--from` / `--to` accept.
-pub const SOURCES: &[&str] = &["hf-transfo-xl"];
+pub const SOURCES: &[&str] = memzoo_import::SOURCES;
 
 /// Sources of issue 15 not supported yet (named in the error, so nobody guesses).
 const NOT_YET: &[&str] = &[
     "hf-reformer",
-    "labml-xl",
     "lucidrains-memorizing",
     "lucidrains-reformer",
 ];
@@ -66,11 +64,11 @@ pub fn import(
         checkpoint::clear_run(run_dir).map_err(|e| e.to_string())?;
     }
     let device = memzoo_backend::parse_device("flex").map_err(|e| e.to_string())?;
-    let (model, hf) =
-        hf_transfo_xl::load_transformer_xl(src, &device).map_err(|e| e.to_string())?;
+    let (model, xl) =
+        memzoo_import::import_source(from, src, &device).map_err(|e| e.to_string())?;
     let mut config = RunConfig {
         model_kind: ModelKind::Xl,
-        model: hf.xl_config().map_err(|e| e.to_string())?,
+        model: xl,
         ..RunConfig::default()
     };
     config.data.source = data;
@@ -172,7 +170,7 @@ pub fn export(
             config.model_kind
         ));
     }
-    hf_transfo_xl::export(&model, &config.model, out).map_err(|e| e.to_string())?;
+    memzoo_import::export_to(to, &model, &config.model, out).map_err(|e| e.to_string())?;
     if json_out {
         println!("{}", json!({"out": out, "to": to}));
     } else {
