@@ -685,3 +685,41 @@ fn hf_reads_memzoo_export() {
     }
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+/// A word vocabulary beside the checkpoint (`vocab.json`, converted once from HF's pickle)
+/// goes into the run directory, where `memzoo generate` reads it; one whose size is not the
+/// model's vocabulary is refused, naming both sizes.
+#[test]
+fn import_carries_a_word_vocabulary_into_the_run() {
+    let tmp = scratch("import-vocab");
+    let src = tmp.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture("plain").join(f), src.join(f)).unwrap();
+    }
+    let words: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/transfo-xl-tokenizer/vocab.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let with = |n: usize| {
+        let mut w = words.clone();
+        w["idx2sym"] = serde_json::json!(w["idx2sym"].as_array().unwrap()[..n].to_vec());
+        std::fs::write(src.join("vocab.json"), w.to_string()).unwrap();
+    };
+    with(40);
+    let err = memzoo::import::import("hf-transfo-xl", &src, &tmp.join("bad"), None, false, true)
+        .unwrap_err();
+    assert!(err.contains("40 words") && err.contains("48"), "{err}");
+    assert!(!tmp.join("bad").join("config.toml").exists());
+    with(48);
+    let run = tmp.join("run");
+    memzoo::import::import("hf-transfo-xl", &src, &run, None, false, true).unwrap();
+    assert_eq!(
+        std::fs::read(run.join("vocab.json")).unwrap(),
+        std::fs::read(src.join("vocab.json")).unwrap()
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+}

@@ -57,7 +57,7 @@ pub use tasks::duplication::Duplication;
 pub use tasks::recall::{RecallStream, RecallTask};
 pub use tasks::{Task, TaskPosition, TaskStream};
 pub use tokenizer::{BOS, BYTE_VOCAB, ByteTokenizer, EOS, PAD, Token};
-pub use word_vocab::TransfoXlVocab;
+pub use word_vocab::{TextCodec, TransfoXlVocab, WORD_VOCAB_FILE};
 
 #[cfg(test)]
 mod tests;

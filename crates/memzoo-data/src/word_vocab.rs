@@ -272,3 +272,82 @@ pub fn clean_up_tokenization(text: &str) -> String {
         .replace(" 've", "'ve")
         .replace(" 're", "'re")
 }
+
+/// The file name of a run's word vocabulary (a [`TransfoXlVocab`] file): `memzoo import`
+/// copies it from the checkpoint directory into the run directory, and `memzoo generate` reads
+/// and writes words with it.
+pub const WORD_VOCAB_FILE: &str = "vocab.json";
+
+/// How text becomes token ids and back: bytes (memzoo's default), or a TransfoXL word
+/// vocabulary.
+#[derive(Debug, Clone)]
+pub enum TextCodec {
+    /// One token per byte ([`crate::ByteTokenizer`]).
+    Bytes(crate::ByteTokenizer),
+    /// TransfoXL's words.
+    Words(TransfoXlVocab),
+}
+
+impl TextCodec {
+    /// The word vocabulary `dir/vocab.json` when there is one, else bytes.
+    pub fn for_dir(dir: &Path) -> Result<Self, DataError> {
+        let path = dir.join(WORD_VOCAB_FILE);
+        if path.is_file() {
+            Ok(TextCodec::Words(TransfoXlVocab::read(&path)?))
+        } else {
+            Ok(TextCodec::Bytes(crate::ByteTokenizer::new()))
+        }
+    }
+
+    /// The ids of a prompt; an empty one starts from a newline byte (bytes) or `<eos>`, else
+    /// id 0 (words: TransfoXL separates lines with `<eos>`).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<i64>, DataError> {
+        let mut ids: Vec<i64> = match self {
+            TextCodec::Bytes(t) => t
+                .encode(text.as_bytes())
+                .iter()
+                .map(|&t| t as i64)
+                .collect(),
+            TextCodec::Words(v) => v.encode(text)?.iter().map(|&t| t as i64).collect(),
+        };
+        if ids.is_empty() {
+            ids.push(match self {
+                TextCodec::Bytes(_) => b'\n' as i64,
+                TextCodec::Words(v) => v.sym2idx.get("<eos>").copied().unwrap_or(0) as i64,
+            });
+        }
+        Ok(ids)
+    }
+
+    /// The text of generated ids, to print after the prompt: the bytes (invalid UTF-8
+    /// replaced), or the detokenised words after a space.
+    pub fn decode_continuation(&self, ids: &[i64]) -> Result<String, DataError> {
+        let out_of_range = |id: i64, vocab_size: usize| DataError::TokenOutOfRange {
+            id: id.clamp(0, u32::MAX as i64) as u32,
+            vocab_size,
+        };
+        match self {
+            TextCodec::Bytes(t) => {
+                let tokens = ids
+                    .iter()
+                    .map(|&i| {
+                        crate::Token::try_from(i).map_err(|_| out_of_range(i, t.vocab_size()))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                t.decode_lossy(&tokens)
+            }
+            TextCodec::Words(v) => {
+                let ids = ids
+                    .iter()
+                    .map(|&i| usize::try_from(i).map_err(|_| out_of_range(i, v.len())))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let text = v.decode(&ids)?;
+                Ok(if text.is_empty() {
+                    text
+                } else {
+                    format!(" {text}")
+                })
+            }
+        }
+    }
+}

@@ -73,6 +73,23 @@ pub fn import(
     };
     config.data.source = data;
     config.validate()?;
+    // A word vocabulary beside the checkpoint (HF's vocab.pkl converted once by
+    // xtask/peers/transfo_xl_vocab.py) goes with the run: `memzoo generate` reads it.
+    let vocab = src.join(memzoo_data::WORD_VOCAB_FILE);
+    let vocab = if vocab.is_file() {
+        let words = memzoo_data::TransfoXlVocab::read(&vocab).map_err(|e| e.to_string())?;
+        if words.len() != config.model.vocab_size {
+            return Err(format!(
+                "{} has {} words, the model a vocabulary of {}",
+                vocab.display(),
+                words.len(),
+                config.model.vocab_size
+            ));
+        }
+        Some(vocab)
+    } else {
+        None
+    };
 
     // The training data's starting position, so that `train --resume` continues from step 0.
     let splits = load_splits(&config.data)?;
@@ -100,6 +117,10 @@ pub fn import(
         .map_err(|e| format!("cannot create run directory {}: {e}", run_dir.display()))?;
     std::fs::write(run_dir.join("config.toml"), config.to_toml())
         .map_err(|e| format!("cannot write to run directory {}: {e}", run_dir.display()))?;
+    if let Some(vocab) = vocab {
+        std::fs::copy(&vocab, run_dir.join(memzoo_data::WORD_VOCAB_FILE))
+            .map_err(|e| format!("cannot copy {}: {e}", vocab.display()))?;
+    }
     let saved = checkpoint::save(
         &run_dir.join("checkpoints"),
         &model,

@@ -105,3 +105,31 @@ fn vocab_errors_name_the_field() {
     assert!(err.to_string().contains("missing.json"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `memzoo generate`'s codec: a run directory with `vocab.json` reads and writes HF's words
+/// (the continuation after a space), one without reads bytes.
+#[test]
+fn text_codec_picks_words_when_the_run_has_a_vocabulary() {
+    use crate::word_vocab::{TextCodec, WORD_VOCAB_FILE};
+    let dir = std::env::temp_dir().join(format!("memzoo-codec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes = TextCodec::for_dir(&dir).unwrap();
+    assert!(matches!(bytes, TextCodec::Bytes(_)));
+    assert_eq!(bytes.encode_prompt("ab").unwrap(), vec![97, 98]);
+    assert_eq!(bytes.encode_prompt("").unwrap(), vec![10]);
+    assert_eq!(bytes.decode_continuation(&[104, 105]).unwrap(), "hi");
+    assert!(bytes.decode_continuation(&[-1]).is_err());
+    std::fs::copy(fixture("vocab.json"), dir.join(WORD_VOCAB_FILE)).unwrap();
+    let words = TextCodec::for_dir(&dir).unwrap();
+    let all = cases();
+    let case = &all["vocab.json"][1];
+    let ids: Vec<i64> = case.ids.iter().map(|&i| i as i64).collect();
+    assert_eq!(words.encode_prompt(&case.text).unwrap(), ids);
+    assert_eq!(words.encode_prompt("").unwrap(), vec![1], "<eos>");
+    assert_eq!(
+        words.decode_continuation(&ids).unwrap(),
+        format!(" {}", case.decoded)
+    );
+    assert!(words.decode_continuation(&[88]).is_err());
+    std::fs::remove_dir_all(&dir).ok();
+}
