@@ -138,7 +138,7 @@ enum Command {
         /// config.json with mem_len).
         #[arg(long)]
         from: String,
-        /// The checkpoint directory.
+        /// The checkpoint directory (labml-xl: or the weight file itself).
         src: PathBuf,
         /// The run directory to write.
         #[arg(long)]
