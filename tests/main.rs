@@ -4,6 +4,7 @@ mod backend;
 mod default_run;
 mod generate;
 mod import;
+mod import_labml;
 mod learning;
 mod parity;
 mod relative;

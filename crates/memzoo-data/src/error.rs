@@ -75,6 +75,14 @@ pub enum DataError {
         /// The vocabulary size.
         vocab_size: usize,
     },
+    /// A word vocabulary file that cannot be used (the message names the field).
+    #[error("vocabulary {}: {message}", path.display())]
+    Vocab {
+        /// The vocabulary file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A special token name the tokenizer does not know.
     #[error("unknown special token {name:?}; this tokenizer has {known:?}")]
     UnknownSpecial {

@@ -31,10 +31,12 @@ pub mod corpus;
 pub mod error;
 pub mod fetch;
 pub mod manifest;
+pub mod moses;
 pub mod stats;
 pub mod synthetic;
 pub mod tasks;
 pub mod tokenizer;
+pub mod word_vocab;
 
 pub use batcher::{Batch, BatcherState, DocBatcher, OrderedBatcher};
 pub use corpus::{
@@ -55,6 +57,7 @@ pub use tasks::duplication::Duplication;
 pub use tasks::recall::{RecallStream, RecallTask};
 pub use tasks::{Task, TaskPosition, TaskStream};
 pub use tokenizer::{BOS, BYTE_VOCAB, ByteTokenizer, EOS, PAD, Token};
+pub use word_vocab::{TextCodec, TransfoXlVocab, WORD_VOCAB_FILE};
 
 #[cfg(test)]
 mod tests;

@@ -280,6 +280,12 @@ impl HfTransfoXlConfig {
         if xl.document_resets {
             return no("document_resets = true: HF's TransfoXL has no document resets".into());
         }
+        if xl.value_output_bias {
+            return no(
+                "value_output_bias = true: HF's TransfoXL attention has no value or output bias"
+                    .into(),
+            );
+        }
         let n_clusters = xl.cutoffs.len() + 1;
         let tie_projs: Vec<bool> = (0..n_clusters)
             .map(|i| xl.tie_projs.get(i).copied().unwrap_or(false))
@@ -708,7 +714,8 @@ pub enum Source<'a> {
 }
 
 impl Source<'_> {
-    fn get<const D: usize>(&self, p: &Param<Tensor<D>>) -> Option<Tensor<D>> {
+    /// The value or gradient of `p` (`None`: a parameter without a gradient).
+    pub(crate) fn get<const D: usize>(&self, p: &Param<Tensor<D>>) -> Option<Tensor<D>> {
         match self {
             Source::Values => Some(p.val()),
             Source::Gradients(g) => g.get::<D>(p.id),
@@ -951,31 +958,5 @@ pub fn export(model: &TransformerXl, xl: &XlConfig, dir: &Path) -> Result<(), Im
     let config_path = dir.join("config.json");
     std::fs::write(&config_path, config.to_json())
         .map_err(|e| write_err(&config_path, e.to_string()))?;
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .into_iter()
-        .map(|(name, t)| {
-            let shape = t.shape().to_vec();
-            let values =
-                t.convert::<f32>()
-                    .try_to_vec::<f32>()
-                    .map_err(|e| ImportError::Value {
-                        name: name.clone(),
-                        message: format!("not readable as f32: {e:?}"),
-                    })?;
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            Ok((name, shape, bytes))
-        })
-        .collect::<Result<_, ImportError>>()?;
-    let path = dir.join("model.safetensors");
-    let views = data
-        .iter()
-        .map(|(name, shape, bytes)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
-                .map(|v| (name.clone(), v))
-                .map_err(|e| write_err(&path, e.to_string()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views, Some(metadata), &path)
-        .map_err(|e| write_err(&path, e.to_string()))
+    crate::reader::write_safetensors(&dir.join("model.safetensors"), tensors)
 }

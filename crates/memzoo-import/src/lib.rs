@@ -7,11 +7,66 @@
 //!   a directory with `config.json` and `model.safetensors` or `pytorch_model.bin`, into
 //!   [`memzoo_xl::TransformerXl`] for any shape (`transfo-xl-wt103`'s adaptive input and
 //!   softmax included); and back ([`hf_transfo_xl::export`]).
+//! - [`labml_xl`]: labml-nn's Transformer-XL language model (`state_dict` of its
+//!   `AutoregressiveModel`: learned relative tables, pre-LN, value/output biases), and back.
+//! - [`import_source`] / [`export_to`]: the two by the name `memzoo import --from` and
+//!   `memzoo export --to` take.
 
 pub mod error;
 pub mod hf_transfo_xl;
+pub mod labml_xl;
 pub mod reader;
 
 pub use error::ImportError;
 pub use hf_transfo_xl::HfTransfoXlConfig;
+pub use labml_xl::LabmlXlConfig;
 pub use reader::TensorMap;
+
+use std::path::Path;
+
+use burn::tensor::Device;
+use memzoo_xl::{TransformerXl, XlConfig};
+
+/// The sources [`import_source`] and [`export_to`] accept.
+pub const SOURCES: &[&str] = &["hf-transfo-xl", "labml-xl"];
+
+/// Imports the checkpoint `src` of `source` (one of [`SOURCES`]) into memzoo's stack and its
+/// config.
+pub fn import_source(
+    source: &str,
+    src: &Path,
+    device: &Device,
+) -> Result<(TransformerXl, XlConfig), ImportError> {
+    match source {
+        "hf-transfo-xl" => {
+            let (model, hf) = hf_transfo_xl::load_transformer_xl(src, device)?;
+            Ok((model, hf.xl_config()?))
+        }
+        "labml-xl" => {
+            let (model, labml) = labml_xl::load(src, device)?;
+            Ok((model, labml.xl_config()?))
+        }
+        other => Err(ImportError::Unsupported(format!(
+            "source `{other}`: supported are {}",
+            SOURCES.join(", ")
+        ))),
+    }
+}
+
+/// Writes `model` (with its config `xl`) into `dir` in the layout of `target` (one of
+/// [`SOURCES`]).
+pub fn export_to(
+    target: &str,
+    model: &TransformerXl,
+    xl: &XlConfig,
+    dir: &Path,
+) -> Result<(), ImportError> {
+    match target {
+        "hf-transfo-xl" => hf_transfo_xl::export(model, xl, dir),
+        "labml-xl" => labml_xl::export(model, xl, dir),
+        other => Err(ImportError::Unsupported(format!(
+            "target `{other}`: supported are {}",
+            SOURCES.join(", ")
+        ))),
+    }
+}

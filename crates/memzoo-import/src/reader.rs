@@ -168,3 +168,41 @@ pub fn float_data(name: &str, data: TensorData) -> Result<TensorData, ImportErro
         }),
     }
 }
+
+/// Writes `tensors` as an f32 safetensors file with PyTorch's metadata (`format = pt`), as
+/// `save_pretrained` and `safetensors.torch.save_file` write them.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: BTreeMap<String, TensorData>,
+) -> Result<(), ImportError> {
+    let write_err = |message: String| ImportError::Read {
+        path: path.to_path_buf(),
+        message: format!("cannot write: {message}"),
+    };
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|(name, t)| {
+            let shape = t.shape().to_vec();
+            let values =
+                t.convert::<f32>()
+                    .try_to_vec::<f32>()
+                    .map_err(|e| ImportError::Value {
+                        name: name.clone(),
+                        message: format!("not readable as f32: {e:?}"),
+                    })?;
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            Ok((name, shape, bytes))
+        })
+        .collect::<Result<_, ImportError>>()?;
+    let views = data
+        .iter()
+        .map(|(name, shape, bytes)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| write_err(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(metadata), path)
+        .map_err(|e| write_err(e.to_string()))
+}

@@ -32,6 +32,13 @@ pub struct RelativeAttentionConfig {
     /// shared across layers and passed to [`RelativeMultiHeadAttention::forward`]. Default: true.
     #[config(default = true)]
     pub own_biases: bool,
+    /// A learned bias `b_v` on the values and `b_o` on the output projection (labml's
+    /// `MultiHeadAttention`, whose value and output linear layers have biases while query and
+    /// key have none): `v_j = W_v h_j + b_v`, `out = W_o c + b_o`. Both start at zero. A key
+    /// bias would be pointless: `q_i·b_k` is the same for every key of a query, and the softmax
+    /// cancels it. Default: false (no biases, as Transformer-XL).
+    #[config(default = false)]
+    pub value_output_bias: bool,
     /// Initialiser of every weight. Default: normal(0, 0.02), as Transformer-XL.
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
@@ -122,8 +129,11 @@ pub struct RelativeMultiHeadAttention {
     pub query: Linear,
     /// `[W_k; W_v]` fused: `d_model -> 2 * n_heads * d_head`.
     pub key_value: Linear,
-    /// Output projection `n_heads * d_head -> d_model`.
+    /// Output projection `n_heads * d_head -> d_model` (with the bias `b_o` when
+    /// `value_output_bias`).
     pub output: Linear,
+    /// `b_v`, `[n_heads * d_head]`, added to every value (`value_output_bias`; else `None`).
+    pub value_bias: Option<Param<Tensor<1>>>,
     /// The position scheme's parameters.
     pub scheme: PositionParams,
     /// Dropout on the output.
@@ -172,6 +182,11 @@ impl RelativeAttentionConfig {
                 .init(device)
         };
         let (h, dh) = (self.n_heads, self.d_head);
+        let mut output = linear(inner, self.d_model);
+        let value_bias = self.value_output_bias.then(|| {
+            output.bias = Some(Initializer::Zeros.init([self.d_model], device));
+            Initializer::Zeros.init([inner], device)
+        });
         let table = self.positions.table_len();
         let kind = self.positions.kind;
         let init = &self.initializer;
@@ -192,7 +207,8 @@ impl RelativeAttentionConfig {
         Ok(RelativeMultiHeadAttention {
             query: linear(self.d_model, inner),
             key_value: linear(self.d_model, 2 * inner),
-            output: linear(inner, self.d_model),
+            output,
+            value_bias,
             scheme,
             dropout: DropoutConfig::new(self.dropout).init(),
             dropatt: DropoutConfig::new(self.dropatt).init(),
@@ -274,10 +290,15 @@ impl RelativeMultiHeadAttention {
             .reshape([batch, klen, 2, h, dh]);
         let k = kv.clone().narrow(2, 0, 1).reshape([batch, klen, h, dh]);
         let v = kv.narrow(2, 1, 1).reshape([batch, klen, h, dh]);
+        // v_j = W_v h_j (+ b_v)
+        let v = match &self.value_bias {
+            Some(b) => v + b.val().reshape([1, 1, h, dh]),
+            None => v,
+        };
         Ok((q, k, v))
     }
 
-    /// `Dropout(W_o c)` of the heads' concatenated context `c`, `[batch, qlen, heads * d_head]`.
+    /// `Dropout(W_o c (+ b_o))` of the heads' concatenated context `c`, `[batch, qlen, heads * d_head]`.
     pub fn project_output(&self, context: Tensor<3>) -> Tensor<3> {
         self.dropout.forward(self.output.forward(context))
     }

@@ -201,6 +201,10 @@ pub struct XlConfig {
     /// XL's `u`/`v` biases per layer instead of shared across layers. Default: false (shared).
     #[config(default = false)]
     pub untie_rel_bias: bool,
+    /// Relative-attention layers (`xl`, `learned`, `t5`) get a value bias and an output bias
+    /// (`RelativeAttentionConfig::value_output_bias`), as labml's attention has. Default: false.
+    #[config(default = false)]
+    pub value_output_bias: bool,
     /// Standard deviation of the normal initialiser, HF TransfoXL's `init_std` scheme: every
     /// weight matrix, the embedding (also the tied output layer), the `u`/`v` biases and the
     /// relative tables are drawn from N(0, init_std), LayerNorm gains from N(1, init_std), every
@@ -521,6 +525,7 @@ impl XlConfig {
             .with_dropout(self.dropout)
             .with_dropatt(self.dropatt)
             .with_own_biases(self.untie_rel_bias)
+            .with_value_output_bias(self.value_output_bias)
             .with_initializer(self.initializer())
     }
 

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::tensor::Device;
-use memzoo_data::{ByteTokenizer, Manifest, Split};
+use memzoo_data::{Manifest, Split, TextCodec};
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
@@ -648,6 +648,8 @@ pub fn generate(
         ));
     }
     let segment_len = opts.segment_len.unwrap_or(config.train.tgt_len);
+    // Bytes, or the words of an imported word-level model (`vocab.json` in the run).
+    let codec = TextCodec::for_dir(run_dir).map_err(|e| e.to_string())?;
     match config.model_kind {
         ModelKind::Xl => {
             let model = config.model.init(&device).map_err(|e| e.to_string())?;
@@ -656,41 +658,37 @@ pub fn generate(
                 Some(m) => model.with_mem_len(m),
                 None => model,
             };
-            generate_with(&model, segment_len, opts, &device, json_out)
+            generate_with(&model, &codec, segment_len, opts, &device, json_out)
         }
         ModelKind::Reformer => {
             let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
             let model = load_checkpoint(run_dir, model)?;
-            generate_with(&model, segment_len, opts, &device, json_out)
+            generate_with(&model, &codec, segment_len, opts, &device, json_out)
         }
         ModelKind::Memorizing => {
             let model = config.memorizing.init(&device).map_err(|e| e.to_string())?;
             let model = load_checkpoint(run_dir, model)?;
-            generate_with(&model, segment_len, opts, &device, json_out)
+            generate_with(&model, &codec, segment_len, opts, &device, json_out)
         }
     }
 }
 
 fn generate_with<M: SegmentModel>(
     model: &M,
+    codec: &TextCodec,
     segment_len: usize,
     opts: &GenerateOptions,
     device: &Device,
     json_out: bool,
 ) -> Result<(), String> {
-    let tok = ByteTokenizer::new();
-    let mut prompt: Vec<i64> = tok
-        .encode(opts.prompt.as_bytes())
-        .iter()
-        .map(|&t| t as i64)
-        .collect();
-    if prompt.is_empty() {
-        prompt.push(b'\n' as i64);
-    }
+    let prompt = codec
+        .encode_prompt(&opts.prompt)
+        .map_err(|e| e.to_string())?;
     let config = GenerateConfig::new(opts.tokens, segment_len).with_sampler(opts.sampler.clone());
     let out = generate_tokens(model, &prompt, &config, device).map_err(flag_error)?;
-    let text_tokens: Vec<u16> = out.tokens.iter().map(|&t| t as u16).collect();
-    let text = tok.decode_lossy(&text_tokens).map_err(|e| e.to_string())?;
+    let text = codec
+        .decode_continuation(&out.tokens)
+        .map_err(|e| e.to_string())?;
     let recompute = if opts.compare_recompute {
         let r = generate_recompute(model, &prompt, &config, device).map_err(flag_error)?;
         Some((r.seconds_per_token, r.tokens == out.tokens))

@@ -8,7 +8,6 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use memzoo_data::Split;
-use memzoo_import::hf_transfo_xl;
 use memzoo_train::{SegmentSource, TrainerState, checkpoint};
 use memzoo_xl::XlState;
 use serde_json::json;
@@ -17,12 +16,11 @@ use crate::config::{ModelKind, RunConfig};
 use crate::data_setup::{batcher, load_splits};
 
 /// The sources `--from` / `--to` accept.
-pub const SOURCES: &[&str] = &["hf-transfo-xl"];
+pub const SOURCES: &[&str] = memzoo_import::SOURCES;
 
 /// Sources of issue 15 not supported yet (named in the error, so nobody guesses).
 const NOT_YET: &[&str] = &[
     "hf-reformer",
-    "labml-xl",
     "lucidrains-memorizing",
     "lucidrains-reformer",
 ];
@@ -66,15 +64,32 @@ pub fn import(
         checkpoint::clear_run(run_dir).map_err(|e| e.to_string())?;
     }
     let device = memzoo_backend::parse_device("flex").map_err(|e| e.to_string())?;
-    let (model, hf) =
-        hf_transfo_xl::load_transformer_xl(src, &device).map_err(|e| e.to_string())?;
+    let (model, xl) =
+        memzoo_import::import_source(from, src, &device).map_err(|e| e.to_string())?;
     let mut config = RunConfig {
         model_kind: ModelKind::Xl,
-        model: hf.xl_config().map_err(|e| e.to_string())?,
+        model: xl,
         ..RunConfig::default()
     };
     config.data.source = data;
     config.validate()?;
+    // A word vocabulary beside the checkpoint (HF's vocab.pkl converted once by
+    // xtask/peers/transfo_xl_vocab.py) goes with the run: `memzoo generate` reads it.
+    let vocab = src.join(memzoo_data::WORD_VOCAB_FILE);
+    let vocab = if vocab.is_file() {
+        let words = memzoo_data::TransfoXlVocab::read(&vocab).map_err(|e| e.to_string())?;
+        if words.len() != config.model.vocab_size {
+            return Err(format!(
+                "{} has {} words, the model a vocabulary of {}",
+                vocab.display(),
+                words.len(),
+                config.model.vocab_size
+            ));
+        }
+        Some(vocab)
+    } else {
+        None
+    };
 
     // The training data's starting position, so that `train --resume` continues from step 0.
     let splits = load_splits(&config.data)?;
@@ -102,6 +117,10 @@ pub fn import(
         .map_err(|e| format!("cannot create run directory {}: {e}", run_dir.display()))?;
     std::fs::write(run_dir.join("config.toml"), config.to_toml())
         .map_err(|e| format!("cannot write to run directory {}: {e}", run_dir.display()))?;
+    if let Some(vocab) = vocab {
+        std::fs::copy(&vocab, run_dir.join(memzoo_data::WORD_VOCAB_FILE))
+            .map_err(|e| format!("cannot copy {}: {e}", vocab.display()))?;
+    }
     let saved = checkpoint::save(
         &run_dir.join("checkpoints"),
         &model,
@@ -172,7 +191,7 @@ pub fn export(
             config.model_kind
         ));
     }
-    hf_transfo_xl::export(&model, &config.model, out).map_err(|e| e.to_string())?;
+    memzoo_import::export_to(to, &model, &config.model, out).map_err(|e| e.to_string())?;
     if json_out {
         println!("{}", json!({"out": out, "to": to}));
     } else {

@@ -133,10 +133,12 @@ enum Command {
     /// step-0 checkpoint that eval, generate and train --resume read).
     Import {
         /// Source format: hf-transfo-xl (an HF TransfoXL directory: config.json and
-        /// model.safetensors or pytorch_model.bin).
+        /// model.safetensors or pytorch_model.bin) or labml-xl (labml-nn's TransformerXL
+        /// state dict: model.safetensors or model.pth, or that file, and an optional
+        /// config.json with mem_len).
         #[arg(long)]
         from: String,
-        /// The checkpoint directory.
+        /// The checkpoint directory (labml-xl: or the weight file itself).
         src: PathBuf,
         /// The run directory to write.
         #[arg(long)]
@@ -155,7 +157,8 @@ enum Command {
     Export {
         #[command(flatten)]
         common: Common,
-        /// Target format: hf-transfo-xl (config.json and model.safetensors with HF's names).
+        /// Target format: hf-transfo-xl (config.json and model.safetensors with HF's names) or
+        /// labml-xl (labml's state-dict names).
         #[arg(long)]
         to: String,
         /// The run directory.

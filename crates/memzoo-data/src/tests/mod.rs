@@ -8,6 +8,7 @@ mod stats;
 mod synthetic;
 mod tasks;
 mod tokenizer;
+mod word_vocab;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
