@@ -12,3 +12,4 @@ mod stack;
 mod tasks;
 mod train;
 mod xl;
+mod write_reformer_fixture;
