@@ -22,7 +22,7 @@ use burn::module::Module;
 use clap::Parser;
 use memzoo::train::tasks::{DuplicationConfig, duplication};
 use memzoo_examples::Common;
-use memzoo_reformer::ReformerConfig;
+use memzoo::xl::ReformerConfig;
 
 /// Train a small Reformer on the duplication task `0 w 0 w`.
 #[derive(Parser, Debug)]

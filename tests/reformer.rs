@@ -1,10 +1,39 @@
+//! The Reformer as a preset of the layer stack: the reversible training step against plain
+//! autodiff of the same forward, the blocks' inverse, bucket replay, the checkpoints of the
+//! Reformer model from before the stack, and the combinations with kNN layers and XL memory.
+
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_reformer::ForwardOptions;
+use memzoo_reformer::rng::normal_vec;
+use memzoo_tests::*;
+use memzoo_xl::{LayerContext, LayerKind, ReformerConfig, Replay, XlState};
 
-use super::{dev, rand_tensor, to_vec};
-use crate::attention::{AttentionKind, ForwardOptions};
-use crate::model::ReformerConfig;
+fn dev() -> Device {
+    flex()
+}
+
+/// A standard normal tensor drawn from `seed`.
+fn rand_tensor<const D: usize>(shape: [usize; D], seed: u64, device: &Device) -> Tensor<D> {
+    let n = shape.iter().product();
+    Tensor::from_data(TensorData::new(normal_vec(n, seed), shape), device)
+}
+
+fn to_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    host(t)
+}
+
+/// What a layer reads in a seeded pass under `opts`, with no positions, memory or kNN store.
+fn cx(opts: &ForwardOptions) -> LayerContext<'static> {
+    LayerContext {
+        positions: None,
+        shared: None,
+        knn: None,
+        seed: 0,
+        opts: Some(opts.clone()),
+    }
+}
 
 /// Max |a - b| over all float parameters, and the number of parameters missing in either.
 struct Compare<'a> {
@@ -47,7 +76,7 @@ fn small_config() -> ReformerConfig {
         .with_d_head(8)
         .with_d_ff(32)
         .with_max_seq_len(16)
-        .with_attn_layers(vec![AttentionKind::Local, AttentionKind::Lsh])
+        .with_attn_layers(vec![LayerKind::Local, LayerKind::Lsh])
         .with_bucket_size(4)
         .with_n_rounds(2)
         .with_ff_chunk_len(3)
@@ -149,9 +178,11 @@ fn block_inverse_rebuilds_its_input() {
     let x1 = rand_tensor([2, 9, 16], 5, &device);
     let x2 = rand_tensor([2, 9, 16], 6, &device);
     let opts = ForwardOptions::train(3);
-    for blk in &model.blocks {
-        let (y1, y2) = blk.forward_reversible(x1.clone(), x2.clone(), None, &opts);
-        let (r1, r2) = blk.inverse(y1, y2, None, &opts);
+    for blk in &model.layers {
+        let (y1, y2, replay) = blk
+            .forward_reversible(x1.clone(), x2.clone(), None, cx(&opts))
+            .unwrap();
+        let (r1, r2) = blk.inverse(y1, y2, None, cx(&opts), replay).unwrap();
         let d1: f32 = (r1 - x1.clone()).abs().max().into_scalar();
         let d2: f32 = (r2 - x2.clone()).abs().max().into_scalar();
         assert!(d1 < 1e-5 && d2 < 1e-5, "reconstruction error {d1} {d2}");
@@ -163,13 +194,13 @@ fn lm_forward_shapes_and_errors() {
     let device = dev();
     let cfg = small_config().with_reversible(false);
     let model = cfg.init(&device).unwrap();
-    let logits = model.forward(tokens(3, 7, 11, 0, &device)).unwrap();
+    let logits = model.forward_window(tokens(3, 7, 11, 0, &device)).unwrap();
     assert_eq!(logits.dims(), [3, 7, 11]);
     // evaluation is deterministic
-    let again = model.forward(tokens(3, 7, 11, 0, &device)).unwrap();
+    let again = model.forward_window(tokens(3, 7, 11, 0, &device)).unwrap();
     assert_eq!(to_vec(logits), to_vec(again));
     let err = model
-        .forward(tokens(1, 17, 11, 0, &device))
+        .forward_window(tokens(1, 17, 11, 0, &device))
         .unwrap_err()
         .to_string();
     assert!(err.contains("17"), "{err}");
@@ -229,14 +260,17 @@ fn train_steps_reduce_the_loss() {
     let mut optim = AdamWConfig::new().init();
     let (x, y) = (tokens(2, 12, 11, 4, &device), tokens(2, 12, 11, 5, &device));
     let first: f32 = model
-        .forward_loss(x.clone(), y.clone())
+        .forward_loss_with(x.clone(), y.clone(), None, &model.eval_options())
         .unwrap()
         .into_scalar();
     for _ in 0..15 {
         let (_, grads) = model.train_step(x.clone(), y.clone()).unwrap();
         model = optim.step(3e-3, model, grads);
     }
-    let last: f32 = model.forward_loss(x, y).unwrap().into_scalar();
+    let last: f32 = model
+        .forward_loss_with(x, y, None, &model.eval_options())
+        .unwrap()
+        .into_scalar();
     assert!(last < first - 0.1, "loss {first} -> {last}");
 }
 
@@ -257,8 +291,11 @@ fn lsh_config() -> ReformerConfig {
         .with_init_std(0.3)
 }
 
-fn int_vec<const D: usize>(t: Tensor<D, Int>) -> Vec<i64> {
-    t.into_data().iter::<i64>().collect()
+fn int_vec(r: Replay) -> Vec<i64> {
+    match r {
+        Replay::Buckets(t) => t.into_data().iter::<i64>().collect(),
+        other => panic!("an LSH layer records buckets, got {other:?}"),
+    }
 }
 
 /// Bug: a length that is not a multiple of the bucket size pads the LSH input with zero rows,
@@ -309,50 +346,63 @@ fn padded_lsh_length_has_finite_gradients() {
 fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
     let device = dev().autodiff();
     let model = lsh_config().init(&device).unwrap();
-    let blk = &model.blocks[0];
+    let blk = &model.layers[0];
     let plain = blk.valid();
     let opts = ForwardOptions::eval(11);
+    let o = Some(&opts);
     let shape = [1, 12, 16];
     let n: usize = shape.iter().product();
     let inner = dev();
     let x1 = rand_tensor(shape, 1, &inner);
     let dy1 = rand_tensor(shape, 2, &inner);
     let dy2 = rand_tensor(shape, 3, &inner);
-    let hash = |x2: &Tensor<3>| int_vec(plain.f_recorded(x2.clone(), None, &opts, None).1.unwrap());
+    let hash = |x2: &Tensor<3>| {
+        int_vec(
+            plain
+                .f(x2.clone(), None, &mut cx(&opts), Replay::Nothing)
+                .unwrap()
+                .1,
+        )
+    };
     // The forward pass (no graph): outputs and the bucket ids it hashed.
     let forward = |x2: &Tensor<3>| {
-        let (y1, y2, buckets) =
-            plain.forward_reversible_recorded(x1.clone(), x2.clone(), None, &opts);
-        (y1, y2, buckets.expect("an LSH layer"))
+        let (y1, y2, buckets) = plain
+            .forward_reversible(x1.clone(), x2.clone(), None, cx(&opts))
+            .unwrap();
+        (y1, y2, buckets)
     };
     // Gradients of sum(y1 dy1 + y2 dy2), (param grads, [dx1, dx2] on the host): by plain
     // autodiff of the forward with `buckets`, and by `reverse` with those buckets or hashing
     // the rebuilt input again.
-    let reference = |x2: &Tensor<3>, buckets: &Tensor<4, Int>| {
+    let reference = |x2: &Tensor<3>, buckets: &Replay| {
         let a1 = x1.clone().autodiff().require_grad();
         let a2 = x2.clone().autodiff().require_grad();
-        let b = Some(buckets.clone().autodiff());
-        let y1 = a1.clone() + blk.f_recorded(a2.clone(), None, &opts, b).0;
-        let y2 = a2.clone() + blk.g(y1.clone(), &opts);
+        let b = match buckets {
+            Replay::Buckets(b) => Replay::Buckets(b.clone().autodiff()),
+            _ => unreachable!(),
+        };
+        let y1 = a1.clone() + blk.f(a2.clone(), None, &mut cx(&opts), b).unwrap().0;
+        let y2 = a2.clone() + blk.g(y1.clone(), o);
         let loss = (y1 * dy1.clone().autodiff()).sum() + (y2 * dy2.clone().autodiff()).sum();
         let g = loss.backward();
         let mut v = to_vec(a1.grad(&g).unwrap());
         v.extend(to_vec(a2.grad(&g).unwrap()));
         (v, GradientsParams::from_grads(g, blk))
     };
-    let reversed = |y1: &Tensor<3>, y2: &Tensor<3>, buckets: Option<Tensor<4, Int>>| {
+    let reversed = |y1: &Tensor<3>, y2: &Tensor<3>, buckets: Replay| {
         let mut acc = burn::optim::GradientsAccumulator::new();
-        let (_, _, dx1, dx2) = blk.reverse(
-            y1.clone(),
-            y2.clone(),
-            dy1.clone(),
-            dy2.clone(),
-            None,
-            buckets,
-            &opts,
-            blk,
-            &mut acc,
-        );
+        let (_, _, dx1, dx2) = blk
+            .reverse(
+                y1.clone(),
+                y2.clone(),
+                dy1.clone(),
+                dy2.clone(),
+                None,
+                cx(&opts),
+                buckets,
+                &mut |g| acc.accumulate(blk, GradientsParams::from_module(g, blk)),
+            )
+            .unwrap();
         let mut v = to_vec(dx1);
         v.extend(to_vec(dx2));
         (v, acc.grads())
@@ -382,8 +432,8 @@ fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
     };
     let mut found = None;
     'search: for seed in 0..40u64 {
-        let a = crate::rng::normal_vec(n, 100 + 2 * seed);
-        let b = crate::rng::normal_vec(n, 101 + 2 * seed);
+        let a = normal_vec(n, 100 + 2 * seed);
+        let b = normal_vec(n, 101 + 2 * seed);
         let start = hash(&line(&a, &b, 0.0));
         let (mut lo, mut hi) = (0.0f64, 1.0f64);
         if hash(&line(&a, &b, hi)) == start {
@@ -401,14 +451,14 @@ fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
         for k in -8i32..=8 {
             let x2 = line(&a, &b, lo + k as f64 * (hi - lo).max(1e-9));
             let (y1, y2, buckets) = forward(&x2);
-            let rebuilt = y2.clone() - plain.g(y1.clone(), &opts);
+            let rebuilt = y2.clone() - plain.g(y1.clone(), o);
             if int_vec(buckets.clone()) == hash(&rebuilt) {
                 continue;
             }
             let want = reference(&x2, &buckets);
-            let rehashed = diff(&want, &reversed(&y1, &y2, None));
+            let rehashed = diff(&want, &reversed(&y1, &y2, Replay::Nothing));
             if rehashed > 1e-3 {
-                let replayed = diff(&want, &reversed(&y1, &y2, Some(buckets)));
+                let replayed = diff(&want, &reversed(&y1, &y2, buckets));
                 found = Some((rehashed, replayed, seed));
                 break 'search;
             }
@@ -424,4 +474,238 @@ fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
         replayed < 1e-4,
         "replayed buckets: gradient error {replayed:e}"
     );
+}
+
+/// The fixture's model (tests/fixtures/legacy/reformer*.bpk, written by the `ReformerLm` code
+/// before the Reformer became a preset of the stack, with this config).
+fn fixture_config(reversible: bool) -> ReformerConfig {
+    ReformerConfig::new()
+        .with_vocab_size(32)
+        .with_d_model(16)
+        .with_n_layers(3)
+        .with_n_heads(2)
+        .with_d_head(8)
+        .with_d_ff(32)
+        .with_max_seq_len(16)
+        .with_attn_layers(vec![LayerKind::Local, LayerKind::Lsh])
+        .with_bucket_size(4)
+        .with_n_rounds(2)
+        .with_ff_chunk_len(3)
+        .with_dropout(0.0)
+        .with_init_std(0.3)
+        .with_eval_seed(7)
+        .with_reversible(reversible)
+        .with_axial_positions(reversible)
+}
+
+/// Checkpoints of the Reformer model from before the stack (a reversible one with axial
+/// positions, a plain one without) load into the preset — renamed by `memzoo_xl::legacy` —
+/// and give the evaluation logits the old code computed and stored beside them (same LSH
+/// rotations: the seeding scheme moved with the model).
+#[test]
+fn reformer_checkpoints_from_before_the_stack_load_and_compute_the_same() {
+    let device = dev();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/legacy");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reformer.json")).unwrap()).unwrap();
+    let v: Vec<i64> = (0..20).map(|i| ((i * 7 + 3 + i * i) % 32) as i64).collect();
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(v, [2, 10]), &device);
+    for (name, reversible) in [("reformer", true), ("reformer_plain", false)] {
+        let path = dir.join(format!("{name}.bpk"));
+        let fresh = fixture_config(reversible).init(&device).unwrap();
+        assert!(
+            fresh.clone().try_load_file(&path).is_err(),
+            "{name}: old layout"
+        );
+        let (model, converted) = memzoo_xl::legacy::load_any(fresh, &path).unwrap();
+        assert!(converted, "{name}: read as the old layout");
+        let got = host(model.forward_window(tokens.clone()).unwrap());
+        let want: Vec<f64> = expected[name]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(got.len(), want.len());
+        let d = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0.0, f64::max);
+        assert!(d < 1e-5, "{name}: max |logit diff| {d}");
+    }
+    // Another architecture is refused with the file named.
+    let err = memzoo_xl::legacy::load_any(
+        fixture_config(true).with_d_ff(16).init(&device).unwrap(),
+        &dir.join("reformer.bpk"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("reformer.bpk"), "{err}");
+}
+
+/// A reversible Reformer stack with a kNN memory layer and an XL memory (no peer offers
+/// either): over a second segment (the first filled both memories), the reversible step's loss
+/// and gradients equal plain autodiff through the same reversible forward (the kNN layer's
+/// retrieved pairs and the LSH buckets replayed), both leave the same memories behind, and
+/// training on a repeated batch lowers the loss.
+#[test]
+fn reversible_stack_with_knn_layer_and_xl_memory_has_exact_gradients_and_trains() {
+    let device = dev().autodiff();
+    let config = small_config()
+        .with_n_layers(3)
+        .with_attn_layers(vec![LayerKind::Local, LayerKind::Knn, LayerKind::Lsh])
+        .with_axial_positions(false)
+        .with_mem_len(6)
+        .with_dropatt(0.0)
+        .with_knn(
+            memzoo_xl::KnnLayerConfig::new()
+                .with_top_k(4)
+                .with_max_memories(64),
+        );
+    let model = config.init(&device).unwrap();
+    assert_eq!(
+        model.layer_kinds(),
+        [LayerKind::Local, LayerKind::Knn, LayerKind::Lsh]
+    );
+    let reset = [false, false];
+    let fill = |state: &mut XlState| {
+        model
+            .forward_state(tokens(2, 8, 11, 7, &device), state, &reset)
+            .unwrap();
+    };
+    let (mut plain, mut rev) = (XlState::default(), XlState::default());
+    fill(&mut plain);
+    fill(&mut rev);
+    assert_eq!(plain.xl.len(), 6);
+    let (x, y) = (tokens(2, 8, 11, 1, &device), tokens(2, 8, 11, 2, &device));
+    let opts = ForwardOptions::train(42);
+    let hidden = model
+        .forward_state_with(x.clone(), &mut plain, &reset, Some(&opts))
+        .unwrap();
+    let loss_ref = memzoo_xl::weighted_nll(model.logits(hidden), y.clone(), None);
+    let loss_ref_v: f32 = loss_ref.clone().inner().into_scalar();
+    let grads_ref = GradientsParams::from_grads(loss_ref.backward(), &model);
+    let (loss, grads) = model
+        .train_step_state(x, y, None, &mut rev, &reset, &opts)
+        .unwrap();
+    let loss_v: f32 = loss.into_scalar();
+    assert!(
+        (loss_v - loss_ref_v).abs() < 1e-5,
+        "loss {loss_v} vs {loss_ref_v}"
+    );
+    let mut cmp = Compare {
+        a: &grads_ref,
+        b: &grads,
+        max_diff: 0.0,
+        max_ref: 0.0,
+        n: 0,
+        missing: 0,
+        non_finite: 0,
+    };
+    model.visit(&mut cmp);
+    eprintln!(
+        "reversible kNN + memory stack: max grad diff {} (max grad {}), {} params, {} without a gradient",
+        cmp.max_diff, cmp.max_ref, cmp.n, cmp.missing
+    );
+    assert_eq!(cmp.non_finite, 0);
+    assert!(cmp.max_ref > 1e-3, "gradients vanish: {}", cmp.max_ref);
+    assert!(
+        cmp.max_diff < 1e-4 * cmp.max_ref.max(1.0),
+        "max |grad_ref - grad_rev| = {} (max |grad| {})",
+        cmp.max_diff,
+        cmp.max_ref
+    );
+    // The same memories after the step: XL memory (the x_2 streams) and the kNN store.
+    for l in 0..3 {
+        let (a, b) = (plain.xl.layer(l).unwrap(), rev.xl.layer(l).unwrap());
+        assert_close(&host(a.clone()), &host(b.clone()), 1e-5, "XL memory");
+    }
+    assert_eq!(plain.knn[0].rows(), rev.knn[0].rows());
+
+    use burn::optim::AdamWConfig;
+    let mut model = config.with_dropout(0.0).init(&device).unwrap();
+    let mut optim = AdamWConfig::new().init();
+    let (x, y) = (tokens(2, 8, 11, 4, &device), tokens(2, 8, 11, 5, &device));
+    let mut losses = Vec::new();
+    for _ in 0..20 {
+        let mut state = XlState::default();
+        fill(&mut state);
+        let opts = model.next_train_options();
+        let (loss, grads) = model
+            .train_step_state(x.clone(), y.clone(), None, &mut state, &reset, &opts)
+            .unwrap();
+        losses.push(loss.into_scalar::<f32>());
+        model = optim.step(3e-3, model, grads);
+    }
+    let (first, last) = (losses[0], *losses.last().unwrap());
+    assert!(last < first - 0.1, "loss {first} -> {last}");
+}
+
+/// Combinations the reversible stack cannot honour are errors that say why.
+#[test]
+fn ill_defined_combinations_are_errors_that_say_why() {
+    use memzoo_xl::{Randomness, Residual, XlConfig};
+    let rev = || {
+        XlConfig::new()
+            .with_n_layers(2)
+            .with_d_model(16)
+            .with_n_heads(2)
+            .with_d_inner(32)
+            .with_residual(Residual::Reversible)
+            .with_pre_ln(true)
+            .with_randomness(Randomness::Seeded)
+    };
+    rev().validate().unwrap();
+    for (config, words) in [
+        (rev().with_pre_ln(false), "post-LN"),
+        (rev().with_randomness(Randomness::Device), "replays"),
+        (rev().with_dropatt(0.1), "dropatt"),
+    ] {
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("reversible") && err.contains(words), "{err}");
+    }
+    let err = small_config()
+        .with_mem_len(4)
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("axial") && err.contains("mem_len = 4"),
+        "{err}"
+    );
+}
+
+/// Reformer-small and the paper's enwik8 configuration keep their meaning as stacks.
+#[test]
+fn reformer_presets_build_the_stack() {
+    use memzoo_xl::{Activation, Randomness, Residual};
+    let small = ReformerConfig::small().stack();
+    assert_eq!(small.layer_kinds(), vec![LayerKind::Lsh; 6]);
+    assert_eq!(
+        (small.residual, small.ff_activation, small.randomness),
+        (Residual::Reversible, Activation::Gelu, Randomness::Seeded)
+    );
+    assert_eq!(small.axial.as_ref().unwrap().shape, [64, 64]);
+    let enwik8 = ReformerConfig::enwik8().stack();
+    assert_eq!(
+        &enwik8.layer_kinds()[..4],
+        [
+            LayerKind::Local,
+            LayerKind::Local,
+            LayerKind::Lsh,
+            LayerKind::Local
+        ]
+    );
+    assert_eq!(
+        (
+            enwik8.d_model,
+            enwik8.n_layers,
+            enwik8.lsh.chunk_len,
+            enwik8.lsh.n_buckets
+        ),
+        (1024, 12, 256, Some(512))
+    );
+    assert_eq!(enwik8.axial.as_ref().unwrap().dims, [256, 768]);
+    enwik8.validate().unwrap();
 }
