@@ -341,6 +341,11 @@ pub struct XlConfig {
     /// the unigram level. Default: none.
     #[config(default = "None")]
     pub embedding_std: Option<f64>,
+    /// Standard deviation of the LayerNorm gains' normal initialiser around 1 (`None`:
+    /// `init_std`, HF TransfoXL's scheme; `Some(0.0)`: gains start at exactly 1, as PyTorch's
+    /// default and the Reformer). Default: none.
+    #[config(default = "None")]
+    pub norm_gain_std: Option<f64>,
     /// The attention kind of every layer, bottom to top (as x-transformers' `layers`), e.g.
     /// `["xl", "xl", "knn", "xl"]`; its length must be `n_layers`. Empty: `n_layers` layers of
     /// the `positions` scheme. Default: empty.
@@ -518,6 +523,11 @@ impl XlConfig {
             && !(std.is_finite() && std > 0.0)
         {
             return bad(format!("embedding_std must be positive, got {std}"));
+        }
+        if let Some(std) = self.norm_gain_std
+            && !(std.is_finite() && std >= 0.0)
+        {
+            return bad(format!("norm_gain_std must be non-negative, got {std}"));
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad(format!("dropout must be in [0, 1), got {}", self.dropout));
@@ -751,16 +761,16 @@ impl XlConfig {
         linear
     }
 
-    /// A LayerNorm with HF's initialisation: gain ~ N(1, init_std), bias 0.
+    /// A LayerNorm with HF's initialisation: gain ~ N(1, init_std), bias 0 (gain 1 with
+    /// `norm_gain_std = Some(0.0)`).
     pub fn init_norm(&self, device: &Device) -> LayerNorm {
         let mut norm = LayerNormConfig::new(self.d_model)
             .with_epsilon(self.layer_norm_epsilon)
             .init(device);
-        norm.gamma = Initializer::Normal {
-            mean: 1.0,
-            std: self.init_std,
+        let std = self.norm_gain_std.unwrap_or(self.init_std);
+        if std > 0.0 {
+            norm.gamma = Initializer::Normal { mean: 1.0, std }.init([self.d_model], device);
         }
-        .init([self.d_model], device);
         norm
     }
 

@@ -185,7 +185,8 @@ impl ReformerConfig {
             .unwrap_or([self.d_model / 2, self.d_model - self.d_model / 2])
     }
 
-    /// The layer stack this preset stands for: `attn_layers` as the layers; pre-LN blocks with
+    /// The layer stack this preset stands for: `attn_layers` as the layers; pre-LN blocks (gains
+    /// initialised at 1) with
     /// a GELU feed-forward chunked by `ff_chunk_len` and dropout on its output only; reversible
     /// (or sequential) residuals; token embeddings unscaled, plus axial positions; a final
     /// LayerNorm and an untied linear head with no dropout before it; seeded randomness
@@ -209,6 +210,7 @@ impl ReformerConfig {
             .with_tie_weights(false)
             .with_scale_embedding(false)
             .with_init_std(self.init_std)
+            .with_norm_gain_std(Some(0.0))
             .with_layers(self.layer_kinds())
             .with_lsh(
                 LshLayerConfig::new()
