@@ -273,7 +273,9 @@ impl SegmentModel for TransformerXl {
             XlState::default()
         };
         let memory = dir.join("memory.safetensors");
-        if memory.exists() || n_knn == 0 {
+        // A stack without XL memory (the Reformer) may have saved none (its checkpoints
+        // from before the stack hold no state).
+        if memory.exists() || (n_knn == 0 && self.mem_len > 0) {
             let layers = load_tensors(&memory, device)?;
             state.xl = XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
         }
