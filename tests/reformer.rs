@@ -67,6 +67,31 @@ impl ModuleVisitor for Compare<'_> {
     }
 }
 
+/// [`Compare`] of two gradient sets over the float parameters of `module`.
+fn compare<M: Module>(
+    module: &M,
+    a: &GradientsParams,
+    b: &GradientsParams,
+) -> (f32, f32, usize, usize, usize) {
+    let mut cmp = Compare {
+        a,
+        b,
+        max_diff: 0.0,
+        max_ref: 0.0,
+        n: 0,
+        missing: 0,
+        non_finite: 0,
+    };
+    module.visit(&mut cmp);
+    (
+        cmp.max_diff,
+        cmp.max_ref,
+        cmp.n,
+        cmp.missing,
+        cmp.non_finite,
+    )
+}
+
 fn small_config() -> ReformerConfig {
     ReformerConfig::new()
         .with_vocab_size(11)
@@ -111,40 +136,31 @@ fn reversible_gradients_equal_plain_autodiff() {
         (loss_v - loss_ref_v).abs() < 1e-5,
         "loss {loss_v} vs {loss_ref_v}"
     );
-    let mut cmp = Compare {
-        a: &grads_ref,
-        b: &grads,
-        max_diff: 0.0,
-        max_ref: 0.0,
-        n: 0,
-        missing: 0,
-        non_finite: 0,
-    };
-    model.visit(&mut cmp);
+    let (max_diff, max_ref, n, missing, non_finite) = compare(&model, &grads_ref, &grads);
     eprintln!(
         "reversible vs plain: loss {loss_v} / {loss_ref_v}, max grad diff {} (max grad {}), {} params",
-        cmp.max_diff, cmp.max_ref, cmp.n
+        max_diff, max_ref, n
     );
     assert_eq!(
-        cmp.missing, 0,
+        missing, 0,
         "{} of {} parameters have no gradient",
-        cmp.missing, cmp.n
+        missing, n
     );
     assert_eq!(
-        cmp.non_finite, 0,
+        non_finite, 0,
         "{} of {} parameters have a NaN or infinite gradient",
-        cmp.non_finite, cmp.n
+        non_finite, n
     );
     assert!(
-        cmp.max_ref > 1e-3,
+        max_ref > 1e-3,
         "gradients are suspiciously small: {}",
-        cmp.max_ref
+        max_ref
     );
     assert!(
-        cmp.max_diff < 1e-5 * cmp.max_ref.max(1.0),
+        max_diff < 1e-5 * max_ref.max(1.0),
         "max |grad_ref - grad_rev| = {} (max |grad| {})",
-        cmp.max_diff,
-        cmp.max_ref
+        max_diff,
+        max_ref
     );
     // dropout really is on: another seed gives another loss
     let other = model
@@ -314,25 +330,16 @@ fn padded_lsh_length_has_finite_gradients() {
             .train_step_with(x, y, None, &ForwardOptions::train(5))
             .unwrap();
         assert!(loss.into_scalar::<f32>().is_finite());
-        let mut cmp = Compare {
-            a: &grads,
-            b: &grads,
-            max_diff: 0.0,
-            max_ref: 0.0,
-            n: 0,
-            missing: 0,
-            non_finite: 0,
-        };
-        model.visit(&mut cmp);
+        let (_, max_ref, n, missing, non_finite) = compare(&model, &grads, &grads);
         assert_eq!(
-            (cmp.non_finite, cmp.missing),
+            (non_finite, missing),
             (0, 0),
             "reversible {reversible}: {} of {} gradients not finite, {} missing",
-            cmp.non_finite,
-            cmp.n,
-            cmp.missing
+            non_finite,
+            n,
+            missing
         );
-        assert!(cmp.max_ref > 1e-4, "gradients vanish: {}", cmp.max_ref);
+        assert!(max_ref > 1e-4, "gradients vanish: {}", max_ref);
     }
 }
 
@@ -408,19 +415,10 @@ fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
         (v, acc.grads())
     };
     let diff = |a: &(Vec<f32>, GradientsParams), b: &(Vec<f32>, GradientsParams)| {
-        let mut cmp = Compare {
-            a: &a.1,
-            b: &b.1,
-            max_diff: 0.0,
-            max_ref: 0.0,
-            n: 0,
-            missing: 0,
-            non_finite: 0,
-        };
-        blk.visit(&mut cmp);
-        assert_eq!((cmp.missing, cmp.non_finite), (0, 0));
+        let (max_diff, _, _, missing, non_finite) = compare(blk, &a.1, &b.1);
+        assert_eq!((missing, non_finite), (0, 0));
         let dx = a.0.iter().zip(&b.0).map(|(p, q)| (p - q).abs());
-        dx.fold(cmp.max_diff, f32::max)
+        dx.fold(max_diff, f32::max)
     };
     let line = |a: &[f32], b: &[f32], t: f64| {
         let v: Vec<f32> = a
@@ -479,20 +477,10 @@ fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
 /// The fixture's model (tests/fixtures/legacy/reformer*.bpk, written by the `ReformerLm` code
 /// before the Reformer became a preset of the stack, with this config).
 fn fixture_config(reversible: bool) -> ReformerConfig {
-    ReformerConfig::new()
+    small_config()
         .with_vocab_size(32)
-        .with_d_model(16)
-        .with_n_layers(3)
-        .with_n_heads(2)
-        .with_d_head(8)
-        .with_d_ff(32)
-        .with_max_seq_len(16)
-        .with_attn_layers(vec![LayerKind::Local, LayerKind::Lsh])
-        .with_bucket_size(4)
-        .with_n_rounds(2)
-        .with_ff_chunk_len(3)
         .with_dropout(0.0)
-        .with_init_std(0.3)
+        .with_dropatt(0.0)
         .with_eval_seed(7)
         .with_reversible(reversible)
         .with_axial_positions(reversible)
@@ -594,27 +582,18 @@ fn reversible_stack_with_knn_layer_and_xl_memory_has_exact_gradients_and_trains(
         (loss_v - loss_ref_v).abs() < 1e-5,
         "loss {loss_v} vs {loss_ref_v}"
     );
-    let mut cmp = Compare {
-        a: &grads_ref,
-        b: &grads,
-        max_diff: 0.0,
-        max_ref: 0.0,
-        n: 0,
-        missing: 0,
-        non_finite: 0,
-    };
-    model.visit(&mut cmp);
+    let (max_diff, max_ref, n, missing, non_finite) = compare(&model, &grads_ref, &grads);
     eprintln!(
         "reversible kNN + memory stack: max grad diff {} (max grad {}), {} params, {} without a gradient",
-        cmp.max_diff, cmp.max_ref, cmp.n, cmp.missing
+        max_diff, max_ref, n, missing
     );
-    assert_eq!(cmp.non_finite, 0);
-    assert!(cmp.max_ref > 1e-3, "gradients vanish: {}", cmp.max_ref);
+    assert_eq!(non_finite, 0);
+    assert!(max_ref > 1e-3, "gradients vanish: {}", max_ref);
     assert!(
-        cmp.max_diff < 1e-4 * cmp.max_ref.max(1.0),
+        max_diff < 1e-4 * max_ref.max(1.0),
         "max |grad_ref - grad_rev| = {} (max |grad| {})",
-        cmp.max_diff,
-        cmp.max_ref
+        max_diff,
+        max_ref
     );
     // The same memories after the step: XL memory (the x_2 streams) and the kNN store.
     for l in 0..3 {
