@@ -1129,7 +1129,7 @@ pub enum Replay {
     /// again could flip an argmax and attend to another set of keys.
     Buckets(Tensor<4, Int>),
     /// The pairs a kNN layer retrieved (its memory has moved on since).
-    Retrieved(Retrieved),
+    Retrieved(Box<Retrieved>),
 }
 
 impl XlLayer {
@@ -1279,15 +1279,15 @@ impl XlLayer {
                     .positions
                     .ok_or_else(|| missing("its position context"))?;
                 if let Replay::Retrieved(found) = replay {
-                    let out = a.forward_retrieving(x, m, ctx, |_| Ok(found))?;
-                    return Ok((out.output, Replay::Retrieved(out.retrieved)));
+                    let out = a.forward_retrieving(x, m, ctx, |_| Ok(*found))?;
+                    return Ok((out.output, Replay::Retrieved(Box::new(out.retrieved))));
                 }
                 let (store, top_k) = cx.knn.as_mut().ok_or_else(|| {
                     missing("its kNN memory: read with forward_state and an XlState")
                 })?;
                 let out = a.forward(x, m, ctx, &**store, *top_k)?;
                 store.add(out.keys, out.values)?;
-                Ok((out.output, Replay::Retrieved(out.retrieved)))
+                Ok((out.output, Replay::Retrieved(Box::new(out.retrieved))))
             }
             LayerAttention::Hashed(a) => {
                 // One causal sequence cat(m, x); the segment's rows of the output.
