@@ -653,6 +653,18 @@ fn ill_defined_combinations_are_errors_that_say_why() {
         err.contains("axial") && err.contains("mem_len = 4"),
         "{err}"
     );
+    // ... and so is a memory given to an axial stack at run time (e.g. `with_mem_len`).
+    let device = dev();
+    let model = small_config().init(&device).unwrap().with_mem_len(4);
+    let mut state = XlState::default();
+    model
+        .forward_state(tokens(1, 4, 11, 0, &device), &mut state, &[false])
+        .unwrap();
+    let err = model
+        .forward_state(tokens(1, 4, 11, 0, &device), &mut state, &[false])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("axial") && err.contains("mem_len 0"), "{err}");
 }
 
 /// Reformer-small and the paper's enwik8 configuration keep their meaning as stacks.

@@ -1827,6 +1827,14 @@ impl TransformerXl {
         if memory.is_empty() {
             return Ok(());
         }
+        if self.axial.is_some() {
+            return Err(XlError::Input(format!(
+                "a memory of {} positions reaches a stack with axial positions, which index one \
+                 segment (the memory's keys would share the segment's positions): read it with \
+                 mem_len 0",
+                memory.len()
+            )));
+        }
         if memory.n_layers() != self.layers.len() {
             return Err(XlError::Input(format!(
                 "memory has {} layers, the model {}",
