@@ -6,8 +6,7 @@ use std::path::Path;
 use memzoo_data::LongRangeConfig;
 use memzoo_knn::MemorizingConfig;
 use memzoo_train::TrainConfig;
-use memzoo_xl::ReformerConfig;
-use memzoo_xl::XlConfig;
+use memzoo_xl::{ReformerConfig, XlConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
