@@ -21,8 +21,8 @@
 use burn::module::Module;
 use clap::Parser;
 use memzoo::train::tasks::{DuplicationConfig, duplication};
+use memzoo::xl::ReformerConfig;
 use memzoo_examples::Common;
-use memzoo_reformer::ReformerConfig;
 
 /// Train a small Reformer on the duplication task `0 w 0 w`.
 #[derive(Parser, Debug)]

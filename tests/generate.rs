@@ -7,7 +7,6 @@ use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
 use memzoo_knn::MemorizingConfig;
 use memzoo_memory::IndexKind;
-use memzoo_reformer::ReformerConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_tests::*;
 use memzoo_train::SegmentModel;
@@ -15,6 +14,7 @@ use memzoo_train::generate::{
     GenerateConfig, GenerateError, Generator, SampleConfig, generate, generate_recompute,
     recompute_logits,
 };
+use memzoo_xl::ReformerConfig;
 use memzoo_xl::{XlConfig, XlMemory};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -351,10 +351,7 @@ fn reformer_generation_reads_a_sliding_window() {
         .with_d_head(8)
         .with_d_ff(32)
         .with_max_seq_len(8)
-        .with_attn_layers(vec![
-            memzoo_reformer::AttentionKind::Local,
-            memzoo_reformer::AttentionKind::Lsh,
-        ])
+        .with_attn_layers(vec![memzoo_xl::LayerKind::Local, memzoo_xl::LayerKind::Lsh])
         .with_bucket_size(2)
         .with_n_rounds(2)
         .with_dropout(0.0)

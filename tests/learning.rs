@@ -16,12 +16,12 @@ use memzoo_data::{
     ByteTokenizer, Corpus, LongRangeConfig, OrderedBatcher, Split, SplitRule, generate_corpus,
 };
 use memzoo_knn::MemorizingConfig;
-use memzoo_reformer::ReformerConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_tests::*;
 use memzoo_train::{
     AdamConfig, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, TrainOutcome, train,
 };
+use memzoo_xl::ReformerConfig;
 use memzoo_xl::{XlConfig, XlMemory};
 
 /// `torch.optim.AdamW.step` (PyTorch 2.x, `amsgrad=False`, `maximize=False`), written out for

@@ -7,6 +7,7 @@ mod import;
 mod import_labml;
 mod learning;
 mod parity;
+mod reformer;
 mod relative;
 mod reliability;
 mod stack;

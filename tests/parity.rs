@@ -34,9 +34,10 @@ use memzoo_backend::{DeviceSpec, test_devices};
 use memzoo_knn::{MemorizingConfig, MemorizingState, MemorizingTransformer};
 use memzoo_memory::IndexKind;
 use memzoo_reformer::rng::random_rotations;
-use memzoo_reformer::{ForwardOptions, ReformerConfig, ReformerLm, hash_buckets};
+use memzoo_reformer::{ForwardOptions, hash_buckets};
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_tests::*;
+use memzoo_xl::{ReformerConfig, ReformerLm};
 use memzoo_xl::{TransformerXl, XlConfig, XlMemory};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -380,9 +381,9 @@ fn run_reformer(model: &ReformerLm, dev: &Device, ad: &Device) -> ReformerRun {
     let buckets = host_int(hash_buckets(x, rotations));
 
     let valid = forward_model(model, !dev.is_autodiff());
-    let logits = host(valid.forward(tokens(REFORMER_LEN, 4, dev)).unwrap());
+    let logits = host(valid.forward_window(tokens(REFORMER_LEN, 4, dev)).unwrap());
     let t0 = Instant::now();
-    let _ = host(valid.forward(tokens(REFORMER_LEN, 5, dev)).unwrap());
+    let _ = host(valid.forward_window(tokens(REFORMER_LEN, 5, dev)).unwrap());
     let forward_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     // One reversible training step: dropout masks and rotations replayed from the seed.

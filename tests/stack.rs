@@ -168,6 +168,7 @@ fn a_mixed_stack_composes_its_layers_with_their_own_positions() {
             shared: model.shared_biases.as_ref(),
             knn: None,
             seed: 0,
+            opts: None,
         };
         h = model.layers[l].forward(h, mem, cx).unwrap();
     }
@@ -297,6 +298,7 @@ fn invalid_stacks_say_why() {
         shared: model.shared_biases.as_ref(),
         knn: None,
         seed: 0,
+        opts: None,
     };
     let err = model.layers[0]
         .forward(x, None, cx)
@@ -322,10 +324,8 @@ fn presets_are_the_papers_configurations() {
         );
     }
     assert_eq!(XlConfig::small().n_layers, XlConfig::new().n_layers);
-    memzoo_reformer::ReformerConfig::enwik8()
-        .validate()
-        .unwrap();
-    memzoo_reformer::ReformerConfig::small().validate().unwrap();
+    memzoo_xl::ReformerConfig::enwik8().validate().unwrap();
+    memzoo_xl::ReformerConfig::small().validate().unwrap();
     let paper = MemorizingConfig::paper();
     paper.validate().unwrap();
     let kinds = paper.stack().layer_kinds();
@@ -391,6 +391,7 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
         shared: model.shared_biases.as_ref(),
         knn: None,
         seed: 0,
+        opts: None,
     };
     let x1 = model.layers[0]
         .forward(x0, first.memory.layer(0).cloned(), cx)

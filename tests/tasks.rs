@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 use memzoo_data::{CopyTask, CopyText, Duplication, RecallTask, Task, TaskStream};
 use memzoo_knn::recall_task::reference_config;
-use memzoo_reformer::ReformerConfig;
 use memzoo_tests::*;
 use memzoo_train::tasks::{DuplicationConfig, RecallConfig, duplication, recall};
 use memzoo_train::{RunOptions, SegmentModel, evaluate};
+use memzoo_xl::ReformerConfig;
 use memzoo_xl::XlConfig;
 
 fn options(name: &str) -> (PathBuf, RunOptions) {
@@ -122,7 +122,7 @@ fn duplication_loss_counts_the_second_copy_only() {
     assert!(w.is_some());
     let logits = host(
         model
-            .segment_logits(x.clone(), &mut (), &seg.reset)
+            .segment_logits(x.clone(), &mut Default::default(), &seg.reset)
             .unwrap()
             .inner(),
     );
@@ -271,7 +271,7 @@ fn eval_rounds_reach_the_evaluation_pass() {
         .unwrap();
     let ids: Vec<i64> = (0..32).map(|i| (i * 5 % 8) as i64).collect();
     let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, 16]), &flex());
-    let logits = |m: &memzoo_reformer::ReformerLm| host(m.forward(tokens.clone()).unwrap());
+    let logits = |m: &memzoo_xl::ReformerLm| host(m.forward_window(tokens.clone()).unwrap());
     let one = logits(&model.clone().with_eval_rounds(1).valid());
     let four = logits(&model.clone().with_eval_rounds(4).valid());
     assert!(max_abs_diff(&one, &four) > 1e-4, "4 rounds changed nothing");
@@ -279,7 +279,7 @@ fn eval_rounds_reach_the_evaluation_pass() {
     let four_ad = host(
         model
             .with_eval_rounds(4)
-            .forward(tokens_ad)
+            .forward_window(tokens_ad)
             .unwrap()
             .inner(),
     );

@@ -142,17 +142,12 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
 /// Reformer-small: 6 layers, d_model 256, 8 heads x 32, seq 4096, bucket 64, 4 rounds, causal,
 /// reversible, chunked FF, axial positions, batch 1 (the defaults of `ReformerConfig`).
 pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
-    let config = memzoo_reformer::ReformerConfig::new();
+    let config = memzoo_xl::ReformerConfig::new();
     let len = if args.quick { 1024 } else { config.max_seq_len };
     let reps = args.steps.unwrap_or(if args.quick { 1 } else { 3 });
-    let t = memzoo_reformer::bench::train_step_timing(
-        &config,
-        1,
-        len,
-        reps,
-        &device.clone().autodiff(),
-    )
-    .map_err(|e| e.to_string())?;
+    let t =
+        memzoo_xl::reformer::train_step_timing(&config, 1, len, reps, &device.clone().autodiff())
+            .map_err(|e| e.to_string())?;
     Ok(Measurement {
         name: "reformer-small".into(),
         implementation: "memzoo".into(),

@@ -73,17 +73,36 @@ impl ChunkedFeedForward {
 
     /// The feed-forward of the whole sequence, chunk by chunk.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let l = x.dims()[1];
-        if self.chunk_len == 0 || l <= self.chunk_len {
-            return self.forward_chunk(x);
-        }
-        let parts = x
-            .split(self.chunk_len, 1)
-            .into_iter()
-            .map(|c| self.forward_chunk(c))
-            .collect();
-        Tensor::cat(parts, 1)
+        chunked(x, self.chunk_len, |c, _| self.forward_chunk(c))
     }
+}
+
+/// A position-wise `f` applied `chunk_len` positions at a time (`0`: all at once), so its
+/// inner activations never exist for the whole sequence (Kitaev et al. 2020, sec. 3
+/// "Chunking"). `f(chunk, positions)` also gets the chunk's positions (to slice a mask).
+///
+/// # Shapes
+/// - `x`: `[batch, len, d]` → `[batch, len, d_out]`
+pub fn chunked(
+    x: Tensor<3>,
+    chunk_len: usize,
+    f: impl Fn(Tensor<3>, std::ops::Range<usize>) -> Tensor<3>,
+) -> Tensor<3> {
+    let l = x.dims()[1];
+    if chunk_len == 0 || l <= chunk_len {
+        return f(x, 0..l);
+    }
+    let parts = x
+        .split(chunk_len, 1)
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let s = i * chunk_len;
+            let e = s + c.dims()[1];
+            f(c, s..e)
+        })
+        .collect();
+    Tensor::cat(parts, 1)
 }
 
 /// Configuration of an [`AxialPositionalEmbedding`].

@@ -6,7 +6,7 @@ use burn::module::{Module, Param};
 use burn::nn::Initializer;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::{Device, Tensor, TensorData};
-use memzoo_memory::KnnIndex;
+use memzoo_memory::{KnnIndex, Retrieved};
 
 use crate::attention::{RelativeAttentionConfig, RelativeMultiHeadAttention};
 use crate::error::RelativeError;
@@ -103,6 +103,8 @@ pub struct KnnAttentionOutput {
     pub keys: Tensor<4>,
     /// The segment's values, `[batch, qlen, heads, d_head]`, detached.
     pub values: Tensor<4>,
+    /// The memory pairs the segment's queries attended to.
+    pub retrieved: Retrieved,
 }
 
 /// kNN-augmented multi-head attention (the Memorizing Transformer's memory layer).
@@ -164,9 +166,8 @@ impl KnnAttention {
         knn: &dyn KnnIndex,
         top_k: usize,
     ) -> Result<KnnAttentionOutput, RelativeError> {
-        let [batch, qlen, _] = x.dims();
+        let [batch, _, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
-        let att = &self.attention;
         if knn.config().n_heads != h || knn.config().d_head != dh || knn.batch() != batch {
             return Err(RelativeError::Input(format!(
                 "kNN memory holds {} rows x {} heads x {} dims, the layer needs {batch} x {h} x {dh}",
@@ -175,6 +176,23 @@ impl KnnAttention {
                 knn.config().d_head
             )));
         }
+        self.forward_retrieving(x, memory, ctx, |q| Ok(knn.search(q, top_k)?))
+    }
+
+    /// [`forward`](Self::forward) with the memory pairs given by `retrieve(q̂)` (the segment's
+    /// detached normalised queries, `[batch, qlen, heads, d_head]`): a search, or the pairs an
+    /// earlier pass retrieved (the reversible backward replays them, as the memory has moved
+    /// on since). The output's [`retrieved`](KnnAttentionOutput::retrieved) holds them.
+    pub fn forward_retrieving(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        ctx: &RelativeContext,
+        retrieve: impl FnOnce(Tensor<4>) -> Result<Retrieved, RelativeError>,
+    ) -> Result<KnnAttentionOutput, RelativeError> {
+        let [batch, qlen, _] = x.dims();
+        let (h, dh) = (self.n_heads, self.d_head);
+        let att = &self.attention;
         let mlen = ctx.mlen;
         // [batch, len, heads, d_head]
         let (q, k, v) = att.project(x, memory, ctx)?;
@@ -192,15 +210,15 @@ impl KnnAttention {
 
         // Memory: top-k of q̂ in this row's and head's store, constants. Computed in the
         // store's [batch, qlen, heads, k, dh] layout (no permutes of the retrieved pairs).
-        let found = knn.search(q.clone().detach(), top_k)?;
+        let found = retrieve(q.clone().detach())?;
         let kk = found.keys.dims()[3];
-        let hidden = found.mask; // [batch, qlen, heads, k]
+        let hidden = found.mask.clone(); // [batch, qlen, heads, k]
         // One small product per (row, query, head): n of them, batched.
         let n = batch * qlen * h;
         // τ q̂·k̂_m: [n, 1, dh] x [n, dh, k] -> [b, q, h, k]
         let mem_scores = q
             .reshape([n, 1, dh])
-            .matmul(found.keys.reshape([n, kk, dh]).swap_dims(1, 2))
+            .matmul(found.keys.clone().reshape([n, kk, dh]).swap_dims(1, 2))
             .reshape([batch, qlen, h, kk])
             * tau.reshape([1, 1, h, 1]);
         let mem_scores = mem_scores.mask_fill(hidden.clone(), MASKED);
@@ -208,7 +226,7 @@ impl KnnAttention {
         // A_m V_mem: [n, 1, k] x [n, k, dh] -> [b, q, h, dh]
         let remote = mem_probs
             .reshape([n, 1, kk])
-            .matmul(found.values.reshape([n, kk, dh]))
+            .matmul(found.values.clone().reshape([n, kk, dh]))
             .reshape([batch, qlen, h, dh]);
 
         // g = sigmoid(b_g) per head, 0 where the query found nothing.
@@ -222,6 +240,7 @@ impl KnnAttention {
             output,
             keys: k.narrow(1, mlen, qlen).detach(),
             values: v.narrow(1, mlen, qlen).detach(),
+            retrieved: found,
         })
     }
 

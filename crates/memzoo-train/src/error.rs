@@ -13,7 +13,7 @@ pub enum TrainError {
     /// The model refused its input.
     #[error("model: {0}")]
     Model(String),
-    /// The layer stack (Transformer-XL, Memorizing) refused its input or config.
+    /// The layer stack (Transformer-XL, Memorizing, Reformer) refused its input or config.
     #[error("model: {0}")]
     Xl(#[from] memzoo_xl::XlError),
     /// The Reformer refused its input or config.

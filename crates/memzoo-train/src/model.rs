@@ -7,7 +7,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_memory::{IndexKind, KnnIndex, KnnMemoryConfig, MemoryError, Retrieved, RowState};
-use memzoo_xl::{TransformerXl, XlMemory, XlState};
+use memzoo_xl::{Randomness, TransformerXl, XlMemory, XlState};
 
 use crate::error::TrainError;
 
@@ -141,19 +141,47 @@ pub fn segment_loss<M: SegmentModel>(
     })
 }
 
-/// The layer stack (Transformer-XL, and with kNN layers the Memorizing Transformer) carries its
-/// XL memory and its kNN memories (host side). Without `document_resets` (Transformer-XL, as
-/// the paper) it reads documents as one stream; with them (the Memorizing preset) rows are
-/// cleared where the data marks a new document.
+/// The layer stack (Transformer-XL; with kNN layers the Memorizing Transformer; with seeded
+/// randomness the Reformer) carries its XL memory and its kNN memories (host side). Without
+/// `document_resets` (Transformer-XL, as the paper) it reads documents as one stream; with them
+/// (the Memorizing preset) rows are cleared where the data marks a new document. A stack with
+/// neither memory (the Reformer) reads each segment on its own. Seeded stacks train with their
+/// own step ([`TransformerXl::train_step_state`]: fresh rotations and masks every step, and the
+/// reversible backward where the residuals are reversible).
 impl SegmentModel for TransformerXl {
     type State = XlState;
 
     fn family(&self) -> &'static str {
         if self.n_knn_layers() > 0 {
             "memorizing"
+        } else if self.randomness == Randomness::Seeded {
+            "reformer"
         } else {
             "xl"
         }
+    }
+
+    fn carries_state(&self) -> bool {
+        self.mem_len > 0 || self.n_knn_layers() > 0
+    }
+
+    fn train_step(
+        &self,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        weights: Option<Tensor<2>>,
+    ) -> Result<(f64, GradientsParams), TrainError> {
+        if self.randomness != Randomness::Seeded {
+            let loss = segment_loss(self, inputs, targets, state, reset, weights)?;
+            let value = loss.clone().into_scalar::<f64>();
+            let grads = GradientsParams::from_grads(loss.backward(), self);
+            return Ok((value, grads));
+        }
+        let opts = self.next_train_options();
+        let (loss, grads) = self.train_step_state(inputs, targets, weights, state, reset, &opts)?;
+        Ok((loss.into_scalar::<f64>(), grads))
     }
 
     fn vocab_size(&self) -> usize {
@@ -245,7 +273,9 @@ impl SegmentModel for TransformerXl {
             XlState::default()
         };
         let memory = dir.join("memory.safetensors");
-        if memory.exists() || n_knn == 0 {
+        // A stack without XL memory (the Reformer) may have saved none (its checkpoints
+        // from before the stack hold no state).
+        if memory.exists() || (n_knn == 0 && self.mem_len > 0) {
             let layers = load_tensors(&memory, device)?;
             state.xl = XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
         }
@@ -312,63 +342,6 @@ pub fn load_tensors(path: &Path, device: &Device) -> Result<Vec<Tensor<3>>, Trai
         out.push(Tensor::from_data(TensorData::new(values, shape), device));
     }
     Ok(out)
-}
-
-/// The Reformer reads each segment on its own (no state across segments: its long context is
-/// the segment itself) and trains with its reversible backward.
-impl SegmentModel for memzoo_reformer::ReformerLm {
-    type State = ();
-
-    fn family(&self) -> &'static str {
-        "reformer"
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn segment_logits(
-        &self,
-        inputs: Tensor<2, Int>,
-        _state: &mut (),
-        _reset: &[bool],
-    ) -> Result<Tensor<3>, TrainError> {
-        Ok(self.forward(inputs)?)
-    }
-
-    fn carries_state(&self) -> bool {
-        false
-    }
-
-    fn peek_logits(
-        &self,
-        inputs: Tensor<2, Int>,
-        state: &mut (),
-        reset: &[bool],
-    ) -> Result<Tensor<3>, TrainError> {
-        self.segment_logits(inputs, state, reset)
-    }
-
-    fn train_step(
-        &self,
-        inputs: Tensor<2, Int>,
-        targets: Tensor<2, Int>,
-        _state: &mut (),
-        _reset: &[bool],
-        weights: Option<Tensor<2>>,
-    ) -> Result<(f64, GradientsParams), TrainError> {
-        let opts = self.next_train_options();
-        let (loss, grads) = self.train_step_with(inputs, targets, weights, &opts)?;
-        Ok((loss.into_scalar::<f64>(), grads))
-    }
-
-    fn save_state(_state: &(), _dir: &Path) -> Result<(), TrainError> {
-        Ok(())
-    }
-
-    fn load_state(&self, _dir: &Path, _device: &Device) -> Result<(), TrainError> {
-        Ok(())
-    }
 }
 
 /// A kNN memory that is searched but not written: [`KnnIndex::add`] stores nothing. Generation

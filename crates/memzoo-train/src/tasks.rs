@@ -10,7 +10,7 @@ use burn::config::Config;
 use burn::tensor::Device;
 use memzoo_data::{Duplication, RecallStream, RecallTask, TaskStream};
 use memzoo_knn::MemorizingConfig;
-use memzoo_reformer::ReformerConfig;
+use memzoo_xl::ReformerConfig;
 
 use crate::error::TrainError;
 use crate::schedule::ScheduleConfig;
@@ -139,8 +139,7 @@ pub fn duplication(
         .model
         .clone()
         .with_n_rounds(cfg.train_rounds)
-        .init(device)
-        .map_err(|e| TrainError::Model(e.to_string()))?;
+        .init(device)?;
     let config = task_train_config(cfg.steps, cfg.batch, cfg.len, cfg.lr, 0.0)
         .with_log_every(if cfg.log_every == 0 {
             cfg.steps.max(1)

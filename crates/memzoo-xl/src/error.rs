@@ -1,7 +1,7 @@
 use memzoo_memory::MemoryError;
 use memzoo_relative::RelativeError;
 
-/// Errors of the layer stack (Transformer-XL and its kNN layers).
+/// Errors of the layer stack (Transformer-XL, its kNN and LSH layers, the Reformer preset).
 #[derive(Debug, thiserror::Error)]
 pub enum XlError {
     /// A configuration value is invalid; the message names it.
@@ -21,6 +21,15 @@ impl From<RelativeError> for XlError {
             RelativeError::Config(m) => XlError::Config(m),
             RelativeError::Input(m) => XlError::Input(m),
             RelativeError::Memory(e) => XlError::Memory(e),
+        }
+    }
+}
+
+impl From<memzoo_reformer::ReformerError> for XlError {
+    fn from(e: memzoo_reformer::ReformerError) -> Self {
+        match e {
+            memzoo_reformer::ReformerError::Config(m) => XlError::Config(m),
+            memzoo_reformer::ReformerError::Input(m) => XlError::Input(m),
         }
     }
 }

@@ -12,6 +12,9 @@
 //! [`legacy_path`] maps a name from before the stack to the current one; [`load_legacy`]
 //! rewrites a whole burnpack record of either older layout and loads it, so old run
 //! directories keep working (`--resume`, `eval`, `generate`).
+//!
+//! The Reformer was its own model (`ReformerLm` with `blocks`, `positions`, `norm`) before it
+//! became a preset of the stack; [`reformer_path`] maps its names.
 
 use std::path::Path;
 
@@ -80,6 +83,35 @@ pub fn io_path(old: &str) -> String {
     }
 }
 
+/// The stack's name of a parameter of the Reformer model from before the stack:
+/// `blocks.i.{norm_attention, norm_ff}` → `layers.i.block.…`, `blocks.i.attention` →
+/// `layers.i.attention.Hashed`, `blocks.i.ff.{inner, outer}` → `layers.i.block.{ff_in,
+/// ff_out}`, `positions` → `axial`, `norm` → `final_norm`, the embedding and the (linear)
+/// output as [`io_path`].
+pub fn reformer_path(old: &str) -> String {
+    let parts: Vec<&str> = old.split('.').collect();
+    match parts.as_slice() {
+        ["blocks", i, "attention", rest @ ..] => {
+            format!("layers.{i}.attention.Hashed.{}", rest.join("."))
+        }
+        ["blocks", i, "ff", "inner", rest @ ..] => {
+            format!("layers.{i}.block.ff_in.{}", rest.join("."))
+        }
+        ["blocks", i, "ff", "outer", rest @ ..] => {
+            format!("layers.{i}.block.ff_out.{}", rest.join("."))
+        }
+        ["blocks", i, rest @ ..] => format!("layers.{i}.block.{}", rest.join(".")),
+        ["positions", rest @ ..] => format!("axial.{}", rest.join(".")),
+        ["norm", rest @ ..] => format!("final_norm.{}", rest.join(".")),
+        _ => io_path(old),
+    }
+}
+
+/// Whether a record's names are the Reformer model's from before the stack.
+fn is_reformer_layout(names: &[String]) -> bool {
+    names.iter().any(|n| n.starts_with("blocks."))
+}
+
 /// Whether a record's names are the layer stack's (its layers' attention is an enum), so that
 /// only [`io_path`] applies.
 fn is_stack_layout(names: &[String]) -> bool {
@@ -106,8 +138,8 @@ fn scheme_path(rest: &[&str], kind: PositionKind) -> Option<String> {
     })
 }
 
-/// Loads a checkpoint file of an older layout (before the layer stack, or before the
-/// embedding and output enums) into `model` (which fixes the
+/// Loads a checkpoint file of an older layout (before the layer stack, before the
+/// embedding and output enums, or the Reformer's own model) into `model` (which fixes the
 /// architecture), renaming every parameter with [`legacy_path`]. Every parameter of `model`
 /// must be found (nothing is left at its initial value); an old parameter with no place in
 /// the stack is an error naming it, except the unused shared `u`/`v` old non-XL stacks held.
@@ -125,10 +157,13 @@ pub fn load_legacy(model: TransformerXl, path: &Path) -> Result<TransformerXl, X
     let old = Reader::from_file(path).map_err(|e| fail(format!("{e}")))?;
     let names: Vec<String> = old.tensor_names().iter().map(|s| s.to_string()).collect();
     let stack = is_stack_layout(&names);
+    let reformer = is_reformer_layout(&names);
     let mut tensors = Vec::new();
     for t in old.into_tensors().map_err(|e| fail(format!("{e}")))? {
         let (name, dtype, shape, id, bytes) = t.into_parts().map_err(|e| fail(format!("{e}")))?;
-        let new = if stack {
+        let new = if reformer {
+            Some(reformer_path(&name))
+        } else if stack {
             Some(io_path(&name))
         } else {
             legacy_path(&name, &kinds)

@@ -1,8 +1,10 @@
 //! Transformer-XL (Dai et al. 2019) for memzoo: segment-level recurrence with an explicit,
 //! typed memory ([`XlMemory`]) and the layer stack ([`TransformerXl`]): one embedding, a list
-//! of layers of any attention kind ([`LayerKind`]: `xl`, `learned`, `t5`, `knn`) in one
-//! residual block, one output. The Memorizing Transformer is this stack with `knn` layers
-//! (`memzoo_knn::MemorizingConfig` is its preset); [`XlState`] carries its kNN memories.
+//! of layers of any attention kind ([`LayerKind`]: `xl`, `learned`, `t5`, `knn`, `lsh`,
+//! `local`) in one residual block, one output. The Memorizing Transformer is this stack with
+//! `knn` layers (`memzoo_knn::MemorizingConfig` is its preset; [`XlState`] carries its kNN
+//! memories); the Reformer is this stack with `lsh` / `local` layers, reversible residuals and
+//! axial positions ([`ReformerConfig`] is its preset, [`ReformerLm`] its name).
 //!
 //! ```no_run
 //! use burn::tensor::{Int, Tensor};
@@ -23,6 +25,7 @@ pub mod error;
 pub mod legacy;
 pub mod memory;
 pub mod model;
+pub mod reformer;
 
 pub use adaptive::{
     AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
@@ -31,6 +34,8 @@ pub use adaptive::{
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use model::{
-    InputEmbedding, KnnLayerConfig, LayerAttention, LayerContext, LayerKind, LshLayerConfig,
-    OutputLayer, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
+    Activation, AxialConfig, FfMasks, InputEmbedding, KnnLayerConfig, LayerAttention, LayerContext,
+    LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay, Residual, StepCounter,
+    TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput, weighted_nll,
 };
+pub use reformer::{ReformerConfig, ReformerLm};

@@ -3,19 +3,29 @@
 //! One embedding, a list of layers — each one attention kind ([`LayerKind`]: XL-relative,
 //! learned-relative, T5, kNN) inside one residual block ([`XlBlock`]) — and one output.
 //! Transformer-XL is the stack of `xl` layers; the Memorizing Transformer
-//! (`memzoo_knn::MemorizingConfig`) is the same stack with `knn` layers at chosen depths.
+//! (`memzoo_knn::MemorizingConfig`) is the same stack with `knn` layers at chosen depths; the
+//! Reformer ([`crate::reformer::ReformerConfig`]) is the stack of `lsh` / `local` layers with
+//! reversible residuals ([`Residual`]), axial positions ([`AxialConfig`]), a chunked GELU
+//! feed-forward and seeded, replayable randomness ([`Randomness`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig,
-    Linear, LinearConfig, Relu,
+    Linear, LinearConfig,
 };
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::activation::{gelu, log_softmax, relu};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
-use memzoo_memory::{HnswConfig, IndexKind, KnnIndex, KnnMemoryConfig};
+use memzoo_memory::{HnswConfig, IndexKind, KnnIndex, KnnMemoryConfig, Retrieved};
+use memzoo_reformer::rng::{dropout_mask, mix};
 use memzoo_reformer::{
-    AttentionKind as ReformerKind, ForwardOptions, ReformerAttention, ReformerAttentionConfig,
+    AttentionKind as ReformerKind, AxialPositionalEmbedding, AxialPositionalEmbeddingConfig,
+    ForwardOptions, LshScores, ReformerAttention, ReformerAttentionConfig, chunked, reversible,
 };
 use memzoo_relative::{
     AttentionMask, KnnAttention, KnnAttentionConfig, PositionConfig, PositionKind,
@@ -69,6 +79,107 @@ impl LayerKind {
     }
 }
 
+/// How each layer arranges its two residual branches, the attention `F` and the feed-forward
+/// `G` (`[model] residual = "sequential"` or `"reversible"`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Residual {
+    /// One stream: `h = x + F(x)`, `out = h + G(h)` (post-LN: a LayerNorm after each sum).
+    #[default]
+    Sequential,
+    /// Two streams (RevNet; Kitaev et al. 2020, sec. 3): the embedding starts both,
+    /// `y_1 = x_1 + F(x_2)`, `y_2 = x_2 + G(y_1)`, and the head reads `(y_1 + y_2) / 2`. A
+    /// layer's inputs can be rebuilt from its outputs, so the training step
+    /// ([`TransformerXl::train_step_state`]) keeps no activations per layer.
+    Reversible,
+}
+
+/// The feed-forward's activation.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// `max(0, x)` (Transformer-XL).
+    #[default]
+    Relu,
+    /// `x Φ(x)` (the Reformer).
+    Gelu,
+}
+
+/// Where dropout masks and LSH rotations come from.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Randomness {
+    /// The backend's random generator (Burn's `Dropout`); LSH layers keep one fixed set of
+    /// rotations each (`lsh.seed + layer`).
+    #[default]
+    Device,
+    /// Every dropout mask and LSH rotation is drawn on the host from a seed per pass, layer
+    /// and site (the Reformer's `ForwardOptions`), so a pass can be replayed exactly, as the
+    /// reversible backward needs. Evaluation passes use the seed `lsh.seed` and no dropout;
+    /// each training step draws a fresh seed from `train_seed` (new rotations every step, as
+    /// the Reformer).
+    Seeded,
+}
+
+/// Axial position embeddings added to the token embedding (Kitaev et al. 2020; trax's
+/// `AxialPositionalEncoding`): position `p = i a_2 + j` gets `cat(E_1[i], E_2[j])`.
+#[derive(Config, Debug)]
+pub struct AxialConfig {
+    /// The grid `(a_1, a_2)`; `a_1 a_2` bounds the segment length.
+    pub shape: [usize; 2],
+    /// The two tables' widths `(d_1, d_2)`, `d_1 + d_2 = d_model`.
+    pub dims: [usize; 2],
+    /// Standard deviation of the tables' normal initialiser; `None`: the token embedding's
+    /// (`embedding_std`, else `init_std`). Default: none.
+    #[config(default = "None")]
+    pub std: Option<f64>,
+}
+
+/// Seed tags of the random sites of seeded passes (see [`Randomness::Seeded`]): layer `l`
+/// draws from `child(TAG_LAYER + l)`, inside it the attention from `child(TAG_ATTENTION)`, the
+/// dropout on `F`'s and `G`'s outputs from `TAG_DROP_F` / `TAG_DROP_G`.
+const TAG_ATTENTION: u64 = 1;
+const TAG_DROP_F: u64 = 2;
+const TAG_DROP_G: u64 = 3;
+const TAG_DROP_FF_INNER: u64 = 4;
+const TAG_LAYER: u64 = 1_000;
+const TAG_EMBED: u64 = 1_000_001;
+const TAG_FINAL: u64 = 1_000_002;
+
+/// Inverted dropout of `x` with a mask drawn from `opts`'s seed and `tag` (none outside
+/// training): the same options replay the same mask.
+fn seeded_dropout(x: Tensor<3>, p: f64, opts: &ForwardOptions, tag: u64) -> Tensor<3> {
+    match seeded_mask(x.dims(), p, opts, tag, &x.device()) {
+        Some(mask) => x * mask,
+        None => x,
+    }
+}
+
+/// The mask of [`seeded_dropout`] for activations of `shape` (`None`: no dropout).
+fn seeded_mask(
+    shape: [usize; 3],
+    p: f64,
+    opts: &ForwardOptions,
+    tag: u64,
+    device: &Device,
+) -> Option<Tensor<3>> {
+    if !opts.train {
+        return None;
+    }
+    dropout_mask(shape, p, mix(opts.seed, tag), device)
+}
+
+/// Counts training steps so each draws fresh rotations and dropout masks (seeded passes).
+#[derive(Debug, Clone, Default)]
+pub struct StepCounter(Arc<AtomicU64>);
+
+impl StepCounter {
+    /// The current count, then increments it.
+    pub fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
 /// Settings of the stack's LSH and local layers (used where [`XlConfig::layers`] lists `lsh` or
 /// `local`). Such a layer attends over `cat(memory, x)` as one causal sequence (the memory's
 /// positions are keys for the segment's queries, as in an XL layer) and has no position
@@ -87,9 +198,20 @@ pub struct LshLayerConfig {
     /// Chunks before its own a chunk attends to. Default: 1.
     #[config(default = 1)]
     pub n_chunks_before: usize,
-    /// Seed of the LSH rotations. They are drawn once per (layer, seed) and kept, so that a
-    /// stack is one function of its parameters (the Reformer draws fresh ones every step).
-    /// Default: 0.
+    /// Chunks after its own a chunk attends to (non-causal layers only). Default: 0.
+    #[config(default = 0)]
+    pub n_chunks_after: usize,
+    /// Causal masking by position; false lets every position see the whole sequence (an
+    /// encoder, not a language model). Default: true.
+    #[config(default = true)]
+    pub causal: bool,
+    /// How a query scores its shared-QK keys. Default: unit keys (trax, HF).
+    #[config(default = "LshScores::UnitKeys")]
+    pub scores: LshScores,
+    /// Seed of the LSH rotations. With `randomness = "device"` they are drawn once per
+    /// (layer, seed) and kept, so that a stack is one function of its parameters; with
+    /// `"seeded"` it is the seed of evaluation passes (training draws fresh ones every step,
+    /// as the Reformer). Default: 0.
     #[config(default = 0)]
     pub seed: u64,
 }
@@ -223,6 +345,11 @@ pub struct XlConfig {
     /// the unigram level. Default: none.
     #[config(default = "None")]
     pub embedding_std: Option<f64>,
+    /// Standard deviation of the LayerNorm gains' normal initialiser around 1 (`None`:
+    /// `init_std`, HF TransfoXL's scheme; `Some(0.0)`: gains start at exactly 1, as PyTorch's
+    /// default and the Reformer). Default: none.
+    #[config(default = "None")]
+    pub norm_gain_std: Option<f64>,
     /// The attention kind of every layer, bottom to top (as x-transformers' `layers`), e.g.
     /// `["xl", "xl", "knn", "xl"]`; its length must be `n_layers`. Empty: `n_layers` layers of
     /// the `positions` scheme. Default: empty.
@@ -239,6 +366,38 @@ pub struct XlConfig {
     /// the Memorizing Transformer sets it, as its paper does for documents).
     #[config(default = false)]
     pub document_resets: bool,
+    /// How each layer arranges attention and feed-forward: one residual stream, or the
+    /// Reformer's two reversible streams (needs `pre_ln` and `randomness = "seeded"`; see
+    /// [`Residual`]). Default: sequential.
+    #[config(default = "Residual::Sequential")]
+    pub residual: Residual,
+    /// The feed-forward's activation. Default: relu (Transformer-XL; the Reformer: gelu).
+    #[config(default = "Activation::Relu")]
+    pub ff_activation: Activation,
+    /// Dropout between the feed-forward's two layers as well as after it (Transformer-XL);
+    /// false: after it only (the Reformer). Default: true.
+    #[config(default = true)]
+    pub ff_inner_dropout: bool,
+    /// Positions per feed-forward chunk: the feed-forward (position-wise) runs this many
+    /// positions at a time, so its `d_inner` activation never exists for the whole segment
+    /// (the Reformer's chunking); 0: all at once. Default: 0.
+    #[config(default = 0)]
+    pub ff_chunk_len: usize,
+    /// Axial position embeddings added to the token embedding (the Reformer's); they index
+    /// positions within a segment, so they need `mem_len = 0`. Default: none.
+    #[config(default = "None")]
+    pub axial: Option<AxialConfig>,
+    /// Dropout on the final hidden states (Transformer-XL); the Reformer has none. Default:
+    /// true.
+    #[config(default = true)]
+    pub final_dropout: bool,
+    /// Where dropout masks and LSH rotations come from (see [`Randomness`]). Default: device.
+    #[config(default = "Randomness::Device")]
+    pub randomness: Randomness,
+    /// With `randomness = "seeded"`: the base seed of training steps (step `n` draws from
+    /// `mix(train_seed, n)`). Default: 1.
+    #[config(default = 1)]
+    pub train_seed: u64,
 }
 
 impl XlConfig {
@@ -369,6 +528,11 @@ impl XlConfig {
         {
             return bad(format!("embedding_std must be positive, got {std}"));
         }
+        if let Some(std) = self.norm_gain_std
+            && !(std.is_finite() && std >= 0.0)
+        {
+            return bad(format!("norm_gain_std must be non-negative, got {std}"));
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad(format!("dropout must be in [0, 1), got {}", self.dropout));
         }
@@ -456,6 +620,57 @@ impl XlConfig {
                     .map_err(|e| XlError::Config(format!("{kind:?} layers: {e}")))?;
             }
         }
+        if let Some(axial) = &self.axial {
+            let ([a1, a2], [d1, d2]) = (axial.shape, axial.dims);
+            if a1 == 0 || a2 == 0 || d1 == 0 || d2 == 0 || d1 + d2 != self.d_model {
+                return bad(format!(
+                    "axial shape {:?} must be positive and axial dims ({d1}, {d2}) positive and \
+                     sum to d_model {}",
+                    axial.shape, self.d_model
+                ));
+            }
+            if let Some(std) = axial.std
+                && !(std.is_finite() && std > 0.0)
+            {
+                return bad(format!("axial.std must be positive, got {std}"));
+            }
+            if self.mem_len > 0 {
+                return bad(format!(
+                    "axial positions index the positions of one segment, so with mem_len = {} \
+                     the memory's keys would share the positions of the segment's: set \
+                     mem_len = 0, or drop axial and take positions from relative layers",
+                    self.mem_len
+                ));
+            }
+        }
+        if self.residual == Residual::Reversible {
+            if !self.pre_ln {
+                return bad(
+                    "residual = \"reversible\" needs pre_ln = true: a LayerNorm after \
+                            each residual sum (post-LN) cannot be inverted"
+                        .into(),
+                );
+            }
+            if self.randomness != Randomness::Seeded {
+                return bad(
+                    "residual = \"reversible\" needs randomness = \"seeded\": its \
+                            backward replays each layer's dropout masks and LSH rotations"
+                        .into(),
+                );
+            }
+            if self.dropatt > 0.0
+                && kinds
+                    .iter()
+                    .any(|k| !matches!(k, LayerKind::Lsh | LayerKind::Local))
+            {
+                return bad(format!(
+                    "residual = \"reversible\" with {kinds:?} layers needs dropatt = 0 (got {}): \
+                     relative and kNN attention draw their attention dropout from the device \
+                     generator, which the reversible backward cannot replay",
+                    self.dropatt
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -472,7 +687,9 @@ impl XlConfig {
             .with_n_rounds(lsh.n_rounds)
             .with_n_buckets(lsh.n_buckets)
             .with_n_chunks_before(lsh.n_chunks_before)
-            .with_causal(true)
+            .with_n_chunks_after(lsh.n_chunks_after)
+            .with_causal(lsh.causal)
+            .with_lsh_scores(lsh.scores)
             .with_dropatt(self.dropatt)
             .with_initializer(self.initializer())
     }
@@ -504,7 +721,7 @@ impl XlConfig {
         };
         KnnAttentionConfig::new(self.d_model, self.n_heads, self.head_width())
             .with_positions(positions)
-            .with_dropout(self.dropout)
+            .with_dropout(self.attention_dropout())
             .with_dropatt(self.dropatt)
             .with_attn_scale_init(self.knn.attn_scale_init)
             .with_initializer(self.initializer())
@@ -517,12 +734,21 @@ impl XlConfig {
         }
     }
 
+    /// The dropout relative and kNN attention apply to their own output: the model's, except
+    /// in seeded passes, where the block applies it with a replayable mask.
+    fn attention_dropout(&self) -> f64 {
+        match self.randomness {
+            Randomness::Device => self.dropout,
+            Randomness::Seeded => 0.0,
+        }
+    }
+
     /// Relative attention of `kind`, with the parameters of `positions` (clamp length, table
     /// size, buckets).
     fn attention(&self, kind: PositionKind) -> RelativeAttentionConfig {
         RelativeAttentionConfig::new(self.d_model, self.n_heads, self.head_width())
             .with_positions(self.positions.clone().with_kind(kind))
-            .with_dropout(self.dropout)
+            .with_dropout(self.attention_dropout())
             .with_dropatt(self.dropatt)
             .with_own_biases(self.untie_rel_bias)
             .with_value_output_bias(self.value_output_bias)
@@ -540,16 +766,16 @@ impl XlConfig {
         linear
     }
 
-    /// A LayerNorm with HF's initialisation: gain ~ N(1, init_std), bias 0.
+    /// A LayerNorm with HF's initialisation: gain ~ N(1, init_std), bias 0 (gain 1 with
+    /// `norm_gain_std = Some(0.0)`).
     pub fn init_norm(&self, device: &Device) -> LayerNorm {
         let mut norm = LayerNormConfig::new(self.d_model)
             .with_epsilon(self.layer_norm_epsilon)
             .init(device);
-        norm.gamma = Initializer::Normal {
-            mean: 1.0,
-            std: self.init_std,
+        let std = self.norm_gain_std.unwrap_or(self.init_std);
+        if std > 0.0 {
+            norm.gamma = Initializer::Normal { mean: 1.0, std }.init([self.d_model], device);
         }
-        .init([self.d_model], device);
         norm
     }
 
@@ -560,9 +786,11 @@ impl XlConfig {
             ff_in: self.init_linear(self.d_model, self.d_inner, device),
             ff_out: self.init_linear(self.d_inner, self.d_model, device),
             norm_ff: self.init_norm(device),
-            activation: Relu::new(),
+            activation: self.ff_activation,
             dropout: DropoutConfig::new(self.dropout).init(),
             pre_ln: self.pre_ln,
+            ff_inner_dropout: self.ff_inner_dropout,
+            ff_chunk_len: self.ff_chunk_len,
         }
     }
 
@@ -579,11 +807,9 @@ impl XlConfig {
                     (LayerKind::Knn, None) => {
                         LayerAttention::Knn(self.knn_attention().init(device)?)
                     }
-                    (_, None) => LayerAttention::Hashed(
-                        self.reformer_attention(kind)
-                            .init(device)
-                            .map_err(|e| XlError::Config(e.to_string()))?,
-                    ),
+                    (_, None) => {
+                        LayerAttention::Hashed(self.reformer_attention(kind).init(device)?)
+                    }
                 };
                 Ok(XlLayer {
                     attention,
@@ -612,8 +838,20 @@ impl XlConfig {
             };
             (InputEmbedding::Plain(embedding), output)
         };
+        let axial = match &self.axial {
+            Some(a) => Some(
+                AxialPositionalEmbeddingConfig::new(a.shape, a.dims)
+                    .with_initializer(Initializer::Normal {
+                        mean: 0.0,
+                        std: a.std.unwrap_or(self.embedding_std.unwrap_or(self.init_std)),
+                    })
+                    .init(device)?,
+            ),
+            None => None,
+        };
         Ok(TransformerXl {
             embedding,
+            axial,
             layers,
             shared_biases: shares_biases
                 .then(|| XlBiases::init(self.n_heads, self.head_width(), &init, device)),
@@ -634,12 +872,23 @@ impl XlConfig {
                 1.0
             },
             zero_first_memory: self.zero_first_memory,
+            residual: self.residual,
+            final_dropout: self.final_dropout,
+            randomness: self.randomness,
+            train_seed: self.train_seed,
+            eval_rounds: None,
+            steps: StepCounter::default(),
         })
     }
 }
 
 /// The residual structure of a layer around any attention: LayerNorms and the position-wise
-/// feed-forward (post-LN as Transformer-XL, or pre-LN).
+/// feed-forward (post-LN as Transformer-XL, or pre-LN), as one stream or, pre-LN, as the two
+/// branches `F` ([`attention_branch`](Self::attention_branch)) and `G`
+/// ([`ff_branch`](Self::ff_branch)) of a reversible layer.
+///
+/// Dropout: with `opts` (a seeded pass, [`Randomness::Seeded`]) every mask is drawn from the
+/// pass's seed and replays exactly; without, Burn's `Dropout` draws them.
 ///
 /// # Shapes
 /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
@@ -654,12 +903,42 @@ pub struct XlBlock {
     pub ff_out: Linear,
     /// LayerNorm of the feed-forward block.
     pub norm_ff: LayerNorm,
-    /// ReLU of the feed-forward.
-    pub activation: Relu,
-    /// Dropout in the feed-forward.
+    /// The feed-forward's activation.
+    #[module(skip)]
+    pub activation: Activation,
+    /// Dropout in the feed-forward (and, in seeded passes, on the attention's output).
     pub dropout: Dropout,
     /// Pre-LN instead of post-LN.
     pub pre_ln: bool,
+    /// Dropout between the feed-forward's layers too.
+    pub ff_inner_dropout: bool,
+    /// Positions per feed-forward chunk (0: all).
+    pub ff_chunk_len: usize,
+}
+
+/// The dropout masks of one feed-forward pass in a seeded pass, `[batch, len, width]` each.
+#[derive(Clone, Debug, Default)]
+pub struct FfMasks {
+    /// After the activation (`d_inner` wide), when `ff_inner_dropout`.
+    pub inner: Option<Tensor<3>>,
+    /// On the output (`d_model` wide).
+    pub outer: Option<Tensor<3>>,
+}
+
+impl FfMasks {
+    /// The masks of positions `range`.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Self {
+        let cut = |m: &Option<Tensor<3>>| {
+            m.clone().map(|m| {
+                let b = m.dims()[0];
+                m.slice([0..b, range.clone()])
+            })
+        };
+        FfMasks {
+            inner: cut(&self.inner),
+            outer: cut(&self.outer),
+        }
+    }
 }
 
 impl XlBlock {
@@ -668,30 +947,116 @@ impl XlBlock {
         &self,
         x: Tensor<3>,
         memory: Option<Tensor<3>>,
+        opts: Option<&ForwardOptions>,
         attend: impl FnOnce(Tensor<3>, Option<Tensor<3>>) -> Result<Tensor<3>, E>,
     ) -> Result<Tensor<3>, E> {
         if self.pre_ln {
-            // h = x + Attn(LN(cat(m, x)));  out = h + FF(LN(h))
-            let norm = |t: Tensor<3>| self.norm_attention.forward(t);
-            let a = attend(norm(x.clone()), memory.map(norm))?;
-            let h = x + a;
-            let f = self.feed_forward(self.norm_ff.forward(h.clone()));
-            Ok(h + f)
+            // h = x + F(x);  out = h + G(h)
+            let h = x.clone() + self.attention_branch(x, memory, opts, attend)?;
+            let g = self.ff_branch(h.clone(), opts);
+            Ok(h + g)
         } else {
             // h = LN(x + Attn(cat(m, x)));  out = LN(h + FF(h))
-            let a = attend(x.clone(), memory)?;
+            let a = self.drop_attention(attend(x.clone(), memory)?, opts);
             let h = self.norm_attention.forward(x + a);
-            let f = self.feed_forward(h.clone());
+            let f = self.feed_forward_with(h.clone(), opts);
             Ok(self.norm_ff.forward(h + f))
         }
     }
 
-    /// `FF(x) = Dropout(W_2 Dropout(ReLU(W_1 x)))`
+    /// `F(x) = Dropout(Attn(LN(x), LN(memory)))`, the attention branch of a pre-LN block.
+    pub fn attention_branch<E>(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        opts: Option<&ForwardOptions>,
+        attend: impl FnOnce(Tensor<3>, Option<Tensor<3>>) -> Result<Tensor<3>, E>,
+    ) -> Result<Tensor<3>, E> {
+        let norm = |t: Tensor<3>| self.norm_attention.forward(t);
+        let a = attend(norm(x), memory.map(norm))?;
+        Ok(self.drop_attention(a, opts))
+    }
+
+    /// In a seeded pass, the dropout on the attention's output (outside one, relative and kNN
+    /// attention apply their own and LSH / local attention none).
+    fn drop_attention(&self, a: Tensor<3>, opts: Option<&ForwardOptions>) -> Tensor<3> {
+        match opts {
+            Some(o) => seeded_dropout(a, self.dropout.prob, o, TAG_DROP_F),
+            None => a,
+        }
+    }
+
+    /// `G(x) = FF(LN(x))`, the feed-forward branch of a pre-LN block.
+    pub fn ff_branch(&self, x: Tensor<3>, opts: Option<&ForwardOptions>) -> Tensor<3> {
+        self.feed_forward_with(self.norm_ff.forward(x), opts)
+    }
+
+    /// [`ff_branch`](Self::ff_branch) of some positions, with their slice of the pass's masks
+    /// (`G` is position-wise, so this equals that slice of the whole).
+    pub fn ff_branch_part(&self, x: Tensor<3>, masks: &FfMasks) -> Tensor<3> {
+        self.ff_masked(self.norm_ff.forward(x), masks)
+    }
+
+    /// The feed-forward's dropout masks for activations of `shape` in a seeded pass.
+    pub fn ff_masks(&self, shape: [usize; 3], opts: &ForwardOptions, device: &Device) -> FfMasks {
+        let [b, l, _] = shape;
+        let p = self.dropout.prob;
+        let d_inner = self.ff_in.weight.dims()[1];
+        FfMasks {
+            inner: self
+                .ff_inner_dropout
+                .then(|| seeded_mask([b, l, d_inner], p, opts, TAG_DROP_FF_INNER, device))
+                .flatten(),
+            outer: seeded_mask(shape, p, opts, TAG_DROP_G, device),
+        }
+    }
+
+    /// `FF(x) = Dropout(W_2 Dropout(act(W_1 x)))` (the inner dropout only with
+    /// `ff_inner_dropout`), `ff_chunk_len` positions at a time; masks from Burn's `Dropout`.
     pub fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = self
-            .dropout
-            .forward(self.activation.forward(self.ff_in.forward(x)));
-        self.dropout.forward(self.ff_out.forward(h))
+        self.feed_forward_with(x, None)
+    }
+
+    /// [`feed_forward`](Self::feed_forward), with seeded masks in a seeded pass.
+    fn feed_forward_with(&self, x: Tensor<3>, opts: Option<&ForwardOptions>) -> Tensor<3> {
+        match opts {
+            Some(o) => {
+                let masks = self.ff_masks(x.dims(), o, &x.device());
+                chunked(x, self.ff_chunk_len, |c, r| {
+                    self.ff_masked(c, &masks.slice(r))
+                })
+            }
+            None => chunked(x, self.ff_chunk_len, |c, _| {
+                let h = self.activate(self.ff_in.forward(c));
+                let h = if self.ff_inner_dropout {
+                    self.dropout.forward(h)
+                } else {
+                    h
+                };
+                self.dropout.forward(self.ff_out.forward(h))
+            }),
+        }
+    }
+
+    /// The feed-forward of a chunk with explicit masks.
+    fn ff_masked(&self, x: Tensor<3>, masks: &FfMasks) -> Tensor<3> {
+        let h = self.activate(self.ff_in.forward(x));
+        let h = match &masks.inner {
+            Some(m) => h * m.clone(),
+            None => h,
+        };
+        let out = self.ff_out.forward(h);
+        match &masks.outer {
+            Some(m) => out * m.clone(),
+            None => out,
+        }
+    }
+
+    fn activate(&self, x: Tensor<3>) -> Tensor<3> {
+        match self.activation {
+            Activation::Relu => relu(x),
+            Activation::Gelu => gelu(x),
+        }
     }
 }
 
@@ -758,6 +1123,20 @@ pub struct XlLayer {
     pub block: XlBlock,
 }
 
+/// What a layer's attention drew in a pass, replayed by the reversible backward so that it
+/// differentiates exactly the forward's function.
+#[derive(Clone, Debug, Default)]
+pub enum Replay {
+    /// Nothing to replay (relative and local attention).
+    #[default]
+    Nothing,
+    /// The LSH bucket ids, `[batch, heads, rounds, padded len]`: hashing the rebuilt input
+    /// again could flip an argmax and attend to another set of keys.
+    Buckets(Tensor<4, Int>),
+    /// The pairs a kNN layer retrieved (its memory has moved on since).
+    Retrieved(Box<Retrieved>),
+}
+
 impl XlLayer {
     /// Applies the layer (see [`LayerContext`] for what it reads besides `x` and `memory`); a
     /// kNN layer searches its kNN memory and then adds the segment's pairs to it.
@@ -765,28 +1144,155 @@ impl XlLayer {
         &self,
         x: Tensor<3>,
         memory: Option<Tensor<3>>,
-        cx: LayerContext<'_>,
+        mut cx: LayerContext<'_>,
     ) -> Result<Tensor<3>, XlError> {
-        let LayerContext {
-            positions,
-            shared,
-            knn,
-            seed,
-        } = cx;
+        let opts = cx.opts.clone();
+        self.block.forward(x, memory, opts.as_ref(), |x, m| {
+            Ok(self.attend(x, m, &mut cx, Replay::Nothing)?.0)
+        })
+    }
+
+    /// `F(x) = Dropout(Attn(LN(x), LN(memory)))` of a pre-LN layer, with what the attention
+    /// drew; `replay` (from an earlier pass) is attended with instead of hashing or searching.
+    pub fn f(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        cx: &mut LayerContext<'_>,
+        replay: Replay,
+    ) -> Result<(Tensor<3>, Replay), XlError> {
+        let opts = cx.opts.clone();
+        let mut drawn = Replay::Nothing;
+        let f = self
+            .block
+            .attention_branch(x, memory, opts.as_ref(), |x, m| {
+                let (a, r) = self.attend(x, m, cx, replay)?;
+                drawn = r;
+                Ok::<_, XlError>(a)
+            })?;
+        Ok((f, drawn))
+    }
+
+    /// `G(x) = FF(LN(x))` of a pre-LN layer (dropout from `opts` in a seeded pass).
+    pub fn g(&self, x: Tensor<3>, opts: Option<&ForwardOptions>) -> Tensor<3> {
+        self.block.ff_branch(x, opts)
+    }
+
+    /// One reversible layer, `(y_1, y_2) = (x_1 + F(x_2), x_2 + G(y_1))`, with what `F` drew
+    /// (for [`reverse`](Self::reverse)). `memory`: the `x_2` stream of the previous segment.
+    pub fn forward_reversible(
+        &self,
+        x1: Tensor<3>,
+        x2: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        mut cx: LayerContext<'_>,
+    ) -> Result<(Tensor<3>, Tensor<3>, Replay), XlError> {
+        let opts = cx.opts.clone();
+        reversible::couple(
+            x1,
+            x2,
+            |x2| self.f(x2, memory, &mut cx, Replay::Nothing),
+            |y1| self.g(y1, opts.as_ref()),
+        )
+    }
+
+    /// The inverse of [`forward_reversible`](Self::forward_reversible) (no gradients),
+    /// attending as the forward did through `replay`.
+    pub fn inverse(
+        &self,
+        y1: Tensor<3>,
+        y2: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        mut cx: LayerContext<'_>,
+        replay: Replay,
+    ) -> Result<(Tensor<3>, Tensor<3>), XlError> {
+        let opts = cx.opts.clone();
+        let mut err = None;
+        let out = reversible::uncouple(
+            y1,
+            y2,
+            |x2| match self.f(x2.clone(), memory, &mut cx, replay) {
+                Ok((f, _)) => f,
+                Err(e) => {
+                    err = Some(e);
+                    x2.zeros_like()
+                }
+            },
+            |y1| self.g(y1, opts.as_ref()),
+        );
+        match err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// One layer of the reversible backward ([`memzoo_reformer::reversible::reverse`]): from
+    /// the outputs and their gradients (untracked), the inputs and theirs, handing every
+    /// partial backward's gradients to `collect`. `self` lives on an autodiff device; `cx` and
+    /// `replay` are the forward's (its seeded options, the buckets or pairs it drew).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reverse(
+        &self,
+        y1: Tensor<3>,
+        y2: Tensor<3>,
+        dy1: Tensor<3>,
+        dy2: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        mut cx: LayerContext<'_>,
+        replay: Replay,
+        collect: &mut impl FnMut(&mut burn::tensor::Gradients),
+    ) -> Result<(Tensor<3>, Tensor<3>, Tensor<3>, Tensor<3>), XlError> {
+        let opts = cx
+            .opts
+            .clone()
+            .ok_or_else(|| XlError::Input("the reversible backward needs a seeded pass".into()))?;
+        let masks = self.block.ff_masks(y1.dims(), &opts, &y1.device());
+        reversible::reverse(
+            y1,
+            y2,
+            dy1,
+            dy2,
+            self.block.ff_chunk_len,
+            |x, range| self.block.ff_branch_part(x, &masks.slice(range)),
+            |x2| Ok(self.f(x2, memory, &mut cx, replay)?.0),
+            collect,
+        )
+    }
+
+    /// The layer's attention alone over `cat(memory, x)` (inputs already normalised in a
+    /// pre-LN block), and what it drew; `replay` (from an earlier pass) is used instead of
+    /// hashing or searching again.
+    fn attend(
+        &self,
+        x: Tensor<3>,
+        m: Option<Tensor<3>>,
+        cx: &mut LayerContext<'_>,
+        replay: Replay,
+    ) -> Result<(Tensor<3>, Replay), XlError> {
         let missing = |what: &str| {
             XlError::Input(format!("a {:?} layer needs {what}", self.attention.kind()))
         };
-        self.block.forward(x, memory, |x, m| match &self.attention {
+        match &self.attention {
             LayerAttention::Relative(a) => {
-                let ctx = positions.ok_or_else(|| missing("its position context"))?;
-                Ok(a.forward(x, m, ctx, shared)?)
+                let ctx = cx
+                    .positions
+                    .ok_or_else(|| missing("its position context"))?;
+                Ok((a.forward(x, m, ctx, cx.shared)?, Replay::Nothing))
             }
             LayerAttention::Knn(a) => {
-                let ctx = positions.ok_or_else(|| missing("its position context"))?;
-                let (store, top_k) = knn.ok_or_else(|| {
+                let ctx = cx
+                    .positions
+                    .ok_or_else(|| missing("its position context"))?;
+                if let Replay::Retrieved(found) = replay {
+                    let out = a.forward_retrieving(x, m, ctx, |_| Ok(*found))?;
+                    return Ok((out.output, Replay::Retrieved(Box::new(out.retrieved))));
+                }
+                let (store, top_k) = cx.knn.as_mut().ok_or_else(|| {
                     missing("its kNN memory: read with forward_state and an XlState")
                 })?;
-                Ok(a.forward_and_store(x, m, ctx, store, top_k)?)
+                let out = a.forward(x, m, ctx, &**store, *top_k)?;
+                store.add(out.keys, out.values)?;
+                Ok((out.output, Replay::Retrieved(Box::new(out.retrieved))))
             }
             LayerAttention::Hashed(a) => {
                 // One causal sequence cat(m, x); the segment's rows of the output.
@@ -796,14 +1302,23 @@ impl XlLayer {
                     None => x,
                 };
                 let len = seq.dims()[1];
-                let opts = ForwardOptions {
-                    seed,
-                    train: seq.device().is_autodiff(),
-                    n_rounds: None,
+                let opts = match &cx.opts {
+                    Some(o) => o.child(TAG_ATTENTION),
+                    None => ForwardOptions {
+                        seed: cx.seed,
+                        train: seq.device().is_autodiff(),
+                        n_rounds: None,
+                    },
                 };
-                Ok(a.forward(seq, None, &opts).narrow(1, len - qlen, qlen))
+                let buckets = match replay {
+                    Replay::Buckets(b) => Some(b),
+                    _ => None,
+                };
+                let (out, used) = a.forward_recorded(seq, None, &opts, buckets);
+                let replay = used.map_or(Replay::Nothing, Replay::Buckets);
+                Ok((out.narrow(1, len - qlen, qlen), replay))
             }
-        })
+        }
     }
 }
 
@@ -815,8 +1330,11 @@ pub struct LayerContext<'a> {
     pub shared: Option<&'a XlBiases>,
     /// The layer's kNN memory and how many pairs to retrieve per query (kNN layers).
     pub knn: Option<(&'a mut (dyn KnnIndex + 'static), usize)>,
-    /// Seed of the LSH rotations (LSH layers).
+    /// Seed of the LSH rotations outside seeded passes (LSH layers).
     pub seed: u64,
+    /// The layer's options in a seeded pass ([`Randomness::Seeded`]): its dropout masks and
+    /// LSH rotations; `None`: the device's randomness.
+    pub opts: Option<ForwardOptions>,
 }
 
 /// The output of a [`TransformerXl`] forward pass.
@@ -844,6 +1362,8 @@ pub struct TransformerXl {
     /// Token embedding: one table, or adaptive (scaled by `sqrt(d_model)` unless
     /// `scale_embedding` is off).
     pub embedding: InputEmbedding,
+    /// Axial position embeddings added to the token embedding (the Reformer's).
+    pub axial: Option<AxialPositionalEmbedding>,
     /// The layers, bottom to top.
     pub layers: Vec<XlLayer>,
     /// `u`, `v` shared by all XL layers (unless untied).
@@ -876,6 +1396,24 @@ pub struct TransformerXl {
     pub scale: f64,
     /// A sequence starts from `mem_len` zero vectors per layer (HF's `init_mems`).
     pub zero_first_memory: bool,
+    /// One residual stream or two reversible ones.
+    #[module(skip)]
+    pub residual: Residual,
+    /// Dropout on the final hidden states.
+    pub final_dropout: bool,
+    /// Device or seeded randomness.
+    #[module(skip)]
+    pub randomness: Randomness,
+    /// Base seed of seeded training steps.
+    #[module(skip)]
+    pub train_seed: u64,
+    /// Hash rounds of every LSH layer in seeded evaluation passes (`None`: the configured
+    /// `n_rounds`); see [`TransformerXl::with_eval_rounds`].
+    #[module(skip)]
+    pub eval_rounds: Option<usize>,
+    /// Seeded training steps taken (each draws fresh rotations and masks).
+    #[module(skip)]
+    pub steps: StepCounter,
 }
 
 /// The input embedding of the stack.
@@ -950,6 +1488,30 @@ impl TransformerXl {
         self
     }
 
+    /// Options of a seeded evaluation pass: rotations fixed by `lsh.seed`, no dropout (and
+    /// [`with_eval_rounds`](Self::with_eval_rounds)'s hash rounds).
+    pub fn eval_options(&self) -> ForwardOptions {
+        let opts = ForwardOptions::eval(self.lsh_seed);
+        match self.eval_rounds {
+            Some(r) => opts.with_rounds(r),
+            None => opts,
+        }
+    }
+
+    /// The same model evaluated (seeded passes) with `n_rounds` hash rounds in every LSH layer
+    /// (more rounds: fewer (query, key) pairs missed by the hashing; the Reformer paper
+    /// evaluates a model trained with few rounds with more).
+    pub fn with_eval_rounds(mut self, n_rounds: usize) -> Self {
+        self.eval_rounds = Some(n_rounds);
+        self
+    }
+
+    /// Options of the next seeded training step: a fresh seed (from `train_seed` and a step
+    /// counter) for rotations and dropout masks.
+    pub fn next_train_options(&self) -> ForwardOptions {
+        ForwardOptions::train(mix(self.train_seed, self.steps.next()))
+    }
+
     /// The kind of every layer, bottom to top.
     pub fn layer_kinds(&self) -> Vec<LayerKind> {
         self.layers.iter().map(|l| l.attention.kind()).collect()
@@ -1022,7 +1584,8 @@ impl TransformerXl {
         }
         let first = self.first_memory(memory, tokens.dims()[0], &tokens.device());
         let memory = first.as_ref().unwrap_or(memory);
-        let (hidden, inputs) = self.run(tokens, memory, mask, &mut [])?;
+        let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
+        let (hidden, inputs) = self.run(tokens, memory, mask, &mut [], opts.as_ref())?;
         Ok(XlOutput {
             hidden,
             memory: memory.update(&inputs, self.mem_len),
@@ -1032,7 +1595,8 @@ impl TransformerXl {
     /// Reads one segment; returns the final hidden states and updates `state` (the XL memory
     /// and, in kNN layers, retrieval from and then addition to their kNN memories).
     /// `reset[b]`: row `b` starts a new document here (with `document_resets`: its kNN
-    /// memories are cleared and its XL memory hidden).
+    /// memories are cleared and its XL memory hidden). A seeded stack reads with its
+    /// evaluation options ([`eval_options`](Self::eval_options): fixed rotations, no dropout).
     ///
     /// # Shapes
     /// - `tokens`: `[batch, qlen]`, `reset`: `batch` flags → `[batch, qlen, d_model]`
@@ -1042,6 +1606,34 @@ impl TransformerXl {
         state: &mut XlState,
         reset: &[bool],
     ) -> Result<Tensor<3>, XlError> {
+        let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
+        self.forward_state_with(tokens, state, reset, opts.as_ref())
+    }
+
+    /// [`forward_state`](Self::forward_state) under explicit seeded options (`None`: the
+    /// device's randomness), with a graph for plain autodiff.
+    pub fn forward_state_with(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        opts: Option<&ForwardOptions>,
+    ) -> Result<Tensor<3>, XlError> {
+        let qlen = tokens.dims()[1];
+        let mask = self.prepare(&tokens, state, reset)?;
+        let (hidden, inputs) = self.run(tokens, &state.xl, &mask, &mut state.knn, opts)?;
+        self.advance(state, &inputs, qlen);
+        Ok(hidden)
+    }
+
+    /// Checks `state` against the segment, clears the rows that start a document, and returns
+    /// the attention mask over `mlen + qlen` keys.
+    fn prepare(
+        &self,
+        tokens: &Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<AttentionMask, XlError> {
         let [batch, qlen] = tokens.dims();
         let device = tokens.device();
         if reset.len() != batch {
@@ -1070,7 +1662,7 @@ impl TransformerXl {
             state.xl = zeros;
         }
         let mlen = state.xl.len();
-        let mask = if self.document_resets {
+        Ok(if self.document_resets {
             let rows: Vec<usize> = (0..batch).filter(|&b| reset[b]).collect();
             for m in state.knn.iter_mut() {
                 m.clear(&rows)?;
@@ -1086,36 +1678,34 @@ impl TransformerXl {
             document_mask(&state.xl_valid, qlen, mlen, &device)
         } else {
             self.default_mask()
-        };
-        let (hidden, inputs) = self.run(tokens, &state.xl, &mask, &mut state.knn)?;
-        state.xl = state.xl.update(&inputs, self.mem_len);
+        })
+    }
+
+    /// Moves the XL memory on past a segment of `qlen` whose layers read `inputs`.
+    fn advance(&self, state: &mut XlState, inputs: &[Tensor<3>], qlen: usize) {
+        state.xl = state.xl.update(inputs, self.mem_len);
         if self.document_resets {
             let new_mlen = state.xl.len();
             for v in state.xl_valid.iter_mut() {
                 *v = (*v + qlen).min(new_mlen);
             }
         }
-        Ok(hidden)
     }
 
-    /// The layers over one segment: final hidden states (after the final norm and dropout)
-    /// and every layer's input (the next memory's material). `knn`: one memory per kNN layer.
-    fn run(
+    /// One position context per position scheme in use (most stacks use one), checked
+    /// against the mask.
+    fn contexts(
         &self,
-        tokens: Tensor<2, Int>,
-        memory: &XlMemory,
+        batch: usize,
+        qlen: usize,
+        mlen: usize,
         mask: &AttentionMask,
-        knn: &mut [Box<dyn KnnIndex>],
-    ) -> Result<(Tensor<3>, Vec<Tensor<3>>), XlError> {
-        let [batch, qlen] = tokens.dims();
-        self.check_memory(batch, memory)?;
-        let mlen = memory.len();
-        let device = tokens.device();
-        // One context per position scheme in use (most stacks use one).
+        device: &Device,
+    ) -> Result<Vec<(&PositionConfig, RelativeContext)>, XlError> {
         let mut contexts: Vec<(&PositionConfig, RelativeContext)> = Vec::new();
         for p in self.layers.iter().filter_map(|l| l.attention.positions()) {
             if !contexts.iter().any(|(q, _)| *q == p) {
-                let ctx = RelativeContext::new(p, self.d_model, qlen, mlen, mask, &device);
+                let ctx = RelativeContext::new(p, self.d_model, qlen, mlen, mask, device);
                 contexts.push((p, ctx));
             }
         }
@@ -1128,47 +1718,127 @@ impl TransformerXl {
                 )));
             }
         }
+        Ok(contexts)
+    }
 
-        // h_0 = Dropout(E[tokens] * sqrt(d_model)) (adaptive: Σ_i 1[t in cluster i] E_i P_i · sqrt(d_model))
-        let mut h = self
-            .dropout
-            .forward(self.embedding.embed(tokens, self.scale));
+    /// What layer `l` reads besides its input: its position context, the shared biases, its
+    /// kNN memory (`knn`) and its seeded options.
+    fn layer_context<'a>(
+        &'a self,
+        l: usize,
+        contexts: &'a [(&PositionConfig, RelativeContext)],
+        knn: Option<&'a mut (dyn KnnIndex + 'static)>,
+        opts: Option<&ForwardOptions>,
+    ) -> LayerContext<'a> {
+        let positions = self.layers[l]
+            .attention
+            .positions()
+            .and_then(|p| contexts.iter().find(|(q, _)| *q == p))
+            .map(|(_, ctx)| ctx);
+        LayerContext {
+            positions,
+            shared: self.shared_biases.as_ref(),
+            knn: knn.map(|s| (s, self.top_k)),
+            seed: self.lsh_seed.wrapping_add(l as u64),
+            opts: opts.map(|o| o.child(TAG_LAYER + l as u64)),
+        }
+    }
+
+    /// `h_0`: the token embedding (times `sqrt(d_model)` unless off; adaptive:
+    /// `Σ_i 1[t in cluster i] E_i P_i · sqrt(d_model)`), plus axial positions, with dropout.
+    fn embed(
+        &self,
+        tokens: Tensor<2, Int>,
+        opts: Option<&ForwardOptions>,
+    ) -> Result<Tensor<3>, XlError> {
+        let qlen = tokens.dims()[1];
+        let mut h = self.embedding.embed(tokens, self.scale);
+        if let Some(axial) = &self.axial {
+            h = h + axial.forward(qlen)?;
+        }
+        Ok(match opts {
+            Some(o) => seeded_dropout(h, self.dropout.prob, o, TAG_EMBED),
+            None => self.dropout.forward(h),
+        })
+    }
+
+    /// The head's input from the last layer's output(s): the final norm (where there is one)
+    /// and dropout.
+    fn finish(&self, h: Tensor<3>, opts: Option<&ForwardOptions>) -> Tensor<3> {
+        let h = match &self.final_norm {
+            Some(norm) => norm.forward(h),
+            None => h,
+        };
+        if !self.final_dropout {
+            return h;
+        }
+        match opts {
+            Some(o) => seeded_dropout(h, self.dropout.prob, o, TAG_FINAL),
+            None => self.dropout.forward(h),
+        }
+    }
+
+    /// The layers over one segment: final hidden states (after the final norm and dropout)
+    /// and every layer's memory material (its input; reversible: its `x_2` stream). `knn`:
+    /// one memory per kNN layer.
+    fn run(
+        &self,
+        tokens: Tensor<2, Int>,
+        memory: &XlMemory,
+        mask: &AttentionMask,
+        knn: &mut [Box<dyn KnnIndex>],
+        opts: Option<&ForwardOptions>,
+    ) -> Result<(Tensor<3>, Vec<Tensor<3>>), XlError> {
+        let [batch, qlen] = tokens.dims();
+        self.check_memory(batch, memory)?;
+        let device = tokens.device();
+        let contexts = self.contexts(batch, qlen, memory.len(), mask, &device)?;
+        let h = self.embed(tokens, opts)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
         let mut stores = knn.iter_mut();
-        for (l, layer) in self.layers.iter().enumerate() {
-            inputs.push(h.clone());
-            let mem = memory.layer(l).cloned();
-            let positions = layer
-                .attention
-                .positions()
-                .and_then(|p| contexts.iter().find(|(q, _)| *q == p))
-                .map(|(_, ctx)| ctx);
-            let knn = match layer.attention {
-                LayerAttention::Knn(_) => {
-                    let store = stores.next().ok_or_else(|| {
-                        XlError::Input("fewer kNN memories than kNN layers".into())
-                    })?;
-                    Some((store.as_mut(), self.top_k))
+        let mut next_store = |layer: &XlLayer| match layer.attention {
+            LayerAttention::Knn(_) => stores
+                .next()
+                .map(|s| Some(s.as_mut()))
+                .ok_or_else(|| XlError::Input("fewer kNN memories than kNN layers".into())),
+            _ => Ok(None),
+        };
+        let h = match self.residual {
+            Residual::Sequential => {
+                let mut h = h;
+                for (l, layer) in self.layers.iter().enumerate() {
+                    inputs.push(h.clone());
+                    let cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
+                    h = layer.forward(h, memory.layer(l).cloned(), cx)?;
                 }
-                _ => None,
-            };
-            let cx = LayerContext {
-                positions,
-                shared: self.shared_biases.as_ref(),
-                knn,
-                seed: self.lsh_seed.wrapping_add(l as u64),
-            };
-            h = layer.forward(h, mem, cx)?;
-        }
-        if let Some(norm) = &self.final_norm {
-            h = norm.forward(h);
-        }
-        Ok((self.dropout.forward(h), inputs))
+                h
+            }
+            Residual::Reversible => {
+                let (mut x1, mut x2) = (h.clone(), h);
+                for (l, layer) in self.layers.iter().enumerate() {
+                    inputs.push(x2.clone());
+                    let cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
+                    let (y1, y2, _) =
+                        layer.forward_reversible(x1, x2, memory.layer(l).cloned(), cx)?;
+                    (x1, x2) = (y1, y2);
+                }
+                (x1 + x2).mul_scalar(0.5)
+            }
+        };
+        Ok((self.finish(h, opts), inputs))
     }
 
     fn check_memory(&self, batch: usize, memory: &XlMemory) -> Result<(), XlError> {
         if memory.is_empty() {
             return Ok(());
+        }
+        if self.axial.is_some() {
+            return Err(XlError::Input(format!(
+                "a memory of {} positions reaches a stack with axial positions, which index one \
+                 segment (the memory's keys would share the segment's positions): read it with \
+                 mem_len 0",
+                memory.len()
+            )));
         }
         if memory.n_layers() != self.layers.len() {
             return Err(XlError::Input(format!(
@@ -1275,6 +1945,212 @@ impl TransformerXl {
         Ok(CrossEntropyLossConfig::new()
             .init(&device)
             .forward(logits, targets.reshape([b * q])))
+    }
+}
+
+impl TransformerXl {
+    /// Logits of one segment read on its own (no memory; seeded stacks: evaluation options),
+    /// as the Reformer reads a window. For stacks with kNN layers use
+    /// [`forward_state`](Self::forward_state).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, len]` → `[batch, len, vocab]`
+    pub fn forward_window(&self, tokens: Tensor<2, Int>) -> Result<Tensor<3>, XlError> {
+        let out = self.forward(tokens, &XlMemory::empty())?;
+        Ok(self.logits(out.hidden))
+    }
+
+    /// Cross-entropy of one segment read on its own under explicit seeded options, with a
+    /// graph (plain autodiff), weighted per position when `weights` are given.
+    ///
+    /// # Shapes
+    /// - `tokens`, `targets`, `weights`: `[batch, len]`; loss: `[1]`
+    pub fn forward_loss_with(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        weights: Option<Tensor<2>>,
+        opts: &ForwardOptions,
+    ) -> Result<Tensor<1>, XlError> {
+        check_targets(&tokens, &targets)?;
+        let batch = tokens.dims()[0];
+        let mut state = self.new_state(batch, &tokens.device())?;
+        let hidden =
+            self.forward_state_with(tokens, &mut state, &vec![false; batch], Some(opts))?;
+        Ok(weighted_nll(self.logits(hidden), targets, weights))
+    }
+
+    /// One seeded training step on a segment read on its own: loss and parameter gradients
+    /// under `opts` (see [`train_step_state`](Self::train_step_state)).
+    pub fn train_step_with(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        weights: Option<Tensor<2>>,
+        opts: &ForwardOptions,
+    ) -> Result<(Tensor<1>, GradientsParams), XlError> {
+        let batch = tokens.dims()[0];
+        let mut state = self.new_state(batch, &tokens.device())?;
+        self.train_step_state(
+            tokens,
+            targets,
+            weights,
+            &mut state,
+            &vec![false; batch],
+            opts,
+        )
+    }
+
+    /// [`train_step_with`](Self::train_step_with) with fresh options
+    /// ([`next_train_options`](Self::next_train_options)).
+    pub fn train_step(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+    ) -> Result<(Tensor<1>, GradientsParams), XlError> {
+        let opts = self.next_train_options();
+        self.train_step_with(tokens, targets, None, &opts)
+    }
+
+    /// Loss and parameter gradients of one segment under seeded options `opts`, updating
+    /// `state` as [`forward_state`](Self::forward_state) does; the loss is weighted per
+    /// position when `weights` are given, and returned detached.
+    ///
+    /// A reversible stack runs its layers forward on a `valid()` copy (no graph), keeping only
+    /// the top activations and what each layer drew (LSH buckets, retrieved kNN pairs), then
+    /// walks back layer by layer ([`XlLayer::reverse`]), rebuilding each layer's inputs from
+    /// its outputs: activation memory does not grow with depth (the replayed bucket ids do, by
+    /// `batch x heads x rounds x len` integers per LSH layer). A sequential stack uses one
+    /// `backward()`. The model must live on an autodiff device.
+    ///
+    /// # Shapes
+    /// - `tokens`, `targets`, `weights`: `[batch, qlen]`
+    #[allow(clippy::too_many_arguments)]
+    pub fn train_step_state(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        weights: Option<Tensor<2>>,
+        state: &mut XlState,
+        reset: &[bool],
+        opts: &ForwardOptions,
+    ) -> Result<(Tensor<1>, GradientsParams), XlError> {
+        if !self.device().is_autodiff() {
+            return Err(XlError::Input(
+                "train_step needs the model on an autodiff device (device.autodiff())".into(),
+            ));
+        }
+        check_targets(&tokens, &targets)?;
+        if let Some(w) = &weights
+            && w.dims() != targets.dims()
+        {
+            return Err(XlError::Input(format!(
+                "weights {:?} do not match targets {:?}",
+                w.dims(),
+                targets.dims()
+            )));
+        }
+        if self.residual == Residual::Sequential {
+            let hidden = self.forward_state_with(tokens, state, reset, Some(opts))?;
+            let loss = weighted_nll(self.logits(hidden), targets, weights);
+            let grads = GradientsParams::from_grads(loss.backward(), self);
+            return Ok((loss.inner(), grads));
+        }
+        let [batch, qlen] = tokens.dims();
+        let mask = self.prepare(&tokens, state, reset)?;
+        self.check_memory(batch, &state.xl)?;
+        let mlen = state.xl.len();
+        let device = tokens.device();
+        let mut acc = GradientsAccumulator::<TransformerXl>::new();
+        let mut collect = |g: &mut burn::tensor::Gradients| {
+            acc.accumulate(self, GradientsParams::from_module(g, self));
+        };
+        // 1. Embeddings with a (small) graph.
+        let e = self.embed(tokens, Some(opts))?;
+        // 2. The layers without a graph; only the top activations are kept, with each layer's
+        //    memory material and what its attention drew.
+        let valid = self.valid();
+        let contexts = valid.contexts(batch, qlen, mlen, &mask, &device.clone().inner())?;
+        let memory = |l: usize| state.xl.layer(l).cloned();
+        let (mut y1, mut y2) = (e.clone().inner(), e.clone().inner());
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut replays = Vec::with_capacity(self.layers.len());
+        let memories: Vec<Option<Tensor<3>>> = (0..self.layers.len())
+            .map(|l| memory(l).map(|m| m.inner()))
+            .collect();
+        {
+            let mut stores = state.knn.iter_mut();
+            for (l, layer) in valid.layers.iter().enumerate() {
+                inputs.push(y2.clone());
+                let store = match layer.attention {
+                    LayerAttention::Knn(_) => Some(
+                        stores
+                            .next()
+                            .ok_or_else(|| {
+                                XlError::Input("fewer kNN memories than kNN layers".into())
+                            })?
+                            .as_mut(),
+                    ),
+                    _ => None,
+                };
+                let cx = valid.layer_context(l, &contexts, store, Some(opts));
+                let (a, b, replay) = layer.forward_reversible(y1, y2, memories[l].clone(), cx)?;
+                (y1, y2) = (a.inner(), b.inner());
+                replays.push(replay);
+            }
+        }
+        drop(contexts);
+        drop(valid);
+        // 3. Head and loss on fresh leaves.
+        let y1t = y1.clone().autodiff().require_grad();
+        let y2t = y2.clone().autodiff().require_grad();
+        let h = self.finish((y1t.clone() + y2t.clone()).mul_scalar(0.5), Some(opts));
+        let loss = weighted_nll(self.logits(h), targets, weights);
+        let mut g = loss.clone().backward();
+        let mut dy1 = y1t.grad(&g).expect("leaf requires grad").inner();
+        let mut dy2 = y2t.grad(&g).expect("leaf requires grad").inner();
+        collect(&mut g);
+        // 4. Walk back through the layers, rebuilding inputs from outputs.
+        let contexts = self.contexts(batch, qlen, mlen, &mask, &device)?;
+        for (l, layer) in self.layers.iter().enumerate().rev() {
+            let replay = replays.pop().unwrap_or_default();
+            let cx = self.layer_context(l, &contexts, None, Some(opts));
+            (y1, y2, dy1, dy2) = layer.reverse(
+                y1,
+                y2,
+                dy1,
+                dy2,
+                memories[l].clone(),
+                cx,
+                replay,
+                &mut collect,
+            )?;
+        }
+        // 5. Into the embeddings.
+        let mut g = (e * (dy1 + dy2)).sum().backward();
+        collect(&mut g);
+        self.advance(state, &inputs, qlen);
+        Ok((loss.inner(), acc.grads()))
+    }
+}
+
+/// Mean next-token cross-entropy from logits, weighted per position when `weights` are given:
+/// `Σ_i w_i (-log p(y_i)) / Σ_i w_i`.
+///
+/// # Shapes
+/// - `logits`: `[batch, len, vocab]`; `targets`, `weights`: `[batch, len]`
+pub fn weighted_nll(
+    logits: Tensor<3>,
+    targets: Tensor<2, Int>,
+    weights: Option<Tensor<2>>,
+) -> Tensor<1> {
+    let [b, l, _] = logits.dims();
+    let picked = log_softmax(logits, 2)
+        .gather(2, targets.unsqueeze_dim::<3>(2))
+        .reshape([b, l]);
+    match weights {
+        None => picked.mean().neg(),
+        Some(w) => (picked * w.clone()).sum().neg() / w.sum().clamp_min(1e-9),
     }
 }
 

@@ -436,8 +436,8 @@ pub fn duplication(
     seconds: f64,
     json_out: bool,
 ) -> Result<(), String> {
-    use memzoo_reformer::ReformerConfig;
     use memzoo_train::tasks::{DuplicationConfig, duplication as train_dup};
+    use memzoo_xl::ReformerConfig;
     let device = device(device_name)?.autodiff();
     let model = ReformerConfig::new()
         .with_n_layers(1)

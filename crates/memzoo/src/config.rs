@@ -5,9 +5,8 @@ use std::path::Path;
 
 use memzoo_data::LongRangeConfig;
 use memzoo_knn::MemorizingConfig;
-use memzoo_reformer::ReformerConfig;
 use memzoo_train::TrainConfig;
-use memzoo_xl::XlConfig;
+use memzoo_xl::{ReformerConfig, XlConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -168,10 +167,7 @@ impl Default for RunConfig {
                 .with_max_seq_len(1024)
                 .with_axial_shape(Some([32, 32]))
                 .with_axial_dims(Some([64, 64]))
-                .with_attn_layers(vec![
-                    memzoo_reformer::AttentionKind::Local,
-                    memzoo_reformer::AttentionKind::Lsh,
-                ]),
+                .with_attn_layers(vec![memzoo_xl::LayerKind::Local, memzoo_xl::LayerKind::Lsh]),
             // A small Memorizing Transformer: the small XL with T5 positions, pre-LN and an
             // untied output as the reference, and a kNN layer at depth 2 of 4 (top-32 over up
             // to 16K memories per row and head).

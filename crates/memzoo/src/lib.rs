@@ -4,7 +4,9 @@
 //! - [`backend`]: choose the Burn backend at run time from a device string;
 //! - [`relative`]: relative multi-head attention (Transformer-XL, learned, T5 bias);
 //! - [`xl`]: Transformer-XL with segment-level recurrence;
-//! - [`reformer`]: Reformer (LSH attention, reversible layers, chunked feed-forward);
+//! - [`reformer`]: the Reformer's components (LSH attention, reversible coupling, chunked
+//!   feed-forward, axial positions); the Reformer itself is a preset of the stack
+//!   (`xl::ReformerConfig`, `xl::ReformerLm`);
 //! - [`memory`]: the kNN key-value memory (exact search or usearch HNSW);
 //! - [`knn`]: the Memorizing Transformer (kNN-augmented attention over that memory);
 //! - [`data`]: tokenizer, corpora, ordered batches, data set downloads, generated corpus;

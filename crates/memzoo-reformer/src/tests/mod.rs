@@ -22,4 +22,3 @@ pub(crate) fn to_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
 }
 mod layers;
-mod model;

@@ -8,8 +8,8 @@
 //! Prints one JSON line.
 
 use burn::tensor::Device;
-use memzoo_reformer::ReformerConfig;
-use memzoo_reformer::bench::{BenchAttention, attention_fwd_bwd, train_step_timing};
+use memzoo_reformer::bench::{BenchAttention, attention_fwd_bwd};
+use memzoo_xl::reformer::{ReformerConfig, train_step_timing};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
