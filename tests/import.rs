@@ -471,7 +471,7 @@ fn import_writes_a_run_dir_that_scores_as_hf() {
     }
     let err = memzoo::import::import("hf-transfo-xl", &fixture("wt103"), &run, None, false, true)
         .unwrap_err();
-    assert!(err.contains("already holds a run"), "{err}");
+    assert!(err.to_string().contains("already holds a run"), "{err}");
     let err = memzoo::import::import(
         "labml-xl",
         &fixture("wt103"),
@@ -482,7 +482,7 @@ fn import_writes_a_run_dir_that_scores_as_hf() {
     )
     .unwrap_err();
     assert!(
-        err.contains("labml-xl") && err.contains("not supported yet"),
+        err.to_string().contains("labml-xl") && err.to_string().contains("not supported yet"),
         "{err}"
     );
     std::fs::remove_dir_all(&tmp).ok();

@@ -1,6 +1,7 @@
 //! memzoo's integration tests, in one binary so that Burn is linked once.
 
 mod backend;
+mod cli;
 mod default_run;
 mod generate;
 mod import;

@@ -16,6 +16,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
+use memzoo::error::CliError;
 use memzoo_data::{ByteTokenizer, LongRangeConfig, OrderedBatcher, generate_corpus};
 use memzoo_tests::*;
 use memzoo_train::checkpoint;
@@ -120,7 +121,8 @@ fn loss_records(dir: &Path) -> Vec<usize> {
 }
 
 #[track_caller]
-fn assert_mentions(err: &str, parts: &[&str], what: &str) {
+fn assert_mentions(err: &dyn std::fmt::Display, parts: &[&str], what: &str) {
+    let err = err.to_string();
     for p in parts {
         assert!(err.contains(p), "{what}: `{p}` not in the error: {err}");
     }
@@ -214,7 +216,7 @@ fn cli_train(
     dir: &Path,
     resume: bool,
     overwrite: bool,
-) -> Result<Option<i32>, String> {
+) -> Result<Option<i32>, CliError> {
     let config = RunConfig::resolve(None, &tiny_cli(extra))?;
     commands::train(&config, "flex", dir, resume, overwrite, true, true)
 }
@@ -699,7 +701,7 @@ fn bad_inputs_are_errors_naming_the_value() {
     let with = |base: &[&'static str], more: &[&'static str]| -> Vec<&'static str> {
         base.iter().chain(more).copied().collect()
     };
-    let cases: Vec<(&str, Result<(), String>, &[&str])> = vec![
+    let cases: Vec<(&str, Result<(), CliError>, &[&str])> = vec![
         (
             "vocab below the data's ids",
             train_with(&["model.vocab_size=64"]),

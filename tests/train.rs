@@ -474,14 +474,20 @@ fn config_files_and_overrides_are_checked() {
     );
 
     std::fs::write(&file, "[model]\nmem_lenn = 32\n").unwrap();
-    let err = RunConfig::resolve(Some(&file), &[]).unwrap_err();
+    let err = RunConfig::resolve(Some(&file), &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("model.mem_lenn"), "{err}");
-    let err = RunConfig::resolve(None, &["train.steps=many".into()]).unwrap_err();
+    let err = RunConfig::resolve(None, &["train.steps=many".into()])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("invalid config"), "{err}");
-    let err = RunConfig::resolve(None, &["nosection.x=1".into()]).unwrap_err();
+    let err = RunConfig::resolve(None, &["nosection.x=1".into()])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("nosection"), "{err}");
     let c = RunConfig::resolve(None, &["model.d_model=102".into()]).unwrap();
-    let err = c.validate().unwrap_err();
+    let err = c.validate().unwrap_err().to_string();
     assert!(err.contains("d_model (102)"), "{err}");
     // A saved config reads back to the same values.
     let c = RunConfig::resolve(None, &["model.positions.clamp_len=40".into()]).unwrap();
@@ -501,11 +507,13 @@ fn a_corpus_shorter_than_one_batch_is_an_error() {
     let mut c = RunConfig::default();
     c.data.source = Some(file.display().to_string());
     let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, false, true, true)
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("needs at least"), "{err}");
     std::fs::write(&file, "").unwrap();
     let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, false, true, true)
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("empty") || err.contains("tiny.txt"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
