@@ -3,6 +3,7 @@
 mod backend;
 mod cli;
 mod default_run;
+mod eval;
 mod generate;
 mod import;
 mod learning;

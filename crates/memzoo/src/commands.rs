@@ -9,7 +9,7 @@ use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
 use memzoo_train::{
-    RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate, train as run_training,
+    RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate_sharded, train as run_training,
 };
 use memzoo_xl::TransformerXl;
 use serde_json::json;
@@ -118,7 +118,13 @@ pub fn train(
             // what the memory bought.
             if o.valid.is_some_and(|v| v.selected_loss.is_some()) && !o.interrupted {
                 let no_memory = o.model.clone().with_eval_mem_len(0);
-                let r = evaluate(&no_memory, &mut *valid_data, t.tgt_len, t.eval_segments)?;
+                let r = evaluate_sharded(
+                    &no_memory,
+                    &mut *valid_data,
+                    t.tgt_len,
+                    t.eval_segments,
+                    t.replicas,
+                )?;
                 without_memory = Some(r);
             }
             (o.steps, o.valid, o.interrupted, o.signal)
@@ -266,6 +272,8 @@ pub fn eval(
         Box::new(batcher(&splits, split, config.train.batch, len)?) as Box<dyn SegmentSource>
     };
     let data = &mut *data;
+    // Rows split over replicas as in training (`train.replicas`; unset: one per thread on flex).
+    let replicas = config.train.replicas.map(|r| r.min(config.train.batch));
     let start = Instant::now();
     let (r, eval_mem_len) = match config.model_kind {
         ModelKind::Xl => {
@@ -275,19 +283,28 @@ pub fn eval(
                 None => model,
             };
             let m = model.mem_len;
-            (evaluate(&model, data, len, max_segments), Some(m))
+            (
+                evaluate_sharded(&model, data, len, max_segments, replicas),
+                Some(m),
+            )
         }
         ModelKind::Reformer => {
             let dir = latest_checkpoint(run_dir)?;
             let model = config.reformer.init(&device)?;
             let model = checkpoint::load_model(&dir, model)?;
-            (evaluate(&model, data, len, max_segments), None)
+            (
+                evaluate_sharded(&model, data, len, max_segments, replicas),
+                None,
+            )
         }
         ModelKind::Memorizing => {
             let dir = latest_checkpoint(run_dir)?;
             let model = config.memorizing.init(&device)?;
             let model = checkpoint::load_model(&dir, model)?;
-            (evaluate(&model, data, len, max_segments), None)
+            (
+                evaluate_sharded(&model, data, len, max_segments, replicas),
+                None,
+            )
         }
     };
     let r = r?;
