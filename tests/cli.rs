@@ -167,10 +167,17 @@ fn every_cli_error_kind_names_what_is_wrong() {
         1,
         "generate with the family edited",
     );
-    edit_config(&run, "model_kind = \"reformer\"", "model_kind = \"memorizing\"");
+    edit_config(
+        &run,
+        "model_kind = \"reformer\"",
+        "model_kind = \"memorizing\"",
+    );
     check(
         memzoo::import::export("hf-transfo-xl", &run, &dir.join("export2"), &dev, true),
-        &["holds a `Memorizing` model", "only Transformer-XL stacks export"],
+        &[
+            "holds a `Memorizing` model",
+            "only Transformer-XL stacks export",
+        ],
         1,
         "export of a Memorizing run",
     );
