@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use memzoo::CliError;
 use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
-use memzoo_tests::flex;
+use memzoo_tests::{flex, tiny_cli};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-cli-{}-{name}", std::process::id()));
@@ -18,23 +18,7 @@ fn scratch(name: &str) -> PathBuf {
 
 /// A tiny XL run config on the generated corpus (2 steps).
 fn tiny(extra: &[&str]) -> RunConfig {
-    let sets: Vec<String> = [
-        "model.n_layers=1",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "model.d_inner=32",
-        "model.mem_len=8",
-        "train.batch=2",
-        "train.tgt_len=8",
-        "train.steps=2",
-        "train.eval_segments=1",
-        "train.replicas=1",
-    ]
-    .iter()
-    .chain(extra)
-    .map(|s| s.to_string())
-    .collect();
-    RunConfig::resolve(None, &sets).unwrap()
+    RunConfig::resolve(None, &tiny_cli(extra)).unwrap()
 }
 
 #[track_caller]

@@ -4,10 +4,8 @@
 //! carried; on the third a row restarts its document, one row is padding alone and one half
 //! padded; a target mask selects every fourth target.
 
-use memzoo_data::{ByteTokenizer, LongRangeConfig, generate_corpus};
 use memzoo_tests::*;
 use memzoo_train::{Segment, SegmentModel, SegmentSource, TrainError, evaluate_sharded};
-use memzoo_xl::XlConfig;
 
 const PAD: i64 = 0;
 const ROWS: usize = 5;
@@ -40,16 +38,7 @@ impl SegmentSource for Fixed {
 }
 
 fn segments(vocab: i64) -> Vec<Segment> {
-    let cfg = LongRangeConfig {
-        documents: 20,
-        valid_documents: 2,
-        test_documents: 2,
-        min_gap: 20,
-        max_gap: 40,
-        ..Default::default()
-    };
-    let tokens: Vec<i64> = ByteTokenizer::new()
-        .encode(&generate_corpus(&cfg).unwrap().train)
+    let tokens: Vec<i64> = small_corpus()
         .into_iter()
         .map(|t| i64::from(t) % vocab)
         .collect();
@@ -153,16 +142,6 @@ fn sharded_matches_naive<M: SegmentModel>(model: &M, vocab: i64, what: &str) {
     }
 }
 
-fn tiny_xl() -> XlConfig {
-    XlConfig::new()
-        .with_n_layers(2)
-        .with_d_model(32)
-        .with_n_heads(2)
-        .with_d_inner(64)
-        .with_mem_len(16)
-        .with_dropout(0.0)
-}
-
 #[test]
 fn sharded_xl_evaluation_equals_rows_read_alone() {
     let model = tiny_xl().init(&flex()).unwrap();
@@ -171,15 +150,7 @@ fn sharded_xl_evaluation_equals_rows_read_alone() {
 
 #[test]
 fn sharded_memorizing_evaluation_equals_rows_read_alone() {
-    use memzoo_knn::MemorizingConfig;
-    use memzoo_memory::IndexKind;
-    let config = MemorizingConfig::new()
-        .with_xl(tiny_xl())
-        .with_knn_layers(vec![1])
-        .with_top_k(4)
-        .with_max_memories(64)
-        .with_index(IndexKind::Exact);
-    let model = config.init(&flex()).unwrap();
+    let model = tiny_memorizing().init(&flex()).unwrap();
     assert_eq!(model.family(), "memorizing");
     sharded_matches_naive(&model, 256, "Memorizing");
 }
