@@ -174,3 +174,41 @@ fn sharded_reformer_evaluation_equals_rows_read_alone() {
         .unwrap();
     sharded_matches_naive(&model, 64, "Reformer");
 }
+
+/// The Memorizing Transformer's evaluation data on the generated corpus (documents per row)
+/// carries the recallable positions as its target mask: every one of them, once.
+#[test]
+fn generated_documents_carry_their_recallable_positions() {
+    use memzoo_data::{LongRangeConfig, Split, generate_split, recallable_mask};
+    let data = memzoo::config::DataConfig {
+        generated: LongRangeConfig {
+            documents: 20,
+            valid_documents: 6,
+            test_documents: 2,
+            min_gap: 20,
+            max_gap: 40,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let want: usize = generate_split(&data.generated, Split::Valid)
+        .unwrap()
+        .iter()
+        .map(|d| recallable_mask(&d.text).iter().filter(|&&m| m).count())
+        .sum();
+    assert!(want > 0);
+    let mut batcher = memzoo::data_setup::doc_batcher(&data, Split::Valid, 3, 16)
+        .unwrap()
+        .expect("the generated corpus has documents");
+    let mut got = 0;
+    while let Some(seg) = batcher.next_segment(16) {
+        let mask = seg.target_mask.as_ref().expect("a target mask");
+        let keep = seg.loss_mask();
+        got += mask.iter().zip(&keep).filter(|(m, k)| **m && **k).count();
+        assert!(
+            mask.iter().zip(&keep).all(|(m, k)| !m || *k),
+            "padding selected"
+        );
+    }
+    assert_eq!(got, want);
+}

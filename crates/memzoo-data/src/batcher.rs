@@ -478,10 +478,18 @@ impl Iterator for OrderedBatcher {
 /// Targets are the inputs shifted by one *within a document*: the target of a document's
 /// last token, and of every padding position, is `pad` (ignored, see [`Batch`]).
 /// `reset[r]` is `true` on the step where a document starts in row `r`.
+///
+/// With [`DocBatcher::with_target_masks`], each batch carries the documents' selection masks
+/// as its `target_mask` (e.g. the recallable positions of the generated corpus).
 #[derive(Clone, Debug)]
 pub struct DocBatcher {
     /// `[batch, row_len]` row-major.
     tokens: Vec<Token>,
+    /// Where each non-empty document was laid out: `(document index, row, offset in the row,
+    /// length)`.
+    placements: Vec<(usize, usize, usize, usize)>,
+    /// `[batch, row_len]` row-major: the selection mask of the token there (false on padding).
+    mask: Option<Vec<bool>>,
     /// `[batch, n_steps]` row-major: a document starts at that step.
     starts: Vec<bool>,
     batch: usize,
@@ -539,10 +547,12 @@ impl DocBatcher {
         // Row contents and document-start steps, row by row.
         let mut rows: Vec<Vec<Token>> = vec![Vec::new(); batch];
         let mut row_starts: Vec<Vec<usize>> = vec![Vec::new(); batch];
+        let mut placements = Vec::new();
         let mut n_docs = 0;
-        for doc in documents.iter().filter(|d| !d.is_empty()) {
+        for (d, doc) in documents.iter().enumerate().filter(|(_, d)| !d.is_empty()) {
             let r = (0..batch).min_by_key(|&r| (rows[r].len(), r)).unwrap_or(0);
             let row = &mut rows[r];
+            placements.push((d, r, row.len(), doc.len()));
             row_starts[r].push(row.len() / seg_len);
             row.extend_from_slice(doc);
             let padded = row.len().div_ceil(seg_len) * seg_len;
@@ -570,6 +580,8 @@ impl DocBatcher {
         };
         Ok(Self {
             tokens,
+            placements,
+            mask: None,
             starts,
             batch,
             seg_len,
@@ -578,6 +590,34 @@ impl DocBatcher {
             documents: n_docs,
             state,
         })
+    }
+
+    /// Attaches a selection mask per document (`masks[d]` as long as document `d` given to
+    /// [`DocBatcher::new`]); each batch then carries `target_mask[r, t]` = the mask of the
+    /// document token that target `(r, t)` is (false where the target is padding).
+    pub fn with_target_masks(mut self, masks: &[Vec<bool>]) -> Result<Self, DataError> {
+        let row_len = self.n_steps * self.seg_len;
+        let mut mask = vec![false; self.batch * row_len];
+        if masks.len() < self.placements.last().map_or(0, |p| p.0 + 1) {
+            return Err(DataError::invalid(
+                "target masks",
+                masks.len(),
+                "need one per document",
+            ));
+        }
+        for &(d, r, offset, len) in &self.placements {
+            let start = r * row_len + offset;
+            if masks[d].len() != len {
+                return Err(DataError::invalid(
+                    format!("target mask of document {d}"),
+                    format!("{} entries", masks[d].len()),
+                    format!("must have one per token of the document, {len}"),
+                ));
+            }
+            mask[start..start + len].copy_from_slice(&masks[d]);
+        }
+        self.mask = Some(mask);
+        Ok(self)
     }
 
     /// Rows per batch.
@@ -651,6 +691,7 @@ impl DocBatcher {
         let mut inputs = Vec::with_capacity(b * l);
         let mut targets = Vec::with_capacity(b * l);
         let mut reset = Vec::with_capacity(b);
+        let mut target_mask = self.mask.as_ref().map(|_| Vec::with_capacity(b * l));
         for r in 0..b {
             let row = &self.tokens[r * row_len..(r + 1) * row_len];
             reset.push(self.starts[r * self.n_steps + k]);
@@ -662,6 +703,9 @@ impl DocBatcher {
                     || row[i] == self.pad
                     || (next % l == 0 && self.starts[r * self.n_steps + next / l]);
                 targets.push(if doc_ends { pad } else { row[next] as i64 });
+                if let (Some(out), Some(m)) = (target_mask.as_mut(), self.mask.as_ref()) {
+                    out.push(!doc_ends && m[r * row_len + next]);
+                }
             }
         }
         let batch = Batch {
@@ -671,7 +715,7 @@ impl DocBatcher {
             len: l,
             reset,
             pad: Some(pad),
-            target_mask: None,
+            target_mask,
             counted: None,
             epoch: self.state.epoch,
             step: self.state.step,

@@ -102,6 +102,9 @@ pub fn batcher(
 /// Documents laid out per row (each starting at a segment boundary, `reset` where a new one
 /// starts, padding ignored by the loss) when the data has documents: the generated corpus.
 /// `None` for a plain file or data set, which is read as one stream.
+///
+/// Evaluation splits carry each document's recallable positions as the target mask, as
+/// [`batcher`] does for the stream.
 pub fn doc_batcher(
     cfg: &DataConfig,
     split: Split,
@@ -111,10 +114,22 @@ pub fn doc_batcher(
     if !matches!(cfg.source.as_deref(), None | Some("") | Some("generated")) {
         return Ok(None);
     }
-    let docs: Vec<Vec<Token>> = memzoo_data::generate_split(&cfg.generated, split)?
+    let texts: Vec<Vec<u8>> = memzoo_data::generate_split(&cfg.generated, split)?
         .into_iter()
-        .map(|d| d.text.into_iter().map(Token::from).collect())
+        .map(|d| d.text)
+        .collect();
+    let docs: Vec<Vec<Token>> = texts
+        .iter()
+        .map(|t| t.iter().copied().map(Token::from).collect())
         .collect();
     // Byte 0 never occurs in the generated text: it pads, and its targets are ignored.
-    Ok(Some(memzoo_data::DocBatcher::new(&docs, batch, len, 0)?))
+    let b = memzoo_data::DocBatcher::new(&docs, batch, len, 0)?;
+    if split == Split::Train {
+        return Ok(Some(b));
+    }
+    let masks: Vec<Vec<bool>> = texts
+        .iter()
+        .map(|t| memzoo_data::recallable_mask(t))
+        .collect();
+    Ok(Some(b.with_target_masks(&masks)?))
 }
