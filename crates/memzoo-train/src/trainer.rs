@@ -364,7 +364,9 @@ pub struct RunOptions {
     pub run_dir: PathBuf,
     /// Continue from the latest checkpoint in `run_dir`.
     pub resume: bool,
-    /// No dashboard even on a terminal.
+    /// Nothing on stdout: no dashboard, no log lines (`metrics.jsonl` is written all the same;
+    /// notes such as an interruption go to stderr). Otherwise burn-train's dashboard on a
+    /// terminal, one plain line per record when stdout is not one.
     pub quiet: bool,
 }
 

@@ -67,7 +67,9 @@ enum Command {
         /// without it, training into a directory that holds a run is refused.
         #[arg(long)]
         overwrite: bool,
-        /// No terminal dashboard, plain log lines only.
+        /// No dashboard and no log lines, only the final summary (every metric is in the run's
+        /// metrics.jsonl). Without it: the dashboard on a terminal, plain log lines when the
+        /// output is piped or redirected.
         #[arg(long)]
         quiet: bool,
     },
