@@ -212,6 +212,46 @@ pub struct BatcherState {
     pub tokens: u64,
 }
 
+impl BatcherState {
+    /// The first step of the first epoch of a batcher of `batch` rows of `row_len` tokens,
+    /// `tokens` in all.
+    fn start(batch: usize, row_len: usize, tokens: usize) -> Self {
+        BatcherState {
+            pos: 0,
+            epoch: 0,
+            step: 0,
+            batch: batch as u64,
+            row_len: row_len as u64,
+            tokens: tokens as u64,
+        }
+    }
+
+    /// The first step of the next epoch.
+    fn next_epoch(&mut self) {
+        self.epoch += 1;
+        self.pos = 0;
+        self.step = 0;
+    }
+}
+
+/// `batch` and `seg_len` positive, and `tokens` enough for one batch of `batch` rows of
+/// `seg_len` inputs and their targets.
+fn check_shape(name: &str, tokens: usize, batch: usize, seg_len: usize) -> Result<(), DataError> {
+    check_len("batch", batch)?;
+    check_len("seq_len", seg_len)?;
+    let needed = batch.saturating_mul(seg_len.saturating_add(1));
+    if tokens < needed {
+        return Err(DataError::TooShort {
+            what: name.to_string(),
+            tokens,
+            needed,
+            batch,
+            seq_len: seg_len,
+        });
+    }
+    Ok(())
+}
+
 fn check_restore(saved: &BatcherState, here: &BatcherState) -> Result<(), DataError> {
     for (field, s, a) in [
         ("batch", saved.batch, here.batch),
@@ -281,29 +321,11 @@ impl OrderedBatcher {
         batch: usize,
         seg_len: usize,
     ) -> Result<Self, DataError> {
-        check_len("batch", batch)?;
-        check_len("seq_len", seg_len)?;
         let n = tokens.len();
-        let needed = batch.saturating_mul(seg_len.saturating_add(1));
-        if n < needed {
-            return Err(DataError::TooShort {
-                what: name.to_string(),
-                tokens: n,
-                needed,
-                batch,
-                seq_len: seg_len,
-            });
-        }
+        check_shape(name, n, batch, seg_len)?;
         let row_len = n / batch;
         tokens.truncate(row_len * batch);
-        let state = BatcherState {
-            pos: 0,
-            epoch: 0,
-            step: 0,
-            batch: batch as u64,
-            row_len: row_len as u64,
-            tokens: n as u64,
-        };
+        let state = BatcherState::start(batch, row_len, n);
         Ok(Self {
             tokens,
             mask: None,
@@ -388,9 +410,7 @@ impl OrderedBatcher {
 
     /// Back to the start of the stream, as epoch `epoch + 1`.
     pub fn start_next_epoch(&mut self) {
-        self.state.epoch += 1;
-        self.state.pos = 0;
-        self.state.step = 0;
+        self.state.next_epoch();
     }
 
     /// Whether the current epoch has no step of length `len` left.
@@ -524,19 +544,8 @@ impl DocBatcher {
         seg_len: usize,
         pad: Token,
     ) -> Result<Self, DataError> {
-        check_len("batch", batch)?;
-        check_len("seq_len", seg_len)?;
         let total: usize = documents.iter().map(Vec::len).sum();
-        let needed = batch.saturating_mul(seg_len.saturating_add(1));
-        if total < needed {
-            return Err(DataError::TooShort {
-                what: name.to_string(),
-                tokens: total,
-                needed,
-                batch,
-                seq_len: seg_len,
-            });
-        }
+        check_shape(name, total, batch, seg_len)?;
         if let Some(i) = documents.iter().position(|d| d.contains(&pad)) {
             return Err(DataError::invalid(
                 format!("document {i}"),
@@ -570,14 +579,7 @@ impl DocBatcher {
                 starts[r * n_steps + k] = true;
             }
         }
-        let state = BatcherState {
-            pos: 0,
-            epoch: 0,
-            step: 0,
-            batch: batch as u64,
-            row_len: row_len as u64,
-            tokens: total as u64,
-        };
+        let state = BatcherState::start(batch, row_len, total);
         Ok(Self {
             tokens,
             placements,
@@ -675,9 +677,7 @@ impl DocBatcher {
 
     /// Back to the first step, as epoch `epoch + 1`.
     pub fn start_next_epoch(&mut self) {
-        self.state.epoch += 1;
-        self.state.pos = 0;
-        self.state.step = 0;
+        self.state.next_epoch();
     }
 
     /// Next step; `None` at the end of the epoch.
