@@ -289,18 +289,14 @@ pub fn eval(
             )
         }
         ModelKind::Reformer => {
-            let dir = latest_checkpoint(run_dir)?;
-            let model = config.reformer.init(&device)?;
-            let model = checkpoint::load_model(&dir, model)?;
+            let model = load_checkpoint(run_dir, config.reformer.init(&device)?)?;
             (
                 evaluate_sharded(&model, data, len, max_segments, replicas),
                 None,
             )
         }
         ModelKind::Memorizing => {
-            let dir = latest_checkpoint(run_dir)?;
-            let model = config.memorizing.init(&device)?;
-            let model = checkpoint::load_model(&dir, model)?;
+            let model = load_checkpoint(run_dir, config.memorizing.init(&device)?)?;
             (
                 evaluate_sharded(&model, data, len, max_segments, replicas),
                 None,
