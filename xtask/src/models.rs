@@ -76,6 +76,41 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
     })
 }
 
+/// XL-small evaluated as `memzoo_train::evaluate` does (no autodiff, memory carried, the
+/// cross-entropy and the recall sums of each segment), the batch's rows split over replicas
+/// (`--replicas`, default as the trainer: one per thread on flex). `--replicas 1` is the
+/// evaluation of before it was sharded.
+pub fn xl_small_eval(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
+    use memzoo_train::parallel::eval_step_sharded;
+    let (batch, tgt_len) = (8, 128);
+    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
+    let model = config.init(device).map_err(|e| e.to_string())?;
+    let params = model.num_params();
+    let replicas = replicas(args, device, batch);
+    let mut memories: Vec<XlState> = (0..replicas).map(|_| XlState::new()).collect();
+    let mut rng = StdRng::seed_from_u64(0);
+    let times = time_steps(args.warmup(), args.steps(), || {
+        let segment = random_segment(batch, tgt_len, &mut rng);
+        eval_step_sharded(&model, device, &segment, &mut memories).expect("valid shapes");
+    });
+    let med = median(&times);
+    Ok(Measurement {
+        name: "xl-small-eval".into(),
+        implementation: "memzoo".into(),
+        backend: args.device.clone(),
+        threads: args.threads,
+        config: serde_json::json!({"model": "xl-small", "batch": batch, "tgt_len": tgt_len,
+            "mem_len": config.mem_len, "replicas": replicas}),
+        steps: times.len(),
+        step_s_median: med,
+        step_s_min: times[0],
+        step_s_max: times[times.len() - 1],
+        tokens_per_s: (batch * tgt_len) as f64 / med,
+        params,
+        peak_rss_mb: peak_rss_mb(),
+    })
+}
+
 /// XL-small trained by `memzoo-train` (data iterator, metrics, memory carried, clipping,
 /// schedule): compare with `xl-small`, the bare model loop; the difference is the trainer's cost.
 pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
