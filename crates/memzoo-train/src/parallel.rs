@@ -106,8 +106,7 @@ pub fn train_step_sharded<M: SegmentModel>(
     let shards: Vec<Segment> = shard_rows(segment.batch, replicas)
         .into_iter()
         .map(|rows| segment.rows(rows))
-        .collect::<Result<_, _>>()
-        .map_err(|e| TrainError::Data(e.to_string()))?;
+        .collect::<Result<_, _>>()?;
     // Weights n_r / N (rows / batch if no target counts at all).
     let counted: Vec<usize> = shards.iter().map(Segment::counted_targets).collect();
     let total: usize = counted.iter().sum();
@@ -245,8 +244,7 @@ pub fn eval_step_sharded<M: SegmentModel>(
     let shards: Vec<Segment> = shard_rows(segment.batch, replicas)
         .into_iter()
         .map(|rows| segment.rows(rows))
-        .collect::<Result<_, _>>()
-        .map_err(|e| TrainError::Data(e.to_string()))?;
+        .collect::<Result<_, _>>()?;
     // Clones share the parameters' storage: one model, one handle per thread.
     let replicas: Vec<M> = (0..replicas).map(|_| model.clone()).collect();
     replicas
