@@ -41,7 +41,8 @@ fn run() -> Result<(), String> {
 
     let (model, prompt_text) = match arg("--run-dir") {
         Some(dir) => {
-            let (_, model) = load_xl(std::path::Path::new(&dir), &device)?;
+            let (_, model) =
+                load_xl(std::path::Path::new(&dir), &device).map_err(|e| e.to_string())?;
             println!("loaded the latest checkpoint of {dir}");
             let prompt = arg("--prompt").unwrap_or_else(|| "The ".into());
             if prompt.is_empty() {

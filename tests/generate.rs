@@ -454,7 +454,7 @@ fn cli_generates_from_a_run_of_every_family() {
         if family != "xl" {
             let e = commands::generate(&run_dir, "flex", &opts(SampleConfig::new(), Some(8)), true)
                 .unwrap_err();
-            assert!(e.contains("--mem-len"), "{family}: {e}");
+            assert!(e.to_string().contains("--mem-len"), "{family}: {e}");
         }
     }
     let xl = dir.join("xl");
@@ -467,7 +467,7 @@ fn cli_generates_from_a_run_of_every_family() {
         ("--top-p", SampleConfig::new().with_top_p(Some(1.5))),
     ] {
         let e = commands::generate(&xl, "flex", &opts(sampler, None), true).unwrap_err();
-        assert!(e.contains(flag), "{flag}: {e}");
+        assert!(e.to_string().contains(flag), "{flag}: {e}");
     }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -217,6 +217,7 @@ fn labml_xl_run_dir_and_export_round_trip() {
     // HF's TransfoXL has no value/output bias: exporting a labml import there is refused.
     let err =
         memzoo::import::export("hf-transfo-xl", &run, &tmp.join("hf"), &dev, true).unwrap_err();
+    let err = err.to_string();
     assert!(
         err.contains("layers") || err.contains("value_output_bias"),
         "{err}"

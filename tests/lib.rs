@@ -3,11 +3,71 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
+use memzoo_data::{ByteTokenizer, LongRangeConfig, Token, generate_corpus};
+use memzoo_xl::XlConfig;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// The flex device every reference test runs on.
 pub fn flex() -> Device {
     memzoo_backend::parse_device("flex").expect("flex is compiled in")
+}
+
+/// A tiny Transformer-XL: 2 layers, d_model 32, 2 heads, memory 16, no dropout.
+pub fn tiny_xl() -> XlConfig {
+    XlConfig::new()
+        .with_n_layers(2)
+        .with_d_model(32)
+        .with_n_heads(2)
+        .with_d_inner(64)
+        .with_mem_len(16)
+        .with_dropout(0.0)
+}
+
+/// [`tiny_xl`] with a kNN layer at depth 1 (top 4 of up to 64 memories per row and head,
+/// exact search): a tiny Memorizing Transformer.
+pub fn tiny_memorizing() -> memzoo_knn::MemorizingConfig {
+    memzoo_knn::MemorizingConfig::new()
+        .with_xl(tiny_xl())
+        .with_knn_layers(vec![1])
+        .with_top_k(4)
+        .with_max_memories(64)
+        .with_index(memzoo_memory::IndexKind::Exact)
+}
+
+/// The training split, as byte tokens, of a small generated long-range corpus (20 documents,
+/// recalls 20-40 bytes back).
+pub fn small_corpus() -> Vec<Token> {
+    let cfg = LongRangeConfig {
+        documents: 20,
+        valid_documents: 2,
+        test_documents: 2,
+        min_gap: 20,
+        max_gap: 40,
+        ..Default::default()
+    };
+    ByteTokenizer::new().encode(&generate_corpus(&cfg).unwrap().train)
+}
+
+/// `memzoo train --set` overrides for a tiny XL run of 2 steps on the generated corpus, then
+/// `extra`.
+pub fn tiny_cli(extra: &[&str]) -> Vec<String> {
+    [
+        "model.n_layers=1",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.d_inner=32",
+        "model.mem_len=8",
+        "train.batch=2",
+        "train.tgt_len=8",
+        "train.steps=2",
+        "train.eval_segments=1",
+        "train.replicas=1",
+        "train.log_every=1",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect()
 }
 
 /// Host copy of a tensor, row-major.

@@ -1,7 +1,9 @@
 //! memzoo's integration tests, in one binary so that Burn is linked once.
 
 mod backend;
+mod cli;
 mod default_run;
+mod eval;
 mod generate;
 mod import;
 mod import_labml;

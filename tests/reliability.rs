@@ -16,27 +16,18 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
-use memzoo_data::{ByteTokenizer, LongRangeConfig, OrderedBatcher, generate_corpus};
+use memzoo::error::CliError;
+use memzoo_data::OrderedBatcher;
 use memzoo_tests::*;
 use memzoo_train::checkpoint;
 use memzoo_train::grads::non_finite;
 use memzoo_train::{RunOptions, ScheduleConfig, TrainConfig, TrainError, TrainOutcome, train};
-use memzoo_xl::{TransformerXl, XlConfig};
+use memzoo_xl::TransformerXl;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-rel-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
-}
-
-fn tiny_model() -> XlConfig {
-    XlConfig::new()
-        .with_n_layers(2)
-        .with_d_model(32)
-        .with_n_heads(2)
-        .with_d_inner(64)
-        .with_mem_len(16)
-        .with_dropout(0.0)
 }
 
 fn tiny_train(steps: usize) -> TrainConfig {
@@ -53,16 +44,9 @@ fn tiny_train(steps: usize) -> TrainConfig {
 }
 
 fn batcher() -> OrderedBatcher {
-    let cfg = LongRangeConfig {
-        documents: 20,
-        valid_documents: 2,
-        test_documents: 2,
-        min_gap: 20,
-        max_gap: 40,
-        ..Default::default()
-    };
-    let tokens = ByteTokenizer::new().encode(&generate_corpus(&cfg).unwrap().train);
-    OrderedBatcher::new(tokens, 4, 16).unwrap().drop_last(true)
+    OrderedBatcher::new(small_corpus(), 4, 16)
+        .unwrap()
+        .drop_last(true)
 }
 
 /// A tiny XL run of `steps` in `dir` (checkpoints every 2 steps, 3 kept).
@@ -76,7 +60,7 @@ fn run(dir: &Path, steps: usize, resume: bool) -> Result<TrainOutcome<Transforme
 fn initial_model() -> TransformerXl {
     let dev = flex().autodiff();
     dev.seed(3);
-    tiny_model().init(&dev).unwrap()
+    tiny_xl().init(&dev).unwrap()
 }
 
 /// [`run`] from the given initial model.
@@ -120,7 +104,8 @@ fn loss_records(dir: &Path) -> Vec<usize> {
 }
 
 #[track_caller]
-fn assert_mentions(err: &str, parts: &[&str], what: &str) {
+fn assert_mentions(err: &dyn std::fmt::Display, parts: &[&str], what: &str) {
+    let err = err.to_string();
     for p in parts {
         assert!(err.contains(p), "{what}: `{p}` not in the error: {err}");
     }
@@ -187,34 +172,12 @@ fn a_second_run_in_a_run_directory_is_refused() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// `memzoo train` options for a tiny XL on the generated corpus.
-fn tiny_cli(extra: &[&str]) -> Vec<String> {
-    let mut sets: Vec<String> = [
-        "model.n_layers=1",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "model.d_inner=32",
-        "model.mem_len=8",
-        "train.batch=2",
-        "train.tgt_len=8",
-        "train.steps=2",
-        "train.eval_segments=1",
-        "train.replicas=1",
-        "train.log_every=1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    sets.extend(extra.iter().map(|s| s.to_string()));
-    sets
-}
-
 fn cli_train(
     extra: &[&str],
     dir: &Path,
     resume: bool,
     overwrite: bool,
-) -> Result<Option<i32>, String> {
+) -> Result<Option<i32>, CliError> {
     let config = RunConfig::resolve(None, &tiny_cli(extra))?;
     commands::train(&config, "flex", dir, resume, overwrite, true, true)
 }
@@ -386,7 +349,7 @@ fn damaged_checkpoint_catalogue() {
         damage(&copy);
         let err = checkpoint::verify(&copy).expect_err(what).to_string();
         assert_mentions(&err, expect, what);
-        let err = checkpoint::load_model(&copy, tiny_model().init(&dev).unwrap())
+        let err = checkpoint::load_model(&copy, tiny_xl().init(&dev).unwrap())
             .expect_err(what)
             .to_string();
         assert_mentions(&err, expect, what);
@@ -400,13 +363,13 @@ fn damaged_checkpoint_catalogue() {
     });
     let dev = flex().autodiff();
     let optim = tiny_train(4).optimizer();
-    let err = checkpoint::load(&copy, tiny_model().init(&dev).unwrap(), optim, &dev)
+    let err = checkpoint::load(&copy, tiny_xl().init(&dev).unwrap(), optim, &dev)
         .err()
         .expect("0 replicas")
         .to_string();
     assert_mentions(&err, &["0 replicas"], "replicas");
     // Another architecture: intact files that do not fit.
-    let err = checkpoint::load_model(&pristine, tiny_model().with_d_model(48).init(&dev).unwrap())
+    let err = checkpoint::load_model(&pristine, tiny_xl().with_d_model(48).init(&dev).unwrap())
         .expect_err("foreign")
         .to_string();
     assert_mentions(&err, &["model.bpk", "does not fit"], "foreign architecture");
@@ -546,7 +509,7 @@ fn a_full_disk_is_an_error_naming_the_file() {
 #[test]
 fn non_finite_gradients_are_named() {
     let dev = flex();
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     let mut grads = GradientsParams::new();
     let bad = |p: &Param<Tensor<2>>, v: f32| {
         let [a, b] = p.val().dims();
@@ -603,7 +566,7 @@ fn signal_child() {
         quiet: true,
     };
     let config = tiny_train(1_000_000).with_checkpoint_every(every);
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     let outcome = train(model, &config, &mut batcher(), None, &options).unwrap();
     let summary = serde_json::json!({"signal": outcome.signal, "steps": outcome.steps});
     std::fs::write(dir.join("outcome.json"), summary.to_string()).unwrap();
@@ -699,7 +662,7 @@ fn bad_inputs_are_errors_naming_the_value() {
     let with = |base: &[&'static str], more: &[&'static str]| -> Vec<&'static str> {
         base.iter().chain(more).copied().collect()
     };
-    let cases: Vec<(&str, Result<(), String>, &[&str])> = vec![
+    let cases: Vec<(&str, Result<(), CliError>, &[&str])> = vec![
         (
             "vocab below the data's ids",
             train_with(&["model.vocab_size=64"]),
@@ -1061,7 +1024,7 @@ fn a_non_finite_gradient_stops_the_run_naming_the_parameter() {
     use memzoo_train::SegmentModel;
     let dev = flex().autodiff();
     let model = NanGradient {
-        xl: tiny_model().init(&dev).unwrap(),
+        xl: tiny_xl().init(&dev).unwrap(),
         zero: Param::from_tensor(Tensor::zeros([1], &dev)),
     };
     let dir = scratch("nan-gradient");
@@ -1089,7 +1052,7 @@ fn a_non_finite_gradient_stops_the_run_naming_the_parameter() {
     eprintln!("{err}");
     assert!(!dir.join("checkpoints/latest").exists());
     // The same model without the NaN path trains (the check does not fire on healthy runs).
-    let healthy = tiny_model().init(&dev).unwrap();
+    let healthy = tiny_xl().init(&dev).unwrap();
     assert_eq!(healthy.family(), "xl");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -1104,7 +1067,7 @@ fn token_ids_beyond_the_vocabulary_are_named_by_the_trainer() {
         resume: false,
         quiet: true,
     };
-    let model = tiny_model().with_vocab_size(64).init(&dev).unwrap();
+    let model = tiny_xl().with_vocab_size(64).init(&dev).unwrap();
     let err = train(model, &tiny_train(2), &mut batcher(), None, &options)
         .err()
         .expect("ids >= 64")
@@ -1114,7 +1077,7 @@ fn token_ids_beyond_the_vocabulary_are_named_by_the_trainer() {
         &["training data holds token id", "vocabulary of 64"],
         "vocab 64",
     );
-    let model = tiny_model().with_vocab_size(64).init(&flex()).unwrap();
+    let model = tiny_xl().with_vocab_size(64).init(&flex()).unwrap();
     let err = memzoo_train::evaluate(&model, &mut batcher(), 16, Some(2))
         .expect_err("ids >= 64")
         .to_string();
@@ -1191,7 +1154,7 @@ fn pruning_after_a_fallback_keeps_the_new_checkpoint() {
             .with_checkpoint_every(every)
             .with_keep_checkpoints(keep)
     };
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     train(
         model,
         &config(4, 2, 2),
@@ -1201,7 +1164,7 @@ fn pruning_after_a_fallback_keeps_the_new_checkpoint() {
     )
     .unwrap();
     flip_byte(&dir.join("checkpoints/step-00000004/model.bpk"), 0.5);
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     let outcome = train(
         model,
         &config(3, 1, 1),

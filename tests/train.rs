@@ -7,29 +7,19 @@ use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use memzoo::config::RunConfig;
-use memzoo_data::{ByteTokenizer, LongRangeConfig, OrderedBatcher, generate_corpus};
+use memzoo_data::OrderedBatcher;
 use memzoo_tests::*;
 use memzoo_train::grads::{global_norm, scale_and_clip};
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
 use memzoo_train::{
     RunOptions, ScheduleConfig, Segment, SegmentModel, SegmentSource, TrainConfig, train,
 };
-use memzoo_xl::{TransformerXl, XlConfig};
+use memzoo_xl::TransformerXl;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
-}
-
-fn tiny_model() -> XlConfig {
-    XlConfig::new()
-        .with_n_layers(2)
-        .with_d_model(32)
-        .with_n_heads(2)
-        .with_d_inner(64)
-        .with_mem_len(16)
-        .with_dropout(0.0)
 }
 
 fn tiny_train(steps: usize) -> TrainConfig {
@@ -44,15 +34,7 @@ fn tiny_train(steps: usize) -> TrainConfig {
 }
 
 fn stream() -> Vec<u16> {
-    let cfg = LongRangeConfig {
-        documents: 20,
-        valid_documents: 2,
-        test_documents: 2,
-        min_gap: 20,
-        max_gap: 40,
-        ..Default::default()
-    };
-    ByteTokenizer::new().encode(&generate_corpus(&cfg).unwrap().train)
+    small_corpus()
 }
 
 fn batcher(tokens: &[u16]) -> OrderedBatcher {
@@ -106,7 +88,7 @@ fn resumed_data_parallel_run_equals_uninterrupted_run() {
     );
     // The shards carry the memories of their rows: resuming with another count is refused.
     let err = train_error(
-        tiny_model().init(&flex().autodiff()).unwrap(),
+        tiny_xl().init(&flex().autodiff()).unwrap(),
         &tiny_train(16).with_replicas(Some(1)),
         &mut batcher(&stream()),
         &options(&dir_b, true),
@@ -127,7 +109,7 @@ fn resume_equals_straight(replicas: usize) -> PathBuf {
     let tiny_train = |steps| tiny_train(steps).with_replicas(Some(replicas));
 
     dev.seed(1);
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     let init = model.clone();
     let dir_a = scratch(&format!("straight-{replicas}"));
     let straight = train(
@@ -153,7 +135,7 @@ fn resume_equals_straight(replicas: usize) -> PathBuf {
     let ckpts = dir_b.join("checkpoints");
     std::fs::remove_dir_all(ckpts.join("step-00000012")).unwrap();
     std::fs::write(ckpts.join("latest"), "step-00000008").unwrap();
-    let fresh = tiny_model().init(&dev).unwrap();
+    let fresh = tiny_xl().init(&dev).unwrap();
     let resumed = train(
         fresh,
         &tiny_train(12),
@@ -292,23 +274,15 @@ fn data_parallel_matches_one_pass<M: SegmentModel>(model: &M, what: &str) {
 fn data_parallel_xl_step_equals_one_pass() {
     let dev = flex().autodiff();
     dev.seed(5);
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     data_parallel_matches_one_pass(&model, "XL");
 }
 
 #[test]
 fn data_parallel_memorizing_step_equals_one_pass() {
-    use memzoo_knn::MemorizingConfig;
-    use memzoo_memory::IndexKind;
     let dev = flex().autodiff();
     dev.seed(6);
-    let config = MemorizingConfig::new()
-        .with_xl(tiny_model())
-        .with_knn_layers(vec![1])
-        .with_top_k(4)
-        .with_max_memories(64)
-        .with_index(IndexKind::Exact);
-    let model = config.init(&dev).unwrap();
+    let model = tiny_memorizing().init(&dev).unwrap();
     data_parallel_matches_one_pass(&model, "Memorizing");
 }
 
@@ -333,7 +307,7 @@ fn damaged_or_foreign_checkpoints_are_clear_errors() {
     let dev = flex().autodiff();
     let tokens = stream();
     let dir = scratch("damaged");
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     train(
         model,
         &tiny_train(4),
@@ -344,7 +318,7 @@ fn damaged_or_foreign_checkpoints_are_clear_errors() {
     .unwrap();
 
     // Another architecture.
-    let other = tiny_model().with_d_model(48).init(&dev).unwrap();
+    let other = tiny_xl().with_d_model(48).init(&dev).unwrap();
     let err = train_error(
         other,
         &tiny_train(8),
@@ -361,7 +335,7 @@ fn damaged_or_foreign_checkpoints_are_clear_errors() {
     let ckpt = dir.join("checkpoints/step-00000004/model.bpk");
     let bytes = std::fs::read(&ckpt).unwrap();
     std::fs::write(&ckpt, &bytes[..bytes.len() / 2]).unwrap();
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     let err = train_error(
         model,
         &tiny_train(8),
@@ -372,7 +346,7 @@ fn damaged_or_foreign_checkpoints_are_clear_errors() {
     assert!(err.contains("model.bpk"), "{err}");
 
     // Data of another shape than the checkpoint's position.
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     std::fs::write(&ckpt, &bytes).unwrap();
     let mut other_data = OrderedBatcher::new(tokens.clone(), 2, 16).unwrap();
     let err = train_error(
@@ -391,7 +365,7 @@ fn unwritable_run_directory_is_an_error() {
     let dev = flex().autodiff();
     let file = scratch("a-file");
     std::fs::write(&file, b"not a directory").unwrap();
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     let err = train_error(
         model,
         &tiny_train(2),
@@ -421,7 +395,7 @@ fn schedule_warms_up_linearly_then_decays_by_cosine() {
 #[test]
 fn global_norm_clipping_matches_a_naive_norm() {
     let dev = flex().autodiff();
-    let model = tiny_model().init(&dev).unwrap();
+    let model = tiny_xl().init(&dev).unwrap();
     let x = burn::tensor::Tensor::<2, burn::tensor::Int>::zeros([2, 8], &dev);
     let (loss, _) = model
         .forward_loss(x.clone(), x, &memzoo_xl::XlMemory::empty())
@@ -474,14 +448,20 @@ fn config_files_and_overrides_are_checked() {
     );
 
     std::fs::write(&file, "[model]\nmem_lenn = 32\n").unwrap();
-    let err = RunConfig::resolve(Some(&file), &[]).unwrap_err();
+    let err = RunConfig::resolve(Some(&file), &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("model.mem_lenn"), "{err}");
-    let err = RunConfig::resolve(None, &["train.steps=many".into()]).unwrap_err();
+    let err = RunConfig::resolve(None, &["train.steps=many".into()])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("invalid config"), "{err}");
-    let err = RunConfig::resolve(None, &["nosection.x=1".into()]).unwrap_err();
+    let err = RunConfig::resolve(None, &["nosection.x=1".into()])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("nosection"), "{err}");
     let c = RunConfig::resolve(None, &["model.d_model=102".into()]).unwrap();
-    let err = c.validate().unwrap_err();
+    let err = c.validate().unwrap_err().to_string();
     assert!(err.contains("d_model (102)"), "{err}");
     // A saved config reads back to the same values.
     let c = RunConfig::resolve(None, &["model.positions.clamp_len=40".into()]).unwrap();
@@ -501,11 +481,13 @@ fn a_corpus_shorter_than_one_batch_is_an_error() {
     let mut c = RunConfig::default();
     c.data.source = Some(file.display().to_string());
     let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, false, true, true)
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("needs at least"), "{err}");
     std::fs::write(&file, "").unwrap();
     let err = memzoo::commands::train(&c, "flex", &dir.join("run"), false, false, true, true)
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("empty") || err.contains("tiny.txt"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -535,7 +517,7 @@ fn memory_beats_no_memory_on_text_only_memory_can_predict() {
     let valid_tokens = periodic_stream(2, 100);
     let run = |mem_len: usize, name: &str| {
         dev.seed(3);
-        let model = tiny_model()
+        let model = tiny_xl()
             .with_mem_len(mem_len)
             .with_vocab_size(128)
             .init(&dev)

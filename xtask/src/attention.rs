@@ -118,6 +118,17 @@ fn random_input(len: usize, width: usize, seed: u64, device: &Device) -> Tensor<
     Tensor::<3>::from_data(TensorData::new(data, [1, len, width]), device).require_grad()
 }
 
+/// The context of a causal self-attention over `len` positions with no memory.
+fn causal_context(
+    positions: &memzoo_relative::PositionConfig,
+    d_model: usize,
+    len: usize,
+    device: &Device,
+) -> memzoo_relative::RelativeContext {
+    use memzoo_relative::{AttentionMask, RelativeContext};
+    RelativeContext::new(positions, d_model, len, 0, &AttentionMask::causal(), device)
+}
+
 /// Mean seconds of `reps` runs of `run` after one warm-up run.
 fn timed(reps: usize, mut run: impl FnMut(u64) -> Result<f32, String>) -> Result<f64, String> {
     run(0)?;
@@ -132,9 +143,7 @@ fn timed(reps: usize, mut run: impl FnMut(u64) -> Result<f32, String>) -> Result
 /// Forward + backward of a Transformer-XL relative attention layer (8 heads x 64) over a
 /// segment of `len` tokens with no memory; `device` is an autodiff device.
 fn xl_fwd_bwd(len: usize, reps: usize, device: &Device) -> Result<f64, String> {
-    use memzoo_relative::{
-        AttentionMask, PositionConfig, RelativeAttentionConfig, RelativeContext,
-    };
+    use memzoo_relative::{PositionConfig, RelativeAttentionConfig};
     let d_model = 512;
     let layer = RelativeAttentionConfig::new(d_model, 8, 64)
         .init(device)
@@ -142,14 +151,7 @@ fn xl_fwd_bwd(len: usize, reps: usize, device: &Device) -> Result<f64, String> {
     let positions = PositionConfig::new();
     timed(reps, |seed| {
         let x = random_input(len, d_model, seed, device);
-        let ctx = RelativeContext::new(
-            &positions,
-            d_model,
-            len,
-            0,
-            &AttentionMask::causal(),
-            device,
-        );
+        let ctx = causal_context(&positions, d_model, len, device);
         let out = layer
             .forward(x.clone(), None, &ctx, None)
             .map_err(|e| e.to_string())?;
@@ -165,7 +167,7 @@ fn knn_fwd_bwd(len: usize, reps: usize, device: &Device) -> Result<f64, String> 
     use memzoo_knn::KnnAttentionConfig;
     use memzoo_memory::bench::{clustered_keys, fill};
     use memzoo_memory::{IndexKind, KnnMemoryConfig};
-    use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
+    use memzoo_relative::{PositionConfig, PositionKind};
     let (d_model, heads, d_head) = (512, 8, 64);
     let layer = KnnAttentionConfig::new(d_model, heads, d_head)
         .init(device)
@@ -180,14 +182,7 @@ fn knn_fwd_bwd(len: usize, reps: usize, device: &Device) -> Result<f64, String> 
     let positions = PositionConfig::new().with_kind(PositionKind::T5);
     timed(reps, |seed| {
         let x = random_input(len, d_model, seed, device);
-        let ctx = RelativeContext::new(
-            &positions,
-            d_model,
-            len,
-            0,
-            &AttentionMask::causal(),
-            device,
-        );
+        let ctx = causal_context(&positions, d_model, len, device);
         let out = layer
             .forward(x.clone(), None, &ctx, memory.as_ref(), KNN_TOP_K)
             .map_err(|e| e.to_string())?;

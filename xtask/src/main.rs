@@ -191,6 +191,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
             let m = match config {
                 "xl-small" => models::xl_small(&args, &device)?,
                 "xl-small-trainer" => models::xl_small_trainer(&args, &device)?,
+                "xl-small-eval" => models::xl_small_eval(&args, &device)?,
                 "reformer-small" => models::reformer_small(&args, &device)?,
                 "memorizing-small" => models::memorizing_small(&args, &device, true, 8192)?,
                 "memorizing-small-full" => models::memorizing_small(&args, &device, true, 16384)?,
@@ -199,7 +200,8 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 other => {
                     return Err(format!(
                         "unknown benchmark `{other}`: expected models, attention, memory, \
-                         generate, quality, xl-small, xl-small-trainer, reformer-small, \
+                         generate, quality, xl-small, xl-small-trainer, xl-small-eval, \
+                         reformer-small, \
                          memorizing-small[-full|-noknn] or attention-<full|lsh|xl|knn>-<len>"
                     ));
                 }

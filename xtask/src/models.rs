@@ -11,6 +11,32 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use crate::BenchArgs;
 use crate::measure::{Measurement, median, peak_rss_mb, time_steps};
 
+/// memzoo's measurement of steps of `tokens` tokens that took `times` seconds (sorted).
+fn measured(
+    name: String,
+    args: &BenchArgs,
+    config: serde_json::Value,
+    times: &[f64],
+    tokens: usize,
+    params: usize,
+) -> Measurement {
+    let med = median(times);
+    Measurement {
+        name,
+        implementation: "memzoo".into(),
+        backend: args.device.clone(),
+        threads: args.threads,
+        config,
+        steps: times.len(),
+        step_s_median: med,
+        step_s_min: times.first().copied().unwrap_or(f64::NAN),
+        step_s_max: times.last().copied().unwrap_or(f64::NAN),
+        tokens_per_s: tokens as f64 / med,
+        params,
+        peak_rss_mb: peak_rss_mb(),
+    }
+}
+
 /// A segment of random byte tokens, `batch` rows of `len` (no document starts).
 fn random_segment(batch: usize, len: usize, rng: &mut StdRng) -> Segment {
     let data: Vec<i64> = (0..batch * (len + 1))
@@ -53,27 +79,48 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
         model = optim.step(2.5e-4, model.clone(), grads);
         device.sync().expect("device sync");
     });
-    let med = median(&times);
-    Ok(Measurement {
-        name: "xl-small".into(),
-        implementation: "memzoo".into(),
-        backend: args.device.clone(),
-        threads: args.threads,
-        config: serde_json::json!({
+    Ok(measured(
+        "xl-small".into(),
+        args,
+        serde_json::json!({
             "n_layers": config.n_layers, "d_model": config.d_model, "n_heads": config.n_heads,
             "d_head": config.head_width(), "d_inner": config.d_inner, "tgt_len": tgt_len,
             "mem_len": config.mem_len, "batch": batch, "vocab": config.vocab_size,
             "dropout": config.dropout, "untie_rel_bias": config.untie_rel_bias,
             "replicas": replicas,
         }),
-        steps: times.len(),
-        step_s_median: med,
-        step_s_min: times[0],
-        step_s_max: times[times.len() - 1],
-        tokens_per_s: (batch * tgt_len) as f64 / med,
+        &times,
+        batch * tgt_len,
         params,
-        peak_rss_mb: peak_rss_mb(),
-    })
+    ))
+}
+
+/// XL-small evaluated as `memzoo_train::evaluate` does (no autodiff, memory carried, the
+/// cross-entropy and the recall sums of each segment), the batch's rows split over replicas
+/// (`--replicas`, default as the trainer: one per thread on flex). `--replicas 1` is the
+/// evaluation of before it was sharded.
+pub fn xl_small_eval(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
+    use memzoo_train::parallel::eval_step_sharded;
+    let (batch, tgt_len) = (8, 128);
+    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
+    let model = config.init(device).map_err(|e| e.to_string())?;
+    let params = model.num_params();
+    let replicas = replicas(args, device, batch);
+    let mut memories: Vec<XlState> = (0..replicas).map(|_| XlState::new()).collect();
+    let mut rng = StdRng::seed_from_u64(0);
+    let times = time_steps(args.warmup(), args.steps(), || {
+        let segment = random_segment(batch, tgt_len, &mut rng);
+        eval_step_sharded(&model, device, &segment, &mut memories).expect("valid shapes");
+    });
+    Ok(measured(
+        "xl-small-eval".into(),
+        args,
+        serde_json::json!({"model": "xl-small", "batch": batch, "tgt_len": tgt_len,
+            "mem_len": config.mem_len, "replicas": replicas}),
+        &times,
+        batch * tgt_len,
+        params,
+    ))
 }
 
 /// XL-small trained by `memzoo-train` (data iterator, metrics, memory carried, clipping,
@@ -121,22 +168,15 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
     step_s.sort_by(f64::total_cmp);
-    let med = median(&step_s);
-    Ok(Measurement {
-        name: "xl-small-trainer".into(),
-        implementation: "memzoo".into(),
-        backend: args.device.clone(),
-        threads: args.threads,
-        config: serde_json::json!({"model": "xl-small", "batch": batch, "tgt_len": tgt_len,
+    Ok(measured(
+        "xl-small-trainer".into(),
+        args,
+        serde_json::json!({"model": "xl-small", "batch": batch, "tgt_len": tgt_len,
             "data": "generated long-range corpus", "clip_norm": 0.25}),
-        steps: step_s.len(),
-        step_s_median: med,
-        step_s_min: step_s.first().copied().unwrap_or(f64::NAN),
-        step_s_max: step_s.last().copied().unwrap_or(f64::NAN),
-        tokens_per_s: (batch * tgt_len) as f64 / med,
+        &step_s,
+        batch * tgt_len,
         params,
-        peak_rss_mb: peak_rss_mb(),
-    })
+    ))
 }
 
 /// Reformer-small: 6 layers, d_model 256, 8 heads x 32, seq 4096, bucket 64, 4 rounds, causal,
@@ -233,26 +273,19 @@ pub fn memorizing_small(
         model = optim.step(2.5e-4, model.clone(), grads);
         device.sync().expect("device sync");
     });
-    let med = median(&times);
-    Ok(Measurement {
-        name: match (knn, prefill >= config.max_memories) {
+    Ok(measured(
+        match (knn, prefill >= config.max_memories) {
             (false, _) => "memorizing-small-noknn".into(),
             (true, false) => "memorizing-small".into(),
             (true, true) => "memorizing-small-full".into(),
         },
-        implementation: "memzoo".into(),
-        backend: args.device.clone(),
-        threads: args.threads,
-        config: serde_json::json!({"n_layers": 6, "d_model": 256, "heads": 8, "d_head": 32,
+        args,
+        serde_json::json!({"n_layers": 6, "d_model": 256, "heads": 8, "d_head": 32,
             "seq": len, "knn_layers": config.knn_layers, "top_k": 32, "max_memories": 16384,
             "prefill_memories": prefill, "xl_memory": 0,
             "batch": batch, "index": format!("{:?}", config.index), "replicas": replicas}),
-        steps: times.len(),
-        step_s_median: med,
-        step_s_min: times[0],
-        step_s_max: times[times.len() - 1],
-        tokens_per_s: (batch * len) as f64 / med,
+        &times,
+        batch * len,
         params,
-        peak_rss_mb: peak_rss_mb(),
-    })
+    ))
 }

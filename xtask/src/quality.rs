@@ -421,7 +421,17 @@ pub fn run(args: &BenchArgs, device: &Device) -> Result<Vec<QualityPoint>, Strin
     let mut notes = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     for fam in &families {
-        for p in run_memzoo(fam, args, device, steps, &eval_at, &train, &valid, &path)? {
+        let run = MemzooRun {
+            fam,
+            args,
+            device,
+            steps,
+            eval_at: &eval_at,
+            train: &train,
+            valid: &valid,
+            path: &path,
+        };
+        for p in run_memzoo(run)? {
             crate::emit(&p, args.out.as_ref())?;
             points.push(p);
         }
@@ -471,140 +481,123 @@ pub fn run(args: &BenchArgs, device: &Device) -> Result<Vec<QualityPoint>, Strin
     Ok(points)
 }
 
+/// One family's memzoo run: what it trains on and where it is scored.
+#[derive(Clone, Copy)]
+struct MemzooRun<'a> {
+    fam: &'a Family,
+    args: &'a BenchArgs,
+    device: &'a Device,
+    steps: usize,
+    eval_at: &'a [usize],
+    train: &'a [Token],
+    valid: &'a [Token],
+    path: &'a Path,
+}
+
 /// Trains one family in memzoo, checkpointing at every evaluation point, then scores each of
 /// those checkpoints on the whole validation split.
-#[allow(clippy::too_many_arguments)]
-fn run_memzoo(
-    fam: &Family,
-    args: &BenchArgs,
-    device: &Device,
-    steps: usize,
-    eval_at: &[usize],
-    train: &[Token],
-    valid: &[Token],
-    path: &Path,
-) -> Result<Vec<QualityPoint>, String> {
-    match &fam.model {
-        FamilyModel::Xl(c) => train_and_score(
-            fam,
-            args,
-            device,
-            steps,
-            eval_at,
-            train,
-            valid,
-            path,
-            &|d: &Device| c.init(d).map_err(|e| e.to_string()),
-        ),
-        FamilyModel::Reformer(c) => train_and_score(
-            fam,
-            args,
-            device,
-            steps,
-            eval_at,
-            train,
-            valid,
-            path,
-            &|d: &Device| c.init(d).map_err(|e| e.to_string()),
-        ),
-        FamilyModel::Memorizing(c) => train_and_score(
-            fam,
-            args,
-            device,
-            steps,
-            eval_at,
-            train,
-            valid,
-            path,
-            &|d: &Device| c.init(d).map_err(|e| e.to_string()),
-        ),
+fn run_memzoo(run: MemzooRun) -> Result<Vec<QualityPoint>, String> {
+    match &run.fam.model {
+        FamilyModel::Xl(c) => {
+            run.train_and_score(&|d: &Device| c.init(d).map_err(|e| e.to_string()))
+        }
+        FamilyModel::Reformer(c) => {
+            run.train_and_score(&|d: &Device| c.init(d).map_err(|e| e.to_string()))
+        }
+        FamilyModel::Memorizing(c) => {
+            run.train_and_score(&|d: &Device| c.init(d).map_err(|e| e.to_string()))
+        }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn train_and_score<M: SegmentModel>(
-    fam: &Family,
-    args: &BenchArgs,
-    device: &Device,
-    steps: usize,
-    eval_at: &[usize],
-    train: &[Token],
-    valid: &[Token],
-    path: &Path,
-    init: &dyn Fn(&Device) -> Result<M, String>,
-) -> Result<Vec<QualityPoint>, String> {
-    let window = eval_at.iter().fold(10, |g, &s| gcd(g, s));
-    let every = eval_at.iter().fold(0, |g, &s| gcd(g, s));
-    let mut config = train_config(args.seed, steps, fam.batch, fam.tgt_len, window, every);
-    config.replicas = args.replicas;
-    let run_dir = std::env::temp_dir().join(format!(
-        "memzoo-quality-{}-{}",
-        fam.name,
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&run_dir);
-    let result = (|| {
-        let train_device = device.clone().autodiff();
-        train_device.seed(config.seed);
-        let model = init(&train_device)?;
-        let name = path.display();
-        let mut data = OrderedBatcher::named(
-            &format!("the train split of {name}"),
-            train.to_vec(),
-            fam.batch,
-            fam.tgt_len,
-        )
-        .map_err(|e| e.to_string())?
-        .drop_last(true);
-        eprintln!(
-            "quality {}: memzoo trains {steps} steps ({} rows x {} tokens), evaluating at {eval_at:?}",
-            fam.name, fam.batch, fam.tgt_len
-        );
-        let options = RunOptions {
-            run_dir: run_dir.clone(),
-            resume: false,
-            quiet: true,
-        };
-        memzoo_train::train(model, &config, &mut data, None, &options)
-            .map_err(|e| format!("memzoo {} training: {e}", fam.name))?;
-        let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-            .map_err(|e| format!("cannot read {}/metrics.jsonl: {e}", run_dir.display()))?;
-        let log = train_log(&metrics, fam.batch * fam.tgt_len);
-        let mut valid_data = OrderedBatcher::named(
-            &format!("the valid split of {name}"),
-            valid.to_vec(),
-            fam.batch,
-            fam.tgt_len,
-        )
-        .map_err(|e| e.to_string())?
-        .drop_last(true);
-        let mut points = Vec::new();
-        for &s in eval_at {
-            let dir = run_dir.join("checkpoints").join(format!("step-{s:08}"));
-            let model = checkpoint::load_model(&dir, init(device)?)
-                .map_err(|e| format!("memzoo {} checkpoint at step {s}: {e}", fam.name))?;
-            let r = evaluate(&model, &mut valid_data, fam.tgt_len, None)
-                .map_err(|e| format!("memzoo {} evaluation at step {s}: {e}", fam.name))?;
-            let (train_loss, wall_s) = log.at(s).ok_or_else(|| {
-                format!(
-                    "memzoo {}: metrics.jsonl has no training record at step {s}",
-                    fam.name
-                )
-            })?;
-            points.push(QualityPoint {
-                kind: "quality".into(),
-                family: fam.name.into(),
-                implementation: "memzoo".into(),
-                step: s,
-                valid_bpc: r.bpc,
-                train_loss,
-                wall_s: (wall_s * 100.0).round() / 100.0,
-            });
-        }
-        Ok(points)
-    })();
-    let _ = std::fs::remove_dir_all(&run_dir);
-    result
+impl MemzooRun<'_> {
+    fn train_and_score<M: SegmentModel>(
+        self,
+        init: &dyn Fn(&Device) -> Result<M, String>,
+    ) -> Result<Vec<QualityPoint>, String> {
+        let MemzooRun {
+            fam,
+            args,
+            device,
+            steps,
+            eval_at,
+            train,
+            valid,
+            path,
+        } = self;
+        let window = eval_at.iter().fold(10, |g, &s| gcd(g, s));
+        let every = eval_at.iter().fold(0, |g, &s| gcd(g, s));
+        let mut config = train_config(args.seed, steps, fam.batch, fam.tgt_len, window, every);
+        config.replicas = args.replicas;
+        let run_dir = std::env::temp_dir().join(format!(
+            "memzoo-quality-{}-{}",
+            fam.name,
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&run_dir);
+        let result = (|| {
+            let train_device = device.clone().autodiff();
+            train_device.seed(config.seed);
+            let model = init(&train_device)?;
+            let name = path.display();
+            let mut data = OrderedBatcher::named(
+                &format!("the train split of {name}"),
+                train.to_vec(),
+                fam.batch,
+                fam.tgt_len,
+            )
+            .map_err(|e| e.to_string())?
+            .drop_last(true);
+            eprintln!(
+                "quality {}: memzoo trains {steps} steps ({} rows x {} tokens), evaluating at {eval_at:?}",
+                fam.name, fam.batch, fam.tgt_len
+            );
+            let options = RunOptions {
+                run_dir: run_dir.clone(),
+                resume: false,
+                quiet: true,
+            };
+            memzoo_train::train(model, &config, &mut data, None, &options)
+                .map_err(|e| format!("memzoo {} training: {e}", fam.name))?;
+            let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+                .map_err(|e| format!("cannot read {}/metrics.jsonl: {e}", run_dir.display()))?;
+            let log = train_log(&metrics, fam.batch * fam.tgt_len);
+            let mut valid_data = OrderedBatcher::named(
+                &format!("the valid split of {name}"),
+                valid.to_vec(),
+                fam.batch,
+                fam.tgt_len,
+            )
+            .map_err(|e| e.to_string())?
+            .drop_last(true);
+            let mut points = Vec::new();
+            for &s in eval_at {
+                let dir = run_dir.join("checkpoints").join(format!("step-{s:08}"));
+                let model = checkpoint::load_model(&dir, init(device)?)
+                    .map_err(|e| format!("memzoo {} checkpoint at step {s}: {e}", fam.name))?;
+                let r = evaluate(&model, &mut valid_data, fam.tgt_len, None)
+                    .map_err(|e| format!("memzoo {} evaluation at step {s}: {e}", fam.name))?;
+                let (train_loss, wall_s) = log.at(s).ok_or_else(|| {
+                    format!(
+                        "memzoo {}: metrics.jsonl has no training record at step {s}",
+                        fam.name
+                    )
+                })?;
+                points.push(QualityPoint {
+                    kind: "quality".into(),
+                    family: fam.name.into(),
+                    implementation: "memzoo".into(),
+                    step: s,
+                    valid_bpc: r.bpc,
+                    train_loss,
+                    wall_s: (wall_s * 100.0).round() / 100.0,
+                });
+            }
+            Ok(points)
+        })();
+        let _ = std::fs::remove_dir_all(&run_dir);
+        result
+    }
 }
 
 /// The training records of a `metrics.jsonl`: per logged step, the window's mean loss and the

@@ -212,6 +212,46 @@ pub struct BatcherState {
     pub tokens: u64,
 }
 
+impl BatcherState {
+    /// The first step of the first epoch of a batcher of `batch` rows of `row_len` tokens,
+    /// `tokens` in all.
+    fn start(batch: usize, row_len: usize, tokens: usize) -> Self {
+        BatcherState {
+            pos: 0,
+            epoch: 0,
+            step: 0,
+            batch: batch as u64,
+            row_len: row_len as u64,
+            tokens: tokens as u64,
+        }
+    }
+
+    /// The first step of the next epoch.
+    fn next_epoch(&mut self) {
+        self.epoch += 1;
+        self.pos = 0;
+        self.step = 0;
+    }
+}
+
+/// `batch` and `seg_len` positive, and `tokens` enough for one batch of `batch` rows of
+/// `seg_len` inputs and their targets.
+fn check_shape(name: &str, tokens: usize, batch: usize, seg_len: usize) -> Result<(), DataError> {
+    check_len("batch", batch)?;
+    check_len("seq_len", seg_len)?;
+    let needed = batch.saturating_mul(seg_len.saturating_add(1));
+    if tokens < needed {
+        return Err(DataError::TooShort {
+            what: name.to_string(),
+            tokens,
+            needed,
+            batch,
+            seq_len: seg_len,
+        });
+    }
+    Ok(())
+}
+
 fn check_restore(saved: &BatcherState, here: &BatcherState) -> Result<(), DataError> {
     for (field, s, a) in [
         ("batch", saved.batch, here.batch),
@@ -281,29 +321,11 @@ impl OrderedBatcher {
         batch: usize,
         seg_len: usize,
     ) -> Result<Self, DataError> {
-        check_len("batch", batch)?;
-        check_len("seq_len", seg_len)?;
         let n = tokens.len();
-        let needed = batch.saturating_mul(seg_len.saturating_add(1));
-        if n < needed {
-            return Err(DataError::TooShort {
-                what: name.to_string(),
-                tokens: n,
-                needed,
-                batch,
-                seq_len: seg_len,
-            });
-        }
+        check_shape(name, n, batch, seg_len)?;
         let row_len = n / batch;
         tokens.truncate(row_len * batch);
-        let state = BatcherState {
-            pos: 0,
-            epoch: 0,
-            step: 0,
-            batch: batch as u64,
-            row_len: row_len as u64,
-            tokens: n as u64,
-        };
+        let state = BatcherState::start(batch, row_len, n);
         Ok(Self {
             tokens,
             mask: None,
@@ -388,9 +410,7 @@ impl OrderedBatcher {
 
     /// Back to the start of the stream, as epoch `epoch + 1`.
     pub fn start_next_epoch(&mut self) {
-        self.state.epoch += 1;
-        self.state.pos = 0;
-        self.state.step = 0;
+        self.state.next_epoch();
     }
 
     /// Whether the current epoch has no step of length `len` left.
@@ -478,10 +498,18 @@ impl Iterator for OrderedBatcher {
 /// Targets are the inputs shifted by one *within a document*: the target of a document's
 /// last token, and of every padding position, is `pad` (ignored, see [`Batch`]).
 /// `reset[r]` is `true` on the step where a document starts in row `r`.
+///
+/// With [`DocBatcher::with_target_masks`], each batch carries the documents' selection masks
+/// as its `target_mask` (e.g. the recallable positions of the generated corpus).
 #[derive(Clone, Debug)]
 pub struct DocBatcher {
     /// `[batch, row_len]` row-major.
     tokens: Vec<Token>,
+    /// Where each non-empty document was laid out: `(document index, row, offset in the row,
+    /// length)`.
+    placements: Vec<(usize, usize, usize, usize)>,
+    /// `[batch, row_len]` row-major: the selection mask of the token there (false on padding).
+    mask: Option<Vec<bool>>,
     /// `[batch, n_steps]` row-major: a document starts at that step.
     starts: Vec<bool>,
     batch: usize,
@@ -516,19 +544,8 @@ impl DocBatcher {
         seg_len: usize,
         pad: Token,
     ) -> Result<Self, DataError> {
-        check_len("batch", batch)?;
-        check_len("seq_len", seg_len)?;
         let total: usize = documents.iter().map(Vec::len).sum();
-        let needed = batch.saturating_mul(seg_len.saturating_add(1));
-        if total < needed {
-            return Err(DataError::TooShort {
-                what: name.to_string(),
-                tokens: total,
-                needed,
-                batch,
-                seq_len: seg_len,
-            });
-        }
+        check_shape(name, total, batch, seg_len)?;
         if let Some(i) = documents.iter().position(|d| d.contains(&pad)) {
             return Err(DataError::invalid(
                 format!("document {i}"),
@@ -539,10 +556,12 @@ impl DocBatcher {
         // Row contents and document-start steps, row by row.
         let mut rows: Vec<Vec<Token>> = vec![Vec::new(); batch];
         let mut row_starts: Vec<Vec<usize>> = vec![Vec::new(); batch];
+        let mut placements = Vec::new();
         let mut n_docs = 0;
-        for doc in documents.iter().filter(|d| !d.is_empty()) {
+        for (d, doc) in documents.iter().enumerate().filter(|(_, d)| !d.is_empty()) {
             let r = (0..batch).min_by_key(|&r| (rows[r].len(), r)).unwrap_or(0);
             let row = &mut rows[r];
+            placements.push((d, r, row.len(), doc.len()));
             row_starts[r].push(row.len() / seg_len);
             row.extend_from_slice(doc);
             let padded = row.len().div_ceil(seg_len) * seg_len;
@@ -560,16 +579,11 @@ impl DocBatcher {
                 starts[r * n_steps + k] = true;
             }
         }
-        let state = BatcherState {
-            pos: 0,
-            epoch: 0,
-            step: 0,
-            batch: batch as u64,
-            row_len: row_len as u64,
-            tokens: total as u64,
-        };
+        let state = BatcherState::start(batch, row_len, total);
         Ok(Self {
             tokens,
+            placements,
+            mask: None,
             starts,
             batch,
             seg_len,
@@ -578,6 +592,34 @@ impl DocBatcher {
             documents: n_docs,
             state,
         })
+    }
+
+    /// Attaches a selection mask per document (`masks[d]` as long as document `d` given to
+    /// [`DocBatcher::new`]); each batch then carries `target_mask[r, t]` = the mask of the
+    /// document token that target `(r, t)` is (false where the target is padding).
+    pub fn with_target_masks(mut self, masks: &[Vec<bool>]) -> Result<Self, DataError> {
+        let row_len = self.n_steps * self.seg_len;
+        let mut mask = vec![false; self.batch * row_len];
+        if masks.len() < self.placements.last().map_or(0, |p| p.0 + 1) {
+            return Err(DataError::invalid(
+                "target masks",
+                masks.len(),
+                "need one per document",
+            ));
+        }
+        for &(d, r, offset, len) in &self.placements {
+            let start = r * row_len + offset;
+            if masks[d].len() != len {
+                return Err(DataError::invalid(
+                    format!("target mask of document {d}"),
+                    format!("{} entries", masks[d].len()),
+                    format!("must have one per token of the document, {len}"),
+                ));
+            }
+            mask[start..start + len].copy_from_slice(&masks[d]);
+        }
+        self.mask = Some(mask);
+        Ok(self)
     }
 
     /// Rows per batch.
@@ -635,9 +677,7 @@ impl DocBatcher {
 
     /// Back to the first step, as epoch `epoch + 1`.
     pub fn start_next_epoch(&mut self) {
-        self.state.epoch += 1;
-        self.state.pos = 0;
-        self.state.step = 0;
+        self.state.next_epoch();
     }
 
     /// Next step; `None` at the end of the epoch.
@@ -651,6 +691,7 @@ impl DocBatcher {
         let mut inputs = Vec::with_capacity(b * l);
         let mut targets = Vec::with_capacity(b * l);
         let mut reset = Vec::with_capacity(b);
+        let mut target_mask = self.mask.as_ref().map(|_| Vec::with_capacity(b * l));
         for r in 0..b {
             let row = &self.tokens[r * row_len..(r + 1) * row_len];
             reset.push(self.starts[r * self.n_steps + k]);
@@ -662,6 +703,9 @@ impl DocBatcher {
                     || row[i] == self.pad
                     || (next % l == 0 && self.starts[r * self.n_steps + next / l]);
                 targets.push(if doc_ends { pad } else { row[next] as i64 });
+                if let (Some(out), Some(m)) = (target_mask.as_mut(), self.mask.as_ref()) {
+                    out.push(!doc_ends && m[r * row_len + next]);
+                }
             }
         }
         let batch = Batch {
@@ -671,7 +715,7 @@ impl DocBatcher {
             len: l,
             reset,
             pad: Some(pad),
-            target_mask: None,
+            target_mask,
             counted: None,
             epoch: self.state.epoch,
             step: self.state.step,

@@ -47,7 +47,8 @@ pub enum TopkPlacement {
     /// selection (`select_nth_unstable`), rows in parallel. Burn's CPU backends implement
     /// top-k as a full sort, which is far slower for 10^4-10^6 columns.
     Host,
-    /// `Host` on CPU backends (Flex, NdArray, LibTorch CPU), `Device` elsewhere.
+    /// `Host` where [`memzoo_backend::is_host_cpu`] says the device computes in host memory
+    /// (`flex`, LibTorch on the CPU), `Device` elsewhere.
     #[default]
     Auto,
 }

@@ -7,6 +7,9 @@ pub enum TrainError {
     /// Data that does not fit (too short, wrong ids, ...).
     #[error("data: {0}")]
     Data(String),
+    /// A batcher or generated task refused its input (memzoo-data's error, as it is).
+    #[error("data: {0}")]
+    Batches(#[from] memzoo_data::DataError),
     /// Tensor shapes that do not fit.
     #[error("shape: {0}")]
     Shape(String),

@@ -33,4 +33,7 @@ pub use generate::{
 pub use model::{SegmentModel, segment_loss};
 pub use schedule::ScheduleConfig;
 pub use segment::{Segment, SegmentSource};
-pub use trainer::{AdamConfig, EvalResult, RunOptions, TrainConfig, TrainOutcome, evaluate, train};
+pub use trainer::{
+    AdamConfig, EvalResult, RunOptions, TrainConfig, TrainOutcome, evaluate, evaluate_sharded,
+    train,
+};

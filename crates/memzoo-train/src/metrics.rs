@@ -105,12 +105,23 @@ pub fn drop_records_after(run_dir: &Path, step: usize) -> Result<usize, TrainErr
     Ok(dropped)
 }
 
-/// The trainer's reporting: dashboard + plain lines + JSON lines.
+/// Where the trainer shows its metrics besides `metrics.jsonl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Show {
+    /// burn-train's dashboard (stdout is a terminal).
+    Dashboard,
+    /// One plain line per record on stdout.
+    Lines,
+    /// Nothing on stdout (`quiet`); notes go to stderr.
+    Nothing,
+}
+
+/// The trainer's reporting: dashboard or plain lines, and JSON lines.
 pub struct Reporter {
     renderer: Box<dyn MetricsRenderer>,
     ids: Vec<(String, MetricId)>,
     jsonl: File,
-    plain: bool,
+    show: Show,
     /// Set when the user quits from the dashboard; the trainer checkpoints and stops.
     pub interrupter: Interrupter,
 }
@@ -128,8 +139,9 @@ const METRICS: &[(&str, Option<&str>, bool)] = &[
 ];
 
 impl Reporter {
-    /// Opens `<run_dir>/metrics.jsonl` for appending and starts the renderer: burn-train's
-    /// TUI when stdout is a terminal (and `quiet` is off), plain lines otherwise.
+    /// Opens `<run_dir>/metrics.jsonl` for appending and starts the renderer: with `quiet`
+    /// nothing on stdout (notes on stderr); otherwise burn-train's TUI when stdout is a
+    /// terminal, plain lines when it is not.
     pub fn new(
         run_dir: &Path,
         total_steps: usize,
@@ -143,7 +155,14 @@ impl Reporter {
             .open(&path)
             .map_err(|e| TrainError::io(format!("cannot open {}", path.display()), e))?;
         let interrupter = Interrupter::new();
-        let terminal = std::io::stdout().is_terminal() && !quiet;
+        let show = if quiet {
+            Show::Nothing
+        } else if std::io::stdout().is_terminal() {
+            Show::Dashboard
+        } else {
+            Show::Lines
+        };
+        let terminal = show == Show::Dashboard;
         let mut renderer: Box<dyn MetricsRenderer> = if terminal {
             default_renderer(interrupter.clone(), None)
         } else {
@@ -169,12 +188,13 @@ impl Reporter {
             renderer,
             ids,
             jsonl,
-            plain: !terminal,
+            show,
             interrupter,
         })
     }
 
-    /// Records metrics of `split` at `step`: dashboard, JSON line per metric, one plain line.
+    /// Records metrics of `split` at `step`: a JSON line per metric, and the dashboard or one
+    /// plain line.
     pub fn record(
         &mut self,
         step: usize,
@@ -206,7 +226,7 @@ impl Reporter {
         self.jsonl
             .flush()
             .map_err(|e| TrainError::io("cannot flush metrics.jsonl", e))?;
-        if self.plain {
+        if self.show == Show::Lines {
             let parts: Vec<String> = values
                 .iter()
                 .map(|(n, v)| {
@@ -218,22 +238,25 @@ impl Reporter {
                 })
                 .collect();
             println!("[{split}] step {step}: {}", parts.join("  "));
-        } else if split == "train" {
+        } else if self.show == Show::Dashboard && split == "train" {
             self.renderer.update_split(step);
         }
         Ok(())
     }
 
-    /// A plain message (only printed when no dashboard is shown).
+    /// A plain message: a line on stdout beside plain lines, on stderr when `quiet` (none
+    /// under the dashboard).
     pub fn note(&self, message: &str) {
-        if self.plain {
-            println!("{message}");
+        match self.show {
+            Show::Lines => println!("{message}"),
+            Show::Nothing => eprintln!("{message}"),
+            Show::Dashboard => {}
         }
     }
 
     /// Ends the dashboard.
     pub fn finish(&mut self) {
-        if !self.plain {
+        if self.show == Show::Dashboard {
             self.renderer.end_split();
             self.renderer.end();
             let _ = self.renderer.on_train_end(None);

@@ -26,17 +26,22 @@
 //! Random draws (dropout masks, the Reformer's rotations) come from the backend's global
 //! generator in whatever order the replicas reach it: with dropout and `R > 1` a run is not
 //! bit-reproducible from its seed. `replicas = 1` is.
+//!
+//! Evaluation ([`eval_step_sharded`]) splits the rows the same way, without gradients: each
+//! shard returns the sums of its rows' losses and counts ([`EvalSums`]), which add up to the
+//! whole batch's, so the split's mean loss is the same (up to float rounding) for any `R`.
 
-use std::ops::Range;
+use std::ops::{Add, Range};
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
+use burn::tensor::activation::log_softmax;
 use rayon::prelude::*;
 
 use crate::error::TrainError;
 use crate::grads::scale;
 use crate::model::SegmentModel;
-use crate::segment::{Segment, loss_weights, tensors};
+use crate::segment::{Segment, loss_weights, mask_tensor, tensors};
 
 /// `batch` rows split into `replicas` contiguous ranges whose sizes differ by at most one (the
 /// first ones get the extra rows). Empty when `replicas` is 0.
@@ -101,8 +106,7 @@ pub fn train_step_sharded<M: SegmentModel>(
     let shards: Vec<Segment> = shard_rows(segment.batch, replicas)
         .into_iter()
         .map(|rows| segment.rows(rows))
-        .collect::<Result<_, _>>()
-        .map_err(|e| TrainError::Data(e.to_string()))?;
+        .collect::<Result<_, _>>()?;
     // Weights n_r / N (rows / batch if no target counts at all).
     let counted: Vec<usize> = shards.iter().map(Segment::counted_targets).collect();
     let total: usize = counted.iter().sum();
@@ -152,4 +156,102 @@ pub fn train_step_sharded<M: SegmentModel>(
         grads
     };
     Ok((loss, grads))
+}
+
+/// Sums over the evaluated targets of some rows: what [`crate::evaluate`] adds up over a split.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EvalSums {
+    /// `Σ -log p(y)` (nats) over the counted targets (not padding, selected by `counted`).
+    pub nats: f64,
+    /// Counted targets.
+    pub tokens: u64,
+    /// `Σ -log p(y)` over the counted targets the data's target mask selects.
+    pub selected_nats: f64,
+    /// Of those, how many are the model's most likely token (argmax).
+    pub selected_hits: f64,
+    /// Counted targets the target mask selects.
+    pub selected_tokens: u64,
+}
+
+impl Add for EvalSums {
+    type Output = EvalSums;
+
+    fn add(self, o: EvalSums) -> EvalSums {
+        EvalSums {
+            nats: self.nats + o.nats,
+            tokens: self.tokens + o.tokens,
+            selected_nats: self.selected_nats + o.selected_nats,
+            selected_hits: self.selected_hits + o.selected_hits,
+            selected_tokens: self.selected_tokens + o.selected_tokens,
+        }
+    }
+}
+
+/// Reads `segment` with `model` (no autodiff) on top of `state`, moving the state on, and
+/// returns its [`EvalSums`].
+///
+/// # Shapes
+/// - `segment`: `[batch, len]` inputs and targets
+pub fn eval_segment<M: SegmentModel>(
+    model: &M,
+    device: &Device,
+    segment: &Segment,
+    state: &mut M::State,
+) -> Result<EvalSums, TrainError> {
+    let (x, y) = tensors(segment, device);
+    let shape = segment.shape();
+    let logp = log_softmax(model.segment_logits(x, state, &segment.reset)?, 2);
+    // ℓ_i = -log p(y_i)
+    let nll = logp
+        .clone()
+        .gather(2, y.clone().reshape([shape[0], shape[1], 1]))
+        .reshape(shape)
+        .neg();
+    // Weights: 1 for counted targets (not padding, selected by `counted`).
+    let keep = segment.loss_mask();
+    let mut sums = EvalSums {
+        tokens: keep.iter().filter(|&&k| k).count() as u64,
+        ..EvalSums::default()
+    };
+    let w = mask_tensor(&keep, shape, device);
+    sums.nats = (nll.clone() * w).sum().into_scalar::<f64>();
+    if let Some(mask) = &segment.target_mask {
+        let sel: Vec<bool> = mask.iter().zip(&keep).map(|(&m, &k)| m && k).collect();
+        sums.selected_tokens = sel.iter().filter(|&&k| k).count() as u64;
+        let w = mask_tensor(&sel, shape, device);
+        sums.selected_nats = (nll * w.clone()).sum().into_scalar::<f64>();
+        let hits = logp.argmax(2).reshape(shape).equal(y).float();
+        sums.selected_hits = (hits * w).sum().into_scalar::<f64>();
+    }
+    Ok(sums)
+}
+
+/// Evaluates one segment of `model` (no autodiff) with its rows split over `states.len()`
+/// replicas, as [`train_step_sharded`] splits a training step: `states[r]` carries the
+/// memories of the rows [`shard_rows`]`(batch, R)[r]` from one segment to the next. The
+/// shards' [`EvalSums`] add up to the whole segment's.
+pub fn eval_step_sharded<M: SegmentModel>(
+    model: &M,
+    device: &Device,
+    segment: &Segment,
+    states: &mut [M::State],
+) -> Result<EvalSums, TrainError> {
+    let replicas = states.len();
+    check_replicas(replicas, segment.batch)?;
+    if replicas == 1 {
+        return eval_segment(model, device, segment, &mut states[0]);
+    }
+    let shards: Vec<Segment> = shard_rows(segment.batch, replicas)
+        .into_iter()
+        .map(|rows| segment.rows(rows))
+        .collect::<Result<_, _>>()?;
+    // Clones share the parameters' storage: one model, one handle per thread.
+    let replicas: Vec<M> = (0..replicas).map(|_| model.clone()).collect();
+    replicas
+        .into_par_iter()
+        .zip(shards.par_iter())
+        .zip(states.par_iter_mut())
+        .map(|((replica, shard), state)| eval_segment(&replica, device, shard, state))
+        .collect::<Result<Vec<_>, _>>()
+        .map(|sums| sums.into_iter().fold(EvalSums::default(), Add::add))
 }

@@ -96,10 +96,6 @@ fn task_train_config(
         .with_keep_checkpoints(1)
 }
 
-fn data_error(e: memzoo_data::DataError) -> TrainError {
-    TrainError::Data(e.to_string())
-}
-
 /// Trains `cfg.model` (with `train_rounds` hash rounds) on the duplication task on `device`
 /// (an autodiff device) with [`train`] into `options.run_dir`, the loss counting the second
 /// copies only; then evaluates the accuracy on the second copies of a held-out set with each
@@ -131,10 +127,10 @@ pub fn duplication(
     if cfg.eval_size == 0 {
         return bad("the duplication eval_size must be positive, got 0".into());
     }
-    let data = |seed| Duplication::new(cfg.batch, cfg.len, cfg.vocab, seed).map_err(data_error);
+    let data = |seed| Duplication::new(cfg.batch, cfg.len, cfg.vocab, seed);
     let mut train_data = TaskStream::endless(data(cfg.seed)?);
     let eval_batches = cfg.eval_size.div_ceil(cfg.batch.max(1));
-    let mut valid_data = TaskStream::limited(data(!cfg.seed)?, eval_batches).map_err(data_error)?;
+    let mut valid_data = TaskStream::limited(data(!cfg.seed)?, eval_batches)?;
     let model = cfg
         .model
         .clone()
@@ -228,19 +224,14 @@ pub fn recall(
             cfg.steps, cfg.batch, cfg.eval_segments, cfg.evaluations
         )));
     }
-    let mut train_data = TaskStream::endless(
-        RecallStream::new(task.clone(), cfg.batch, cfg.seed).map_err(data_error)?,
-    );
+    let mut train_data = TaskStream::endless(RecallStream::new(task.clone(), cfg.batch, cfg.seed)?);
     let eval_task = RecallTask {
         long_fraction: 1.0,
         ..task.clone()
     };
-    let eval_stream =
-        RecallStream::new(eval_task, cfg.batch, cfg.seed ^ 0xabcdef).map_err(data_error)?;
-    let mut valid_data = TaskStream::limited(eval_stream, cfg.eval_segments).map_err(data_error)?;
-    let model = model
-        .init(device)
-        .map_err(|e| TrainError::Model(e.to_string()))?;
+    let eval_stream = RecallStream::new(eval_task, cfg.batch, cfg.seed ^ 0xabcdef)?;
+    let mut valid_data = TaskStream::limited(eval_stream, cfg.eval_segments)?;
+    let model = model.init(device)?;
     let every = (cfg.steps / cfg.evaluations).max(1);
     // Burn's AdamW defaults the task was tuned with: weight decay 1e-4.
     let config = task_train_config(cfg.steps, cfg.batch, task.seg_len, cfg.lr, 1e-4)

@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use burn::config::Config;
 use burn::optim::{AdamWConfig, GradientsAccumulator, ModuleOptimizer};
-use burn::tensor::activation::log_softmax;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::TrainerState;
@@ -14,7 +13,7 @@ use crate::grads::scale_and_clip;
 use crate::metrics::Reporter;
 use crate::model::SegmentModel;
 use crate::schedule::ScheduleConfig;
-use crate::segment::{Segment, SegmentSource, mask_tensor, tensors};
+use crate::segment::{Segment, SegmentSource};
 
 /// Configuration of a training run.
 #[derive(Config, Debug)]
@@ -43,7 +42,8 @@ pub struct TrainConfig {
     pub clip_norm: Option<f64>,
     /// Data-parallel model replicas, each training on its share of the batch's rows at the same
     /// time (see [`crate::parallel`]); at most `batch`. `None`: one per CPU thread on `flex`, 1
-    /// on every other backend. A resumed run keeps its checkpoint's count. Default: none.
+    /// on every other backend. A resumed run keeps its checkpoint's count. Validation splits its
+    /// rows the same way (`memzoo eval` too). Default: none.
     #[config(default = "None")]
     pub replicas: Option<usize>,
     /// Segments whose gradients are summed per optimizer step. Default: 1.
@@ -219,7 +219,9 @@ impl EvalResult {
     }
 }
 
-/// Evaluates `model` over `source` in order, carrying state across segments.
+/// Evaluates `model` over `source` in order, carrying state across segments, its rows split
+/// over as many replicas as [`crate::parallel::auto_replicas`] gives (one per thread on `flex`);
+/// see [`evaluate_sharded`].
 ///
 /// `max_segments` limits the number of segments (`None`: the whole split). The model runs
 /// without autodiff.
@@ -228,6 +230,20 @@ pub fn evaluate<M: SegmentModel>(
     source: &mut dyn SegmentSource,
     len: usize,
     max_segments: Option<usize>,
+) -> Result<EvalResult, TrainError> {
+    evaluate_sharded(model, source, len, max_segments, None)
+}
+
+/// [`evaluate`] with each segment's rows split over `replicas` model replicas that run at the
+/// same time (`None`: [`crate::parallel::auto_replicas`]), each carrying the memories of its
+/// rows, as training steps do ([`crate::parallel::eval_step_sharded`]). Rows are independent,
+/// so the result is the same for every replica count, up to float rounding.
+pub fn evaluate_sharded<M: SegmentModel>(
+    model: &M,
+    source: &mut dyn SegmentSource,
+    len: usize,
+    max_segments: Option<usize>,
+    replicas: Option<usize>,
 ) -> Result<EvalResult, TrainError> {
     if max_segments == Some(0) {
         return Err(TrainError::Config(
@@ -241,48 +257,33 @@ pub fn evaluate<M: SegmentModel>(
         .next()
         .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
     source.rewind();
-    let mut state = M::State::default();
-    let (mut nats, mut tokens) = (0.0, 0u64);
-    let (mut sel_nats, mut sel_hits, mut sel_tokens) = (0.0, 0.0, 0u64);
+    let mut states: Vec<M::State> = Vec::new();
+    let mut sums = crate::parallel::EvalSums::default();
     let mut n = 0;
     while let Some(seg) = source.next_segment(len) {
         check_token_ids(&seg, model.vocab_size(), "evaluation")?;
-        let (x, y) = tensors(&seg, &device);
-        let shape = seg.shape();
-        let logp = log_softmax(model.segment_logits(x, &mut state, &seg.reset)?, 2);
-        let nll = logp
-            .clone()
-            .gather(2, y.clone().reshape([shape[0], shape[1], 1]))
-            .reshape(shape)
-            .neg();
-        // Weights: 1 for counted targets (not padding, selected by `counted`).
-        let keep = seg.loss_mask();
-        tokens += keep.iter().filter(|&&k| k).count() as u64;
-        let w = mask_tensor(&keep, shape, &device);
-        nats += (nll.clone() * w).sum().into_scalar::<f64>();
-        if let Some(mask) = &seg.target_mask {
-            let sel: Vec<bool> = mask.iter().zip(&keep).map(|(&m, &k)| m && k).collect();
-            sel_tokens += sel.iter().filter(|&&k| k).count() as u64;
-            let w = mask_tensor(&sel, shape, &device);
-            sel_nats += (nll * w.clone()).sum().into_scalar::<f64>();
-            let hits = logp.argmax(2).reshape(shape).equal(y).float();
-            sel_hits += (hits * w).sum().into_scalar::<f64>();
+        if states.is_empty() {
+            let r = replicas.unwrap_or_else(|| crate::parallel::auto_replicas(&device, seg.batch));
+            crate::parallel::check_replicas(r, seg.batch)?;
+            states = (0..r).map(|_| M::State::default()).collect();
         }
+        sums = sums + crate::parallel::eval_step_sharded(&model, &device, &seg, &mut states)?;
         n += 1;
         if max_segments.is_some_and(|m| n >= m) {
             break;
         }
     }
-    if tokens == 0 {
+    if sums.tokens == 0 {
         return Err(TrainError::Data(format!(
             "the evaluation split holds no full segment of {len} tokens"
         )));
     }
-    let mut result = EvalResult::from_sum(nats, tokens);
-    if sel_tokens > 0 {
-        result.selected_loss = Some(sel_nats / sel_tokens as f64);
-        result.selected_tokens = sel_tokens;
-        result.selected_accuracy = Some(sel_hits / sel_tokens as f64);
+    let mut result = EvalResult::from_sum(sums.nats, sums.tokens);
+    if sums.selected_tokens > 0 {
+        let sel = sums.selected_tokens as f64;
+        result.selected_loss = Some(sums.selected_nats / sel);
+        result.selected_tokens = sums.selected_tokens;
+        result.selected_accuracy = Some(sums.selected_hits / sel);
     }
     Ok(result)
 }
@@ -363,7 +364,9 @@ pub struct RunOptions {
     pub run_dir: PathBuf,
     /// Continue from the latest checkpoint in `run_dir`.
     pub resume: bool,
-    /// No dashboard even on a terminal.
+    /// Nothing on stdout: no dashboard, no log lines (`metrics.jsonl` is written all the same;
+    /// notes such as an interruption go to stderr). Otherwise burn-train's dashboard on a
+    /// terminal, one plain line per record when stdout is not one.
     pub quiet: bool,
 }
 
@@ -557,7 +560,14 @@ pub fn train<M: SegmentModel>(
                 Some(m) => model.clone().with_eval_mem_len(m),
                 None => model.clone(),
             };
-            let r = evaluate(&eval_model, v, config.tgt_len, config.eval_segments)?;
+            // Sharded as the training steps are (a fresh memory per shard).
+            let r = evaluate_sharded(
+                &eval_model,
+                v,
+                config.tgt_len,
+                config.eval_segments,
+                Some(replicas),
+            )?;
             let mut values = vec![("loss", r.loss), ("bpc", r.bpc), ("ppl", r.ppl)];
             if let Some(sel) = r.selected_loss {
                 values.push(("selected_bpc", sel / std::f64::consts::LN_2));

@@ -9,17 +9,22 @@ use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
 use memzoo_train::{
-    RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate, train as run_training,
+    RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate_sharded, train as run_training,
 };
 use memzoo_xl::TransformerXl;
 use serde_json::json;
 
 use crate::config::{ModelKind, RunConfig};
 use crate::data_setup::{batcher, load_corpus, load_splits};
+use crate::error::CliError;
 
-fn device(name: &str) -> Result<Device, String> {
-    memzoo_backend::parse_device(name).map_err(|e| e.to_string())
+fn device(name: &str) -> Result<Device, CliError> {
+    Ok(memzoo_backend::parse_device(name)?)
 }
+
+/// What to do instead of starting a run where one is (`memzoo train`).
+const TRAIN_ELSEWHERE: &str =
+    "continue it with --resume, train into a new --run-dir, or pass --overwrite to replace it";
 
 /// `memzoo train`: a new run in `run_dir` (refused where a run already is, unless
 /// `overwrite`, which first removes that run's checkpoints, metrics and config), or with
@@ -33,25 +38,25 @@ pub fn train(
     overwrite: bool,
     quiet: bool,
     json_out: bool,
-) -> Result<Option<i32>, String> {
+) -> Result<Option<i32>, CliError> {
     config.validate()?;
     check_machine_memory(config)?;
     if resume && overwrite {
-        return Err(
+        return Err(CliError::Conflict(
             "--resume continues the run in --run-dir and --overwrite replaces it: \
-                    pass one of them"
+             pass one of them"
                 .into(),
-        );
+        ));
     }
     if !resume && let Some(found) = checkpoint::existing_run(run_dir) {
         if !overwrite {
-            return Err(format!(
-                "run directory {} already holds a run ({found}): continue it with --resume, \
-                 train into a new --run-dir, or pass --overwrite to replace it",
-                run_dir.display()
-            ));
+            return Err(CliError::RunExists {
+                dir: run_dir.to_path_buf(),
+                found,
+                advice: TRAIN_ELSEWHERE,
+            });
         }
-        checkpoint::clear_run(run_dir).map_err(|e| e.to_string())?;
+        checkpoint::clear_run(run_dir)?;
         if !json_out {
             println!(
                 "--overwrite: removed the run in {} ({found})",
@@ -75,11 +80,19 @@ pub fn train(
     let mut train_data = source(config, &splits, Split::Train, docs)?;
     let mut valid_data = source(config, &splits, Split::Valid, docs)?;
 
-    std::fs::create_dir_all(run_dir)
-        .map_err(|e| format!("cannot create run directory {}: {e}", run_dir.display()))?;
+    std::fs::create_dir_all(run_dir).map_err(|e| {
+        CliError::io(
+            format!("cannot create run directory {}", run_dir.display()),
+            e,
+        )
+    })?;
     if !resume {
-        std::fs::write(run_dir.join("config.toml"), config.to_toml())
-            .map_err(|e| format!("cannot write to run directory {}: {e}", run_dir.display()))?;
+        std::fs::write(run_dir.join("config.toml"), config.to_toml()).map_err(|e| {
+            CliError::io(
+                format!("cannot write to run directory {}", run_dir.display()),
+                e,
+            )
+        })?;
     }
     let options = RunOptions {
         run_dir: run_dir.to_path_buf(),
@@ -99,29 +112,31 @@ pub fn train(
     let mut without_memory = None;
     let outcome = match config.model_kind {
         ModelKind::Xl => {
-            let model = config.model.init(&device).map_err(|e| e.to_string())?;
-            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)
-                .map_err(|e| e.to_string())?;
+            let model = config.model.init(&device)?;
+            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)?;
             // On text with recallable positions: the same weights reading no memory, to show
             // what the memory bought.
             if o.valid.is_some_and(|v| v.selected_loss.is_some()) && !o.interrupted {
                 let no_memory = o.model.clone().with_eval_mem_len(0);
-                let r = evaluate(&no_memory, &mut *valid_data, t.tgt_len, t.eval_segments)
-                    .map_err(|e| e.to_string())?;
+                let r = evaluate_sharded(
+                    &no_memory,
+                    &mut *valid_data,
+                    t.tgt_len,
+                    t.eval_segments,
+                    t.replicas,
+                )?;
                 without_memory = Some(r);
             }
             (o.steps, o.valid, o.interrupted, o.signal)
         }
         ModelKind::Reformer => {
-            let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
-            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)
-                .map_err(|e| e.to_string())?;
+            let model = config.reformer.init(&device)?;
+            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)?;
             (o.steps, o.valid, o.interrupted, o.signal)
         }
         ModelKind::Memorizing => {
-            let model = config.memorizing.init(&device).map_err(|e| e.to_string())?;
-            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)
-                .map_err(|e| e.to_string())?;
+            let model = config.memorizing.init(&device)?;
+            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)?;
             (o.steps, o.valid, o.interrupted, o.signal)
         }
     };
@@ -196,22 +211,20 @@ pub fn recall_summary(with_memory: f64, without_memory: f64, tokens: u64) -> Str
 }
 
 /// The model of a run directory with its latest checkpoint, on `device` (no autodiff).
-pub fn load_xl(run_dir: &Path, device: &Device) -> Result<(RunConfig, TransformerXl), String> {
+pub fn load_xl(run_dir: &Path, device: &Device) -> Result<(RunConfig, TransformerXl), CliError> {
     let config = RunConfig::from_run_dir(run_dir, &[])?;
-    let dir = checkpoint::latest(&run_dir.join("checkpoints"))
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{} has no checkpoint yet", run_dir.display()))?;
-    let trainer = checkpoint::read_trainer_state(&dir).map_err(|e| e.to_string())?;
+    let dir = latest_checkpoint(run_dir)?;
+    let trainer = checkpoint::read_trainer_state(&dir)?;
     // The `[model]` stack is "xl", or "memorizing" when its layers include kNN ones.
     if !matches!(trainer.family.as_str(), "xl" | "memorizing") {
-        return Err(format!(
-            "{} holds a `{}` model, not a Transformer-XL stack",
-            dir.display(),
-            trainer.family
-        ));
+        return Err(CliError::Family {
+            dir,
+            found: trainer.family,
+            expected: "not a Transformer-XL stack".into(),
+        });
     }
-    let model = config.model.init(device).map_err(|e| e.to_string())?;
-    let model = checkpoint::load_model(&dir, model).map_err(|e| e.to_string())?;
+    let model = config.model.init(device)?;
+    let model = checkpoint::load_model(&dir, model)?;
     Ok((config, model))
 }
 
@@ -224,20 +237,28 @@ pub fn eval(
     tgt_len: Option<usize>,
     max_segments: Option<usize>,
     json_out: bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let split = match split {
         "valid" => Split::Valid,
         "test" => Split::Test,
         "train" => Split::Train,
-        other => return Err(format!("unknown split `{other}`: expected valid or test")),
+        other => {
+            return Err(CliError::flag(
+                "--split",
+                other,
+                "unknown split: expected valid or test (or train)",
+            ));
+        }
     };
     if max_segments == Some(0) {
-        return Err(
-            "--max-segments must be positive, got 0 (leave it out for the whole split)".into(),
-        );
+        return Err(CliError::flag(
+            "--max-segments",
+            0,
+            "must be positive (leave it out for the whole split)",
+        ));
     }
     if tgt_len == Some(0) {
-        return Err("--tgt-len must be positive, got 0".into());
+        return Err(CliError::flag("--tgt-len", 0, "must be positive"));
     }
     let device = device(device_name)?;
     let config = RunConfig::from_run_dir(run_dir, &[])?;
@@ -251,6 +272,8 @@ pub fn eval(
         Box::new(batcher(&splits, split, config.train.batch, len)?) as Box<dyn SegmentSource>
     };
     let data = &mut *data;
+    // Rows split over replicas as in training (`train.replicas`; unset: one per thread on flex).
+    let replicas = config.train.replicas.map(|r| r.min(config.train.batch));
     let start = Instant::now();
     let (r, eval_mem_len) = match config.model_kind {
         ModelKind::Xl => {
@@ -260,22 +283,27 @@ pub fn eval(
                 None => model,
             };
             let m = model.mem_len;
-            (evaluate(&model, data, len, max_segments), Some(m))
+            (
+                evaluate_sharded(&model, data, len, max_segments, replicas),
+                Some(m),
+            )
         }
         ModelKind::Reformer => {
-            let dir = latest_checkpoint(run_dir)?;
-            let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
-            let model = checkpoint::load_model(&dir, model).map_err(|e| e.to_string())?;
-            (evaluate(&model, data, len, max_segments), None)
+            let model = load_checkpoint(run_dir, config.reformer.init(&device)?)?;
+            (
+                evaluate_sharded(&model, data, len, max_segments, replicas),
+                None,
+            )
         }
         ModelKind::Memorizing => {
-            let dir = latest_checkpoint(run_dir)?;
-            let model = config.memorizing.init(&device).map_err(|e| e.to_string())?;
-            let model = checkpoint::load_model(&dir, model).map_err(|e| e.to_string())?;
-            (evaluate(&model, data, len, max_segments), None)
+            let model = load_checkpoint(run_dir, config.memorizing.init(&device)?)?;
+            (
+                evaluate_sharded(&model, data, len, max_segments, replicas),
+                None,
+            )
         }
     };
-    let r = r.map_err(|e| e.to_string())?;
+    let r = r?;
     let secs = start.elapsed().as_secs_f64();
     if json_out {
         println!(
@@ -307,7 +335,7 @@ pub fn eval(
 
 /// Token ids must index the model's vocabulary: the largest one in the data is named rather
 /// than panicking inside the embedding lookup.
-fn check_vocab(config: &RunConfig, splits: &crate::data_setup::Splits) -> Result<(), String> {
+fn check_vocab(config: &RunConfig, splits: &crate::data_setup::Splits) -> Result<(), CliError> {
     let (field, vocab) = match config.model_kind {
         ModelKind::Xl => ("model.vocab_size", config.model.vocab_size),
         ModelKind::Reformer => ("reformer.vocab_size", config.reformer.vocab_size),
@@ -321,14 +349,21 @@ fn check_vocab(config: &RunConfig, splits: &crate::data_setup::Splits) -> Result
         if let Some(&max) = tokens.iter().max()
             && max as usize >= vocab
         {
-            return Err(format!(
-                "{field} = {vocab}, but the {split} split of {} holds token id {max} (ids must \
-                 be below the vocabulary size; byte data needs 256)",
-                splits.name
-            ));
+            return Err(CliError::Vocab {
+                field,
+                vocab,
+                split,
+                data: splits.name.clone(),
+                id: max.into(),
+            });
         }
     }
     Ok(())
+}
+
+/// Bytes in GiB, for messages.
+fn gib(bytes: f64) -> f64 {
+    bytes / (1u64 << 30) as f64
 }
 
 /// This machine's memory in bytes (`MemTotal` of /proc/meminfo), where it can be read.
@@ -342,7 +377,7 @@ fn machine_memory() -> Option<u64> {
 /// Refuses a Reformer whose LSH attention cannot fit in this machine's memory (the scores of
 /// one layer: batch x heads x rounds x padded length x chunk window, f32, about four live
 /// copies in the backward), naming the estimate, instead of being killed for memory.
-fn check_machine_memory(config: &RunConfig) -> Result<(), String> {
+fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
     if config.model_kind != ModelKind::Reformer {
         return Ok(());
     }
@@ -358,18 +393,16 @@ fn check_machine_memory(config: &RunConfig) -> Result<(), String> {
         return Ok(());
     };
     if bytes > total as f64 {
-        let gib = |b: f64| b / (1u64 << 30) as f64;
-        return Err(format!(
-            "reformer.n_rounds = {} with train.batch {} x train.tgt_len {} ({} heads, chunk \
-             window {window}): one LSH layer's attention needs about {:.1} GiB, more than this \
-             machine's {:.1} GiB; lower reformer.n_rounds, train.batch or train.tgt_len",
-            r.n_rounds,
-            t.batch,
-            t.tgt_len,
-            r.n_heads,
-            gib(bytes),
-            gib(total as f64)
-        ));
+        return Err(CliError::TooLarge {
+            what: format!(
+                "reformer.n_rounds = {} with train.batch {} x train.tgt_len {} ({} heads, chunk \
+                 window {window}): one LSH layer's attention",
+                r.n_rounds, t.batch, t.tgt_len, r.n_heads,
+            ),
+            need_gib: gib(bytes),
+            have_gib: gib(total as f64),
+            advice: "; lower reformer.n_rounds, train.batch or train.tgt_len".into(),
+        });
     }
     Ok(())
 }
@@ -381,7 +414,7 @@ fn source(
     splits: &crate::data_setup::Splits,
     split: Split,
     docs: bool,
-) -> Result<Box<dyn SegmentSource>, String> {
+) -> Result<Box<dyn SegmentSource>, CliError> {
     let t = &config.train;
     if docs
         && let Some(d) = crate::data_setup::doc_batcher(&config.data, split, t.batch, t.tgt_len)?
@@ -391,10 +424,10 @@ fn source(
     Ok(Box::new(batcher(splits, split, t.batch, t.tgt_len)?))
 }
 
-fn latest_checkpoint(run_dir: &Path) -> Result<PathBuf, String> {
-    checkpoint::latest(&run_dir.join("checkpoints"))
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{} has no checkpoint yet", run_dir.display()))
+fn latest_checkpoint(run_dir: &Path) -> Result<PathBuf, CliError> {
+    checkpoint::latest(&run_dir.join("checkpoints"))?.ok_or_else(|| CliError::NoCheckpoint {
+        dir: run_dir.to_path_buf(),
+    })
 }
 
 /// A fresh run directory for a task run under the system's temp dir, removed on drop: the
@@ -435,7 +468,7 @@ pub fn duplication(
     steps: usize,
     seconds: f64,
     json_out: bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     use memzoo_train::tasks::{DuplicationConfig, duplication as train_dup};
     use memzoo_xl::ReformerConfig;
     let device = device(device_name)?.autodiff();
@@ -459,7 +492,7 @@ pub fn duplication(
         .with_eval_rounds(vec![1, 2, 4])
         .with_log_every((steps / 10).max(1));
     let run = ScratchRun::new("duplication");
-    let report = train_dup(&cfg, &device, &run.options()).map_err(|e| e.to_string())?;
+    let report = train_dup(&cfg, &device, &run.options())?;
     if json_out {
         println!(
             "{}",
@@ -491,7 +524,7 @@ pub fn recall(
     batch: usize,
     seed: u64,
     json_out: bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     use memzoo_data::RecallTask;
     use memzoo_knn::recall_task::reference_config;
     use memzoo_train::tasks::{RecallConfig, recall as train_recall};
@@ -500,18 +533,21 @@ pub fn recall(
         "memorizing" => &[("memorizing", true)],
         "xl" => &[("xl", false)],
         other => {
-            return Err(format!(
-                "--model must be both, memorizing or xl, got `{other}`"
+            return Err(CliError::flag(
+                "--model",
+                other,
+                "must be both, memorizing or xl",
             ));
         }
     };
-    if steps == 0 || batch == 0 {
-        return Err(format!(
-            "--steps and --batch must be positive, got {steps} and {batch}"
-        ));
+    if steps == 0 {
+        return Err(CliError::flag("--steps", steps, "must be positive"));
+    }
+    if batch == 0 {
+        return Err(CliError::flag("--batch", batch, "must be positive"));
     }
     if !(lr.is_finite() && lr > 0.0) {
-        return Err(format!("--lr must be a positive number, got {lr}"));
+        return Err(CliError::flag("--lr", lr, "must be a positive number"));
     }
     let device = device(device_name)?.autodiff();
     let task = RecallTask::reference();
@@ -548,8 +584,7 @@ pub fn recall(
             &cfg,
             &device,
             &run.options(),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         if json_out {
             println!(
                 "{}",
@@ -586,31 +621,18 @@ pub struct GenerateOptions {
     pub compare_recompute: bool,
 }
 
-/// A sampler error names the CLI flag as well.
-fn flag_error(e: GenerateError) -> String {
-    let flag = match e {
-        GenerateError::Temperature(_) => "--temperature",
-        GenerateError::TopK(_) => "--top-k",
-        GenerateError::TopP(_) => "--top-p",
-        GenerateError::SegmentLen(_) => "--segment-len",
-        _ => return e.to_string(),
-    };
-    format!("{flag}: {e}")
-}
-
 /// The latest checkpoint of `run_dir` into `model`, which must be of the family it holds.
-fn load_checkpoint<M: SegmentModel>(run_dir: &Path, model: M) -> Result<M, String> {
+fn load_checkpoint<M: SegmentModel>(run_dir: &Path, model: M) -> Result<M, CliError> {
     let dir = latest_checkpoint(run_dir)?;
-    let trainer = checkpoint::read_trainer_state(&dir).map_err(|e| e.to_string())?;
+    let trainer = checkpoint::read_trainer_state(&dir)?;
     if trainer.family != model.family() {
-        return Err(format!(
-            "{} holds a `{}` model, the run's config.toml a `{}` one",
-            dir.display(),
-            trainer.family,
-            model.family()
-        ));
+        return Err(CliError::Family {
+            dir,
+            found: trainer.family,
+            expected: format!("the run's config.toml a `{}` one", model.family()),
+        });
     }
-    checkpoint::load_model(&dir, model).map_err(|e| e.to_string())
+    Ok(checkpoint::load_model(&dir, model)?)
 }
 
 /// `memzoo generate`: continues `--prompt` with a run's latest checkpoint, of any family
@@ -620,39 +642,38 @@ pub fn generate(
     device_name: &str,
     opts: &GenerateOptions,
     json_out: bool,
-) -> Result<(), String> {
-    opts.sampler.validate().map_err(flag_error)?;
+) -> Result<(), CliError> {
+    opts.sampler.validate()?;
     if opts.segment_len == Some(0) {
-        return Err(flag_error(GenerateError::SegmentLen(0)));
+        return Err(GenerateError::SegmentLen(0).into());
     }
     // The generated tokens and their text stay in memory: refuse what cannot fit.
     let bytes = opts.tokens as f64 * 16.0;
     if let Some(total) = machine_memory()
         && bytes > total as f64
     {
-        return Err(format!(
-            "--tokens {}: the generated tokens need about {:.1} GiB, more than this machine's \
-             {:.1} GiB",
-            opts.tokens,
-            bytes / (1u64 << 30) as f64,
-            total as f64 / (1u64 << 30) as f64
-        ));
+        return Err(CliError::TooLarge {
+            what: format!("--tokens {}: the generated tokens", opts.tokens),
+            need_gib: gib(bytes),
+            have_gib: gib(total as f64),
+            advice: String::new(),
+        });
     }
     let device = device(device_name)?;
     let config = RunConfig::from_run_dir(run_dir, &[])?;
     if opts.mem_len.is_some() && config.model_kind != ModelKind::Xl {
-        return Err(format!(
+        return Err(CliError::Conflict(format!(
             "--mem-len sets a Transformer-XL's memory, but {} holds a {:?} run",
             run_dir.display(),
             config.model_kind
-        ));
+        )));
     }
     let segment_len = opts.segment_len.unwrap_or(config.train.tgt_len);
     // Bytes, or the words of an imported word-level model (`vocab.json` in the run).
-    let codec = TextCodec::for_dir(run_dir).map_err(|e| e.to_string())?;
+    let codec = TextCodec::for_dir(run_dir)?;
     match config.model_kind {
         ModelKind::Xl => {
-            let model = config.model.init(&device).map_err(|e| e.to_string())?;
+            let model = config.model.init(&device)?;
             let model = load_checkpoint(run_dir, model)?;
             let model = match opts.mem_len {
                 Some(m) => model.with_mem_len(m),
@@ -661,12 +682,12 @@ pub fn generate(
             generate_with(&model, &codec, segment_len, opts, &device, json_out)
         }
         ModelKind::Reformer => {
-            let model = config.reformer.init(&device).map_err(|e| e.to_string())?;
+            let model = config.reformer.init(&device)?;
             let model = load_checkpoint(run_dir, model)?;
             generate_with(&model, &codec, segment_len, opts, &device, json_out)
         }
         ModelKind::Memorizing => {
-            let model = config.memorizing.init(&device).map_err(|e| e.to_string())?;
+            let model = config.memorizing.init(&device)?;
             let model = load_checkpoint(run_dir, model)?;
             generate_with(&model, &codec, segment_len, opts, &device, json_out)
         }
@@ -680,17 +701,13 @@ fn generate_with<M: SegmentModel>(
     opts: &GenerateOptions,
     device: &Device,
     json_out: bool,
-) -> Result<(), String> {
-    let prompt = codec
-        .encode_prompt(&opts.prompt)
-        .map_err(|e| e.to_string())?;
+) -> Result<(), CliError> {
+    let prompt = codec.encode_prompt(&opts.prompt)?;
     let config = GenerateConfig::new(opts.tokens, segment_len).with_sampler(opts.sampler.clone());
-    let out = generate_tokens(model, &prompt, &config, device).map_err(flag_error)?;
-    let text = codec
-        .decode_continuation(&out.tokens)
-        .map_err(|e| e.to_string())?;
+    let out = generate_tokens(model, &prompt, &config, device)?;
+    let text = codec.decode_continuation(&out.tokens)?;
     let recompute = if opts.compare_recompute {
-        let r = generate_recompute(model, &prompt, &config, device).map_err(flag_error)?;
+        let r = generate_recompute(model, &prompt, &config, device)?;
         Some((r.seconds_per_token, r.tokens == out.tokens))
     } else {
         None
@@ -734,22 +751,21 @@ fn generate_with<M: SegmentModel>(
 }
 
 /// `memzoo data list`.
-pub fn data_list() -> Result<(), String> {
-    for m in Manifest::all().map_err(|e| e.to_string())? {
+pub fn data_list() -> Result<(), CliError> {
+    for m in Manifest::all()? {
         println!("{:16} {:>12} bytes  {}", m.name, m.size, m.description);
     }
     Ok(())
 }
 
 /// `memzoo data fetch`.
-pub fn data_fetch(name: &str, dir: &Path, url: Option<String>) -> Result<(), String> {
-    let manifest = Manifest::load(name).map_err(|e| e.to_string())?;
+pub fn data_fetch(name: &str, dir: &Path, url: Option<String>) -> Result<(), CliError> {
+    let manifest = Manifest::load(name)?;
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let path: PathBuf = match url {
         Some(url) => memzoo_data::fetch_from(&url, &manifest, dir, progress),
         None => memzoo_data::fetch(&manifest, dir, progress),
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     println!("{}", path.display());
     Ok(())
 }
@@ -763,7 +779,7 @@ fn source_config(source: &str, dir: &Path) -> crate::config::DataConfig {
 }
 
 /// `memzoo data prepare`: load, split and report sizes (checks the file end to end).
-pub fn data_prepare(source: &str, dir: &Path, json_out: bool) -> Result<(), String> {
+pub fn data_prepare(source: &str, dir: &Path, json_out: bool) -> Result<(), CliError> {
     let (name, corpus) = load_corpus(&source_config(source, dir))?;
     if json_out {
         println!(
@@ -782,7 +798,7 @@ pub fn data_prepare(source: &str, dir: &Path, json_out: bool) -> Result<(), Stri
 }
 
 /// `memzoo data stats`.
-pub fn data_stats(source: &str, dir: &Path, json_out: bool) -> Result<(), String> {
+pub fn data_stats(source: &str, dir: &Path, json_out: bool) -> Result<(), CliError> {
     let (name, corpus) = load_corpus(&source_config(source, dir))?;
     for (split, bytes) in [
         ("train", &corpus.train),

@@ -10,6 +10,8 @@ use memzoo_xl::{ReformerConfig, XlConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error::CliError;
+
 /// Which model family a run trains.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -215,7 +217,7 @@ impl RunConfig {
     /// Defaults, then the TOML file (if any), then the `--set` overrides, in that order.
     ///
     /// Unknown sections or fields and ill-typed values are errors that name them.
-    pub fn resolve(file: Option<&Path>, sets: &[String]) -> Result<Self, String> {
+    pub fn resolve(file: Option<&Path>, sets: &[String]) -> Result<Self, CliError> {
         Self::resolve_preset(None, file, sets)
     }
 
@@ -224,7 +226,7 @@ impl RunConfig {
         preset: Option<Preset>,
         file: Option<&Path>,
         sets: &[String],
-    ) -> Result<Self, String> {
+    ) -> Result<Self, CliError> {
         let mut base = RunConfig::default();
         if let Some(p) = preset {
             p.apply(&mut base);
@@ -232,25 +234,28 @@ impl RunConfig {
         let mut value = serde_json::to_value(base).expect("serialisable");
         if let Some(path) = file {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-            let table: toml::Table = toml::from_str(&text)
-                .map_err(|e| format!("config {} is not valid TOML: {e}", path.display()))?;
-            let user = serde_json::to_value(table).map_err(|e| e.to_string())?;
+                .map_err(|e| CliError::io(format!("cannot read config {}", path.display()), e))?;
+            let table: toml::Table = toml::from_str(&text).map_err(|e| {
+                CliError::Config(format!("config {} is not valid TOML: {e}", path.display()))
+            })?;
+            let user = serde_json::to_value(table).map_err(|e| {
+                CliError::Config(format!("config {} cannot be read: {e}", path.display()))
+            })?;
             merge(&mut value, &user, "")?;
         }
         for set in sets {
-            let (key, raw) = set
-                .split_once('=')
-                .ok_or_else(|| format!("--set `{set}`: expected section.field=value"))?;
+            let (key, raw) = set.split_once('=').ok_or_else(|| {
+                CliError::Config(format!("--set `{set}`: expected section.field=value"))
+            })?;
             set_path(&mut value, key.trim(), parse_scalar(raw.trim()))?;
         }
         Self::from_value(value)
     }
 
     /// Parses a resolved JSON value, rejecting fields the types do not know.
-    fn from_value(value: Value) -> Result<Self, String> {
-        let config: RunConfig =
-            serde_json::from_value(value.clone()).map_err(|e| format!("invalid config: {e}"))?;
+    fn from_value(value: Value) -> Result<Self, CliError> {
+        let config: RunConfig = serde_json::from_value(value.clone())
+            .map_err(|e| CliError::Config(format!("invalid config: {e}")))?;
         // Burn's Config derive ignores unknown fields: compare with a round trip.
         let back = serde_json::to_value(&config).expect("serialisable");
         unknown_fields(&value, &back, "")?;
@@ -258,28 +263,28 @@ impl RunConfig {
     }
 
     /// Checks every section, naming the bad field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), CliError> {
         match self.model_kind {
-            ModelKind::Xl => self.model.validate().map_err(|e| e.to_string())?,
-            ModelKind::Memorizing => self.memorizing.validate().map_err(|e| e.to_string())?,
+            ModelKind::Xl => self.model.validate()?,
+            ModelKind::Memorizing => self.memorizing.validate()?,
             ModelKind::Reformer => {
-                self.reformer.validate().map_err(|e| e.to_string())?;
+                self.reformer.validate()?;
                 if self.train.tgt_len > self.reformer.max_seq_len {
-                    return Err(format!(
+                    return Err(CliError::Config(format!(
                         "train.tgt_len ({}) exceeds reformer.max_seq_len ({})",
                         self.train.tgt_len, self.reformer.max_seq_len
-                    ));
+                    )));
                 }
             }
         }
-        self.train.validate().map_err(|e| e.to_string())?;
+        self.train.validate()?;
         if !(0.0..1.0).contains(&(self.data.valid_fraction + self.data.test_fraction)) {
-            return Err(format!(
+            return Err(CliError::Config(format!(
                 "data.valid_fraction + data.test_fraction must be below 1, got {} + {}",
                 self.data.valid_fraction, self.data.test_fraction
-            ));
+            )));
         }
-        self.data.generated.validate().map_err(|e| e.to_string())?;
+        self.data.generated.validate()?;
         Ok(())
     }
 
@@ -290,13 +295,12 @@ impl RunConfig {
     }
 
     /// Reads a run directory's `config.toml`, then applies `sets`.
-    pub fn from_run_dir(run_dir: &Path, sets: &[String]) -> Result<Self, String> {
+    pub fn from_run_dir(run_dir: &Path, sets: &[String]) -> Result<Self, CliError> {
         let path = run_dir.join("config.toml");
         if !path.exists() {
-            return Err(format!(
-                "{} has no config.toml: is it a memzoo run directory?",
-                run_dir.display()
-            ));
+            return Err(CliError::NotARun {
+                dir: run_dir.to_path_buf(),
+            });
         }
         // Saved configs are complete, but resolve() also fills fields added since.
         Self::resolve(Some(&path), sets)
@@ -323,7 +327,7 @@ fn parse_scalar(raw: &str) -> Value {
     serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()))
 }
 
-fn merge(base: &mut Value, user: &Value, path: &str) -> Result<(), String> {
+fn merge(base: &mut Value, user: &Value, path: &str) -> Result<(), CliError> {
     match (base, user) {
         (Value::Object(b), Value::Object(u)) => {
             for (k, v) in u {
@@ -349,24 +353,29 @@ fn merge(base: &mut Value, user: &Value, path: &str) -> Result<(), String> {
     }
 }
 
-fn set_path(root: &mut Value, key: &str, value: Value) -> Result<(), String> {
+fn set_path(root: &mut Value, key: &str, value: Value) -> Result<(), CliError> {
     let parts: Vec<&str> = key.split('.').collect();
     let mut cur = root;
     for (i, part) in parts.iter().enumerate() {
         let here = parts[..=i].join(".");
-        let obj = cur
-            .as_object_mut()
-            .ok_or_else(|| format!("--set {key}: `{}` is not a section", parts[..i].join(".")))?;
+        let obj = cur.as_object_mut().ok_or_else(|| {
+            CliError::Config(format!(
+                "--set {key}: `{}` is not a section",
+                parts[..i].join(".")
+            ))
+        })?;
         if i + 1 == parts.len() {
             if !obj.contains_key(*part) {
-                return Err(format!("--set {key}: unknown field `{here}`"));
+                return Err(CliError::Config(format!(
+                    "--set {key}: unknown field `{here}`"
+                )));
             }
             obj.insert(part.to_string(), value);
             return Ok(());
         }
         cur = obj
             .get_mut(*part)
-            .ok_or_else(|| format!("--set {key}: unknown section `{here}`"))?;
+            .ok_or_else(|| CliError::Config(format!("--set {key}: unknown section `{here}`")))?;
         if cur.is_null() {
             *cur = Value::Object(Default::default());
         }
@@ -374,7 +383,7 @@ fn set_path(root: &mut Value, key: &str, value: Value) -> Result<(), String> {
     Ok(())
 }
 
-fn unknown_fields(given: &Value, known: &Value, path: &str) -> Result<(), String> {
+fn unknown_fields(given: &Value, known: &Value, path: &str) -> Result<(), CliError> {
     if let (Value::Object(g), Value::Object(k)) = (given, known) {
         for (key, v) in g {
             let p = if path.is_empty() {
@@ -383,7 +392,7 @@ fn unknown_fields(given: &Value, known: &Value, path: &str) -> Result<(), String
                 format!("{path}.{key}")
             };
             match k.get(key) {
-                None => return Err(format!("unknown config field `{p}`")),
+                None => return Err(CliError::Config(format!("unknown config field `{p}`"))),
                 Some(kv) => unknown_fields(v, kv, &p)?,
             }
         }

@@ -5,6 +5,7 @@ use std::path::Path;
 use memzoo_data::{ByteTokenizer, Corpus, Manifest, OrderedBatcher, Split, SplitRule, Token};
 
 use crate::config::DataConfig;
+use crate::error::CliError;
 
 /// The three splits as token streams, with a name for messages.
 pub struct Splits {
@@ -30,27 +31,25 @@ impl Splits {
 }
 
 /// Loads the corpus a `[data]` section names and tokenises it (bytes).
-pub fn load_corpus(cfg: &DataConfig) -> Result<(String, Corpus), String> {
+pub fn load_corpus(cfg: &DataConfig) -> Result<(String, Corpus), CliError> {
     match cfg.source.as_deref() {
         None | Some("") | Some("generated") => {
-            let corpus = memzoo_data::generate_corpus(&cfg.generated).map_err(|e| e.to_string())?;
+            let corpus = memzoo_data::generate_corpus(&cfg.generated)?;
             Ok((
                 format!("generated long-range corpus (seed {})", cfg.generated.seed),
                 corpus,
             ))
         }
         Some(name) if Manifest::known().contains(&name) => {
-            let manifest = Manifest::load(name).map_err(|e| e.to_string())?;
+            let manifest = Manifest::load(name)?;
             let path = manifest.local_path(Path::new(&cfg.data_dir));
             if !path.exists() {
-                return Err(format!(
-                    "data set `{name}` is not downloaded ({} is missing): run `memzoo data fetch {name}` first",
-                    path.display()
-                ));
+                return Err(CliError::NotDownloaded {
+                    name: name.to_string(),
+                    path,
+                });
             }
-            let corpus = manifest
-                .load_corpus(Path::new(&cfg.data_dir))
-                .map_err(|e| e.to_string())?;
+            let corpus = manifest.load_corpus(Path::new(&cfg.data_dir))?;
             Ok((format!("data set {name}"), corpus))
         }
         Some(path) => {
@@ -58,15 +57,14 @@ pub fn load_corpus(cfg: &DataConfig) -> Result<(String, Corpus), String> {
                 valid: cfg.valid_fraction,
                 test: cfg.test_fraction,
             };
-            let corpus = Corpus::load(Path::new(path), cfg.member.as_deref(), &rule)
-                .map_err(|e| e.to_string())?;
+            let corpus = Corpus::load(Path::new(path), cfg.member.as_deref(), &rule)?;
             Ok((path.to_string(), corpus))
         }
     }
 }
 
 /// Loads and tokenises the three splits.
-pub fn load_splits(cfg: &DataConfig) -> Result<Splits, String> {
+pub fn load_splits(cfg: &DataConfig) -> Result<Splits, CliError> {
     let (name, corpus) = load_corpus(cfg)?;
     let tok = ByteTokenizer::new();
     Ok(Splits {
@@ -86,16 +84,16 @@ pub fn batcher(
     split: Split,
     batch: usize,
     len: usize,
-) -> Result<OrderedBatcher, String> {
+) -> Result<OrderedBatcher, CliError> {
     let label = format!("the {} split of {}", split.as_str(), splits.name);
     let tokens = splits.get(split).to_vec();
     let mask = (split != Split::Train).then(|| {
         let bytes: Vec<u8> = tokens.iter().map(|&t| t.min(255) as u8).collect();
         memzoo_data::recallable_mask(&bytes)
     });
-    let b = OrderedBatcher::named(&label, tokens, batch, len).map_err(|e| e.to_string())?;
+    let b = OrderedBatcher::named(&label, tokens, batch, len)?;
     let b = match mask {
-        Some(m) if m.iter().any(|&x| x) => b.with_target_mask(m).map_err(|e| e.to_string())?,
+        Some(m) if m.iter().any(|&x| x) => b.with_target_mask(m)?,
         _ => b,
     };
     Ok(b.drop_last(true))
@@ -104,22 +102,34 @@ pub fn batcher(
 /// Documents laid out per row (each starting at a segment boundary, `reset` where a new one
 /// starts, padding ignored by the loss) when the data has documents: the generated corpus.
 /// `None` for a plain file or data set, which is read as one stream.
+///
+/// Evaluation splits carry each document's recallable positions as the target mask, as
+/// [`batcher`] does for the stream.
 pub fn doc_batcher(
     cfg: &DataConfig,
     split: Split,
     batch: usize,
     len: usize,
-) -> Result<Option<memzoo_data::DocBatcher>, String> {
+) -> Result<Option<memzoo_data::DocBatcher>, CliError> {
     if !matches!(cfg.source.as_deref(), None | Some("") | Some("generated")) {
         return Ok(None);
     }
-    let docs: Vec<Vec<Token>> = memzoo_data::generate_split(&cfg.generated, split)
-        .map_err(|e| e.to_string())?
+    let texts: Vec<Vec<u8>> = memzoo_data::generate_split(&cfg.generated, split)?
         .into_iter()
-        .map(|d| d.text.into_iter().map(Token::from).collect())
+        .map(|d| d.text)
+        .collect();
+    let docs: Vec<Vec<Token>> = texts
+        .iter()
+        .map(|t| t.iter().copied().map(Token::from).collect())
         .collect();
     // Byte 0 never occurs in the generated text: it pads, and its targets are ignored.
-    memzoo_data::DocBatcher::new(&docs, batch, len, 0)
-        .map(Some)
-        .map_err(|e| e.to_string())
+    let b = memzoo_data::DocBatcher::new(&docs, batch, len, 0)?;
+    if split == Split::Train {
+        return Ok(Some(b));
+    }
+    let masks: Vec<Vec<bool>> = texts
+        .iter()
+        .map(|t| memzoo_data::recallable_mask(t))
+        .collect();
+    Ok(Some(b.with_target_masks(&masks)?))
 }

@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::config::{ModelKind, RunConfig};
 use crate::data_setup::{batcher, load_splits};
+use crate::error::CliError;
 
 /// The sources `--from` / `--to` accept.
 pub const SOURCES: &[&str] = memzoo_import::SOURCES;
@@ -25,19 +26,20 @@ const NOT_YET: &[&str] = &[
     "lucidrains-reformer",
 ];
 
-fn check_source(source: &str) -> Result<(), String> {
+fn check_source(source: &str) -> Result<(), CliError> {
     if SOURCES.contains(&source) {
         return Ok(());
     }
-    let later = if NOT_YET.contains(&source) {
+    let planned = if NOT_YET.contains(&source) {
         " (planned, not supported yet)"
     } else {
         ""
     };
-    Err(format!(
-        "unknown source `{source}`{later}: supported are {}",
-        SOURCES.join(", ")
-    ))
+    Err(CliError::UnknownFormat {
+        name: source.to_string(),
+        planned,
+        supported: SOURCES.join(", "),
+    })
 }
 
 /// `memzoo import --from SOURCE SRC --run-dir DIR`: reads the checkpoint directory `src`
@@ -51,21 +53,20 @@ pub fn import(
     data: Option<String>,
     overwrite: bool,
     json_out: bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     check_source(from)?;
     if let Some(found) = checkpoint::existing_run(run_dir) {
         if !overwrite {
-            return Err(format!(
-                "run directory {} already holds a run ({found}): import into a new --run-dir, \
-                 or pass --overwrite to replace it",
-                run_dir.display()
-            ));
+            return Err(CliError::RunExists {
+                dir: run_dir.to_path_buf(),
+                found,
+                advice: "import into a new --run-dir, or pass --overwrite to replace it",
+            });
         }
-        checkpoint::clear_run(run_dir).map_err(|e| e.to_string())?;
+        checkpoint::clear_run(run_dir)?;
     }
-    let device = memzoo_backend::parse_device("flex").map_err(|e| e.to_string())?;
-    let (model, xl) =
-        memzoo_import::import_source(from, src, &device).map_err(|e| e.to_string())?;
+    let device = memzoo_backend::parse_device("flex")?;
+    let (model, xl) = memzoo_import::import_source(from, src, &device)?;
     let mut config = RunConfig {
         model_kind: ModelKind::Xl,
         model: xl,
@@ -77,14 +78,14 @@ pub fn import(
     // xtask/peers/transfo_xl_vocab.py) goes with the run: `memzoo generate` reads it.
     let vocab = src.join(memzoo_data::WORD_VOCAB_FILE);
     let vocab = if vocab.is_file() {
-        let words = memzoo_data::TransfoXlVocab::read(&vocab).map_err(|e| e.to_string())?;
+        let words = memzoo_data::TransfoXlVocab::read(&vocab)?;
         if words.len() != config.model.vocab_size {
-            return Err(format!(
+            return Err(CliError::Config(format!(
                 "{} has {} words, the model a vocabulary of {}",
                 vocab.display(),
                 words.len(),
                 config.model.vocab_size
-            ));
+            )));
         }
         Some(vocab)
     } else {
@@ -113,13 +114,21 @@ pub fn import(
         total_steps: t.steps,
         replicas: 1,
     };
-    std::fs::create_dir_all(run_dir)
-        .map_err(|e| format!("cannot create run directory {}: {e}", run_dir.display()))?;
-    std::fs::write(run_dir.join("config.toml"), config.to_toml())
-        .map_err(|e| format!("cannot write to run directory {}: {e}", run_dir.display()))?;
+    std::fs::create_dir_all(run_dir).map_err(|e| {
+        CliError::io(
+            format!("cannot create run directory {}", run_dir.display()),
+            e,
+        )
+    })?;
+    std::fs::write(run_dir.join("config.toml"), config.to_toml()).map_err(|e| {
+        CliError::io(
+            format!("cannot write to run directory {}", run_dir.display()),
+            e,
+        )
+    })?;
     if let Some(vocab) = vocab {
         std::fs::copy(&vocab, run_dir.join(memzoo_data::WORD_VOCAB_FILE))
-            .map_err(|e| format!("cannot copy {}: {e}", vocab.display()))?;
+            .map_err(|e| CliError::io(format!("cannot copy {}", vocab.display()), e))?;
     }
     let saved = checkpoint::save(
         &run_dir.join("checkpoints"),
@@ -128,8 +137,7 @@ pub fn import(
         &[XlState::default()],
         &trainer,
         t.keep_checkpoints.max(1),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let params = burn::module::Module::num_params(&model);
     if json_out {
         println!(
@@ -173,25 +181,25 @@ pub fn export(
     out: &Path,
     device: &Device,
     json_out: bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     check_source(to)?;
     for f in ["config.json", "model.safetensors"] {
         if out.join(f).exists() {
-            return Err(format!(
-                "{} already exists: export into a new directory",
-                out.join(f).display()
-            ));
+            return Err(CliError::Exists {
+                path: out.join(f),
+                advice: "export into a new directory",
+            });
         }
     }
     let (config, model) = crate::commands::load_xl(run_dir, device)?;
     if config.model_kind != ModelKind::Xl {
-        return Err(format!(
-            "{} holds a `{:?}` run; only Transformer-XL stacks export to {to}",
-            run_dir.display(),
-            config.model_kind
-        ));
+        return Err(CliError::Family {
+            dir: run_dir.to_path_buf(),
+            found: format!("{:?}", config.model_kind),
+            expected: format!("only Transformer-XL stacks export to {to}"),
+        });
     }
-    memzoo_import::export_to(to, &model, &config.model, out).map_err(|e| e.to_string())?;
+    memzoo_import::export_to(to, &model, &config.model, out)?;
     if json_out {
         println!("{}", json!({"out": out, "to": to}));
     } else {

@@ -28,6 +28,8 @@ pub use memzoo_xl as xl;
 pub mod commands;
 pub mod config;
 pub mod data_setup;
+pub mod error;
+pub use error::CliError;
 pub mod import;
 
 /// The types most programs need.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use memzoo::commands;
 use memzoo::config::{ModelKind, Preset, RunConfig};
+use memzoo::error::CliError;
 
 #[derive(Parser)]
 #[command(
@@ -66,7 +67,9 @@ enum Command {
         /// without it, training into a directory that holds a run is refused.
         #[arg(long)]
         overwrite: bool,
-        /// No terminal dashboard, plain log lines only.
+        /// No dashboard and no log lines, only the final summary (every metric is in the run's
+        /// metrics.jsonl). Without it: the dashboard on a terminal, plain log lines when the
+        /// output is piped or redirected.
         #[arg(long)]
         quiet: bool,
     },
@@ -254,12 +257,25 @@ enum DataCommand {
     },
 }
 
+/// The exit status and the error message, in one place: 0; 128 + the signal's number for a
+/// run stopped by a signal (after its checkpoint); [`CliError::exit_code`] for an error, printed
+/// on stderr as `error: ...`.
 fn main() {
     memzoo::backend::tune_allocator();
     let cli = Cli::parse();
-    // A run stopped by a signal (after its checkpoint) exits with 128 + the signal's number.
-    let mut signal_exit = None;
-    let result = match cli.command {
+    match run(cli.command) {
+        Ok(None) => {}
+        Ok(Some(signal)) => std::process::exit(128 + signal),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(e.exit_code());
+        }
+    }
+}
+
+/// Runs one command; `Some(signal)` when a training run was stopped by that signal.
+fn run(command: Command) -> Result<Option<i32>, CliError> {
+    match command {
         Command::Train {
             common,
             config,
@@ -294,19 +310,15 @@ fn main() {
             } else {
                 RunConfig::resolve_preset(preset, config.as_deref(), &sets)
             };
-            config
-                .and_then(|config| {
-                    commands::train(
-                        &config,
-                        &common.device,
-                        &run_dir,
-                        resume,
-                        overwrite,
-                        quiet,
-                        common.json,
-                    )
-                })
-                .map(|signal| signal_exit = signal)
+            return commands::train(
+                &config?,
+                &common.device,
+                &run_dir,
+                resume,
+                overwrite,
+                quiet,
+                common.json,
+            );
         }
         Command::Eval {
             common,
@@ -366,9 +378,10 @@ fn main() {
             to,
             run_dir,
             out,
-        } => memzoo::backend::parse_device(&common.device)
-            .map_err(|e| e.to_string())
-            .and_then(|device| memzoo::import::export(&to, &run_dir, &out, &device, common.json)),
+        } => {
+            let device = memzoo::backend::parse_device(&common.device)?;
+            memzoo::import::export(&to, &run_dir, &out, &device, common.json)
+        }
         Command::Data { command } => match command {
             DataCommand::List => commands::data_list(),
             DataCommand::Fetch { name, dir, url } => commands::data_fetch(&name, &dir, url),
@@ -411,12 +424,6 @@ fn main() {
             }
             Ok(())
         }
-    };
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
     }
-    if let Some(signal) = signal_exit {
-        std::process::exit(128 + signal);
-    }
+    .map(|()| None)
 }

@@ -312,3 +312,68 @@ fn document_batcher_restores_and_checks_input() {
         "{err}"
     );
 }
+
+/// Each target's mask is the mask of the document token it is: token ids encode (document,
+/// position), so the expected mask is recomputed from the id alone.
+#[test]
+fn document_target_masks_follow_their_tokens() {
+    const PAD: Token = 0;
+    // Lengths 8 (a whole number of segments: the next document follows without padding), 5,
+    // 0 (skipped), 11, 3.
+    let lens = [8usize, 5, 0, 11, 3];
+    let id = |d: usize, p: usize| (1 + d * 100 + p) as Token;
+    let selected = |d: usize, p: usize| (d + p) % 3 == 0;
+    let documents: Vec<Vec<Token>> = lens
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| (0..n).map(|p| id(d, p)).collect())
+        .collect();
+    let masks: Vec<Vec<bool>> = lens
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| (0..n).map(|p| selected(d, p)).collect())
+        .collect();
+    let batcher = DocBatcher::new(&documents, 2, 4, PAD)
+        .unwrap()
+        .with_target_masks(&masks)
+        .unwrap();
+    let (mut checked, mut selected_seen) = (0, 0);
+    for batch in batcher {
+        let mask = batch.target_mask.as_ref().expect("a target mask");
+        for (i, &t) in batch.targets.iter().enumerate() {
+            if t == PAD as i64 {
+                assert!(!mask[i], "padding target {i} is not selected");
+                continue;
+            }
+            let (d, p) = ((t as usize - 1) / 100, (t as usize - 1) % 100);
+            assert_eq!(
+                mask[i],
+                selected(d, p),
+                "target {i}: document {d} token {p}"
+            );
+            checked += 1;
+            selected_seen += usize::from(mask[i]);
+        }
+    }
+    // Every token but each document's first is a target once.
+    assert_eq!(checked, 8 + 5 + 11 + 3 - 4);
+    assert!(selected_seen > 0);
+    // One mask per document, each as long as its document.
+    let err = DocBatcher::new(&documents, 2, 4, PAD)
+        .unwrap()
+        .with_target_masks(&masks[..2])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("one per document"), "{err}");
+    let mut short = masks.clone();
+    short[3].pop();
+    let err = DocBatcher::new(&documents, 2, 4, PAD)
+        .unwrap()
+        .with_target_masks(&short)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("document 3") && err.contains("10 entries"),
+        "{err}"
+    );
+}

@@ -1,0 +1,169 @@
+//! The CLI's one error type ([`memzoo::CliError`]): each kind the catalogue in `reliability.rs`
+//! does not reach, through the command that raises it, names the file, flag or value at fault
+//! and has the exit status `main` gives it (2 for a refused flag, 1 for everything else).
+
+use std::path::{Path, PathBuf};
+
+use memzoo::CliError;
+use memzoo::commands::{self, GenerateOptions};
+use memzoo::config::RunConfig;
+use memzoo_tests::{flex, tiny_cli};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memzoo-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A tiny XL run config on the generated corpus (2 steps).
+fn tiny(extra: &[&str]) -> RunConfig {
+    RunConfig::resolve(None, &tiny_cli(extra)).unwrap()
+}
+
+#[track_caller]
+fn check(result: Result<(), CliError>, parts: &[&str], exit: i32, what: &str) {
+    let err = result.expect_err(what);
+    let msg = err.to_string();
+    for p in parts {
+        assert!(msg.contains(p), "{what}: `{p}` not in the error: {msg}");
+    }
+    assert_eq!(err.exit_code(), exit, "{what}: exit status of {msg}");
+}
+
+fn generate(run_dir: &Path) -> Result<(), CliError> {
+    let opts = GenerateOptions {
+        prompt: "ab".into(),
+        tokens: 2,
+        sampler: memzoo_train::generate::SampleConfig::new(),
+        segment_len: None,
+        mem_len: None,
+        compare_recompute: false,
+    };
+    commands::generate(run_dir, "flex", &opts, true)
+}
+
+/// Replaces `from` by `to` in the run's `config.toml`.
+fn edit_config(run_dir: &Path, from: &str, to: &str) {
+    let path = run_dir.join("config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(from), "{from} not in {text}");
+    std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+}
+
+#[test]
+fn every_cli_error_kind_names_what_is_wrong() {
+    let dir = scratch("kinds");
+    let file = dir.join("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+
+    // Io: a run directory under a file.
+    let bad_dir = file.join("run");
+    check(
+        commands::train(&tiny(&[]), "flex", &bad_dir, false, false, true, true).map(|_| ()),
+        &["cannot create run directory", "a-file/run"],
+        1,
+        "run dir under a file",
+    );
+    // NotDownloaded: a known data set that is not in data_dir.
+    let data_dir = format!("data.data_dir={:?}", dir.join("data").display().to_string());
+    check(
+        commands::train(
+            &tiny(&["data.source=\"enwik8\"", &data_dir]),
+            "flex",
+            &dir.join("run-enwik8"),
+            false,
+            false,
+            true,
+            true,
+        )
+        .map(|_| ()),
+        &["`enwik8` is not downloaded", "memzoo data fetch enwik8"],
+        1,
+        "data set not fetched",
+    );
+    // Flag: recall's --batch.
+    check(
+        commands::recall("flex", "xl", 1, 1e-3, 0, 0, true),
+        &["--batch 0", "must be positive"],
+        2,
+        "recall --batch 0",
+    );
+
+    // NoCheckpoint: a run directory with its config and nothing trained yet.
+    let run = dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(run.join("config.toml"), tiny(&[]).to_toml()).unwrap();
+    check(
+        commands::eval(&run, "flex", "valid", None, None, Some(1), true),
+        &["has no checkpoint yet", "run"],
+        1,
+        "eval before a checkpoint",
+    );
+    check(
+        generate(&run),
+        &["has no checkpoint yet"],
+        1,
+        "generate before a checkpoint",
+    );
+
+    // A trained run for the rest.
+    std::fs::remove_dir_all(&run).unwrap();
+    commands::train(&tiny(&[]), "flex", &run, false, false, true, true).unwrap();
+    let dev = flex();
+    // Exists: an export over a checkpoint directory.
+    let out = dir.join("export");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("config.json"), "{}").unwrap();
+    check(
+        memzoo::import::export("hf-transfo-xl", &run, &out, &dev, true),
+        &["export/config.json already exists", "new directory"],
+        1,
+        "export over a config.json",
+    );
+    // UnknownFormat: an export target memzoo does not know.
+    check(
+        memzoo::import::export("onnx", &run, &dir.join("onnx"), &dev, true),
+        &["unknown source `onnx`", "hf-transfo-xl"],
+        2,
+        "export --to onnx",
+    );
+    // Import: a checkpoint directory that is not there (the import crate's error).
+    check(
+        memzoo::import::import(
+            "hf-transfo-xl",
+            &dir.join("no-such-checkpoint"),
+            &dir.join("imported"),
+            None,
+            false,
+            true,
+        ),
+        &["no-such-checkpoint"],
+        1,
+        "import of a missing directory",
+    );
+
+    // Family: the run's config.toml names another family than its checkpoint holds.
+    edit_config(&run, "model_kind = \"xl\"", "model_kind = \"reformer\"");
+    check(
+        generate(&run),
+        &["holds a `xl` model", "config.toml a `reformer` one"],
+        1,
+        "generate with the family edited",
+    );
+    edit_config(
+        &run,
+        "model_kind = \"reformer\"",
+        "model_kind = \"memorizing\"",
+    );
+    check(
+        memzoo::import::export("hf-transfo-xl", &run, &dir.join("export2"), &dev, true),
+        &[
+            "holds a `Memorizing` model",
+            "only Transformer-XL stacks export",
+        ],
+        1,
+        "export of a Memorizing run",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

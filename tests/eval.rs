@@ -1,0 +1,214 @@
+//! Evaluation with its rows split over replicas ([`memzoo_train::evaluate_sharded`]) against a
+//! naive reference: every row read on its own (a batch of one, its own memories), its
+//! cross-entropy computed on the host in f64 from the logits. Four segments in order, memory
+//! carried; on the third a row restarts its document, one row is padding alone and one half
+//! padded; a target mask selects every fourth target.
+
+use memzoo_tests::*;
+use memzoo_train::{Segment, SegmentModel, SegmentSource, TrainError, evaluate_sharded};
+
+const PAD: i64 = 0;
+const ROWS: usize = 5;
+const LEN: usize = 12;
+
+/// Fixed segments, in order.
+struct Fixed {
+    segments: Vec<Segment>,
+    next: usize,
+}
+
+impl SegmentSource for Fixed {
+    fn next_segment(&mut self, _len: usize) -> Option<Segment> {
+        let s = self.segments.get(self.next).cloned();
+        self.next += 1;
+        s
+    }
+
+    fn rewind(&mut self) {
+        self.next = 0;
+    }
+
+    fn position(&self) -> serde_json::Value {
+        serde_json::json!(self.next)
+    }
+
+    fn restore(&mut self, _position: &serde_json::Value) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+fn segments(vocab: i64) -> Vec<Segment> {
+    let tokens: Vec<i64> = small_corpus()
+        .into_iter()
+        .map(|t| i64::from(t) % vocab)
+        .collect();
+    (0..4)
+        .map(|step| {
+            let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+            for r in 0..ROWS {
+                let start = step * LEN + r * 101;
+                let row = &tokens[start..start + LEN + 1];
+                inputs.extend_from_slice(&row[..LEN]);
+                let mut t = row[1..].to_vec();
+                let padded_from = match (step, r) {
+                    (2, 0) => 0,
+                    (2, 1) => LEN / 2,
+                    _ => LEN,
+                };
+                t[padded_from..].iter_mut().for_each(|x| *x = PAD);
+                targets.extend(t);
+            }
+            let reset = (0..ROWS).map(|r| step == 2 && r == 3).collect();
+            let mask = (0..ROWS * LEN).map(|i| i % 4 == 1).collect();
+            Segment::new(ROWS, LEN, inputs, targets)
+                .and_then(|s| s.with_reset(reset))
+                .and_then(|s| s.with_target_mask(mask))
+                .unwrap()
+                .with_pad(Some(PAD))
+        })
+        .collect()
+}
+
+/// (mean loss, mean loss on the selected targets, argmax accuracy on them), each row read on
+/// its own with its own state, `-log p(y) = logsumexp(z) - z_y` in f64.
+fn naive<M: SegmentModel>(model: &M, segments: &[Segment]) -> (f64, f64, f64) {
+    let dev = flex();
+    let (mut nats, mut n, mut sel_nats, mut sel_hits, mut sel_n) = (0.0, 0, 0.0, 0, 0);
+    for r in 0..ROWS {
+        let mut state = M::State::default();
+        for seg in segments {
+            let row = seg.rows(r..r + 1).unwrap();
+            let x = burn::tensor::Tensor::from_data(
+                burn::tensor::TensorData::new(row.inputs.clone(), [1, LEN]),
+                &dev,
+            );
+            let logits = host(model.segment_logits(x, &mut state, &row.reset).unwrap());
+            let vocab = logits.len() / LEN;
+            let keep = row.loss_mask();
+            for (i, z) in logits.chunks(vocab).enumerate() {
+                if !keep[i] {
+                    continue;
+                }
+                let max = z.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+                let lse = max + z.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+                let y = row.targets[i] as usize;
+                let nll = lse - z[y] as f64;
+                nats += nll;
+                n += 1;
+                if row.target_mask.as_ref().unwrap()[i] {
+                    sel_nats += nll;
+                    sel_n += 1;
+                    let best = (0..vocab).max_by(|&a, &b| z[a].total_cmp(&z[b])).unwrap();
+                    sel_hits += usize::from(best == y);
+                }
+            }
+        }
+    }
+    (
+        nats / n as f64,
+        sel_nats / sel_n as f64,
+        sel_hits as f64 / sel_n as f64,
+    )
+}
+
+/// Sharded evaluation with 1, 2, 3 and 5 replicas (even, uneven and one-row shards) gives the
+/// naive reference's loss, bpc, selected loss and accuracy.
+fn sharded_matches_naive<M: SegmentModel>(model: &M, vocab: i64, what: &str) {
+    let segs = segments(vocab);
+    let (loss, sel_loss, sel_acc) = naive(model, &segs);
+    let mut source = Fixed {
+        segments: segs,
+        next: 0,
+    };
+    for replicas in [1, 2, 3, 5] {
+        let r = evaluate_sharded(model, &mut source, LEN, None, Some(replicas)).unwrap();
+        let what = format!("{what}, {replicas} replicas");
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+        assert!(
+            close(r.loss, loss),
+            "{what}: loss {} vs naive {loss}",
+            r.loss
+        );
+        assert!(
+            close(r.bpc, loss / std::f64::consts::LN_2),
+            "{what}: bpc {}",
+            r.bpc
+        );
+        let sel = r.selected_loss.expect("the target mask selects targets");
+        assert!(close(sel, sel_loss), "{what}: selected {sel} vs {sel_loss}");
+        assert_eq!(r.selected_accuracy, Some(sel_acc), "{what}: accuracy");
+        // Padding is not counted: 4 segments x 5 rows x 12, less a row and a half.
+        assert_eq!(r.tokens, (4 * ROWS * LEN - LEN - LEN / 2) as u64, "{what}");
+    }
+}
+
+#[test]
+fn sharded_xl_evaluation_equals_rows_read_alone() {
+    let model = tiny_xl().init(&flex()).unwrap();
+    sharded_matches_naive(&model, 256, "XL");
+}
+
+#[test]
+fn sharded_memorizing_evaluation_equals_rows_read_alone() {
+    let model = tiny_memorizing().init(&flex()).unwrap();
+    assert_eq!(model.family(), "memorizing");
+    sharded_matches_naive(&model, 256, "Memorizing");
+}
+
+#[test]
+fn sharded_reformer_evaluation_equals_rows_read_alone() {
+    use memzoo_xl::{LayerKind, ReformerConfig};
+    let model = ReformerConfig::new()
+        .with_n_layers(2)
+        .with_d_model(16)
+        .with_n_heads(2)
+        .with_d_head(8)
+        .with_d_ff(32)
+        .with_vocab_size(64)
+        .with_max_seq_len(16)
+        .with_bucket_size(4)
+        .with_dropout(0.0)
+        .with_axial_positions(false)
+        .with_attn_layers(vec![LayerKind::Lsh, LayerKind::Lsh])
+        .init(&flex())
+        .unwrap();
+    sharded_matches_naive(&model, 64, "Reformer");
+}
+
+/// The Memorizing Transformer's evaluation data on the generated corpus (documents per row)
+/// carries the recallable positions as its target mask: every one of them, once.
+#[test]
+fn generated_documents_carry_their_recallable_positions() {
+    use memzoo_data::{LongRangeConfig, Split, generate_split, recallable_mask};
+    let data = memzoo::config::DataConfig {
+        generated: LongRangeConfig {
+            documents: 20,
+            valid_documents: 6,
+            test_documents: 2,
+            min_gap: 20,
+            max_gap: 40,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let want: usize = generate_split(&data.generated, Split::Valid)
+        .unwrap()
+        .iter()
+        .map(|d| recallable_mask(&d.text).iter().filter(|&&m| m).count())
+        .sum();
+    assert!(want > 0);
+    let mut batcher = memzoo::data_setup::doc_batcher(&data, Split::Valid, 3, 16)
+        .unwrap()
+        .expect("the generated corpus has documents");
+    let mut got = 0;
+    while let Some(seg) = batcher.next_segment(16) {
+        let mask = seg.target_mask.as_ref().expect("a target mask");
+        let keep = seg.loss_mask();
+        got += mask.iter().zip(&keep).filter(|(m, k)| **m && **k).count();
+        assert!(
+            mask.iter().zip(&keep).all(|(m, k)| !m || *k),
+            "padding selected"
+        );
+    }
+    assert_eq!(got, want);
+}
