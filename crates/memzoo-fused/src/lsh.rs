@@ -300,6 +300,26 @@ impl Row {
     }
 }
 
+/// Softmax of each row of `s` (rows of `w`) in place: `p = exp(s - max) / Σ`; returns the
+/// rows' `lse = log Σ + max`. The backward recomputes `p` this way, not as `exp(s - lse)`:
+/// with every key hidden, `s = lse = MASKED` to f32 precision and `exp(s - lse)` would be 1.
+fn softmax_rows(s: &mut [f32], w: usize) -> Vec<f32> {
+    s.chunks_exact_mut(w)
+        .map(|sa| {
+            let m = sa.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut z = 0.0;
+            for x in sa.iter_mut() {
+                *x = (*x - m).exp();
+                z += *x;
+            }
+            for x in sa.iter_mut() {
+                *x /= z;
+            }
+            z.ln() + m
+        })
+        .collect()
+}
+
 /// Round weights `w_r = softmax_r(lse)` of position `p` and the sorted indices `undo(r, p)`.
 fn round_weights(row: &Row, lse: &[f32], l: usize, p: usize, ts: &mut [usize], w: &mut [f32]) {
     let r = ts.len();
@@ -357,20 +377,7 @@ pub fn forward(
             let mut s = vec![0f32; c * w];
             for i in 0..g.nc {
                 row.scores(d, p, &g, pad, i, &mut s, None);
-                // p = exp(s - max) / Σ, lse = log Σ + max
-                for a in 0..c {
-                    let sa = &mut s[a * w..(a + 1) * w];
-                    let m = sa.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut z = 0.0;
-                    for x in sa.iter_mut() {
-                        *x = (*x - m).exp();
-                        z += *x;
-                    }
-                    for x in sa.iter_mut() {
-                        *x /= z;
-                    }
-                    lse[i * c + a] = z.ln() + m;
-                }
+                lse[i * c..(i + 1) * c].copy_from_slice(&softmax_rows(&mut s, w));
                 for (m, &off) in g.offsets.iter().enumerate() {
                     let j = g.key_chunk(i, off);
                     // O_i += P[:, m] V_j
@@ -499,12 +506,7 @@ pub fn backward(
             let mut dvs = vec![0f32; rl * dh];
             for i in 0..g.nc {
                 row.scores(d, p, &g, pad, i, &mut s, Some(&mut live));
-                for a in 0..c {
-                    let t = i * c + a;
-                    for x in s[a * w..(a + 1) * w].iter_mut() {
-                        *x = (*x - lse[t]).exp();
-                    }
-                }
+                softmax_rows(&mut s, w);
                 for (m, &off) in g.offsets.iter().enumerate() {
                     let j = g.key_chunk(i, off);
                     unsafe {

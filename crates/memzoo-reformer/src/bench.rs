@@ -5,7 +5,7 @@ use std::time::Instant;
 use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, Device, Tensor};
 
-use crate::attention::{ChunkParams, LshScores, MASKED, lsh_attention};
+use crate::attention::{ChunkParams, LshKernel, LshScores, MASKED, lsh_attention};
 use crate::rng::random_rotations;
 
 /// Which attention [`attention_fwd_bwd`] times.
@@ -107,6 +107,7 @@ pub fn attention_fwd_bwd(
                     causal: true,
                     dedup_rounds: true,
                     lsh_scores: LshScores::UnitKeys,
+                    kernel: LshKernel::Auto,
                 };
                 lsh_attention(q.clone(), v.clone(), rot, None, params, None)
             }

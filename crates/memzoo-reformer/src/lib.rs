@@ -18,7 +18,7 @@ pub mod model;
 pub mod rng;
 
 pub use attention::{
-    AttentionKind, ChunkParams, ForwardOptions, LshScores, ReformerAttention,
+    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, ReformerAttention,
     ReformerAttentionConfig, hash_buckets, local_attention, lsh_attention,
 };
 pub use error::ReformerError;

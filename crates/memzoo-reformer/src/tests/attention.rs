@@ -2,7 +2,8 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::{dev, rand_tensor, to_vec};
 use crate::attention::{
-    AttentionKind, ChunkParams, ForwardOptions, LshScores, MASKED, ReformerAttentionConfig,
+    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, MASKED,
+    ReformerAttentionConfig,
     SELF_SCORE, hash_buckets, local_attention, lsh_attention,
 };
 use crate::rng::random_rotations;
@@ -117,6 +118,7 @@ fn lsh_with_one_chunk_equals_full_attention() {
             causal,
             dedup_rounds: true,
             lsh_scores: LshScores::ScaledUnitKeys,
+            kernel: LshKernel::Auto,
         };
         let out = lsh_attention(qk.clone(), v.clone(), rot, Some(pad), params, None);
         let (out, qkv, vv) = (to_vec(out), to_vec(qk), to_vec(v));
@@ -170,6 +172,7 @@ fn more_rounds_approach_full_attention() {
             causal: false,
             dedup_rounds,
             lsh_scores: LshScores::ScaledUnitKeys,
+            kernel: LshKernel::Auto,
         };
         // mean over rotation seeds of the mean absolute error
         let mut total = 0.0;
@@ -226,6 +229,7 @@ fn lsh_causal_ignores_future_values() {
         causal: true,
         dedup_rounds: true,
         lsh_scores: LshScores::ScaledUnitKeys,
+        kernel: LshKernel::Auto,
     };
     let a = lsh_attention(qk.clone(), v, rot.clone(), None, params, None);
     let c = lsh_attention(qk, v2, rot, None, params, None);
@@ -289,6 +293,7 @@ fn local_attention_matches_windowed_naive() {
             causal,
             dedup_rounds: false,
             lsh_scores: LshScores::UnitKeys,
+            kernel: LshKernel::Auto,
         };
         let out = to_vec(local_attention(
             q.clone(),
@@ -479,11 +484,14 @@ fn naive_lsh(
 
 /// LSH attention with several chunks and several rounds equals the naive reference: the sort
 /// order, the chunk windows (wrapping across the sorted sequence and across rounds), the
-/// duplicate counts and the mixing of the rounds all show (one chunk hides them).
+/// duplicate counts and the mixing of the rounds all show (one chunk hides them). Both
+/// implementations: tensor ops and the fused kernel (which `Auto` picks on flex).
 #[test]
 fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
     let device = dev();
     let (b, h, dh) = (2, 2, 8);
+    assert!(memzoo_fused::supports(&device), "the fused kernel runs on the test device");
+    for kernel in [LshKernel::Auto, LshKernel::Tensor] {
     let cases = [
         // (len, chunk, rounds, buckets, before, after, causal, dedup, pad)
         (24, 4, 3, 4, 1, 0, true, true, true),
@@ -515,6 +523,7 @@ fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
             causal,
             dedup_rounds,
             lsh_scores,
+            kernel,
         };
         let buckets: Vec<i64> = hash_buckets(qk.clone(), rot.clone())
             .into_data()
@@ -546,6 +555,10 @@ fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
                 worst = worst.max((*got as f64 - want).abs());
             }
         }
-        assert!(worst < 1e-5, "case {n}: max |lsh - naive| = {worst:e}");
+        assert!(
+            worst < 1e-5,
+            "{kernel:?}, case {n}: max |lsh - naive| = {worst:e}"
+        );
+    }
     }
 }
