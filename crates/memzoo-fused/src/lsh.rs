@@ -79,8 +79,10 @@ const NORM_FLOOR: f32 = 1e-12;
 struct Geometry {
     c: usize,
     nc: usize,
+    /// Chunks before a chunk in its window (capped).
     before: usize,
-    after: usize,
+    /// `before + after` (capped).
+    span: usize,
     /// Window parts: offsets of the key chunks from the query chunk, own chunk first.
     offsets: Vec<isize>,
     /// `log(k)` for `k = 0..=rounds` (`log 0` is never used: counts are clamped to 1).
@@ -101,7 +103,7 @@ impl Geometry {
             c,
             nc,
             before,
-            after,
+            span: before + after,
             offsets,
             log_count,
         }
@@ -113,14 +115,6 @@ impl Geometry {
 
     fn key_chunk(&self, i: usize, off: isize) -> usize {
         (i as isize + off).rem_euclid(self.nc as isize) as usize
-    }
-
-    /// Whether key chunk `kc` is in the (wrapping) window of query chunk `qc`.
-    fn in_window(&self, qc: u32, kc: u32) -> bool {
-        let u = kc as i64 - qc as i64 + self.before as i64;
-        let b = (self.before + self.after) as i64;
-        let nc = self.nc as i64;
-        (0..=b).contains(&u) || u >= nc || u + nc <= b
     }
 }
 
@@ -257,67 +251,250 @@ impl Row {
                 );
             }
         }
+        // The window's keys: position, padding, and (de-duplication) chunk per round
+        // (round-major, `+ nc` so that differences with a query's chunk are not negative).
         let dedup = !self.locs.is_empty();
+        let mut kpos = Vec::with_capacity(w);
+        let mut khid = Vec::with_capacity(w);
+        let mut klocs = vec![0u32; if dedup { w * r } else { 0 }];
+        for (m, &off) in g.offsets.iter().enumerate() {
+            let j = g.key_chunk(i, off);
+            for (b, u) in (j * c..(j + 1) * c).enumerate() {
+                let pu = self.pos[u];
+                kpos.push(pu);
+                khid.push(pad.get(pu as usize).copied().unwrap_or(false) as u32);
+                if dedup {
+                    for rr in 0..r {
+                        klocs[rr * w + m * c + b] = self.locs[u * r + rr] + g.nc as u32;
+                    }
+                }
+            }
+        }
+        let mut log_count = vec![0f32; w];
+        let mut count = vec![0u32; w];
+        let keys = WindowKeys {
+            pos: &kpos,
+            hidden: &khid,
+            locs: &klocs,
+        };
         for a in 0..c {
             let t = i * c + a;
-            let pt = self.pos[t];
             let lt = if dedup {
                 &self.locs[t * r..(t + 1) * r]
             } else {
                 &[][..]
             };
-            let row = &mut s[a * w..(a + 1) * w];
-            for (m, &off) in g.offsets.iter().enumerate() {
-                let j = g.key_chunk(i, off);
-                for b in 0..c {
-                    let u = j * c + b;
-                    let pu = self.pos[u];
-                    let x = &mut row[m * c + b];
-                    let mut ok = true;
-                    if pt == pu {
-                        *x = p.self_score;
-                        ok = false;
-                    }
-                    if dedup {
-                        let lu = &self.locs[u * r..(u + 1) * r];
-                        let count = lt
-                            .iter()
-                            .zip(lu)
-                            .filter(|&(&qc, &kc)| g.in_window(qc, kc))
-                            .count();
-                        *x -= g.log_count[count];
-                    }
-                    if (p.causal && pu > pt) || pad.get(pu as usize).copied().unwrap_or(false) {
-                        *x = p.masked;
-                        ok = false;
-                    }
-                    if let Some(live) = live.as_deref_mut() {
-                        live[a * w + m * c + b] = ok;
-                    }
-                }
-            }
+            let query = (self.pos[t], lt);
+            let scratch = (&mut count[..], &mut log_count[..]);
+            let live_row = live.as_deref_mut().map(|l| &mut l[a * w..(a + 1) * w]);
+            mask_row(p, g, &keys, query, &mut s[a * w..(a + 1) * w], live_row, scratch);
         }
     }
 }
 
-/// Softmax of each row of `s` (rows of `w`) in place: `p = exp(s - max) / Σ`; returns the
+/// The keys of one query chunk's window.
+struct WindowKeys<'a> {
+    /// Original positions, `[w]`.
+    pos: &'a [u32],
+    /// Padding (1 = hidden), `[w]`.
+    hidden: &'a [u32],
+    /// De-duplication: each key's chunk in each round plus `nc`, `[rounds, w]` (or empty).
+    locs: &'a [u32],
+}
+
+/// Masks and de-duplication of one query's scores `row` (`[w]`), in place: hidden (causal,
+/// padding) -> `masked`; else own key -> `self_score`; then `- log count` (the tensor path
+/// fills, subtracts and fills in this order: the same values). `live` marks the entries whose
+/// gradient flows to `q · k`.
+#[inline(always)]
+fn mask_row_impl(
+    p: &LshKernelParams,
+    g: &Geometry,
+    keys: &WindowKeys,
+    (pt, lt): (u32, &[u32]),
+    row: &mut [f32],
+    live: Option<&mut [bool]>,
+    (count, log_count): (&mut [u32], &mut [f32]),
+) {
+    // Branch-free loops over the window, so that they vectorise.
+    let w = row.len();
+    let dedup = !keys.locs.is_empty();
+    if dedup {
+        // in window <=> (kc - qc + before) mod nc <= before + after; with the `+ nc` stored in
+        // the key's chunk, e = kc + nc - qc + before lies in [0, 3 nc)
+        let (nc, before, span) = (g.nc as u32, g.before as u32, g.span as u32);
+        count.fill(0);
+        for (rr, &qc) in lt.iter().enumerate() {
+            let kl = &keys.locs[rr * w..(rr + 1) * w];
+            for (cnt, &kc) in count.iter_mut().zip(kl) {
+                let e = kc - qc + before;
+                let e = if e >= nc { e - nc } else { e };
+                let e = if e >= nc { e - nc } else { e };
+                *cnt += (e <= span) as u32;
+            }
+        }
+        // log count, counts clamped to 1 (log 1 = 0): selects over a fixed table of 9 for up
+        // to 8 rounds (they vectorise), a look-up beyond
+        if g.log_count.len() <= 9 {
+            let mut table = [0f32; 9];
+            table[..g.log_count.len()].copy_from_slice(&g.log_count);
+            for (lc, &cnt) in log_count.iter_mut().zip(count.iter()) {
+                let mut v = 0.0;
+                for k in 2..9 {
+                    v = select(cnt == k as u32, table[k], v);
+                }
+                *lc = v;
+            }
+        } else {
+            for (lc, &cnt) in log_count.iter_mut().zip(count.iter()) {
+                *lc = g.log_count[cnt as usize];
+            }
+        }
+    } else {
+        log_count.fill(0.0);
+    }
+    let causal = p.causal as u32;
+    let (pos, hid, log_count) = (&keys.pos[..w], &keys.hidden[..w], &log_count[..w]);
+    for (((x, &pu), &h), &lc) in row.iter_mut().zip(pos).zip(hid).zip(log_count) {
+        let hidden = (causal & (pu > pt) as u32) | h;
+        let v = select(pu == pt, p.self_score, *x) - lc;
+        *x = select(hidden != 0, p.masked, v);
+    }
+    if let Some(live) = live {
+        for ((l, &pu), &h) in live[..w].iter_mut().zip(pos).zip(hid) {
+            let dead = (causal & (pu > pt) as u32) | h | (pu == pt) as u32;
+            *l = dead == 0;
+        }
+    }
+}
+
+/// `if cond { a } else { b }` on the bits, so that loops over it vectorise.
+#[inline(always)]
+fn select(cond: bool, a: f32, b: f32) -> f32 {
+    let m = 0u32.wrapping_sub(cond as u32);
+    f32::from_bits((a.to_bits() & m) | (b.to_bits() & !m))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn mask_row_avx2(
+    p: &LshKernelParams,
+    g: &Geometry,
+    keys: &WindowKeys,
+    query: (u32, &[u32]),
+    row: &mut [f32],
+    live: Option<&mut [bool]>,
+    scratch: (&mut [u32], &mut [f32]),
+) {
+    mask_row_impl(p, g, keys, query, row, live, scratch)
+}
+
+/// [`mask_row_impl`], compiled for AVX2 where the CPU has it.
+fn mask_row(
+    p: &LshKernelParams,
+    g: &Geometry,
+    keys: &WindowKeys,
+    query: (u32, &[u32]),
+    row: &mut [f32],
+    live: Option<&mut [bool]>,
+    scratch: (&mut [u32], &mut [f32]),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU supports the features the function is compiled for.
+        return unsafe { mask_row_avx2(p, g, keys, query, row, live, scratch) };
+    }
+    mask_row_impl(p, g, keys, query, row, live, scratch)
+}
+
+/// `e^x` to about 2 ulp, branch-free so that loops over it vectorise (Cephes' `expf`
+/// polynomial); 0 below -87 (where `e^x` is under `f32`'s smallest normal, 1.2e-38).
+#[inline(always)]
+fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let xc = x.clamp(-87.0, 88.0);
+    let n = (xc * LOG2E + ROUND) - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let mut q = 1.987_569_1e-4_f32;
+    q = q * r + 1.398_199_9e-3;
+    q = q * r + 8.333_452e-3;
+    q = q * r + 4.166_579_6e-2;
+    q = q * r + 1.666_666_5e-1;
+    q = q * r + 5.000_000_1e-1;
+    let e = q * r * r + r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32);
+    if x < -87.0 { 0.0 } else { e * scale }
+}
+
+/// Softmax of each row of `s` (rows of `w`) in place: `p = exp(s - max) / Σ`; writes the
 /// rows' `lse = log Σ + max`. The backward recomputes `p` this way, not as `exp(s - lse)`:
 /// with every key hidden, `s = lse = MASKED` to f32 precision and `exp(s - lse)` would be 1.
-fn softmax_rows(s: &mut [f32], w: usize) -> Vec<f32> {
-    s.chunks_exact_mut(w)
-        .map(|sa| {
-            let m = sa.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut z = 0.0;
-            for x in sa.iter_mut() {
-                *x = (*x - m).exp();
-                z += *x;
-            }
-            for x in sa.iter_mut() {
-                *x /= z;
-            }
-            z.ln() + m
-        })
-        .collect()
+#[inline(always)]
+fn softmax_rows_impl(s: &mut [f32], w: usize, lse: &mut [f32]) {
+    for (sa, lse) in s.chunks_exact_mut(w).zip(lse) {
+        let m = max_f32(sa);
+        for x in sa.iter_mut() {
+            *x = exp_f32(*x - m);
+        }
+        let z = sum_f32(sa);
+        let inv = 1.0 / z;
+        for x in sa.iter_mut() {
+            *x *= inv;
+        }
+        *lse = z.ln() + m;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn softmax_rows_avx2(s: &mut [f32], w: usize, lse: &mut [f32]) {
+    softmax_rows_impl(s, w, lse)
+}
+
+/// [`softmax_rows_impl`], compiled for AVX2 where the CPU has it.
+fn softmax_rows(s: &mut [f32], w: usize, lse: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU supports the features the function is compiled for.
+        return unsafe { softmax_rows_avx2(s, w, lse) };
+    }
+    softmax_rows_impl(s, w, lse)
+}
+
+/// `max x` in 8 interleaved partial maxima (vectorises; no NaN handling: scores are finite).
+#[inline(always)]
+fn max_f32(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for ch in &mut chunks {
+        for k in 0..8 {
+            acc[k] = if ch[k] > acc[k] { ch[k] } else { acc[k] };
+        }
+    }
+    let mut m = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for a in acc {
+        m = m.max(a);
+    }
+    m
+}
+
+/// `Σ x` in 8 interleaved partial sums (vectorises; the order differs from a serial sum by
+/// rounding only).
+#[inline(always)]
+fn sum_f32(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for ch in &mut chunks {
+        for k in 0..8 {
+            acc[k] += ch[k];
+        }
+    }
+    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
 }
 
 /// Round weights `w_r = softmax_r(lse)` of position `p` and the sorted indices `undo(r, p)`.
@@ -377,7 +554,7 @@ pub fn forward(
             let mut s = vec![0f32; c * w];
             for i in 0..g.nc {
                 row.scores(d, p, &g, pad, i, &mut s, None);
-                lse[i * c..(i + 1) * c].copy_from_slice(&softmax_rows(&mut s, w));
+                softmax_rows(&mut s, w, &mut lse[i * c..(i + 1) * c]);
                 for (m, &off) in g.offsets.iter().enumerate() {
                     let j = g.key_chunk(i, off);
                     // O_i += P[:, m] V_j
@@ -501,12 +678,13 @@ pub fn backward(
             let mut s = vec![0f32; c * w];
             let mut live = vec![false; c * w];
             let mut dp = vec![0f32; c * w];
+            let mut lse_scratch = vec![0f32; c];
             let mut dq = vec![0f32; rl * dh];
             let mut dk = vec![0f32; rl * dh];
             let mut dvs = vec![0f32; rl * dh];
             for i in 0..g.nc {
                 row.scores(d, p, &g, pad, i, &mut s, Some(&mut live));
-                softmax_rows(&mut s, w);
+                softmax_rows(&mut s, w, &mut lse_scratch);
                 for (m, &off) in g.offsets.iter().enumerate() {
                     let j = g.key_chunk(i, off);
                     unsafe {
