@@ -83,7 +83,7 @@ struct Geometry {
     before: usize,
     /// `before + after` (capped).
     span: usize,
-    /// Window parts: offsets of the key chunks from the query chunk, own chunk first.
+    /// Window parts: offsets of the key chunks from the query chunk, `-before..=after`.
     offsets: Vec<isize>,
     /// `log(k)` for `k = 0..=rounds` (`log 0` is never used: counts are clamped to 1).
     log_count: Vec<f32>,
@@ -95,9 +95,7 @@ impl Geometry {
         let nc = d.rounds * d.len / c;
         let before = p.before.min(nc - 1);
         let after = p.after.min(nc - 1 - before);
-        let mut offsets = vec![0isize];
-        offsets.extend((1..=before).map(|s| -(s as isize)));
-        offsets.extend((1..=after).map(|s| s as isize));
+        let offsets = (-(before as isize)..=after as isize).collect();
         let log_count = (0..=d.rounds).map(|k| (k.max(1) as f32).ln()).collect();
         Self {
             c,
@@ -111,6 +109,38 @@ impl Geometry {
 
     fn width(&self) -> usize {
         self.c * self.offsets.len()
+    }
+
+    /// Rows of the extended sorted layout: the last `before` chunks, the `nc` chunks, the
+    /// first `after` chunks, so that every window is `w` consecutive rows (chunk `i`'s starts
+    /// at row `i * c`) and its products are single matrix products.
+    fn ext_rows(&self) -> usize {
+        self.c * (self.nc + self.span)
+    }
+
+    /// Row of sorted element 0 in the extended layout.
+    fn ext0(&self) -> usize {
+        self.c * self.before
+    }
+
+    /// Copies the wrapped chunks of an extended `[ext_rows, dh]` buffer from its sorted rows.
+    fn fill_wrap(&self, x: &mut [f32], dh: usize) {
+        let (c, nc, e0) = (self.c, self.nc, self.ext0());
+        x.copy_within(nc * c * dh..(nc * c + e0) * dh, 0);
+        let after = self.span - self.before;
+        x.copy_within(e0 * dh..(e0 + after * c) * dh, (e0 + nc * c) * dh);
+    }
+
+    /// Adds the wrapped chunks' rows of an extended gradient buffer into their sorted rows.
+    fn fold_wrap(&self, x: &mut [f32], dh: usize) {
+        let (c, nc, e0) = (self.c, self.nc, self.ext0());
+        for k in 0..e0 * dh {
+            x[nc * c * dh + k] += x[k];
+        }
+        let after = self.span - self.before;
+        for k in 0..after * c * dh {
+            x[e0 * dh + k] += x[(e0 + nc * c) * dh + k];
+        }
     }
 
     fn key_chunk(&self, i: usize, off: isize) -> usize {
@@ -127,6 +157,7 @@ struct Row {
     /// De-duplication: for sorted element `t` and round `r`, the chunk holding `pos_t` in round
     /// `r`, at `t * rounds + r` (empty without de-duplication).
     locs: Vec<u32>,
+    /// Sorted queries, keys and values in the extended layout ([`Geometry::ext_rows`]).
     q: Vec<f32>,
     k: Vec<f32>,
     /// `max(|q_t|, 1e-6)`.
@@ -181,23 +212,28 @@ impl Row {
         } else {
             Vec::new()
         };
-        let mut sq = vec![0f32; rl * dh];
-        let mut sk = vec![0f32; rl * dh];
-        let mut sv = vec![0f32; rl * dh];
+        let (ext, e0) = (g.ext_rows(), g.ext0());
+        let mut sq = vec![0f32; ext * dh];
+        let mut sk = vec![0f32; ext * dh];
+        let mut sv = vec![0f32; ext * dh];
         let mut norm = vec![0f32; rl];
         let mut floored = vec![false; rl];
         for t in 0..rl {
             let src = pos[t] as usize * dh;
             let x = &qk[src..src + dh];
-            sq[t * dh..(t + 1) * dh].copy_from_slice(x);
-            sv[t * dh..(t + 1) * dh].copy_from_slice(&v[src..src + dh]);
+            let te = t + e0;
+            sq[te * dh..(te + 1) * dh].copy_from_slice(x);
+            sv[te * dh..(te + 1) * dh].copy_from_slice(&v[src..src + dh]);
             let ss: f32 = x.iter().map(|a| a * a).sum();
             let nrm = ss.max(NORM_FLOOR).sqrt();
             norm[t] = nrm;
             floored[t] = ss <= NORM_FLOOR;
-            for (kk, a) in sk[t * dh..(t + 1) * dh].iter_mut().zip(x) {
+            for (kk, a) in sk[te * dh..(te + 1) * dh].iter_mut().zip(x) {
                 *kk = a / nrm;
             }
+        }
+        for x in [&mut sq, &mut sk, &mut sv] {
+            g.fill_wrap(x, dh);
         }
         Self {
             pos,
@@ -224,33 +260,19 @@ impl Row {
         mut live: Option<&mut [bool]>,
     ) {
         let (c, dh, w, r) = (g.c, d.d_head, g.width(), d.rounds);
-        for (m, &off) in g.offsets.iter().enumerate() {
-            let j = g.key_chunk(i, off);
-            // S[:, m] = scale Q_i K_j^T
-            unsafe {
-                gemm(
-                    c,
-                    c,
-                    dh,
-                    s.as_mut_ptr().add(m * c),
-                    1,
-                    w as isize,
-                    false,
-                    self.q.as_ptr().add(i * c * dh),
-                    1,
-                    dh as isize,
-                    self.k.as_ptr().add(j * c * dh),
-                    dh as isize,
-                    1,
-                    0.0,
-                    p.scale,
-                    false,
-                    false,
-                    false,
-                    Parallelism::None,
-                );
-            }
-        }
+        // S = scale Q_i K_win^T
+        let (q0, k0) = ((i * c + g.ext0()) * dh, i * c * dh);
+        matmul(
+            (c, w, dh),
+            s,
+            w,
+            false,
+            &self.q[q0..],
+            (1, dh),
+            &self.k[k0..],
+            (dh, 1),
+            p.scale,
+        );
         // The window's keys: position, padding, and (de-duplication) chunk per round
         // (round-major, `+ nc` so that differences with a query's chunk are not negative).
         let dedup = !self.locs.is_empty();
@@ -430,6 +452,51 @@ fn exp_f32(x: f32) -> f32 {
     if x < -87.0 { 0.0 } else { e * scale }
 }
 
+/// `dst[m, n] (+)= alpha · lhs[m, k] · rhs[k, n]` on row-major buffers with the given
+/// (column, row) strides; one thread.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: &[f32],
+    (lhs_cs, lhs_rs): (usize, usize),
+    rhs: &[f32],
+    (rhs_cs, rhs_rs): (usize, usize),
+    alpha: f32,
+) {
+    // The last element each operand touches lies inside its slice.
+    debug_assert!((m - 1) * dst_rs + n <= dst.len());
+    debug_assert!((m - 1) * lhs_rs + (k - 1) * lhs_cs < lhs.len());
+    debug_assert!((k - 1) * rhs_rs + (n - 1) * rhs_cs < rhs.len());
+    // SAFETY: the strides keep every access inside the slices (checked above in debug builds;
+    // the callers' shapes guarantee it).
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            1.0,
+            alpha,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
 /// Softmax of each row of `s` (rows of `w`) in place: `p = exp(s - max) / Σ`; writes the
 /// rows' `lse = log Σ + max`. The backward recomputes `p` this way, not as `exp(s - lse)`:
 /// with every key hidden, `s = lse = MASKED` to f32 precision and `exp(s - lse)` would be 1.
@@ -555,33 +622,18 @@ pub fn forward(
             for i in 0..g.nc {
                 row.scores(d, p, &g, pad, i, &mut s, None);
                 softmax_rows(&mut s, w, &mut lse[i * c..(i + 1) * c]);
-                for (m, &off) in g.offsets.iter().enumerate() {
-                    let j = g.key_chunk(i, off);
-                    // O_i += P[:, m] V_j
-                    unsafe {
-                        gemm(
-                            c,
-                            dh,
-                            c,
-                            out.as_mut_ptr().add(i * c * dh),
-                            1,
-                            dh as isize,
-                            m > 0,
-                            s.as_ptr().add(m * c),
-                            1,
-                            w as isize,
-                            row.v.as_ptr().add(j * c * dh),
-                            1,
-                            dh as isize,
-                            1.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            Parallelism::None,
-                        );
-                    }
-                }
+                // O_i = P V_win
+                matmul(
+                    (c, dh, w),
+                    &mut out[i * c * dh..],
+                    dh,
+                    false,
+                    &s,
+                    (1, w),
+                    &row.v[i * c * dh..],
+                    (1, dh),
+                    1.0,
+                );
             }
             let mut ts = vec![0usize; r];
             let mut wr = vec![0f32; r];
@@ -680,60 +732,36 @@ pub fn backward(
             let mut dp = vec![0f32; c * w];
             let mut lse_scratch = vec![0f32; c];
             let mut dq = vec![0f32; rl * dh];
-            let mut dk = vec![0f32; rl * dh];
-            let mut dvs = vec![0f32; rl * dh];
+            let mut dk = vec![0f32; g.ext_rows() * dh];
+            let mut dvs = vec![0f32; g.ext_rows() * dh];
             for i in 0..g.nc {
                 row.scores(d, p, &g, pad, i, &mut s, Some(&mut live));
                 softmax_rows(&mut s, w, &mut lse_scratch);
-                for (m, &off) in g.offsets.iter().enumerate() {
-                    let j = g.key_chunk(i, off);
-                    unsafe {
-                        // dP[:, m] = dO_i V_j^T
-                        gemm(
-                            c,
-                            c,
-                            dh,
-                            dp.as_mut_ptr().add(m * c),
-                            1,
-                            w as isize,
-                            false,
-                            gout.as_ptr().add(i * c * dh),
-                            1,
-                            dh as isize,
-                            row.v.as_ptr().add(j * c * dh),
-                            dh as isize,
-                            1,
-                            0.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            Parallelism::None,
-                        );
-                        // dV_j += P[:, m]^T dO_i
-                        gemm(
-                            c,
-                            dh,
-                            c,
-                            dvs.as_mut_ptr().add(j * c * dh),
-                            1,
-                            dh as isize,
-                            true,
-                            s.as_ptr().add(m * c),
-                            w as isize,
-                            1,
-                            gout.as_ptr().add(i * c * dh),
-                            1,
-                            dh as isize,
-                            1.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            Parallelism::None,
-                        );
-                    }
-                }
+                let win = i * c * dh;
+                // dP = dO_i V_win^T
+                matmul(
+                    (c, w, dh),
+                    &mut dp,
+                    w,
+                    false,
+                    &gout[i * c * dh..],
+                    (1, dh),
+                    &row.v[win..],
+                    (dh, 1),
+                    1.0,
+                );
+                // dV_win += P^T dO_i
+                matmul(
+                    (w, dh, c),
+                    &mut dvs[win..],
+                    dh,
+                    true,
+                    &s,
+                    (w, 1),
+                    &gout[i * c * dh..],
+                    (1, dh),
+                    1.0,
+                );
                 // dS = P (dP - D + dlse), zero where the score was filled
                 for a in 0..c {
                     let t = i * c + a;
@@ -743,60 +771,38 @@ pub fn backward(
                         dp[e] = if live[e] { s[e] * (dp[e] + shift) } else { 0.0 };
                     }
                 }
-                for (m, &off) in g.offsets.iter().enumerate() {
-                    let j = g.key_chunk(i, off);
-                    unsafe {
-                        // dQ_i += scale dS[:, m] K_j
-                        gemm(
-                            c,
-                            dh,
-                            c,
-                            dq.as_mut_ptr().add(i * c * dh),
-                            1,
-                            dh as isize,
-                            true,
-                            dp.as_ptr().add(m * c),
-                            1,
-                            w as isize,
-                            row.k.as_ptr().add(j * c * dh),
-                            1,
-                            dh as isize,
-                            1.0,
-                            p.scale,
-                            false,
-                            false,
-                            false,
-                            Parallelism::None,
-                        );
-                        // dK_j += scale dS[:, m]^T Q_i
-                        gemm(
-                            c,
-                            dh,
-                            c,
-                            dk.as_mut_ptr().add(j * c * dh),
-                            1,
-                            dh as isize,
-                            true,
-                            dp.as_ptr().add(m * c),
-                            w as isize,
-                            1,
-                            row.q.as_ptr().add(i * c * dh),
-                            1,
-                            dh as isize,
-                            1.0,
-                            p.scale,
-                            false,
-                            false,
-                            false,
-                            Parallelism::None,
-                        );
-                    }
-                }
+                // dQ_i += scale dS K_win, dK_win += scale dS^T Q_i
+                matmul(
+                    (c, dh, w),
+                    &mut dq[i * c * dh..],
+                    dh,
+                    true,
+                    &dp,
+                    (1, w),
+                    &row.k[win..],
+                    (1, dh),
+                    p.scale,
+                );
+                matmul(
+                    (w, dh, c),
+                    &mut dk[win..],
+                    dh,
+                    true,
+                    &dp,
+                    (w, 1),
+                    &row.q[(i * c + g.ext0()) * dh..],
+                    (1, dh),
+                    p.scale,
+                );
+            }
+            for x in [&mut dk, &mut dvs] {
+                g.fold_wrap(x, dh);
             }
             // k = q / |q|: dq += (dk - k (k · dk)) / |q| (dk / |q| under the floor), then
             // scatter the sorted gradients to their positions.
             for t in 0..rl {
-                let (kt, dkt) = (&row.k[t * dh..(t + 1) * dh], &dk[t * dh..(t + 1) * dh]);
+                let te = (t + g.ext0()) * dh;
+                let (kt, dkt) = (&row.k[te..te + dh], &dk[te..te + dh]);
                 let nrm = row.norm[t];
                 let kd: f32 = if row.floored[t] {
                     0.0
@@ -806,7 +812,7 @@ pub fn backward(
                 let dst = row.pos[t] as usize * dh;
                 for k in 0..dh {
                     dqk[dst + k] += dq[t * dh + k] + (dkt[k] - kt[k] * kd) / nrm;
-                    dvo[dst + k] += dvs[t * dh + k];
+                    dvo[dst + k] += dvs[te + k];
                 }
             }
         });
