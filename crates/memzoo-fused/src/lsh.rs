@@ -390,6 +390,40 @@ fn mask_row_impl(
     }
 }
 
+/// The scores' gradient in place of `dp` (rows of `w`): `dS = P (dP + shift)`, with
+/// `shift = dlse - do · o` per row, zero where the score was filled (not `live`).
+#[inline(always)]
+fn score_grads_impl(p: &[f32], dp: &mut [f32], live: &[bool], shift: &[f32]) {
+    let w = p.len() / shift.len();
+    for (((dp, p), live), &sh) in dp
+        .chunks_exact_mut(w)
+        .zip(p.chunks_exact(w))
+        .zip(live.chunks_exact(w))
+        .zip(shift)
+    {
+        for ((d, &pv), &l) in dp.iter_mut().zip(p).zip(live) {
+            *d = select(l, pv * (*d + sh), 0.0);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn score_grads_avx2(p: &[f32], dp: &mut [f32], live: &[bool], shift: &[f32]) {
+    score_grads_impl(p, dp, live, shift)
+}
+
+/// [`score_grads_impl`], compiled for AVX2 where the CPU has it.
+fn score_grads(p: &[f32], dp: &mut [f32], live: &[bool], shift: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU supports the features the function is compiled for.
+        return unsafe { score_grads_avx2(p, dp, live, shift) };
+    }
+    score_grads_impl(p, dp, live, shift)
+}
+
 /// `if cond { a } else { b }` on the bits, so that loops over it vectorise.
 #[inline(always)]
 fn select(cond: bool, a: f32, b: f32) -> f32 {
@@ -731,6 +765,7 @@ pub fn backward(
             let mut live = vec![false; c * w];
             let mut dp = vec![0f32; c * w];
             let mut lse_scratch = vec![0f32; c];
+            let mut shift = vec![0f32; c];
             let mut dq = vec![0f32; rl * dh];
             let mut dk = vec![0f32; g.ext_rows() * dh];
             let mut dvs = vec![0f32; g.ext_rows() * dh];
@@ -762,15 +797,10 @@ pub fn backward(
                     (1, dh),
                     1.0,
                 );
-                // dS = P (dP - D + dlse), zero where the score was filled
                 for a in 0..c {
-                    let t = i * c + a;
-                    let shift = glse[t] - dot_o[t];
-                    let base = a * w;
-                    for e in base..base + w {
-                        dp[e] = if live[e] { s[e] * (dp[e] + shift) } else { 0.0 };
-                    }
+                    shift[a] = glse[i * c + a] - dot_o[i * c + a];
                 }
+                score_grads(&s, &mut dp, &live, &shift);
                 // dQ_i += scale dS K_win, dK_win += scale dS^T Q_i
                 matmul(
                     (c, dh, w),
@@ -803,7 +833,7 @@ pub fn backward(
             for t in 0..rl {
                 let te = (t + g.ext0()) * dh;
                 let (kt, dkt) = (&row.k[te..te + dh], &dk[te..te + dh]);
-                let nrm = row.norm[t];
+                let inv = 1.0 / row.norm[t];
                 let kd: f32 = if row.floored[t] {
                     0.0
                 } else {
@@ -811,7 +841,7 @@ pub fn backward(
                 };
                 let dst = row.pos[t] as usize * dh;
                 for k in 0..dh {
-                    dqk[dst + k] += dq[t * dh + k] + (dkt[k] - kt[k] * kd) / nrm;
+                    dqk[dst + k] += dq[t * dh + k] + (dkt[k] - kt[k] * kd) * inv;
                     dvo[dst + k] += dvs[te + k];
                 }
             }
