@@ -18,7 +18,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::ops::FloatTensorOps;
+use burn::backend::ops::{FloatTensorOps, IntTensorOps};
 use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::{Bool, DType, Device, Int, Tensor, TensorData};
@@ -50,6 +50,9 @@ pub trait FusedBackend: Backend {
         pad: BoolTensor<Self>,
         params: LshKernelParams,
     ) -> FloatTensor<Self>;
+
+    /// See [`lsh_hash_fused`]. Not differentiable (bucket ids).
+    fn lsh_hash(x: FloatTensor<Self>, rotations: FloatTensor<Self>) -> IntTensor<Self>;
 }
 
 /// Host copies of the kernel's inputs.
@@ -124,6 +127,17 @@ impl FusedBackend for Flex {
         let d = host.dims;
         let (y, _) = lsh::forward(d, &params, &host.qk, &host.v, &host.buckets, &host.pad);
         flex_tensor(y, [d.n, d.len, d.d_head])
+    }
+
+    fn lsh_hash(x: FloatTensor<Self>, rotations: FloatTensor<Self>) -> IntTensor<Self> {
+        let x = x.into_data();
+        let [n, len, dh] = [x.shape()[0], x.shape()[1], x.shape()[2]];
+        let rot = rotations.into_data();
+        let (rounds, half) = (rot.shape()[1], rot.shape()[2]);
+        let ids = lsh::hash(&f32_vec(x), (n, len, dh), &f32_vec(rot), rounds);
+        debug_assert_eq!(ids.len(), n * rounds * len, "{half} buckets / 2");
+        let ids: Vec<i32> = ids.into_iter().map(|i| i as i32).collect();
+        Flex::int_from_data(TensorData::new(ids, [n, rounds, len]), &Default::default())
     }
 }
 
@@ -210,6 +224,50 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
             }
         }
     }
+
+    fn lsh_hash(x: FloatTensor<Self>, rotations: FloatTensor<Self>) -> IntTensor<Self> {
+        // Bucket ids carry no gradient: the kernel runs on the primitives.
+        <Flex as FusedBackend>::lsh_hash(x.into_primitive(), rotations.into_primitive())
+    }
+}
+
+/// LSH bucket ids `h(x) = argmax([xR; -xR])` for every round as one op that never holds `xR`
+/// (the tensor-op version materialises `[n, len, rounds, n_buckets]` scores).
+///
+/// Errors name the bad shape, or a device other than `flex` (see [`supports`]).
+///
+/// # Shapes
+/// - `x`: `[n, len, d_head]`
+/// - `rotations`: `[d_head, rounds, n_buckets / 2]`
+/// - output: `[n, rounds, len]`, ids in `0..n_buckets` (no round offsets)
+pub fn lsh_hash_fused(x: Tensor<3>, rotations: Tensor<3>) -> Result<Tensor<3, Int>, FusedError> {
+    let bad = |m: String| Err(FusedError::Input(m));
+    let device = x.device();
+    if !supports(&device) {
+        return bad(format!(
+            "the LSH hash kernel runs on the flex CPU backend, not on {device:?}"
+        ));
+    }
+    let [_, _, dh] = x.dims();
+    let [rd, r, half] = rotations.dims();
+    if rd != dh || r == 0 || half == 0 {
+        return bad(format!(
+            "rotations have shape {:?}, expected [{dh}, rounds >= 1, n_buckets / 2 >= 1]",
+            rotations.dims()
+        ));
+    }
+    for (name, dtype) in [("x", x.dtype()), ("rotations", rotations.dtype())] {
+        if dtype != DType::F32 {
+            return bad(format!("{name} must be f32, got {dtype:?}"));
+        }
+    }
+    let ids: Tensor<3, Int> = Tensor::from_dispatch(<Dispatch as FusedBackend>::lsh_hash(
+        x.into_dispatch(),
+        rotations.into_dispatch(),
+    ));
+    // The kernel writes i32; other integer tensors on the device have its default int type.
+    let int = Tensor::<1, Int>::empty([0], &device).dtype();
+    Ok(if ids.dtype() == int { ids } else { ids.cast(int) })
 }
 
 /// LSH attention over `rounds` hash rounds as one fused op (see [`lsh`] for the maths): for

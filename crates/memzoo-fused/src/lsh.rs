@@ -1,14 +1,17 @@
 //! LSH chunked attention (Kitaev et al. 2020, sec. 2) as one CPU kernel: sort by bucket, gather,
 //! chunk with look-around (wrapping over the sorted sequence), scores, masks, round
 //! de-duplication, softmax with log-partition, unsort and the mixture of rounds; and its
-//! hand-written backward. Plain slices in, plain slices out; one rayon task per (batch, head) row,
-//! the products per chunk by `gemm` (single-threaded inside a task).
+//! hand-written backward; and the hashing ([`hash`]). Plain slices in, plain slices out; one rayon
+//! task per (batch, head) row, the products per chunk by `gemm` (single-threaded inside a task),
+//! the element-wise loops branch-free (compiled for AVX2 too, picked at run time).
 //!
 //! The maths, per row, with `R = rounds * len` sorted elements and `nc = R / c` chunks of `c`:
 //! - sorted order: ascending `(bucket + round * n_buckets, position)`; `pos_t` is the original
 //!   position of sorted element `t`, `undo` the inverse permutation;
 //! - `q_t = x_{pos_t}`, `k_t = q_t / max(|q_t|, 1e-6)` (shared QK), `v_t = v_{pos_t}`;
-//! - query chunk `i` sees key chunks `i, i-1, .., i-before, i+1, .., i+after` (mod `nc`);
+//! - query chunk `i` sees key chunks `i-before, .., i, .., i+after` (mod `nc`); the sorted rows
+//!   are stored with the last `before` chunks copied in front and the first `after` behind, so a
+//!   window is `w` consecutive rows and each product one `gemm` call;
 //! - `s_tu = scale * q_t · k_u`; `SELF_SCORE` where `pos_t = pos_u`; then `- log count_tu`
 //!   (de-duplication: the number of rounds whose chunk windows hold the pair, at least 1); then
 //!   `MASKED` where `pos_u > pos_t` (causal) or `pos_u` is padding;
@@ -847,4 +850,54 @@ pub fn backward(
             }
         });
     (dqk, dv)
+}
+
+/// Bucket ids `h(x) = argmax([xR; -xR])` per round (sec. 2), without materialising `xR`:
+/// positions in blocks, one product per block, the first maximum as Burn's `argmax` takes it.
+/// `x`: `[n, len, d_head]`; `rotations`: `[d_head, rounds, half]`; returns `[n, rounds, len]`.
+pub fn hash(x: &[f32], (n, len, dh): (usize, usize, usize), rotations: &[f32], rounds: usize) -> Vec<i64> {
+    let half = rotations.len() / (dh * rounds);
+    let cols = rounds * half;
+    let mut out = vec![0i64; n * rounds * len];
+    const BLOCK: usize = 256;
+    out.par_chunks_mut(rounds * len)
+        .enumerate()
+        .for_each(|(ni, out)| {
+            let xr = &x[ni * len * dh..(ni + 1) * len * dh];
+            let mut prod = vec![0f32; BLOCK * cols];
+            for start in (0..len).step_by(BLOCK) {
+                let rows = BLOCK.min(len - start);
+                // xR for the block: [rows, rounds * half]
+                matmul(
+                    (rows, cols, dh),
+                    &mut prod,
+                    cols,
+                    false,
+                    &xr[start * dh..],
+                    (1, dh),
+                    rotations,
+                    (1, cols),
+                    1.0,
+                );
+                for a in 0..rows {
+                    for rr in 0..rounds {
+                        let v = &prod[a * cols + rr * half..a * cols + (rr + 1) * half];
+                        // first maximum of [v, -v]
+                        let (mut best, mut arg) = (v[0], 0usize);
+                        for (j, &x) in v.iter().enumerate().skip(1) {
+                            if x > best {
+                                (best, arg) = (x, j);
+                            }
+                        }
+                        for (j, &x) in v.iter().enumerate() {
+                            if -x > best {
+                                (best, arg) = (-x, half + j);
+                            }
+                        }
+                        out[rr * len + start + a] = arg as i64;
+                    }
+                }
+            }
+        });
+    out
 }

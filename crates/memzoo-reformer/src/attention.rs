@@ -134,6 +134,25 @@ pub fn hash_buckets(x: Tensor<4>, rotations: Tensor<3>) -> Tensor<4, Int> {
     both.argmax(4).reshape([b, h, l, r]).swap_dims(2, 3)
 }
 
+/// [`hash_buckets`] by the fused kernel ([`memzoo_fused::lsh_hash_fused`], which never holds
+/// the `[.., n_rounds, n_buckets]` scores) where `kernel` is [`LshKernel::Auto`] and the device
+/// is `flex`; by tensor ops otherwise.
+///
+/// # Shapes
+/// as [`hash_buckets`]
+pub fn hash_buckets_with(x: Tensor<4>, rotations: Tensor<3>, kernel: LshKernel) -> Tensor<4, Int> {
+    if kernel == LshKernel::Auto && memzoo_fused::supports(&x.device()) {
+        let [b, h, l, dh] = x.dims();
+        let r = rotations.dims()[1];
+        // The checks of the fused op hold for any input `hash_buckets` takes: an error would be
+        // a bug, and the tensor-op path below the fallback.
+        if let Ok(ids) = memzoo_fused::lsh_hash_fused(x.clone().reshape([b * h, l, dh]), rotations.clone()) {
+            return ids.reshape([b, h, r, l]);
+        }
+    }
+    hash_buckets(x, rotations)
+}
+
 /// `x` followed by its chunks `1..=before` back and `1..=after` ahead, along dim 2.
 ///
 /// Rolls along the chunk axis (dim 1), so the first chunk's "previous" chunk is the last one;
@@ -320,7 +339,7 @@ pub fn lsh_attention(
     dropatt: Option<(f64, u64)>,
 ) -> Tensor<4> {
     let n_buckets = 2 * rotations.dims()[2];
-    let buckets = hash_buckets(qk.clone().detach(), rotations);
+    let buckets = hash_buckets_with(qk.clone().detach(), rotations, params.kernel);
     lsh_attention_with_buckets(qk, v, buckets, n_buckets, key_pad, params, dropatt)
 }
 
@@ -781,7 +800,7 @@ impl ReformerAttention {
                 let buckets = buckets.unwrap_or_else(|| {
                     let rounds = opts.n_rounds.unwrap_or(self.n_rounds);
                     let rot = random_rotations(dh, rounds, n_buckets, mix(opts.seed, 1), &device);
-                    hash_buckets(q.clone().detach(), rot)
+                    hash_buckets_with(q.clone().detach(), rot, self.lsh_kernel)
                 });
                 let out = lsh_attention_with_buckets(
                     q,

@@ -4,7 +4,7 @@ use super::{dev, rand_tensor, to_vec};
 use crate::attention::{
     AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, MASKED,
     ReformerAttentionConfig,
-    SELF_SCORE, hash_buckets, local_attention, lsh_attention,
+    SELF_SCORE, hash_buckets, hash_buckets_with, local_attention, lsh_attention,
 };
 use crate::rng::random_rotations;
 
@@ -68,15 +68,19 @@ fn buckets_follow_the_argmax_rule() {
     let (b, h, l, dh, r, nb) = (2, 3, 7, 5, 3, 6);
     let x = rand_tensor([b, h, l, dh], 1, &device);
     let rot = random_rotations(dh, r, nb, 2, &device);
-    let got = hash_buckets(x.clone(), rot.clone());
+    // tensor ops, and the fused kernel (Auto on flex)
+    for got in [
+        hash_buckets(x.clone(), rot.clone()),
+        hash_buckets_with(x.clone(), rot.clone(), LshKernel::Auto),
+    ] {
     assert_eq!(got.dims(), [b, h, r, l]);
     let got: Vec<i64> = got
         .into_data()
         .convert::<i64>()
         .try_to_vec::<i64>()
         .unwrap();
-    let xv = to_vec(x);
-    let rv = to_vec(rot);
+    let xv = to_vec(x.clone());
+    let rv = to_vec(rot.clone());
     let half = nb / 2;
     for bi in 0..b {
         for hi in 0..h {
@@ -95,6 +99,7 @@ fn buckets_follow_the_argmax_rule() {
                 }
             }
         }
+    }
     }
 }
 
