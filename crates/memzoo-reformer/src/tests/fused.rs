@@ -107,8 +107,13 @@ fn fused_lsh_matches_tensor_ops_in_values_and_gradients() {
             let d = max_diff(a, b);
             assert!(d < 1e-5, "case {n}: {what}: max |fused - tensor| = {d:e}");
         }
-        // The gradients are not trivially zero.
+        // The gradients are not trivially zero, and the two paths really ran (they round
+        // differently).
         assert!(dqk_t.iter().any(|x| x.abs() > 1e-3), "case {n}: d qk vanishes");
+        assert!(
+            dqk_f.iter().zip(&dqk_t).any(|(a, b)| a != b),
+            "case {n}: bit-identical gradients: did one implementation run twice?"
+        );
     }
 }
 
@@ -151,6 +156,10 @@ fn fused_lsh_layer_matches_tensor_ops_with_padding_and_odd_lengths() {
             all
         };
         let (a, t) = (run(&fused), run(&tensor));
+        assert!(
+            a[1].iter().zip(&t[1]).any(|(x, y)| x != y),
+            "bit-identical input gradients: does `lsh_kernel` select the implementation?"
+        );
         for (i, (x, y)) in a.iter().zip(&t).enumerate() {
             let diff = max_diff(x, y);
             assert!(
