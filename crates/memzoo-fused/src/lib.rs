@@ -219,9 +219,9 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
                 };
                 prep.finish(state, flex_tensor(y, [d.n, d.len, d.d_head]))
             }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(<Flex as FusedBackend>::lsh_attention(qk, v, buckets, pad, params))
-            }
+            OpsKind::UnTracked(prep) => prep.finish(<Flex as FusedBackend>::lsh_attention(
+                qk, v, buckets, pad, params,
+            )),
         }
     }
 
@@ -267,7 +267,11 @@ pub fn lsh_hash_fused(x: Tensor<3>, rotations: Tensor<3>) -> Result<Tensor<3, In
     ));
     // The kernel writes i32; other integer tensors on the device have its default int type.
     let int = Tensor::<1, Int>::empty([0], &device).dtype();
-    Ok(if ids.dtype() == int { ids } else { ids.cast(int) })
+    Ok(if ids.dtype() == int {
+        ids
+    } else {
+        ids.cast(int)
+    })
 }
 
 /// LSH attention over `rounds` hash rounds as one fused op (see [`lsh`] for the maths): for
@@ -331,11 +335,13 @@ pub fn lsh_attention_fused(
         Some(p) => p,
         None => Tensor::<2, Bool>::empty([n, 0], &device),
     };
-    Ok(Tensor::from_dispatch(<Dispatch as FusedBackend>::lsh_attention(
-        qk.into_dispatch(),
-        v.into_dispatch(),
-        buckets.into_dispatch(),
-        pad.into_dispatch(),
-        params,
-    )))
+    Ok(Tensor::from_dispatch(
+        <Dispatch as FusedBackend>::lsh_attention(
+            qk.into_dispatch(),
+            v.into_dispatch(),
+            buckets.into_dispatch(),
+            pad.into_dispatch(),
+            params,
+        ),
+    ))
 }

@@ -196,11 +196,11 @@ impl Row {
         }
         let mut undo = vec![0u32; rl];
         let mut pos = vec![0u32; rl];
-        for idx in 0..rl {
+        for (idx, u) in undo.iter_mut().enumerate() {
             let kb = key(idx);
             let t = start[kb] as usize;
             start[kb] += 1;
-            undo[idx] = t as u32;
+            *u = t as u32;
             pos[t] = (idx % l) as u32;
         }
         let locs = if p.dedup_rounds && r > 1 {
@@ -252,6 +252,7 @@ impl Row {
 
     /// Scores of query chunk `i` against its window, masks applied, into `s` (`[c, w]`);
     /// `live` (when given) marks the entries that came from `q · k` (their gradient flows).
+    #[allow(clippy::too_many_arguments)]
     fn scores(
         &self,
         d: LshDims,
@@ -312,7 +313,15 @@ impl Row {
             let query = (self.pos[t], lt);
             let scratch = (&mut count[..], &mut log_count[..]);
             let live_row = live.as_deref_mut().map(|l| &mut l[a * w..(a + 1) * w]);
-            mask_row(p, g, &keys, query, &mut s[a * w..(a + 1) * w], live_row, scratch);
+            mask_row(
+                p,
+                g,
+                &keys,
+                query,
+                &mut s[a * w..(a + 1) * w],
+                live_row,
+                scratch,
+            );
         }
     }
 }
@@ -365,6 +374,8 @@ fn mask_row_impl(
             table[..g.log_count.len()].copy_from_slice(&g.log_count);
             for (lc, &cnt) in log_count.iter_mut().zip(count.iter()) {
                 let mut v = 0.0;
+                // An index loop: `enumerate().skip(2)` stayed a scalar iterator here.
+                #[allow(clippy::needless_range_loop)]
                 for k in 2..9 {
                     v = select(cnt == k as u32, table[k], v);
                 }
@@ -419,8 +430,7 @@ fn score_grads_avx2(p: &[f32], dp: &mut [f32], live: &[bool], shift: &[f32]) {
 /// [`score_grads_impl`], compiled for AVX2 where the CPU has it.
 fn score_grads(p: &[f32], dp: &mut [f32], live: &[bool], shift: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    {
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports the features the function is compiled for.
         return unsafe { score_grads_avx2(p, dp, live, shift) };
     }
@@ -459,8 +469,7 @@ fn mask_row(
     scratch: (&mut [u32], &mut [f32]),
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    {
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports the features the function is compiled for.
         return unsafe { mask_row_avx2(p, g, keys, query, row, live, scratch) };
     }
@@ -483,7 +492,7 @@ fn exp_f32(x: f32) -> f32 {
     q = q * r + 8.333_452e-3;
     q = q * r + 4.166_579_6e-2;
     q = q * r + 1.666_666_5e-1;
-    q = q * r + 5.000_000_1e-1;
+    q = q * r + 0.5;
     let e = q * r * r + r + 1.0;
     let scale = f32::from_bits(((n as i32 + 127) << 23) as u32);
     if x < -87.0 { 0.0 } else { e * scale }
@@ -562,8 +571,7 @@ fn softmax_rows_avx2(s: &mut [f32], w: usize, lse: &mut [f32]) {
 /// [`softmax_rows_impl`], compiled for AVX2 where the CPU has it.
 fn softmax_rows(s: &mut [f32], w: usize, lse: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    {
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports the features the function is compiled for.
         return unsafe { softmax_rows_avx2(s, w, lse) };
     }
@@ -580,7 +588,11 @@ fn max_f32(x: &[f32]) -> f32 {
             acc[k] = if ch[k] > acc[k] { ch[k] } else { acc[k] };
         }
     }
-    let mut m = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut m = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
     for a in acc {
         m = m.max(a);
     }
@@ -855,7 +867,12 @@ pub fn backward(
 /// Bucket ids `h(x) = argmax([xR; -xR])` per round (sec. 2), without materialising `xR`:
 /// positions in blocks, one product per block, the first maximum as Burn's `argmax` takes it.
 /// `x`: `[n, len, d_head]`; `rotations`: `[d_head, rounds, half]`; returns `[n, rounds, len]`.
-pub fn hash(x: &[f32], (n, len, dh): (usize, usize, usize), rotations: &[f32], rounds: usize) -> Vec<i64> {
+pub fn hash(
+    x: &[f32],
+    (n, len, dh): (usize, usize, usize),
+    rotations: &[f32],
+    rounds: usize,
+) -> Vec<i64> {
     let half = rotations.len() / (dh * rounds);
     let cols = rounds * half;
     let mut out = vec![0i64; n * rounds * len];

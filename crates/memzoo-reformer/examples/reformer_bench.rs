@@ -9,8 +9,8 @@
 //! Prints one JSON line.
 
 use burn::tensor::Device;
-use memzoo_reformer::{LshKernel, ReformerConfig};
 use memzoo_reformer::bench::{BenchAttention, attention_fwd_bwd, train_step_timing};
+use memzoo_reformer::{LshKernel, ReformerConfig};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -146,7 +146,9 @@ pub fn hash_buckets_with(x: Tensor<4>, rotations: Tensor<3>, kernel: LshKernel) 
         let r = rotations.dims()[1];
         // The checks of the fused op hold for any input `hash_buckets` takes: an error would be
         // a bug, and the tensor-op path below the fallback.
-        if let Ok(ids) = memzoo_fused::lsh_hash_fused(x.clone().reshape([b * h, l, dh]), rotations.clone()) {
+        if let Ok(ids) =
+            memzoo_fused::lsh_hash_fused(x.clone().reshape([b * h, l, dh]), rotations.clone())
+        {
             return ids.reshape([b, h, r, l]);
         }
     }
@@ -368,9 +370,7 @@ pub fn lsh_attention_with_buckets(
         [b, h, r, l],
         "bucket ids per (row, head, round, position)"
     );
-    if params.kernel == LshKernel::Auto
-        && dropatt.is_none()
-        && memzoo_fused::supports(&qk.device())
+    if params.kernel == LshKernel::Auto && dropatt.is_none() && memzoo_fused::supports(&qk.device())
     {
         // The checks of the fused op hold here (the layer pads to a multiple of the chunk), so
         // an error would be a bug: the tensor-op path below is the fallback.

@@ -65,9 +65,8 @@ fn fused_lsh_matches_tensor_ops_in_values_and_gradients() {
         let pad_v: Vec<bool> = (0..b * l)
             .map(|i| with_pad && i / l == 1 && i % l >= l - 3)
             .collect();
-        let pad = with_pad.then(|| {
-            Tensor::<2, Bool>::from_data(TensorData::new(pad_v.clone(), [b, l]), &device)
-        });
+        let pad = with_pad
+            .then(|| Tensor::<2, Bool>::from_data(TensorData::new(pad_v.clone(), [b, l]), &device));
         let run = |fused: bool| {
             let qk = qk0.clone().require_grad();
             let v = v0.clone().require_grad();
@@ -109,7 +108,10 @@ fn fused_lsh_matches_tensor_ops_in_values_and_gradients() {
         }
         // The gradients are not trivially zero, and the two paths really ran (they round
         // differently).
-        assert!(dqk_t.iter().any(|x| x.abs() > 1e-3), "case {n}: d qk vanishes");
+        assert!(
+            dqk_t.iter().any(|x| x.abs() > 1e-3),
+            "case {n}: d qk vanishes"
+        );
         assert!(
             dqk_f.iter().zip(&dqk_t).any(|(a, b)| a != b),
             "case {n}: bit-identical gradients: did one implementation run twice?"
@@ -151,7 +153,9 @@ fn fused_lsh_layer_matches_tensor_ops_with_padding_and_odd_lengths() {
             let grads = (out.clone() * g.clone()).sum().backward();
             let mut all = vec![to_vec(out.inner()), to_vec(x.grad(&grads).expect("dx"))];
             for w in [&layer.query, &layer.value, &layer.output] {
-                all.push(to_vec(w.weight.val().grad(&grads).expect("weight gradient")));
+                all.push(to_vec(
+                    w.weight.val().grad(&grads).expect("weight gradient"),
+                ));
             }
             all
         };
