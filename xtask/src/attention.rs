@@ -2,7 +2,9 @@
 //! lengths. Each point runs in its own process so that its peak memory is its own.
 //!
 //! - `full`: softmax(QK^T) V with explicit `[len, len]` scores (on q, k, v: no projections);
-//! - `lsh`: Reformer LSH attention, shared QK, bucket 64, 4 rounds (on q, v);
+//! - `lsh`: Reformer LSH attention, shared QK, bucket 64, 4 rounds (on q, v): the fused CPU
+//!   kernel on flex (`LshKernel::Auto`); `lsh_tensor` (not in the suite): the same with Burn
+//!   tensor ops (`LshKernel::Tensor`);
 //! - `xl`: a whole Transformer-XL relative attention layer (`memzoo_relative`, d_model 512:
 //!   projections W_q, W_kv, W_R, W_o, the u/v biases and the relative shift), the segment
 //!   attending to itself (no memory), so the same `len x len` scores as `full`;
@@ -14,6 +16,7 @@
 use std::time::Instant;
 
 use burn::tensor::{Device, Tensor, TensorData};
+use memzoo_reformer::LshKernel;
 use memzoo_reformer::bench::{BenchAttention, attention_fwd_bwd, peak_rss_kib};
 
 use crate::BenchArgs;
@@ -46,20 +49,25 @@ pub fn one(target: &str, args: &BenchArgs, device: &Device) -> Result<Measuremen
     let reps = args.steps.unwrap_or(if args.quick { 1 } else { 3 });
     let device = device.clone().autodiff();
     let (seconds, peak_kib, config) = match kind {
-        "full" | "lsh" => {
+        "full" | "lsh" | "lsh_tensor" => {
             let attention = if kind == "full" {
                 BenchAttention::Full
             } else {
                 BenchAttention::Lsh {
                     bucket_size: 64,
                     n_rounds: 4,
+                    kernel: if kind == "lsh" {
+                        LshKernel::Auto
+                    } else {
+                        LshKernel::Tensor
+                    },
                 }
             };
             let t = attention_fwd_bwd(attention, len, 8, 64, reps, &device);
             let config = if kind == "full" {
                 serde_json::json!({})
             } else {
-                serde_json::json!({"bucket_size": 64, "n_rounds": 4})
+                serde_json::json!({"bucket_size": 64, "n_rounds": 4, "kernel": kind})
             };
             (t.seconds, t.peak_rss_kib, config)
         }

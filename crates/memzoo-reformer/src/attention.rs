@@ -77,6 +77,20 @@ pub enum LshScores {
     ScaledUnitKeys,
 }
 
+/// Which implementation runs LSH attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LshKernel {
+    /// Chosen by device: the fused CPU kernel ([`memzoo_fused::lsh_attention_fused`], one
+    /// multi-threaded op with a hand-written backward) on the `flex` backend when attention
+    /// dropout is off; Burn tensor ops otherwise (every other backend, or dropout on). The
+    /// default.
+    #[default]
+    Auto,
+    /// Burn tensor ops on every backend (the reference the fused kernel is tested against).
+    Tensor,
+}
+
 /// How queries see neighbouring chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkParams {
@@ -98,6 +112,8 @@ pub struct ChunkParams {
     pub dedup_rounds: bool,
     /// LSH: the score convention (local attention always scales `q · k` by `1/sqrt(d_head)`).
     pub lsh_scores: LshScores,
+    /// LSH: fused kernel or tensor ops (ignored by local attention).
+    pub kernel: LshKernel,
 }
 
 /// Bucket ids of `x` under random rotations: `h(x) = argmax([xR; -xR])` per round (eq. in sec. 2).
@@ -116,6 +132,27 @@ pub fn hash_buckets(x: Tensor<4>, rotations: Tensor<3>) -> Tensor<4, Int> {
     let rotated = x.matmul(rot).reshape([b, h, l, r, half]);
     let both = Tensor::cat(vec![rotated.clone(), rotated.neg()], 4);
     both.argmax(4).reshape([b, h, l, r]).swap_dims(2, 3)
+}
+
+/// [`hash_buckets`] by the fused kernel ([`memzoo_fused::lsh_hash_fused`], which never holds
+/// the `[.., n_rounds, n_buckets]` scores) where `kernel` is [`LshKernel::Auto`] and the device
+/// is `flex`; by tensor ops otherwise.
+///
+/// # Shapes
+/// as [`hash_buckets`]
+pub fn hash_buckets_with(x: Tensor<4>, rotations: Tensor<3>, kernel: LshKernel) -> Tensor<4, Int> {
+    if kernel == LshKernel::Auto && memzoo_fused::supports(&x.device()) {
+        let [b, h, l, dh] = x.dims();
+        let r = rotations.dims()[1];
+        // The checks of the fused op hold for any input `hash_buckets` takes: an error would be
+        // a bug, and the tensor-op path below the fallback.
+        if let Ok(ids) =
+            memzoo_fused::lsh_hash_fused(x.clone().reshape([b * h, l, dh]), rotations.clone())
+        {
+            return ids.reshape([b, h, r, l]);
+        }
+    }
+    hash_buckets(x, rotations)
 }
 
 /// `x` followed by its chunks `1..=before` back and `1..=after` ahead, along dim 2.
@@ -304,7 +341,7 @@ pub fn lsh_attention(
     dropatt: Option<(f64, u64)>,
 ) -> Tensor<4> {
     let n_buckets = 2 * rotations.dims()[2];
-    let buckets = hash_buckets(qk.clone().detach(), rotations);
+    let buckets = hash_buckets_with(qk.clone().detach(), rotations, params.kernel);
     lsh_attention_with_buckets(qk, v, buckets, n_buckets, key_pad, params, dropatt)
 }
 
@@ -333,6 +370,21 @@ pub fn lsh_attention_with_buckets(
         [b, h, r, l],
         "bucket ids per (row, head, round, position)"
     );
+    if params.kernel == LshKernel::Auto && dropatt.is_none() && memzoo_fused::supports(&qk.device())
+    {
+        // The checks of the fused op hold here (the layer pads to a multiple of the chunk), so
+        // an error would be a bug: the tensor-op path below is the fallback.
+        if let Ok(out) = lsh_attention_fused(
+            qk.clone(),
+            v.clone(),
+            buckets.clone(),
+            n_buckets,
+            key_pad.clone(),
+            params,
+        ) {
+            return out;
+        }
+    }
     let (n, rl, c) = (b * h, r * l, params.chunk_len);
     let device = qk.device();
 
@@ -414,6 +466,51 @@ pub fn lsh_attention_with_buckets(
         .reshape([n, r, l, 1]);
     let weights = softmax(lse, 1);
     (out * weights).sum_dim(1).reshape([b, h, l, dh])
+}
+
+/// [`lsh_attention_with_buckets`] as one fused CPU op (`memzoo_fused`, flex backend only):
+/// the same maths, no attention dropout.
+///
+/// # Shapes
+/// - `qk`, `v`: `[batch, heads, len, d_head]`
+/// - `buckets`: `[batch, heads, n_rounds, len]`, ids in `0..n_buckets`
+/// - `key_pad`: `[batch, len]`
+/// - output: `[batch, heads, len, d_head]`
+pub fn lsh_attention_fused(
+    qk: Tensor<4>,
+    v: Tensor<4>,
+    buckets: Tensor<4, Int>,
+    n_buckets: usize,
+    key_pad: Option<Tensor<2, Bool>>,
+    params: ChunkParams,
+) -> Result<Tensor<4>, memzoo_fused::FusedError> {
+    let [b, h, l, dh] = qk.dims();
+    let r = buckets.dims()[2];
+    let n = b * h;
+    let scale = match params.lsh_scores {
+        LshScores::UnitKeys => 1.0,
+        LshScores::ScaledUnitKeys => (dh as f32).powf(-0.5),
+    };
+    let kernel = memzoo_fused::LshKernelParams {
+        chunk_len: params.chunk_len,
+        n_buckets,
+        before: params.before,
+        after: params.after,
+        causal: params.causal,
+        dedup_rounds: params.dedup_rounds,
+        scale,
+        self_score: SELF_SCORE,
+        masked: MASKED,
+    };
+    let pad = key_pad.map(|m| m.unsqueeze_dim::<3>(1).expand([b, h, l]).reshape([n, l]));
+    let out = memzoo_fused::lsh_attention_fused(
+        qk.reshape([n, l, dh]),
+        v.reshape([n, l, dh]),
+        buckets.reshape([n, r, l]),
+        pad,
+        kernel,
+    )?;
+    Ok(out.reshape([b, h, l, dh]))
 }
 
 /// Local attention on projected heads: chunks of `chunk_len` in position order, each seeing
@@ -516,6 +613,10 @@ pub struct ReformerAttentionConfig {
     /// (trax's and HF's convention).
     #[config(default = "LshScores::UnitKeys")]
     pub lsh_scores: LshScores,
+    /// LSH: the fused CPU kernel where the device allows it, or tensor ops everywhere (see
+    /// [`LshKernel`]). Default: automatic by device.
+    #[config(default = "LshKernel::Auto")]
+    pub lsh_kernel: LshKernel,
     /// Dropout on the attention probabilities. Default: 0.0.
     #[config(default = 0.0)]
     pub dropatt: f64,
@@ -578,6 +679,7 @@ impl ReformerAttentionConfig {
             causal: self.causal,
             dedup_rounds: self.dedup_rounds,
             lsh_scores: self.lsh_scores,
+            lsh_kernel: self.lsh_kernel,
             dropatt: self.dropatt,
         })
     }
@@ -626,6 +728,9 @@ pub struct ReformerAttention {
     /// LSH score convention.
     #[module(skip)]
     pub lsh_scores: LshScores,
+    /// LSH implementation.
+    #[module(skip)]
+    pub lsh_kernel: LshKernel,
     /// Dropout on attention probabilities.
     pub dropatt: f64,
 }
@@ -680,6 +785,7 @@ impl ReformerAttention {
             causal: self.causal,
             dedup_rounds: self.dedup_rounds,
             lsh_scores: self.lsh_scores,
+            kernel: self.lsh_kernel,
         };
         let dropatt = (opts.train && self.dropatt > 0.0).then(|| (self.dropatt, mix(opts.seed, 2)));
         let q = heads(self.query.forward(x.clone()));
@@ -694,7 +800,7 @@ impl ReformerAttention {
                 let buckets = buckets.unwrap_or_else(|| {
                     let rounds = opts.n_rounds.unwrap_or(self.n_rounds);
                     let rot = random_rotations(dh, rounds, n_buckets, mix(opts.seed, 1), &device);
-                    hash_buckets(q.clone().detach(), rot)
+                    hash_buckets_with(q.clone().detach(), rot, self.lsh_kernel)
                 });
                 let out = lsh_attention_with_buckets(
                     q,

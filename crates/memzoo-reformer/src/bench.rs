@@ -5,7 +5,7 @@ use std::time::Instant;
 use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, Device, Tensor};
 
-use crate::attention::{ChunkParams, LshScores, MASKED, lsh_attention};
+use crate::attention::{ChunkParams, LshKernel, LshScores, MASKED, lsh_attention};
 use crate::rng::random_rotations;
 
 /// Which attention [`attention_fwd_bwd`] times.
@@ -19,6 +19,8 @@ pub enum BenchAttention {
         bucket_size: usize,
         /// Hash rounds.
         n_rounds: usize,
+        /// Fused kernel (on flex) or tensor ops.
+        kernel: LshKernel,
     },
 }
 
@@ -67,8 +69,9 @@ pub fn peak_rss_kib() -> u64 {
 }
 
 /// Times forward + backward of causal self-attention alone: batch 1, `n_heads x d_head`,
-/// length `len`, inputs drawn at random on `device` (an autodiff device). One warm-up run,
-/// then the mean of `reps` runs. Peak memory is the process's `VmHWM`: run one configuration
+/// length `len`, inputs drawn at random on `device` (an autodiff device) before the clock
+/// starts (as the peer's benchmark draws them). One warm-up run, then the mean of `reps` runs.
+/// Peak memory is the process's `VmHWM`: run one configuration
 /// per process to attribute it.
 pub fn attention_fwd_bwd(
     attention: BenchAttention,
@@ -79,7 +82,7 @@ pub fn attention_fwd_bwd(
     device: &Device,
 ) -> AttentionTiming {
     let shape = [1, n_heads, len, d_head];
-    let run = |seed: u64| {
+    let inputs = |seed: u64| {
         let rand = |s: u64| {
             Tensor::<4>::from_data(
                 burn::tensor::TensorData::new(
@@ -90,12 +93,15 @@ pub fn attention_fwd_bwd(
             )
             .require_grad()
         };
-        let (q, k, v) = (rand(seed), rand(seed + 1), rand(seed + 2));
+        (rand(seed), rand(seed + 1), rand(seed + 2), seed)
+    };
+    let run = |(q, k, v, seed): (Tensor<4>, Tensor<4>, Tensor<4>, u64)| {
         let out = match attention {
             BenchAttention::Full => full_causal_attention(q.clone(), k, v.clone()),
             BenchAttention::Lsh {
                 bucket_size,
                 n_rounds,
+                kernel,
             } => {
                 let n_buckets = (len / bucket_size).max(2);
                 let n_buckets = n_buckets + n_buckets % 2;
@@ -107,6 +113,7 @@ pub fn attention_fwd_bwd(
                     causal: true,
                     dedup_rounds: true,
                     lsh_scores: LshScores::UnitKeys,
+                    kernel,
                 };
                 lsh_attention(q.clone(), v.clone(), rot, None, params, None)
             }
@@ -117,11 +124,12 @@ pub fn attention_fwd_bwd(
         let g2: f32 = v.grad(&grads).map(|g| g.sum().into_scalar()).unwrap_or(0.0);
         g + g2
     };
-    let _ = run(0);
+    let _ = run(inputs(0));
     let reps = reps.max(1);
+    let all: Vec<_> = (0..reps).map(|r| inputs(10 * (r as u64 + 1))).collect();
     let start = Instant::now();
-    for r in 0..reps {
-        let _ = run(10 * (r as u64 + 1));
+    for x in all {
+        let _ = run(x);
     }
     AttentionTiming {
         attention,

@@ -20,8 +20,8 @@ pub mod reversible;
 pub mod rng;
 
 pub use attention::{
-    AttentionKind, ChunkParams, ForwardOptions, LshScores, ReformerAttention,
-    ReformerAttentionConfig, hash_buckets, local_attention, lsh_attention,
+    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, ReformerAttention,
+    ReformerAttentionConfig, hash_buckets, hash_buckets_with, local_attention, lsh_attention,
 };
 pub use error::ReformerError;
 pub use feedforward::{

@@ -1,13 +1,15 @@
 //! Benchmarks of the Reformer crate, one configuration per process (peak memory is per process).
 //!
-//! - `reformer_bench attention full|lsh LEN [REPS]`: causal attention alone, forward + backward,
-//!   batch 1, 8 heads x 64 (LSH: bucket 64, 4 rounds).
+//! - `reformer_bench attention full|lsh|lsh_tensor LEN [REPS]`: causal attention alone, forward +
+//!   backward, batch 1, 8 heads x 64 (LSH: bucket 64, 4 rounds; `lsh` the fused kernel,
+//!   `lsh_tensor` tensor ops).
 //! - `reformer_bench step LAYERS rev|plain LEN [D_MODEL] [REPS]`: one train step of a Reformer LM
 //!   (Reformer-small widths unless D_MODEL given), batch 1.
 //!
 //! Prints one JSON line.
 
 use burn::tensor::Device;
+use memzoo_reformer::LshKernel;
 use memzoo_reformer::bench::{BenchAttention, attention_fwd_bwd};
 use memzoo_xl::reformer::{ReformerConfig, train_step_timing};
 
@@ -19,9 +21,14 @@ fn main() {
         Some("attention") => {
             let kind = match args.get(2).map(String::as_str) {
                 Some("full") => BenchAttention::Full,
-                _ => BenchAttention::Lsh {
+                other => BenchAttention::Lsh {
                     bucket_size: 64,
                     n_rounds: 4,
+                    kernel: if other == Some("lsh_tensor") {
+                        LshKernel::Tensor
+                    } else {
+                        LshKernel::Auto
+                    },
                 },
             };
             let t = attention_fwd_bwd(kind, num(3, 1024), 8, 64, num(4, 1), &device);

@@ -2,8 +2,9 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::{dev, rand_tensor, to_vec};
 use crate::attention::{
-    AttentionKind, ChunkParams, ForwardOptions, LshScores, MASKED, ReformerAttentionConfig,
-    SELF_SCORE, hash_buckets, local_attention, lsh_attention,
+    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, MASKED,
+    ReformerAttentionConfig, SELF_SCORE, hash_buckets, hash_buckets_with, local_attention,
+    lsh_attention,
 };
 use crate::rng::random_rotations;
 
@@ -67,30 +68,36 @@ fn buckets_follow_the_argmax_rule() {
     let (b, h, l, dh, r, nb) = (2, 3, 7, 5, 3, 6);
     let x = rand_tensor([b, h, l, dh], 1, &device);
     let rot = random_rotations(dh, r, nb, 2, &device);
-    let got = hash_buckets(x.clone(), rot.clone());
-    assert_eq!(got.dims(), [b, h, r, l]);
-    let got: Vec<i64> = got
-        .into_data()
-        .convert::<i64>()
-        .try_to_vec::<i64>()
-        .unwrap();
-    let xv = to_vec(x);
-    let rv = to_vec(rot);
-    let half = nb / 2;
-    for bi in 0..b {
-        for hi in 0..h {
-            for li in 0..l {
-                let row = &xv[((bi * h + hi) * l + li) * dh..][..dh];
-                for ri in 0..r {
-                    // [xR, -xR]
-                    let mut vals = vec![0f32; nb];
-                    for j in 0..half {
-                        let s: f32 = (0..dh).map(|d| row[d] * rv[(d * r + ri) * half + j]).sum();
-                        vals[j] = s;
-                        vals[j + half] = -s;
+    // tensor ops, and the fused kernel (Auto on flex)
+    for got in [
+        hash_buckets(x.clone(), rot.clone()),
+        hash_buckets_with(x.clone(), rot.clone(), LshKernel::Auto),
+    ] {
+        assert_eq!(got.dims(), [b, h, r, l]);
+        let got: Vec<i64> = got
+            .into_data()
+            .convert::<i64>()
+            .try_to_vec::<i64>()
+            .unwrap();
+        let xv = to_vec(x.clone());
+        let rv = to_vec(rot.clone());
+        let half = nb / 2;
+        for bi in 0..b {
+            for hi in 0..h {
+                for li in 0..l {
+                    let row = &xv[((bi * h + hi) * l + li) * dh..][..dh];
+                    for ri in 0..r {
+                        // [xR, -xR]
+                        let mut vals = vec![0f32; nb];
+                        for j in 0..half {
+                            let s: f32 =
+                                (0..dh).map(|d| row[d] * rv[(d * r + ri) * half + j]).sum();
+                            vals[j] = s;
+                            vals[j + half] = -s;
+                        }
+                        let arg = (0..nb).fold(0, |a, j| if vals[j] > vals[a] { j } else { a });
+                        assert_eq!(got[((bi * h + hi) * r + ri) * l + li], arg as i64);
                     }
-                    let arg = (0..nb).fold(0, |a, j| if vals[j] > vals[a] { j } else { a });
-                    assert_eq!(got[((bi * h + hi) * r + ri) * l + li], arg as i64);
                 }
             }
         }
@@ -117,6 +124,7 @@ fn lsh_with_one_chunk_equals_full_attention() {
             causal,
             dedup_rounds: true,
             lsh_scores: LshScores::ScaledUnitKeys,
+            kernel: LshKernel::Auto,
         };
         let out = lsh_attention(qk.clone(), v.clone(), rot, Some(pad), params, None);
         let (out, qkv, vv) = (to_vec(out), to_vec(qk), to_vec(v));
@@ -170,6 +178,7 @@ fn more_rounds_approach_full_attention() {
             causal: false,
             dedup_rounds,
             lsh_scores: LshScores::ScaledUnitKeys,
+            kernel: LshKernel::Auto,
         };
         // mean over rotation seeds of the mean absolute error
         let mut total = 0.0;
@@ -226,6 +235,7 @@ fn lsh_causal_ignores_future_values() {
         causal: true,
         dedup_rounds: true,
         lsh_scores: LshScores::ScaledUnitKeys,
+        kernel: LshKernel::Auto,
     };
     let a = lsh_attention(qk.clone(), v, rot.clone(), None, params, None);
     let c = lsh_attention(qk, v2, rot, None, params, None);
@@ -289,6 +299,7 @@ fn local_attention_matches_windowed_naive() {
             causal,
             dedup_rounds: false,
             lsh_scores: LshScores::UnitKeys,
+            kernel: LshKernel::Auto,
         };
         let out = to_vec(local_attention(
             q.clone(),
@@ -479,73 +490,84 @@ fn naive_lsh(
 
 /// LSH attention with several chunks and several rounds equals the naive reference: the sort
 /// order, the chunk windows (wrapping across the sorted sequence and across rounds), the
-/// duplicate counts and the mixing of the rounds all show (one chunk hides them).
+/// duplicate counts and the mixing of the rounds all show (one chunk hides them). Both
+/// implementations: tensor ops and the fused kernel (which `Auto` picks on flex).
 #[test]
 fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
     let device = dev();
     let (b, h, dh) = (2, 2, 8);
-    let cases = [
-        // (len, chunk, rounds, buckets, before, after, causal, dedup, pad)
-        (24, 4, 3, 4, 1, 0, true, true, true),
-        (24, 4, 3, 6, 1, 1, false, true, false),
-        (24, 4, 2, 4, 2, 1, true, false, false),
-        (16, 4, 4, 8, 1, 0, true, true, false),
-        (8, 4, 1, 2, 1, 1, true, true, true), // 2 chunks: the window is clamped
-    ];
-    for (n, &(l, c, r, nb, before, after, causal, dedup_rounds, with_pad)) in
-        cases.iter().enumerate()
-    {
-        // Both score conventions, alternating over the cases.
-        let lsh_scores = if n % 2 == 0 {
-            LshScores::UnitKeys
-        } else {
-            LshScores::ScaledUnitKeys
-        };
-        let qk = rand_tensor([b, h, l, dh], 50 + n as u64, &device).mul_scalar(1.5);
-        let v = rand_tensor([b, h, l, dh], 60 + n as u64, &device);
-        let rot = random_rotations(dh, r, nb, 70 + n as u64, &device);
-        let pad_v: Vec<bool> = (0..b * l)
-            .map(|i| with_pad && i / l == 1 && i % l >= l - 3)
-            .collect();
-        let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad_v.clone(), [b, l]), &device);
-        let params = ChunkParams {
-            chunk_len: c,
-            before,
-            after,
-            causal,
-            dedup_rounds,
-            lsh_scores,
-        };
-        let buckets: Vec<i64> = hash_buckets(qk.clone(), rot.clone())
-            .into_data()
-            .iter::<i64>()
-            .collect();
-        let out = to_vec(lsh_attention(
-            qk.clone(),
-            v.clone(),
-            rot,
-            Some(pad),
-            params,
-            None,
-        ));
-        let (qkv, vv) = (to_vec(qk), to_vec(v));
-        let mut worst = 0f64;
-        for bh in 0..b * h {
-            let s = bh * l * dh..(bh + 1) * l * dh;
-            let bi = bh / h;
-            let want = naive_lsh(
-                &qkv[s.clone()],
-                &vv[s.clone()],
-                &buckets[bh * r * l..(bh + 1) * r * l],
-                (l, dh, r, nb),
+    assert!(
+        memzoo_fused::supports(&device),
+        "the fused kernel runs on the test device"
+    );
+    for kernel in [LshKernel::Auto, LshKernel::Tensor] {
+        let cases = [
+            // (len, chunk, rounds, buckets, before, after, causal, dedup, pad)
+            (24, 4, 3, 4, 1, 0, true, true, true),
+            (24, 4, 3, 6, 1, 1, false, true, false),
+            (24, 4, 2, 4, 2, 1, true, false, false),
+            (16, 4, 4, 8, 1, 0, true, true, false),
+            (8, 4, 1, 2, 1, 1, true, true, true), // 2 chunks: the window is clamped
+        ];
+        for (n, &(l, c, r, nb, before, after, causal, dedup_rounds, with_pad)) in
+            cases.iter().enumerate()
+        {
+            // Both score conventions, alternating over the cases.
+            let lsh_scores = if n % 2 == 0 {
+                LshScores::UnitKeys
+            } else {
+                LshScores::ScaledUnitKeys
+            };
+            let qk = rand_tensor([b, h, l, dh], 50 + n as u64, &device).mul_scalar(1.5);
+            let v = rand_tensor([b, h, l, dh], 60 + n as u64, &device);
+            let rot = random_rotations(dh, r, nb, 70 + n as u64, &device);
+            let pad_v: Vec<bool> = (0..b * l)
+                .map(|i| with_pad && i / l == 1 && i % l >= l - 3)
+                .collect();
+            let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad_v.clone(), [b, l]), &device);
+            let params = ChunkParams {
+                chunk_len: c,
+                before,
+                after,
+                causal,
+                dedup_rounds,
+                lsh_scores,
+                kernel,
+            };
+            let buckets: Vec<i64> = hash_buckets(qk.clone(), rot.clone())
+                .into_data()
+                .iter::<i64>()
+                .collect();
+            let out = to_vec(lsh_attention(
+                qk.clone(),
+                v.clone(),
+                rot,
+                Some(pad),
                 params,
-                &pad_v[bi * l..(bi + 1) * l],
-            );
-            for (got, want) in out[s].iter().zip(&want) {
-                assert!(got.is_finite());
-                worst = worst.max((*got as f64 - want).abs());
+                None,
+            ));
+            let (qkv, vv) = (to_vec(qk), to_vec(v));
+            let mut worst = 0f64;
+            for bh in 0..b * h {
+                let s = bh * l * dh..(bh + 1) * l * dh;
+                let bi = bh / h;
+                let want = naive_lsh(
+                    &qkv[s.clone()],
+                    &vv[s.clone()],
+                    &buckets[bh * r * l..(bh + 1) * r * l],
+                    (l, dh, r, nb),
+                    params,
+                    &pad_v[bi * l..(bi + 1) * l],
+                );
+                for (got, want) in out[s].iter().zip(&want) {
+                    assert!(got.is_finite());
+                    worst = worst.max((*got as f64 - want).abs());
+                }
             }
+            assert!(
+                worst < 1e-5,
+                "{kernel:?}, case {n}: max |lsh - naive| = {worst:e}"
+            );
         }
-        assert!(worst < 1e-5, "case {n}: max |lsh - naive| = {worst:e}");
     }
 }

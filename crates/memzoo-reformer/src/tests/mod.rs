@@ -3,6 +3,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use crate::rng::normal_vec;
 
 mod attention;
+mod fused;
 
 pub(crate) fn dev() -> Device {
     Device::flex()

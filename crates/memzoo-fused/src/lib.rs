@@ -1,0 +1,347 @@
+//! Fused CPU kernels for memzoo's hot paths, as Burn backend extensions with hand-written
+//! backward passes.
+//!
+//! - [`lsh_attention_fused`]: Reformer LSH attention from bucket ids to the mixed output
+//!   (sort, gather, chunk look-around with wrap, masks, round de-duplication, log-partitions,
+//!   unsort, mixture of rounds) as one multi-threaded op. The maths is in [`lsh`].
+//!
+//! The kernels run on the `flex` backend (with or without autodiff); [`supports`] says whether a
+//! device can run them. Callers keep their tensor-op path for every other backend and as the
+//! reference the kernels are tested against (`memzoo-reformer`'s `attention` tests).
+//!
+//! This crate is compiled at `opt-level = 3` in the dev profile (the workspace's own crates are
+//! at 1): its loops are the hot path.
+
+pub mod lsh;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ops::{FloatTensorOps, IntTensorOps};
+use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
+use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
+use burn::tensor::{Bool, DType, Device, Int, Tensor, TensorData};
+
+pub use lsh::{LshDims, LshKernelParams};
+
+/// Errors of the fused kernels: a bad shape, parameter or device; the message names it.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum FusedError {
+    /// An input does not fit the kernel.
+    #[error("fused kernel: {0}")]
+    Input(String),
+}
+
+/// Whether the fused kernels run on `device` (the `flex` CPU backend, autodiff or not).
+pub fn supports(device: &Device) -> bool {
+    // Device equality is hardware identity, autodiff ignored.
+    *device == Device::flex()
+}
+
+/// The fused ops, one method per kernel.
+#[backend_extension(Flex, Autodiff)]
+pub trait FusedBackend: Backend {
+    /// See [`lsh_attention_fused`]. `pad` is `[n, len]` (`[n, 0]`: no padding).
+    fn lsh_attention(
+        qk: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
+        pad: BoolTensor<Self>,
+        params: LshKernelParams,
+    ) -> FloatTensor<Self>;
+
+    /// See [`lsh_hash_fused`]. Not differentiable (bucket ids).
+    fn lsh_hash(x: FloatTensor<Self>, rotations: FloatTensor<Self>) -> IntTensor<Self>;
+}
+
+/// Host copies of the kernel's inputs.
+struct LshHost {
+    dims: LshDims,
+    qk: Vec<f32>,
+    v: Vec<f32>,
+    buckets: Vec<i64>,
+    pad: Vec<bool>,
+}
+
+fn f32_vec(data: TensorData) -> Vec<f32> {
+    data.convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 data after conversion")
+}
+
+impl LshHost {
+    fn new(
+        qk: FloatTensor<Flex>,
+        v: FloatTensor<Flex>,
+        buckets: IntTensor<Flex>,
+        pad: BoolTensor<Flex>,
+    ) -> Self {
+        let qk = qk.into_data();
+        let [n, len, d_head] = [qk.shape()[0], qk.shape()[1], qk.shape()[2]];
+        let buckets = buckets.into_data();
+        let rounds = buckets.shape()[1];
+        let pad = pad.into_data();
+        let pad: Vec<bool> = if pad.num_elements() == 0 {
+            Vec::new()
+        } else {
+            pad.iter::<bool>().collect()
+        };
+        // No padded key at all: the kernel skips the look-ups.
+        let pad = if pad.iter().any(|&p| p) {
+            pad
+        } else {
+            Vec::new()
+        };
+        Self {
+            dims: LshDims {
+                n,
+                len,
+                rounds,
+                d_head,
+            },
+            qk: f32_vec(qk),
+            v: f32_vec(v.into_data()),
+            buckets: buckets
+                .convert::<i64>()
+                .try_into_vec::<i64>()
+                .expect("i64 data after conversion"),
+            pad,
+        }
+    }
+}
+
+fn flex_tensor(values: Vec<f32>, shape: [usize; 3]) -> FloatTensor<Flex> {
+    Flex::float_from_data(TensorData::new(values, shape), &Default::default())
+}
+
+impl FusedBackend for Flex {
+    fn lsh_attention(
+        qk: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
+        pad: BoolTensor<Self>,
+        params: LshKernelParams,
+    ) -> FloatTensor<Self> {
+        let host = LshHost::new(qk, v, buckets, pad);
+        let d = host.dims;
+        let (y, _) = lsh::forward(d, &params, &host.qk, &host.v, &host.buckets, &host.pad);
+        flex_tensor(y, [d.n, d.len, d.d_head])
+    }
+
+    fn lsh_hash(x: FloatTensor<Self>, rotations: FloatTensor<Self>) -> IntTensor<Self> {
+        let x = x.into_data();
+        let [n, len, dh] = [x.shape()[0], x.shape()[1], x.shape()[2]];
+        let rot = rotations.into_data();
+        let (rounds, half) = (rot.shape()[1], rot.shape()[2]);
+        let ids = lsh::hash(&f32_vec(x), (n, len, dh), &f32_vec(rot), rounds);
+        debug_assert_eq!(ids.len(), n * rounds * len, "{half} buckets / 2");
+        let ids: Vec<i32> = ids.into_iter().map(|i| i as i32).collect();
+        Flex::int_from_data(TensorData::new(ids, [n, rounds, len]), &Default::default())
+    }
+}
+
+/// State of the LSH attention's backward: the inputs (shared, not copied) and the sorted
+/// outputs and log-partitions.
+#[derive(Clone, Debug)]
+struct LshState {
+    qk: FloatTensor<Flex>,
+    v: FloatTensor<Flex>,
+    buckets: IntTensor<Flex>,
+    pad: BoolTensor<Flex>,
+    params: LshKernelParams,
+    saved: lsh::LshSaved,
+}
+
+#[derive(Debug)]
+struct LshBackward;
+
+impl Backward<Flex, 2> for LshBackward {
+    type State = LshState;
+
+    fn backward(self, ops: Ops<LshState, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [qk_parent, v_parent] = ops.parents;
+        let dy = f32_vec(grads.consume::<Flex>(&ops.node).into_data());
+        let LshState {
+            qk,
+            v,
+            buckets,
+            pad,
+            params,
+            saved,
+        } = ops.state;
+        let host = LshHost::new(qk, v, buckets, pad);
+        let d = host.dims;
+        let (dqk, dv) = lsh::backward(
+            d,
+            &params,
+            &host.qk,
+            &host.v,
+            &host.buckets,
+            &host.pad,
+            &saved,
+            &dy,
+        );
+        let shape = [d.n, d.len, d.d_head];
+        if let Some(node) = qk_parent {
+            grads.register::<Flex>(node.id, flex_tensor(dqk, shape));
+        }
+        if let Some(node) = v_parent {
+            grads.register::<Flex>(node.id, flex_tensor(dv, shape));
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
+    fn lsh_attention(
+        qk: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
+        pad: BoolTensor<Self>,
+        params: LshKernelParams,
+    ) -> FloatTensor<Self> {
+        let nodes = [qk.node(), v.node()];
+        let (qk, v) = (qk.into_primitive(), v.into_primitive());
+        match LshBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let host = LshHost::new(qk.clone(), v.clone(), buckets.clone(), pad.clone());
+                let d = host.dims;
+                let (y, saved) =
+                    lsh::forward(d, &params, &host.qk, &host.v, &host.buckets, &host.pad);
+                drop(host);
+                let state = LshState {
+                    qk,
+                    v,
+                    buckets,
+                    pad,
+                    params,
+                    saved,
+                };
+                prep.finish(state, flex_tensor(y, [d.n, d.len, d.d_head]))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(<Flex as FusedBackend>::lsh_attention(
+                qk, v, buckets, pad, params,
+            )),
+        }
+    }
+
+    fn lsh_hash(x: FloatTensor<Self>, rotations: FloatTensor<Self>) -> IntTensor<Self> {
+        // Bucket ids carry no gradient: the kernel runs on the primitives.
+        <Flex as FusedBackend>::lsh_hash(x.into_primitive(), rotations.into_primitive())
+    }
+}
+
+/// LSH bucket ids `h(x) = argmax([xR; -xR])` for every round as one op that never holds `xR`
+/// (the tensor-op version materialises `[n, len, rounds, n_buckets]` scores).
+///
+/// Errors name the bad shape, or a device other than `flex` (see [`supports`]).
+///
+/// # Shapes
+/// - `x`: `[n, len, d_head]`
+/// - `rotations`: `[d_head, rounds, n_buckets / 2]`
+/// - output: `[n, rounds, len]`, ids in `0..n_buckets` (no round offsets)
+pub fn lsh_hash_fused(x: Tensor<3>, rotations: Tensor<3>) -> Result<Tensor<3, Int>, FusedError> {
+    let bad = |m: String| Err(FusedError::Input(m));
+    let device = x.device();
+    if !supports(&device) {
+        return bad(format!(
+            "the LSH hash kernel runs on the flex CPU backend, not on {device:?}"
+        ));
+    }
+    let [_, _, dh] = x.dims();
+    let [rd, r, half] = rotations.dims();
+    if rd != dh || r == 0 || half == 0 {
+        return bad(format!(
+            "rotations have shape {:?}, expected [{dh}, rounds >= 1, n_buckets / 2 >= 1]",
+            rotations.dims()
+        ));
+    }
+    for (name, dtype) in [("x", x.dtype()), ("rotations", rotations.dtype())] {
+        if dtype != DType::F32 {
+            return bad(format!("{name} must be f32, got {dtype:?}"));
+        }
+    }
+    let ids: Tensor<3, Int> = Tensor::from_dispatch(<Dispatch as FusedBackend>::lsh_hash(
+        x.into_dispatch(),
+        rotations.into_dispatch(),
+    ));
+    // The kernel writes i32; other integer tensors on the device have its default int type.
+    let int = Tensor::<1, Int>::empty([0], &device).dtype();
+    Ok(if ids.dtype() == int {
+        ids
+    } else {
+        ids.cast(int)
+    })
+}
+
+/// LSH attention over `rounds` hash rounds as one fused op (see [`lsh`] for the maths): for
+/// every row (batch x head), sort the positions by (round, bucket, position), attend inside
+/// chunks of `params.chunk_len` that also see their neighbours (wrapping), and mix the rounds by
+/// their log-partitions. Differentiable in `qk` and `v` on an autodiff device.
+///
+/// Errors name the bad shape or parameter, or a device other than `flex` (see [`supports`]).
+///
+/// # Shapes
+/// - `qk`, `v`: `[n, len, d_head]`, `len` a multiple of `params.chunk_len`
+/// - `buckets`: `[n, rounds, len]`, ids in `0..params.n_buckets` (no round offsets)
+/// - `pad`: `[n, len]`, `true` = a hidden key
+/// - output: `[n, len, d_head]`
+pub fn lsh_attention_fused(
+    qk: Tensor<3>,
+    v: Tensor<3>,
+    buckets: Tensor<3, Int>,
+    pad: Option<Tensor<2, Bool>>,
+    params: LshKernelParams,
+) -> Result<Tensor<3>, FusedError> {
+    let bad = |m: String| Err(FusedError::Input(m));
+    let device = qk.device();
+    if !supports(&device) {
+        return bad(format!(
+            "the LSH attention kernel runs on the flex CPU backend, not on {device:?}"
+        ));
+    }
+    let [n, len, dh] = qk.dims();
+    let [nb, r, lb] = buckets.dims();
+    if v.dims() != [n, len, dh] {
+        return bad(format!("v has shape {:?}, qk {:?}", v.dims(), qk.dims()));
+    }
+    if (nb, lb) != (n, len) || r == 0 {
+        return bad(format!(
+            "buckets have shape {:?}, expected [{n}, rounds >= 1, {len}]",
+            buckets.dims()
+        ));
+    }
+    if params.chunk_len == 0 || len % params.chunk_len != 0 || len == 0 {
+        return bad(format!(
+            "length {len} must be a positive multiple of chunk_len {}",
+            params.chunk_len
+        ));
+    }
+    if params.n_buckets == 0 {
+        return bad("n_buckets must be positive, got 0".into());
+    }
+    for (name, dtype) in [("qk", qk.dtype()), ("v", v.dtype())] {
+        if dtype != DType::F32 {
+            return bad(format!("{name} must be f32, got {dtype:?}"));
+        }
+    }
+    let pad = match pad {
+        Some(p) if p.dims() != [n, len] => {
+            return bad(format!(
+                "pad has shape {:?}, expected [{n}, {len}]",
+                p.dims()
+            ));
+        }
+        Some(p) => p,
+        None => Tensor::<2, Bool>::empty([n, 0], &device),
+    };
+    Ok(Tensor::from_dispatch(
+        <Dispatch as FusedBackend>::lsh_attention(
+            qk.into_dispatch(),
+            v.into_dispatch(),
+            buckets.into_dispatch(),
+            pad.into_dispatch(),
+            params,
+        ),
+    ))
+}
