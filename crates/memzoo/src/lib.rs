@@ -9,6 +9,7 @@
 //!   (`xl::ReformerConfig`, `xl::ReformerLm`);
 //! - [`memory`]: the kNN key-value memory (exact search or usearch HNSW);
 //! - [`knn`]: the Memorizing Transformer (kNN-augmented attention over that memory);
+//! - [`fused`]: fused multi-threaded CPU kernels (LSH attention) behind Burn's backend extension;
 //! - [`data`]: tokenizer, corpora, ordered batches, data set downloads, generated corpus;
 //! - [`train`]: the segment-recurrence trainer, and generation for every family;
 //!
@@ -16,6 +17,7 @@
 
 pub use memzoo_backend as backend;
 pub use memzoo_data as data;
+pub use memzoo_fused as fused;
 /// Reading and writing the PyTorch peers' checkpoints (`memzoo-import`).
 pub use memzoo_import as interop;
 pub use memzoo_knn as knn;
