@@ -428,8 +428,12 @@ pub fn train<M: SegmentModel>(
                         restored.model.family()
                     )));
                 }
+                // A step-0 checkpoint (an import) has consumed no data and carries no memory:
+                // its batch, row layout and replica count bind nothing yet.
+                let fresh = restored.trainer.step == 0;
                 if let Some(asked) = config.replicas
                     && asked != restored.trainer.replicas
+                    && !fresh
                 {
                     return Err(TrainError::Config(format!(
                         "train.replicas = {asked}, but {} was trained with {} replicas (each \
@@ -442,9 +446,11 @@ pub fn train<M: SegmentModel>(
                 }
                 model = restored.model;
                 optim = restored.optim;
-                replicas = restored.trainer.replicas;
-                states = restored.states;
-                train_data.restore(&restored.trainer.data_position)?;
+                if !fresh {
+                    replicas = restored.trainer.replicas;
+                    states = restored.states;
+                    train_data.restore(&restored.trainer.data_position)?;
+                }
                 start = restored.trainer.step;
                 tokens = restored.trainer.tokens;
                 dropped_records = crate::metrics::drop_records_after(&options.run_dir, start)?;
