@@ -34,7 +34,8 @@ pub use adaptive::{
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use model::{
-    Activation, AxialConfig, FfMasks, InputEmbedding, KnnLayerConfig, LayerAttention, LayerContext,
+    Activation, AxialConfig, FfMasks, InputEmbedding, KnnFeed, KnnLayerConfig, LayerAttention,
+    LayerContext,
     LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay, Residual, StepCounter,
     TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput, weighted_nll,
 };

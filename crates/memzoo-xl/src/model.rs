@@ -21,14 +21,14 @@ use burn::nn::{
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::activation::{gelu, log_softmax, relu};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
-use memzoo_memory::{HnswConfig, IndexKind, KnnIndex, KnnMemoryConfig, Retrieved};
+use memzoo_memory::{HnswConfig, IndexKind, KnnIndex, KnnMemoryConfig, Retrieved, WhenFull};
 use memzoo_reformer::rng::{dropout_mask, mix};
 use memzoo_reformer::{
     AttentionKind as ReformerKind, AxialPositionalEmbedding, AxialPositionalEmbeddingConfig,
     ForwardOptions, LshScores, ReformerAttention, ReformerAttentionConfig, chunked, reversible,
 };
 use memzoo_relative::{
-    AttentionMask, KnnAttention, KnnAttentionConfig, PositionConfig, PositionKind,
+    AttentionMask, KnnAttention, KnnAttentionConfig, KnnMixing, PositionConfig, PositionKind,
     RelativeAttentionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
 };
 use serde::{Deserialize, Serialize};
@@ -216,6 +216,19 @@ pub struct LshLayerConfig {
     pub seed: u64,
 }
 
+/// Which pairs a kNN layer adds to its kNN memory after a segment.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum KnnFeed {
+    /// The segment's own pairs, right after it is read (memzoo).
+    #[default]
+    Segment,
+    /// The pairs that leave the layer's XL memory: of `cat(memory, segment)`, all but the
+    /// last `mem_len` (with `mem_len = 0`, the segment's), so a position reaches the kNN
+    /// memory once the XL memory drops it (memorizing-transformers-pytorch).
+    Evicted,
+}
+
 /// Settings of the stack's kNN layers (used where [`XlConfig::layers`] lists `knn`).
 #[derive(Config, Debug)]
 pub struct KnnLayerConfig {
@@ -237,6 +250,19 @@ pub struct KnnLayerConfig {
     /// Initial temperature of the normalised scores. Default: 20.
     #[config(default = 20.0)]
     pub attn_scale_init: f64,
+    /// How local and retrieved attention combine: `gate` (two softmaxes and a learned gate,
+    /// the paper) or `joint` (one softmax over both, no gate, memorizing-transformers-pytorch).
+    /// Default: gate.
+    #[config(default = "KnnMixing::Gate")]
+    pub mixing: KnnMixing,
+    /// What the kNN memory receives: the segment's pairs (`segment`) or those leaving the XL
+    /// memory (`evicted`, memorizing-transformers-pytorch). Default: segment.
+    #[config(default = "KnnFeed::Segment")]
+    pub feed: KnnFeed,
+    /// A full row evicts its oldest pairs (`evict`) or is emptied (`reset`,
+    /// memorizing-transformers-pytorch; see `memzoo_memory::reset`). Default: evict.
+    #[config(default = "WhenFull::Evict")]
+    pub when_full: WhenFull,
 }
 
 /// Configuration of a [`TransformerXl`] language model. Defaults: the XL-small reference
@@ -327,6 +353,24 @@ pub struct XlConfig {
     /// (`RelativeAttentionConfig::value_output_bias`), as labml's attention has. Default: false.
     #[config(default = false)]
     pub value_output_bias: bool,
+    /// Relative-attention layers' output projection has a bias (and their values none), as
+    /// memorizing-transformers-pytorch's `Attention` (its kNN layer has none: kNN layers
+    /// ignore this). Default: false.
+    #[config(default = false)]
+    pub attention_output_bias: bool,
+    /// Key/value heads of relative and kNN layers, each shared by `n_heads / kv_heads` query
+    /// heads; `Some(1)`: multi-query attention (Shazeer 2019; memorizing-transformers-pytorch).
+    /// Default: none (a key and value per head).
+    #[config(default = "None")]
+    pub kv_heads: Option<usize>,
+    /// Gradients reach the layers (their LayerNorm, `W_k`, `W_v`) through the XL memory's keys
+    /// and values, which memzoo computes from the cached layer inputs in every segment. false:
+    /// the memory's keys and values are constants, as in a model that caches them detached
+    /// (memorizing-transformers-pytorch); the same forward pass at fixed weights (in training,
+    /// memzoo projects the memory with the current weights, such a model kept the old
+    /// projections). Default: true.
+    #[config(default = true)]
+    pub memory_gradients: bool,
     /// Standard deviation of the normal initialiser, HF TransfoXL's `init_std` scheme: every
     /// weight matrix, the embedding (also the tied output layer), the `u`/`v` biases and the
     /// relative tables are drawn from N(0, init_std), LayerNorm gains from N(1, init_std), every
@@ -706,6 +750,7 @@ impl XlConfig {
     /// The configuration of every kNN layer's memory.
     pub fn knn_memory(&self) -> KnnMemoryConfig {
         KnnMemoryConfig::new(self.n_heads, self.head_width())
+            .with_when_full(self.knn.when_full)
             .with_max_memories(self.knn.max_memories)
             .with_kind(self.knn.index)
             .with_auto_crossover(self.knn.auto_crossover)
@@ -724,6 +769,9 @@ impl XlConfig {
             .with_dropout(self.attention_dropout())
             .with_dropatt(self.dropatt)
             .with_attn_scale_init(self.knn.attn_scale_init)
+            .with_mixing(self.knn.mixing)
+            .with_n_kv_heads(self.kv_heads)
+            .with_memory_gradients(self.memory_gradients)
             .with_initializer(self.initializer())
     }
 
@@ -752,6 +800,9 @@ impl XlConfig {
             .with_dropatt(self.dropatt)
             .with_own_biases(self.untie_rel_bias)
             .with_value_output_bias(self.value_output_bias)
+            .with_output_bias(self.attention_output_bias)
+            .with_n_kv_heads(self.kv_heads)
+            .with_memory_gradients(self.memory_gradients)
             .with_initializer(self.initializer())
     }
 
@@ -791,6 +842,7 @@ impl XlConfig {
             pre_ln: self.pre_ln,
             ff_inner_dropout: self.ff_inner_dropout,
             ff_chunk_len: self.ff_chunk_len,
+            memory_gradients: self.memory_gradients,
         }
     }
 
@@ -864,6 +916,7 @@ impl XlConfig {
             mem_len: self.mem_len,
             same_length: self.same_length,
             top_k: self.knn.top_k,
+            knn_feed: self.knn.feed,
             document_resets: self.document_resets,
             lsh_seed: self.lsh.seed,
             scale: if self.scale_embedding {
@@ -914,6 +967,9 @@ pub struct XlBlock {
     pub ff_inner_dropout: bool,
     /// Positions per feed-forward chunk (0: all).
     pub ff_chunk_len: usize,
+    /// Gradients through the memory's LayerNorm (pre-LN; `XlConfig::memory_gradients`).
+    #[module(skip)]
+    pub memory_gradients: bool,
 }
 
 /// The dropout masks of one feed-forward pass in a seeded pass, `[batch, len, width]` each.
@@ -973,7 +1029,14 @@ impl XlBlock {
         attend: impl FnOnce(Tensor<3>, Option<Tensor<3>>) -> Result<Tensor<3>, E>,
     ) -> Result<Tensor<3>, E> {
         let norm = |t: Tensor<3>| self.norm_attention.forward(t);
-        let a = attend(norm(x), memory.map(norm))?;
+        // Without memory gradients the memory is normalised with constant parameters.
+        let memory = match memory {
+            Some(m) if !self.memory_gradients => {
+                Some(self.norm_attention.clone().no_grad().forward(m))
+            }
+            m => m.map(norm),
+        };
+        let a = attend(norm(x), memory)?;
         Ok(self.drop_attention(a, opts))
     }
 
@@ -1290,8 +1353,24 @@ impl XlLayer {
                 let (store, top_k) = cx.knn.as_mut().ok_or_else(|| {
                     missing("its kNN memory: read with forward_state and an XlState")
                 })?;
+                let evicted = cx.knn_evicted.map(|mem_len| {
+                    let klen = ctx.klen();
+                    (klen.saturating_sub(mem_len), m.clone(), x.clone())
+                });
                 let out = a.forward(x, m, ctx, &**store, *top_k)?;
-                store.add(out.keys, out.values)?;
+                match evicted {
+                    // knn.feed = evicted: the first klen - mem_len of cat(memory, x).
+                    Some((n, m, x)) if n > 0 => {
+                        let all = match m {
+                            Some(m) => Tensor::cat(vec![m, x], 1),
+                            None => x,
+                        };
+                        let (k, v) = a.memory_pairs(all.narrow(1, 0, n));
+                        store.add(k, v)?;
+                    }
+                    Some(_) => {}
+                    None => store.add(out.keys, out.values)?,
+                }
                 Ok((out.output, Replay::Retrieved(Box::new(out.retrieved))))
             }
             LayerAttention::Hashed(a) => {
@@ -1330,6 +1409,9 @@ pub struct LayerContext<'a> {
     pub shared: Option<&'a XlBiases>,
     /// The layer's kNN memory and how many pairs to retrieve per query (kNN layers).
     pub knn: Option<(&'a mut (dyn KnnIndex + 'static), usize)>,
+    /// With `knn.feed = evicted`, the XL memory's length `mem_len`: the kNN memory receives
+    /// the pairs leaving the XL memory instead of the segment's (kNN layers).
+    pub knn_evicted: Option<usize>,
     /// Seed of the LSH rotations outside seeded passes (LSH layers).
     pub seed: u64,
     /// The layer's options in a seeded pass ([`Randomness::Seeded`]): its dropout masks and
@@ -1387,6 +1469,9 @@ pub struct TransformerXl {
     pub same_length: bool,
     /// Pairs each kNN layer retrieves per query.
     pub top_k: usize,
+    /// What kNN layers add to their kNN memories.
+    #[module(skip)]
+    pub knn_feed: KnnFeed,
     /// Rows starting a document hide their XL memory and clear their kNN memories.
     pub document_resets: bool,
     /// Seed of the LSH layers' rotations (layer `l` uses `lsh_seed + l`).
@@ -1739,6 +1824,7 @@ impl TransformerXl {
             positions,
             shared: self.shared_biases.as_ref(),
             knn: knn.map(|s| (s, self.top_k)),
+            knn_evicted: (self.knn_feed == KnnFeed::Evicted).then_some(self.mem_len),
             seed: self.lsh_seed.wrapping_add(l as u64),
             opts: opts.map(|o| o.child(TAG_LAYER + l as u64)),
         }
