@@ -67,10 +67,8 @@ impl KnnIndex for ResetWhenFull {
         // Rows reset by their last add find nothing: every slot hidden, keys and values zero.
         let [b, t, h, kk] = found.mask.dims();
         let device = found.mask.device();
-        let rows: Tensor<4, Bool> = Tensor::from_data(
-            TensorData::new(self.hidden.clone(), [b, 1, 1, 1]),
-            &device,
-        );
+        let rows: Tensor<4, Bool> =
+            Tensor::from_data(TensorData::new(self.hidden.clone(), [b, 1, 1, 1]), &device);
         let mask = found.mask.bool_or(rows.clone().expand([b, t, h, kk]));
         let zero5 = rows.unsqueeze_dim::<5>(4);
         let shape = found.keys.dims();

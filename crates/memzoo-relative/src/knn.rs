@@ -115,6 +115,7 @@ impl KnnAttentionConfig {
             log_scale: fill(self.attn_scale_init.ln()),
             gate: fill(self.gate_init),
             mixing: self.mixing,
+            evicted_feed: None,
             n_heads: h,
             d_head: self.d_head,
         })
@@ -165,6 +166,10 @@ pub struct KnnAttention {
     /// How local and retrieved attention are combined (from the config).
     #[module(skip)]
     pub mixing: KnnMixing,
+    /// `Some(mem_len)`: the memory receives the pairs leaving an XL memory of `mem_len`
+    /// positions instead of the segment's (see [`set_evicted_feed`](Self::set_evicted_feed)).
+    #[module(skip)]
+    evicted_feed: Option<usize>,
     /// Number of heads.
     pub n_heads: usize,
     /// Width of each head.
@@ -331,6 +336,19 @@ impl KnnAttention {
             values: v.narrow(1, mlen, qlen).detach(),
             retrieved: found,
         })
+    }
+
+    /// Which pairs the stack adds to this layer's kNN memory: `None`, the segment's
+    /// ([`KnnAttentionOutput::keys`]); `Some(mem_len)`, those leaving the layer's XL memory of
+    /// `mem_len` positions, the first `mlen + qlen - mem_len` of `cat(memory, segment)`
+    /// (memorizing-transformers-pytorch), through [`memory_pairs`](Self::memory_pairs).
+    pub fn set_evicted_feed(&mut self, mem_len: Option<usize>) {
+        self.evicted_feed = mem_len;
+    }
+
+    /// See [`set_evicted_feed`](Self::set_evicted_feed).
+    pub fn evicted_feed(&self) -> Option<usize> {
+        self.evicted_feed
     }
 
     /// The pairs this layer stores for inputs `h` (what the memory receives for them): the

@@ -114,7 +114,10 @@ impl PositionConfig {
                     ));
                 }
                 if !self.bias_scale.is_finite() {
-                    return Err(format!("T5 bias_scale must be finite, got {}", self.bias_scale));
+                    return Err(format!(
+                        "T5 bias_scale must be finite, got {}",
+                        self.bias_scale
+                    ));
                 }
                 if self.max_distance <= per_side / 2 {
                     return Err(format!(

@@ -35,8 +35,7 @@ pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use model::{
     Activation, AxialConfig, FfMasks, InputEmbedding, KnnFeed, KnnLayerConfig, LayerAttention,
-    LayerContext,
-    LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay, Residual, StepCounter,
-    TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput, weighted_nll,
+    LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay, Residual,
+    StepCounter, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput, weighted_nll,
 };
 pub use reformer::{ReformerConfig, ReformerLm};

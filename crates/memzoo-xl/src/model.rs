@@ -857,7 +857,11 @@ impl XlConfig {
                 let attention = match (kind, kind.positions()) {
                     (_, Some(p)) => LayerAttention::Relative(self.attention(p).init(device)?),
                     (LayerKind::Knn, None) => {
-                        LayerAttention::Knn(self.knn_attention().init(device)?)
+                        let mut knn = self.knn_attention().init(device)?;
+                        if self.knn.feed == KnnFeed::Evicted {
+                            knn.set_evicted_feed(Some(self.mem_len));
+                        }
+                        LayerAttention::Knn(knn)
                     }
                     (_, None) => {
                         LayerAttention::Hashed(self.reformer_attention(kind).init(device)?)
@@ -916,7 +920,6 @@ impl XlConfig {
             mem_len: self.mem_len,
             same_length: self.same_length,
             top_k: self.knn.top_k,
-            knn_feed: self.knn.feed,
             document_resets: self.document_resets,
             lsh_seed: self.lsh.seed,
             scale: if self.scale_embedding {
@@ -1353,7 +1356,7 @@ impl XlLayer {
                 let (store, top_k) = cx.knn.as_mut().ok_or_else(|| {
                     missing("its kNN memory: read with forward_state and an XlState")
                 })?;
-                let evicted = cx.knn_evicted.map(|mem_len| {
+                let evicted = a.evicted_feed().map(|mem_len| {
                     let klen = ctx.klen();
                     (klen.saturating_sub(mem_len), m.clone(), x.clone())
                 });
@@ -1409,9 +1412,6 @@ pub struct LayerContext<'a> {
     pub shared: Option<&'a XlBiases>,
     /// The layer's kNN memory and how many pairs to retrieve per query (kNN layers).
     pub knn: Option<(&'a mut (dyn KnnIndex + 'static), usize)>,
-    /// With `knn.feed = evicted`, the XL memory's length `mem_len`: the kNN memory receives
-    /// the pairs leaving the XL memory instead of the segment's (kNN layers).
-    pub knn_evicted: Option<usize>,
     /// Seed of the LSH rotations outside seeded passes (LSH layers).
     pub seed: u64,
     /// The layer's options in a seeded pass ([`Randomness::Seeded`]): its dropout masks and
@@ -1469,9 +1469,6 @@ pub struct TransformerXl {
     pub same_length: bool,
     /// Pairs each kNN layer retrieves per query.
     pub top_k: usize,
-    /// What kNN layers add to their kNN memories.
-    #[module(skip)]
-    pub knn_feed: KnnFeed,
     /// Rows starting a document hide their XL memory and clear their kNN memories.
     pub document_resets: bool,
     /// Seed of the LSH layers' rotations (layer `l` uses `lsh_seed + l`).
@@ -1570,6 +1567,14 @@ impl TransformerXl {
     /// The same model with another memory length (e.g. longer for evaluation, as the paper).
     pub fn with_mem_len(mut self, mem_len: usize) -> Self {
         self.mem_len = mem_len;
+        // kNN layers fed from the XL memory's evictions follow its length.
+        for layer in self.layers.iter_mut() {
+            if let LayerAttention::Knn(a) = &mut layer.attention
+                && a.evicted_feed().is_some()
+            {
+                a.set_evicted_feed(Some(mem_len));
+            }
+        }
         self
     }
 
@@ -1824,7 +1829,6 @@ impl TransformerXl {
             positions,
             shared: self.shared_biases.as_ref(),
             knn: knn.map(|s| (s, self.top_k)),
-            knn_evicted: (self.knn_feed == KnnFeed::Evicted).then_some(self.mem_len),
             seed: self.lsh_seed.wrapping_add(l as u64),
             opts: opts.map(|o| o.child(TAG_LAYER + l as u64)),
         }

@@ -20,11 +20,7 @@ use crate::error::CliError;
 pub const SOURCES: &[&str] = memzoo_import::SOURCES;
 
 /// Sources of issue 15 not supported yet (named in the error, so nobody guesses).
-const NOT_YET: &[&str] = &[
-    "hf-reformer",
-    "lucidrains-memorizing",
-    "lucidrains-reformer",
-];
+const NOT_YET: &[&str] = &["hf-reformer", "lucidrains-reformer"];
 
 fn check_source(source: &str) -> Result<(), CliError> {
     if SOURCES.contains(&source) {
