@@ -8,7 +8,7 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use memzoo_data::Split;
-use memzoo_train::{SegmentSource, TrainerState, checkpoint};
+use memzoo_train::{SegmentModel, SegmentSource, TrainerState, checkpoint};
 use memzoo_xl::XlState;
 use serde_json::json;
 
@@ -102,7 +102,8 @@ pub fn import(
         .unwrap_or(0) as usize;
     let fits = largest < config.model.vocab_size;
     let trainer = TrainerState {
-        family: "xl".into(),
+        // "xl", or "memorizing" for a stack with kNN layers (what `train --resume` checks).
+        family: model.family().into(),
         step: 0,
         tokens: 0,
         data_position: train_data.position(),
