@@ -283,6 +283,17 @@ fn lucidrains_memorizing_run_dir_and_export_round_trip() {
             &format!("run dir: log-probs {s}"),
         );
     }
+    // The run is of the memorizing family (a stack with kNN layers): generate and a resumed
+    // training accept it.
+    let opts = memzoo::commands::GenerateOptions {
+        prompt: "\x01\x02".into(),
+        tokens: 3,
+        sampler: memzoo_train::generate::SampleConfig::new(),
+        segment_len: None,
+        mem_len: None,
+        compare_recompute: false,
+    };
+    memzoo::commands::generate(&run, "flex", &opts, true).unwrap();
     let out = tmp.join("export");
     memzoo::import::export("lucidrains-memorizing", &run, &out, &dev, true).unwrap();
     let theirs = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
@@ -316,6 +327,9 @@ fn lucidrains_memorizing_run_dir_and_export_round_trip() {
         err.to_string().contains("rel_pos_bias") && err.to_string().contains("layers 0 and 2"),
         "{err}"
     );
+    let mut resumed = config.clone();
+    resumed.train.steps = 2;
+    memzoo::commands::train(&resumed, "flex", &run, true, false, true, true).unwrap();
     let err = MemorizingPeerConfig::from_xl(&XlConfig::new()).unwrap_err();
     assert!(err.to_string().contains("T5 and kNN"), "{err}");
     let err = MemorizingPeerConfig::from_xl(&config.model.clone().with_kv_heads(None)).unwrap_err();
