@@ -313,8 +313,34 @@ fn lucidrains_memorizing_run_dir_and_export_round_trip() {
     let (_, back) = lucidrains_memorizing::load(&out, &dev).unwrap();
     let (_, orig) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
     assert_eq!(back, orig, "config round trip");
-    // Shared T5 tables that memzoo's layers hold apart cannot be exported.
+    // Under `shared_t5` the layers read the model's tables: their own are unused.
+    let (mut own, _) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
+    for layer in own.layers.iter_mut() {
+        let att = match &mut layer.attention {
+            LayerAttention::Relative(a) => a,
+            LayerAttention::Knn(k) => &mut k.attention,
+            LayerAttention::Hashed(_) => unreachable!("no LSH layer"),
+        };
+        if let memzoo_relative::PositionParams::T5(p) = &mut att.scheme {
+            p.bias = burn::module::Param::from_tensor(p.bias.val().add_scalar(3.0));
+        }
+    }
+    let mut state = own.new_state(batch, &dev).unwrap();
+    for s in 0..2 {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        let hidden = own
+            .forward_state(x, &mut state, &vec![false; batch])
+            .unwrap();
+        check(
+            &host(log_softmax(own.logits(hidden), 2)),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("shared tables: log-probs {s}"),
+        );
+    }
+    // Without `shared_t5` the layers' own tables are exported, and must agree.
     let (mut apart, _) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
+    apart.shared_t5 = None;
+    assert!(transformer_xl_to_peer(&apart, Source::Values).is_ok());
     if let Some(att) = match &mut apart.layers[2].attention {
         LayerAttention::Relative(a) => Some(a),
         _ => None,

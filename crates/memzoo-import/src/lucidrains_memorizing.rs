@@ -17,10 +17,8 @@
 //!   table multiplied by `sqrt(dim_head)` (`positions.bias_scale`) and indexed by `i - j` over
 //!   `cat(memory, segment)`, not the true distance `i + mlen - j` (`positions.memory_offset =
 //!   false`); one table (`rel_pos_bias`) shared by the plain layers, another (`knn_rel_pos_bias`)
-//!   by the kNN layers: memzoo's layers each own a table, so the import copies the shared one
-//!   into each (the same function; the gradient of the package's table is the sum of the
-//!   copies'; continued training in memzoo trains the copies apart, and the export then
-//!   refuses them);
+//!   by the kNN layers (`shared_t5`: the model's [`memzoo_xl::SharedT5`]; each layer's own
+//!   table, unused, is given the same values);
 //! - the XL memory (`xl_max_memories` = `mem_len`, in every layer) holds detached keys and
 //!   values; memzoo caches layer inputs and projects them again, with constant parameters
 //!   (`memory_gradients = false`): the same function and gradients at fixed weights;
@@ -388,6 +386,7 @@ impl MemorizingPeerConfig {
             .with_attention_output_bias(true)
             .with_kv_heads(Some(1))
             .with_memory_gradients(false)
+            .with_shared_t5(true)
             .with_ff_activation(Activation::Gelu)
             .with_ff_inner_dropout(true)
             .with_final_dropout(false)
@@ -612,10 +611,14 @@ pub fn transformer_xl_from(
             None
         };
         set_linear(&mut att.output, wo, bo);
+        // The layer's own table is unused under `shared_t5`: the same values, for a config
+        // that turns sharing off.
         let PositionParams::T5(p) = &mut att.scheme else {
             return Err(XlError::Config(format!("layer {l}: not a T5 layer")).into());
         };
-        p.bias = Param::from_tensor(t5);
+        // A copy of its own, not a clone: parameters sharing one tensor would share one
+        // autodiff node, and its gradient would go to whichever is visited first.
+        p.bias = Param::from_tensor(Tensor::from_data(t5.into_data(), device));
         let block = &mut layer.block;
         norm(
             map,
@@ -639,6 +642,12 @@ pub fn transformer_xl_from(
         let b2 = map.float(&format!("{f}3.bias"), [d], device)?;
         set_linear(&mut block.ff_out, w2, Some(b2));
     }
+    let shared = model
+        .shared_t5
+        .as_mut()
+        .ok_or_else(|| XlError::Config("a stack without shared T5 tables".into()))?;
+    shared.plain = Some(Param::from_tensor(table));
+    shared.knn = Some(Param::from_tensor(knn_table));
     let final_norm = model
         .final_norm
         .as_mut()
@@ -682,11 +691,16 @@ fn put_norm(out: &mut HfTensors, prefix: &str, norm: &LayerNorm, src: Source<'_>
 }
 
 /// The T5 tables of the plain and of the kNN layers, each as the package's one shared table:
-/// values must agree across layers (else an error naming the layers), gradients are summed.
+/// the model's (`shared_t5`); without sharing, the layers' own, whose values must agree across
+/// layers (else an error naming the layers) and whose gradients are summed.
 fn shared_tables(
     model: &TransformerXl,
     src: Source<'_>,
 ) -> Result<[Option<Tensor<2>>; 2], ImportError> {
+    if let Some(shared) = &model.shared_t5 {
+        let get = |knn: bool| shared.table(knn).and_then(|p| src.get(p));
+        return Ok([get(false), get(true)]);
+    }
     let mut tables: [Vec<(usize, Tensor<2>)>; 2] = [Vec::new(), Vec::new()];
     for (l, layer) in model.layers.iter().enumerate() {
         let knn = matches!(layer.attention, LayerAttention::Knn(_));

@@ -459,11 +459,21 @@ impl RelativeMultiHeadAttention {
                 Ok(ac + relative_shift(bd, klen))
             }
             (PositionParams::T5(p), PositionIndex::T5(idx)) => {
+                // The context's shared table, if it carries one, else the layer's own.
+                let table = match &ctx.t5_table {
+                    Some(t) if t.dims() != p.bias.dims() => {
+                        return Err(RelativeError::Input(format!(
+                            "the context's shared T5 table is {:?}, the layer's {:?}",
+                            t.dims(),
+                            p.bias.dims()
+                        )));
+                    }
+                    Some(t) => t.clone(),
+                    None => p.bias.val(),
+                };
                 // β_{bucket(i + mlen - j)} gathered per pair: [table, h] -> [h, qlen * klen]
                 // -> [1, h, qlen, klen], shared by every batch row.
-                let beta = p
-                    .bias
-                    .val()
+                let beta = table
                     .transpose()
                     .select(1, idx.clone())
                     .reshape([1, h, qlen, klen]);

@@ -273,6 +273,10 @@ pub struct RelativeContext {
     /// 0 without libm's underflow path; `-1e9` for explicit masks, where a fully hidden row
     /// then attends uniformly instead of producing NaN.
     pub mask_value: f32,
+    /// T5: a table `[num_buckets, heads]` that every T5 layer reading this context uses
+    /// instead of its own (one table shared across layers, as memorizing-transformers-pytorch
+    /// has); `None`: each layer its own. See [`with_t5_table`](Self::with_t5_table).
+    pub t5_table: Option<Tensor<2>>,
 }
 
 impl RelativeContext {
@@ -333,7 +337,18 @@ impl RelativeContext {
                 AttentionMask::Causal { .. } => f32::NEG_INFINITY,
                 _ => -1.0e9,
             },
+            t5_table: None,
         }
+    }
+
+    /// The same context with a T5 table that every T5 layer reading it uses instead of its
+    /// own (a table shared across layers; its gradient is the sum over those layers).
+    ///
+    /// # Shapes
+    /// - `table`: `[num_buckets, heads]`
+    pub fn with_t5_table(mut self, table: Tensor<2>) -> Self {
+        self.t5_table = Some(table);
+        self
     }
 
     /// Keys per query: `mlen + qlen`.

@@ -371,6 +371,11 @@ pub struct XlConfig {
     /// projections). Default: true.
     #[config(default = true)]
     pub memory_gradients: bool,
+    /// `t5` layers read one T5 table of the model, and `knn` layers another, instead of one
+    /// each (memorizing-transformers-pytorch's `rel_pos_bias` and `knn_rel_pos_bias`); the
+    /// layers' own tables are then unused. Default: false.
+    #[config(default = false)]
+    pub shared_t5: bool,
     /// Standard deviation of the normal initialiser, HF TransfoXL's `init_std` scheme: every
     /// weight matrix, the embedding (also the tied output layer), the `u`/`v` biases and the
     /// relative tables are drawn from N(0, init_std), LayerNorm gains from N(1, init_std), every
@@ -624,6 +629,15 @@ impl XlConfig {
                      hide a finished document's memory per row): set it to false"
                 ));
             }
+        }
+        if self.shared_t5
+            && !kinds
+                .iter()
+                .any(|k| matches!(k, LayerKind::T5 | LayerKind::Knn))
+        {
+            return bad(format!(
+                "shared_t5 = true, but no layer of {kinds:?} reads a T5 table (t5 or knn)"
+            ));
         }
         if kinds.contains(&LayerKind::Knn) {
             if self.same_length {
@@ -911,6 +925,20 @@ impl XlConfig {
             layers,
             shared_biases: shares_biases
                 .then(|| XlBiases::init(self.n_heads, self.head_width(), &init, device)),
+            shared_t5: self.shared_t5.then(|| {
+                let table = |kind: LayerKind, p: PositionConfig| {
+                    kinds
+                        .contains(&kind)
+                        .then(|| init.init([p.table_len(), self.n_heads], device))
+                };
+                SharedT5 {
+                    plain: table(
+                        LayerKind::T5,
+                        self.positions.clone().with_kind(PositionKind::T5),
+                    ),
+                    knn: table(LayerKind::Knn, self.knn_attention().positions),
+                }
+            }),
             final_norm: (self.pre_ln && self.final_norm).then(|| self.init_norm(device)),
             output,
             dropout: DropoutConfig::new(self.dropout).init(),
@@ -1404,6 +1432,32 @@ impl XlLayer {
     }
 }
 
+/// A position context of one forward pass: the scheme, the shared T5 table it carries
+/// (`Some(knn)`, see `TransformerXl::shared_t5`; `None`: none) and the context.
+type ContextEntry<'a> = (&'a PositionConfig, Option<bool>, RelativeContext);
+
+/// The T5 tables shared across layers (`XlConfig::shared_t5`), `[num_buckets, n_heads]` each:
+/// one read by every `t5` layer, one by every `knn` layer (memorizing-transformers-pytorch's
+/// `rel_pos_bias` and `knn_rel_pos_bias`); `None` where the stack has no such layer.
+#[derive(Module, Debug)]
+pub struct SharedT5 {
+    /// The `t5` layers' table.
+    pub plain: Option<Param<Tensor<2>>>,
+    /// The `knn` layers' table.
+    pub knn: Option<Param<Tensor<2>>>,
+}
+
+impl SharedT5 {
+    /// The kNN layers' table (`knn`) or the T5 layers'.
+    pub fn table(&self, knn: bool) -> Option<&Param<Tensor<2>>> {
+        if knn {
+            self.knn.as_ref()
+        } else {
+            self.plain.as_ref()
+        }
+    }
+}
+
 /// What one layer reads besides its input and memory.
 pub struct LayerContext<'a> {
     /// The position context of the layer's scheme (relative and kNN layers).
@@ -1450,6 +1504,9 @@ pub struct TransformerXl {
     pub layers: Vec<XlLayer>,
     /// `u`, `v` shared by all XL layers (unless untied).
     pub shared_biases: Option<XlBiases>,
+    /// T5 tables shared across layers (`XlConfig::shared_t5`); the layers' own tables are then
+    /// unused.
+    pub shared_t5: Option<SharedT5>,
     /// Final LayerNorm (pre-LN with `final_norm` only).
     pub final_norm: Option<LayerNorm>,
     /// The output distribution: tied, a linear layer, or an adaptive log-softmax.
@@ -1791,15 +1848,28 @@ impl TransformerXl {
         mlen: usize,
         mask: &AttentionMask,
         device: &Device,
-    ) -> Result<Vec<(&PositionConfig, RelativeContext)>, XlError> {
-        let mut contexts: Vec<(&PositionConfig, RelativeContext)> = Vec::new();
-        for p in self.layers.iter().filter_map(|l| l.attention.positions()) {
-            if !contexts.iter().any(|(q, _)| *q == p) {
+    ) -> Result<Vec<ContextEntry<'_>>, XlError> {
+        let mut contexts: Vec<ContextEntry<'_>> = Vec::new();
+        for (layer, p) in self
+            .layers
+            .iter()
+            .filter_map(|l| Some((l, l.attention.positions()?)))
+        {
+            let key = self.shared_t5_key(layer, p);
+            if !contexts.iter().any(|(q, k, _)| *q == p && *k == key) {
                 let ctx = RelativeContext::new(p, self.d_model, qlen, mlen, mask, device);
-                contexts.push((p, ctx));
+                // With `shared_t5`: the model's table of this kind of layer.
+                let ctx = match (key, &self.shared_t5) {
+                    (Some(knn), Some(t)) => match t.table(knn) {
+                        Some(table) => ctx.with_t5_table(table.val()),
+                        None => ctx,
+                    },
+                    _ => ctx,
+                };
+                contexts.push((p, key, ctx));
             }
         }
-        if let Some(m) = contexts.first().and_then(|(_, c)| c.mask.as_ref()) {
+        if let Some(m) = contexts.first().and_then(|(_, _, c)| c.mask.as_ref()) {
             let [mb, mq, mk] = m.dims();
             if (mb != 1 && mb != batch) || mq != qlen || mk != qlen + mlen {
                 return Err(XlError::Input(format!(
@@ -1811,20 +1881,31 @@ impl TransformerXl {
         Ok(contexts)
     }
 
+    /// Which shared T5 table a layer with positions `p` reads (`shared_t5`): `Some(true)` the
+    /// kNN layers', `Some(false)` the T5 layers'; `None`: its own (no sharing, or not T5).
+    fn shared_t5_key(&self, layer: &XlLayer, p: &PositionConfig) -> Option<bool> {
+        (self.shared_t5.is_some() && p.kind == PositionKind::T5)
+            .then(|| matches!(layer.attention, LayerAttention::Knn(_)))
+    }
+
     /// What layer `l` reads besides its input: its position context, the shared biases, its
     /// kNN memory (`knn`) and its seeded options.
     fn layer_context<'a>(
         &'a self,
         l: usize,
-        contexts: &'a [(&PositionConfig, RelativeContext)],
+        contexts: &'a [ContextEntry<'a>],
         knn: Option<&'a mut (dyn KnnIndex + 'static)>,
         opts: Option<&ForwardOptions>,
     ) -> LayerContext<'a> {
-        let positions = self.layers[l]
+        let layer = &self.layers[l];
+        let positions = layer
             .attention
             .positions()
-            .and_then(|p| contexts.iter().find(|(q, _)| *q == p))
-            .map(|(_, ctx)| ctx);
+            .and_then(|p| {
+                let key = self.shared_t5_key(layer, p);
+                contexts.iter().find(|(q, k, _)| *q == p && *k == key)
+            })
+            .map(|(_, _, ctx)| ctx);
         LayerContext {
             positions,
             shared: self.shared_biases.as_ref(),
