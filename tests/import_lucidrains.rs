@@ -72,9 +72,26 @@ fn knn_pairs(knn: &dyn KnnIndex, head: usize) -> (usize, Vec<f32>, Vec<f32>) {
     (n, keys, values)
 }
 
-fn memorizing_parity(src: &Path) {
+/// The package's run, replayed by the import of `src`; with `kv_memory = false` by the stack
+/// whose XL memory holds layer inputs, projected with constant parameters
+/// (`memory_gradients = false`) instead of cached keys/values.
+fn memorizing_parity(src: &Path, kv_memory: bool) {
     let dev = flex().autodiff();
-    let (model, cfg) = lucidrains_memorizing::load(src, &dev).expect("import");
+    let (model, cfg) = if kv_memory {
+        lucidrains_memorizing::load(src, &dev).expect("import")
+    } else {
+        let (_, cfg) = lucidrains_memorizing::load(src, &dev).expect("import");
+        let xl = cfg
+            .xl_config()
+            .unwrap()
+            .with_memory_keys_values(false)
+            .with_memory_gradients(false);
+        let mut map = TensorMap::read(&src.join("model.safetensors")).unwrap();
+        let model = lucidrains_memorizing::transformer_xl_as(&xl, &cfg, &mut map, &dev).unwrap();
+        map.finish().unwrap();
+        (model, cfg)
+    };
+    assert_eq!(model.memory_keys_values, kv_memory);
     assert_eq!(
         (cfg.depth, cfg.heads, cfg.dim_head, cfg.xl_max_memories),
         (3, 2, 8, 4)
@@ -113,11 +130,21 @@ fn memorizing_parity(src: &Path) {
             Some(t) => t + loss,
             None => loss,
         });
-        // The XL memory: the package's keys/values = memzoo's cached inputs projected.
+        // The XL memory: the package's keys/values, cached (`kv_memory`) or memzoo's cached
+        // inputs projected.
         for l in 0..cfg.depth {
             let want = r.float::<4>(&format!("xl.{s}.{l}"), &dev);
             let [_, m, _, dh] = want.dims();
             assert_eq!(state.xl.len(), m, "XL memory length after {s}");
+            if kv_memory {
+                let got = state.xl.layer(l).unwrap().clone();
+                check(
+                    &host(got),
+                    &host(want.reshape([batch, m, 2 * dh])),
+                    &format!("XL keys/values {s}.{l}"),
+                );
+                continue;
+            }
             let (k, v) = xl_keys_values(&model, &state, l);
             let part = |i: usize| want.clone().narrow(2, i, 1).reshape([batch, m, dh]);
             check(&host(k), &host(part(0)), &format!("XL keys {s}.{l}"));
@@ -157,7 +184,13 @@ fn memorizing_parity(src: &Path) {
 
 #[test]
 fn lucidrains_memorizing_matches_the_package() {
-    memorizing_parity(&fixture());
+    memorizing_parity(&fixture(), true);
+}
+
+/// The same with memzoo's XL memory of layer inputs and `memory_gradients = false`.
+#[test]
+fn lucidrains_memorizing_with_an_input_memory_matches_the_package() {
+    memorizing_parity(&fixture(), false);
 }
 
 /// A missing, misshaped or unknown tensor, a config.json that contradicts the tensors and an

@@ -20,8 +20,9 @@
 //!   by the kNN layers (`shared_t5`: the model's [`memzoo_xl::SharedT5`]; each layer's own
 //!   table, unused, is given the same values);
 //! - the XL memory (`xl_max_memories` = `mem_len`, in every layer) holds detached keys and
-//!   values; memzoo caches layer inputs and projects them again, with constant parameters
-//!   (`memory_gradients = false`): the same function and gradients at fixed weights;
+//!   values (`memory_keys_values`; memzoo's default caches layer inputs and projects them
+//!   again, which `memory_gradients = false` makes the same function and gradients at fixed
+//!   weights, but in training projects the memory with the current weights);
 //! - the kNN layers (`memorizing_layers`, 1-based): cosine scores `τ q̂·k̂` with a learned
 //!   per-head `log τ` (`scale`), one softmax over the `num_retrieved_memories` retrieved pairs
 //!   and the local keys, no gate (`knn.mixing = "joint"`); the kNN memory receives the pairs
@@ -385,7 +386,7 @@ impl MemorizingPeerConfig {
             .with_layer_norm_epsilon(EPS)
             .with_attention_output_bias(true)
             .with_kv_heads(Some(1))
-            .with_memory_gradients(false)
+            .with_memory_keys_values(true)
             .with_shared_t5(true)
             .with_ff_activation(Activation::Gelu)
             .with_ff_inner_dropout(true)
@@ -579,7 +580,18 @@ pub fn transformer_xl_from(
     map: &mut TensorMap,
     device: &Device,
 ) -> Result<TransformerXl, ImportError> {
-    let xl = cfg.xl_config()?;
+    transformer_xl_as(&cfg.xl_config()?, cfg, map, device)
+}
+
+/// [`transformer_xl_from`] into the stack of `xl`, [`MemorizingPeerConfig::xl_config`] or a
+/// variant of it that computes the same function (e.g. `memory_keys_values = false` with
+/// `memory_gradients = false`).
+pub fn transformer_xl_as(
+    xl: &XlConfig,
+    cfg: &MemorizingPeerConfig,
+    map: &mut TensorMap,
+    device: &Device,
+) -> Result<TransformerXl, ImportError> {
     let mut model = xl.init(device)?;
     let (d, h, dh, v) = (cfg.dim, cfg.heads, cfg.dim_head, cfg.num_tokens);
     let inner = cfg.ff_mult * d;

@@ -56,6 +56,12 @@ pub struct RelativeAttentionConfig {
     /// (memorizing-transformers-pytorch); the forward pass is the same. Default: true.
     #[config(default = true)]
     pub memory_gradients: bool,
+    /// The memory given to [`RelativeMultiHeadAttention::forward`] is cached keys and values
+    /// (`[batch, mlen, 2 n_kv_heads d_head]`, see
+    /// [`cache_entry`](RelativeMultiHeadAttention::cache_entry)), not layer inputs to project.
+    /// Default: false.
+    #[config(default = false)]
+    pub memory_keys_values: bool,
     /// Initialiser of every weight. Default: normal(0, 0.02), as Transformer-XL.
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
@@ -174,6 +180,9 @@ pub struct RelativeMultiHeadAttention {
     /// Whether gradients flow through the memory's keys and values (from the config).
     #[module(skip)]
     pub memory_gradients: bool,
+    /// Whether the memory holds cached keys/values instead of layer inputs (from the config).
+    #[module(skip)]
+    pub memory_keys_values: bool,
 }
 
 impl RelativeAttentionConfig {
@@ -258,6 +267,7 @@ impl RelativeAttentionConfig {
             d_model: self.d_model,
             n_kv_heads: hk,
             memory_gradients: self.memory_gradients,
+            memory_keys_values: self.memory_keys_values,
         })
     }
 }
@@ -321,7 +331,13 @@ impl RelativeMultiHeadAttention {
             )));
         }
         let (k, v) = match memory {
-            // Cached keys/values are constants (`memory_gradients = false`).
+            // Keys/values cached by an earlier segment (`memory_keys_values`).
+            Some(m) if self.memory_keys_values => {
+                let (km, vm) = self.cached_keys_values(m);
+                let (kx, vx) = self.keys_values(x.clone());
+                (Tensor::cat(vec![km, kx], 1), Tensor::cat(vec![vm, vx], 1))
+            }
+            // Cached inputs projected with constant parameters (`memory_gradients = false`).
             Some(m) if !self.memory_gradients => {
                 let (km, vm) = self.keys_values_with(m, true);
                 let (kx, vx) = self.keys_values(x.clone());
@@ -343,8 +359,46 @@ impl RelativeMultiHeadAttention {
         self.keys_values_with(h, false)
     }
 
+    /// What a key/value memory caches for inputs `h` (`memory_keys_values`): the keys and
+    /// values of the `n_kv_heads` heads, concatenated, detached.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, 2 n_kv_heads d_head]`
+    pub fn cache_entry(&self, h: Tensor<3>) -> Tensor<3> {
+        let (k, v) = self.kv_heads_of(h, true);
+        Self::pack_entry(k, v)
+    }
+
+    /// `[k; v]` of `[batch, len, n_kv_heads, d_head]` each as one cache entry, detached.
+    pub fn pack_entry(k: Tensor<4>, v: Tensor<4>) -> Tensor<3> {
+        let [b, len, hk, dh] = k.dims();
+        Tensor::cat(
+            vec![k.reshape([b, len, hk * dh]), v.reshape([b, len, hk * dh])],
+            2,
+        )
+        .detach()
+    }
+
+    /// The per-head keys and values of cached entries ([`cache_entry`](Self::cache_entry)).
+    ///
+    /// # Shapes
+    /// - `m`: `[batch, mlen, 2 n_kv_heads d_head]` → `[batch, mlen, n_heads, d_head]` each
+    pub fn cached_keys_values(&self, m: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        let [b, len, _] = m.dims();
+        let (hk, dh) = (self.n_kv_heads, self.d_head);
+        let k = m.clone().narrow(2, 0, hk * dh).reshape([b, len, hk, dh]);
+        let v = m.narrow(2, hk * dh, hk * dh).reshape([b, len, hk, dh]);
+        (self.share_kv_heads(k), self.share_kv_heads(v))
+    }
+
     /// [`keys_values`](Self::keys_values), with the parameters as constants when `constant`.
     fn keys_values_with(&self, h: Tensor<3>, constant: bool) -> (Tensor<4>, Tensor<4>) {
+        let (k, v) = self.kv_heads_of(h, constant);
+        (self.share_kv_heads(k), self.share_kv_heads(v))
+    }
+
+    /// Keys and values of the `n_kv_heads` heads (not yet shared by the query heads).
+    fn kv_heads_of(&self, h: Tensor<3>, constant: bool) -> (Tensor<4>, Tensor<4>) {
         let [batch, len, _] = h.dims();
         let (hk, dh) = (self.n_kv_heads, self.d_head);
         let w = self.key_value.weight.val();
@@ -361,7 +415,7 @@ impl RelativeMultiHeadAttention {
             }
             None => v,
         };
-        (self.share_kv_heads(k), self.share_kv_heads(v))
+        (k, v)
     }
 
     /// Keys or values of `n_kv_heads` heads repeated for the `n_heads` query heads (each

@@ -66,6 +66,11 @@ pub struct KnnAttentionConfig {
     /// (`RelativeAttentionConfig::memory_gradients`). Default: true.
     #[config(default = true)]
     pub memory_gradients: bool,
+    /// The XL memory holds cached keys/values
+    /// (`RelativeAttentionConfig::memory_keys_values`; the keys normalised, see
+    /// [`KnnAttention::cache_entry`]). Default: false.
+    #[config(default = false)]
+    pub memory_keys_values: bool,
     /// Initialiser of the projections. Default: normal(0, 0.02).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
@@ -97,6 +102,7 @@ impl KnnAttentionConfig {
             .with_dropatt(self.dropatt)
             .with_n_kv_heads(self.n_kv_heads)
             .with_memory_gradients(self.memory_gradients)
+            .with_memory_keys_values(self.memory_keys_values)
             .with_initializer(self.initializer.clone())
     }
 
@@ -336,6 +342,47 @@ impl KnnAttention {
             values: v.narrow(1, mlen, qlen).detach(),
             retrieved: found,
         })
+    }
+
+    /// What a key/value XL memory caches for inputs `h`: the normalised keys `k̂` and the
+    /// values, as [`RelativeMultiHeadAttention::cache_entry`] lays them out.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, 2 n_kv_heads d_head]`
+    pub fn cache_entry(&self, h: Tensor<3>) -> Tensor<3> {
+        let [b, len, _] = h.dims();
+        let (hk, dh) = (self.attention.n_kv_heads, self.d_head);
+        let m = self.attention.cache_entry(h);
+        let k = l2_normalize(m.clone().narrow(2, 0, hk * dh).reshape([b, len, hk, dh]));
+        let v = m.narrow(2, hk * dh, hk * dh).reshape([b, len, hk, dh]);
+        RelativeMultiHeadAttention::pack_entry(k, v)
+    }
+
+    /// The pairs of `cat(memory, x)` (the XL memory as the layer reads it: inputs, or cached
+    /// keys/values) that the kNN memory receives, the first `n` of them (`n >= 1`).
+    ///
+    /// # Shapes
+    /// - `memory`: `[batch, mlen, d_model]` (or cached entries), `x`: `[batch, qlen, d_model]`
+    /// - output: `[batch, n, heads, d_head]` each, detached
+    pub fn leading_pairs(
+        &self,
+        memory: Option<Tensor<3>>,
+        x: Tensor<3>,
+        n: usize,
+    ) -> (Tensor<4>, Tensor<4>) {
+        let (k, v) = match memory {
+            Some(m) if self.attention.memory_keys_values => {
+                let (km, vm) = self.attention.cached_keys_values(m);
+                let (kx, vx) = self.memory_pairs(x);
+                (
+                    Tensor::cat(vec![km.detach(), kx], 1),
+                    Tensor::cat(vec![vm.detach(), vx], 1),
+                )
+            }
+            Some(m) => self.memory_pairs(Tensor::cat(vec![m, x], 1)),
+            None => self.memory_pairs(x),
+        };
+        (k.narrow(1, 0, n), v.narrow(1, 0, n))
     }
 
     /// Which pairs the stack adds to this layer's kNN memory: `None`, the segment's

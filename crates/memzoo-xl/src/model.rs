@@ -376,6 +376,16 @@ pub struct XlConfig {
     /// layers' own tables are then unused. Default: false.
     #[config(default = false)]
     pub shared_t5: bool,
+    /// The XL memory caches every layer's keys and values (detached, as computed when the
+    /// segment was read; a kNN layer's keys normalised), `[batch, mlen, 2 kv_heads d_head]`
+    /// per layer, instead of the layer inputs that each segment projects again (Dai et al.'s
+    /// formulation, memzoo's default). With fixed weights the two are the same function
+    /// (with `memory_gradients = false`, the same gradients too); in training the cached
+    /// keys/values keep the projections of the step that computed them
+    /// (memorizing-transformers-pytorch). Needs relative / kNN layers only, sequential
+    /// residuals and no `zero_first_memory`. Default: false.
+    #[config(default = false)]
+    pub memory_keys_values: bool,
     /// Standard deviation of the normal initialiser, HF TransfoXL's `init_std` scheme: every
     /// weight matrix, the embedding (also the tied output layer), the `u`/`v` biases and the
     /// relative tables are drawn from N(0, init_std), LayerNorm gains from N(1, init_std), every
@@ -630,6 +640,27 @@ impl XlConfig {
                 ));
             }
         }
+        if self.memory_keys_values {
+            let why = if kinds
+                .iter()
+                .any(|k| k.positions().is_none() && *k != LayerKind::Knn)
+            {
+                Some(format!(
+                    "layers {kinds:?} include LSH / local ones, which cache no keys"
+                ))
+            } else if self.residual == Residual::Reversible {
+                Some("residual = \"reversible\" caches the x_2 stream".into())
+            } else if self.zero_first_memory {
+                Some("zero_first_memory = true starts from zero layer inputs".into())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return bad(format!(
+                    "memory_keys_values = true is not supported here: {why}; set it to false"
+                ));
+            }
+        }
         if self.shared_t5
             && !kinds
                 .iter()
@@ -786,6 +817,7 @@ impl XlConfig {
             .with_mixing(self.knn.mixing)
             .with_n_kv_heads(self.kv_heads)
             .with_memory_gradients(self.memory_gradients)
+            .with_memory_keys_values(self.memory_keys_values)
             .with_initializer(self.initializer())
     }
 
@@ -817,6 +849,7 @@ impl XlConfig {
             .with_output_bias(self.attention_output_bias)
             .with_n_kv_heads(self.kv_heads)
             .with_memory_gradients(self.memory_gradients)
+            .with_memory_keys_values(self.memory_keys_values)
             .with_initializer(self.initializer())
     }
 
@@ -857,6 +890,7 @@ impl XlConfig {
             ff_inner_dropout: self.ff_inner_dropout,
             ff_chunk_len: self.ff_chunk_len,
             memory_gradients: self.memory_gradients,
+            memory_keys_values: self.memory_keys_values,
         }
     }
 
@@ -956,6 +990,7 @@ impl XlConfig {
                 1.0
             },
             zero_first_memory: self.zero_first_memory,
+            memory_keys_values: self.memory_keys_values,
             residual: self.residual,
             final_dropout: self.final_dropout,
             randomness: self.randomness,
@@ -1001,6 +1036,9 @@ pub struct XlBlock {
     /// Gradients through the memory's LayerNorm (pre-LN; `XlConfig::memory_gradients`).
     #[module(skip)]
     pub memory_gradients: bool,
+    /// The memory is cached keys/values, not normalised (`XlConfig::memory_keys_values`).
+    #[module(skip)]
+    pub memory_keys_values: bool,
 }
 
 /// The dropout masks of one feed-forward pass in a seeded pass, `[batch, len, width]` each.
@@ -1062,6 +1100,8 @@ impl XlBlock {
         let norm = |t: Tensor<3>| self.norm_attention.forward(t);
         // Without memory gradients the memory is normalised with constant parameters.
         let memory = match memory {
+            // Cached keys/values enter the attention as they are.
+            Some(m) if self.memory_keys_values => Some(m),
             Some(m) if !self.memory_gradients => {
                 Some(self.norm_attention.clone().no_grad().forward(m))
             }
@@ -1232,6 +1272,25 @@ pub enum Replay {
 }
 
 impl XlLayer {
+    /// What a key/value XL memory (`XlConfig::memory_keys_values`) caches of this layer for
+    /// its input `h`: the keys and values its attention computes from it (pre-LN: from
+    /// `LN(h)`), detached; `None` for LSH and local layers.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, 2 kv_heads d_head]`
+    pub fn cache_entry(&self, h: Tensor<3>) -> Option<Tensor<3>> {
+        let h = if self.block.pre_ln {
+            self.block.norm_attention.forward(h)
+        } else {
+            h
+        };
+        match &self.attention {
+            LayerAttention::Relative(a) => Some(a.cache_entry(h)),
+            LayerAttention::Knn(a) => Some(a.cache_entry(h)),
+            LayerAttention::Hashed(_) => None,
+        }
+    }
+
     /// Applies the layer (see [`LayerContext`] for what it reads besides `x` and `memory`); a
     /// kNN layer searches its kNN memory and then adds the segment's pairs to it.
     pub fn forward(
@@ -1392,11 +1451,7 @@ impl XlLayer {
                 match evicted {
                     // knn.feed = evicted: the first klen - mem_len of cat(memory, x).
                     Some((n, m, x)) if n > 0 => {
-                        let all = match m {
-                            Some(m) => Tensor::cat(vec![m, x], 1),
-                            None => x,
-                        };
-                        let (k, v) = a.memory_pairs(all.narrow(1, 0, n));
+                        let (k, v) = a.leading_pairs(m, x, n);
                         store.add(k, v)?;
                     }
                     Some(_) => {}
@@ -1507,6 +1562,9 @@ pub struct TransformerXl {
     /// T5 tables shared across layers (`XlConfig::shared_t5`); the layers' own tables are then
     /// unused.
     pub shared_t5: Option<SharedT5>,
+    /// The XL memory caches keys/values (`XlConfig::memory_keys_values`).
+    #[module(skip)]
+    pub memory_keys_values: bool,
     /// Final LayerNorm (pre-LN with `final_norm` only).
     pub final_norm: Option<LayerNorm>,
     /// The output distribution: tied, a linear layer, or an adaptive log-softmax.
@@ -1978,7 +2036,14 @@ impl TransformerXl {
             Residual::Sequential => {
                 let mut h = h;
                 for (l, layer) in self.layers.iter().enumerate() {
-                    inputs.push(h.clone());
+                    // The layer's input, or its keys/values (`memory_keys_values`).
+                    let cached = match self.memory_keys_values {
+                        true => layer.cache_entry(h.clone()).ok_or_else(|| {
+                            XlError::Input(format!("layer {l} caches no keys/values"))
+                        })?,
+                        false => h.clone(),
+                    };
+                    inputs.push(cached);
                     let cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
                     h = layer.forward(h, memory.layer(l).cloned(), cx)?;
                 }
@@ -2019,10 +2084,14 @@ impl TransformerXl {
             )));
         }
         let [mb, _, md] = memory.layer(0).expect("non-empty").dims();
-        if mb != batch || md != self.d_model {
+        // Layer inputs, or cached keys/values of 2 kv heads x d_head.
+        let width = match (self.memory_keys_values, self.layers[0].attention.relative()) {
+            (true, Some(a)) => 2 * a.n_kv_heads * a.d_head,
+            _ => self.d_model,
+        };
+        if mb != batch || md != width {
             return Err(XlError::Input(format!(
-                "memory is [{mb}, _, {md}], tokens need [{batch}, _, {}]",
-                self.d_model
+                "memory is [{mb}, _, {md}], tokens need [{batch}, _, {width}]"
             )));
         }
         Ok(())
