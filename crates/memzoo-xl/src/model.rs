@@ -1943,7 +1943,7 @@ impl TransformerXl {
     /// kNN layers', `Some(false)` the T5 layers'; `None`: its own (no sharing, or not T5).
     fn shared_t5_key(&self, layer: &XlLayer, p: &PositionConfig) -> Option<bool> {
         (self.shared_t5.is_some() && p.kind == PositionKind::T5)
-            .then(|| matches!(layer.attention, LayerAttention::Knn(_)))
+            .then_some(matches!(layer.attention, LayerAttention::Knn(_)))
     }
 
     /// What layer `l` reads besides its input: its position context, the shared biases, its
