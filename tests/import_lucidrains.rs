@@ -264,6 +264,32 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
             .to_string()
             .contains("clear_memories_on_eos_token_id")
     );
+    // The options' own errors name the conflicting field.
+    let (_, peer) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
+    let base = peer.xl_config().unwrap();
+    let xl_layers = vec![memzoo_xl::LayerKind::Xl; 3];
+    for (config, what) in [
+        (
+            base.clone().with_zero_first_memory(true),
+            "zero_first_memory",
+        ),
+        (
+            base.clone()
+                .with_residual(memzoo_xl::Residual::Reversible)
+                .with_randomness(memzoo_xl::Randomness::Seeded),
+            "reversible",
+        ),
+        (
+            base.clone()
+                .with_memory_keys_values(false)
+                .with_layers(xl_layers),
+            "shared_t5",
+        ),
+        (base.clone().with_kv_heads(Some(3)), "n_kv_heads (3)"),
+    ] {
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(what), "{what}: {err}");
+    }
     // Without config.json: the package's defaults; the kNN layers from the weights.
     std::fs::remove_file(tmp.join("config.json")).unwrap();
     let (_, c) = lucidrains_memorizing::load(&path, &dev).unwrap();
