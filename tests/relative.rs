@@ -129,9 +129,12 @@ fn naive_attention(
             data: vec![0.0; qlen * h * dh],
         };
         for hd in 0..h {
+            // Key/value head g serves query heads g·h/hk .. (g+1)·h/hk (hk = h: its own).
+            let hk = att.n_kv_heads;
+            let g = hd / (h / hk);
             let qh = |i: usize| q.row(i)[hd * dh..(hd + 1) * dh].to_vec();
-            let kh = |j: usize| kv.row(j)[hd * dh..(hd + 1) * dh].to_vec();
-            let vh = |j: usize| kv.row(j)[h * dh + hd * dh..h * dh + (hd + 1) * dh].to_vec();
+            let kh = |j: usize| kv.row(j)[g * dh..(g + 1) * dh].to_vec();
+            let vh = |j: usize| kv.row(j)[hk * dh + g * dh..hk * dh + (g + 1) * dh].to_vec();
             for i in 0..qlen {
                 let qi = qh(i);
                 let mut scores = Vec::with_capacity(klen);
@@ -185,8 +188,10 @@ fn naive_attention(
                             scale * (dot(&qb, &kj) + dot(&qi, &e) + bk)
                         }
                         PositionKind::T5 => {
+                            // Without `memory_offset` the bucket ignores the memory: j - i.
+                            let offset = if pos.memory_offset { mlen } else { 0 };
                             let bucket = naive_t5_bucket(
-                                j as i64 - (i + mlen) as i64,
+                                j as i64 - (i + offset) as i64,
                                 pos.bidirectional,
                                 pos.num_buckets,
                                 pos.max_distance,
@@ -194,7 +199,7 @@ fn naive_attention(
                             let PositionParams::T5(p) = &att.scheme else {
                                 panic!("T5 parameters")
                             };
-                            let beta = param2(&p.bias).at(bucket, hd);
+                            let beta = param2(&p.bias).at(bucket, hd) * pos.bias_scale;
                             scale * dot(&qi, &kj) + beta
                         }
                     };
@@ -209,7 +214,14 @@ fn naive_attention(
                 }
             }
         }
-        out.extend(ctx.matmul(&wo).data.iter().map(|&v| v as f32));
+        let bo = att.output.bias.as_ref().map(|b| host(b.val()));
+        let o = ctx.matmul(&wo);
+        out.extend(
+            o.data
+                .iter()
+                .enumerate()
+                .map(|(n, &v)| v as f32 + bo.as_ref().map_or(0.0, |b| b[n % dm])),
+        );
     }
     out
 }
@@ -224,8 +236,18 @@ struct Case {
 }
 
 fn check(case: Case, dev: &Device) {
-    let (dm, h, dh, batch) = (16, 2, 6, 2);
-    let att = RelativeAttentionConfig::new(dm, h, dh)
+    check_with(case, 2, |c| c, dev)
+}
+
+/// [`check`] with `h` heads and the attention config changed by `configure`.
+fn check_with(
+    case: Case,
+    h: usize,
+    configure: impl Fn(RelativeAttentionConfig) -> RelativeAttentionConfig,
+    dev: &Device,
+) {
+    let (dm, dh, batch) = (16, 6, 2);
+    let mut att = configure(RelativeAttentionConfig::new(dm, h, dh))
         .with_positions(case.positions.clone())
         .with_own_biases(case.own_biases)
         .with_initializer(burn::nn::Initializer::Normal {
@@ -234,6 +256,10 @@ fn check(case: Case, dev: &Device) {
         })
         .init(dev)
         .unwrap();
+    // An output bias starts at zero: draw one, so that a missing `+ b_o` shows.
+    if let Some(b) = &mut att.output.bias {
+        *b = burn::module::Param::from_tensor(randn([dm], 13, dev));
+    }
     let shared = (!case.own_biases).then(|| {
         XlBiases::init(
             h,
@@ -367,6 +393,51 @@ fn t5_attention_matches_naive() {
             );
         }
     }
+}
+
+/// memorizing-transformers-pytorch's layer: one key/value head for all (multi-query) or one
+/// per two query heads (grouped), an output bias, and T5 biases scaled by `sqrt(d_head)` and
+/// bucketed by `i - j` (no memory offset).
+#[test]
+fn multi_query_output_bias_and_scaled_memory_free_t5_match_naive() {
+    let dev = flex();
+    for (qlen, mlen, causal, window) in shapes() {
+        for kv_heads in [1, 2] {
+            let positions = PositionConfig::new()
+                .with_kind(PositionKind::T5)
+                .with_num_buckets(8)
+                .with_max_distance(9)
+                .with_bias_scale(6f64.sqrt())
+                .with_memory_offset(false);
+            let case = Case {
+                positions,
+                qlen,
+                mlen,
+                causal,
+                window,
+                own_biases: true,
+            };
+            check_with(
+                case,
+                4,
+                |c| c.with_n_kv_heads(Some(kv_heads)).with_output_bias(true),
+                &dev,
+            );
+        }
+    }
+    let err = RelativeAttentionConfig::new(16, 4, 4)
+        .with_n_kv_heads(Some(3))
+        .init(&dev)
+        .unwrap_err();
+    assert!(err.to_string().contains("n_kv_heads (3)"), "{err}");
+    let t5 = PositionConfig::new()
+        .with_kind(PositionKind::T5)
+        .with_bias_scale(f64::NAN);
+    let err = RelativeAttentionConfig::new(16, 4, 4)
+        .with_positions(t5)
+        .init(&dev)
+        .unwrap_err();
+    assert!(err.to_string().contains("bias_scale"), "{err}");
 }
 
 #[test]

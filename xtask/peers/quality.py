@@ -53,7 +53,12 @@ reformer (reformer-pytorch ReformerLM, always reversible):
     memzoo fixes them in evaluation (`eval_seed`).
   - initialisation: PyTorch defaults (embedding N(0, 1), kaiming-uniform linears); memzoo's is
     its own library default.
-memorizing (memorizing-transformers-pytorch MemorizingTransformer):
+memorizing (memorizing-transformers-pytorch MemorizingTransformer). memzoo's quality config is
+  the paper's model; every point below except dropout and initialisation now has an XlConfig
+  option that gives the package's function (`kv_heads`, `knn.mixing`, `knn.feed`,
+  `knn.when_full`, `memory_keys_values`, `shared_t5`, `positions.bias_scale` /
+  `memory_offset`, `attention_output_bias`; `memzoo import --from lucidrains-memorizing` sets
+  them), not used by this benchmark:
   - multi-query attention (one key/value head shared by the query heads) in every layer;
     memzoo: a key/value per head.
   - the kNN layer: one softmax over the retrieved and the local keys together, no gate; memzoo:
@@ -64,8 +69,8 @@ memorizing (memorizing-transformers-pytorch MemorizingTransformer):
     exact search at this size) that is *reset to empty* once it holds more than
     `max_knn_memories` (memzoo evicts the oldest).
   - the XL memory holds keys/values (memzoo: the layer inputs, projected again).
-  - T5 bias scaled by sqrt(d_head) and its embedding drawn from N(0, 1); a separate T5 bias for
-    the kNN layer.
+  - T5 bias scaled by sqrt(d_head) and its embedding drawn from N(0, 1), one table shared by
+    the layers and a separate one for the kNN layer, bucketed by i - j ignoring the memory.
   - dropout: `attn_dropout` on the attention probabilities (0 here, as memzoo's dropatt) and
     `ff_dropout` inside the feed-forward; no embedding or residual dropout.
 """

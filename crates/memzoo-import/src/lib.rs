@@ -9,17 +9,21 @@
 //!   softmax included); and back ([`hf_transfo_xl::export`]).
 //! - [`labml_xl`]: labml-nn's Transformer-XL language model (`state_dict` of its
 //!   `AutoregressiveModel`: learned relative tables, pre-LN, value/output biases), and back.
+//! - [`lucidrains_memorizing`]: memorizing-transformers-pytorch's `MemorizingTransformer`
+//!   (multi-query T5 layers and a kNN layer with an XL and a kNN memory), and back.
 //! - [`import_source`] / [`export_to`]: the two by the name `memzoo import --from` and
 //!   `memzoo export --to` take.
 
 pub mod error;
 pub mod hf_transfo_xl;
 pub mod labml_xl;
+pub mod lucidrains_memorizing;
 pub mod reader;
 
 pub use error::ImportError;
 pub use hf_transfo_xl::HfTransfoXlConfig;
 pub use labml_xl::LabmlXlConfig;
+pub use lucidrains_memorizing::MemorizingPeerConfig;
 pub use reader::TensorMap;
 
 use std::path::Path;
@@ -28,7 +32,7 @@ use burn::tensor::Device;
 use memzoo_xl::{TransformerXl, XlConfig};
 
 /// The sources [`import_source`] and [`export_to`] accept.
-pub const SOURCES: &[&str] = &["hf-transfo-xl", "labml-xl"];
+pub const SOURCES: &[&str] = &["hf-transfo-xl", "labml-xl", "lucidrains-memorizing"];
 
 /// Imports the checkpoint `src` of `source` (one of [`SOURCES`]) into memzoo's stack and its
 /// config.
@@ -45,6 +49,10 @@ pub fn import_source(
         "labml-xl" => {
             let (model, labml) = labml_xl::load(src, device)?;
             Ok((model, labml.xl_config()?))
+        }
+        "lucidrains-memorizing" => {
+            let (model, peer) = lucidrains_memorizing::load(src, device)?;
+            Ok((model, peer.xl_config()?))
         }
         other => Err(ImportError::Unsupported(format!(
             "source `{other}`: supported are {}",
@@ -64,6 +72,7 @@ pub fn export_to(
     match target {
         "hf-transfo-xl" => hf_transfo_xl::export(model, xl, dir),
         "labml-xl" => labml_xl::export(model, xl, dir),
+        "lucidrains-memorizing" => lucidrains_memorizing::export(model, xl, dir),
         other => Err(ImportError::Unsupported(format!(
             "target `{other}`: supported are {}",
             SOURCES.join(", ")

@@ -8,6 +8,7 @@ use crate::KnnIndex;
 use crate::error::MemoryError;
 use crate::exact::ExactIndex;
 use crate::hnsw::UsearchIndex;
+use crate::reset::ResetWhenFull;
 
 /// Which search structure a memory uses.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -51,6 +52,18 @@ pub enum TopkPlacement {
     /// (`flex`, LibTorch on the CPU), `Device` elsewhere.
     #[default]
     Auto,
+}
+
+/// What a memory does when an add would take a (row, head) store above `max_memories`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenFull {
+    /// Evict the oldest pairs (FIFO).
+    #[default]
+    Evict,
+    /// Empty the row, then store the new pairs, which the next search does not see
+    /// (memorizing-transformers-pytorch; see [`crate::reset`]).
+    Reset,
 }
 
 /// HNSW (usearch) parameters.
@@ -117,6 +130,9 @@ pub struct KnnMemoryConfig {
     /// Exact backend: where top-k is selected. Default: `auto`.
     #[config(default = "TopkPlacement::Auto")]
     pub topk: TopkPlacement,
+    /// What happens when a row is full. Default: `evict` (the oldest pairs go first).
+    #[config(default = "WhenFull::Evict")]
+    pub when_full: WhenFull,
 }
 
 impl KnnMemoryConfig {
@@ -162,9 +178,18 @@ impl KnnMemoryConfig {
         if batch == 0 {
             return Err(MemoryError::Config("batch must be positive, got 0".into()));
         }
-        Ok(match self.resolved_kind() {
+        let index: Box<dyn KnnIndex> = match self.resolved_kind() {
             IndexKind::Hnsw => Box::new(UsearchIndex::new(self, batch)?),
             _ => Box::new(ExactIndex::new(self, batch, device)),
-        })
+        };
+        Ok(self.wrap(index))
+    }
+
+    /// `index` with this config's [`when_full`](Self::when_full) behaviour.
+    pub fn wrap(&self, index: Box<dyn KnnIndex>) -> Box<dyn KnnIndex> {
+        match self.when_full {
+            WhenFull::Evict => index,
+            WhenFull::Reset => Box::new(ResetWhenFull::new(index)),
+        }
     }
 }

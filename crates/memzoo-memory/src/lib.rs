@@ -64,8 +64,9 @@ pub mod exact;
 pub mod hnsw;
 pub(crate) mod host;
 pub mod persist;
+pub mod reset;
 
-pub use config::{HnswConfig, IndexKind, KnnMemoryConfig, TopkPlacement};
+pub use config::{HnswConfig, IndexKind, KnnMemoryConfig, TopkPlacement, WhenFull};
 pub use error::MemoryError;
 pub use exact::ExactIndex;
 pub use hnsw::UsearchIndex;

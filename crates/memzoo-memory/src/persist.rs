@@ -218,7 +218,9 @@ pub fn open(
         keys,
         values,
     };
-    Ok(match kind {
+    // A reset-when-full memory reopens with every row searchable (which rows were reset by
+    // their last add is not saved).
+    Ok(config.wrap(match kind {
         IndexKind::Hnsw => {
             let expected = header.batch * header.n_heads;
             if header.index_crc32.len() != expected {
@@ -238,8 +240,8 @@ pub fn open(
                     )));
                 }
             }
-            Box::new(UsearchIndex::from_snapshot(config, snap, dir)?)
+            Box::new(UsearchIndex::from_snapshot(config, snap, dir)?) as Box<dyn KnnIndex>
         }
         _ => Box::new(ExactIndex::from_snapshot(config, snap, device)),
-    })
+    }))
 }

@@ -534,3 +534,53 @@ fn host_top_k_equals_a_full_sort() {
         assert_eq!(out.best, want, "n {n}, k {k}, levels {levels}");
     }
 }
+
+/// `when_full = reset` (memorizing-transformers-pytorch): an add that would take a row above
+/// `max_memories` empties the row first; the pairs that add stored are not found by the next
+/// search (the package's untrained faiss index), and are after the following add. Other rows
+/// keep their pairs.
+#[test]
+fn reset_when_full_empties_the_row_and_hides_it_for_one_search() {
+    for kind in KINDS {
+        let (b, h, d, cap) = (2, 2, 4, 6);
+        let dev = device();
+        let mut index = config(kind, h, d, cap)
+            .with_when_full(WhenFull::Reset)
+            .init(b, &dev)
+            .unwrap();
+        let keys = clustered_keys(40, d, 0, 0.0, 3);
+        let add = |index: &mut Box<dyn KnnIndex>, first: usize, t: usize| {
+            let (k, v) = segment_tensors(&keys, 40, first, t, b, h, d, &dev);
+            index.add(k, v).unwrap();
+        };
+        let t = 2;
+        let q = tensor4(clustered_keys(b * t * h, d, 0, 0.0, 4), [b, t, h, d]);
+        // Per row: the sorted distinct ids its queries found (-1: an empty slot).
+        let found = |index: &Box<dyn KnnIndex>, k: usize| -> Vec<Vec<i64>> {
+            let ids = retrieved_ids(&index.search(q.clone(), k).unwrap());
+            ids.chunks(t * h * k)
+                .map(|row| {
+                    let mut r = row.to_vec();
+                    r.sort_unstable();
+                    r.dedup();
+                    r
+                })
+                .collect()
+        };
+        add(&mut index, 0, 4);
+        assert_eq!(found(&index, 4), vec![vec![0, 1, 2, 3]; 2], "{kind:?}");
+        index.clear(&[1]).unwrap();
+        // Row 0: 4 + 3 > 6 resets it to the 3 new pairs, hidden; row 1: 0 + 3 fits.
+        add(&mut index, 4, 3);
+        assert_eq!((index.len(0), index.len(1)), (3, 3), "{kind:?}");
+        assert_eq!(found(&index, 3), vec![vec![-1], vec![4, 5, 6]], "{kind:?}");
+        // The next add makes row 0's pairs searchable again: 3 + 2 fits.
+        add(&mut index, 7, 2);
+        assert_eq!((index.len(0), index.len(1)), (5, 5), "{kind:?}");
+        assert_eq!(
+            found(&index, 6),
+            vec![vec![-1, 4, 5, 6, 7, 8]; 2],
+            "{kind:?}"
+        );
+    }
+}

@@ -39,6 +39,29 @@ pub struct RelativeAttentionConfig {
     /// cancels it. Default: false (no biases, as Transformer-XL).
     #[config(default = false)]
     pub value_output_bias: bool,
+    /// A learned bias `b_o` on the output projection alone, `out = W_o c + b_o`, starting at
+    /// zero (memorizing-transformers-pytorch's `Attention.to_out`). Implied by
+    /// `value_output_bias`. Default: false.
+    #[config(default = false)]
+    pub output_bias: bool,
+    /// Key/value heads, each shared by `n_heads / n_kv_heads` query heads; `Some(1)`:
+    /// multi-query attention (Shazeer 2019; memorizing-transformers-pytorch's `to_kv`, one
+    /// key and one value of `d_head` per position). `W_k`, `W_v` are then
+    /// `d_model -> n_kv_heads * d_head`. `None`: one per query head. Default: none.
+    #[config(default = "None")]
+    pub n_kv_heads: Option<usize>,
+    /// Gradients reach `W_k`, `W_v` (and `b_v`) through the memory's keys and values (memzoo,
+    /// which projects the cached layer inputs in every segment). false: the memory's keys and
+    /// values are constants, as in a model that caches them detached
+    /// (memorizing-transformers-pytorch); the forward pass is the same. Default: true.
+    #[config(default = true)]
+    pub memory_gradients: bool,
+    /// The memory given to [`RelativeMultiHeadAttention::forward`] is cached keys and values
+    /// (`[batch, mlen, 2 n_kv_heads d_head]`, see
+    /// [`cache_entry`](RelativeMultiHeadAttention::cache_entry)), not layer inputs to project.
+    /// Default: false.
+    #[config(default = false)]
+    pub memory_keys_values: bool,
     /// Initialiser of every weight. Default: normal(0, 0.02), as Transformer-XL.
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
@@ -127,7 +150,8 @@ pub enum PositionParams {
 pub struct RelativeMultiHeadAttention {
     /// `W_q`: `d_model -> n_heads * d_head`.
     pub query: Linear,
-    /// `[W_k; W_v]` fused: `d_model -> 2 * n_heads * d_head`.
+    /// `[W_k; W_v]` fused: `d_model -> 2 * n_kv_heads * d_head` (`n_kv_heads = n_heads`
+    /// unless configured).
     pub key_value: Linear,
     /// Output projection `n_heads * d_head -> d_model` (with the bias `b_o` when
     /// `value_output_bias`).
@@ -149,9 +173,24 @@ pub struct RelativeMultiHeadAttention {
     pub d_head: usize,
     /// Width of the input.
     pub d_model: usize,
+    /// Key/value heads (`n_heads` unless multi-query / grouped); from the config, not stored
+    /// in records.
+    #[module(skip)]
+    pub n_kv_heads: usize,
+    /// Whether gradients flow through the memory's keys and values (from the config).
+    #[module(skip)]
+    pub memory_gradients: bool,
+    /// Whether the memory holds cached keys/values instead of layer inputs (from the config).
+    #[module(skip)]
+    pub memory_keys_values: bool,
 }
 
 impl RelativeAttentionConfig {
+    /// Key/value heads: `n_kv_heads`, else `n_heads`.
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
     /// Checks the configuration, naming the bad value.
     pub fn validate(&self) -> Result<(), RelativeError> {
         let bad = |msg: String| Err(RelativeError::Config(msg));
@@ -159,6 +198,13 @@ impl RelativeAttentionConfig {
             return bad(format!(
                 "d_model ({}), n_heads ({}) and d_head ({}) must all be positive",
                 self.d_model, self.n_heads, self.d_head
+            ));
+        }
+        let hk = self.kv_heads();
+        if hk == 0 || !self.n_heads.is_multiple_of(hk) {
+            return bad(format!(
+                "n_kv_heads ({hk}) must be positive and divide n_heads ({})",
+                self.n_heads
             ));
         }
         for (name, p) in [("dropout", self.dropout), ("dropatt", self.dropatt)] {
@@ -182,11 +228,14 @@ impl RelativeAttentionConfig {
                 .init(device)
         };
         let (h, dh) = (self.n_heads, self.d_head);
+        let hk = self.kv_heads();
         let mut output = linear(inner, self.d_model);
-        let value_bias = self.value_output_bias.then(|| {
+        if self.value_output_bias || self.output_bias {
             output.bias = Some(Initializer::Zeros.init([self.d_model], device));
-            Initializer::Zeros.init([inner], device)
-        });
+        }
+        let value_bias = self
+            .value_output_bias
+            .then(|| Initializer::Zeros.init([hk * dh], device));
         let table = self.positions.table_len();
         let kind = self.positions.kind;
         let init = &self.initializer;
@@ -206,7 +255,7 @@ impl RelativeAttentionConfig {
         };
         Ok(RelativeMultiHeadAttention {
             query: linear(self.d_model, inner),
-            key_value: linear(self.d_model, 2 * inner),
+            key_value: linear(self.d_model, 2 * hk * dh),
             output,
             value_bias,
             scheme,
@@ -216,6 +265,9 @@ impl RelativeAttentionConfig {
             n_heads: h,
             d_head: dh,
             d_model: self.d_model,
+            n_kv_heads: hk,
+            memory_gradients: self.memory_gradients,
+            memory_keys_values: self.memory_keys_values,
         })
     }
 }
@@ -278,24 +330,110 @@ impl RelativeMultiHeadAttention {
                 ctx.qlen, ctx.mlen
             )));
         }
-        let keys_in = match memory {
-            Some(m) => Tensor::cat(vec![m, x.clone()], 1),
-            None => x.clone(),
+        let (k, v) = match memory {
+            // Keys/values cached by an earlier segment (`memory_keys_values`).
+            Some(m) if self.memory_keys_values => {
+                let (km, vm) = self.cached_keys_values(m);
+                let (kx, vx) = self.keys_values(x.clone());
+                (Tensor::cat(vec![km, kx], 1), Tensor::cat(vec![vm, vx], 1))
+            }
+            // Cached inputs projected with constant parameters (`memory_gradients = false`).
+            Some(m) if !self.memory_gradients => {
+                let (km, vm) = self.keys_values_with(m, true);
+                let (kx, vx) = self.keys_values(x.clone());
+                (Tensor::cat(vec![km, kx], 1), Tensor::cat(vec![vm, vx], 1))
+            }
+            Some(m) => self.keys_values(Tensor::cat(vec![m, x.clone()], 1)),
+            None => self.keys_values(x.clone()),
         };
-        let klen = qlen + mlen;
         let q = self.query.forward(x).reshape([batch, qlen, h, dh]);
-        let kv = self
-            .key_value
-            .forward(keys_in)
-            .reshape([batch, klen, 2, h, dh]);
-        let k = kv.clone().narrow(2, 0, 1).reshape([batch, klen, h, dh]);
-        let v = kv.narrow(2, 1, 1).reshape([batch, klen, h, dh]);
+        Ok((q, k, v))
+    }
+
+    /// The per-head keys `W_k h_j` and values `W_v h_j (+ b_v)` of the inputs `h` (key/value
+    /// heads shared by their query heads, see [`share_kv_heads`](Self::share_kv_heads)).
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `k`, `v`: `[batch, len, n_heads, d_head]`
+    pub fn keys_values(&self, h: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        self.keys_values_with(h, false)
+    }
+
+    /// What a key/value memory caches for inputs `h` (`memory_keys_values`): the keys and
+    /// values of the `n_kv_heads` heads, concatenated, detached.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, 2 n_kv_heads d_head]`
+    pub fn cache_entry(&self, h: Tensor<3>) -> Tensor<3> {
+        let (k, v) = self.kv_heads_of(h, true);
+        Self::pack_entry(k, v)
+    }
+
+    /// `[k; v]` of `[batch, len, n_kv_heads, d_head]` each as one cache entry, detached.
+    pub fn pack_entry(k: Tensor<4>, v: Tensor<4>) -> Tensor<3> {
+        let [b, len, hk, dh] = k.dims();
+        Tensor::cat(
+            vec![k.reshape([b, len, hk * dh]), v.reshape([b, len, hk * dh])],
+            2,
+        )
+        .detach()
+    }
+
+    /// The per-head keys and values of cached entries ([`cache_entry`](Self::cache_entry)).
+    ///
+    /// # Shapes
+    /// - `m`: `[batch, mlen, 2 n_kv_heads d_head]` → `[batch, mlen, n_heads, d_head]` each
+    pub fn cached_keys_values(&self, m: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        let [b, len, _] = m.dims();
+        let (hk, dh) = (self.n_kv_heads, self.d_head);
+        let k = m.clone().narrow(2, 0, hk * dh).reshape([b, len, hk, dh]);
+        let v = m.narrow(2, hk * dh, hk * dh).reshape([b, len, hk, dh]);
+        (self.share_kv_heads(k), self.share_kv_heads(v))
+    }
+
+    /// [`keys_values`](Self::keys_values), with the parameters as constants when `constant`.
+    fn keys_values_with(&self, h: Tensor<3>, constant: bool) -> (Tensor<4>, Tensor<4>) {
+        let (k, v) = self.kv_heads_of(h, constant);
+        (self.share_kv_heads(k), self.share_kv_heads(v))
+    }
+
+    /// Keys and values of the `n_kv_heads` heads (not yet shared by the query heads).
+    fn kv_heads_of(&self, h: Tensor<3>, constant: bool) -> (Tensor<4>, Tensor<4>) {
+        let [batch, len, _] = h.dims();
+        let (hk, dh) = (self.n_kv_heads, self.d_head);
+        let w = self.key_value.weight.val();
+        let w = if constant { w.detach() } else { w };
+        let kv = burn::tensor::module::linear(h, w, None).reshape([batch, len, 2, hk, dh]);
+        let k = kv.clone().narrow(2, 0, 1).reshape([batch, len, hk, dh]);
+        let v = kv.narrow(2, 1, 1).reshape([batch, len, hk, dh]);
         // v_j = W_v h_j (+ b_v)
         let v = match &self.value_bias {
-            Some(b) => v + b.val().reshape([1, 1, h, dh]),
+            Some(b) => {
+                let b = b.val();
+                let b = if constant { b.detach() } else { b };
+                v + b.reshape([1, 1, hk, dh])
+            }
             None => v,
         };
-        Ok((q, k, v))
+        (k, v)
+    }
+
+    /// Keys or values of `n_kv_heads` heads repeated for the `n_heads` query heads (each
+    /// key/value head serves `n_heads / n_kv_heads` consecutive query heads); the identity
+    /// without multi-query / grouped attention. The gradient of a shared head is the sum over
+    /// the query heads it serves.
+    ///
+    /// # Shapes
+    /// - `t`: `[batch, len, n_kv_heads, d_head]` → `[batch, len, n_heads, d_head]`
+    pub fn share_kv_heads(&self, t: Tensor<4>) -> Tensor<4> {
+        let (h, hk) = (self.n_heads, self.n_kv_heads);
+        if hk == h {
+            return t;
+        }
+        let [b, len, _, dh] = t.dims();
+        t.reshape([b, len, hk, 1, dh])
+            .expand([b, len, hk, h / hk, dh])
+            .reshape([b, len, h, dh])
     }
 
     /// `Dropout(W_o c (+ b_o))` of the heads' concatenated context `c`, `[batch, qlen, heads * d_head]`.
@@ -375,14 +513,27 @@ impl RelativeMultiHeadAttention {
                 Ok(ac + relative_shift(bd, klen))
             }
             (PositionParams::T5(p), PositionIndex::T5(idx)) => {
+                // The context's shared table, if it carries one, else the layer's own.
+                let table = match &ctx.t5_table {
+                    Some(t) if t.dims() != p.bias.dims() => {
+                        return Err(RelativeError::Input(format!(
+                            "the context's shared T5 table is {:?}, the layer's {:?}",
+                            t.dims(),
+                            p.bias.dims()
+                        )));
+                    }
+                    Some(t) => t.clone(),
+                    None => p.bias.val(),
+                };
                 // β_{bucket(i + mlen - j)} gathered per pair: [table, h] -> [h, qlen * klen]
                 // -> [1, h, qlen, klen], shared by every batch row.
-                let beta = p
-                    .bias
-                    .val()
+                let beta = table
                     .transpose()
                     .select(1, idx.clone())
                     .reshape([1, h, qlen, klen]);
+                // memorizing-transformers-pytorch: sqrt(d_head) β (`bias_scale`).
+                let s = self.positions.bias_scale;
+                let beta = if s == 1.0 { beta } else { beta.mul_scalar(s) };
                 Ok(q.mul_scalar(scale).matmul(kt) + beta)
             }
             _ => Err(mismatch()),

@@ -7,6 +7,7 @@ use burn::nn::Initializer;
 use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_memory::{KnnIndex, Retrieved};
+use serde::{Deserialize, Serialize};
 
 use crate::attention::{RelativeAttentionConfig, RelativeMultiHeadAttention};
 use crate::error::RelativeError;
@@ -14,6 +15,19 @@ use crate::positions::{PositionConfig, PositionKind, RelativeContext};
 
 /// Value a hidden score is set to before the softmax.
 const MASKED: f32 = -1.0e9;
+
+/// How a kNN layer combines local attention and attention over the retrieved pairs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum KnnMixing {
+    /// Two softmaxes, one over the local keys and one over the retrieved ones, mixed per head
+    /// by a learned gate `g = sigmoid(b_g)` (Wu et al. 2022, sec. 3.2).
+    #[default]
+    Gate,
+    /// One softmax over the retrieved and the local keys together, no gate
+    /// (memorizing-transformers-pytorch's `KNNAttention`); the gate parameter is unused.
+    Joint,
+}
 
 /// Configuration of a [`KnnAttention`] layer.
 #[derive(Config, Debug)]
@@ -41,6 +55,22 @@ pub struct KnnAttentionConfig {
     /// Initial gate bias `b_g` (`g = sigmoid(b_g)`). Default: 0 (g = 0.5).
     #[config(default = 0.0)]
     pub gate_init: f64,
+    /// How local and retrieved attention are combined. Default: `gate` (the paper).
+    #[config(default = "KnnMixing::Gate")]
+    pub mixing: KnnMixing,
+    /// Key/value heads (`RelativeAttentionConfig::n_kv_heads`; `Some(1)`: multi-query, one
+    /// key and value per position shared by every head). Default: none (one per head).
+    #[config(default = "None")]
+    pub n_kv_heads: Option<usize>,
+    /// Gradients through the XL memory's keys and values
+    /// (`RelativeAttentionConfig::memory_gradients`). Default: true.
+    #[config(default = true)]
+    pub memory_gradients: bool,
+    /// The XL memory holds cached keys/values
+    /// (`RelativeAttentionConfig::memory_keys_values`; the keys normalised, see
+    /// [`KnnAttention::cache_entry`]). Default: false.
+    #[config(default = false)]
+    pub memory_keys_values: bool,
     /// Initialiser of the projections. Default: normal(0, 0.02).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
@@ -70,6 +100,9 @@ impl KnnAttentionConfig {
             .with_positions(self.positions.clone())
             .with_dropout(self.dropout)
             .with_dropatt(self.dropatt)
+            .with_n_kv_heads(self.n_kv_heads)
+            .with_memory_gradients(self.memory_gradients)
+            .with_memory_keys_values(self.memory_keys_values)
             .with_initializer(self.initializer.clone())
     }
 
@@ -87,6 +120,8 @@ impl KnnAttentionConfig {
             attention: self.relative().init(device)?,
             log_scale: fill(self.attn_scale_init.ln()),
             gate: fill(self.gate_init),
+            mixing: self.mixing,
+            evicted_feed: None,
             n_heads: h,
             d_head: self.d_head,
         })
@@ -132,8 +167,15 @@ pub struct KnnAttention {
     pub attention: RelativeMultiHeadAttention,
     /// `log τ` per head, `[heads]`.
     pub log_scale: Param<Tensor<1>>,
-    /// `b_g` per head, `[heads]`.
+    /// `b_g` per head, `[heads]` (unused with `mixing = joint`).
     pub gate: Param<Tensor<1>>,
+    /// How local and retrieved attention are combined (from the config).
+    #[module(skip)]
+    pub mixing: KnnMixing,
+    /// `Some(mem_len)`: the memory receives the pairs leaving an XL memory of `mem_len`
+    /// positions instead of the segment's (see [`set_evicted_feed`](Self::set_evicted_feed)).
+    #[module(skip)]
+    evicted_feed: Option<usize>,
     /// Number of heads.
     pub n_heads: usize,
     /// Width of each head.
@@ -190,6 +232,9 @@ impl KnnAttention {
         ctx: &RelativeContext,
         retrieve: impl FnOnce(Tensor<4>) -> Result<Retrieved, RelativeError>,
     ) -> Result<KnnAttentionOutput, RelativeError> {
+        if self.mixing == KnnMixing::Joint {
+            return self.forward_joint(x, memory, ctx, retrieve);
+        }
         let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
         let att = &self.attention;
@@ -242,6 +287,125 @@ impl KnnAttention {
             values: v.narrow(1, mlen, qlen).detach(),
             retrieved: found,
         })
+    }
+
+    /// [`forward_retrieving`](Self::forward_retrieving) with `mixing = joint`
+    /// (memorizing-transformers-pytorch's `KNNAttention`): one softmax over the retrieved and
+    /// the local keys,
+    /// `A = softmax([τ q̂_i·k̂_m]_m ++ [τ q̂_i·k̂_j + β_bucket]_j)`,
+    /// `out = W_o (Σ_m A_im v_m + Σ_j A_ij v_j)`; empty slots take no weight.
+    fn forward_joint(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        ctx: &RelativeContext,
+        retrieve: impl FnOnce(Tensor<4>) -> Result<Retrieved, RelativeError>,
+    ) -> Result<KnnAttentionOutput, RelativeError> {
+        let [batch, qlen, _] = x.dims();
+        let (h, dh) = (self.n_heads, self.d_head);
+        let att = &self.attention;
+        let (mlen, klen) = (ctx.mlen, ctx.klen());
+        let (q, k, v) = att.project(x, memory, ctx)?;
+        let q = l2_normalize(q);
+        let k = l2_normalize(k);
+        let tau = self.log_scale.val().exp().reshape([1, h, 1, 1]);
+        // Local scores τ q̂·k̂ + β (as `forward_retrieving`): [batch, heads, qlen, klen].
+        let q_in = q.clone().swap_dims(1, 2) * tau.clone().mul_scalar((dh as f32).sqrt());
+        let local = ctx.mask_scores(att.scores(q_in, k.clone().swap_dims(1, 2), ctx, None)?);
+        // Memory scores τ q̂·k̂_m: [n, 1, dh] x [n, dh, k] -> [batch, heads, qlen, k].
+        let found = retrieve(q.clone().detach())?;
+        let kk = found.keys.dims()[3];
+        let n = batch * qlen * h;
+        let remote = q
+            .reshape([n, 1, dh])
+            .matmul(found.keys.clone().reshape([n, kk, dh]).swap_dims(1, 2))
+            .reshape([batch, qlen, h, kk])
+            .mask_fill(found.mask.clone(), MASKED)
+            .swap_dims(1, 2)
+            * tau;
+        let probs = att.drop_probs(softmax(Tensor::cat(vec![remote, local], 3), 3));
+        let from_memory = probs
+            .clone()
+            .narrow(3, 0, kk)
+            .swap_dims(1, 2)
+            .reshape([n, 1, kk])
+            .matmul(found.values.clone().reshape([n, kk, dh]))
+            .reshape([batch, qlen, h, dh]);
+        let from_local = probs
+            .narrow(3, kk, klen)
+            .matmul(v.clone().swap_dims(1, 2))
+            .swap_dims(1, 2);
+        let context = (from_memory + from_local).reshape([batch, qlen, h * dh]);
+        Ok(KnnAttentionOutput {
+            output: att.project_output(context),
+            keys: k.narrow(1, mlen, qlen).detach(),
+            values: v.narrow(1, mlen, qlen).detach(),
+            retrieved: found,
+        })
+    }
+
+    /// What a key/value XL memory caches for inputs `h`: the normalised keys `k̂` and the
+    /// values, as [`RelativeMultiHeadAttention::cache_entry`] lays them out.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, 2 n_kv_heads d_head]`
+    pub fn cache_entry(&self, h: Tensor<3>) -> Tensor<3> {
+        let [b, len, _] = h.dims();
+        let (hk, dh) = (self.attention.n_kv_heads, self.d_head);
+        let m = self.attention.cache_entry(h);
+        let k = l2_normalize(m.clone().narrow(2, 0, hk * dh).reshape([b, len, hk, dh]));
+        let v = m.narrow(2, hk * dh, hk * dh).reshape([b, len, hk, dh]);
+        RelativeMultiHeadAttention::pack_entry(k, v)
+    }
+
+    /// The pairs of `cat(memory, x)` (the XL memory as the layer reads it: inputs, or cached
+    /// keys/values) that the kNN memory receives, the first `n` of them (`n >= 1`).
+    ///
+    /// # Shapes
+    /// - `memory`: `[batch, mlen, d_model]` (or cached entries), `x`: `[batch, qlen, d_model]`
+    /// - output: `[batch, n, heads, d_head]` each, detached
+    pub fn leading_pairs(
+        &self,
+        memory: Option<Tensor<3>>,
+        x: Tensor<3>,
+        n: usize,
+    ) -> (Tensor<4>, Tensor<4>) {
+        let (k, v) = match memory {
+            Some(m) if self.attention.memory_keys_values => {
+                let (km, vm) = self.attention.cached_keys_values(m);
+                let (kx, vx) = self.memory_pairs(x);
+                (
+                    Tensor::cat(vec![km.detach(), kx], 1),
+                    Tensor::cat(vec![vm.detach(), vx], 1),
+                )
+            }
+            Some(m) => self.memory_pairs(Tensor::cat(vec![m, x], 1)),
+            None => self.memory_pairs(x),
+        };
+        (k.narrow(1, 0, n), v.narrow(1, 0, n))
+    }
+
+    /// Which pairs the stack adds to this layer's kNN memory: `None`, the segment's
+    /// ([`KnnAttentionOutput::keys`]); `Some(mem_len)`, those leaving the layer's XL memory of
+    /// `mem_len` positions, the first `mlen + qlen - mem_len` of `cat(memory, segment)`
+    /// (memorizing-transformers-pytorch), through [`memory_pairs`](Self::memory_pairs).
+    pub fn set_evicted_feed(&mut self, mem_len: Option<usize>) {
+        self.evicted_feed = mem_len;
+    }
+
+    /// See [`set_evicted_feed`](Self::set_evicted_feed).
+    pub fn evicted_feed(&self) -> Option<usize> {
+        self.evicted_feed
+    }
+
+    /// The pairs this layer stores for inputs `h` (what the memory receives for them): the
+    /// normalised keys `k̂` and the values, detached.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, heads, d_head]` each
+    pub fn memory_pairs(&self, h: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        let (k, v) = self.attention.keys_values(h);
+        (l2_normalize(k).detach(), v.detach())
     }
 
     /// [`forward`](Self::forward), then adds the segment's `(k̂, v)` to `knn`.

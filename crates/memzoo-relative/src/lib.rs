@@ -23,7 +23,7 @@ pub use attention::{
     T5PositionParams, XlBiases, XlPositionParams,
 };
 pub use error::RelativeError;
-pub use knn::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, l2_normalize};
+pub use knn::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, KnnMixing, l2_normalize};
 pub use positions::{
     AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
 };

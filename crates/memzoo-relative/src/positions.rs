@@ -57,6 +57,17 @@ pub struct PositionConfig {
     /// T5 only: give future keys their own buckets (half of them). Default: false (causal).
     #[config(default = false)]
     pub bidirectional: bool,
+    /// T5 only: the bias added is `bias_scale · β_bucket` (memorizing-transformers-pytorch
+    /// multiplies its tables by `sqrt(d_head)`). Default: 1.0 (the table as is).
+    #[config(default = 1.0)]
+    pub bias_scale: f64,
+    /// T5 only: the bucket of query `i` and key `j` of `cat(memory, segment)` is that of the
+    /// true distance `d = i + mlen - j`. false: of `d = i - j`, the distance as if the
+    /// memory were not there, as memorizing-transformers-pytorch 0.4.1 computes it (its bias
+    /// table is built for query positions `0..qlen` against key positions `0..klen`); the
+    /// causal mask still uses the true distance. Default: true.
+    #[config(default = true)]
+    pub memory_offset: bool,
 }
 
 impl Default for PositionConfig {
@@ -100,6 +111,12 @@ impl PositionConfig {
                     return Err(format!(
                         "T5 positions need at least 2 buckets per direction, got num_buckets = {}",
                         self.num_buckets
+                    ));
+                }
+                if !self.bias_scale.is_finite() {
+                    return Err(format!(
+                        "T5 bias_scale must be finite, got {}",
+                        self.bias_scale
                     ));
                 }
                 if self.max_distance <= per_side / 2 {
@@ -256,6 +273,10 @@ pub struct RelativeContext {
     /// 0 without libm's underflow path; `-1e9` for explicit masks, where a fully hidden row
     /// then attends uniformly instead of producing NaN.
     pub mask_value: f32,
+    /// T5: a table `[num_buckets, heads]` that every T5 layer reading this context uses
+    /// instead of its own (one table shared across layers, as memorizing-transformers-pytorch
+    /// has); `None`: each layer its own. See [`with_t5_table`](Self::with_t5_table).
+    pub t5_table: Option<Tensor<2>>,
 }
 
 impl RelativeContext {
@@ -290,13 +311,15 @@ impl RelativeContext {
                 PositionIndex::Learned(Tensor::from_data(TensorData::new(idx, [w]), device))
             }
             PositionKind::T5 => {
-                // Bucket of d = i + mlen - j, per distance once, then laid out per pair.
-                let bucket: Vec<i64> = (-(qlen as i64)..=klen as i64)
+                // Bucket of d = i + mlen - j (or i - j without `memory_offset`), per distance
+                // once, then laid out per pair.
+                let offset = if positions.memory_offset { mlen } else { 0 } as i64;
+                let bucket: Vec<i64> = (-(klen as i64)..=klen as i64)
                     .map(|d| positions.table_index(d) as i64)
                     .collect();
-                let at = |d: i64| bucket[(d + qlen as i64) as usize];
+                let at = |d: i64| bucket[(d + klen as i64) as usize];
                 let idx: Vec<i64> = (0..qlen)
-                    .flat_map(|i| (0..klen).map(move |j| (i + mlen) as i64 - j as i64))
+                    .flat_map(|i| (0..klen).map(move |j| i as i64 + offset - j as i64))
                     .map(at)
                     .collect();
                 PositionIndex::T5(Tensor::from_data(
@@ -314,7 +337,18 @@ impl RelativeContext {
                 AttentionMask::Causal { .. } => f32::NEG_INFINITY,
                 _ => -1.0e9,
             },
+            t5_table: None,
         }
+    }
+
+    /// The same context with a T5 table that every T5 layer reading it uses instead of its
+    /// own (a table shared across layers; its gradient is the sum over those layers).
+    ///
+    /// # Shapes
+    /// - `table`: `[num_buckets, heads]`
+    pub fn with_t5_table(mut self, table: Tensor<2>) -> Self {
+        self.t5_table = Some(table);
+        self
     }
 
     /// Keys per query: `mlen + qlen`.

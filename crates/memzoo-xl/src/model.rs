@@ -21,14 +21,14 @@ use burn::nn::{
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::activation::{gelu, log_softmax, relu};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
-use memzoo_memory::{HnswConfig, IndexKind, KnnIndex, KnnMemoryConfig, Retrieved};
+use memzoo_memory::{HnswConfig, IndexKind, KnnIndex, KnnMemoryConfig, Retrieved, WhenFull};
 use memzoo_reformer::rng::{dropout_mask, mix};
 use memzoo_reformer::{
     AttentionKind as ReformerKind, AxialPositionalEmbedding, AxialPositionalEmbeddingConfig,
     ForwardOptions, LshScores, ReformerAttention, ReformerAttentionConfig, chunked, reversible,
 };
 use memzoo_relative::{
-    AttentionMask, KnnAttention, KnnAttentionConfig, PositionConfig, PositionKind,
+    AttentionMask, KnnAttention, KnnAttentionConfig, KnnMixing, PositionConfig, PositionKind,
     RelativeAttentionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
 };
 use serde::{Deserialize, Serialize};
@@ -216,6 +216,19 @@ pub struct LshLayerConfig {
     pub seed: u64,
 }
 
+/// Which pairs a kNN layer adds to its kNN memory after a segment.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum KnnFeed {
+    /// The segment's own pairs, right after it is read (memzoo).
+    #[default]
+    Segment,
+    /// The pairs that leave the layer's XL memory: of `cat(memory, segment)`, all but the
+    /// last `mem_len` (with `mem_len = 0`, the segment's), so a position reaches the kNN
+    /// memory once the XL memory drops it (memorizing-transformers-pytorch).
+    Evicted,
+}
+
 /// Settings of the stack's kNN layers (used where [`XlConfig::layers`] lists `knn`).
 #[derive(Config, Debug)]
 pub struct KnnLayerConfig {
@@ -237,6 +250,19 @@ pub struct KnnLayerConfig {
     /// Initial temperature of the normalised scores. Default: 20.
     #[config(default = 20.0)]
     pub attn_scale_init: f64,
+    /// How local and retrieved attention combine: `gate` (two softmaxes and a learned gate,
+    /// the paper) or `joint` (one softmax over both, no gate, memorizing-transformers-pytorch).
+    /// Default: gate.
+    #[config(default = "KnnMixing::Gate")]
+    pub mixing: KnnMixing,
+    /// What the kNN memory receives: the segment's pairs (`segment`) or those leaving the XL
+    /// memory (`evicted`, memorizing-transformers-pytorch). Default: segment.
+    #[config(default = "KnnFeed::Segment")]
+    pub feed: KnnFeed,
+    /// A full row evicts its oldest pairs (`evict`) or is emptied (`reset`,
+    /// memorizing-transformers-pytorch; see `memzoo_memory::reset`). Default: evict.
+    #[config(default = "WhenFull::Evict")]
+    pub when_full: WhenFull,
 }
 
 /// Configuration of a [`TransformerXl`] language model. Defaults: the XL-small reference
@@ -327,6 +353,39 @@ pub struct XlConfig {
     /// (`RelativeAttentionConfig::value_output_bias`), as labml's attention has. Default: false.
     #[config(default = false)]
     pub value_output_bias: bool,
+    /// Relative-attention layers' output projection has a bias (and their values none), as
+    /// memorizing-transformers-pytorch's `Attention` (its kNN layer has none: kNN layers
+    /// ignore this). Default: false.
+    #[config(default = false)]
+    pub attention_output_bias: bool,
+    /// Key/value heads of relative and kNN layers, each shared by `n_heads / kv_heads` query
+    /// heads; `Some(1)`: multi-query attention (Shazeer 2019; memorizing-transformers-pytorch).
+    /// Default: none (a key and value per head).
+    #[config(default = "None")]
+    pub kv_heads: Option<usize>,
+    /// Gradients reach the layers (their LayerNorm, `W_k`, `W_v`) through the XL memory's keys
+    /// and values, which memzoo computes from the cached layer inputs in every segment. false:
+    /// the memory's keys and values are constants, as in a model that caches them detached
+    /// (memorizing-transformers-pytorch); the same forward pass at fixed weights (in training,
+    /// memzoo projects the memory with the current weights, such a model kept the old
+    /// projections). Default: true.
+    #[config(default = true)]
+    pub memory_gradients: bool,
+    /// `t5` layers read one T5 table of the model, and `knn` layers another, instead of one
+    /// each (memorizing-transformers-pytorch's `rel_pos_bias` and `knn_rel_pos_bias`); the
+    /// layers' own tables are then unused. Default: false.
+    #[config(default = false)]
+    pub shared_t5: bool,
+    /// The XL memory caches every layer's keys and values (detached, as computed when the
+    /// segment was read; a kNN layer's keys normalised), `[batch, mlen, 2 kv_heads d_head]`
+    /// per layer, instead of the layer inputs that each segment projects again (Dai et al.'s
+    /// formulation, memzoo's default). With fixed weights the two are the same function
+    /// (with `memory_gradients = false`, the same gradients too); in training the cached
+    /// keys/values keep the projections of the step that computed them
+    /// (memorizing-transformers-pytorch). Needs relative / kNN layers only, sequential
+    /// residuals and no `zero_first_memory`. Default: false.
+    #[config(default = false)]
+    pub memory_keys_values: bool,
     /// Standard deviation of the normal initialiser, HF TransfoXL's `init_std` scheme: every
     /// weight matrix, the embedding (also the tied output layer), the `u`/`v` biases and the
     /// relative tables are drawn from N(0, init_std), LayerNorm gains from N(1, init_std), every
@@ -581,6 +640,36 @@ impl XlConfig {
                 ));
             }
         }
+        if self.memory_keys_values {
+            let why = if kinds
+                .iter()
+                .any(|k| k.positions().is_none() && *k != LayerKind::Knn)
+            {
+                Some(format!(
+                    "layers {kinds:?} include LSH / local ones, which cache no keys"
+                ))
+            } else if self.residual == Residual::Reversible {
+                Some("residual = \"reversible\" caches the x_2 stream".into())
+            } else if self.zero_first_memory {
+                Some("zero_first_memory = true starts from zero layer inputs".into())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return bad(format!(
+                    "memory_keys_values = true is not supported here: {why}; set it to false"
+                ));
+            }
+        }
+        if self.shared_t5
+            && !kinds
+                .iter()
+                .any(|k| matches!(k, LayerKind::T5 | LayerKind::Knn))
+        {
+            return bad(format!(
+                "shared_t5 = true, but no layer of {kinds:?} reads a T5 table (t5 or knn)"
+            ));
+        }
         if kinds.contains(&LayerKind::Knn) {
             if self.same_length {
                 // kNN layers attend under a plain causal mask; accepting the flag would
@@ -706,6 +795,7 @@ impl XlConfig {
     /// The configuration of every kNN layer's memory.
     pub fn knn_memory(&self) -> KnnMemoryConfig {
         KnnMemoryConfig::new(self.n_heads, self.head_width())
+            .with_when_full(self.knn.when_full)
             .with_max_memories(self.knn.max_memories)
             .with_kind(self.knn.index)
             .with_auto_crossover(self.knn.auto_crossover)
@@ -724,6 +814,10 @@ impl XlConfig {
             .with_dropout(self.attention_dropout())
             .with_dropatt(self.dropatt)
             .with_attn_scale_init(self.knn.attn_scale_init)
+            .with_mixing(self.knn.mixing)
+            .with_n_kv_heads(self.kv_heads)
+            .with_memory_gradients(self.memory_gradients)
+            .with_memory_keys_values(self.memory_keys_values)
             .with_initializer(self.initializer())
     }
 
@@ -752,6 +846,10 @@ impl XlConfig {
             .with_dropatt(self.dropatt)
             .with_own_biases(self.untie_rel_bias)
             .with_value_output_bias(self.value_output_bias)
+            .with_output_bias(self.attention_output_bias)
+            .with_n_kv_heads(self.kv_heads)
+            .with_memory_gradients(self.memory_gradients)
+            .with_memory_keys_values(self.memory_keys_values)
             .with_initializer(self.initializer())
     }
 
@@ -791,6 +889,8 @@ impl XlConfig {
             pre_ln: self.pre_ln,
             ff_inner_dropout: self.ff_inner_dropout,
             ff_chunk_len: self.ff_chunk_len,
+            memory_gradients: self.memory_gradients,
+            memory_keys_values: self.memory_keys_values,
         }
     }
 
@@ -805,7 +905,11 @@ impl XlConfig {
                 let attention = match (kind, kind.positions()) {
                     (_, Some(p)) => LayerAttention::Relative(self.attention(p).init(device)?),
                     (LayerKind::Knn, None) => {
-                        LayerAttention::Knn(self.knn_attention().init(device)?)
+                        let mut knn = self.knn_attention().init(device)?;
+                        if self.knn.feed == KnnFeed::Evicted {
+                            knn.set_evicted_feed(Some(self.mem_len));
+                        }
+                        LayerAttention::Knn(knn)
                     }
                     (_, None) => {
                         LayerAttention::Hashed(self.reformer_attention(kind).init(device)?)
@@ -855,6 +959,20 @@ impl XlConfig {
             layers,
             shared_biases: shares_biases
                 .then(|| XlBiases::init(self.n_heads, self.head_width(), &init, device)),
+            shared_t5: self.shared_t5.then(|| {
+                let table = |kind: LayerKind, p: PositionConfig| {
+                    kinds
+                        .contains(&kind)
+                        .then(|| init.init([p.table_len(), self.n_heads], device))
+                };
+                SharedT5 {
+                    plain: table(
+                        LayerKind::T5,
+                        self.positions.clone().with_kind(PositionKind::T5),
+                    ),
+                    knn: table(LayerKind::Knn, self.knn_attention().positions),
+                }
+            }),
             final_norm: (self.pre_ln && self.final_norm).then(|| self.init_norm(device)),
             output,
             dropout: DropoutConfig::new(self.dropout).init(),
@@ -872,6 +990,7 @@ impl XlConfig {
                 1.0
             },
             zero_first_memory: self.zero_first_memory,
+            memory_keys_values: self.memory_keys_values,
             residual: self.residual,
             final_dropout: self.final_dropout,
             randomness: self.randomness,
@@ -914,6 +1033,12 @@ pub struct XlBlock {
     pub ff_inner_dropout: bool,
     /// Positions per feed-forward chunk (0: all).
     pub ff_chunk_len: usize,
+    /// Gradients through the memory's LayerNorm (pre-LN; `XlConfig::memory_gradients`).
+    #[module(skip)]
+    pub memory_gradients: bool,
+    /// The memory is cached keys/values, not normalised (`XlConfig::memory_keys_values`).
+    #[module(skip)]
+    pub memory_keys_values: bool,
 }
 
 /// The dropout masks of one feed-forward pass in a seeded pass, `[batch, len, width]` each.
@@ -973,7 +1098,16 @@ impl XlBlock {
         attend: impl FnOnce(Tensor<3>, Option<Tensor<3>>) -> Result<Tensor<3>, E>,
     ) -> Result<Tensor<3>, E> {
         let norm = |t: Tensor<3>| self.norm_attention.forward(t);
-        let a = attend(norm(x), memory.map(norm))?;
+        // Without memory gradients the memory is normalised with constant parameters.
+        let memory = match memory {
+            // Cached keys/values enter the attention as they are.
+            Some(m) if self.memory_keys_values => Some(m),
+            Some(m) if !self.memory_gradients => {
+                Some(self.norm_attention.clone().no_grad().forward(m))
+            }
+            m => m.map(norm),
+        };
+        let a = attend(norm(x), memory)?;
         Ok(self.drop_attention(a, opts))
     }
 
@@ -1138,6 +1272,25 @@ pub enum Replay {
 }
 
 impl XlLayer {
+    /// What a key/value XL memory (`XlConfig::memory_keys_values`) caches of this layer for
+    /// its input `h`: the keys and values its attention computes from it (pre-LN: from
+    /// `LN(h)`), detached; `None` for LSH and local layers.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, 2 kv_heads d_head]`
+    pub fn cache_entry(&self, h: Tensor<3>) -> Option<Tensor<3>> {
+        let h = if self.block.pre_ln {
+            self.block.norm_attention.forward(h)
+        } else {
+            h
+        };
+        match &self.attention {
+            LayerAttention::Relative(a) => Some(a.cache_entry(h)),
+            LayerAttention::Knn(a) => Some(a.cache_entry(h)),
+            LayerAttention::Hashed(_) => None,
+        }
+    }
+
     /// Applies the layer (see [`LayerContext`] for what it reads besides `x` and `memory`); a
     /// kNN layer searches its kNN memory and then adds the segment's pairs to it.
     pub fn forward(
@@ -1290,8 +1443,20 @@ impl XlLayer {
                 let (store, top_k) = cx.knn.as_mut().ok_or_else(|| {
                     missing("its kNN memory: read with forward_state and an XlState")
                 })?;
+                let evicted = a.evicted_feed().map(|mem_len| {
+                    let klen = ctx.klen();
+                    (klen.saturating_sub(mem_len), m.clone(), x.clone())
+                });
                 let out = a.forward(x, m, ctx, &**store, *top_k)?;
-                store.add(out.keys, out.values)?;
+                match evicted {
+                    // knn.feed = evicted: the first klen - mem_len of cat(memory, x).
+                    Some((n, m, x)) if n > 0 => {
+                        let (k, v) = a.leading_pairs(m, x, n);
+                        store.add(k, v)?;
+                    }
+                    Some(_) => {}
+                    None => store.add(out.keys, out.values)?,
+                }
                 Ok((out.output, Replay::Retrieved(Box::new(out.retrieved))))
             }
             LayerAttention::Hashed(a) => {
@@ -1318,6 +1483,32 @@ impl XlLayer {
                 let replay = used.map_or(Replay::Nothing, Replay::Buckets);
                 Ok((out.narrow(1, len - qlen, qlen), replay))
             }
+        }
+    }
+}
+
+/// A position context of one forward pass: the scheme, the shared T5 table it carries
+/// (`Some(knn)`, see `TransformerXl::shared_t5`; `None`: none) and the context.
+type ContextEntry<'a> = (&'a PositionConfig, Option<bool>, RelativeContext);
+
+/// The T5 tables shared across layers (`XlConfig::shared_t5`), `[num_buckets, n_heads]` each:
+/// one read by every `t5` layer, one by every `knn` layer (memorizing-transformers-pytorch's
+/// `rel_pos_bias` and `knn_rel_pos_bias`); `None` where the stack has no such layer.
+#[derive(Module, Debug)]
+pub struct SharedT5 {
+    /// The `t5` layers' table.
+    pub plain: Option<Param<Tensor<2>>>,
+    /// The `knn` layers' table.
+    pub knn: Option<Param<Tensor<2>>>,
+}
+
+impl SharedT5 {
+    /// The kNN layers' table (`knn`) or the T5 layers'.
+    pub fn table(&self, knn: bool) -> Option<&Param<Tensor<2>>> {
+        if knn {
+            self.knn.as_ref()
+        } else {
+            self.plain.as_ref()
         }
     }
 }
@@ -1368,6 +1559,12 @@ pub struct TransformerXl {
     pub layers: Vec<XlLayer>,
     /// `u`, `v` shared by all XL layers (unless untied).
     pub shared_biases: Option<XlBiases>,
+    /// T5 tables shared across layers (`XlConfig::shared_t5`); the layers' own tables are then
+    /// unused.
+    pub shared_t5: Option<SharedT5>,
+    /// The XL memory caches keys/values (`XlConfig::memory_keys_values`).
+    #[module(skip)]
+    pub memory_keys_values: bool,
     /// Final LayerNorm (pre-LN with `final_norm` only).
     pub final_norm: Option<LayerNorm>,
     /// The output distribution: tied, a linear layer, or an adaptive log-softmax.
@@ -1485,6 +1682,14 @@ impl TransformerXl {
     /// The same model with another memory length (e.g. longer for evaluation, as the paper).
     pub fn with_mem_len(mut self, mem_len: usize) -> Self {
         self.mem_len = mem_len;
+        // kNN layers fed from the XL memory's evictions follow its length.
+        for layer in self.layers.iter_mut() {
+            if let LayerAttention::Knn(a) = &mut layer.attention
+                && a.evicted_feed().is_some()
+            {
+                a.set_evicted_feed(Some(mem_len));
+            }
+        }
         self
     }
 
@@ -1701,15 +1906,28 @@ impl TransformerXl {
         mlen: usize,
         mask: &AttentionMask,
         device: &Device,
-    ) -> Result<Vec<(&PositionConfig, RelativeContext)>, XlError> {
-        let mut contexts: Vec<(&PositionConfig, RelativeContext)> = Vec::new();
-        for p in self.layers.iter().filter_map(|l| l.attention.positions()) {
-            if !contexts.iter().any(|(q, _)| *q == p) {
+    ) -> Result<Vec<ContextEntry<'_>>, XlError> {
+        let mut contexts: Vec<ContextEntry<'_>> = Vec::new();
+        for (layer, p) in self
+            .layers
+            .iter()
+            .filter_map(|l| Some((l, l.attention.positions()?)))
+        {
+            let key = self.shared_t5_key(layer, p);
+            if !contexts.iter().any(|(q, k, _)| *q == p && *k == key) {
                 let ctx = RelativeContext::new(p, self.d_model, qlen, mlen, mask, device);
-                contexts.push((p, ctx));
+                // With `shared_t5`: the model's table of this kind of layer.
+                let ctx = match (key, &self.shared_t5) {
+                    (Some(knn), Some(t)) => match t.table(knn) {
+                        Some(table) => ctx.with_t5_table(table.val()),
+                        None => ctx,
+                    },
+                    _ => ctx,
+                };
+                contexts.push((p, key, ctx));
             }
         }
-        if let Some(m) = contexts.first().and_then(|(_, c)| c.mask.as_ref()) {
+        if let Some(m) = contexts.first().and_then(|(_, _, c)| c.mask.as_ref()) {
             let [mb, mq, mk] = m.dims();
             if (mb != 1 && mb != batch) || mq != qlen || mk != qlen + mlen {
                 return Err(XlError::Input(format!(
@@ -1721,20 +1939,31 @@ impl TransformerXl {
         Ok(contexts)
     }
 
+    /// Which shared T5 table a layer with positions `p` reads (`shared_t5`): `Some(true)` the
+    /// kNN layers', `Some(false)` the T5 layers'; `None`: its own (no sharing, or not T5).
+    fn shared_t5_key(&self, layer: &XlLayer, p: &PositionConfig) -> Option<bool> {
+        (self.shared_t5.is_some() && p.kind == PositionKind::T5)
+            .then_some(matches!(layer.attention, LayerAttention::Knn(_)))
+    }
+
     /// What layer `l` reads besides its input: its position context, the shared biases, its
     /// kNN memory (`knn`) and its seeded options.
     fn layer_context<'a>(
         &'a self,
         l: usize,
-        contexts: &'a [(&PositionConfig, RelativeContext)],
+        contexts: &'a [ContextEntry<'a>],
         knn: Option<&'a mut (dyn KnnIndex + 'static)>,
         opts: Option<&ForwardOptions>,
     ) -> LayerContext<'a> {
-        let positions = self.layers[l]
+        let layer = &self.layers[l];
+        let positions = layer
             .attention
             .positions()
-            .and_then(|p| contexts.iter().find(|(q, _)| *q == p))
-            .map(|(_, ctx)| ctx);
+            .and_then(|p| {
+                let key = self.shared_t5_key(layer, p);
+                contexts.iter().find(|(q, k, _)| *q == p && *k == key)
+            })
+            .map(|(_, _, ctx)| ctx);
         LayerContext {
             positions,
             shared: self.shared_biases.as_ref(),
@@ -1807,7 +2036,14 @@ impl TransformerXl {
             Residual::Sequential => {
                 let mut h = h;
                 for (l, layer) in self.layers.iter().enumerate() {
-                    inputs.push(h.clone());
+                    // The layer's input, or its keys/values (`memory_keys_values`).
+                    let cached = match self.memory_keys_values {
+                        true => layer.cache_entry(h.clone()).ok_or_else(|| {
+                            XlError::Input(format!("layer {l} caches no keys/values"))
+                        })?,
+                        false => h.clone(),
+                    };
+                    inputs.push(cached);
                     let cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
                     h = layer.forward(h, memory.layer(l).cloned(), cx)?;
                 }
@@ -1848,10 +2084,14 @@ impl TransformerXl {
             )));
         }
         let [mb, _, md] = memory.layer(0).expect("non-empty").dims();
-        if mb != batch || md != self.d_model {
+        // Layer inputs, or cached keys/values of 2 kv heads x d_head.
+        let width = match (self.memory_keys_values, self.layers[0].attention.relative()) {
+            (true, Some(a)) => 2 * a.n_kv_heads * a.d_head,
+            _ => self.d_model,
+        };
+        if mb != batch || md != width {
             return Err(XlError::Input(format!(
-                "memory is [{mb}, _, {md}], tokens need [{batch}, _, {}]",
-                self.d_model
+                "memory is [{mb}, _, {md}], tokens need [{batch}, _, {width}]"
             )));
         }
         Ok(())

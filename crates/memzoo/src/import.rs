@@ -8,7 +8,7 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use memzoo_data::Split;
-use memzoo_train::{SegmentSource, TrainerState, checkpoint};
+use memzoo_train::{SegmentModel, SegmentSource, TrainerState, checkpoint};
 use memzoo_xl::XlState;
 use serde_json::json;
 
@@ -20,11 +20,7 @@ use crate::error::CliError;
 pub const SOURCES: &[&str] = memzoo_import::SOURCES;
 
 /// Sources of issue 15 not supported yet (named in the error, so nobody guesses).
-const NOT_YET: &[&str] = &[
-    "hf-reformer",
-    "lucidrains-memorizing",
-    "lucidrains-reformer",
-];
+const NOT_YET: &[&str] = &["hf-reformer", "lucidrains-reformer"];
 
 fn check_source(source: &str) -> Result<(), CliError> {
     if SOURCES.contains(&source) {
@@ -106,7 +102,8 @@ pub fn import(
         .unwrap_or(0) as usize;
     let fits = largest < config.model.vocab_size;
     let trainer = TrainerState {
-        family: "xl".into(),
+        // "xl", or "memorizing" for a stack with kNN layers (what `train --resume` checks).
+        family: model.family().into(),
         step: 0,
         tokens: 0,
         data_position: train_data.position(),

@@ -1,0 +1,423 @@
+//! Checkpoint import from memorizing-transformers-pytorch 0.4.1: its `MemorizingTransformer`
+//! read into memzoo's stack, compared with the package's own outputs.
+//!
+//! The fixture (`tests/fixtures/lucidrains-memorizing`) is a small random-weight model run by
+//! the package itself (`xtask/peers/fixtures/lucidrains_memorizing.py`) over 6 segments:
+//! log-probabilities, losses, every layer's XL memory of keys/values, the kNN memory (which
+//! goes from empty through a reset to full again), and the gradient of every parameter for the
+//! sum of the 6 losses. The package searches a faiss HNSW index; the script checks that every
+//! one of its searches returned the exact top-k, which memzoo computes. Float comparisons:
+//! `max |memzoo - package| <= 1e-4 · max(1, max |package|)` (`import::check`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::optim::GradientsParams;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Tensor, TensorData};
+use memzoo_import::hf_transfo_xl::Source;
+use memzoo_import::lucidrains_memorizing::{self, MemorizingPeerConfig, transformer_xl_to_peer};
+use memzoo_import::{ImportError, TensorMap};
+use memzoo_memory::KnnIndex;
+use memzoo_relative::l2_normalize;
+use memzoo_tests::*;
+use memzoo_xl::{LayerAttention, TransformerXl, XlConfig, XlState};
+
+use crate::import::{Reference, check, check_gradients, scratch};
+
+const SEGMENTS: usize = 6;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-memorizing")
+}
+
+/// Layer `l`'s XL memory as the package holds it: the keys (normalised in a kNN layer) and
+/// values of the cached layer inputs, head 0 (one key/value head is shared by all),
+/// `[batch, mlen, d_head]` each.
+fn xl_keys_values(model: &TransformerXl, state: &XlState, l: usize) -> (Tensor<3>, Tensor<3>) {
+    let layer = &model.layers[l];
+    let m = state.xl.layer(l).expect("XL memory").clone();
+    let (k, v) = layer
+        .attention
+        .local()
+        .keys_values(layer.block.norm_attention.forward(m));
+    let k = match layer.attention {
+        LayerAttention::Knn(_) => l2_normalize(k),
+        _ => k,
+    };
+    let head0 = |t: Tensor<4>| {
+        let [b, m, _, dh] = t.dims();
+        t.narrow(2, 0, 1).reshape([b, m, dh])
+    };
+    (head0(k), head0(v))
+}
+
+/// The kNN memory's pairs per row in insertion order, head `head`: `[batch, n, d_head]` as
+/// flat host vectors (every row holds the same number here).
+fn knn_pairs(knn: &dyn KnnIndex, head: usize) -> (usize, Vec<f32>, Vec<f32>) {
+    let snap = knn.snapshot().unwrap();
+    let (heads, dh) = (knn.config().n_heads, knn.config().d_head);
+    let n = snap.rows[0].len;
+    assert!(
+        snap.rows
+            .iter()
+            .all(|r| r.len == n && r.next == n % knn.capacity())
+    );
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for b in 0..snap.rows.len() {
+        let at = (b * heads + head) * snap.slots * dh;
+        keys.extend_from_slice(&snap.keys[at..at + n * dh]);
+        values.extend_from_slice(&snap.values[at..at + n * dh]);
+    }
+    (n, keys, values)
+}
+
+/// The package's run, replayed by the import of `src`; with `kv_memory = false` by the stack
+/// whose XL memory holds layer inputs, projected with constant parameters
+/// (`memory_gradients = false`) instead of cached keys/values.
+fn memorizing_parity(src: &Path, kv_memory: bool) {
+    let dev = flex().autodiff();
+    let (model, cfg) = if kv_memory {
+        lucidrains_memorizing::load(src, &dev).expect("import")
+    } else {
+        let (_, cfg) = lucidrains_memorizing::load(src, &dev).expect("import");
+        let xl = cfg
+            .xl_config()
+            .unwrap()
+            .with_memory_keys_values(false)
+            .with_memory_gradients(false);
+        let mut map = TensorMap::read(&src.join("model.safetensors")).unwrap();
+        let model = lucidrains_memorizing::transformer_xl_as(&xl, &cfg, &mut map, &dev).unwrap();
+        map.finish().unwrap();
+        (model, cfg)
+    };
+    assert_eq!(model.memory_keys_values, kv_memory);
+    assert_eq!(
+        (cfg.depth, cfg.heads, cfg.dim_head, cfg.xl_max_memories),
+        (3, 2, 8, 4)
+    );
+    assert_eq!(cfg.memorizing_layers, vec![2]);
+    let r = Reference::at(&fixture());
+    let batch = r.data("input_ids.0").shape()[0];
+    let mut state = model.new_state(batch, &dev).unwrap();
+    let mut total: Option<Tensor<1>> = None;
+    for s in 0..SEGMENTS {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
+        let hidden = model
+            .forward_state(x, &mut state, &vec![false; batch])
+            .unwrap();
+        let lp = log_softmax(model.logits(hidden), 2);
+        check(
+            &host(lp.clone()),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("log-probs {s}"),
+        );
+        let [b, q, _] = lp.dims();
+        let nll = lp.gather(2, y.reshape([b, q, 1])).reshape([b, q]).neg();
+        check(
+            &host(nll.clone()),
+            &r.floats(&format!("losses.{s}")),
+            &format!("losses {s}"),
+        );
+        let loss = nll.mean();
+        check(
+            &host(loss.clone()),
+            &r.floats(&format!("loss.{s}")),
+            &format!("loss {s}"),
+        );
+        total = Some(match total {
+            Some(t) => t + loss,
+            None => loss,
+        });
+        // The XL memory: the package's keys/values, cached (`kv_memory`) or memzoo's cached
+        // inputs projected.
+        for l in 0..cfg.depth {
+            let want = r.float::<4>(&format!("xl.{s}.{l}"), &dev);
+            let [_, m, _, dh] = want.dims();
+            assert_eq!(state.xl.len(), m, "XL memory length after {s}");
+            if kv_memory {
+                let got = state.xl.layer(l).unwrap().clone();
+                check(
+                    &host(got),
+                    &host(want.reshape([batch, m, 2 * dh])),
+                    &format!("XL keys/values {s}.{l}"),
+                );
+                continue;
+            }
+            let (k, v) = xl_keys_values(&model, &state, l);
+            let part = |i: usize| want.clone().narrow(2, i, 1).reshape([batch, m, dh]);
+            check(&host(k), &host(part(0)), &format!("XL keys {s}.{l}"));
+            check(&host(v), &host(part(1)), &format!("XL values {s}.{l}"));
+        }
+        // The kNN memory (recorded through segment 4, see the fixture script): its pairs in
+        // insertion order, the same in every head, and whether the next search sees them.
+        if s + 1 < SEGMENTS {
+            let knn = &*state.knn[0];
+            let want_k = r.floats(&format!("knn_keys.{s}"));
+            let want_n = r.data(&format!("knn_keys.{s}")).shape()[1];
+            for head in 0..cfg.heads {
+                let (n, k, v) = knn_pairs(knn, head);
+                assert_eq!(n, want_n, "kNN memory size after {s}");
+                check(&k, &want_k, &format!("kNN keys {s} head {head}"));
+                check(
+                    &v,
+                    &r.floats(&format!("knn_values.{s}")),
+                    &format!("kNN values {s} head {head}"),
+                );
+            }
+            let searchable = r.data(&format!("knn_searchable.{s}")).clone();
+            let searchable = searchable.convert::<i64>().try_to_vec::<i64>().unwrap()[0] == 1;
+            if want_n > 0 {
+                let q = Tensor::<4>::ones([batch, 1, cfg.heads, cfg.dim_head], &dev);
+                let found = knn.search(q, 1).unwrap();
+                let hidden: bool = found.mask.all().into_scalar::<bool>();
+                assert_eq!(hidden, !searchable, "kNN memory searchable after {s}");
+            }
+        }
+    }
+    let grads = GradientsParams::from_grads(total.unwrap().backward(), &model);
+    let got = transformer_xl_to_peer(&model, Source::Gradients(&grads)).unwrap();
+    assert_eq!(got.len(), r.names("grad.").len(), "gradients");
+    check_gradients(&got, &r, "grad.", |_| false);
+}
+
+#[test]
+fn lucidrains_memorizing_matches_the_package() {
+    memorizing_parity(&fixture(), true);
+}
+
+/// The same with memzoo's XL memory of layer inputs and `memory_gradients = false`.
+#[test]
+fn lucidrains_memorizing_with_an_input_memory_matches_the_package() {
+    memorizing_parity(&fixture(), false);
+}
+
+/// A missing, misshaped or unknown tensor, a config.json that contradicts the tensors and an
+/// option memzoo cannot express are errors naming them.
+#[test]
+fn lucidrains_memorizing_import_errors_name_the_tensor() {
+    let dev = flex();
+    let full = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
+    let tmp = scratch("lucidrains-errors");
+    std::fs::copy(fixture().join("config.json"), tmp.join("config.json")).unwrap();
+    let write = |f: &dyn Fn(&mut BTreeMap<String, TensorData>)| {
+        let mut m: BTreeMap<String, TensorData> = full
+            .names()
+            .map(|n| (n.to_string(), full.get(n).unwrap().clone()))
+            .collect();
+        f(&mut m);
+        let path = tmp.join("model.safetensors");
+        memzoo_import::reader::write_safetensors(&path, m).unwrap();
+        path
+    };
+    let load = |path: PathBuf| {
+        lucidrains_memorizing::load(&path, &dev)
+            .map(|_| ())
+            .unwrap_err()
+    };
+    let name = "layers.2.0.fn.to_out.bias";
+    let err = load(write(&|m| {
+        m.remove(name);
+    }));
+    assert!(
+        matches!(&err, ImportError::Missing { name: n, .. } if n == name),
+        "{err}"
+    );
+    let err = load(write(&|m| {
+        m.insert(
+            "layers.1.0.fn.to_kv.weight".into(),
+            TensorData::new(vec![0f32; 32 * 16], [32, 16]),
+        );
+    }));
+    assert!(
+        err.to_string().contains("layers.1.0.fn.to_kv.weight")
+            && err.to_string().contains("[32, 16]"),
+        "{err}"
+    );
+    let err = load(write(&|m| {
+        m.insert(
+            "layers.0.0.fn.output_gate".into(),
+            TensorData::new(vec![0f32], [1]),
+        );
+    }));
+    assert!(err.to_string().contains("output_gate"), "{err}");
+    // The kNN layer is where the weights say (a `scale`); config.json must agree.
+    let path = write(&|_| {});
+    let cfg = |json: &str| std::fs::write(tmp.join("config.json"), json).unwrap();
+    cfg(r#"{"memorizing_layers": [1], "xl_max_memories": 4}"#);
+    let err = load(path.clone());
+    assert!(err.to_string().contains("memorizing_layers = [1]"), "{err}");
+    cfg(r#"{"heads": 4}"#);
+    assert!(load(path.clone()).to_string().contains("heads = 4"));
+    cfg(r#"{"shift_knn_memories_down": 1}"#);
+    assert!(
+        load(path.clone())
+            .to_string()
+            .contains("shift_knn_memories_down")
+    );
+    cfg(r#"{"xl_max_memories": 4, "xl_memory_layers": [1, 2]}"#);
+    assert!(load(path.clone()).to_string().contains("xl_memory_layers"));
+    cfg(r#"{"clear_memories_on_eos_token_id": 2}"#);
+    assert!(
+        load(path.clone())
+            .to_string()
+            .contains("clear_memories_on_eos_token_id")
+    );
+    // The options' own errors name the conflicting field.
+    let (_, peer) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
+    let base = peer.xl_config().unwrap();
+    let xl_layers = vec![memzoo_xl::LayerKind::Xl; 3];
+    for (config, what) in [
+        (
+            base.clone().with_zero_first_memory(true),
+            "zero_first_memory",
+        ),
+        (
+            base.clone()
+                .with_residual(memzoo_xl::Residual::Reversible)
+                .with_randomness(memzoo_xl::Randomness::Seeded),
+            "reversible",
+        ),
+        (
+            base.clone()
+                .with_memory_keys_values(false)
+                .with_layers(xl_layers),
+            "shared_t5",
+        ),
+        (base.clone().with_kv_heads(Some(3)), "n_kv_heads (3)"),
+    ] {
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(what), "{what}: {err}");
+    }
+    // Without config.json: the package's defaults; the kNN layers from the weights.
+    std::fs::remove_file(tmp.join("config.json")).unwrap();
+    let (_, c) = lucidrains_memorizing::load(&path, &dev).unwrap();
+    assert_eq!(
+        (
+            c.xl_max_memories,
+            c.max_knn_memories,
+            c.num_retrieved_memories
+        ),
+        (0, 250_000, 32)
+    );
+    assert_eq!(c.memorizing_layers, vec![2]);
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// `memzoo import --from lucidrains-memorizing` writes a run directory that scores as the
+/// package; `memzoo export --to lucidrains-memorizing` writes its state dict bit for bit
+/// (the shared T5 tables once), which imports back to the same model; a stack the package
+/// cannot express is refused naming the field.
+#[test]
+fn lucidrains_memorizing_run_dir_and_export_round_trip() {
+    let tmp = scratch("lucidrains-run");
+    let data = tmp.join("text.txt");
+    // Bytes below the fixture's vocabulary of 24.
+    std::fs::write(&data, "\x01\x02\x03\x04\x05".repeat(2000)).unwrap();
+    let run = tmp.join("run");
+    memzoo::import::import(
+        "lucidrains-memorizing",
+        &fixture(),
+        &run,
+        Some(data.display().to_string()),
+        false,
+        true,
+    )
+    .unwrap();
+    let dev = flex();
+    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
+    assert_eq!(config.model.kv_heads, Some(1));
+    let r = Reference::at(&fixture());
+    let batch = r.data("input_ids.0").shape()[0];
+    let mut state = model.new_state(batch, &dev).unwrap();
+    for s in 0..SEGMENTS {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        let hidden = model
+            .forward_state(x, &mut state, &vec![false; batch])
+            .unwrap();
+        check(
+            &host(log_softmax(model.logits(hidden), 2)),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("run dir: log-probs {s}"),
+        );
+    }
+    // The run is of the memorizing family (a stack with kNN layers): generate and a resumed
+    // training accept it.
+    let opts = memzoo::commands::GenerateOptions {
+        prompt: "\x01\x02".into(),
+        tokens: 3,
+        sampler: memzoo_train::generate::SampleConfig::new(),
+        segment_len: None,
+        mem_len: None,
+        compare_recompute: false,
+    };
+    memzoo::commands::generate(&run, "flex", &opts, true).unwrap();
+    let out = tmp.join("export");
+    memzoo::import::export("lucidrains-memorizing", &run, &out, &dev, true).unwrap();
+    let theirs = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
+    let ours = TensorMap::read(&out.join("model.safetensors")).unwrap();
+    let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
+    assert_eq!(names(&ours), names(&theirs), "exported names");
+    for n in theirs.names() {
+        let a = theirs.get(n).unwrap().clone();
+        let b = ours.get(n).unwrap().clone();
+        assert_eq!(a.shape(), b.shape(), "shape of {n}");
+        assert_eq!(
+            a.convert::<f32>().try_to_vec::<f32>().unwrap(),
+            b.convert::<f32>().try_to_vec::<f32>().unwrap(),
+            "values of {n}"
+        );
+    }
+    let (_, back) = lucidrains_memorizing::load(&out, &dev).unwrap();
+    let (_, orig) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
+    assert_eq!(back, orig, "config round trip");
+    // Under `shared_t5` the layers read the model's tables: their own are unused.
+    let (mut own, _) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
+    for layer in own.layers.iter_mut() {
+        let att = match &mut layer.attention {
+            LayerAttention::Relative(a) => a,
+            LayerAttention::Knn(k) => &mut k.attention,
+            LayerAttention::Hashed(_) => unreachable!("no LSH layer"),
+        };
+        if let memzoo_relative::PositionParams::T5(p) = &mut att.scheme {
+            p.bias = burn::module::Param::from_tensor(p.bias.val().add_scalar(3.0));
+        }
+    }
+    let mut state = own.new_state(batch, &dev).unwrap();
+    for s in 0..2 {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        let hidden = own
+            .forward_state(x, &mut state, &vec![false; batch])
+            .unwrap();
+        check(
+            &host(log_softmax(own.logits(hidden), 2)),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("shared tables: log-probs {s}"),
+        );
+    }
+    // Without `shared_t5` the layers' own tables are exported, and must agree.
+    let (mut apart, _) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
+    apart.shared_t5 = None;
+    assert!(transformer_xl_to_peer(&apart, Source::Values).is_ok());
+    if let Some(att) = match &mut apart.layers[2].attention {
+        LayerAttention::Relative(a) => Some(a),
+        _ => None,
+    } && let memzoo_relative::PositionParams::T5(p) = &mut att.scheme
+    {
+        p.bias = burn::module::Param::from_tensor(p.bias.val().add_scalar(1.0));
+    }
+    let err = transformer_xl_to_peer(&apart, Source::Values).unwrap_err();
+    assert!(
+        err.to_string().contains("rel_pos_bias") && err.to_string().contains("layers 0 and 2"),
+        "{err}"
+    );
+    let mut resumed = config.clone();
+    resumed.train.steps = 2;
+    memzoo::commands::train(&resumed, "flex", &run, true, false, true, true).unwrap();
+    let err = MemorizingPeerConfig::from_xl(&XlConfig::new()).unwrap_err();
+    assert!(err.to_string().contains("T5 and kNN"), "{err}");
+    let err = MemorizingPeerConfig::from_xl(&config.model.clone().with_kv_heads(None)).unwrap_err();
+    assert!(err.to_string().contains("kv_heads"), "{err}");
+    std::fs::remove_dir_all(&tmp).ok();
+}
