@@ -34,6 +34,7 @@ pub use adaptive::{
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use model::{
+    HeadInput,
     Activation, AxialConfig, FfMasks, InputEmbedding, KnnLayerConfig, LayerAttention, LayerContext,
     LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay, Residual, StepCounter,
     TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput, weighted_nll,

@@ -125,6 +125,7 @@ fn lsh_with_one_chunk_equals_full_attention() {
             dedup_rounds: true,
             lsh_scores: LshScores::ScaledUnitKeys,
             kernel: LshKernel::Auto,
+            key_eps: 0.0,
         };
         let out = lsh_attention(qk.clone(), v.clone(), rot, Some(pad), params, None);
         let (out, qkv, vv) = (to_vec(out), to_vec(qk), to_vec(v));
@@ -179,6 +180,7 @@ fn more_rounds_approach_full_attention() {
             dedup_rounds,
             lsh_scores: LshScores::ScaledUnitKeys,
             kernel: LshKernel::Auto,
+            key_eps: 0.0,
         };
         // mean over rotation seeds of the mean absolute error
         let mut total = 0.0;
@@ -236,6 +238,7 @@ fn lsh_causal_ignores_future_values() {
         dedup_rounds: true,
         lsh_scores: LshScores::ScaledUnitKeys,
         kernel: LshKernel::Auto,
+        key_eps: 0.0,
     };
     let a = lsh_attention(qk.clone(), v, rot.clone(), None, params, None);
     let c = lsh_attention(qk, v2, rot, None, params, None);
@@ -300,6 +303,7 @@ fn local_attention_matches_windowed_naive() {
             dedup_rounds: false,
             lsh_scores: LshScores::UnitKeys,
             kernel: LshKernel::Auto,
+            key_eps: 0.0,
         };
         let out = to_vec(local_attention(
             q.clone(),
@@ -533,6 +537,7 @@ fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
                 dedup_rounds,
                 lsh_scores,
                 kernel,
+                key_eps: 0.0,
             };
             let buckets: Vec<i64> = hash_buckets(qk.clone(), rot.clone())
                 .into_data()
