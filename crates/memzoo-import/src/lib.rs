@@ -9,15 +9,21 @@
 //!   softmax included); and back ([`hf_transfo_xl::export`]).
 //! - [`labml_xl`]: labml-nn's Transformer-XL language model (`state_dict` of its
 //!   `AutoregressiveModel`: learned relative tables, pre-LN, value/output biases), and back.
+//! - [`hf_reformer`]: HF's `ReformerModelWithLMHead` (transformers 5.x; `google/reformer-enwik8`
+//!   and `crime-and-punishment` shapes: axial positions, LSH and local layers, factorised
+//!   buckets, HF's concatenating head), optionally with the LSH rotations of one HF pass; and
+//!   back.
 //! - [`import_source`] / [`export_to`]: the two by the name `memzoo import --from` and
 //!   `memzoo export --to` take.
 
 pub mod error;
+pub mod hf_reformer;
 pub mod hf_transfo_xl;
 pub mod labml_xl;
 pub mod reader;
 
 pub use error::ImportError;
+pub use hf_reformer::HfReformerConfig;
 pub use hf_transfo_xl::HfTransfoXlConfig;
 pub use labml_xl::LabmlXlConfig;
 pub use reader::TensorMap;
@@ -28,7 +34,7 @@ use burn::tensor::Device;
 use memzoo_xl::{TransformerXl, XlConfig};
 
 /// The sources [`import_source`] and [`export_to`] accept.
-pub const SOURCES: &[&str] = &["hf-transfo-xl", "labml-xl"];
+pub const SOURCES: &[&str] = &["hf-transfo-xl", "labml-xl", "hf-reformer"];
 
 /// Imports the checkpoint `src` of `source` (one of [`SOURCES`]) into memzoo's stack and its
 /// config.
@@ -45,6 +51,11 @@ pub fn import_source(
         "labml-xl" => {
             let (model, labml) = labml_xl::load(src, device)?;
             Ok((model, labml.xl_config()?))
+        }
+        "hf-reformer" => {
+            let (model, hf) = hf_reformer::load(src, device)?;
+            let fixed = src.join(hf_reformer::ROTATIONS_FILE).is_file();
+            Ok((model, hf.xl_config(fixed)?))
         }
         other => Err(ImportError::Unsupported(format!(
             "source `{other}`: supported are {}",
@@ -64,6 +75,7 @@ pub fn export_to(
     match target {
         "hf-transfo-xl" => hf_transfo_xl::export(model, xl, dir),
         "labml-xl" => labml_xl::export(model, xl, dir),
+        "hf-reformer" => hf_reformer::export(model, xl, dir),
         other => Err(ImportError::Unsupported(format!(
             "target `{other}`: supported are {}",
             SOURCES.join(", ")

@@ -21,7 +21,6 @@ pub const SOURCES: &[&str] = memzoo_import::SOURCES;
 
 /// Sources of issue 15 not supported yet (named in the error, so nobody guesses).
 const NOT_YET: &[&str] = &[
-    "hf-reformer",
     "lucidrains-memorizing",
     "lucidrains-reformer",
 ];
