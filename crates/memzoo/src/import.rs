@@ -105,7 +105,8 @@ pub fn import(
         .unwrap_or(0) as usize;
     let fits = largest < config.model.vocab_size;
     let trainer = TrainerState {
-        family: "xl".into(),
+        // "xl", or "reformer" for a seeded stack (an imported Reformer): what training checks.
+        family: memzoo_train::SegmentModel::family(&model).into(),
         step: 0,
         tokens: 0,
         data_position: train_data.position(),
