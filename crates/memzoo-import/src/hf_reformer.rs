@@ -300,24 +300,24 @@ impl HfReformerConfig {
             .with_dropatt(self.lsh_attention_probs_dropout_prob.unwrap_or(0.0))
             .with_init_std(self.initializer_range)
             .with_axial_std(Some(self.axial_norm_std))
-            .with_mem_len(0);
+            .with_mem_len(0)
+            .with_local_chunk_len(Some(self.local_attn_chunk_length))
+            .with_bucket_factors(factors)
+            .with_dedup_rounds(false)
+            .with_rotations_per_head(true)
+            .with_key_eps(KEY_EPS)
+            .with_layer_norm_eps(self.layer_norm_eps)
+            .with_ff_activation(activation)
+            .with_head_input(HeadInput::Concat);
         reformer.validate()?;
         let mut xl = reformer.stack();
         xl.lsh = xl
             .lsh
-            .with_dedup_rounds(false)
-            .with_bucket_factors(factors)
-            .with_rotations_per_head(true)
-            .with_key_eps(KEY_EPS)
             .with_fixed_rotations(fixed_rotations)
-            .with_local_chunk_len(Some(self.local_attn_chunk_length))
             .with_local_n_chunks_before(Some(self.local_num_chunks_before))
             .with_local_n_chunks_after(Some(self.local_num_chunks_after));
-        let xl = xl
-            .with_layer_norm_epsilon(self.layer_norm_eps)
-            .with_ff_activation(activation)
-            .with_head_input(HeadInput::Concat)
-            .with_final_dropout(true);
+        // HF drops the head's input (after the final LayerNorm) in training.
+        let xl = xl.with_final_dropout(true);
         xl.validate()?;
         Ok(xl)
     }
