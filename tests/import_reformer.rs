@@ -104,7 +104,10 @@ fn hf_float32_round_weights_are_off() {
     for (a, b) in f32s.iter().zip(&f64s) {
         if b.abs() > 1e-3 {
             let ratio = (*a as f64) / (*b as f64);
-            assert!((ratio - factor).abs() < 1e-5, "HF float32 / float64 = {ratio}");
+            assert!(
+                (ratio - factor).abs() < 1e-5,
+                "HF float32 / float64 = {ratio}"
+            );
         }
     }
     // The error spreads through later layers; memzoo stays with the exact values.
@@ -115,7 +118,10 @@ fn hf_float32_round_weights_are_off() {
     let exact = r.floats("log_probs.0");
     let hf32 = r.floats("log_probs_f32.0");
     let (d_ours, d_hf) = (max_abs_diff(&ours, &exact), max_abs_diff(&hf32, &exact));
-    assert!(d_ours < 1e-4 && d_hf > 1e-3, "memzoo {d_ours:e}, HF float32 {d_hf:e}");
+    assert!(
+        d_ours < 1e-4 && d_hf > 1e-3,
+        "memzoo {d_ours:e}, HF float32 {d_hf:e}"
+    );
 }
 
 /// Without the rotations file the import draws its own (memzoo's seeded rotations): the same
@@ -136,7 +142,10 @@ fn hf_reformer_without_rotations_uses_its_own() {
     let x = r.tokens::<2>("input_ids.0", &dev);
     let ours = host(log_softmax(model.forward_window(x).unwrap(), 2));
     let d = max_abs_diff(&ours, &r.floats("log_probs.0"));
-    assert!(d.is_finite() && d > 1e-4, "other rotations, other buckets: {d:e}");
+    assert!(
+        d.is_finite() && d > 1e-4,
+        "other rotations, other buckets: {d:e}"
+    );
     std::fs::remove_dir_all(&tmp).ok();
 }
 
@@ -185,19 +194,37 @@ fn hf_reformer_import_errors_name_the_tensor() {
         );
     });
     let err = load().to_string();
-    assert!(err.contains("layers.0.attention.self_attention.query_key"), "{err}");
+    assert!(
+        err.contains("layers.0.attention.self_attention.query_key"),
+        "{err}"
+    );
     write(&|_| {});
     let mut rot = BTreeMap::new();
-    rot.insert("layers.1".to_string(), TensorData::new(vec![0f32; 2 * 4 * 4 * 2], [2, 4, 4, 2]));
+    rot.insert(
+        "layers.1".to_string(),
+        TensorData::new(vec![0f32; 2 * 4 * 4 * 2], [2, 4, 4, 2]),
+    );
     memzoo_import::reader::write_safetensors(&tmp.join("rotations.safetensors"), rot).unwrap();
     let err = load().to_string();
     assert!(err.contains("layers.1 has shape [2, 4, 4, 2]"), "{err}");
     std::fs::remove_file(tmp.join("rotations.safetensors")).unwrap();
     hf_reformer::load(&tmp, &dev).expect("the whole checkpoint imports");
     for (from, to, needle) in [
-        ("\"is_decoder\": true", "\"is_decoder\": false", "is_decoder"),
-        ("\"hidden_act\": \"relu\"", "\"hidden_act\": \"gelu_new\"", "gelu_new"),
-        ("\"axial_pos_embds\": true", "\"axial_pos_embds\": false", "axial_pos_embds"),
+        (
+            "\"is_decoder\": true",
+            "\"is_decoder\": false",
+            "is_decoder",
+        ),
+        (
+            "\"hidden_act\": \"relu\"",
+            "\"hidden_act\": \"gelu_new\"",
+            "gelu_new",
+        ),
+        (
+            "\"axial_pos_embds\": true",
+            "\"axial_pos_embds\": false",
+            "axial_pos_embds",
+        ),
     ] {
         assert!(config.contains(from), "{from}");
         std::fs::write(tmp.join("config.json"), config.replace(from, to)).unwrap();
@@ -272,4 +299,3 @@ fn hf_reformer_run_dir_and_export_round_trip() {
     assert!(err.to_string().contains("head_input"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
 }
-

@@ -7,6 +7,7 @@ mod eval;
 mod generate;
 mod import;
 mod import_labml;
+mod import_lucidrains_reformer;
 mod import_reformer;
 mod learning;
 mod parity;

@@ -57,8 +57,8 @@ use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};
 use burn::tensor::{Device, Tensor};
 use memzoo_xl::{
-    Activation, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer,
-    Randomness, ReformerConfig, Residual, TransformerXl, XlConfig, XlError,
+    Activation, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer, Randomness,
+    ReformerConfig, Residual, TransformerXl, XlConfig, XlError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -235,9 +235,11 @@ impl HfReformerConfig {
                 .into());
         }
         if !self.axial_pos_embds {
-            return no("axial_pos_embds = false: a learned table per position is not a layer \
+            return no(
+                "axial_pos_embds = false: a learned table per position is not a layer \
                  of memzoo's stack"
-                .into());
+                    .into(),
+            );
         }
         if self.tie_word_embeddings {
             return no("tie_word_embeddings = true: HF's decoder reads 2 x hidden_size".into());
@@ -255,17 +257,23 @@ impl HfReformerConfig {
         let activation = match self.hidden_act.as_str() {
             "relu" => Activation::Relu,
             "gelu" => Activation::Gelu,
-            other => return no(format!("hidden_act = \"{other}\": memzoo has relu and gelu")),
+            other => {
+                return no(format!(
+                    "hidden_act = \"{other}\": memzoo has relu and gelu"
+                ));
+            }
         };
         let (n_buckets, factors) = match &self.num_buckets {
             Some(NumBuckets::One(n)) => (Some(*n), Vec::new()),
             Some(NumBuckets::Factors(f)) if f.len() == 1 => (Some(f[0]), Vec::new()),
             Some(NumBuckets::Factors(f)) => (None, f.clone()),
             None if kinds.contains(&LayerKind::Lsh) => {
-                return no("num_buckets = null: HF picks it from the length of the first \
+                return no(
+                    "num_buckets = null: HF picks it from the length of the first \
                      sequence it reads (and writes it into its config); set num_buckets in \
                      config.json"
-                    .into());
+                        .into(),
+                );
             }
             None => (None, Vec::new()),
         };
@@ -343,10 +351,22 @@ impl HfReformerConfig {
         };
         let lsh = &xl.lsh;
         let checks = [
-            (xl.residual != Residual::Reversible, "residual other than reversible"),
-            (xl.head_input != HeadInput::Concat, "head_input other than concat"),
-            (!xl.pre_ln || !xl.final_norm, "pre_ln and final_norm not both on"),
-            (xl.tie_weights || xl.is_adaptive(), "a tied or adaptive output"),
+            (
+                xl.residual != Residual::Reversible,
+                "residual other than reversible",
+            ),
+            (
+                xl.head_input != HeadInput::Concat,
+                "head_input other than concat",
+            ),
+            (
+                !xl.pre_ln || !xl.final_norm,
+                "pre_ln and final_norm not both on",
+            ),
+            (
+                xl.tie_weights || xl.is_adaptive(),
+                "a tied or adaptive output",
+            ),
             (xl.scale_embedding, "scale_embedding = true"),
             (xl.mem_len > 0, "an XL memory (mem_len > 0)"),
             (!lsh.causal, "lsh.causal = false"),
@@ -357,7 +377,10 @@ impl HfReformerConfig {
                 "LSH scores other than unit keys with key_eps = 1e-6",
             ),
             (xl.ff_inner_dropout, "ff_inner_dropout = true"),
-            (xl.randomness != Randomness::Seeded, "randomness other than seeded"),
+            (
+                xl.randomness != Randomness::Seeded,
+                "randomness other than seeded",
+            ),
         ];
         if let Some((_, what)) = checks.iter().find(|(bad, _)| *bad) {
             return no(format!("{what}: HF's Reformer cannot express it"));
@@ -517,9 +540,21 @@ pub fn reformer_from(
         let wo = weight(map, &format!("{a}output.dense.weight"), d, inner, device)?;
         set_linear(&mut att.output, wo, None);
         let block = &mut layer.block;
-        norm(map, &format!("{a}layer_norm"), &mut block.norm_attention, d, device)?;
+        norm(
+            map,
+            &format!("{a}layer_norm"),
+            &mut block.norm_attention,
+            d,
+            device,
+        )?;
         let f = format!("{pre}feed_forward.");
-        norm(map, &format!("{f}layer_norm"), &mut block.norm_ff, d, device)?;
+        norm(
+            map,
+            &format!("{f}layer_norm"),
+            &mut block.norm_ff,
+            d,
+            device,
+        )?;
         let w1 = weight(map, &format!("{f}dense.dense.weight"), dff, d, device)?;
         let b1 = map.float(&format!("{f}dense.dense.bias"), [dff], device)?;
         set_linear(&mut block.ff_in, w1, Some(b1));
@@ -531,7 +566,13 @@ pub fn reformer_from(
         .final_norm
         .as_mut()
         .ok_or_else(|| XlError::Config("a pre-LN stack without its final norm".into()))?;
-    norm(map, "reformer.encoder.layer_norm", final_norm, 2 * d, device)?;
+    norm(
+        map,
+        "reformer.encoder.layer_norm",
+        final_norm,
+        2 * d,
+        device,
+    )?;
     let InputEmbedding::Plain(embedding) = &mut model.embedding else {
         return Err(XlError::Config("HF's embedding is one table".into()).into());
     };
@@ -614,7 +655,12 @@ pub fn reformer_to_hf(model: &TransformerXl, src: Source<'_>) -> HfTensors {
             put_linear(&mut out, &format!("{a}output.dense"), &att.output, src);
         }
         let block = &layer.block;
-        put_norm(&mut out, &format!("{a}layer_norm"), &block.norm_attention, src);
+        put_norm(
+            &mut out,
+            &format!("{a}layer_norm"),
+            &block.norm_attention,
+            src,
+        );
         let f = format!("{pre}feed_forward.");
         put_norm(&mut out, &format!("{f}layer_norm"), &block.norm_ff, src);
         put_linear(&mut out, &format!("{f}dense.dense"), &block.ff_in, src);

@@ -13,6 +13,8 @@
 //!   and `crime-and-punishment` shapes: axial positions, LSH and local layers, factorised
 //!   buckets, HF's concatenating head), optionally with the LSH rotations of one HF pass; and
 //!   back.
+//! - [`lucidrains_reformer`]: reformer-pytorch's `ReformerLM` (summed axial positions, LSH
+//!   layers, the mean of the two streams), optionally with the rotations of one pass; and back.
 //! - [`import_source`] / [`export_to`]: the two by the name `memzoo import --from` and
 //!   `memzoo export --to` take.
 
@@ -20,6 +22,7 @@ pub mod error;
 pub mod hf_reformer;
 pub mod hf_transfo_xl;
 pub mod labml_xl;
+pub mod lucidrains_reformer;
 pub mod reader;
 
 pub use error::ImportError;
@@ -34,7 +37,12 @@ use burn::tensor::Device;
 use memzoo_xl::{TransformerXl, XlConfig};
 
 /// The sources [`import_source`] and [`export_to`] accept.
-pub const SOURCES: &[&str] = &["hf-transfo-xl", "labml-xl", "hf-reformer"];
+pub const SOURCES: &[&str] = &[
+    "hf-transfo-xl",
+    "labml-xl",
+    "hf-reformer",
+    "lucidrains-reformer",
+];
 
 /// Imports the checkpoint `src` of `source` (one of [`SOURCES`]) into memzoo's stack and its
 /// config.
@@ -57,6 +65,13 @@ pub fn import_source(
             let fixed = src.join(hf_reformer::ROTATIONS_FILE).is_file();
             Ok((model, hf.xl_config(fixed)?))
         }
+        "lucidrains-reformer" => {
+            let (model, cfg) = lucidrains_reformer::load(src, device)?;
+            Ok((
+                model,
+                cfg.xl_config(lucidrains_reformer::fixed_buckets(src)?)?,
+            ))
+        }
         other => Err(ImportError::Unsupported(format!(
             "source `{other}`: supported are {}",
             SOURCES.join(", ")
@@ -76,6 +91,7 @@ pub fn export_to(
         "hf-transfo-xl" => hf_transfo_xl::export(model, xl, dir),
         "labml-xl" => labml_xl::export(model, xl, dir),
         "hf-reformer" => hf_reformer::export(model, xl, dir),
+        "lucidrains-reformer" => lucidrains_reformer::export(model, xl, dir),
         other => Err(ImportError::Unsupported(format!(
             "target `{other}`: supported are {}",
             SOURCES.join(", ")

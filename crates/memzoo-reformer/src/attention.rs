@@ -150,7 +150,11 @@ pub fn hash_buckets(x: Tensor<4>, rotations: Tensor<3>) -> Tensor<4, Int> {
 /// - `x`: `[batch, heads, len, d_head]`
 /// - `rotations`: `[heads or 1, d_head, n_rounds, Σ f_i / 2]` (HF's layout)
 /// - output: `[batch, heads, n_rounds, len]`
-pub fn hash_buckets_factored(x: Tensor<4>, rotations: Tensor<4>, factors: &[usize]) -> Tensor<4, Int> {
+pub fn hash_buckets_factored(
+    x: Tensor<4>,
+    rotations: Tensor<4>,
+    factors: &[usize],
+) -> Tensor<4, Int> {
     let [b, h, l, dh] = x.dims();
     let [rh, _, r, half] = rotations.dims();
     let rot = rotations
@@ -695,6 +699,10 @@ pub struct ReformerAttentionConfig {
     /// `bucket_factors`. Default: false.
     #[config(default = false)]
     pub fixed_rotations: bool,
+    /// The output projection has a bias (reformer-pytorch's `to_out`; HF's and trax's have
+    /// none). Default: false.
+    #[config(default = false)]
+    pub output_bias: bool,
     /// Initialiser of every weight. Default: normal(0, 0.02).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
@@ -761,7 +769,11 @@ impl ReformerAttentionConfig {
         } else {
             self.bucket_factors.iter().sum()
         };
-        let heads = if self.rotations_per_head { self.n_heads } else { 1 };
+        let heads = if self.rotations_per_head {
+            self.n_heads
+        } else {
+            1
+        };
         Some([heads, self.d_head, self.n_rounds, width / 2])
     }
 
@@ -779,7 +791,17 @@ impl ReformerAttentionConfig {
             query: linear(self.d_model, inner),
             key: (kind == AttentionKind::Local).then(|| linear(self.d_model, inner)),
             value: linear(self.d_model, inner),
-            output: linear(inner, self.d_model),
+            output: if self.output_bias {
+                let mut out = LinearConfig::new(inner, self.d_model)
+                    .with_initializer(self.initializer.clone())
+                    .init(device);
+                out.bias = out
+                    .bias
+                    .map(|_| Initializer::Zeros.init([self.d_model], device));
+                out
+            } else {
+                linear(inner, self.d_model)
+            },
             kind,
             n_heads: self.n_heads,
             d_head: self.d_head,
@@ -796,11 +818,17 @@ impl ReformerAttentionConfig {
             bucket_factors: self.bucket_factors.clone(),
             rotations_per_head: self.rotations_per_head,
             key_eps: self.key_eps,
-            rotations: match (self.fixed_rotations && kind == AttentionKind::Lsh, self.rotation_shape()) {
+            rotations: match (
+                self.fixed_rotations && kind == AttentionKind::Lsh,
+                self.rotation_shape(),
+            ) {
                 (true, Some(shape)) => Some(Param::from_tensor(
-                    Initializer::Normal { mean: 0.0, std: 1.0 }
-                        .init::<4, _>(shape, device)
-                        .val(),
+                    Initializer::Normal {
+                        mean: 0.0,
+                        std: 1.0,
+                    }
+                    .init::<4, _>(shape, device)
+                    .val(),
                 )),
                 _ => None,
             },
@@ -917,7 +945,11 @@ impl ReformerAttention {
         } else {
             self.bucket_factors.iter().sum()
         };
-        let heads = if self.rotations_per_head { self.n_heads } else { 1 };
+        let heads = if self.rotations_per_head {
+            self.n_heads
+        } else {
+            1
+        };
         // One head: the numbers of `random_rotations(d_head, rounds, n_buckets, seed)`.
         let data = crate::rng::normal_vec(heads * self.d_head * rounds * (width / 2), seed);
         Tensor::from_data(
@@ -993,11 +1025,20 @@ impl ReformerAttention {
                 let n_buckets = self.buckets_for(lp);
                 let buckets = buckets.unwrap_or_else(|| {
                     let rounds = opts.n_rounds.unwrap_or(self.n_rounds);
-                    let rot =
-                        self.rotations_for(rounds, n_buckets, mix(opts.seed, 1), opts.train, &device);
+                    let rot = self.rotations_for(
+                        rounds,
+                        n_buckets,
+                        mix(opts.seed, 1),
+                        opts.train,
+                        &device,
+                    );
                     if rot.dims()[0] == 1 && self.bucket_factors.len() <= 1 {
                         let [_, _, r, half] = rot.dims();
-                        hash_buckets_with(q.clone().detach(), rot.reshape([dh, r, half]), self.lsh_kernel)
+                        hash_buckets_with(
+                            q.clone().detach(),
+                            rot.reshape([dh, r, half]),
+                            self.lsh_kernel,
+                        )
                     } else {
                         hash_buckets_factored(q.clone().detach(), rot, &self.bucket_factors)
                     }

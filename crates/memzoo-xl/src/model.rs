@@ -146,6 +146,10 @@ pub struct AxialConfig {
     /// (`embedding_std`, else `init_std`). Default: none.
     #[config(default = "None")]
     pub std: Option<f64>,
+    /// `E_1[i] + E_2[j]` with both tables `d_model` wide (`dims = [d_model, d_model]`,
+    /// reformer-pytorch's default) instead of their concatenation. Default: false.
+    #[config(default = false)]
+    pub summed: bool,
 }
 
 /// Seed tags of the random sites of seeded passes (see [`Randomness::Seeded`]): layer `l`
@@ -265,6 +269,10 @@ pub struct LshLayerConfig {
     /// Default: none.
     #[config(default = "None")]
     pub local_n_chunks_after: Option<usize>,
+    /// The output projection of LSH and local layers has a bias (reformer-pytorch's `to_out`).
+    /// Default: false.
+    #[config(default = false)]
+    pub output_bias: bool,
 }
 
 /// Settings of the stack's kNN layers (used where [`XlConfig::layers`] lists `knn`).
@@ -687,11 +695,22 @@ impl XlConfig {
         }
         if let Some(axial) = &self.axial {
             let ([a1, a2], [d1, d2]) = (axial.shape, axial.dims);
-            if a1 == 0 || a2 == 0 || d1 == 0 || d2 == 0 || d1 + d2 != self.d_model {
+            let widths_fit = if axial.summed {
+                d1 == self.d_model && d2 == self.d_model
+            } else {
+                d1 + d2 == self.d_model
+            };
+            if a1 == 0 || a2 == 0 || d1 == 0 || d2 == 0 || !widths_fit {
                 return bad(format!(
                     "axial shape {:?} must be positive and axial dims ({d1}, {d2}) positive and \
-                     sum to d_model {}",
-                    axial.shape, self.d_model
+                     {} d_model {}",
+                    axial.shape,
+                    if axial.summed {
+                        "(summed) each"
+                    } else {
+                        "sum to"
+                    },
+                    self.d_model
                 ));
             }
             if let Some(std) = axial.std
@@ -744,7 +763,8 @@ impl XlConfig {
     fn reformer_attention(&self, kind: LayerKind) -> ReformerAttentionConfig {
         let lsh = &self.lsh;
         let local = kind == LayerKind::Local;
-        let pick = |own: Option<usize>, shared: usize| if local { own.unwrap_or(shared) } else { shared };
+        let pick =
+            |own: Option<usize>, shared: usize| if local { own.unwrap_or(shared) } else { shared };
         ReformerAttentionConfig::new(self.d_model, self.n_heads, self.head_width())
             .with_kind(match kind {
                 LayerKind::Local => ReformerKind::Local,
@@ -762,6 +782,7 @@ impl XlConfig {
             .with_rotations_per_head(lsh.rotations_per_head)
             .with_key_eps(lsh.key_eps)
             .with_fixed_rotations(lsh.fixed_rotations)
+            .with_output_bias(lsh.output_bias)
             .with_dropatt(self.dropatt)
             .with_initializer(self.initializer())
     }
@@ -926,6 +947,7 @@ impl XlConfig {
         let axial = match &self.axial {
             Some(a) => Some(
                 AxialPositionalEmbeddingConfig::new(a.shape, a.dims)
+                    .with_summed(a.summed)
                     .with_initializer(Initializer::Normal {
                         mean: 0.0,
                         std: a.std.unwrap_or(self.embedding_std.unwrap_or(self.init_std)),

@@ -14,8 +14,8 @@ use memzoo_reformer::{LshScores, ReformerError};
 
 use crate::error::XlError;
 use crate::model::{
-    Activation, AxialConfig, HeadInput, KnnLayerConfig, LayerKind, LshLayerConfig, Randomness, Residual,
-    TransformerXl, XlConfig,
+    Activation, AxialConfig, HeadInput, KnnLayerConfig, LayerKind, LshLayerConfig, Randomness,
+    Residual, TransformerXl, XlConfig,
 };
 
 /// The Reformer is the layer stack with LSH / local layers (see the module docs).

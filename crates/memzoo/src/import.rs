@@ -22,7 +22,6 @@ pub const SOURCES: &[&str] = memzoo_import::SOURCES;
 /// Sources of issue 15 not supported yet (named in the error, so nobody guesses).
 const NOT_YET: &[&str] = &[
     "lucidrains-memorizing",
-    "lucidrains-reformer",
 ];
 
 fn check_source(source: &str) -> Result<(), CliError> {
