@@ -27,7 +27,7 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-reformer")
 }
 
-/// Two sequences (`[2, 32]`, `[1, 32]`): log-probabilities, per-token and mean next-token
+/// A `[2, 32]` sequence: log-probabilities, per-token and mean next-token
 /// losses, and every parameter's gradient of sequence 0's loss (under reformer-pytorch's names,
 /// through the export mapping; its reversible backward).
 #[test]
@@ -36,7 +36,7 @@ fn lucidrains_reformer_matches_reformer_pytorch() {
     let (model, cfg) = lucidrains_reformer::load(&fixture(), &dev).expect("import");
     assert_eq!((cfg.depth, cfg.n_hashes, cfg.bucket_size), (2, 4, 4));
     let r = Reference::at(&fixture());
-    for s in 0..2 {
+    for s in 0..1 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let [b, l] = x.dims();
         let lp = log_softmax(model.forward_window(x.clone()).unwrap(), 2);
@@ -189,7 +189,7 @@ fn lucidrains_reformer_run_dir_and_export_round_trip() {
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert!(config.model.axial.as_ref().unwrap().summed && config.model.lsh.output_bias);
     let r = Reference::at(&fixture());
-    for s in 0..2 {
+    for s in 0..1 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         check(
             &host(log_softmax(model.forward_window(x).unwrap(), 2)),
