@@ -16,7 +16,7 @@
 //! - LSH: chunks of `bucket_size` seeing one chunk back, `n_hashes` rounds,
 //!   `seq_len / bucket_size` buckets, one set of rotations for all heads, keys `q / |q|` and
 //!   scores scaled by `dim_head^-0.5` (`lsh.scores = "scaled_unit_keys"`), no de-duplication
-//!   of rounds (`lsh_allow_duplicate_attention = True`: `lsh.dedup_rounds = false`).
+//!   of rounds (`Reformer`'s `lsh_allow_duplicate_attention = True`: `lsh.dedup_rounds = false`).
 //!
 //! reformer-pytorch draws its rotations with `torch.randn` on every forward pass; the rotations
 //! of one pass, saved as `rotations.safetensors` (`layers.{l}`, `[1, dim_head, n_hashes,
@@ -27,8 +27,9 @@
 //! Not supported (errors that name the argument): rotary, absolute or fixed positions (the
 //! default without `axial_position_emb`), `causal = False`, `random_rotations_per_head`
 //! (rotations per batch row and head), local attention heads, memory key/values, PKM layers,
-//! GLU, ScaleNorm, ReZero, weight tying, `emb_dim` other than `dim`, full attention, and
-//! `lsh_allow_duplicate_attention = False` or `lsh_attend_across_buckets = False`. Dropout
+//! GLU, ScaleNorm, ReZero, weight tying, `emb_dim` other than `dim`, full attention (`ReformerLM`
+//! keeps `Reformer`'s `lsh_allow_duplicate_attention` and `lsh_attend_across_buckets` at their
+//! defaults, which memzoo computes). Dropout
 //! (`lsh_dropout` aside, which is memzoo's `dropatt`) only acts in training: memzoo's sites
 //! differ.
 //!
@@ -148,10 +149,6 @@ pub struct LucidrainsReformerConfig {
     pub pkm_layers: Vec<usize>,
     /// Product keys.
     pub pkm_num_keys: usize,
-    /// LSH: count repeated pairs (`False`) or not.
-    pub lsh_allow_duplicate_attention: bool,
-    /// LSH: attend across buckets inside a chunk.
-    pub lsh_attend_across_buckets: bool,
 }
 
 impl Default for LucidrainsReformerConfig {
@@ -195,8 +192,6 @@ impl Default for LucidrainsReformerConfig {
             n_local_attn_heads: 0,
             pkm_layers: Vec::new(),
             pkm_num_keys: 128,
-            lsh_allow_duplicate_attention: true,
-            lsh_attend_across_buckets: true,
         }
     }
 }
@@ -274,14 +269,6 @@ impl LucidrainsReformerConfig {
             (self.weight_tie_embedding, "weight_tie_embedding = True"),
             (self.n_local_attn_heads > 0, "n_local_attn_heads > 0"),
             (!self.pkm_layers.is_empty(), "pkm_layers"),
-            (
-                !self.lsh_allow_duplicate_attention,
-                "lsh_allow_duplicate_attention = False",
-            ),
-            (
-                !self.lsh_attend_across_buckets,
-                "lsh_attend_across_buckets = False",
-            ),
         ];
         if let Some((_, what)) = unsupported.iter().find(|(bad, _)| *bad) {
             return no(format!("{what}: memzoo cannot express it"));
