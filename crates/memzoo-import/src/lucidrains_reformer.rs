@@ -377,7 +377,7 @@ impl LucidrainsReformerConfig {
                 "layer_norm_epsilon other than 1e-5",
             ),
             (
-                xl.d_inner % xl.d_model != 0,
+                !xl.d_inner.is_multiple_of(xl.d_model),
                 "d_inner not a multiple of d_model",
             ),
             (
@@ -474,7 +474,7 @@ fn set_linear(linear: &mut Linear, weight: Tensor<2>, bias: Option<Tensor<1>>) {
     linear.bias = bias.map(Param::from_tensor);
 }
 
-/// Takes `name` `[d_out, d_in]` (torch) as memzoo's `[d_in, d_out]`, and checks the copy under
+/// Takes `name` (of `shape`), and checks the copy under
 /// `copy` (the irreversible block list) when the file has one.
 fn weight(
     map: &mut TensorMap,
@@ -483,13 +483,13 @@ fn weight(
     shape: &[usize],
 ) -> Result<TensorData, ImportError> {
     let data = crate::reader::float_data(name, map.take(name, shape)?)?;
-    if let Some(c) = map.take_optional(copy, shape)? {
-        if crate::reader::float_data(copy, c)? != data {
-            return Err(ImportError::Value {
-                name: copy.into(),
-                message: format!("differs from {name}, which it shares storage with"),
-            });
-        }
+    if let Some(c) = map.take_optional(copy, shape)?
+        && crate::reader::float_data(copy, c)? != data
+    {
+        return Err(ImportError::Value {
+            name: copy.into(),
+            message: format!("differs from {name}, which it shares storage with"),
+        });
     }
     Ok(data)
 }
