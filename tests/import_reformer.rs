@@ -299,3 +299,42 @@ fn hf_reformer_run_dir_and_export_round_trip() {
     assert!(err.to_string().contains("head_input"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+/// Fixed rotations are used by every pass but training steps, and never trained: evaluation
+/// repeats itself exactly, a training step hashes with fresh rotations (its loss is not the
+/// evaluation's, and two steps differ), and no gradient reaches the rotations.
+#[test]
+fn fixed_rotations_serve_evaluation_and_are_never_trained() {
+    let dev = flex().autodiff();
+    let (model, _) = hf_reformer::load(&fixture("enwik8"), &dev).unwrap();
+    let r = Reference::at(&fixture("enwik8"));
+    let x = r.tokens::<2>("input_ids.0", &dev);
+    let [b, l] = x.dims();
+    let (inp, tgt) = (x.clone().slice([0..b, 0..l - 1]), x.slice([0..b, 1..l]));
+    let eval = |m: &memzoo_xl::TransformerXl| -> f32 {
+        let lp = log_softmax(m.forward_window(inp.clone()).unwrap(), 2);
+        lp.gather(2, tgt.clone().reshape([b, l - 1, 1]))
+            .neg()
+            .mean()
+            .into_scalar()
+    };
+    let e = eval(&model);
+    assert_eq!(e, eval(&model), "evaluation is one function");
+    let (l1, grads) = model.train_step(inp.clone(), tgt.clone()).unwrap();
+    let (l2, _) = model.train_step(inp.clone(), tgt.clone()).unwrap();
+    let (l1, l2): (f32, f32) = (l1.into_scalar(), l2.into_scalar());
+    assert!(
+        l1 != l2 && l1 != e,
+        "fresh rotations per step: {l1} {l2} (eval {e})"
+    );
+    for layer in &model.layers {
+        if let LayerAttention::Hashed(a) = &layer.attention
+            && let Some(rot) = &a.rotations
+        {
+            assert!(
+                grads.get::<4>(rot.id).is_none(),
+                "a gradient for the rotations"
+            );
+        }
+    }
+}
