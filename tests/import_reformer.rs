@@ -208,6 +208,18 @@ fn hf_reformer_import_errors_name_the_tensor() {
     let err = load().to_string();
     assert!(err.contains("layers.1 has shape [2, 4, 4, 2]"), "{err}");
     std::fs::remove_file(tmp.join("rotations.safetensors")).unwrap();
+    // Older checkpoints hold HF's mask constants as buffers: taken when they are HF's values.
+    let buffer = "reformer.encoder.layers.1.attention.self_attention.mask_value_float32";
+    write(&|m| {
+        m.insert(buffer.into(), TensorData::new(vec![-1e9f32], [0usize; 0]));
+    });
+    hf_reformer::load(&tmp, &dev).expect("HF's constant as a buffer");
+    write(&|m| {
+        m.insert(buffer.into(), TensorData::new(vec![-1e4f32], [0usize; 0]));
+    });
+    let err = load().to_string();
+    assert!(err.contains(buffer), "{err}");
+    write(&|_| {});
     hf_reformer::load(&tmp, &dev).expect("the whole checkpoint imports");
     for (from, to, needle) in [
         (

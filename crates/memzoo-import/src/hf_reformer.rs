@@ -35,6 +35,9 @@
 //! 4.x and the model as trained (`google/reformer-enwik8` has one): for a 5.x checkpoint whose
 //! bias is not zero, memzoo's logits are 5.x's plus that bias.
 //!
+//! Older checkpoints hold HF's mask constants as buffers (`….self_attention.mask_value_float32`
+//! and the like); they are taken, and must hold HF's values.
+//!
 //! Differences in training only (dropout sites): HF drops the token embedding before adding the
 //! positions and the feed-forward's hidden layer before its activation; memzoo drops the sum and
 //! not inside the feed-forward. In evaluation the two are the same function.
@@ -458,6 +461,36 @@ pub fn load(dir: &Path, device: &Device) -> Result<(TransformerXl, HfReformerCon
     Ok((model, cfg))
 }
 
+/// HF's mask constants, which older checkpoints (transformers before 4.x made them
+/// non-persistent) saved as buffers: `(name, value)`.
+const MASK_BUFFERS: [(&str, f32); 4] = [
+    ("self_mask_value_float16", -1e3),
+    ("self_mask_value_float32", -1e5),
+    ("mask_value_float16", -1e4),
+    ("mask_value_float32", -1e9),
+];
+
+/// Takes the mask-constant buffers of an attention layer (`prefix`: `….self_attention.`) if the
+/// checkpoint holds them; a value other than HF's is an error naming it (memzoo masks with
+/// -1e9 and scores a query's own key below every other visible key, as HF's constants do).
+fn mask_buffers(map: &mut TensorMap, prefix: &str) -> Result<(), ImportError> {
+    for (buffer, value) in MASK_BUFFERS {
+        let name = format!("{prefix}{buffer}");
+        if let Some(t) = map.take_optional(&name, &[])? {
+            let got = crate::reader::float_data(&name, t)?
+                .try_to_vec::<f32>()
+                .unwrap_or_default();
+            if got != [value] {
+                return Err(ImportError::Value {
+                    name,
+                    message: format!("holds {got:?}, HF's constant is {value:e}"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn set_linear(linear: &mut Linear, weight: Tensor<2>, bias: Option<Tensor<1>>) {
     linear.weight = Param::from_tensor(weight);
     linear.bias = bias.map(Param::from_tensor);
@@ -535,6 +568,7 @@ pub fn reformer_from(
                 }
             }
         }
+        mask_buffers(map, &s)?;
         let wv = weight(map, &format!("{s}value.weight"), inner, d, device)?;
         set_linear(&mut att.value, wv, None);
         let wo = weight(map, &format!("{a}output.dense.weight"), d, inner, device)?;
