@@ -477,8 +477,9 @@ fn import_writes_a_run_dir_that_scores_as_hf() {
     let err = memzoo::import::import("hf-transfo-xl", &fixture("wt103"), &run, None, false, true)
         .unwrap_err();
     assert!(err.to_string().contains("already holds a run"), "{err}");
+    // (A source of issue 15 that is not there yet says "not supported yet"; any other is named.)
     let err = memzoo::import::import(
-        "lucidrains-reformer",
+        "no-such-source",
         &fixture("wt103"),
         &tmp.join("x"),
         None,
@@ -487,7 +488,7 @@ fn import_writes_a_run_dir_that_scores_as_hf() {
     )
     .unwrap_err();
     assert!(
-        err.to_string().contains("lucidrains-reformer") && err.to_string().contains("not supported yet"),
+        err.to_string().contains("no-such-source") && err.to_string().contains("hf-transfo-xl"),
         "{err}"
     );
     std::fs::remove_dir_all(&tmp).ok();

@@ -8,6 +8,8 @@ mod generate;
 mod import;
 mod import_labml;
 mod import_lucidrains;
+mod import_lucidrains_reformer;
+mod import_reformer;
 mod learning;
 mod parity;
 mod reformer;

@@ -11,16 +11,25 @@
 //!   `AutoregressiveModel`: learned relative tables, pre-LN, value/output biases), and back.
 //! - [`lucidrains_memorizing`]: memorizing-transformers-pytorch's `MemorizingTransformer`
 //!   (multi-query T5 layers and a kNN layer with an XL and a kNN memory), and back.
+//! - [`hf_reformer`]: HF's `ReformerModelWithLMHead` (transformers 5.x; `google/reformer-enwik8`
+//!   and `crime-and-punishment` shapes: axial positions, LSH and local layers, factorised
+//!   buckets, HF's concatenating head), optionally with the LSH rotations of one HF pass; and
+//!   back.
+//! - [`lucidrains_reformer`]: reformer-pytorch's `ReformerLM` (summed axial positions, LSH
+//!   layers, the mean of the two streams), optionally with the rotations of one pass; and back.
 //! - [`import_source`] / [`export_to`]: the two by the name `memzoo import --from` and
 //!   `memzoo export --to` take.
 
 pub mod error;
+pub mod hf_reformer;
 pub mod hf_transfo_xl;
 pub mod labml_xl;
 pub mod lucidrains_memorizing;
+pub mod lucidrains_reformer;
 pub mod reader;
 
 pub use error::ImportError;
+pub use hf_reformer::HfReformerConfig;
 pub use hf_transfo_xl::HfTransfoXlConfig;
 pub use labml_xl::LabmlXlConfig;
 pub use lucidrains_memorizing::MemorizingPeerConfig;
@@ -32,7 +41,13 @@ use burn::tensor::Device;
 use memzoo_xl::{TransformerXl, XlConfig};
 
 /// The sources [`import_source`] and [`export_to`] accept.
-pub const SOURCES: &[&str] = &["hf-transfo-xl", "labml-xl", "lucidrains-memorizing"];
+pub const SOURCES: &[&str] = &[
+    "hf-transfo-xl",
+    "labml-xl",
+    "lucidrains-memorizing",
+    "hf-reformer",
+    "lucidrains-reformer",
+];
 
 /// Imports the checkpoint `src` of `source` (one of [`SOURCES`]) into memzoo's stack and its
 /// config.
@@ -54,6 +69,18 @@ pub fn import_source(
             let (model, peer) = lucidrains_memorizing::load(src, device)?;
             Ok((model, peer.xl_config()?))
         }
+        "hf-reformer" => {
+            let (model, hf) = hf_reformer::load(src, device)?;
+            let fixed = src.join(hf_reformer::ROTATIONS_FILE).is_file();
+            Ok((model, hf.xl_config(fixed)?))
+        }
+        "lucidrains-reformer" => {
+            let (model, cfg) = lucidrains_reformer::load(src, device)?;
+            Ok((
+                model,
+                cfg.xl_config(lucidrains_reformer::fixed_buckets(src)?)?,
+            ))
+        }
         other => Err(ImportError::Unsupported(format!(
             "source `{other}`: supported are {}",
             SOURCES.join(", ")
@@ -73,6 +100,8 @@ pub fn export_to(
         "hf-transfo-xl" => hf_transfo_xl::export(model, xl, dir),
         "labml-xl" => labml_xl::export(model, xl, dir),
         "lucidrains-memorizing" => lucidrains_memorizing::export(model, xl, dir),
+        "hf-reformer" => hf_reformer::export(model, xl, dir),
+        "lucidrains-reformer" => lucidrains_reformer::export(model, xl, dir),
         other => Err(ImportError::Unsupported(format!(
             "target `{other}`: supported are {}",
             SOURCES.join(", ")

@@ -1,14 +1,14 @@
 //! LSH self-attention and local (chunked) self-attention (Kitaev et al. 2020, sec. 2 and 3).
 
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::activation::softmax;
 use burn::tensor::kind::Basic;
 use burn::tensor::{Bool, Device, Int, Tensor};
 
 use crate::error::ReformerError;
-use crate::rng::{dropout_mask, mix, random_rotations};
+use crate::rng::{dropout_mask, mix};
 
 /// Score of a hidden key (causal, padding, outside the window).
 pub const MASKED: f32 = -1.0e9;
@@ -92,7 +92,7 @@ pub enum LshKernel {
 }
 
 /// How queries see neighbouring chunks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ChunkParams {
     /// Length of a chunk (the LSH bucket size).
     pub chunk_len: usize,
@@ -114,6 +114,11 @@ pub struct ChunkParams {
     pub lsh_scores: LshScores,
     /// LSH: fused kernel or tensor ops (ignored by local attention).
     pub kernel: LshKernel,
+    /// LSH: epsilon of the key normalisation, `k̂_j = q_j / sqrt(|q_j|² + d_head·ε)`, i.e.
+    /// `q_j · rsqrt(mean(q_j²) + ε) / sqrt(d_head)` as trax's `length_normalized` and HF's
+    /// `_len_and_dim_norm` compute it (both `ε = 1e-6`); 0: `q_j / |q_j|` (floored at 1e-6).
+    /// The fused kernel runs only with 0 (else tensor ops).
+    pub key_eps: f64,
 }
 
 /// Bucket ids of `x` under random rotations: `h(x) = argmax([xR; -xR])` per round (eq. in sec. 2).
@@ -132,6 +137,48 @@ pub fn hash_buckets(x: Tensor<4>, rotations: Tensor<3>) -> Tensor<4, Int> {
     let rotated = x.matmul(rot).reshape([b, h, l, r, half]);
     let both = Tensor::cat(vec![rotated.clone(), rotated.neg()], 4);
     both.argmax(4).reshape([b, h, l, r]).swap_dims(2, 3)
+}
+
+/// Bucket ids under per-head rotations and a factorised bucket count, as HF's
+/// `LSHSelfAttention._hash_vectors` computes them: with factors `[f_1, .., f_k]` (one factor:
+/// a plain count) the rotated vector `xR` is cut into `k` parts of `f_i / 2` columns,
+/// `h_i(x) = argmax([xR_i; -xR_i])` in `0..f_i`, and the bucket is
+/// `h_1 + f_1 h_2 + f_1 f_2 h_3 + ...` in `0..Π f_i`. With one head of rotations and one
+/// factor this is [`hash_buckets`].
+///
+/// # Shapes
+/// - `x`: `[batch, heads, len, d_head]`
+/// - `rotations`: `[heads or 1, d_head, n_rounds, Σ f_i / 2]` (HF's layout)
+/// - output: `[batch, heads, n_rounds, len]`
+pub fn hash_buckets_factored(
+    x: Tensor<4>,
+    rotations: Tensor<4>,
+    factors: &[usize],
+) -> Tensor<4, Int> {
+    let [b, h, l, dh] = x.dims();
+    let [rh, _, r, half] = rotations.dims();
+    let rot = rotations
+        .reshape([1, rh, dh, r * half])
+        .expand([b, h, dh, r * half]);
+    let rotated = x.matmul(rot).reshape([b, h, l, r, half]);
+    let argmax = |part: Tensor<5>| Tensor::cat(vec![part.clone(), part.neg()], 4).argmax(4);
+    let ids = if factors.len() <= 1 {
+        argmax(rotated)
+    } else {
+        let (mut ids, mut offset, mut product) = (None, 0, 1i64);
+        for &f in factors {
+            let part = rotated.clone().narrow(4, offset, f / 2);
+            let id = argmax(part).mul_scalar(product);
+            ids = Some(match ids {
+                Some(acc) => acc + id,
+                None => id,
+            });
+            offset += f / 2;
+            product *= f as i64;
+        }
+        ids.expect("at least two factors")
+    };
+    ids.reshape([b, h, l, r]).swap_dims(2, 3)
 }
 
 /// [`hash_buckets`] by the fused kernel ([`memzoo_fused::lsh_hash_fused`], which never holds
@@ -370,7 +417,10 @@ pub fn lsh_attention_with_buckets(
         [b, h, r, l],
         "bucket ids per (row, head, round, position)"
     );
-    if params.kernel == LshKernel::Auto && dropatt.is_none() && memzoo_fused::supports(&qk.device())
+    if params.kernel == LshKernel::Auto
+        && dropatt.is_none()
+        && params.key_eps == 0.0
+        && memzoo_fused::supports(&qk.device())
     {
         // The checks of the fused op hold here (the layer pads to a multiple of the chunk), so
         // an error would be a bug: the tensor-op path below is the fallback.
@@ -417,7 +467,12 @@ pub fn lsh_attention_with_buckets(
     // Shared QK: k_j = q_j / ||q_j||. The floor goes under the square root: a zero query (the
     // zero rows padding a length up to a multiple of the chunk) would otherwise backpropagate
     // 0 * d sqrt(0) = 0 * inf = NaN.
-    let norm = q.clone().powi_scalar(2).sum_dim(3).clamp_min(1e-12).sqrt();
+    let sq = q.clone().powi_scalar(2).sum_dim(3);
+    let norm = if params.key_eps > 0.0 {
+        sq.add_scalar(dh as f64 * params.key_eps).sqrt()
+    } else {
+        sq.clamp_min(1e-12).sqrt()
+    };
     let k = q.clone() / norm;
     let pad = key_pad.map(|m| {
         let m = m
@@ -620,6 +675,34 @@ pub struct ReformerAttentionConfig {
     /// Dropout on the attention probabilities. Default: 0.0.
     #[config(default = 0.0)]
     pub dropatt: f64,
+    /// LSH: a factorised bucket count `[f_1, .., f_k]` (HF's `num_buckets` as a list): the
+    /// bucket is `h_1 + f_1 h_2 + ..` with `h_i` in `0..f_i` from its own `f_i / 2` rotation
+    /// columns ([`hash_buckets_factored`]); `n_buckets` is then `Π f_i` (it may be left
+    /// `None`). Empty: not factorised. Default: empty.
+    #[config(default = "Vec::new()")]
+    pub bucket_factors: Vec<usize>,
+    /// LSH: every head draws its own rotations (`[heads, d_head, rounds, n / 2]`, as HF's
+    /// `LSHSelfAttention`); false: one set shared by all heads (memzoo's earlier layout).
+    /// Default: false.
+    #[config(default = false)]
+    pub rotations_per_head: bool,
+    /// LSH: the key normalisation's epsilon ([`ChunkParams::key_eps`]; trax and HF: 1e-6).
+    /// Default: 0.
+    #[config(default = 0.0)]
+    pub key_eps: f64,
+    /// LSH: the layer holds one set of rotations as a (never trained) parameter,
+    /// `[heads or 1, d_head, n_rounds, Σ factors / 2]`, saved in checkpoints and used by every
+    /// pass that is not training (evaluation, generation, a gradient taken outside a training
+    /// step), instead of rotations drawn from the pass's seed; training steps still draw fresh
+    /// ones. Set them with [`ReformerAttention::set_fixed_rotations`] (e.g. the rotations a
+    /// PyTorch Reformer drew in one forward pass, to reproduce it exactly). Needs `n_buckets` or
+    /// `bucket_factors`. Default: false.
+    #[config(default = false)]
+    pub fixed_rotations: bool,
+    /// The output projection has a bias (reformer-pytorch's `to_out`; HF's and trax's have
+    /// none). Default: false.
+    #[config(default = false)]
+    pub output_bias: bool,
     /// Initialiser of every weight. Default: normal(0, 0.02).
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
@@ -650,7 +733,48 @@ impl ReformerAttentionConfig {
         if !(0.0..1.0).contains(&self.dropatt) {
             return bad(format!("dropatt must be in [0, 1), got {}", self.dropatt));
         }
+        if let Some(f) = self.bucket_factors.iter().find(|&&f| f == 0 || f % 2 != 0) {
+            return bad(format!(
+                "bucket_factors {:?}: every factor must be even and positive, got {f}",
+                self.bucket_factors
+            ));
+        }
+        let product: usize = self.bucket_factors.iter().product();
+        if !self.bucket_factors.is_empty()
+            && let Some(nb) = self.n_buckets
+            && nb != product
+        {
+            return bad(format!(
+                "n_buckets = {nb} but bucket_factors {:?} multiply to {product}",
+                self.bucket_factors
+            ));
+        }
+        if !(self.key_eps.is_finite() && self.key_eps >= 0.0) {
+            return bad(format!("key_eps must be >= 0, got {}", self.key_eps));
+        }
+        if self.fixed_rotations && self.n_buckets.is_none() && self.bucket_factors.is_empty() {
+            return bad(
+                "fixed_rotations needs a fixed bucket count: set n_buckets or bucket_factors"
+                    .into(),
+            );
+        }
         Ok(self.kind)
+    }
+
+    /// The shape of the layer's rotations, `[heads or 1, d_head, n_rounds, Σ factors / 2]`
+    /// (`None`: the bucket count follows the length).
+    pub fn rotation_shape(&self) -> Option<[usize; 4]> {
+        let width = if self.bucket_factors.is_empty() {
+            self.n_buckets?
+        } else {
+            self.bucket_factors.iter().sum()
+        };
+        let heads = if self.rotations_per_head {
+            self.n_heads
+        } else {
+            1
+        };
+        Some([heads, self.d_head, self.n_rounds, width / 2])
     }
 
     /// Initialises the layer after validating the configuration.
@@ -667,7 +791,17 @@ impl ReformerAttentionConfig {
             query: linear(self.d_model, inner),
             key: (kind == AttentionKind::Local).then(|| linear(self.d_model, inner)),
             value: linear(self.d_model, inner),
-            output: linear(inner, self.d_model),
+            output: if self.output_bias {
+                let mut out = LinearConfig::new(inner, self.d_model)
+                    .with_initializer(self.initializer.clone())
+                    .init(device);
+                out.bias = out
+                    .bias
+                    .map(|_| Initializer::Zeros.init([self.d_model], device));
+                out
+            } else {
+                linear(inner, self.d_model)
+            },
             kind,
             n_heads: self.n_heads,
             d_head: self.d_head,
@@ -681,6 +815,23 @@ impl ReformerAttentionConfig {
             lsh_scores: self.lsh_scores,
             lsh_kernel: self.lsh_kernel,
             dropatt: self.dropatt,
+            bucket_factors: self.bucket_factors.clone(),
+            rotations_per_head: self.rotations_per_head,
+            key_eps: self.key_eps,
+            rotations: match (
+                self.fixed_rotations && kind == AttentionKind::Lsh,
+                self.rotation_shape(),
+            ) {
+                (true, Some(shape)) => Some(Param::from_tensor(
+                    Initializer::Normal {
+                        mean: 0.0,
+                        std: 1.0,
+                    }
+                    .init::<4, _>(shape, device)
+                    .val(),
+                )),
+                _ => None,
+            },
         })
     }
 }
@@ -733,11 +884,85 @@ pub struct ReformerAttention {
     pub lsh_kernel: LshKernel,
     /// Dropout on attention probabilities.
     pub dropatt: f64,
+    /// Factorised bucket count (empty: `n_buckets` as one factor).
+    #[module(skip)]
+    pub bucket_factors: Vec<usize>,
+    /// Rotations drawn per head.
+    pub rotations_per_head: bool,
+    /// Epsilon of the key normalisation.
+    pub key_eps: f64,
+    /// Fixed rotations `[heads or 1, d_head, n_rounds, Σ factors / 2]` for passes outside
+    /// training (see [`ReformerAttentionConfig::fixed_rotations`]); never trained (read
+    /// detached).
+    pub rotations: Option<Param<Tensor<4>>>,
 }
 
 impl ReformerAttention {
+    /// The fixed rotations (see [`ReformerAttentionConfig::fixed_rotations`]), if the layer
+    /// holds them.
+    pub fn fixed_rotations(&self) -> Option<Tensor<4>> {
+        self.rotations.as_ref().map(|r| r.val())
+    }
+
+    /// Replaces the fixed rotations, `[heads or 1, d_head, n_rounds, Σ factors / 2]` (a layer
+    /// built with `fixed_rotations = true`); an error names a shape that does not fit.
+    pub fn set_fixed_rotations(&mut self, rotations: Tensor<4>) -> Result<(), ReformerError> {
+        let Some(old) = &self.rotations else {
+            return Err(ReformerError::Config(
+                "this layer holds no fixed rotations (build it with fixed_rotations = true)".into(),
+            ));
+        };
+        if old.dims() != rotations.dims() {
+            return Err(ReformerError::Config(format!(
+                "rotations of shape {:?}, the layer needs {:?} ([heads or 1, d_head, n_rounds, \
+                 buckets / 2])",
+                rotations.dims(),
+                old.dims()
+            )));
+        }
+        self.rotations = Some(Param::from_tensor(rotations.detach()));
+        Ok(())
+    }
+
+    /// Rotations for one pass: the fixed ones outside training (when held, and of `rounds`
+    /// rounds), else drawn from `seed` (`[heads or 1, d_head, rounds, Σ factors / 2]`).
+    fn rotations_for(
+        &self,
+        rounds: usize,
+        n_buckets: usize,
+        seed: u64,
+        train: bool,
+        device: &Device,
+    ) -> Tensor<4> {
+        if let Some(fixed) = &self.rotations
+            && !train
+            && fixed.dims()[2] == rounds
+        {
+            return fixed.val().detach();
+        }
+        let width = if self.bucket_factors.is_empty() {
+            n_buckets
+        } else {
+            self.bucket_factors.iter().sum()
+        };
+        let heads = if self.rotations_per_head {
+            self.n_heads
+        } else {
+            1
+        };
+        // One head: the numbers of `random_rotations(d_head, rounds, n_buckets, seed)`.
+        let data = crate::rng::normal_vec(heads * self.d_head * rounds * (width / 2), seed);
+        Tensor::from_data(
+            burn::tensor::TensorData::new(data, [heads, self.d_head, rounds, width / 2]),
+            device,
+        )
+    }
+
     /// Buckets per round used for a padded length.
     pub fn buckets_for(&self, padded_len: usize) -> usize {
+        if !self.bucket_factors.is_empty() {
+            return self.bucket_factors.iter().product();
+        }
         self.n_buckets.unwrap_or_else(|| {
             let n = padded_len.div_ceil(self.chunk_len).max(2);
             n + n % 2
@@ -786,6 +1011,7 @@ impl ReformerAttention {
             dedup_rounds: self.dedup_rounds,
             lsh_scores: self.lsh_scores,
             kernel: self.lsh_kernel,
+            key_eps: self.key_eps,
         };
         let dropatt = (opts.train && self.dropatt > 0.0).then(|| (self.dropatt, mix(opts.seed, 2)));
         let q = heads(self.query.forward(x.clone()));
@@ -799,8 +1025,23 @@ impl ReformerAttention {
                 let n_buckets = self.buckets_for(lp);
                 let buckets = buckets.unwrap_or_else(|| {
                     let rounds = opts.n_rounds.unwrap_or(self.n_rounds);
-                    let rot = random_rotations(dh, rounds, n_buckets, mix(opts.seed, 1), &device);
-                    hash_buckets_with(q.clone().detach(), rot, self.lsh_kernel)
+                    let rot = self.rotations_for(
+                        rounds,
+                        n_buckets,
+                        mix(opts.seed, 1),
+                        opts.train,
+                        &device,
+                    );
+                    if rot.dims()[0] == 1 && self.bucket_factors.len() <= 1 {
+                        let [_, _, r, half] = rot.dims();
+                        hash_buckets_with(
+                            q.clone().detach(),
+                            rot.reshape([dh, r, half]),
+                            self.lsh_kernel,
+                        )
+                    } else {
+                        hash_buckets_factored(q.clone().detach(), rot, &self.bucket_factors)
+                    }
                 });
                 let out = lsh_attention_with_buckets(
                     q,

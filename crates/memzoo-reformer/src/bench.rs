@@ -114,6 +114,7 @@ pub fn attention_fwd_bwd(
                     dedup_rounds: true,
                     lsh_scores: LshScores::UnitKeys,
                     kernel,
+                    key_eps: 0.0,
                 };
                 lsh_attention(q.clone(), v.clone(), rot, None, params, None)
             }

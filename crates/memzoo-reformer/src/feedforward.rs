@@ -116,6 +116,11 @@ pub struct AxialPositionalEmbeddingConfig {
     /// `ReformerConfig::axial_std`). Default: normal(0, 1), as trax and HF.
     #[config(default = "Initializer::Normal { mean: 0.0, std: 1.0 }")]
     pub initializer: Initializer,
+    /// Sum the two tables instead of concatenating them: position `p = i a_2 + j` gets
+    /// `E_1[i] + E_2[j]`, both `d_model` wide (`dims = [d_model, d_model]`; reformer-pytorch's
+    /// default, `axial_positional_embedding` with no `axial_dims`). Default: false.
+    #[config(default = false)]
+    pub summed: bool,
 }
 
 impl AxialPositionalEmbeddingConfig {
@@ -127,9 +132,16 @@ impl AxialPositionalEmbeddingConfig {
                 self.shape, self.dims
             )));
         }
+        if self.summed && self.dims[0] != self.dims[1] {
+            return Err(ReformerError::Config(format!(
+                "summed axial tables have one width, got dims {:?}",
+                self.dims
+            )));
+        }
         Ok(AxialPositionalEmbedding {
             rows: self.initializer.init([self.shape[0], self.dims[0]], device),
             cols: self.initializer.init([self.shape[1], self.dims[1]], device),
+            summed: self.summed,
         })
     }
 }
@@ -145,6 +157,8 @@ pub struct AxialPositionalEmbedding {
     pub rows: Param<Tensor<2>>,
     /// `E_2`: `[a_2, d_2]`.
     pub cols: Param<Tensor<2>>,
+    /// `E_1[i] + E_2[j]` (`d_1 = d_2`) instead of `cat(E_1[i], E_2[j])`.
+    pub summed: bool,
 }
 
 impl AxialPositionalEmbedding {
@@ -165,7 +179,11 @@ impl AxialPositionalEmbedding {
         }
         let rows = self.rows.val().reshape([a1, 1, d1]).expand([a1, a2, d1]);
         let cols = self.cols.val().reshape([1, a2, d2]).expand([a1, a2, d2]);
-        let grid = Tensor::cat(vec![rows, cols], 2).reshape([1, a1 * a2, d1 + d2]);
+        let grid = if self.summed {
+            (rows + cols).reshape([1, a1 * a2, d1])
+        } else {
+            Tensor::cat(vec![rows, cols], 2).reshape([1, a1 * a2, d1 + d2])
+        };
         Ok(grid.slice([0..1, 0..len]))
     }
 }

@@ -34,8 +34,9 @@ pub use adaptive::{
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use model::{
-    Activation, AxialConfig, FfMasks, InputEmbedding, KnnFeed, KnnLayerConfig, LayerAttention,
-    LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay, Residual, SharedT5,
-    StepCounter, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput, weighted_nll,
+    Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
+    LayerAttention, LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay,
+    Residual, SharedT5, StepCounter, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
+    weighted_nll,
 };
 pub use reformer::{ReformerConfig, ReformerLm};

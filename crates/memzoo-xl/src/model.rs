@@ -121,6 +121,19 @@ pub enum Randomness {
     Seeded,
 }
 
+/// What the head of a reversible stack reads from the last layer's two streams `y_1`, `y_2`
+/// (`[model] head_input = "mean"` or `"concat"`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HeadInput {
+    /// `(y_1 + y_2) / 2`, `d_model` wide (reformer-pytorch's mean, memzoo's Reformer).
+    #[default]
+    Mean,
+    /// `cat(y_1, y_2)`, `2 d_model` wide: the final LayerNorm and the linear output are that
+    /// wide (HF's `ReformerModelWithLMHead`: `LayerNorm(2 d_model)`, decoder from `2 d_model`).
+    Concat,
+}
+
 /// Axial position embeddings added to the token embedding (Kitaev et al. 2020; trax's
 /// `AxialPositionalEncoding`): position `p = i a_2 + j` gets `cat(E_1[i], E_2[j])`.
 #[derive(Config, Debug)]
@@ -133,6 +146,10 @@ pub struct AxialConfig {
     /// (`embedding_std`, else `init_std`). Default: none.
     #[config(default = "None")]
     pub std: Option<f64>,
+    /// `E_1[i] + E_2[j]` with both tables `d_model` wide (`dims = [d_model, d_model]`,
+    /// reformer-pytorch's default) instead of their concatenation. Default: false.
+    #[config(default = false)]
+    pub summed: bool,
 }
 
 /// Seed tags of the random sites of seeded passes (see [`Randomness::Seeded`]): layer `l`
@@ -214,6 +231,48 @@ pub struct LshLayerConfig {
     /// as the Reformer). Default: 0.
     #[config(default = 0)]
     pub seed: u64,
+    /// LSH: count a (query, key) pair found in several hash rounds once (see
+    /// `memzoo_reformer::ChunkParams::dedup_rounds`); HF's and reformer-pytorch's default
+    /// attention do not. Default: true.
+    #[config(default = true)]
+    pub dedup_rounds: bool,
+    /// LSH: a factorised bucket count `[f_1, .., f_k]` (HF's `num_buckets` as a list, e.g.
+    /// `[64, 128]` for `google/reformer-enwik8`); `n_buckets` is then their product. Empty: not
+    /// factorised. Default: empty.
+    #[config(default = "Vec::new()")]
+    pub bucket_factors: Vec<usize>,
+    /// LSH: each head hashes with its own rotations (HF draws `[heads, d_head, rounds, n/2]`);
+    /// false: one set shared by the heads. Default: false.
+    #[config(default = false)]
+    pub rotations_per_head: bool,
+    /// LSH: epsilon of the key normalisation, `k̂ = q / sqrt(|q|² + d_head ε)` (trax's and HF's
+    /// `q rsqrt(mean(q²) + 1e-6) / sqrt(d_head)`: `1e-6`); 0: `q / |q|`. Default: 0.
+    #[config(default = 0.0)]
+    pub key_eps: f64,
+    /// LSH: every LSH layer holds one set of rotations as a never-trained parameter, saved in
+    /// checkpoints and used in every pass that is not a training step (evaluation, generation),
+    /// instead of rotations drawn from the seed; training steps still draw fresh ones. Set them
+    /// with `ReformerAttention::set_fixed_rotations` (the importer reads them from
+    /// `rotations.safetensors`, e.g. the rotations a PyTorch Reformer drew in one pass). Needs
+    /// `n_buckets` or `bucket_factors`. Default: false.
+    #[config(default = false)]
+    pub fixed_rotations: bool,
+    /// Chunk length of the local layers; `None`: `chunk_len` (HF has `local_attn_chunk_length`
+    /// beside `lsh_attn_chunk_length`). Default: none.
+    #[config(default = "None")]
+    pub local_chunk_len: Option<usize>,
+    /// Chunks before its own a local layer's chunk attends to; `None`: `n_chunks_before`.
+    /// Default: none.
+    #[config(default = "None")]
+    pub local_n_chunks_before: Option<usize>,
+    /// Chunks after its own a local layer's chunk attends to; `None`: `n_chunks_after`.
+    /// Default: none.
+    #[config(default = "None")]
+    pub local_n_chunks_after: Option<usize>,
+    /// The output projection of LSH and local layers has a bias (reformer-pytorch's `to_out`).
+    /// Default: false.
+    #[config(default = false)]
+    pub output_bias: bool,
 }
 
 /// Which pairs a kNN layer adds to its kNN memory after a segment.
@@ -457,6 +516,10 @@ pub struct XlConfig {
     /// `mix(train_seed, n)`). Default: 1.
     #[config(default = 1)]
     pub train_seed: u64,
+    /// What the head of a reversible stack reads: `(y_1 + y_2) / 2` or `cat(y_1, y_2)` (HF's
+    /// Reformer; see [`HeadInput`]). Needs `residual = "reversible"` for `concat`. Default: mean.
+    #[config(default = "HeadInput::Mean")]
+    pub head_input: HeadInput,
 }
 
 impl XlConfig {
@@ -709,13 +772,34 @@ impl XlConfig {
                     .map_err(|e| XlError::Config(format!("{kind:?} layers: {e}")))?;
             }
         }
+        if self.head_input == HeadInput::Concat
+            && (self.residual != Residual::Reversible || self.is_adaptive() || self.tie_weights)
+        {
+            return bad(format!(
+                "head_input = \"concat\" reads the two streams of residual = \"reversible\" into a \
+                 linear output of 2 d_model inputs: it needs residual = \"reversible\" (got {:?}), \
+                 tie_weights = false and no adaptive output",
+                self.residual
+            ));
+        }
         if let Some(axial) = &self.axial {
             let ([a1, a2], [d1, d2]) = (axial.shape, axial.dims);
-            if a1 == 0 || a2 == 0 || d1 == 0 || d2 == 0 || d1 + d2 != self.d_model {
+            let widths_fit = if axial.summed {
+                d1 == self.d_model && d2 == self.d_model
+            } else {
+                d1 + d2 == self.d_model
+            };
+            if a1 == 0 || a2 == 0 || d1 == 0 || d2 == 0 || !widths_fit {
                 return bad(format!(
                     "axial shape {:?} must be positive and axial dims ({d1}, {d2}) positive and \
-                     sum to d_model {}",
-                    axial.shape, self.d_model
+                     {} d_model {}",
+                    axial.shape,
+                    if axial.summed {
+                        "(summed) each"
+                    } else {
+                        "sum to"
+                    },
+                    self.d_model
                 ));
             }
             if let Some(std) = axial.std
@@ -767,18 +851,27 @@ impl XlConfig {
     /// initialiser.
     fn reformer_attention(&self, kind: LayerKind) -> ReformerAttentionConfig {
         let lsh = &self.lsh;
+        let local = kind == LayerKind::Local;
+        let pick =
+            |own: Option<usize>, shared: usize| if local { own.unwrap_or(shared) } else { shared };
         ReformerAttentionConfig::new(self.d_model, self.n_heads, self.head_width())
             .with_kind(match kind {
                 LayerKind::Local => ReformerKind::Local,
                 _ => ReformerKind::Lsh,
             })
-            .with_chunk_len(lsh.chunk_len)
+            .with_chunk_len(pick(lsh.local_chunk_len, lsh.chunk_len))
             .with_n_rounds(lsh.n_rounds)
             .with_n_buckets(lsh.n_buckets)
-            .with_n_chunks_before(lsh.n_chunks_before)
-            .with_n_chunks_after(lsh.n_chunks_after)
+            .with_n_chunks_before(pick(lsh.local_n_chunks_before, lsh.n_chunks_before))
+            .with_n_chunks_after(pick(lsh.local_n_chunks_after, lsh.n_chunks_after))
             .with_causal(lsh.causal)
             .with_lsh_scores(lsh.scores)
+            .with_dedup_rounds(lsh.dedup_rounds)
+            .with_bucket_factors(lsh.bucket_factors.clone())
+            .with_rotations_per_head(lsh.rotations_per_head)
+            .with_key_eps(lsh.key_eps)
+            .with_fixed_rotations(lsh.fixed_rotations)
+            .with_output_bias(lsh.output_bias)
             .with_dropatt(self.dropatt)
             .with_initializer(self.initializer())
     }
@@ -867,14 +960,27 @@ impl XlConfig {
     /// A LayerNorm with HF's initialisation: gain ~ N(1, init_std), bias 0 (gain 1 with
     /// `norm_gain_std = Some(0.0)`).
     pub fn init_norm(&self, device: &Device) -> LayerNorm {
-        let mut norm = LayerNormConfig::new(self.d_model)
+        self.init_norm_of(self.d_model, device)
+    }
+
+    /// [`init_norm`](Self::init_norm) of another width (the final norm of a `concat` head).
+    fn init_norm_of(&self, width: usize, device: &Device) -> LayerNorm {
+        let mut norm = LayerNormConfig::new(width)
             .with_epsilon(self.layer_norm_epsilon)
             .init(device);
         let std = self.norm_gain_std.unwrap_or(self.init_std);
         if std > 0.0 {
-            norm.gamma = Initializer::Normal { mean: 1.0, std }.init([self.d_model], device);
+            norm.gamma = Initializer::Normal { mean: 1.0, std }.init([width], device);
         }
         norm
+    }
+
+    /// The width the final norm and the output read: `2 d_model` with a `concat` head.
+    pub fn hidden_width(&self) -> usize {
+        match self.head_input {
+            HeadInput::Concat => 2 * self.d_model,
+            HeadInput::Mean => self.d_model,
+        }
     }
 
     /// The residual block (LayerNorms and feed-forward) of one layer, for any attention.
@@ -938,13 +1044,14 @@ impl XlConfig {
             let output = if self.tie_weights {
                 OutputLayer::Tied(Initializer::Zeros.init([self.vocab_size], device))
             } else {
-                OutputLayer::Linear(self.init_linear(self.d_model, self.vocab_size, device))
+                OutputLayer::Linear(self.init_linear(self.hidden_width(), self.vocab_size, device))
             };
             (InputEmbedding::Plain(embedding), output)
         };
         let axial = match &self.axial {
             Some(a) => Some(
                 AxialPositionalEmbeddingConfig::new(a.shape, a.dims)
+                    .with_summed(a.summed)
                     .with_initializer(Initializer::Normal {
                         mean: 0.0,
                         std: a.std.unwrap_or(self.embedding_std.unwrap_or(self.init_std)),
@@ -973,7 +1080,8 @@ impl XlConfig {
                     knn: table(LayerKind::Knn, self.knn_attention().positions),
                 }
             }),
-            final_norm: (self.pre_ln && self.final_norm).then(|| self.init_norm(device)),
+            final_norm: (self.pre_ln && self.final_norm)
+                .then(|| self.init_norm_of(self.hidden_width(), device)),
             output,
             dropout: DropoutConfig::new(self.dropout).init(),
             knn_memory: self.knn_memory(),
@@ -995,6 +1103,7 @@ impl XlConfig {
             final_dropout: self.final_dropout,
             randomness: self.randomness,
             train_seed: self.train_seed,
+            head_input: self.head_input,
             eval_rounds: None,
             steps: StepCounter::default(),
         })
@@ -1604,6 +1713,9 @@ pub struct TransformerXl {
     /// Base seed of seeded training steps.
     #[module(skip)]
     pub train_seed: u64,
+    /// What the head reads from a reversible stack's two streams.
+    #[module(skip)]
+    pub head_input: HeadInput,
     /// Hash rounds of every LSH layer in seeded evaluation passes (`None`: the configured
     /// `n_rounds`); see [`TransformerXl::with_eval_rounds`].
     #[module(skip)]
@@ -2058,10 +2170,19 @@ impl TransformerXl {
                         layer.forward_reversible(x1, x2, memory.layer(l).cloned(), cx)?;
                     (x1, x2) = (y1, y2);
                 }
-                (x1 + x2).mul_scalar(0.5)
+                self.merge_streams(x1, x2)
             }
         };
         Ok((self.finish(h, opts), inputs))
+    }
+
+    /// The head's input from a reversible stack's streams: `(y_1 + y_2) / 2`, or
+    /// `cat(y_1, y_2)` (`[batch, len, 2 d_model]`) with a `concat` head.
+    fn merge_streams(&self, y1: Tensor<3>, y2: Tensor<3>) -> Tensor<3> {
+        match self.head_input {
+            HeadInput::Mean => (y1 + y2).mul_scalar(0.5),
+            HeadInput::Concat => Tensor::cat(vec![y1, y2], 2),
+        }
     }
 
     fn check_memory(&self, batch: usize, memory: &XlMemory) -> Result<(), XlError> {
@@ -2344,7 +2465,7 @@ impl TransformerXl {
         // 3. Head and loss on fresh leaves.
         let y1t = y1.clone().autodiff().require_grad();
         let y2t = y2.clone().autodiff().require_grad();
-        let h = self.finish((y1t.clone() + y2t.clone()).mul_scalar(0.5), Some(opts));
+        let h = self.finish(self.merge_streams(y1t.clone(), y2t.clone()), Some(opts));
         let loss = weighted_nll(self.logits(h), targets, weights);
         let mut g = loss.clone().backward();
         let mut dy1 = y1t.grad(&g).expect("leaf requires grad").inner();

@@ -14,8 +14,8 @@ use memzoo_reformer::{LshScores, ReformerError};
 
 use crate::error::XlError;
 use crate::model::{
-    Activation, AxialConfig, KnnLayerConfig, LayerKind, LshLayerConfig, Randomness, Residual,
-    TransformerXl, XlConfig,
+    Activation, AxialConfig, HeadInput, KnnLayerConfig, LayerKind, LshLayerConfig, Randomness,
+    Residual, TransformerXl, XlConfig,
 };
 
 /// The Reformer is the layer stack with LSH / local layers (see the module docs).
@@ -125,6 +125,36 @@ pub struct ReformerConfig {
     /// The kNN layers' retrieval and memory (used where `attn_layers` lists `knn`).
     #[config(default = "KnnLayerConfig::new()")]
     pub knn: KnnLayerConfig,
+    /// Chunk length of the local layers; `None`: `bucket_size` (trax's enwik8 and HF have
+    /// their own, e.g. 128 beside LSH chunks of 256). Default: none.
+    #[config(default = "None")]
+    pub local_chunk_len: Option<usize>,
+    /// LSH: a factorised bucket count `[f_1, .., f_k]` (HF's `num_buckets = [a, b]`), instead of
+    /// `n_buckets`. Default: empty.
+    #[config(default = "Vec::new()")]
+    pub bucket_factors: Vec<usize>,
+    /// LSH: count a pair found in several rounds once (HF and reformer-pytorch do not).
+    /// Default: true.
+    #[config(default = true)]
+    pub dedup_rounds: bool,
+    /// LSH: rotations per head, as HF draws them (false: shared by the heads). Default: false.
+    #[config(default = false)]
+    pub rotations_per_head: bool,
+    /// LSH: epsilon of the key normalisation (trax and HF: 1e-6; 0 keeps the fused kernel).
+    /// Default: 0.
+    #[config(default = 0.0)]
+    pub key_eps: f64,
+    /// Epsilon of every LayerNorm (HF's `layer_norm_eps` is 1e-12). Default: 1e-5.
+    #[config(default = 1e-5)]
+    pub layer_norm_eps: f64,
+    /// The feed-forward's activation (HF's `hidden_act`: relu in `google/reformer-enwik8`).
+    /// Default: gelu.
+    #[config(default = "Activation::Gelu")]
+    pub ff_activation: Activation,
+    /// What the head reads from the two streams: their mean, or HF's `cat(y_1, y_2)` with a
+    /// `2 d_model` LayerNorm and decoder. Default: mean.
+    #[config(default = "HeadInput::Mean")]
+    pub head_input: HeadInput,
 }
 
 impl ReformerConfig {
@@ -137,8 +167,7 @@ impl ReformerConfig {
     /// 12 reversible layers, d_model 1024, 8 heads x 128, feed-forward 4096, attention
     /// `[local, local, lsh, local]` repeated, LSH with 512 buckets of 256 positions and 2 hash
     /// rounds, dropout 0.2, sequences of 65,536 bytes with axial positions 128 x 512 (widths
-    /// 256 + 768). memzoo uses one chunk length for local and LSH layers (trax's local bins are
-    /// 128 long).
+    /// 256 + 768), local layers in chunks of 128 (trax's `local_attention` bins).
     pub fn enwik8() -> Self {
         Self::new()
             .with_n_layers(12)
@@ -159,6 +188,7 @@ impl ReformerConfig {
             .with_max_seq_len(65_536)
             .with_axial_shape(Some([128, 512]))
             .with_axial_dims(Some([256, 768]))
+            .with_local_chunk_len(Some(128))
     }
 
     /// The attention kind of every layer (`attn_layers` repeated to `n_layers`).
@@ -192,7 +222,9 @@ impl ReformerConfig {
     /// LayerNorm and an untied linear head with no dropout before it; seeded randomness
     /// (`eval_seed` for evaluation, `train_seed` for training steps); LSH chunking and
     /// hashing from `bucket_size`, `n_buckets`, `n_rounds`, `n_chunks_*`, `lsh_scores`,
-    /// `causal`; XL memory `mem_len`.
+    /// `causal`, `bucket_factors`, `dedup_rounds`, `rotations_per_head`, `key_eps`; local
+    /// chunks of `local_chunk_len`; `layer_norm_eps`, `ff_activation`, `head_input`; XL
+    /// memory `mem_len`.
     pub fn stack(&self) -> XlConfig {
         XlConfig::new()
             .with_vocab_size(self.vocab_size)
@@ -221,7 +253,12 @@ impl ReformerConfig {
                     .with_n_chunks_after(self.n_chunks_after)
                     .with_causal(self.causal)
                     .with_scores(self.lsh_scores)
-                    .with_seed(self.eval_seed),
+                    .with_seed(self.eval_seed)
+                    .with_local_chunk_len(self.local_chunk_len)
+                    .with_bucket_factors(self.bucket_factors.clone())
+                    .with_dedup_rounds(self.dedup_rounds)
+                    .with_rotations_per_head(self.rotations_per_head)
+                    .with_key_eps(self.key_eps),
             )
             .with_knn(self.knn.clone())
             .with_residual(if self.reversible {
@@ -229,7 +266,9 @@ impl ReformerConfig {
             } else {
                 Residual::Sequential
             })
-            .with_ff_activation(Activation::Gelu)
+            .with_ff_activation(self.ff_activation)
+            .with_layer_norm_epsilon(self.layer_norm_eps)
+            .with_head_input(self.head_input)
             .with_ff_inner_dropout(false)
             .with_ff_chunk_len(self.ff_chunk_len)
             .with_axial(self.axial_positions.then(|| {

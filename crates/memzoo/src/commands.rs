@@ -215,8 +215,9 @@ pub fn load_xl(run_dir: &Path, device: &Device) -> Result<(RunConfig, Transforme
     let config = RunConfig::from_run_dir(run_dir, &[])?;
     let dir = latest_checkpoint(run_dir)?;
     let trainer = checkpoint::read_trainer_state(&dir)?;
-    // The `[model]` stack is "xl", or "memorizing" when its layers include kNN ones.
-    if !matches!(trainer.family.as_str(), "xl" | "memorizing") {
+    // The `[model]` stack is "xl", "memorizing" when its layers include kNN ones, or "reformer"
+    // when its randomness is seeded (an imported Reformer).
+    if !matches!(trainer.family.as_str(), "xl" | "memorizing" | "reformer") {
         return Err(CliError::Family {
             dir,
             found: trainer.family,

@@ -19,8 +19,8 @@ use crate::error::CliError;
 /// The sources `--from` / `--to` accept.
 pub const SOURCES: &[&str] = memzoo_import::SOURCES;
 
-/// Sources of issue 15 not supported yet (named in the error, so nobody guesses).
-const NOT_YET: &[&str] = &["hf-reformer", "lucidrains-reformer"];
+/// Sources planned but not supported yet (named in the error, so nobody guesses): none now.
+const NOT_YET: &[&str] = &[];
 
 fn check_source(source: &str) -> Result<(), CliError> {
     if SOURCES.contains(&source) {
@@ -102,7 +102,8 @@ pub fn import(
         .unwrap_or(0) as usize;
     let fits = largest < config.model.vocab_size;
     let trainer = TrainerState {
-        // "xl", or "memorizing" for a stack with kNN layers (what `train --resume` checks).
+        // "xl"; "memorizing" for a stack with kNN layers, "reformer" for a seeded stack (an
+        // imported Reformer): what `train --resume` checks.
         family: model.family().into(),
         step: 0,
         tokens: 0,

@@ -138,7 +138,10 @@ enum Command {
         /// Source format: hf-transfo-xl (an HF TransfoXL directory: config.json and
         /// model.safetensors or pytorch_model.bin) or labml-xl (labml-nn's TransformerXL
         /// state dict: model.safetensors or model.pth, or that file, and an optional
-        /// config.json with mem_len).
+        /// config.json with mem_len), hf-reformer (an HF Reformer directory: config.json,
+        /// model.safetensors or pytorch_model.bin, optionally rotations.safetensors) or
+        /// lucidrains-reformer (reformer-pytorch's ReformerLM: its state dict and a config.json
+        /// of its arguments, optionally rotations.safetensors).
         #[arg(long)]
         from: String,
         /// The checkpoint directory (labml-xl: or the weight file itself).
@@ -160,8 +163,8 @@ enum Command {
     Export {
         #[command(flatten)]
         common: Common,
-        /// Target format: hf-transfo-xl (config.json and model.safetensors with HF's names) or
-        /// labml-xl (labml's state-dict names).
+        /// Target format: hf-transfo-xl or hf-reformer (config.json and model.safetensors with
+        /// HF's names), labml-xl or lucidrains-reformer (the state-dict names).
         #[arg(long)]
         to: String,
         /// The run directory.

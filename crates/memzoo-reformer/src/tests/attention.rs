@@ -3,8 +3,8 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use super::{dev, rand_tensor, to_vec};
 use crate::attention::{
     AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, MASKED,
-    ReformerAttentionConfig, SELF_SCORE, hash_buckets, hash_buckets_with, local_attention,
-    lsh_attention,
+    ReformerAttentionConfig, SELF_SCORE, hash_buckets, hash_buckets_factored, hash_buckets_with,
+    local_attention, lsh_attention,
 };
 use crate::rng::random_rotations;
 
@@ -125,6 +125,7 @@ fn lsh_with_one_chunk_equals_full_attention() {
             dedup_rounds: true,
             lsh_scores: LshScores::ScaledUnitKeys,
             kernel: LshKernel::Auto,
+            key_eps: 0.0,
         };
         let out = lsh_attention(qk.clone(), v.clone(), rot, Some(pad), params, None);
         let (out, qkv, vv) = (to_vec(out), to_vec(qk), to_vec(v));
@@ -179,6 +180,7 @@ fn more_rounds_approach_full_attention() {
             dedup_rounds,
             lsh_scores: LshScores::ScaledUnitKeys,
             kernel: LshKernel::Auto,
+            key_eps: 0.0,
         };
         // mean over rotation seeds of the mean absolute error
         let mut total = 0.0;
@@ -236,6 +238,7 @@ fn lsh_causal_ignores_future_values() {
         dedup_rounds: true,
         lsh_scores: LshScores::ScaledUnitKeys,
         kernel: LshKernel::Auto,
+        key_eps: 0.0,
     };
     let a = lsh_attention(qk.clone(), v, rot.clone(), None, params, None);
     let c = lsh_attention(qk, v2, rot, None, params, None);
@@ -300,6 +303,7 @@ fn local_attention_matches_windowed_naive() {
             dedup_rounds: false,
             lsh_scores: LshScores::UnitKeys,
             kernel: LshKernel::Auto,
+            key_eps: 0.0,
         };
         let out = to_vec(local_attention(
             q.clone(),
@@ -533,6 +537,7 @@ fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
                 dedup_rounds,
                 lsh_scores,
                 kernel,
+                key_eps: 0.0,
             };
             let buckets: Vec<i64> = hash_buckets(qk.clone(), rot.clone())
                 .into_data()
@@ -570,4 +575,54 @@ fn lsh_with_many_chunks_and_rounds_matches_the_naive_reference() {
             );
         }
     }
+}
+
+/// Per-head rotations and a factorised bucket count (HF's `num_buckets = [a, b]`): each head
+/// hashes with its own rotations; factor `i` takes its own `f_i / 2` columns of `xR`, and the
+/// bucket is `h_1 + f_1 h_2` (checked here by the naive rule), in `0..f_1 f_2`.
+#[test]
+fn factored_per_head_buckets_follow_the_argmax_rule() {
+    let device = dev();
+    let (b, h, l, dh, r) = (2, 3, 7, 5, 3);
+    let factors = [2usize, 4];
+    let half = factors.iter().sum::<usize>() / 2;
+    let x = rand_tensor([b, h, l, dh], 11, &device);
+    let rot = rand_tensor([h, dh, r, half], 12, &device);
+    let got = hash_buckets_factored(x.clone(), rot.clone(), &factors);
+    assert_eq!(got.dims(), [b, h, r, l]);
+    let got: Vec<i64> = got
+        .into_data()
+        .convert::<i64>()
+        .try_to_vec::<i64>()
+        .unwrap();
+    let (xv, rv) = (to_vec(x), to_vec(rot));
+    let argmax =
+        |vals: &[f32]| (0..vals.len()).fold(0, |a, j| if vals[j] > vals[a] { j } else { a });
+    for bi in 0..b {
+        for hi in 0..h {
+            for li in 0..l {
+                let row = &xv[((bi * h + hi) * l + li) * dh..][..dh];
+                for ri in 0..r {
+                    let xr: Vec<f32> = (0..half)
+                        .map(|c| {
+                            (0..dh)
+                                .map(|d| row[d] * rv[((hi * dh + d) * r + ri) * half + c])
+                                .sum()
+                        })
+                        .collect();
+                    // factor 1: columns 0..1 → [xR_0, -xR_0]; factor 2: columns 1..3
+                    let h1 = argmax(&[xr[0], -xr[0]]);
+                    let h2 = argmax(&[xr[1], xr[2], -xr[1], -xr[2]]);
+                    let want = (h1 + 2 * h2) as i64;
+                    assert_eq!(got[((bi * h + hi) * r + ri) * l + li], want);
+                }
+            }
+        }
+    }
+    // One head of rotations and one factor: the plain hash.
+    let x = rand_tensor([b, h, l, dh], 13, &device);
+    let rot = random_rotations(dh, r, 6, 14, &device);
+    let plain = hash_buckets(x.clone(), rot.clone());
+    let one = hash_buckets_factored(x, rot.reshape([1, dh, r, 3]), &[6]);
+    assert_eq!(plain.into_data(), one.into_data());
 }

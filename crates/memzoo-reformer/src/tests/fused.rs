@@ -55,6 +55,7 @@ fn fused_lsh_matches_tensor_ops_in_values_and_gradients() {
             dedup_rounds,
             lsh_scores,
             kernel,
+            key_eps: 0.0,
         };
         let seed = 300 + 10 * n as u64;
         let qk0 = rand_tensor([b, h, l, dh], seed, &device).mul_scalar(1.5);
@@ -187,6 +188,7 @@ fn fused_lsh_rejects_bad_shapes() {
         dedup_rounds: true,
         lsh_scores: LshScores::UnitKeys,
         kernel: LshKernel::Auto,
+        key_eps: 0.0,
     };
     let qk = rand_tensor([1, 1, 10, 4], 1, &device);
     let buckets = Tensor::<4, Int>::zeros([1, 1, 2, 10], &device);

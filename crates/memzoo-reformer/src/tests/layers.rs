@@ -75,3 +75,37 @@ fn axial_positions_concatenate_the_two_tables() {
     let err = axial.forward(13).unwrap_err().to_string();
     assert!(err.contains("13"), "{err}");
 }
+
+/// Summed axial positions (reformer-pytorch's default): position `p = i a_2 + j` gets
+/// `E_1[i] + E_2[j]`, both tables `d_model` wide; tables of two widths are refused.
+#[test]
+fn summed_axial_positions_add_the_two_tables() {
+    let device = dev();
+    let axial = AxialPositionalEmbeddingConfig::new([3, 4], [5, 5])
+        .with_summed(true)
+        .init(&device)
+        .unwrap();
+    let out = axial.forward(10).unwrap();
+    assert_eq!(out.dims(), [1, 10, 5]);
+    let (out, rows, cols) = (
+        to_vec(out),
+        to_vec(axial.rows.val()),
+        to_vec(axial.cols.val()),
+    );
+    for p in 0..10 {
+        let (i, j) = (p / 4, p % 4);
+        for c in 0..5 {
+            assert_eq!(
+                out[p * 5 + c],
+                rows[i * 5 + c] + cols[j * 5 + c],
+                "position {p}"
+            );
+        }
+    }
+    let err = AxialPositionalEmbeddingConfig::new([3, 4], [2, 5])
+        .with_summed(true)
+        .init(&device)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("[2, 5]"), "{err}");
+}

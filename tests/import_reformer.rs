@@ -1,0 +1,352 @@
+//! Checkpoint import from HF transformers' Reformer: `ReformerModelWithLMHead` read into memzoo's
+//! stack (the Reformer preset with HF's options), compared with HF's own outputs.
+//!
+//! The fixtures (`tests/fixtures/hf-reformer/{enwik8,crime}`) are small random-weight models
+//! written and run by transformers 5.x itself (`xtask/peers/fixtures/hf_reformer.py`), with the
+//! LSH rotations HF used in those passes (`rotations.safetensors`, read as the layers' fixed
+//! rotations). HF's Reformer has no memory across segments: each sequence is read on its own.
+//! The reference is HF's code run in float64 (same weights and rotations): HF's float32 run is
+//! off where a query sees only itself (see `hf_float32_round_weights_are_off`). Float
+//! comparisons: `max |memzoo - HF| <= 1e-4 · max(1, max |HF|)` (`import::check`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::optim::GradientsParams;
+use burn::tensor::TensorData;
+use burn::tensor::activation::log_softmax;
+use memzoo_import::hf_reformer::{self, HfReformerConfig, reformer_to_hf};
+use memzoo_import::hf_transfo_xl::Source;
+use memzoo_import::{ImportError, TensorMap};
+use memzoo_tests::*;
+use memzoo_xl::{LayerAttention, XlConfig};
+
+use crate::import::{Reference, check, check_gradients, scratch};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/hf-reformer")
+        .join(name)
+}
+
+/// HF's two sequences (`[2, 32]`, the whole axial grid, and `[1, 24]`): log-probabilities,
+/// per-token and mean next-token losses; with `grads`, every parameter's gradient of sequence
+/// 0's loss (under HF's names, through the export mapping).
+fn hf_parity(name: &str, grads: bool) {
+    let dev = flex().autodiff();
+    let (model, cfg) = hf_reformer::load(&fixture(name), &dev).expect("import");
+    assert!(cfg.is_decoder && cfg.axial_pos_embds);
+    let r = Reference::at(&fixture(name));
+    for s in 0..2 {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        let [b, l] = x.dims();
+        let lp = log_softmax(model.forward_window(x.clone()).unwrap(), 2);
+        check(
+            &host(lp.clone()),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("{name}: log-probs {s}"),
+        );
+        // HF's loss: `labels = input_ids`, position t predicts token t + 1.
+        let y = x.slice([0..b, 1..l]);
+        let nll = lp
+            .slice([0..b, 0..l - 1])
+            .gather(2, y.reshape([b, l - 1, 1]))
+            .reshape([b, l - 1])
+            .neg();
+        check(
+            &host(nll.clone()),
+            &r.floats(&format!("losses.{s}")),
+            &format!("{name}: losses {s}"),
+        );
+        let loss = nll.mean();
+        check(
+            &host(loss.clone()),
+            &r.floats(&format!("loss.{s}")),
+            &format!("{name}: loss {s}"),
+        );
+        if grads && s == 0 {
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let got = reformer_to_hf(&model, Source::Gradients(&grads));
+            // Every HF parameter has a gradient in memzoo (none is left out).
+            assert_eq!(got.len(), r.names("grad.").len(), "gradients");
+            check_gradients(&got, &r, "grad.", |_| false);
+        }
+    }
+}
+
+/// `google/reformer-enwik8`-shaped: `[local, lsh, local, lsh]`, chunk lengths 8 (local) and 4
+/// (LSH), factorised buckets `[2, 4]`, 4 rounds, ReLU, chunked feed-forward; every gradient.
+#[test]
+fn hf_reformer_enwik8_matches_hf() {
+    hf_parity("enwik8", true);
+}
+
+/// `crime-and-punishment`-shaped: `[local, lsh]`, one round, `num_buckets = 4`, GELU.
+#[test]
+fn hf_reformer_crime_matches_hf() {
+    hf_parity("crime", false);
+}
+
+/// HF's float32 Reformer is numerically off where a query sees only itself (position 0 always
+/// does): its score there is the self-mask value -1e5 in each of the 4 rounds, and the rounds
+/// are mixed by `exp(lse_r - logsumexp_r lse_r)` in float32, where `-1e5 + ln 4` is rounded to
+/// a multiple of 2^-7, so the weights sum to `4 exp(-1e5 - fl(-1e5 + ln 4)) = 1.0035` and the
+/// output is 1.0035 v where the exact answer is v. memzoo mixes rounds with a softmax that
+/// subtracts the maximum first (weights exactly 1/4), so it matches HF's float64 run, not its
+/// float32 one.
+#[test]
+fn hf_float32_round_weights_are_off() {
+    let lse = -1.0e5f32 + 4f32.ln(); // float32 arithmetic, as HF's
+    let factor = 4.0 * ((-1.0e5f32 - lse) as f64).exp();
+    assert!((factor - 1.0035).abs() < 1e-4, "{factor}");
+    let r = Reference::at(&fixture("enwik8"));
+    let (f32s, f64s) = (r.floats("lsh_out.f32"), r.floats("lsh_out.f64"));
+    for (a, b) in f32s.iter().zip(&f64s) {
+        if b.abs() > 1e-3 {
+            let ratio = (*a as f64) / (*b as f64);
+            assert!(
+                (ratio - factor).abs() < 1e-5,
+                "HF float32 / float64 = {ratio}"
+            );
+        }
+    }
+    // The error spreads through later layers; memzoo stays with the exact values.
+    let dev = flex();
+    let (model, _) = hf_reformer::load(&fixture("enwik8"), &dev).unwrap();
+    let x = r.tokens::<2>("input_ids.0", &dev);
+    let ours = host(log_softmax(model.forward_window(x).unwrap(), 2));
+    let exact = r.floats("log_probs.0");
+    let hf32 = r.floats("log_probs_f32.0");
+    let (d_ours, d_hf) = (max_abs_diff(&ours, &exact), max_abs_diff(&hf32, &exact));
+    assert!(
+        d_ours < 1e-4 && d_hf > 1e-3,
+        "memzoo {d_ours:e}, HF float32 {d_hf:e}"
+    );
+}
+
+/// Without the rotations file the import draws its own (memzoo's seeded rotations): the same
+/// weights, another random hash, so the LSH layers attend to other keys.
+#[test]
+fn hf_reformer_without_rotations_uses_its_own() {
+    let dev = flex();
+    let tmp = scratch("reformer-norot");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture("enwik8").join(f), tmp.join(f)).unwrap();
+    }
+    let (model, _) = hf_reformer::load(&tmp, &dev).unwrap();
+    assert!(model.layers.iter().all(|l| match &l.attention {
+        LayerAttention::Hashed(a) => a.fixed_rotations().is_none(),
+        _ => true,
+    }));
+    let r = Reference::at(&fixture("enwik8"));
+    let x = r.tokens::<2>("input_ids.0", &dev);
+    let ours = host(log_softmax(model.forward_window(x).unwrap(), 2));
+    let d = max_abs_diff(&ours, &r.floats("log_probs.0"));
+    assert!(
+        d.is_finite() && d > 1e-4,
+        "other rotations, other buckets: {d:e}"
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// A missing, misshaped or unknown tensor, a rotation of the wrong shape, and a config memzoo
+/// cannot express are errors naming them.
+#[test]
+fn hf_reformer_import_errors_name_the_tensor() {
+    let dev = flex();
+    let full = TensorMap::read(&fixture("enwik8").join("model.safetensors")).unwrap();
+    let tmp = scratch("reformer-errors");
+    let config = std::fs::read_to_string(fixture("enwik8").join("config.json")).unwrap();
+    std::fs::write(tmp.join("config.json"), &config).unwrap();
+    let write = |f: &dyn Fn(&mut BTreeMap<String, TensorData>)| {
+        let mut m: BTreeMap<String, TensorData> = full
+            .names()
+            .map(|n| (n.to_string(), full.get(n).unwrap().clone()))
+            .collect();
+        f(&mut m);
+        memzoo_import::reader::write_safetensors(&tmp.join("model.safetensors"), m).unwrap();
+    };
+    let load = || hf_reformer::load(&tmp, &dev).map(|_| ()).unwrap_err();
+    let name = "reformer.encoder.layers.1.attention.self_attention.query_key.weight";
+    write(&|m| {
+        m.remove(name);
+    });
+    let err = load();
+    assert!(
+        matches!(&err, ImportError::Missing { name: n, .. } if n == name),
+        "{err}"
+    );
+    write(&|m| {
+        m.insert(
+            "reformer.embeddings.position_embeddings.weights.1".into(),
+            TensorData::new(vec![0f32; 8 * 5], [8, 1, 5]),
+        );
+    });
+    let err = load().to_string();
+    assert!(
+        err.contains("position_embeddings.weights.1 has shape [8, 1, 5]"),
+        "{err}"
+    );
+    write(&|m| {
+        m.insert(
+            "reformer.encoder.layers.0.attention.self_attention.query_key.weight".into(),
+            TensorData::new(vec![0f32; 64], [8, 8]),
+        );
+    });
+    let err = load().to_string();
+    assert!(
+        err.contains("layers.0.attention.self_attention.query_key"),
+        "{err}"
+    );
+    write(&|_| {});
+    let mut rot = BTreeMap::new();
+    rot.insert(
+        "layers.1".to_string(),
+        TensorData::new(vec![0f32; 2 * 4 * 4 * 2], [2, 4, 4, 2]),
+    );
+    memzoo_import::reader::write_safetensors(&tmp.join("rotations.safetensors"), rot).unwrap();
+    let err = load().to_string();
+    assert!(err.contains("layers.1 has shape [2, 4, 4, 2]"), "{err}");
+    std::fs::remove_file(tmp.join("rotations.safetensors")).unwrap();
+    // Older checkpoints hold HF's mask constants as buffers: taken when they are HF's values.
+    let buffer = "reformer.encoder.layers.1.attention.self_attention.mask_value_float32";
+    write(&|m| {
+        m.insert(buffer.into(), TensorData::new(vec![-1e9f32], [0usize; 0]));
+    });
+    hf_reformer::load(&tmp, &dev).expect("HF's constant as a buffer");
+    write(&|m| {
+        m.insert(buffer.into(), TensorData::new(vec![-1e4f32], [0usize; 0]));
+    });
+    let err = load().to_string();
+    assert!(err.contains(buffer), "{err}");
+    write(&|_| {});
+    hf_reformer::load(&tmp, &dev).expect("the whole checkpoint imports");
+    for (from, to, needle) in [
+        (
+            "\"is_decoder\": true",
+            "\"is_decoder\": false",
+            "is_decoder",
+        ),
+        (
+            "\"hidden_act\": \"relu\"",
+            "\"hidden_act\": \"gelu_new\"",
+            "gelu_new",
+        ),
+        (
+            "\"axial_pos_embds\": true",
+            "\"axial_pos_embds\": false",
+            "axial_pos_embds",
+        ),
+    ] {
+        assert!(config.contains(from), "{from}");
+        std::fs::write(tmp.join("config.json"), config.replace(from, to)).unwrap();
+        let err = load().to_string();
+        assert!(err.contains(needle), "{err}");
+    }
+    let mut hf: serde_json::Value = serde_json::from_str(&config).unwrap();
+    hf["num_buckets"] = serde_json::Value::Null;
+    std::fs::write(tmp.join("config.json"), hf.to_string()).unwrap();
+    let err = load().to_string();
+    assert!(err.contains("num_buckets"), "{err}");
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// `memzoo import --from hf-reformer` writes a run directory that scores as HF (the fixed
+/// rotations saved in its checkpoint); `memzoo export --to hf-reformer` writes HF's files bit
+/// for bit (names, shapes, values, the rotations and the config); a stack HF cannot express
+/// is refused naming the field.
+#[test]
+fn hf_reformer_run_dir_and_export_round_trip() {
+    let tmp = scratch("reformer-run");
+    let data = tmp.join("text.txt");
+    // Bytes below the fixture's vocabulary of 20.
+    std::fs::write(&data, "\x03\x04\x05\x06\x07".repeat(2000)).unwrap();
+    let run = tmp.join("run");
+    memzoo::import::import(
+        "hf-reformer",
+        &fixture("enwik8"),
+        &run,
+        Some(data.display().to_string()),
+        false,
+        true,
+    )
+    .unwrap();
+    let dev = flex();
+    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
+    assert!(config.model.lsh.fixed_rotations && !config.model.lsh.dedup_rounds);
+    let r = Reference::at(&fixture("enwik8"));
+    for s in 0..2 {
+        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
+        check(
+            &host(log_softmax(model.forward_window(x).unwrap(), 2)),
+            &r.floats(&format!("log_probs.{s}")),
+            &format!("run dir: log-probs {s}"),
+        );
+    }
+    let out = tmp.join("export");
+    memzoo::import::export("hf-reformer", &run, &out, &dev, true).unwrap();
+    for file in ["model.safetensors", "rotations.safetensors"] {
+        let theirs = TensorMap::read(&fixture("enwik8").join(file)).unwrap();
+        let ours = TensorMap::read(&out.join(file)).unwrap();
+        let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
+        assert_eq!(names(&ours), names(&theirs), "exported names of {file}");
+        for n in theirs.names() {
+            let a = theirs.get(n).unwrap().clone();
+            let b = ours.get(n).unwrap().clone();
+            assert_eq!(a.shape(), b.shape(), "shape of {n}");
+            assert_eq!(
+                a.convert::<f32>().try_to_vec::<f32>().unwrap(),
+                b.convert::<f32>().try_to_vec::<f32>().unwrap(),
+                "values of {n}"
+            );
+        }
+    }
+    let back = HfReformerConfig::read(&out.join("config.json")).unwrap();
+    let orig = HfReformerConfig::read(&fixture("enwik8").join("config.json")).unwrap();
+    assert_eq!(back, orig, "config round trip");
+    let err = HfReformerConfig::from_xl(&XlConfig::new()).unwrap_err();
+    assert!(err.to_string().contains("Xl layer"), "{err}");
+    let plain = memzoo_xl::ReformerConfig::new().stack();
+    let err = HfReformerConfig::from_xl(&plain).unwrap_err();
+    assert!(err.to_string().contains("head_input"), "{err}");
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// Fixed rotations are used by every pass but training steps, and never trained: evaluation
+/// repeats itself exactly, a training step hashes with fresh rotations (its loss is not the
+/// evaluation's, and two steps differ), and no gradient reaches the rotations.
+#[test]
+fn fixed_rotations_serve_evaluation_and_are_never_trained() {
+    let dev = flex().autodiff();
+    let (model, _) = hf_reformer::load(&fixture("enwik8"), &dev).unwrap();
+    let r = Reference::at(&fixture("enwik8"));
+    let x = r.tokens::<2>("input_ids.0", &dev);
+    let [b, l] = x.dims();
+    let (inp, tgt) = (x.clone().slice([0..b, 0..l - 1]), x.slice([0..b, 1..l]));
+    let eval = |m: &memzoo_xl::TransformerXl| -> f32 {
+        let lp = log_softmax(m.forward_window(inp.clone()).unwrap(), 2);
+        lp.gather(2, tgt.clone().reshape([b, l - 1, 1]))
+            .neg()
+            .mean()
+            .into_scalar()
+    };
+    let e = eval(&model);
+    assert_eq!(e, eval(&model), "evaluation is one function");
+    let (l1, grads) = model.train_step(inp.clone(), tgt.clone()).unwrap();
+    let (l2, _) = model.train_step(inp.clone(), tgt.clone()).unwrap();
+    let (l1, l2): (f32, f32) = (l1.into_scalar(), l2.into_scalar());
+    assert!(
+        l1 != l2 && l1 != e,
+        "fresh rotations per step: {l1} {l2} (eval {e})"
+    );
+    for layer in &model.layers {
+        if let LayerAttention::Hashed(a) = &layer.attention
+            && let Some(rot) = &a.rotations
+        {
+            assert!(
+                grads.get::<4>(rot.id).is_none(),
+                "a gradient for the rotations"
+            );
+        }
+    }
+}
