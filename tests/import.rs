@@ -97,7 +97,7 @@ pub(crate) fn check_gradients(
         .into_iter()
         .filter(|k| !skip(k))
         .collect();
-    for name in got.keys() {
+    for name in got.keys().filter(|k| !skip(k)) {
         assert!(
             want.contains(name),
             "memzoo has a gradient for {name}, HF has none"
@@ -230,7 +230,8 @@ fn hf_transfo_xl_wt103_shaped_matches_hf() {
         if s == 1 {
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             let got = transformer_xl_to_hf(&model, Source::Gradients(&grads));
-            check_gradients(&got, &r, "grad.", |_| false);
+            // The layers' gradients are checked on `plain` (the fixture leaves them out).
+            check_gradients(&got, &r, "grad.", |k| k.starts_with("transformer.layers."));
         }
         memory = next;
     }

@@ -80,12 +80,6 @@ fn labml_xl_safetensors_matches_labml() {
     labml_parity(&fixture());
 }
 
-/// The `torch.save` file, read by burn-store's pickle reader (no code run), named directly.
-#[test]
-fn labml_xl_pth_matches_labml() {
-    labml_parity(&fixture().join("model.pth"));
-}
-
 /// A missing, misshaped or unknown tensor and a config.json that contradicts the tensors are
 /// errors naming them.
 #[test]

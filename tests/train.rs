@@ -12,7 +12,8 @@ use memzoo_tests::*;
 use memzoo_train::grads::{global_norm, scale_and_clip};
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
 use memzoo_train::{
-    RunOptions, ScheduleConfig, Segment, SegmentModel, SegmentSource, TrainConfig, train,
+    AdamConfig, RunOptions, ScheduleConfig, Segment, SegmentModel, SegmentSource, TrainConfig,
+    train,
 };
 use memzoo_xl::TransformerXl;
 
@@ -564,4 +565,106 @@ fn memory_beats_no_memory_on_text_only_memory_can_predict() {
         with.bpc,
         without.bpc
     );
+}
+
+/// The whole update, step by step, against PyTorch: HF TransfoXL 4.37.2 trained with
+/// `torch.optim.AdamW`, `clip_grad_norm_` and the warm-up + cosine schedule from the `plain`
+/// fixture's weights on a fixed token stream (`xtask/peers/fixtures/hf_transfo_xl_train.py`
+/// wrote every step's loss, gradient norm and rate, and the final tied embedding). memzoo
+/// imports the same weights and trains with the same recipe, on one replica and on two (each
+/// carrying its rows' memories; their gradients summed): the trajectories must agree step by
+/// step. Any difference in the model, the loss, AdamW, the clipping, the schedule, the weight
+/// decay, the data order or the memory carried shows here.
+#[test]
+fn training_from_hf_weights_follows_pytorch_step_by_step() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-transfo-xl");
+    let text = std::fs::read_to_string(fixtures.join("train/trajectory.json")).unwrap();
+    let t: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let r = &t["recipe"];
+    let num = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("recipe.{k}"));
+    let int = |k: &str| num(k) as usize;
+    let tokens: Vec<u16> = t["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u16)
+        .collect();
+    let steps = t["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), int("steps"));
+    let peer = |k: &str| -> Vec<f64> { steps.iter().map(|s| s[k].as_f64().unwrap()).collect() };
+    for replicas in [1, 2] {
+        let dev = flex().autodiff();
+        let (model, _) = memzoo_import::import_source("hf-transfo-xl", &fixtures.join("plain"), &dev)
+            .expect("import the plain fixture");
+        let config = TrainConfig::new()
+            .with_steps(int("steps"))
+            .with_batch(int("batch"))
+            .with_tgt_len(int("tgt_len"))
+            .with_schedule(
+                ScheduleConfig::new()
+                    .with_lr(num("lr"))
+                    .with_warmup(int("warmup"))
+                    .with_min_ratio(0.0),
+            )
+            .with_weight_decay(num("weight_decay"))
+            .with_adam(
+                AdamConfig::new()
+                    .with_beta_1(num("beta_1"))
+                    .with_beta_2(num("beta_2"))
+                    .with_epsilon(num("eps")),
+            )
+            .with_clip_norm(Some(num("clip")))
+            .with_grad_accum(1)
+            .with_replicas(Some(replicas))
+            .with_log_every(1)
+            .with_eval_every(0)
+            .with_checkpoint_every(0);
+        let mut data = OrderedBatcher::new(tokens.clone(), int("batch"), int("tgt_len"))
+            .unwrap()
+            .drop_last(true);
+        let dir = scratch(&format!("pytorch-trajectory-{replicas}"));
+        let out = train(model, &config, &mut data, None, &options(&dir, false)).unwrap();
+        let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        let ours = |metric: &str| -> Vec<f64> {
+            metrics
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .filter(|v| v["split"] == "train" && v["metric"] == metric)
+                .map(|v| v["value"].as_f64().unwrap())
+                .collect()
+        };
+        let what = format!("{replicas} replica(s)");
+        for (metric, peer_key, tol) in [
+            ("lr", "lr", 1e-9),
+            ("loss", "loss", 1e-4),
+            ("grad_norm", "grad_norm", 1e-4),
+        ] {
+            let (a, b) = (ours(metric), peer(peer_key));
+            assert_eq!(a.len(), b.len(), "{metric} records, {what}");
+            for (s, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    (x - y).abs() <= tol * y.abs().max(1.0),
+                    "{metric} at step {}: memzoo {x}, PyTorch {y} ({what})",
+                    s + 1
+                );
+            }
+        }
+        // The loss fell (the run learnt something), so the comparison is not of a frozen model.
+        let loss = ours("loss");
+        assert!(loss[loss.len() - 1] < loss[0] - 0.5, "{loss:?}");
+        let weights = memzoo_import::hf_transfo_xl::transformer_xl_to_hf(
+            &out.model,
+            memzoo_import::hf_transfo_xl::Source::Values,
+        );
+        let name = "transformer.word_emb.emb_layers.0.weight";
+        let got = weights[name].clone().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let want: Vec<f32> = t["final"][name]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        assert_close(&got, &want, 1e-4, &format!("final {name}, {what}"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
