@@ -570,7 +570,7 @@ fn memory_beats_no_memory_on_text_only_memory_can_predict() {
 /// The whole update, step by step, against PyTorch: HF TransfoXL 4.37.2 trained with
 /// `torch.optim.AdamW`, `clip_grad_norm_` and the warm-up + cosine schedule from the `plain`
 /// fixture's weights on a fixed token stream (`xtask/peers/fixtures/hf_transfo_xl_train.py`
-/// wrote every step's loss, gradient norm and rate, and the final tied embedding). memzoo
+/// wrote every step's loss, gradient norm and rate, and 16 rows of the final tied embedding). memzoo
 /// imports the same weights and trains with the same recipe, on one replica and on two (each
 /// carrying its rows' memories; their gradients summed): the trajectories must agree step by
 /// step. Any difference in the model, the loss, AdamW, the clipping, the schedule, the weight
@@ -658,13 +658,15 @@ fn training_from_hf_weights_follows_pytorch_step_by_step() {
         );
         let name = "transformer.word_emb.emb_layers.0.weight";
         let got = weights[name].clone().convert::<f32>().try_to_vec::<f32>().unwrap();
+        // The fixture holds the first 16 rows.
+        let got = &got[..16 * 16];
         let want: Vec<f32> = t["final"][name]
             .as_array()
             .unwrap()
             .iter()
             .map(|v| v.as_f64().unwrap() as f32)
             .collect();
-        assert_close(&got, &want, 1e-4, &format!("final {name}, {what}"));
+        assert_close(got, &want, 1e-4, &format!("final {name}, {what}"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
