@@ -447,8 +447,13 @@ fn lcg_stream(n: usize, vocab: u64) -> Vec<u16> {
 /// each replica holds the kNN and XL memories of its own rows). The kNN memory (capacity
 /// 16 T) overflows once, at step 18, which resets it and hides it from step 19's search.
 /// Loss, gradient norm (before clipping) and learning rate agree at every step within
-/// 1e-4 relative. The package searches a faiss HNSW index; the script answers its searches
-/// exactly (HNSW missed one of the exact top-3 in 1 of the 84 searches), as memzoo does.
+/// 2e-5 relative (measured: 3e-7 for the loss, 4e-6 for the gradient norm; the learning rates
+/// are written with 7 digits). The package searches a faiss HNSW index; the script answers
+/// its searches exactly, as memzoo does. HNSW's own answers missed one of the exact top-3 in
+/// 1 of the 84 searches (step 18), which moves that step's gradient norm by 7e-5: a tolerance
+/// of 1e-4 would not see a wrong retrieval. With Burn's default epsilon 1e-5 the test fails
+/// at step 8 (the loss off by 2e-5, by 2e-4 at step 22), and without the kNN reset (a larger
+/// capacity) at step 20 (7e-3).
 #[test]
 fn training_from_the_package_weights_follows_pytorch_step_by_step() {
     use memzoo_data::OrderedBatcher;
@@ -522,7 +527,7 @@ fn training_from_the_package_weights_follows_pytorch_step_by_step() {
             for (s, (x, p)) in got.iter().zip(&peer).enumerate() {
                 let y = p[i];
                 assert!(
-                    (x - y).abs() <= 1e-4 * y.abs(),
+                    (x - y).abs() <= 2e-5 * y.abs(),
                     "{metric} at step {}: memzoo {x}, PyTorch {y} ({replicas} replica(s))",
                     s + 1
                 );
