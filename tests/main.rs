@@ -8,6 +8,7 @@ mod generate;
 mod import;
 mod import_labml;
 mod learning;
+mod multidev;
 mod parity;
 mod reformer;
 mod relative;
