@@ -133,23 +133,41 @@ fn two_devices_match_one<M: SegmentModel<State = XlState>>(model: &M, what: &str
     assert_eq!(one.losses.len(), 4, "{what}: a loss per step");
     assert_eq!(two.losses.len(), 4, "{what}: a loss per step");
     for (step, (a, b)) in one.losses.iter().zip(&two.losses).enumerate() {
-        assert!((a - b).abs() < 1e-5 * a.abs(), "{what}: step {step} loss {a} vs {b}");
+        assert!(
+            (a - b).abs() < 1e-5 * a.abs(),
+            "{what}: step {step} loss {a} vs {b}"
+        );
     }
     // The model learns (the updates are not all zero) and the memory matters...
     let initial: Vec<f32> = param_vectors(&model, None)
         .into_iter()
         .flat_map(|p| p.unwrap())
         .collect();
-    assert!(max_abs_diff(&initial, &one.weights) > 1e-3, "{what}: weights moved");
-    assert_close(&two.weights, &one.weights, 1e-5, &format!("{what}: weights"));
+    assert!(
+        max_abs_diff(&initial, &one.weights) > 1e-3,
+        "{what}: weights moved"
+    );
+    assert_close(
+        &two.weights,
+        &one.weights,
+        1e-5,
+        &format!("{what}: weights"),
+    );
     assert!(!one.memory.is_empty(), "{what}: a memory per layer");
     for (l, (a, b)) in one.memory.iter().zip(&two.memory).enumerate() {
-        assert_eq!(a.len(), 4 * 16 * 32, "{what}: layer {l} holds 4 rows x 16 x 32");
+        assert_eq!(
+            a.len(),
+            4 * 16 * 32,
+            "{what}: layer {l} holds 4 rows x 16 x 32"
+        );
         let scale = a.iter().fold(0.0f32, |m, x| m.max(x.abs()));
         assert!(scale > 1e-2, "{what}: layer {l} memory is not empty");
         assert_close(b, a, 1e-5 * scale, &format!("{what}: layer {l} memory"));
     }
-    assert_eq!(two.knn_sizes, one.knn_sizes, "{what}: kNN memory sizes per row");
+    assert_eq!(
+        two.knn_sizes, one.knn_sizes,
+        "{what}: kNN memory sizes per row"
+    );
 }
 
 #[test]
@@ -220,9 +238,13 @@ fn burn_all_reduce_is_not_supported_on_flex() {
     let device = flex();
     let result = std::panic::catch_unwind(|| {
         let t = Tensor::<1>::from_floats([1.0, 2.0], &device);
-        all_reduce(t, ReduceOperation::Sum, vec![device.clone(), device.clone()])
-            .resolve()
-            .into_data()
+        all_reduce(
+            t,
+            ReduceOperation::Sum,
+            vec![device.clone(), device.clone()],
+        )
+        .resolve()
+        .into_data()
     });
     let message = match result {
         Ok(data) => panic!("all_reduce ran on flex: {data:?}; switch to it"),

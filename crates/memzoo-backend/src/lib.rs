@@ -69,7 +69,9 @@ pub enum DeviceError {
     #[error("device `{name}` could not be initialised: {message}")]
     Init { name: String, message: String },
     /// A device list (`cuda:0,cuda:1`) where one device is expected.
-    #[error("`{name}` is a list of devices, but this runs on one device (only training takes a list)")]
+    #[error(
+        "`{name}` is a list of devices, but this runs on one device (only training takes a list)"
+    )]
     List { name: String },
     /// An entry of a device list is not a device.
     #[error("device list `{list}`: entry {position} (`{entry}`): {source}")]
@@ -520,9 +522,18 @@ mod tests {
     #[test]
     fn wgpu_adapters_parse_and_print() {
         for (name, spec) in [
-            ("wgpu:1", DeviceSpec::WgpuAt(WgpuApi::Auto, WgpuAdapter::Gpu(1))),
-            ("wgpu-vulkan:0", DeviceSpec::WgpuAt(WgpuApi::Vulkan, WgpuAdapter::Gpu(0))),
-            ("wgpu-gl:cpu", DeviceSpec::WgpuAt(WgpuApi::Gl, WgpuAdapter::Cpu)),
+            (
+                "wgpu:1",
+                DeviceSpec::WgpuAt(WgpuApi::Auto, WgpuAdapter::Gpu(1)),
+            ),
+            (
+                "wgpu-vulkan:0",
+                DeviceSpec::WgpuAt(WgpuApi::Vulkan, WgpuAdapter::Gpu(0)),
+            ),
+            (
+                "wgpu-gl:cpu",
+                DeviceSpec::WgpuAt(WgpuApi::Gl, WgpuAdapter::Cpu),
+            ),
         ] {
             assert_eq!(name.parse::<DeviceSpec>().unwrap(), spec, "{name}");
             assert_eq!(spec.to_string(), name);
@@ -548,7 +559,10 @@ mod tests {
         );
         // (list, what the message must hold)
         for (list, want) in [
-            ("cuda:0,cuda:x", "entry 2 (`cuda:x`): bad device index in `cuda:x`"),
+            (
+                "cuda:0,cuda:x",
+                "entry 2 (`cuda:x`): bad device index in `cuda:x`",
+            ),
             ("cuda:0,,cuda:1", "entry 2 (``): unknown device ``"),
             ("tpu,flex", "entry 1 (`tpu`)"),
             ("flex,tch", "mixes backends: `flex` is flex, `tch` is tch"),
@@ -635,31 +649,5 @@ mod tests {
         assert_eq!(a, b);
         let t = burn::tensor::Tensor::<1>::from_floats([1.0, 2.0], &a);
         assert_eq!(t.sum().into_scalar::<f32>(), 3.0);
-    }
-}
-
-#[cfg(all(test, feature = "wgpu-plain"))]
-mod probe_two_gl {
-    #[test]
-    fn probe_two_gl_devices() {
-        use burn::tensor::{Device, DeviceKind, Tensor, wgpu::WgpuBackend};
-        let a = Device::wgpu_options().graphics_api(WgpuBackend::Gl).init().unwrap();
-        let b = Device::wgpu_options()
-            .graphics_api(WgpuBackend::Gl)
-            .device_kind(DeviceKind::Cpu)
-            .init()
-            .unwrap();
-        eprintln!("a = {a:?}\nb = {b:?}\nequal: {}", a == b);
-        let x = Tensor::<2>::from_floats([[1.0, 2.0], [3.0, 4.0]], &a);
-        let y = x.clone().to_device(&b);
-        let z = y.clone().matmul(y).to_device(&a) + x;
-        eprintln!("{:?}", z.into_data());
-        let h = std::thread::spawn(move || {
-            let t = Tensor::<2>::ones([64, 64], &b);
-            t.clone().matmul(t).sum().into_scalar::<f32>()
-        });
-        let t = Tensor::<2>::ones([64, 64], &a);
-        let s = t.clone().matmul(t).sum().into_scalar::<f32>();
-        eprintln!("{s} {}", h.join().unwrap());
     }
 }

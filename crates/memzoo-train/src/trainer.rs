@@ -577,9 +577,8 @@ pub fn train_on_devices<M: SegmentModel>(
                 }
             };
             check_token_ids(&seg, model.vocab_size(), "training")?;
-            let (loss, grads) = crate::parallel::train_step_placed(
-                &model, &device, &placement, &seg, &mut states,
-            )?;
+            let (loss, grads) =
+                crate::parallel::train_step_placed(&model, &device, &placement, &seg, &mut states)?;
             if !loss.is_finite() {
                 return Err(TrainError::Model(format!(
                     "loss became {loss} at step {}; lower train.schedule.lr",
