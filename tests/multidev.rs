@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Tensor};
 use memzoo::commands;
 use memzoo::config::RunConfig;
-use memzoo_backend::{DeviceSpec, WgpuAdapter, WgpuApi};
+use memzoo_backend::DeviceSpec;
 use memzoo_data::OrderedBatcher;
 use memzoo_tests::*;
 use memzoo_train::{RunOptions, ScheduleConfig, SegmentModel, TrainConfig, train_on_devices};
@@ -19,18 +19,31 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Two distinct devices of one backend, as this build and machine give them, and their names:
-/// with wgpu compiled in (and `MEMZOO_WGPU_API` listing `gl`, the default), `wgpu-gl` and
-/// `wgpu-gl:cpu`: two wgpu devices (each its own device, queue and memory) on Mesa's llvmpipe,
-/// the only adapter of a machine without a GPU. Otherwise `flex` twice: Burn 0.22.1's `flex`
-/// has one device (`FlexDevice` is a unit struct), and LibTorch one CPU device; the multi-device
-/// step then runs with both replicas on the one device (the transfers are no-ops).
+/// Two devices of one backend and their names: those `MEMZOO_TEST_DEVICE_PAIR` lists (e.g.
+/// `cuda:0,cuda:1` on a machine with two GPUs), else `flex` twice. This machine has no second
+/// device of one backend: Burn 0.22.1's `flex` has one device (`FlexDevice` is a unit struct),
+/// LibTorch one CPU device, and two wgpu OpenGL devices on Mesa's llvmpipe (`wgpu-gl` and
+/// `wgpu-gl:cpu`, which the CLI refuses) share one EGL context and fail inside wgpu-hal
+/// (`egl.rs:184`, `BadAccess`, even with the shards run one after the other): with
+/// `MEMZOO_TEST_DEVICE_PAIR=wgpu-gl,wgpu-gl:cpu` this test reproduces it. With `flex` twice
+/// the multi-device step runs both replicas on the one device (the transfers are no-ops).
 fn device_pair() -> ([Device; 2], String) {
-    let gl = DeviceSpec::Wgpu(WgpuApi::Gl);
-    let listed = memzoo_backend::test_devices().unwrap();
-    let specs = match listed.contains(&gl) {
-        true => [gl, DeviceSpec::WgpuAt(WgpuApi::Gl, WgpuAdapter::Cpu)],
-        false => [DeviceSpec::Flex, DeviceSpec::Flex],
+    let names = std::env::var("MEMZOO_TEST_DEVICE_PAIR").unwrap_or_default();
+    let specs = match names.trim() {
+        "" => [DeviceSpec::Flex, DeviceSpec::Flex],
+        // Parsed as the CLI does, but for a wgpu-gl pair (to reproduce its failure).
+        list => {
+            let specs: Vec<DeviceSpec> = list
+                .split(',')
+                .map(|n| n.parse().unwrap_or_else(|e| panic!("{e}")))
+                .collect();
+            assert_eq!(
+                specs.len(),
+                2,
+                "MEMZOO_TEST_DEVICE_PAIR={list}: two devices"
+            );
+            [specs[0], specs[1]]
+        }
     };
     let devices = specs.map(|s| s.init().unwrap().autodiff());
     (devices, format!("{},{}", specs[0], specs[1]))
@@ -192,12 +205,40 @@ fn bad_device_lists_are_errors_naming_the_entry() {
         ("flex,tch", "mixes backends"),
         ("flex,flex", "names `flex` twice"),
         ("flex,", "entry 2 (``)"),
+        ("wgpu-gl:cpu,wgpu-gl", "EGL BadAccess"),
     ] {
         let err = commands::train(&config, list, &dir, false, false, true, true)
             .unwrap_err()
             .to_string();
         assert!(err.contains(want) && err.contains(list), "{list}: {err}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `memzoo train --device A,B` end to end, where `MEMZOO_TEST_DEVICE_PAIR` names two devices:
+/// it trains, checkpoints the two replicas' memories and resumes on the two devices.
+#[test]
+fn cli_trains_and_resumes_on_a_device_list() {
+    let (_, names) = device_pair();
+    if names == "flex,flex" {
+        // Refused by the CLI (a device named twice): see `bad_device_lists_...`.
+        return;
+    }
+    let dir = scratch("cli-device-list");
+    let sets = tiny_cli(&["train.replicas=2", "train.steps=2"]);
+    let config = RunConfig::resolve(None, &sets).unwrap();
+    commands::train(&config, &names, &dir, false, false, true, true).unwrap();
+    let resumed = RunConfig::from_run_dir(&dir, &["train.steps=3".to_string()]).unwrap();
+    commands::train(&resumed, &names, &dir, true, false, true, true).unwrap();
+    let steps: Vec<f64> = std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["split"] == "train" && r["metric"] == "loss")
+        .map(|r| r["step"].as_f64().unwrap())
+        .collect();
+    assert_eq!(steps, [1.0, 2.0, 3.0]);
+    assert!(dir.join("checkpoints/step-00000003/state/shard-1").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -96,6 +96,18 @@ pub enum DeviceError {
         other: String,
         other_backend: &'static str,
     },
+    /// Two OpenGL devices in one list.
+    #[error(
+        "device list `{list}` holds two wgpu OpenGL devices (`{first}`, `{other}`): CubeCL keeps \
+         one wgpu instance per graphics API and wgpu's OpenGL backend one EGL context per \
+         instance, which two devices' threads cannot share (EGL BadAccess); list Vulkan or CUDA \
+         devices"
+    )]
+    SharedGlContext {
+        list: String,
+        first: String,
+        other: String,
+    },
     /// A device listed twice.
     #[error(
         "device list `{list}` names `{entry}` twice: each device trains its own share of the \
@@ -334,6 +346,22 @@ pub fn parse_device_list(list: &str) -> Result<Vec<DeviceSpec>, DeviceError> {
                 other_backend: spec.feature(),
             });
         }
+        let gl = |s: &DeviceSpec| {
+            matches!(
+                s,
+                DeviceSpec::Wgpu(WgpuApi::Gl) | DeviceSpec::WgpuAt(WgpuApi::Gl, _)
+            )
+        };
+        if let Some(first) = specs.iter().find(|s| gl(s))
+            && gl(&spec)
+            && *first != spec
+        {
+            return Err(DeviceError::SharedGlContext {
+                list: list.to_string(),
+                first: first.to_string(),
+                other: spec.to_string(),
+            });
+        }
         if specs.contains(&spec) {
             return Err(DeviceError::Duplicate {
                 list: list.to_string(),
@@ -551,10 +579,10 @@ mod tests {
         );
         assert_eq!(parse_device_list("flex").unwrap(), [DeviceSpec::Flex]);
         assert_eq!(
-            parse_device_list("wgpu-gl, wgpu-gl:cpu").unwrap(),
+            parse_device_list("wgpu-vulkan:0, wgpu-vulkan:cpu").unwrap(),
             [
-                DeviceSpec::Wgpu(WgpuApi::Gl),
-                DeviceSpec::WgpuAt(WgpuApi::Gl, WgpuAdapter::Cpu)
+                DeviceSpec::WgpuAt(WgpuApi::Vulkan, WgpuAdapter::Gpu(0)),
+                DeviceSpec::WgpuAt(WgpuApi::Vulkan, WgpuAdapter::Cpu)
             ]
         );
         // (list, what the message must hold)
@@ -568,6 +596,10 @@ mod tests {
             ("flex,tch", "mixes backends: `flex` is flex, `tch` is tch"),
             ("cuda:1,tch-cuda:0", "`cuda:1` is cuda, `tch-cuda:0` is tch"),
             ("flex,flex", "names `flex` twice"),
+            (
+                "wgpu-gl,wgpu-gl:cpu",
+                "two wgpu OpenGL devices (`wgpu-gl`, `wgpu-gl:cpu`)",
+            ),
             ("cuda,cuda:0", "names `cuda:0` twice"),
         ] {
             let err = parse_device_list(list).unwrap_err().to_string();
