@@ -49,7 +49,7 @@ pub const DEVICE_NAMES: &[(&str, &str)] = &[
 pub enum DeviceError {
     /// The name is not one memzoo knows.
     #[error(
-        "unknown device `{name}`: expected one of flex, wgpu, wgpu-gl, wgpu-vulkan, cuda[:N], tch, tch-cuda[:N]"
+        "unknown device `{name}`: expected one of flex, wgpu[:N|:cpu], wgpu-gl[...], wgpu-vulkan[...], cuda[:N], tch, tch-cuda[:N] (training: a comma-separated list of one backend)"
     )]
     Unknown { name: String },
     /// The backend exists but this binary was built without its cargo feature.
