@@ -11,6 +11,7 @@ mod import_lucidrains;
 mod import_lucidrains_reformer;
 mod import_reformer;
 mod learning;
+mod multidev;
 mod parity;
 mod reformer;
 mod relative;

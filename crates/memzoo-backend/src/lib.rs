@@ -10,6 +10,7 @@
 //! | `flex` | Burn's pure-Rust CPU backend | `flex` (default) |
 //! | `wgpu` | wgpu, graphics API chosen by the runtime | `wgpu` |
 //! | `wgpu-gl` / `wgpu-vulkan` | wgpu pinned to OpenGL / Vulkan | `wgpu` |
+//! | `wgpu:N` / `wgpu:cpu` (any of the three) | wgpu on discrete GPU `N` / on the CPU adapter (a software rasteriser) | `wgpu` |
 //! | `cuda`, `cuda:N` | CubeCL CUDA, GPU `N` | `cuda` |
 //! | `tch`, `tch-cuda`, `tch-cuda:N` | LibTorch on CPU / CUDA GPU `N` | `tch` |
 //!
@@ -17,6 +18,9 @@
 //! let device = memzoo_backend::parse_device("flex").unwrap();
 //! assert!(memzoo_backend::parse_device("tpu").is_err());
 //! ```
+//!
+//! Training also takes a list of devices of one backend, `cuda:0,cuda:1` ([`parse_device_list`]):
+//! each device trains its share of the batch's rows.
 
 mod allocator;
 
@@ -45,7 +49,7 @@ pub const DEVICE_NAMES: &[(&str, &str)] = &[
 pub enum DeviceError {
     /// The name is not one memzoo knows.
     #[error(
-        "unknown device `{name}`: expected one of flex, wgpu, wgpu-gl, wgpu-vulkan, cuda[:N], tch, tch-cuda[:N]"
+        "unknown device `{name}`: expected one of flex, wgpu[:N|:cpu], wgpu-gl[...], wgpu-vulkan[...], cuda[:N], tch, tch-cuda[:N] (training: a comma-separated list of one backend)"
     )]
     Unknown { name: String },
     /// The backend exists but this binary was built without its cargo feature.
@@ -64,6 +68,52 @@ pub enum DeviceError {
     /// The backend is compiled in but could not start (no adapter, driver error, ...).
     #[error("device `{name}` could not be initialised: {message}")]
     Init { name: String, message: String },
+    /// A device list (`cuda:0,cuda:1`) where one device is expected.
+    #[error(
+        "`{name}` is a list of devices, but this runs on one device (only training takes a list)"
+    )]
+    List { name: String },
+    /// An entry of a device list is not a device.
+    #[error("device list `{list}`: entry {position} (`{entry}`): {source}")]
+    ListEntry {
+        list: String,
+        /// 1-based position of the bad entry.
+        position: usize,
+        entry: String,
+        #[source]
+        source: Box<DeviceError>,
+    },
+    /// A device list with devices of two backends.
+    #[error(
+        "device list `{list}` mixes backends: `{first}` is {first_backend}, `{other}` is \
+         {other_backend}; the devices of a list hold replicas of one model whose gradients are \
+         summed, so they must run the same backend's kernels: list devices of one backend"
+    )]
+    MixedBackends {
+        list: String,
+        first: String,
+        first_backend: &'static str,
+        other: String,
+        other_backend: &'static str,
+    },
+    /// Two OpenGL devices in one list.
+    #[error(
+        "device list `{list}` holds two wgpu OpenGL devices (`{first}`, `{other}`): CubeCL keeps \
+         one wgpu instance per graphics API and wgpu's OpenGL backend one EGL context per \
+         instance, which two devices' threads cannot share (EGL BadAccess); list Vulkan or CUDA \
+         devices"
+    )]
+    SharedGlContext {
+        list: String,
+        first: String,
+        other: String,
+    },
+    /// A device listed twice.
+    #[error(
+        "device list `{list}` names `{entry}` twice: each device trains its own share of the \
+         batch's rows (several replicas on one device: set train.replicas instead)"
+    )]
+    Duplicate { list: String, entry: String },
 }
 
 /// A parsed device string; [`DeviceSpec::init`] turns it into a Burn [`Device`].
@@ -71,14 +121,27 @@ pub enum DeviceError {
 pub enum DeviceSpec {
     /// Burn's pure-Rust CPU backend.
     Flex,
-    /// wgpu with the given graphics API choice.
+    /// wgpu with the given graphics API choice, on the adapter the runtime prefers.
     Wgpu(WgpuApi),
+    /// wgpu with the given graphics API choice, on a chosen adapter (`wgpu:1`, `wgpu-gl:cpu`).
+    WgpuAt(WgpuApi, WgpuAdapter),
     /// CubeCL CUDA on GPU `index`.
     Cuda(usize),
     /// LibTorch on the CPU.
     Tch,
     /// LibTorch on CUDA GPU `index`.
     TchCuda(usize),
+}
+
+/// Which adapter a wgpu device runs on (Burn's `DeviceKind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WgpuAdapter {
+    /// Discrete GPU `N` (`wgpu:N`: Burn's `DeviceKind::DiscreteGpu(N)`).
+    Gpu(usize),
+    /// The CPU adapter, a software rasteriser such as Mesa's llvmpipe (`wgpu-gl:cpu`: Burn's
+    /// `DeviceKind::Cpu`). Beside `wgpu-gl` on a machine whose only adapter is llvmpipe it is a
+    /// second device (its own wgpu device, queue and memory) on the same adapter.
+    Cpu,
 }
 
 /// Which graphics API the wgpu backend uses.
@@ -97,7 +160,7 @@ impl DeviceSpec {
     pub fn feature(&self) -> &'static str {
         match self {
             DeviceSpec::Flex => "flex",
-            DeviceSpec::Wgpu(_) => "wgpu",
+            DeviceSpec::Wgpu(_) | DeviceSpec::WgpuAt(..) => "wgpu",
             DeviceSpec::Cuda(_) => "cuda",
             DeviceSpec::Tch | DeviceSpec::TchCuda(_) => "tch",
         }
@@ -137,21 +200,17 @@ impl DeviceSpec {
             }
             DeviceSpec::Wgpu(api) => {
                 #[cfg(feature = "wgpu-plain")]
-                {
-                    use burn::tensor::wgpu::WgpuBackend;
-                    let api = match api {
-                        WgpuApi::Auto => WgpuBackend::Auto,
-                        WgpuApi::Gl => WgpuBackend::Gl,
-                        WgpuApi::Vulkan => WgpuBackend::Vulkan,
-                    };
-                    return Device::wgpu_options()
-                        .graphics_api(api)
-                        .init()
-                        .map_err(|e| DeviceError::Init {
-                            name: self.to_string(),
-                            message: e.to_string(),
-                        });
-                }
+                return self.wgpu(api, burn::tensor::DeviceKind::DefaultDevice);
+            }
+            DeviceSpec::WgpuAt(api, adapter) => {
+                #[cfg(feature = "wgpu-plain")]
+                return self.wgpu(
+                    api,
+                    match adapter {
+                        WgpuAdapter::Gpu(i) => burn::tensor::DeviceKind::DiscreteGpu(i),
+                        WgpuAdapter::Cpu => burn::tensor::DeviceKind::Cpu,
+                    },
+                );
             }
             DeviceSpec::Cuda(index) => {
                 #[cfg(feature = "cuda")]
@@ -168,6 +227,24 @@ impl DeviceSpec {
         }
         unreachable!("is_compiled() was checked before create()")
     }
+
+    #[cfg(feature = "wgpu-plain")]
+    fn wgpu(&self, api: WgpuApi, kind: burn::tensor::DeviceKind) -> Result<Device, DeviceError> {
+        use burn::tensor::wgpu::WgpuBackend;
+        let api = match api {
+            WgpuApi::Auto => WgpuBackend::Auto,
+            WgpuApi::Gl => WgpuBackend::Gl,
+            WgpuApi::Vulkan => WgpuBackend::Vulkan,
+        };
+        Device::wgpu_options()
+            .graphics_api(api)
+            .device_kind(kind)
+            .init()
+            .map_err(|e| DeviceError::Init {
+                name: self.to_string(),
+                message: e.to_string(),
+            })
+    }
 }
 
 impl fmt::Display for DeviceSpec {
@@ -177,6 +254,13 @@ impl fmt::Display for DeviceSpec {
             DeviceSpec::Wgpu(WgpuApi::Auto) => write!(f, "wgpu"),
             DeviceSpec::Wgpu(WgpuApi::Gl) => write!(f, "wgpu-gl"),
             DeviceSpec::Wgpu(WgpuApi::Vulkan) => write!(f, "wgpu-vulkan"),
+            DeviceSpec::WgpuAt(api, adapter) => {
+                write!(f, "{}:", DeviceSpec::Wgpu(*api))?;
+                match adapter {
+                    WgpuAdapter::Gpu(i) => write!(f, "{i}"),
+                    WgpuAdapter::Cpu => write!(f, "cpu"),
+                }
+            }
             DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
             DeviceSpec::Tch => write!(f, "tch"),
             DeviceSpec::TchCuda(i) => write!(f, "tch-cuda:{i}"),
@@ -188,25 +272,36 @@ impl FromStr for DeviceSpec {
     type Err = DeviceError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.contains(',') {
+            return Err(DeviceError::List {
+                name: s.to_string(),
+            });
+        }
         let name = s.trim().to_ascii_lowercase();
         let (base, index) = match name.split_once(':') {
-            Some((base, idx)) => {
-                let index = idx.parse::<usize>().map_err(|_| DeviceError::BadIndex {
-                    name: s.to_string(),
-                    index: idx.to_string(),
-                })?;
-                (base, Some(index))
-            }
+            Some((base, idx)) => (base, Some(idx)),
             None => (name.as_str(), None),
         };
-        let spec = match (base, index) {
-            ("flex", None) => DeviceSpec::Flex,
-            ("wgpu", None) => DeviceSpec::Wgpu(WgpuApi::Auto),
-            ("wgpu-gl", None) => DeviceSpec::Wgpu(WgpuApi::Gl),
-            ("wgpu-vulkan", None) => DeviceSpec::Wgpu(WgpuApi::Vulkan),
-            ("cuda", i) => DeviceSpec::Cuda(i.unwrap_or(0)),
-            ("tch", None) => DeviceSpec::Tch,
-            ("tch-cuda", i) => DeviceSpec::TchCuda(i.unwrap_or(0)),
+        let number = |idx: &str| {
+            idx.parse::<usize>().map_err(|_| DeviceError::BadIndex {
+                name: s.to_string(),
+                index: idx.to_string(),
+            })
+        };
+        let wgpu = match base {
+            "wgpu" => Some(WgpuApi::Auto),
+            "wgpu-gl" => Some(WgpuApi::Gl),
+            "wgpu-vulkan" => Some(WgpuApi::Vulkan),
+            _ => None,
+        };
+        let spec = match (base, index, wgpu) {
+            ("flex", None, _) => DeviceSpec::Flex,
+            (_, None, Some(api)) => DeviceSpec::Wgpu(api),
+            (_, Some("cpu"), Some(api)) => DeviceSpec::WgpuAt(api, WgpuAdapter::Cpu),
+            (_, Some(i), Some(api)) => DeviceSpec::WgpuAt(api, WgpuAdapter::Gpu(number(i)?)),
+            ("cuda", i, _) => DeviceSpec::Cuda(i.map(number).transpose()?.unwrap_or(0)),
+            ("tch", None, _) => DeviceSpec::Tch,
+            ("tch-cuda", i, _) => DeviceSpec::TchCuda(i.map(number).transpose()?.unwrap_or(0)),
             _ => {
                 return Err(DeviceError::Unknown {
                     name: s.to_string(),
@@ -215,6 +310,67 @@ impl FromStr for DeviceSpec {
         };
         Ok(spec)
     }
+}
+
+/// Parses a comma-separated list of devices of one backend (`cuda:0,cuda:1`, `wgpu:0,wgpu:1`;
+/// one device alone is a list of one), for training on several devices. Refused, naming the
+/// entry: an entry that is not a device or is empty, a device listed twice, devices of two
+/// backends. Devices are not initialised here ([`DeviceSpec::init`]).
+///
+/// ```
+/// use memzoo_backend::{DeviceSpec, parse_device_list};
+/// assert_eq!(parse_device_list("cuda:0, cuda:1").unwrap(), [DeviceSpec::Cuda(0), DeviceSpec::Cuda(1)]);
+/// assert!(parse_device_list("flex,tch").unwrap_err().to_string().contains("mixes backends"));
+/// ```
+pub fn parse_device_list(list: &str) -> Result<Vec<DeviceSpec>, DeviceError> {
+    if !list.contains(',') {
+        // One device: its own error, without the list around it.
+        return Ok(vec![list.parse()?]);
+    }
+    let mut specs: Vec<DeviceSpec> = Vec::new();
+    for (i, entry) in list.split(',').enumerate() {
+        let spec: DeviceSpec = entry.parse().map_err(|e| DeviceError::ListEntry {
+            list: list.to_string(),
+            position: i + 1,
+            entry: entry.trim().to_string(),
+            source: Box::new(e),
+        })?;
+        if let Some(first) = specs.first()
+            && first.feature() != spec.feature()
+        {
+            return Err(DeviceError::MixedBackends {
+                list: list.to_string(),
+                first: first.to_string(),
+                first_backend: first.feature(),
+                other: spec.to_string(),
+                other_backend: spec.feature(),
+            });
+        }
+        let gl = |s: &DeviceSpec| {
+            matches!(
+                s,
+                DeviceSpec::Wgpu(WgpuApi::Gl) | DeviceSpec::WgpuAt(WgpuApi::Gl, _)
+            )
+        };
+        if let Some(first) = specs.iter().find(|s| gl(s))
+            && gl(&spec)
+            && *first != spec
+        {
+            return Err(DeviceError::SharedGlContext {
+                list: list.to_string(),
+                first: first.to_string(),
+                other: spec.to_string(),
+            });
+        }
+        if specs.contains(&spec) {
+            return Err(DeviceError::Duplicate {
+                list: list.to_string(),
+                entry: spec.to_string(),
+            });
+        }
+        specs.push(spec);
+    }
+    Ok(specs)
 }
 
 /// Backend features compiled into this binary.
@@ -389,6 +545,69 @@ mod tests {
         assert!(err.contains("`x`"), "{err}");
         let err = "flex:1".parse::<DeviceSpec>().unwrap_err().to_string();
         assert!(err.contains("flex:1"), "{err}");
+    }
+
+    #[test]
+    fn wgpu_adapters_parse_and_print() {
+        for (name, spec) in [
+            (
+                "wgpu:1",
+                DeviceSpec::WgpuAt(WgpuApi::Auto, WgpuAdapter::Gpu(1)),
+            ),
+            (
+                "wgpu-vulkan:0",
+                DeviceSpec::WgpuAt(WgpuApi::Vulkan, WgpuAdapter::Gpu(0)),
+            ),
+            (
+                "wgpu-gl:cpu",
+                DeviceSpec::WgpuAt(WgpuApi::Gl, WgpuAdapter::Cpu),
+            ),
+        ] {
+            assert_eq!(name.parse::<DeviceSpec>().unwrap(), spec, "{name}");
+            assert_eq!(spec.to_string(), name);
+            assert_eq!(spec.feature(), "wgpu");
+        }
+        let err = "wgpu-gl:gpu".parse::<DeviceSpec>().unwrap_err().to_string();
+        assert!(err.contains("`gpu` is not"), "{err}");
+    }
+
+    #[test]
+    fn device_lists_name_the_bad_entry() {
+        assert_eq!(
+            parse_device_list("cuda:0,cuda:1").unwrap(),
+            [DeviceSpec::Cuda(0), DeviceSpec::Cuda(1)]
+        );
+        assert_eq!(parse_device_list("flex").unwrap(), [DeviceSpec::Flex]);
+        assert_eq!(
+            parse_device_list("wgpu-vulkan:0, wgpu-vulkan:cpu").unwrap(),
+            [
+                DeviceSpec::WgpuAt(WgpuApi::Vulkan, WgpuAdapter::Gpu(0)),
+                DeviceSpec::WgpuAt(WgpuApi::Vulkan, WgpuAdapter::Cpu)
+            ]
+        );
+        // (list, what the message must hold)
+        for (list, want) in [
+            (
+                "cuda:0,cuda:x",
+                "entry 2 (`cuda:x`): bad device index in `cuda:x`",
+            ),
+            ("cuda:0,,cuda:1", "entry 2 (``): unknown device ``"),
+            ("tpu,flex", "entry 1 (`tpu`)"),
+            ("flex,tch", "mixes backends: `flex` is flex, `tch` is tch"),
+            ("cuda:1,tch-cuda:0", "`cuda:1` is cuda, `tch-cuda:0` is tch"),
+            ("flex,flex", "names `flex` twice"),
+            (
+                "wgpu-gl,wgpu-gl:cpu",
+                "two wgpu OpenGL devices (`wgpu-gl`, `wgpu-gl:cpu`)",
+            ),
+            ("cuda,cuda:0", "names `cuda:0` twice"),
+        ] {
+            let err = parse_device_list(list).unwrap_err().to_string();
+            assert!(err.contains(want), "{list}: {err}");
+            assert!(err.contains(&format!("`{list}`")), "{list}: {err}");
+        }
+        let err = "flex,flex".parse::<DeviceSpec>().unwrap_err().to_string();
+        assert!(err.contains("`flex,flex` is a list of devices"), "{err}");
     }
 
     #[test]

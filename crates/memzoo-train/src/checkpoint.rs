@@ -473,6 +473,17 @@ pub fn load<M: SegmentModel>(
     optim: ModuleOptimizer,
     device: &Device,
 ) -> Result<Restored<M>, TrainError> {
+    load_on(dir, model, optim, std::slice::from_ref(device))
+}
+
+/// [`load`] with the carried states on `state_devices`: one device for every replica's state,
+/// or one per replica (training on several devices: replica `r`'s state on device `r`).
+pub fn load_on<M: SegmentModel>(
+    dir: &Path,
+    model: M,
+    optim: ModuleOptimizer,
+    state_devices: &[Device],
+) -> Result<Restored<M>, TrainError> {
     verify(dir)?;
     let trainer = read_trainer_state(dir)?;
     let model = load_model(dir, model)?;
@@ -486,8 +497,22 @@ pub fn load<M: SegmentModel>(
             dir.display()
         )));
     }
+    let device_of = |r: usize| match state_devices.len() {
+        1 => state_devices.first(),
+        _ => state_devices.get(r),
+    };
     let states = (0..trainer.replicas)
-        .map(|r| model.load_state(&state_dir(dir, r, trainer.replicas), device))
+        .map(|r| {
+            let device = device_of(r).ok_or_else(|| {
+                TrainError::Checkpoint(format!(
+                    "{}: {} replicas' states, {} devices to load them on",
+                    dir.display(),
+                    trainer.replicas,
+                    state_devices.len()
+                ))
+            })?;
+            model.load_state(&state_dir(dir, r, trainer.replicas), device)
+        })
         .collect::<Result<_, _>>()?;
     Ok(Restored {
         model,

@@ -35,5 +35,5 @@ pub use schedule::ScheduleConfig;
 pub use segment::{Segment, SegmentSource};
 pub use trainer::{
     AdamConfig, EvalResult, RunOptions, TrainConfig, TrainOutcome, evaluate, evaluate_sharded,
-    train,
+    train, train_on_devices,
 };

@@ -1,4 +1,4 @@
-//! Data-parallel training steps on one CPU device.
+//! Data-parallel training steps: replicas on one CPU device, or on several devices.
 //!
 //! Burn's `flex` backend runs its matrix products on every thread (rayon), but its element-wise
 //! kernels — softmax, masks, additions, copies, the zeroing of every new buffer — on the thread
@@ -22,6 +22,23 @@
 //! replicas build independent graphs; their gradients are keyed by parameter id and summed.
 //!
 //! Each shard keeps its own carried state (memories) for its rows, across steps.
+//!
+//! # Several devices
+//!
+//! The same step runs with each shard on a device of its own ([`train_step_placed`]: `cuda:0,
+//! cuda:1`, one shard per device), with Burn's own multi-device machinery, the path of
+//! burn-train's `ExecutionStrategy::MultiDevice` with `MultiDeviceOptim::OptimMainDevice`:
+//! each replica is a [`fork`](burn::module::Module::fork) of the model onto its device, its
+//! gradients come back with [`GradientsParams::to_device`] to the main device (the model's),
+//! where [`GradientsAccumulator`] sums them, and the optimizer updates the one model there. A
+//! shard's memories live on its device from step to step. burn-train's own step
+//! (`MultiDevicesTrainStep`) is not used as such: it runs a stateless `TrainStep` whose
+//! failures are panics, where a memzoo step carries its rows' memories and returns typed
+//! errors. Burn's collective all-reduce (`burn::tensor::distributed::all_reduce`, under the
+//! `DistributedDataParallel` strategy) runs in Burn 0.22.1 on CUDA (NCCL) and `remote`
+//! devices alone: on `flex`, LibTorch and wgpu it panics ("Distributed operations are not
+//! supported", burn-dispatch; the test `burn_all_reduce_is_not_supported_on_flex` reproduces
+//! it), so it is not used either.
 //!
 //! Random draws (dropout masks, the Reformer's rotations) come from the backend's global
 //! generator in whatever order the replicas reach it: with dropout and `R > 1` a run is not
@@ -96,11 +113,32 @@ pub fn train_step_sharded<M: SegmentModel>(
     segment: &Segment,
     states: &mut [M::State],
 ) -> Result<(f64, GradientsParams), TrainError> {
+    let placement = vec![device.clone(); states.len()];
+    train_step_placed(model, device, &placement, segment, states)
+}
+
+/// [`train_step_sharded`] with shard `r` on `placement[r]` (one entry per state): its replica is
+/// forked onto that device, reads its rows there with its state (which stays there), and its
+/// gradients come back to `main`, the device of `model`, where they are summed (see "Several
+/// devices" in the module docs). Devices are autodiff devices.
+pub fn train_step_placed<M: SegmentModel>(
+    model: &M,
+    main: &Device,
+    placement: &[Device],
+    segment: &Segment,
+    states: &mut [M::State],
+) -> Result<(f64, GradientsParams), TrainError> {
     let replicas = states.len();
     check_replicas(replicas, segment.batch)?;
-    if replicas == 1 {
-        let (x, y) = tensors(segment, device);
-        let w = loss_weights(segment, device);
+    if placement.len() != replicas {
+        return Err(TrainError::Config(format!(
+            "{} devices for {replicas} replicas: each replica needs one",
+            placement.len()
+        )));
+    }
+    if replicas == 1 && placement[0] == *main {
+        let (x, y) = tensors(segment, main);
+        let w = loss_weights(segment, main);
         return model.train_step(x, y, &mut states[0], &segment.reset, w);
     }
     let shards: Vec<Segment> = shard_rows(segment.batch, replicas)
@@ -119,15 +157,25 @@ pub fn train_step_sharded<M: SegmentModel>(
         })
         .collect();
 
-    let replicas: Vec<M> = (0..replicas).map(|_| model.clone().fork(device)).collect();
+    let replicas: Vec<M> = placement
+        .iter()
+        .map(|device| model.clone().fork(device))
+        .collect();
     let results: Vec<Result<(f64, GradientsParams), TrainError>> = replicas
         .into_par_iter()
+        .zip(placement.par_iter())
         .zip(shards.par_iter())
         .zip(states.par_iter_mut())
-        .map(|((replica, shard), state)| {
+        .map(|(((replica, device), shard), state)| {
             let (x, y) = tensors(shard, device);
             let w = loss_weights(shard, device);
-            replica.train_step(x, y, state, &shard.reset, w)
+            let (loss, grads) = replica.train_step(x, y, state, &shard.reset, w)?;
+            // OptimMainDevice: every replica's gradients are summed on the main device.
+            let grads = match device == main {
+                true => grads,
+                false => grads.to_device(main, &replica),
+            };
+            Ok((loss, grads))
         })
         .collect();
 

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use burn::config::Config;
 use burn::optim::{AdamWConfig, GradientsAccumulator, ModuleOptimizer};
+use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::TrainerState;
@@ -341,7 +342,7 @@ fn non_finite_gradient<M: SegmentModel>(
 }
 
 /// Result of a training run.
-pub struct TrainOutcome<M> {
+pub struct TrainOutcome<M: SegmentModel> {
     /// The trained model.
     pub model: M,
     /// Steps done in total (including before a resume).
@@ -356,6 +357,9 @@ pub struct TrainOutcome<M> {
     pub interrupted: bool,
     /// The signal (SIGINT 2, SIGTERM 15) that interrupted the run, if one did.
     pub signal: Option<i32>,
+    /// The carried state (memories) of each replica at the end, replica `r` holding the rows
+    /// [`crate::parallel::shard_rows`]`(batch, replicas)[r]`, on its device.
+    pub states: Vec<M::State>,
 }
 
 /// Options of [`train`] beyond the config.
@@ -377,8 +381,26 @@ pub struct RunOptions {
 /// written atomically every `checkpoint_every` steps and at the end; with `resume`, the run
 /// continues from the latest one and loses nothing else.
 pub fn train<M: SegmentModel>(
+    model: M,
+    config: &TrainConfig,
+    train_data: &mut dyn SegmentSource,
+    valid_data: Option<&mut dyn SegmentSource>,
+    options: &RunOptions,
+) -> Result<TrainOutcome<M>, TrainError> {
+    train_on_devices(model, config, &[], train_data, valid_data, options)
+}
+
+/// [`train`] on several devices of one backend (`devices`, autodiff devices; empty or one
+/// device: [`train`] on the model's device): each step splits the batch's rows over the
+/// devices, one replica per device carrying its rows' memories there, and sums their gradients
+/// on the first device, the model's, where the optimizer makes one update (see "Several
+/// devices" in [`crate::parallel`]). `train.replicas` is then the number of devices (unset, or
+/// equal to it); a run resumes on as many devices (or on one, with as many replicas) as it
+/// was trained on. Validation runs on the first device.
+pub fn train_on_devices<M: SegmentModel>(
     mut model: M,
     config: &TrainConfig,
+    devices: &[Device],
     train_data: &mut dyn SegmentSource,
     mut valid_data: Option<&mut dyn SegmentSource>,
     options: &RunOptions,
@@ -406,10 +428,35 @@ pub fn train<M: SegmentModel>(
         .into_iter()
         .next()
         .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
+    if let Some(first) = devices.first()
+        && *first != device
+    {
+        return Err(TrainError::Config(format!(
+            "the model is on {device:?}, but the first of the training devices is {first:?}: \
+             the model lives on the first device (where the gradients are summed and the \
+             optimizer runs)"
+        )));
+    }
+    // Several devices: one replica each, in the list's order.
+    let spread = devices.len() > 1;
+    if spread {
+        let n = devices.len();
+        if config.replicas.is_some_and(|r| r != n) || n > config.batch {
+            return Err(TrainError::Config(format!(
+                "training on {n} devices runs one replica per device, each on its share of the \
+                 batch's rows: train.replicas must be unset or {n} (got {:?}), and train.batch \
+                 at least {n} (got {})",
+                config.replicas, config.batch
+            )));
+        }
+    }
     let mut optim = config.optimizer();
-    let mut replicas = config
-        .replicas
-        .unwrap_or_else(|| crate::parallel::auto_replicas(&device, config.batch));
+    let mut replicas = match spread {
+        true => devices.len(),
+        false => config
+            .replicas
+            .unwrap_or_else(|| crate::parallel::auto_replicas(&device, config.batch)),
+    };
     let mut states: Vec<M::State> = Vec::new();
     let mut start = 0;
     let mut dropped_records = 0;
@@ -419,7 +466,11 @@ pub fn train<M: SegmentModel>(
     if options.resume {
         match crate::checkpoint::latest(&ckpt_dir)? {
             Some(dir) => {
-                let restored = crate::checkpoint::load(&dir, model, optim, &device)?;
+                let state_devices = match spread {
+                    true => devices.to_vec(),
+                    false => vec![device.clone()],
+                };
+                let restored = crate::checkpoint::load_on(&dir, model, optim, &state_devices)?;
                 if restored.trainer.family != restored.model.family() {
                     return Err(TrainError::Checkpoint(format!(
                         "{} holds a `{}` model, this run trains `{}`",
@@ -431,6 +482,17 @@ pub fn train<M: SegmentModel>(
                 // A step-0 checkpoint (an import) has consumed no data and carries no memory:
                 // its batch, row layout and replica count bind nothing yet.
                 let fresh = restored.trainer.step == 0;
+                if spread && !fresh && restored.trainer.replicas != devices.len() {
+                    return Err(TrainError::Config(format!(
+                        "{} was trained with {} replicas (each carries the memories of its \
+                         rows), which cannot be spread over {} devices: resume it on {} devices, \
+                         or on one",
+                        dir.display(),
+                        restored.trainer.replicas,
+                        devices.len(),
+                        restored.trainer.replicas
+                    )));
+                }
                 if let Some(asked) = config.replicas
                     && asked != restored.trainer.replicas
                     && !fresh
@@ -471,7 +533,17 @@ pub fn train<M: SegmentModel>(
     let mut reporter = Reporter::new(&options.run_dir, config.steps, start, options.quiet)?;
     // Ctrl-C / SIGTERM: finish the step, checkpoint, stop (see `crate::signals`).
     let signals = crate::signals::StopSignals::install()?;
-    if replicas > 1 {
+    // Shard `r` runs on `placement[r]`.
+    let placement = match spread {
+        true => devices.to_vec(),
+        false => vec![device.clone(); replicas],
+    };
+    if spread {
+        reporter.note(&format!(
+            "{replicas} devices, {} rows each (one replica per device)",
+            config.batch / replicas
+        ));
+    } else if replicas > 1 {
         reporter.note(&format!(
             "{replicas} data-parallel replicas of {} rows",
             config.batch / replicas
@@ -512,7 +584,7 @@ pub fn train<M: SegmentModel>(
             };
             check_token_ids(&seg, model.vocab_size(), "training")?;
             let (loss, grads) =
-                crate::parallel::train_step_sharded(&model, &device, &seg, &mut states)?;
+                crate::parallel::train_step_placed(&model, &device, &placement, &seg, &mut states)?;
             if !loss.is_finite() {
                 return Err(TrainError::Model(format!(
                     "loss became {loss} at step {}; lower train.schedule.lr",
@@ -640,5 +712,6 @@ pub fn train<M: SegmentModel>(
         train_loss,
         interrupted,
         signal: signals.caught(),
+        states,
     })
 }

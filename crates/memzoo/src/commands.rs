@@ -9,7 +9,7 @@ use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
 use memzoo_train::{
-    RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate_sharded, train as run_training,
+    RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate_sharded, train_on_devices,
 };
 use memzoo_xl::TransformerXl;
 use serde_json::json;
@@ -64,8 +64,13 @@ pub fn train(
             );
         }
     }
-    let device = device(device_name)?.autodiff();
-    device.seed(config.train.seed);
+    // `--device A,B`: the rows of each batch split over the devices (the model on the first).
+    let devices = memzoo_backend::parse_device_list(device_name)?
+        .iter()
+        .map(|spec| Ok(spec.init()?.autodiff()))
+        .collect::<Result<Vec<Device>, CliError>>()?;
+    devices.iter().for_each(|d| d.seed(config.train.seed));
+    let device = devices[0].clone();
     let splits = load_splits(&config.data)?;
     check_vocab(config, &splits)?;
     let t = &config.train;
@@ -113,7 +118,14 @@ pub fn train(
     let outcome = match config.model_kind {
         ModelKind::Xl => {
             let model = config.model.init(&device)?;
-            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)?;
+            let o = train_on_devices(
+                model,
+                t,
+                &devices,
+                &mut *train_data,
+                Some(&mut *valid_data),
+                &options,
+            )?;
             // On text with recallable positions: the same weights reading no memory, to show
             // what the memory bought.
             if o.valid.is_some_and(|v| v.selected_loss.is_some()) && !o.interrupted {
@@ -131,12 +143,26 @@ pub fn train(
         }
         ModelKind::Reformer => {
             let model = config.reformer.init(&device)?;
-            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)?;
+            let o = train_on_devices(
+                model,
+                t,
+                &devices,
+                &mut *train_data,
+                Some(&mut *valid_data),
+                &options,
+            )?;
             (o.steps, o.valid, o.interrupted, o.signal)
         }
         ModelKind::Memorizing => {
             let model = config.memorizing.init(&device)?;
-            let o = run_training(model, t, &mut *train_data, Some(&mut *valid_data), &options)?;
+            let o = train_on_devices(
+                model,
+                t,
+                &devices,
+                &mut *train_data,
+                Some(&mut *valid_data),
+                &options,
+            )?;
             (o.steps, o.valid, o.interrupted, o.signal)
         }
     };

@@ -24,7 +24,9 @@ struct Cli {
 /// Options every model command shares.
 #[derive(Args, Debug, Clone)]
 pub struct Common {
-    /// Device: flex, wgpu, wgpu-gl, wgpu-vulkan, cuda[:N], tch, tch-cuda[:N].
+    /// Device: flex, wgpu[:N|:cpu], wgpu-gl[...], wgpu-vulkan[...], cuda[:N], tch, tch-cuda[:N].
+    /// `train` also takes a list of devices of one backend (`cuda:0,cuda:1`): each trains its
+    /// share of the batch's rows.
     #[arg(long, default_value = "flex", global = true)]
     pub device: String,
     /// Print one JSON object with the result instead of text.
