@@ -3,7 +3,6 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
-use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 
 use crate::error::RelativeError;
@@ -239,14 +238,12 @@ impl RelativeMultiHeadAttention {
         let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
         let (q, k, v) = self.project(x, memory, ctx)?;
-        // [batch, len, heads, d_head] -> [batch, heads, len, d_head]
-        let scores = self.scores(q.swap_dims(1, 2), k.swap_dims(1, 2), ctx, shared)?;
-        let probs = self.dropatt.forward(softmax(ctx.mask_scores(scores), 3));
-        let context =
-            probs
-                .matmul(v.swap_dims(1, 2))
-                .swap_dims(1, 2)
-                .reshape([batch, qlen, h * dh]);
+        // [batch, len, heads, d_head] -> [batch, heads, len, d_head]; fused where it applies.
+        let [q, k, v] = [q, k, v].map(|t| t.swap_dims(1, 2));
+        let context = self
+            .attend(q, k, v, ctx, shared)?
+            .swap_dims(1, 2)
+            .reshape([batch, qlen, h * dh]);
         Ok(self.project_output(context))
     }
 

@@ -14,6 +14,7 @@
 
 pub mod attention;
 pub mod error;
+pub mod fused;
 pub mod knn;
 pub mod positions;
 pub mod shift;
