@@ -540,7 +540,11 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
             mask,
             params,
         );
-        match RelBiasedBackward.prepare::<C>(nodes).compute_bound().stateful() {
+        match RelBiasedBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
                 let (out, probs) = inputs.forward();
                 prep.finish(RelState { inputs, probs }, out)

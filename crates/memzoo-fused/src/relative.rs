@@ -327,31 +327,28 @@ pub fn forward(
     let mut out = vec![0f32; d.batch * q * nh * dh];
     let mut probs = vec![0f32; d.batch * nh * q * kl];
     let dst = SharedMut(out.as_mut_ptr());
-    probs
-        .par_chunks_mut(q * kl)
-        .enumerate()
-        .for_each_init(
-            || vec![0f32; q * d.columns],
-            |x, (t, p)| {
-                let (b, h) = (t / nh, t % nh);
-                scores(d, (b, h), qc, k, pos, mask, p, x);
-                softmax_rows(p, kl);
-                let dst = dst;
-                // SAFETY: task (b, h) writes o[b, :, h, :] only; `v` covers its shape.
-                unsafe {
-                    mm(
-                        (q, dh, kl),
-                        dst.0.add((b * q * nh + h) * dh),
-                        ((nh * dh) as isize, 1),
-                        false,
-                        p.as_ptr(),
-                        (kl as isize, 1),
-                        v.ptr([b, h, 0, 0]),
-                        (v.strides[2], v.strides[3]),
-                    );
-                }
-            },
-        );
+    probs.par_chunks_mut(q * kl).enumerate().for_each_init(
+        || vec![0f32; q * d.columns],
+        |x, (t, p)| {
+            let (b, h) = (t / nh, t % nh);
+            scores(d, (b, h), qc, k, pos, mask, p, x);
+            softmax_rows(p, kl);
+            let dst = dst;
+            // SAFETY: task (b, h) writes o[b, :, h, :] only; `v` covers its shape.
+            unsafe {
+                mm(
+                    (q, dh, kl),
+                    dst.0.add((b * q * nh + h) * dh),
+                    ((nh * dh) as isize, 1),
+                    false,
+                    p.as_ptr(),
+                    (kl as isize, 1),
+                    v.ptr([b, h, 0, 0]),
+                    (v.strides[2], v.strides[3]),
+                );
+            }
+        },
+    );
     (out, probs)
 }
 
@@ -507,18 +504,16 @@ pub fn backward(
     // Σ over the rows: dR as [S, heads, d_head], dβ as [heads, Q, K].
     let table = if shifted_pos {
         let mut dr = vec![0f32; sc * nh * dh];
-        dr.par_chunks_mut(nh * dh)
-            .enumerate()
-            .for_each(|(c, out)| {
-                for b in 0..nb {
-                    for h in 0..nh {
-                        let src = &partial[((b * nh + h) * sc + c) * dh..][..dh];
-                        for (o, s) in out[h * dh..(h + 1) * dh].iter_mut().zip(src) {
-                            *o += s;
-                        }
+        dr.par_chunks_mut(nh * dh).enumerate().for_each(|(c, out)| {
+            for b in 0..nb {
+                for h in 0..nh {
+                    let src = &partial[((b * nh + h) * sc + c) * dh..][..dh];
+                    for (o, s) in out[h * dh..(h + 1) * dh].iter_mut().zip(src) {
+                        *o += s;
                     }
                 }
-            });
+            }
+        });
         dr
     } else if biased {
         let mut db = vec![0f32; nh * q * kl];

@@ -7,6 +7,7 @@ use burn::tensor::{Device, Tensor};
 
 use crate::error::RelativeError;
 use crate::positions::{PositionConfig, PositionIndex, PositionKind, RelativeContext};
+use crate::rows::linear_rows;
 use crate::shift::relative_shift;
 
 /// Configuration of a [`RelativeMultiHeadAttention`] layer.
@@ -240,10 +241,10 @@ impl RelativeMultiHeadAttention {
         let (q, k, v) = self.project(x, memory, ctx)?;
         // [batch, len, heads, d_head] -> [batch, heads, len, d_head]; fused where it applies.
         let [q, k, v] = [q, k, v].map(|t| t.swap_dims(1, 2));
-        let context = self
-            .attend(q, k, v, ctx, shared)?
-            .swap_dims(1, 2)
-            .reshape([batch, qlen, h * dh]);
+        let context =
+            self.attend(q, k, v, ctx, shared)?
+                .swap_dims(1, 2)
+                .reshape([batch, qlen, h * dh]);
         Ok(self.project_output(context))
     }
 
@@ -280,11 +281,8 @@ impl RelativeMultiHeadAttention {
             None => x.clone(),
         };
         let klen = qlen + mlen;
-        let q = self.query.forward(x).reshape([batch, qlen, h, dh]);
-        let kv = self
-            .key_value
-            .forward(keys_in)
-            .reshape([batch, klen, 2, h, dh]);
+        let q = linear_rows(&self.query, x).reshape([batch, qlen, h, dh]);
+        let kv = linear_rows(&self.key_value, keys_in).reshape([batch, klen, 2, h, dh]);
         let k = kv.clone().narrow(2, 0, 1).reshape([batch, klen, h, dh]);
         let v = kv.narrow(2, 1, 1).reshape([batch, klen, h, dh]);
         // v_j = W_v h_j (+ b_v)
@@ -297,7 +295,7 @@ impl RelativeMultiHeadAttention {
 
     /// `Dropout(W_o c (+ b_o))` of the heads' concatenated context `c`, `[batch, qlen, heads * d_head]`.
     pub fn project_output(&self, context: Tensor<3>) -> Tensor<3> {
-        self.dropout.forward(self.output.forward(context))
+        self.dropout.forward(linear_rows(&self.output, context))
     }
 
     /// Dropout on attention probabilities ("dropatt").

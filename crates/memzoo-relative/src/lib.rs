@@ -17,6 +17,7 @@ pub mod error;
 pub mod fused;
 pub mod knn;
 pub mod positions;
+pub mod rows;
 pub mod shift;
 
 pub use attention::{
@@ -28,3 +29,4 @@ pub use knn::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, l2_normalize
 pub use positions::{
     AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
 };
+pub use rows::linear_rows;
