@@ -3,7 +3,7 @@
 
 use burn::nn::Initializer;
 use burn::optim::GradientsParams;
-use burn::tensor::{Bool, Device, Tensor, TensorData};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use memzoo_fused::{FusedError, RelativePosition, relative_attention_fused};
 use memzoo_relative::{
     AttentionMask, PositionConfig, PositionKind, RelativeAttentionConfig, RelativeContext,
@@ -43,7 +43,12 @@ fn run(
         Path::TensorOps => att.attend_tensor_ops(q, k, v, ctx, shared),
     }
     .unwrap();
-    let out = att.project_output(heads.swap_dims(1, 2).reshape([batch, qlen, att.n_heads * att.d_head]));
+    let out =
+        att.project_output(
+            heads
+                .swap_dims(1, 2)
+                .reshape([batch, qlen, att.n_heads * att.d_head]),
+        );
     let w = randn(out.dims(), 99, &out.device());
     let grads = (out.clone() * w).sum().backward();
     let mut all = vec![host(out.inner())];
@@ -81,12 +86,26 @@ fn check(positions: PositionConfig, own: bool, (qlen, mlen): (usize, usize), mas
     let x = randn([batch, qlen, dm], 21, &dev);
     let mem = (mlen > 0).then(|| randn([batch, mlen, dm], 22, &dev));
     let ctx = RelativeContext::new(&positions, dm, qlen, mlen, &mask, &dev);
-    let what = format!("{:?} own {own} qlen {qlen} mlen {mlen} {mask:?}", positions.kind);
+    let what = format!(
+        "{:?} own {own} qlen {qlen} mlen {mlen} {mask:?}",
+        positions.kind
+    );
     let fused = run(&att, shared.as_ref(), &x, mem.as_ref(), &ctx, Path::Fused);
-    let reference = run(&att, shared.as_ref(), &x, mem.as_ref(), &ctx, Path::TensorOps);
+    let reference = run(
+        &att,
+        shared.as_ref(),
+        &x,
+        mem.as_ref(),
+        &ctx,
+        Path::TensorOps,
+    );
     assert_eq!(fused.len(), reference.len());
     for (n, (a, b)) in fused.iter().zip(&reference).enumerate() {
-        let name = if n == 0 { "output".to_string() } else { format!("gradient {n}") };
+        let name = if n == 0 {
+            "output".to_string()
+        } else {
+            format!("gradient {n}")
+        };
         let scale = b.iter().fold(1f32, |m, v| m.max(v.abs()));
         assert_close(a, b, TOL * scale, &format!("{what}: {name}"));
     }
@@ -108,7 +127,12 @@ fn fused_xl_attention_matches_tensor_ops() {
         for mask in masks() {
             check(PositionConfig::new(), true, shape, mask.clone());
             check(PositionConfig::new(), false, shape, mask.clone());
-            check(PositionConfig::new().with_clamp_len(Some(2)), true, shape, mask);
+            check(
+                PositionConfig::new().with_clamp_len(Some(2)),
+                true,
+                shape,
+                mask,
+            );
         }
     }
 }
@@ -159,17 +183,44 @@ fn fused_attention_rejects_bad_shapes() {
     let dev: Device = flex();
     let q = randn([2, 3, 4, 5], 1, &dev);
     let k = randn([2, 3, 6, 5], 2, &dev);
-    let bias = |shape: [usize; 3]| RelativePosition::Bias(randn(shape, 3, &dev));
+    let bias = |shape: [usize; 2], len: usize| RelativePosition::Buckets {
+        table: randn(shape, 3, &dev),
+        bucket: Tensor::<1, Int>::from_data(
+            TensorData::new((0..len as i64).map(|u| u % 5).collect::<Vec<_>>(), [len]),
+            &dev,
+        ),
+    };
     let err = |r: Result<Tensor<4>, FusedError>| r.unwrap_err().to_string();
     let e = err(relative_attention_fused(
         q.clone(),
         k.clone(),
         k.clone(),
-        bias([3, 4, 7]),
+        bias([5, 3], 28),
         None,
         -1e9,
     ));
-    assert!(e.contains("[3, 4, 7]") && e.contains("[3, 4, 6]"), "{e}");
+    assert!(e.contains("[28]") && e.contains("expected [24]"), "{e}");
+    let e = err(relative_attention_fused(
+        q.clone(),
+        k.clone(),
+        k.clone(),
+        bias([4, 3], 24),
+        None,
+        -1e9,
+    ));
+    assert!(e.contains("0..=4") && e.contains("4 buckets"), "{e}");
+    let e = err(relative_attention_fused(
+        q.clone(),
+        k.clone(),
+        k.clone(),
+        bias([5, 2], 24),
+        None,
+        -1e9,
+    ));
+    assert!(
+        e.contains("[5, 2]") && e.contains("[buckets >= 1, 3]"),
+        "{e}"
+    );
     let e = err(relative_attention_fused(
         q.clone(),
         k.clone(),
@@ -186,12 +237,19 @@ fn fused_attention_rejects_bad_shapes() {
         q.clone(),
         k.clone(),
         randn([2, 3, 5, 5], 5, &dev),
-        bias([3, 4, 6]),
+        bias([5, 3], 24),
         None,
         -1e9,
     ));
     assert!(e.contains("v has shape [2, 3, 5, 5]"), "{e}");
     let mask = Tensor::<3, Bool>::empty([3, 4, 6], &dev);
-    let e = err(relative_attention_fused(q, k.clone(), k, bias([3, 4, 6]), Some(mask), -1e9));
+    let e = err(relative_attention_fused(
+        q,
+        k.clone(),
+        k,
+        bias([5, 3], 24),
+        Some(mask),
+        -1e9,
+    ));
     assert!(e.contains("mask has shape [3, 4, 6]"), "{e}");
 }

@@ -5,7 +5,7 @@
 //!   (sort, gather, chunk look-around with wrap, masks, round de-duplication, log-partitions,
 //!   unsort, mixture of rounds) as one multi-threaded op. The maths is in [`lsh`].
 //! - [`relative_attention_fused`]: relative multi-head attention from per-head queries, keys,
-//!   values and a position term (Transformer-XL's shifted `(q + v) W_R R`, or T5's bias) to the
+//!   values and a position term (Transformer-XL's shifted `(q + v) W_R R`, or T5's bucketed bias) to the
 //!   output: scores, relative shift, mask, softmax and `P V` as one multi-threaded op. The maths
 //!   is in [`relative`].
 //!
@@ -71,12 +71,13 @@ pub trait FusedBackend: Backend {
         params: RelParams,
     ) -> FloatTensor<Self>;
 
-    /// See [`relative_attention_fused`] with [`RelativePosition::Bias`]. `mask` as in
+    /// See [`relative_attention_fused`] with [`RelativePosition::Buckets`]. `mask` as in
     /// [`relative_attention_shifted`](FusedBackend::relative_attention_shifted).
-    fn relative_attention_biased(
+    fn relative_attention_bucketed(
         qc: FloatTensor<Self>,
         k: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
         params: RelParams,
@@ -188,15 +189,17 @@ impl FusedBackend for Flex {
         inputs.forward().0
     }
 
-    fn relative_attention_biased(
+    fn relative_attention_bucketed(
         qc: FloatTensor<Self>,
         k: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
         params: RelParams,
     ) -> FloatTensor<Self> {
-        let inputs = RelInputs::new(qc, k, v, RelPosTensors::Bias(bias), mask, params);
+        let pos = RelPosTensors::buckets(table, buckets);
+        let inputs = RelInputs::new(qc, k, v, pos, mask, params);
         inputs.forward().0
     }
 }
@@ -227,8 +230,25 @@ enum RelPosTensors {
         qp: FloatTensor<Flex>,
         r: FloatTensor<Flex>,
     },
-    /// `β` `[heads, qlen, klen]`.
-    Bias(FloatTensor<Flex>),
+    /// `β` `[buckets, heads]` and the bucket of every pair, `[qlen * klen]`.
+    Buckets {
+        table: FloatTensor<Flex>,
+        bucket: Vec<u32>,
+    },
+}
+
+impl RelPosTensors {
+    fn buckets(table: FloatTensor<Flex>, buckets: IntTensor<Flex>) -> Self {
+        let bucket = buckets
+            .into_data()
+            .convert::<i64>()
+            .try_into_vec::<i64>()
+            .expect("i64 data after conversion")
+            .into_iter()
+            .map(|u| u as u32)
+            .collect();
+        RelPosTensors::Buckets { table, bucket }
+    }
 }
 
 /// The relative attention kernel's inputs (shared, not copied) with the mask on the host.
@@ -273,7 +293,7 @@ impl RelInputs {
         let s = self.qc.layout().shape();
         let columns = match &self.pos {
             RelPosTensors::Shifted { r, .. } => r.layout().shape()[0],
-            RelPosTensors::Bias(_) => 0,
+            RelPosTensors::Buckets { .. } => 0,
         };
         relative::RelDims {
             batch: s[0],
@@ -291,7 +311,11 @@ impl RelInputs {
                 qp: view(qp),
                 r: view(r),
             },
-            RelPosTensors::Bias(b) => relative::Position::Bias(view(b)),
+            RelPosTensors::Buckets { table, bucket } => relative::Position::Buckets {
+                table: view(table),
+                n_buckets: table.layout().shape()[0],
+                bucket,
+            },
         }
     }
 
@@ -372,9 +396,9 @@ impl Backward<Flex, 5> for RelShiftedBackward {
 }
 
 #[derive(Debug)]
-struct RelBiasedBackward;
+struct RelBucketedBackward;
 
-impl Backward<Flex, 4> for RelBiasedBackward {
+impl Backward<Flex, 4> for RelBucketedBackward {
     type State = RelState;
 
     fn backward(self, ops: Ops<RelState, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -384,12 +408,15 @@ impl Backward<Flex, 4> for RelBiasedBackward {
         let g = inputs.backward(&probs, grad);
         let qshape = [d.batch, d.heads, d.qlen, d.d_head];
         let kshape = [d.batch, d.heads, d.klen, d.d_head];
-        let bshape = [d.heads, d.qlen, d.klen];
-        let [qc, k, bias, v] = ops.parents;
+        let bshape = match &inputs.pos {
+            RelPosTensors::Buckets { table, .. } => [table.layout().shape()[0], d.heads],
+            RelPosTensors::Shifted { .. } => unreachable!("a bucketed op holds buckets"),
+        };
+        let [qc, k, table, v] = ops.parents;
         for (parent, values, shape) in [
             (qc, g.qc, &qshape[..]),
             (k, g.k, &kshape[..]),
-            (bias, g.table, &bshape[..]),
+            (table, g.table, &bshape[..]),
             (v, g.v, &kshape[..]),
         ] {
             if let Some(node) = parent {
@@ -523,24 +550,25 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
         }
     }
 
-    fn relative_attention_biased(
+    fn relative_attention_bucketed(
         qc: FloatTensor<Self>,
         k: FloatTensor<Self>,
-        bias: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
         v: FloatTensor<Self>,
         mask: BoolTensor<Self>,
         params: RelParams,
     ) -> FloatTensor<Self> {
-        let nodes = [qc.node(), k.node(), bias.node(), v.node()];
+        let nodes = [qc.node(), k.node(), table.node(), v.node()];
         let inputs = RelInputs::new(
             qc.into_primitive(),
             k.into_primitive(),
             v.into_primitive(),
-            RelPosTensors::Bias(bias.into_primitive()),
+            RelPosTensors::buckets(table.into_primitive(), buckets),
             mask,
             params,
         );
-        match RelBiasedBackward
+        match RelBucketedBackward
             .prepare::<C>(nodes)
             .compute_bound()
             .stateful()
@@ -682,8 +710,14 @@ pub enum RelativePosition {
         /// `W_R R`.
         r: Tensor<3>,
     },
-    /// An additive bias `[heads, qlen, klen]` shared by the batch rows (T5's `β_bucket(i-j)`).
-    Bias(Tensor<3>),
+    /// T5's bias `β[bucket_ij, h]`, shared by the batch rows: `table` `[buckets, heads]`
+    /// (differentiable), `bucket` `[qlen * klen]` the bucket of pair `(i, j)` at `i * klen + j`.
+    Buckets {
+        /// `β`.
+        table: Tensor<2>,
+        /// The bucket of every pair.
+        bucket: Tensor<1, Int>,
+    },
 }
 
 /// Relative multi-head attention as one fused op (the maths is in [`relative`]):
@@ -737,14 +771,32 @@ pub fn relative_attention_fused(
             }
             dtypes.extend([("qp", qp.dtype()), ("r", r.dtype())]);
         }
-        RelativePosition::Bias(bias) => {
-            if bias.dims() != [h, q, kl] {
+        RelativePosition::Buckets { table, bucket } => {
+            let [n_buckets, th] = table.dims();
+            if th != h || n_buckets == 0 {
                 return bad(format!(
-                    "bias has shape {:?}, expected [{h}, {q}, {kl}]",
-                    bias.dims()
+                    "the bias table has shape {:?}, expected [buckets >= 1, {h}]",
+                    table.dims()
                 ));
             }
-            dtypes.push(("bias", bias.dtype()));
+            if bucket.dims() != [q * kl] {
+                return bad(format!(
+                    "bucket has shape {:?}, expected [{}] (qlen {q} x klen {kl})",
+                    bucket.dims(),
+                    q * kl
+                ));
+            }
+            // An id outside the table would read out of bounds: checked here, once.
+            let (lo, hi) = (
+                bucket.clone().min().into_scalar::<i64>(),
+                bucket.clone().max().into_scalar::<i64>(),
+            );
+            if lo < 0 || hi >= n_buckets as i64 {
+                return bad(format!(
+                    "bucket ids span {lo}..={hi}, the table has {n_buckets} buckets"
+                ));
+            }
+            dtypes.push(("table", table.dtype()));
         }
     }
     for (name, dtype) in dtypes {
@@ -775,14 +827,17 @@ pub fn relative_attention_fused(
                 params,
             )
         }
-        RelativePosition::Bias(bias) => <Dispatch as FusedBackend>::relative_attention_biased(
-            qc.into_dispatch(),
-            k.into_dispatch(),
-            bias.into_dispatch(),
-            v.into_dispatch(),
-            mask.into_dispatch(),
-            params,
-        ),
+        RelativePosition::Buckets { table, bucket } => {
+            <Dispatch as FusedBackend>::relative_attention_bucketed(
+                qc.into_dispatch(),
+                k.into_dispatch(),
+                table.into_dispatch(),
+                bucket.into_dispatch(),
+                v.into_dispatch(),
+                mask.into_dispatch(),
+                params,
+            )
+        }
     };
     Ok(Tensor::from_dispatch(out))
 }

@@ -10,7 +10,8 @@
 //!     read through the relative shift `B_ij = X_flat[(Q - 1) + i (S - 1) + j]` (the
 //!     pad-and-reshape trick of Dai et al. 2019, appendix B, as `memzoo-relative`'s `shift.rs`
 //!     proves; `S >= K + 1`, and distinct `(i, j)` read distinct entries of `X`);
-//!   - **bias** (T5): `B_ij = β_hij`, shared by every row;
+//!   - **bucketed bias** (T5): `B_ij = β[bucket_ij, h]`, one learned scalar per bucket and
+//!     head, shared by every row;
 //! - `s_ij = A_ij + B_ij`, then `s_ij = mask_value` where the mask hides key `j` from query `i`;
 //! - `P_ij = exp(s_ij - max_j s) / Σ_j exp(s_ij - max_j s)`, `o_i = Σ_j P_ij v_j`.
 //!
@@ -19,7 +20,7 @@
 //! - `ds_ij = P_ij (dP_ij - Σ_j' P_ij' dP_ij')`, 0 where hidden;
 //! - `dqc_i = Σ_j ds_ij k_j`, `dk_j = Σ_i ds_ij qc_i`;
 //! - shifted: `dX` holds `ds` at the shift's positions (0 elsewhere), `dqp = dX R`,
-//!   `dR = Σ_b dXᵀ qp`; bias: `dβ_hij = Σ_b ds_bhij`.
+//!   `dR = Σ_b dXᵀ qp`; bucketed bias: `dβ[u, h] = Σ_b Σ_{ij: bucket_ij = u} ds_bhij`.
 
 use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
@@ -85,8 +86,16 @@ pub enum Position<'a> {
         /// `W_R R`, one row per distance column.
         r: View<'a>,
     },
-    /// An additive bias `[heads, qlen, klen]` shared by the rows (T5).
-    Bias(View<'a>),
+    /// An additive bias `β[bucket_ij, h]` shared by the rows (T5): `table` `[buckets, heads]`,
+    /// `bucket` the bucket of every pair `(i, j)` at `i * klen + j`.
+    Buckets {
+        /// `β`, `[buckets, heads]`.
+        table: View<'a>,
+        /// Rows of `table`.
+        n_buckets: usize,
+        /// `bucket_ij`, `[qlen * klen]`, each below `n_buckets`.
+        bucket: &'a [u32],
+    },
     /// None.
     None,
 }
@@ -218,14 +227,18 @@ fn scores(
                 }
             }
         }
-        Position::Bias(beta) => {
-            for (i, row) in s.chunks_exact_mut(kl).enumerate() {
-                let p = beta.ptr([h, i, 0, 0]);
-                let st = beta.strides[2];
-                for (j, sv) in row.iter_mut().enumerate() {
-                    // SAFETY: (h, i, j) lies inside the bias's [heads, Q, K].
-                    *sv += unsafe { *p.offset(j as isize * st) };
-                }
+        Position::Buckets {
+            table,
+            n_buckets,
+            bucket,
+        } => {
+            // This head's column of β.
+            let beta: Vec<f32> = (0..n_buckets)
+                // SAFETY: (u, h) lies inside the table's [buckets, heads].
+                .map(|u| unsafe { *table.ptr([u, h, 0, 0]) })
+                .collect();
+            for (sv, &u) in s.iter_mut().zip(bucket) {
+                *sv += beta[u as usize];
             }
         }
         Position::None => {}
@@ -354,7 +367,7 @@ pub fn forward(
 
 /// Gradients of [`forward`]'s inputs (contiguous): `dqc`, `dk`, `dv` (`[batch, heads, len,
 /// d_head]`), and the position term's: shifted `(dqp [batch, heads, qlen, d_head],
-/// dR [S, heads, d_head])`, bias `(empty, dβ [heads, qlen, klen])`, none `(empty, empty)`.
+/// dR [S, heads, d_head])`, buckets `(empty, dβ [buckets, heads])`, none `(empty, empty)`.
 pub struct RelGrads {
     /// `dL/dqc`.
     pub qc: Vec<f32>,
@@ -364,7 +377,7 @@ pub struct RelGrads {
     pub v: Vec<f32>,
     /// `dL/dqp` (shifted), else empty.
     pub qp: Vec<f32>,
-    /// `dL/dR` (shifted) or `dL/dβ` (bias), else empty.
+    /// `dL/dR` (shifted) or `dL/dβ` (buckets), else empty.
     pub table: Vec<f32>,
 }
 
@@ -387,16 +400,14 @@ pub fn backward(
     let mut dk = vec![0f32; nb * nh * kl * dh];
     let mut dv = vec![0f32; nb * nh * kl * dh];
     let shifted_pos = matches!(pos, Position::Shifted { .. });
-    let biased = matches!(pos, Position::Bias(_));
-    let mut dqp = vec![0f32; if shifted_pos { nb * nh * q * dh } else { 0 }];
-    // Per task: dR of its row ([S, d_head]) or its ds ([Q, K]), summed over the rows after.
-    let per_task = if shifted_pos {
-        sc * dh
-    } else if biased {
-        q * kl
-    } else {
-        0
+    let n_buckets = match pos {
+        Position::Buckets { n_buckets, .. } => n_buckets,
+        _ => 0,
     };
+    let mut dqp = vec![0f32; if shifted_pos { nb * nh * q * dh } else { 0 }];
+    // Per task: dR of its row ([S, d_head]) or dβ of its head ([buckets]), summed over the
+    // rows after.
+    let per_task = if shifted_pos { sc * dh } else { n_buckets };
     let mut partial = vec![0f32; nb * nh * per_task];
     let ptrs = (
         SharedMut(dqc.as_mut_ptr()),
@@ -489,19 +500,19 @@ pub fn backward(
                             (qp.strides[2], qp.strides[3]),
                         );
                     }
-                    Position::Bias(_) => {
-                        std::ptr::copy_nonoverlapping(
-                            ds.as_ptr(),
-                            ptrs.4.0.add(t * q * kl),
-                            q * kl,
-                        );
+                    Position::Buckets { bucket, .. } => {
+                        let db =
+                            std::slice::from_raw_parts_mut(ptrs.4.0.add(t * n_buckets), n_buckets);
+                        for (&x, &u) in ds.iter().zip(bucket) {
+                            db[u as usize] += x;
+                        }
                     }
                     Position::None => {}
                 }
             }
         },
     );
-    // Σ over the rows: dR as [S, heads, d_head], dβ as [heads, Q, K].
+    // Σ over the rows: dR as [S, heads, d_head], dβ as [buckets, heads].
     let table = if shifted_pos {
         let mut dr = vec![0f32; sc * nh * dh];
         dr.par_chunks_mut(nh * dh).enumerate().for_each(|(c, out)| {
@@ -515,16 +526,16 @@ pub fn backward(
             }
         });
         dr
-    } else if biased {
-        let mut db = vec![0f32; nh * q * kl];
-        db.par_chunks_mut(q * kl).enumerate().for_each(|(h, out)| {
-            for b in 0..nb {
-                let src = &partial[(b * nh + h) * q * kl..][..q * kl];
-                for (o, s) in out.iter_mut().zip(src) {
-                    *o += s;
+    } else if n_buckets > 0 {
+        let mut db = vec![0f32; n_buckets * nh];
+        for b in 0..nb {
+            for h in 0..nh {
+                let src = &partial[(b * nh + h) * n_buckets..][..n_buckets];
+                for (u, s) in src.iter().enumerate() {
+                    db[u * nh + h] += s;
                 }
             }
-        });
+        }
         db
     } else {
         Vec::new()

@@ -85,8 +85,7 @@ impl RelativeMultiHeadAttention {
         ctx: &RelativeContext,
         shared: Option<&XlBiases>,
     ) -> Result<Tensor<4>, RelativeError> {
-        let [_, h, qlen, dh] = q.dims();
-        let klen = k.dims()[2];
+        let [_, h, _, dh] = q.dims();
         let scale = 1.0 / (dh as f32).sqrt();
         let per_head = |p: &Param<Tensor<2>>| p.val().reshape([1, h, 1, dh]);
         let position = match (&self.scheme, &ctx.index) {
@@ -105,14 +104,12 @@ impl RelativeMultiHeadAttention {
                 (qc, RelativePosition::Shifted { qp, r })
             }
             (PositionParams::T5(p), PositionIndex::T5(idx)) => {
-                // β_{bucket(i + mlen - j)} per pair: [table, h] -> [h, qlen, klen]
-                let beta = p
-                    .bias
-                    .val()
-                    .transpose()
-                    .select(1, idx.clone())
-                    .reshape([h, qlen, klen]);
-                (q.mul_scalar(scale), RelativePosition::Bias(beta))
+                // β_{bucket(i + mlen - j)}, read per pair inside the kernel.
+                let position = RelativePosition::Buckets {
+                    table: p.bias.val(),
+                    bucket: idx.clone(),
+                };
+                (q.mul_scalar(scale), position)
             }
             _ => {
                 return Err(RelativeError::Input(format!(
