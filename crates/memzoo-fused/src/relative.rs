@@ -129,6 +129,13 @@ struct SharedMut(*mut f32);
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
+impl SharedMut {
+    /// The pointer (a method, so that closures capture the `Sync` wrapper, not the field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `dst[m, n] (+)= alpha · lhs[m, k] · rhs[k, n]` through raw strides `(row, col)`; one thread.
 ///
 /// # Safety
@@ -180,6 +187,7 @@ fn shifted(qlen: usize, columns: usize, i: usize, j: usize) -> usize {
 }
 
 /// Scores of one task, masked, into `s` (`[Q, K]`, row-major); `x` is scratch `[Q, S]`.
+#[allow(clippy::too_many_arguments)]
 fn scores(
     d: RelDims,
     (b, h): (usize, usize),
@@ -346,12 +354,11 @@ pub fn forward(
             let (b, h) = (t / nh, t % nh);
             scores(d, (b, h), qc, k, pos, mask, p, x);
             softmax_rows(p, kl);
-            let dst = dst;
             // SAFETY: task (b, h) writes o[b, :, h, :] only; `v` covers its shape.
             unsafe {
                 mm(
                     (q, dh, kl),
-                    dst.0.add((b * q * nh + h) * dh),
+                    dst.get().add((b * q * nh + h) * dh),
                     ((nh * dh) as isize, 1),
                     false,
                     p.as_ptr(),
@@ -421,7 +428,6 @@ pub fn backward(
         |(ds, dx), t| {
             let (b, h) = (t / nh, t % nh);
             let p = &probs[t * q * kl..(t + 1) * q * kl];
-            let ptrs = ptrs;
             // SAFETY: every write below goes to task t's own slices of the outputs; the views
             // cover their tensors' shapes.
             unsafe {
@@ -441,7 +447,7 @@ pub fn backward(
                 // dv = Pᵀ g
                 mm(
                     (kl, dh, q),
-                    ptrs.2.0.add(t * kl * dh),
+                    ptrs.2.get().add(t * kl * dh),
                     (dh as isize, 1),
                     false,
                     p.as_ptr(),
@@ -453,7 +459,7 @@ pub fn backward(
                 // dqc = ds K, dk = dsᵀ qc
                 mm(
                     (q, dh, kl),
-                    ptrs.0.0.add(t * q * dh),
+                    ptrs.0.get().add(t * q * dh),
                     (dh as isize, 1),
                     false,
                     ds.as_ptr(),
@@ -463,7 +469,7 @@ pub fn backward(
                 );
                 mm(
                     (kl, dh, q),
-                    ptrs.1.0.add(t * kl * dh),
+                    ptrs.1.get().add(t * kl * dh),
                     (dh as isize, 1),
                     false,
                     ds.as_ptr(),
@@ -481,7 +487,7 @@ pub fn backward(
                         // dqp = dX R, dR_b = dXᵀ qp
                         mm(
                             (q, dh, sc),
-                            ptrs.3.0.add(t * q * dh),
+                            ptrs.3.get().add(t * q * dh),
                             (dh as isize, 1),
                             false,
                             dx.as_ptr(),
@@ -491,7 +497,7 @@ pub fn backward(
                         );
                         mm(
                             (sc, dh, q),
-                            ptrs.4.0.add(t * sc * dh),
+                            ptrs.4.get().add(t * sc * dh),
                             (dh as isize, 1),
                             false,
                             dx.as_ptr(),
@@ -501,8 +507,10 @@ pub fn backward(
                         );
                     }
                     Position::Buckets { bucket, .. } => {
-                        let db =
-                            std::slice::from_raw_parts_mut(ptrs.4.0.add(t * n_buckets), n_buckets);
+                        let db = std::slice::from_raw_parts_mut(
+                            ptrs.4.get().add(t * n_buckets),
+                            n_buckets,
+                        );
                         for (&x, &u) in ds.iter().zip(bucket) {
                             db[u as usize] += x;
                         }
