@@ -5,7 +5,7 @@
 //! schemes run scores, relative shift, mask, softmax and `P V` (forward and backward) as one
 //! multi-threaded op; everywhere else (other backends, the learned scheme, `dropatt > 0` in
 //! training) the tensor-op path [`attend_tensor_ops`](RelativeMultiHeadAttention::attend_tensor_ops)
-//! runs, which is also the reference the kernel is tested against (`tests/relative.rs`).
+//! runs, which is also the reference the kernel is tested against (`tests/fused_relative.rs`).
 
 use burn::module::Param;
 use burn::tensor::activation::softmax;
