@@ -4,6 +4,7 @@ mod backend;
 mod cli;
 mod default_run;
 mod eval;
+mod fused_relative;
 mod generate;
 mod import;
 mod import_labml;

@@ -4,6 +4,10 @@
 //! - [`lsh_attention_fused`]: Reformer LSH attention from bucket ids to the mixed output
 //!   (sort, gather, chunk look-around with wrap, masks, round de-duplication, log-partitions,
 //!   unsort, mixture of rounds) as one multi-threaded op. The maths is in [`lsh`].
+//! - [`relative_attention_fused`]: relative multi-head attention from per-head queries, keys,
+//!   values and a position term (Transformer-XL's shifted `(q + v) W_R R`, or T5's bucketed bias) to the
+//!   output: scores, relative shift, mask, softmax and `P V` as one multi-threaded op. The maths
+//!   is in [`relative`].
 //!
 //! The kernels run on the `flex` backend (with or without autodiff); [`supports`] says whether a
 //! device can run them. Callers keep their tensor-op path for every other backend and as the
@@ -13,6 +17,7 @@
 //! at 1): its loops are the hot path.
 
 pub mod lsh;
+pub mod relative;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -53,6 +58,37 @@ pub trait FusedBackend: Backend {
 
     /// See [`lsh_hash_fused`]. Not differentiable (bucket ids).
     fn lsh_hash(x: FloatTensor<Self>, rotations: FloatTensor<Self>) -> IntTensor<Self>;
+
+    /// See [`relative_attention_fused`] with [`RelativePosition::Shifted`]. `mask` is
+    /// `[rows, qlen, klen]`, `rows = 0`: nothing hidden.
+    fn relative_attention_shifted(
+        qc: FloatTensor<Self>,
+        qp: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        r: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self>;
+
+    /// See [`relative_attention_fused`] with [`RelativePosition::Buckets`]. `mask` as in
+    /// [`relative_attention_shifted`](FusedBackend::relative_attention_shifted).
+    fn relative_attention_bucketed(
+        qc: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self>;
+}
+
+/// Settings of the relative attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RelParams {
+    /// The score of a hidden key (`-inf` or a large negative number).
+    pub mask_value: f32,
 }
 
 /// Host copies of the kernel's inputs.
@@ -138,6 +174,255 @@ impl FusedBackend for Flex {
         debug_assert_eq!(ids.len(), n * rounds * len, "{half} buckets / 2");
         let ids: Vec<i32> = ids.into_iter().map(|i| i as i32).collect();
         Flex::int_from_data(TensorData::new(ids, [n, rounds, len]), &Default::default())
+    }
+
+    fn relative_attention_shifted(
+        qc: FloatTensor<Self>,
+        qp: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        r: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self> {
+        let inputs = RelInputs::new(qc, k, v, RelPosTensors::Shifted { qp, r }, mask, params);
+        inputs.forward().0
+    }
+
+    fn relative_attention_bucketed(
+        qc: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self> {
+        let pos = RelPosTensors::buckets(table, buckets);
+        let inputs = RelInputs::new(qc, k, v, pos, mask, params);
+        inputs.forward().0
+    }
+}
+
+/// A strided view of a flex `f32` tensor's storage.
+fn view(t: &FloatTensor<Flex>) -> relative::View<'_> {
+    let layout = t.layout();
+    let mut strides = [0isize; 4];
+    for (s, &x) in strides.iter_mut().zip(layout.strides()) {
+        *s = x;
+    }
+    relative::View {
+        data: t.storage::<f32>(),
+        offset: layout.start_offset(),
+        strides,
+    }
+}
+
+fn flex_from(values: Vec<f32>, shape: &[usize]) -> FloatTensor<Flex> {
+    Flex::float_from_data(TensorData::new(values, shape.to_vec()), &Default::default())
+}
+
+/// The position term's tensors of the relative attention kernel.
+#[derive(Clone, Debug)]
+enum RelPosTensors {
+    /// `qp` `[batch, heads, qlen, d_head]` and `R` `[S, heads, d_head]`.
+    Shifted {
+        qp: FloatTensor<Flex>,
+        r: FloatTensor<Flex>,
+    },
+    /// `β` `[buckets, heads]` and the bucket of every pair, `[qlen * klen]`.
+    Buckets {
+        table: FloatTensor<Flex>,
+        bucket: Vec<u32>,
+    },
+}
+
+impl RelPosTensors {
+    fn buckets(table: FloatTensor<Flex>, buckets: IntTensor<Flex>) -> Self {
+        let bucket = buckets
+            .into_data()
+            .convert::<i64>()
+            .try_into_vec::<i64>()
+            .expect("i64 data after conversion")
+            .into_iter()
+            .map(|u| u as u32)
+            .collect();
+        RelPosTensors::Buckets { table, bucket }
+    }
+}
+
+/// The relative attention kernel's inputs (shared, not copied) with the mask on the host.
+#[derive(Clone, Debug)]
+struct RelInputs {
+    qc: FloatTensor<Flex>,
+    k: FloatTensor<Flex>,
+    v: FloatTensor<Flex>,
+    pos: RelPosTensors,
+    /// `[rows, qlen, klen]` flags (empty: nothing hidden) and `rows`.
+    hidden: (Vec<bool>, usize),
+    params: RelParams,
+}
+
+impl RelInputs {
+    fn new(
+        qc: FloatTensor<Flex>,
+        k: FloatTensor<Flex>,
+        v: FloatTensor<Flex>,
+        pos: RelPosTensors,
+        mask: BoolTensor<Flex>,
+        params: RelParams,
+    ) -> Self {
+        let mask = mask.into_data();
+        let rows = mask.shape()[0];
+        let hidden = if rows == 0 {
+            Vec::new()
+        } else {
+            mask.iter::<bool>().collect()
+        };
+        Self {
+            qc,
+            k,
+            v,
+            pos,
+            hidden: (hidden, rows),
+            params,
+        }
+    }
+
+    fn dims(&self) -> relative::RelDims {
+        let s = self.qc.layout().shape();
+        let columns = match &self.pos {
+            RelPosTensors::Shifted { r, .. } => r.layout().shape()[0],
+            RelPosTensors::Buckets { .. } => 0,
+        };
+        relative::RelDims {
+            batch: s[0],
+            heads: s[1],
+            qlen: s[2],
+            klen: self.k.layout().shape()[2],
+            d_head: s[3],
+            columns,
+        }
+    }
+
+    fn position(&self) -> relative::Position<'_> {
+        match &self.pos {
+            RelPosTensors::Shifted { qp, r } => relative::Position::Shifted {
+                qp: view(qp),
+                r: view(r),
+            },
+            RelPosTensors::Buckets { table, bucket } => relative::Position::Buckets {
+                table: view(table),
+                n_buckets: table.layout().shape()[0],
+                bucket,
+            },
+        }
+    }
+
+    fn mask(&self) -> relative::Mask<'_> {
+        relative::Mask {
+            hidden: &self.hidden.0,
+            rows: self.hidden.1,
+            value: self.params.mask_value,
+        }
+    }
+
+    /// The output `[batch, heads, qlen, d_head]` (stored as `[batch, qlen, heads, d_head]`,
+    /// so that the heads' concatenation is a free reshape) and the probabilities.
+    fn forward(&self) -> (FloatTensor<Flex>, Vec<f32>) {
+        let d = self.dims();
+        let (out, probs) = relative::forward(
+            d,
+            view(&self.qc),
+            view(&self.k),
+            view(&self.v),
+            self.position(),
+            self.mask(),
+        );
+        let out = flex_from(out, &[d.batch, d.qlen, d.heads, d.d_head]);
+        (Flex::float_permute(out, &[0, 2, 1, 3]), probs)
+    }
+
+    /// The gradients from `dL/d output` (`[batch, heads, qlen, d_head]`).
+    fn backward(&self, probs: &[f32], grad: FloatTensor<Flex>) -> relative::RelGrads {
+        let g = Flex::float_permute(grad, &[0, 2, 1, 3]);
+        relative::backward(
+            self.dims(),
+            view(&self.qc),
+            view(&self.k),
+            view(&self.v),
+            self.position(),
+            self.mask(),
+            probs,
+            view(&g),
+        )
+    }
+}
+
+/// State of the relative attention's backward: the inputs and the probabilities.
+#[derive(Clone, Debug)]
+struct RelState {
+    inputs: RelInputs,
+    probs: Vec<f32>,
+}
+
+#[derive(Debug)]
+struct RelShiftedBackward;
+
+impl Backward<Flex, 5> for RelShiftedBackward {
+    type State = RelState;
+
+    fn backward(self, ops: Ops<RelState, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        let RelState { inputs, probs } = ops.state;
+        let d = inputs.dims();
+        let g = inputs.backward(&probs, grad);
+        let qshape = [d.batch, d.heads, d.qlen, d.d_head];
+        let kshape = [d.batch, d.heads, d.klen, d.d_head];
+        let rshape = [d.columns, d.heads, d.d_head];
+        let [qc, qp, k, r, v] = ops.parents;
+        for (parent, values, shape) in [
+            (qc, g.qc, &qshape[..]),
+            (qp, g.qp, &qshape[..]),
+            (k, g.k, &kshape[..]),
+            (r, g.table, &rshape[..]),
+            (v, g.v, &kshape[..]),
+        ] {
+            if let Some(node) = parent {
+                grads.register::<Flex>(node.id, flex_from(values, shape));
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RelBucketedBackward;
+
+impl Backward<Flex, 4> for RelBucketedBackward {
+    type State = RelState;
+
+    fn backward(self, ops: Ops<RelState, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        let RelState { inputs, probs } = ops.state;
+        let d = inputs.dims();
+        let g = inputs.backward(&probs, grad);
+        let qshape = [d.batch, d.heads, d.qlen, d.d_head];
+        let kshape = [d.batch, d.heads, d.klen, d.d_head];
+        let bshape = match &inputs.pos {
+            RelPosTensors::Buckets { table, .. } => [table.layout().shape()[0], d.heads],
+            RelPosTensors::Shifted { .. } => unreachable!("a bucketed op holds buckets"),
+        };
+        let [qc, k, table, v] = ops.parents;
+        for (parent, values, shape) in [
+            (qc, g.qc, &qshape[..]),
+            (k, g.k, &kshape[..]),
+            (table, g.table, &bshape[..]),
+            (v, g.v, &kshape[..]),
+        ] {
+            if let Some(node) = parent {
+                grads.register::<Flex>(node.id, flex_from(values, shape));
+            }
+        }
     }
 }
 
@@ -228,6 +513,72 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
     fn lsh_hash(x: FloatTensor<Self>, rotations: FloatTensor<Self>) -> IntTensor<Self> {
         // Bucket ids carry no gradient: the kernel runs on the primitives.
         <Flex as FusedBackend>::lsh_hash(x.into_primitive(), rotations.into_primitive())
+    }
+
+    fn relative_attention_shifted(
+        qc: FloatTensor<Self>,
+        qp: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        r: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self> {
+        let nodes = [qc.node(), qp.node(), k.node(), r.node(), v.node()];
+        let pos = RelPosTensors::Shifted {
+            qp: qp.into_primitive(),
+            r: r.into_primitive(),
+        };
+        let inputs = RelInputs::new(
+            qc.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            pos,
+            mask,
+            params,
+        );
+        match RelShiftedBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (out, probs) = inputs.forward();
+                prep.finish(RelState { inputs, probs }, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(inputs.forward().0),
+        }
+    }
+
+    fn relative_attention_bucketed(
+        qc: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self> {
+        let nodes = [qc.node(), k.node(), table.node(), v.node()];
+        let inputs = RelInputs::new(
+            qc.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            RelPosTensors::buckets(table.into_primitive(), buckets),
+            mask,
+            params,
+        );
+        match RelBucketedBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (out, probs) = inputs.forward();
+                prep.finish(RelState { inputs, probs }, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(inputs.forward().0),
+        }
     }
 }
 
@@ -344,4 +695,149 @@ pub fn lsh_attention_fused(
             params,
         ),
     ))
+}
+
+/// The position term of [`relative_attention_fused`].
+#[derive(Clone, Debug)]
+pub enum RelativePosition {
+    /// Transformer-XL's terms (b) + (d): `qp R_cᵀ` per distance column `c`, relatively
+    /// shifted (`memzoo-relative`'s `relative_shift`). `qp`: `[batch, heads, qlen, d_head]`
+    /// (`s (q + v)`), `r`: `[S, heads, d_head]` (`W_R R`, column `c` = distance `klen - 1 - c`),
+    /// `S >= klen + 1`.
+    Shifted {
+        /// `s (q + v)`.
+        qp: Tensor<4>,
+        /// `W_R R`.
+        r: Tensor<3>,
+    },
+    /// T5's bias `β[bucket_ij, h]`, shared by the batch rows: `table` `[buckets, heads]`
+    /// (differentiable), `bucket` `[qlen * klen]` the bucket of pair `(i, j)` at `i * klen + j`.
+    Buckets {
+        /// `β`.
+        table: Tensor<2>,
+        /// The bucket of every pair.
+        bucket: Tensor<1, Int>,
+    },
+}
+
+/// Relative multi-head attention as one fused op (the maths is in [`relative`]):
+/// `o_i = Σ_j softmax_j(mask(qc_i · k_j + B_ij)) v_j`, `B` the [`RelativePosition`] term;
+/// hidden keys score `mask_value` (their scores get no gradient, as with `mask_fill`).
+/// Differentiable in every float input on an autodiff device.
+///
+/// Errors name the bad shape or dtype, or a device other than `flex` (see [`supports`]).
+///
+/// # Shapes
+/// - `qc`: `[batch, heads, qlen, d_head]`; `k`, `v`: `[batch, heads, klen, d_head]`
+/// - `mask`: `[1 or batch, qlen, klen]`, `true` = hidden
+/// - output: `[batch, heads, qlen, d_head]` (stored as `[batch, qlen, heads, d_head]`:
+///   `swap_dims(1, 2)` and a reshape to `[batch, qlen, heads * d_head]` copy nothing)
+pub fn relative_attention_fused(
+    qc: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    position: RelativePosition,
+    mask: Option<Tensor<3, Bool>>,
+    mask_value: f32,
+) -> Result<Tensor<4>, FusedError> {
+    let bad = |m: String| Err(FusedError::Input(m));
+    let device = qc.device();
+    if !supports(&device) {
+        return bad(format!(
+            "the relative attention kernel runs on the flex CPU backend, not on {device:?}"
+        ));
+    }
+    let [b, h, q, dh] = qc.dims();
+    let [kb, kh, kl, kd] = k.dims();
+    if (kb, kh, kd) != (b, h, dh) || kl == 0 || q == 0 || dh == 0 {
+        return bad(format!("k has shape {:?}, qc {:?}", k.dims(), qc.dims()));
+    }
+    if v.dims() != k.dims() {
+        return bad(format!("v has shape {:?}, k {:?}", v.dims(), k.dims()));
+    }
+    let mut dtypes = vec![("qc", qc.dtype()), ("k", k.dtype()), ("v", v.dtype())];
+    match &position {
+        RelativePosition::Shifted { qp, r } => {
+            if qp.dims() != qc.dims() {
+                return bad(format!("qp has shape {:?}, qc {:?}", qp.dims(), qc.dims()));
+            }
+            let [s, rh, rd] = r.dims();
+            if (rh, rd) != (h, dh) || s < kl + 1 {
+                return bad(format!(
+                    "r has shape {:?}, expected [S >= {}, {h}, {dh}]",
+                    r.dims(),
+                    kl + 1
+                ));
+            }
+            dtypes.extend([("qp", qp.dtype()), ("r", r.dtype())]);
+        }
+        RelativePosition::Buckets { table, bucket } => {
+            let [n_buckets, th] = table.dims();
+            if th != h || n_buckets == 0 {
+                return bad(format!(
+                    "the bias table has shape {:?}, expected [buckets >= 1, {h}]",
+                    table.dims()
+                ));
+            }
+            if bucket.dims() != [q * kl] {
+                return bad(format!(
+                    "bucket has shape {:?}, expected [{}] (qlen {q} x klen {kl})",
+                    bucket.dims(),
+                    q * kl
+                ));
+            }
+            // An id outside the table would read out of bounds: checked here, once.
+            let (lo, hi) = (
+                bucket.clone().min().into_scalar::<i64>(),
+                bucket.clone().max().into_scalar::<i64>(),
+            );
+            if lo < 0 || hi >= n_buckets as i64 {
+                return bad(format!(
+                    "bucket ids span {lo}..={hi}, the table has {n_buckets} buckets"
+                ));
+            }
+            dtypes.push(("table", table.dtype()));
+        }
+    }
+    for (name, dtype) in dtypes {
+        if dtype != DType::F32 {
+            return bad(format!("{name} must be f32, got {dtype:?}"));
+        }
+    }
+    let mask = match mask {
+        Some(m) if m.dims()[1..] != [q, kl] || !(m.dims()[0] == 1 || m.dims()[0] == b) => {
+            return bad(format!(
+                "mask has shape {:?}, expected [1 or {b}, {q}, {kl}]",
+                m.dims()
+            ));
+        }
+        Some(m) => m,
+        None => Tensor::<3, Bool>::empty([0, q, kl], &device),
+    };
+    let params = RelParams { mask_value };
+    let out = match position {
+        RelativePosition::Shifted { qp, r } => {
+            <Dispatch as FusedBackend>::relative_attention_shifted(
+                qc.into_dispatch(),
+                qp.into_dispatch(),
+                k.into_dispatch(),
+                r.into_dispatch(),
+                v.into_dispatch(),
+                mask.into_dispatch(),
+                params,
+            )
+        }
+        RelativePosition::Buckets { table, bucket } => {
+            <Dispatch as FusedBackend>::relative_attention_bucketed(
+                qc.into_dispatch(),
+                k.into_dispatch(),
+                table.into_dispatch(),
+                bucket.into_dispatch(),
+                v.into_dispatch(),
+                mask.into_dispatch(),
+                params,
+            )
+        }
+    };
+    Ok(Tensor::from_dispatch(out))
 }

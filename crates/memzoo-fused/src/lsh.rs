@@ -479,7 +479,7 @@ fn mask_row(
 /// `e^x` to about 2 ulp, branch-free so that loops over it vectorise (Cephes' `expf`
 /// polynomial); 0 below -87 (where `e^x` is under `f32`'s smallest normal, 1.2e-38).
 #[inline(always)]
-fn exp_f32(x: f32) -> f32 {
+pub(crate) fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
@@ -580,7 +580,7 @@ fn softmax_rows(s: &mut [f32], w: usize, lse: &mut [f32]) {
 
 /// `max x` in 8 interleaved partial maxima (vectorises; no NaN handling: scores are finite).
 #[inline(always)]
-fn max_f32(x: &[f32]) -> f32 {
+pub(crate) fn max_f32(x: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; 8];
     let mut chunks = x.chunks_exact(8);
     for ch in &mut chunks {
@@ -602,7 +602,7 @@ fn max_f32(x: &[f32]) -> f32 {
 /// `Σ x` in 8 interleaved partial sums (vectorises; the order differs from a serial sum by
 /// rounding only).
 #[inline(always)]
-fn sum_f32(x: &[f32]) -> f32 {
+pub(crate) fn sum_f32(x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let mut chunks = x.chunks_exact(8);
     for ch in &mut chunks {

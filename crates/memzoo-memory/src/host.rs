@@ -13,8 +13,11 @@ use rayon::prelude::*;
 
 use crate::RowState;
 
-/// Queries scored together against one (row, head) store.
-const QUERY_BLOCK: usize = 16;
+/// Queries scored together against one (row, head) store. `gemm` packs the store's keys for
+/// every product: 64 queries share one packing (16 did not amortise it; `cargo xtask bench
+/// memory`, exact search of 512 tokens x 8 heads: 16K stored 0.26-0.46 s -> 0.17 s, 65K
+/// 0.69-1.18 s -> 0.55 s on a loaded 2-core machine).
+const QUERY_BLOCK: usize = 64;
 
 /// Keys and values of every (row, head) store, `[batch, heads, alloc, d_head]` each.
 #[derive(Debug, Clone)]

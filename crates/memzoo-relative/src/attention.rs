@@ -3,11 +3,11 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
-use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Tensor};
 
 use crate::error::RelativeError;
 use crate::positions::{PositionConfig, PositionIndex, PositionKind, RelativeContext};
+use crate::rows::linear_rows;
 use crate::shift::relative_shift;
 
 /// Configuration of a [`RelativeMultiHeadAttention`] layer.
@@ -291,12 +291,10 @@ impl RelativeMultiHeadAttention {
         let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
         let (q, k, v) = self.project(x, memory, ctx)?;
-        // [batch, len, heads, d_head] -> [batch, heads, len, d_head]
-        let scores = self.scores(q.swap_dims(1, 2), k.swap_dims(1, 2), ctx, shared)?;
-        let probs = self.dropatt.forward(softmax(ctx.mask_scores(scores), 3));
+        // [batch, len, heads, d_head] -> [batch, heads, len, d_head]; fused where it applies.
+        let [q, k, v] = [q, k, v].map(|t| t.swap_dims(1, 2));
         let context =
-            probs
-                .matmul(v.swap_dims(1, 2))
+            self.attend(q, k, v, ctx, shared)?
                 .swap_dims(1, 2)
                 .reshape([batch, qlen, h * dh]);
         Ok(self.project_output(context))
@@ -346,7 +344,7 @@ impl RelativeMultiHeadAttention {
             Some(m) => self.keys_values(Tensor::cat(vec![m, x.clone()], 1)),
             None => self.keys_values(x.clone()),
         };
-        let q = self.query.forward(x).reshape([batch, qlen, h, dh]);
+        let q = linear_rows(&self.query, x).reshape([batch, qlen, h, dh]);
         Ok((q, k, v))
     }
 
@@ -399,11 +397,13 @@ impl RelativeMultiHeadAttention {
 
     /// Keys and values of the `n_kv_heads` heads (not yet shared by the query heads).
     fn kv_heads_of(&self, h: Tensor<3>, constant: bool) -> (Tensor<4>, Tensor<4>) {
-        let [batch, len, _] = h.dims();
+        let [batch, len, d_model] = h.dims();
         let (hk, dh) = (self.n_kv_heads, self.d_head);
         let w = self.key_value.weight.val();
         let w = if constant { w.detach() } else { w };
-        let kv = burn::tensor::module::linear(h, w, None).reshape([batch, len, 2, hk, dh]);
+        // On `[batch * len, d_model]` rows: one weight-gradient product (see `linear_rows`).
+        let rows = burn::tensor::module::linear(h.reshape([batch * len, d_model]), w, None);
+        let kv = rows.reshape([batch, len, 2, hk, dh]);
         let k = kv.clone().narrow(2, 0, 1).reshape([batch, len, hk, dh]);
         let v = kv.narrow(2, 1, 1).reshape([batch, len, hk, dh]);
         // v_j = W_v h_j (+ b_v)
@@ -438,12 +438,35 @@ impl RelativeMultiHeadAttention {
 
     /// `Dropout(W_o c (+ b_o))` of the heads' concatenated context `c`, `[batch, qlen, heads * d_head]`.
     pub fn project_output(&self, context: Tensor<3>) -> Tensor<3> {
-        self.dropout.forward(self.output.forward(context))
+        self.dropout.forward(linear_rows(&self.output, context))
     }
 
     /// Dropout on attention probabilities ("dropatt").
     pub fn drop_probs<const D: usize>(&self, probs: Tensor<D>) -> Tensor<D> {
         self.dropatt.forward(probs)
+    }
+
+    /// The T5 bias table this layer reads, `bias_scale · β` (`[table_len, heads]`): the
+    /// context's shared table if it carries one (`shared_t5`), else the layer's own `own`.
+    /// memorizing-transformers-pytorch scales its bias by `sqrt(d_head)` (`bias_scale`).
+    pub(crate) fn t5_table(
+        &self,
+        own: &Param<Tensor<2>>,
+        ctx: &RelativeContext,
+    ) -> Result<Tensor<2>, RelativeError> {
+        let table = match &ctx.t5_table {
+            Some(t) if t.dims() != own.dims() => {
+                return Err(RelativeError::Input(format!(
+                    "the context's shared T5 table is {:?}, the layer's {:?}",
+                    t.dims(),
+                    own.dims()
+                )));
+            }
+            Some(t) => t.clone(),
+            None => own.val(),
+        };
+        let s = self.positions.bias_scale;
+        Ok(if s == 1.0 { table } else { table.mul_scalar(s) })
     }
 
     /// Pre-softmax scores `[batch, heads, qlen, klen]` (see the type docs for the formulas).
@@ -513,27 +536,13 @@ impl RelativeMultiHeadAttention {
                 Ok(ac + relative_shift(bd, klen))
             }
             (PositionParams::T5(p), PositionIndex::T5(idx)) => {
-                // The context's shared table, if it carries one, else the layer's own.
-                let table = match &ctx.t5_table {
-                    Some(t) if t.dims() != p.bias.dims() => {
-                        return Err(RelativeError::Input(format!(
-                            "the context's shared T5 table is {:?}, the layer's {:?}",
-                            t.dims(),
-                            p.bias.dims()
-                        )));
-                    }
-                    Some(t) => t.clone(),
-                    None => p.bias.val(),
-                };
                 // β_{bucket(i + mlen - j)} gathered per pair: [table, h] -> [h, qlen * klen]
                 // -> [1, h, qlen, klen], shared by every batch row.
-                let beta = table
+                let beta = self
+                    .t5_table(&p.bias, ctx)?
                     .transpose()
                     .select(1, idx.clone())
                     .reshape([1, h, qlen, klen]);
-                // memorizing-transformers-pytorch: sqrt(d_head) β (`bias_scale`).
-                let s = self.positions.bias_scale;
-                let beta = if s == 1.0 { beta } else { beta.mul_scalar(s) };
                 Ok(q.mul_scalar(scale).matmul(kt) + beta)
             }
             _ => Err(mismatch()),

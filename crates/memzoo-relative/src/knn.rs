@@ -248,10 +248,8 @@ impl KnnAttention {
         // Local: τ q̂·k̂ + β. `scores` multiplies by 1/sqrt(d_head), so q̂ enters as τ sqrt(d_head) q̂.
         let qh = q.clone().swap_dims(1, 2); // [batch, heads, qlen, dh]
         let q_in = qh * tau.clone().mul_scalar((dh as f32).sqrt());
-        let scores = att.scores(q_in, k.clone().swap_dims(1, 2), ctx, None)?;
-        let local = att
-            .drop_probs(softmax(ctx.mask_scores(scores), 3))
-            .matmul(v.clone().swap_dims(1, 2)); // [batch, heads, qlen, dh]
+        let (kh, vh) = (k.clone().swap_dims(1, 2), v.clone().swap_dims(1, 2));
+        let local = att.attend(q_in, kh, vh, ctx, None)?; // [batch, heads, qlen, dh]
 
         // Memory: top-k of q̂ in this row's and head's store, constants. Computed in the
         // store's [batch, qlen, heads, k, dh] layout (no permutes of the retrieved pairs).

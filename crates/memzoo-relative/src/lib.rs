@@ -14,8 +14,10 @@
 
 pub mod attention;
 pub mod error;
+pub mod fused;
 pub mod knn;
 pub mod positions;
+pub mod rows;
 pub mod shift;
 
 pub use attention::{
@@ -27,3 +29,4 @@ pub use knn::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, KnnMixing, l
 pub use positions::{
     AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
 };
+pub use rows::linear_rows;

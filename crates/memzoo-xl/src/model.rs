@@ -29,7 +29,7 @@ use memzoo_reformer::{
 };
 use memzoo_relative::{
     AttentionMask, KnnAttention, KnnAttentionConfig, KnnMixing, PositionConfig, PositionKind,
-    RelativeAttentionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
+    RelativeAttentionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases, linear_rows,
 };
 use serde::{Deserialize, Serialize};
 
@@ -1270,25 +1270,25 @@ impl XlBlock {
                 })
             }
             None => chunked(x, self.ff_chunk_len, |c, _| {
-                let h = self.activate(self.ff_in.forward(c));
+                let h = self.activate(linear_rows(&self.ff_in, c));
                 let h = if self.ff_inner_dropout {
                     self.dropout.forward(h)
                 } else {
                     h
                 };
-                self.dropout.forward(self.ff_out.forward(h))
+                self.dropout.forward(linear_rows(&self.ff_out, h))
             }),
         }
     }
 
     /// The feed-forward of a chunk with explicit masks.
     fn ff_masked(&self, x: Tensor<3>, masks: &FfMasks) -> Tensor<3> {
-        let h = self.activate(self.ff_in.forward(x));
+        let h = self.activate(linear_rows(&self.ff_in, x));
         let h = match &masks.inner {
             Some(m) => h * m.clone(),
             None => h,
         };
-        let out = self.ff_out.forward(h);
+        let out = linear_rows(&self.ff_out, h);
         match &masks.outer {
             Some(m) => out * m.clone(),
             None => out,
@@ -2231,7 +2231,7 @@ impl TransformerXl {
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         let [b, q, d] = hidden.dims();
         match (&self.output, &self.embedding) {
-            (OutputLayer::Linear(output), _) => output.forward(hidden),
+            (OutputLayer::Linear(output), _) => linear_rows(output, hidden),
             (OutputLayer::Tied(bias), InputEmbedding::Plain(embedding)) => {
                 let w = embedding.weight.val(); // [vocab, d]
                 let logits = hidden.reshape([b * q, d]).matmul(w.transpose());

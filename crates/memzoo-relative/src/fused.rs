@@ -1,0 +1,127 @@
+//! Where attention runs as one fused CPU kernel ([`memzoo_fused::relative_attention_fused`]) and
+//! where as tensor ops.
+//!
+//! On the `flex` backend, with no dropout on the probabilities, Transformer-XL's and T5's
+//! schemes run scores, relative shift, mask, softmax and `P V` (forward and backward) as one
+//! multi-threaded op; everywhere else (other backends, the learned scheme, `dropatt > 0` in
+//! training) the tensor-op path [`attend_tensor_ops`](RelativeMultiHeadAttention::attend_tensor_ops)
+//! runs, which is also the reference the kernel is tested against (`tests/fused_relative.rs`).
+
+use burn::module::Param;
+use burn::tensor::activation::softmax;
+use burn::tensor::{DType, Tensor};
+use memzoo_fused::{RelativePosition, relative_attention_fused};
+
+use crate::attention::{PositionParams, RelativeMultiHeadAttention, XlBiases};
+use crate::error::RelativeError;
+use crate::positions::{PositionIndex, RelativeContext};
+
+impl RelativeMultiHeadAttention {
+    /// `Dropatt(softmax(mask(scores))) V` per head (see the type docs for the scores): the
+    /// fused kernel where it applies (see the module docs), else tensor ops.
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, heads, qlen, d_head]`; `k`, `v`: `[batch, heads, klen, d_head]`
+    /// - output: `[batch, heads, qlen, d_head]`
+    pub fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        ctx: &RelativeContext,
+        shared: Option<&XlBiases>,
+    ) -> Result<Tensor<4>, RelativeError> {
+        if self.fused_applies(&q, ctx) {
+            return self.attend_fused(q, k, v, ctx, shared);
+        }
+        self.attend_tensor_ops(q, k, v, ctx, shared)
+    }
+
+    /// [`attend`](Self::attend) as tensor ops (every backend and scheme).
+    ///
+    /// # Shapes
+    /// As [`attend`](Self::attend).
+    pub fn attend_tensor_ops(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        ctx: &RelativeContext,
+        shared: Option<&XlBiases>,
+    ) -> Result<Tensor<4>, RelativeError> {
+        let scores = self.scores(q, k, ctx, shared)?;
+        Ok(self
+            .drop_probs(softmax(ctx.mask_scores(scores), 3))
+            .matmul(v))
+    }
+
+    /// Whether [`attend`](Self::attend) runs the fused kernel: on `flex`, f32, XL or T5
+    /// positions, and no dropout on the probabilities (none configured, or no autodiff).
+    pub fn fused_applies(&self, q: &Tensor<4>, ctx: &RelativeContext) -> bool {
+        let device = q.device();
+        let scheme = matches!(
+            (&self.scheme, &ctx.index),
+            (PositionParams::Xl(_), PositionIndex::Xl(_))
+                | (PositionParams::T5(_), PositionIndex::T5(_))
+        );
+        memzoo_fused::supports(&device)
+            && q.dtype() == DType::F32
+            && scheme
+            && (self.dropatt.prob == 0.0 || !device.is_autodiff())
+    }
+
+    /// [`attend`](Self::attend) by the fused kernel (XL or T5 positions on `flex`; see
+    /// [`fused_applies`](Self::fused_applies)). The kernel's scores are those of
+    /// [`scores`](Self::scores): XL `(q + u)·k s + relative_shift((q + v)·W_R R s)`, T5
+    /// `q·k s + β`.
+    ///
+    /// # Shapes
+    /// As [`attend`](Self::attend).
+    pub fn attend_fused(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        ctx: &RelativeContext,
+        shared: Option<&XlBiases>,
+    ) -> Result<Tensor<4>, RelativeError> {
+        let [_, h, _, dh] = q.dims();
+        let scale = 1.0 / (dh as f32).sqrt();
+        let per_head = |p: &Param<Tensor<2>>| p.val().reshape([1, h, 1, dh]);
+        let position = match (&self.scheme, &ctx.index) {
+            (PositionParams::Xl(p), PositionIndex::Xl(sinusoid)) => {
+                let biases = p.biases.as_ref().or(shared).ok_or_else(|| {
+                    RelativeError::Input(
+                        "XL attention without its own u/v biases needs the shared ones".into(),
+                    )
+                })?;
+                // W_R R: [W, d_model] -> [W, h, dh]
+                let w = sinusoid.dims()[0];
+                let r = p.r_net.forward(sinusoid.clone()).reshape([w, h, dh]);
+                // (a) + (c) scored with s (q + u), (b) + (d) with s (q + v).
+                let qp = (q.clone() + per_head(&biases.position)).mul_scalar(scale);
+                let qc = (q + per_head(&biases.content)).mul_scalar(scale);
+                (qc, RelativePosition::Shifted { qp, r })
+            }
+            (PositionParams::T5(p), PositionIndex::T5(idx)) => {
+                // β_{bucket(i + mlen - j)}, read per pair inside the kernel.
+                let position = RelativePosition::Buckets {
+                    table: self.t5_table(&p.bias, ctx)?,
+                    bucket: idx.clone(),
+                };
+                (q.mul_scalar(scale), position)
+            }
+            _ => {
+                return Err(RelativeError::Input(format!(
+                    "the fused kernel takes XL or T5 positions, not {:?} (context) / {:?} (layer)",
+                    ctx.index.kind(),
+                    self.positions.kind
+                )));
+            }
+        };
+        let (qc, position) = position;
+        // The shapes come from this layer: a rejection names them as a bad input.
+        relative_attention_fused(qc, k, v, position, ctx.mask.clone(), ctx.mask_value)
+            .map_err(|e| RelativeError::Input(e.to_string()))
+    }
+}
