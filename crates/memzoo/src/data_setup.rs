@@ -98,7 +98,10 @@ pub fn batcher(
     let mask = (split != Split::Train).then(|| {
         // Back to the bytes (reserved ids, below the offset, as byte 0: never recallable).
         let tok = &splits.tokenizer;
-        let bytes: Vec<u8> = tokens.iter().map(|&t| tok.id_byte(t).unwrap_or(0)).collect();
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .map(|&t| tok.id_byte(t).unwrap_or(0))
+            .collect();
         memzoo_data::recallable_mask(&bytes)
     });
     let b = OrderedBatcher::named(&label, tokens, batch, len)?;
