@@ -465,6 +465,10 @@ fn hf_reformer_enwik8_vocabulary_reads_bytes_plus_two() {
     );
     let bare: Vec<i64> = corpus.valid.iter().map(|&c| c as i64).collect();
     let unshifted = naive_loss(&model, &bare, len);
+    eprintln!(
+        "eval {} nats over {} tokens; bytes + 2 by hand {by_hand}; bare bytes {unshifted}",
+        r.loss, r.tokens
+    );
     assert!(
         (r.loss - unshifted).abs() > 1e-3,
         "the offset changes the score: {} vs {unshifted}",
