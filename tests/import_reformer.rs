@@ -350,3 +350,217 @@ fn fixed_rotations_serve_evaluation_and_are_never_trained() {
         }
     }
 }
+
+/// The enwik8 fixture grown to `google/reformer-enwik8`'s vocabulary of 258 (the fixture's 20
+/// rows of the embedding, the decoder and its bias, then 238 more of fixed, distinct values),
+/// in a scratch directory with the fixture's rotations.
+fn enwik8_with_vocab_258(tmp: &Path) -> PathBuf {
+    let dir = tmp.join("enwik8-258");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut hf: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("enwik8").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(hf["vocab_size"], 20);
+    hf["vocab_size"] = 258.into();
+    std::fs::write(dir.join("config.json"), hf.to_string()).unwrap();
+    std::fs::copy(
+        fixture("enwik8").join(hf_reformer::ROTATIONS_FILE),
+        dir.join(hf_reformer::ROTATIONS_FILE),
+    )
+    .unwrap();
+    let full = TensorMap::read(&fixture("enwik8").join("model.safetensors")).unwrap();
+    let mut m = BTreeMap::new();
+    for n in full.names() {
+        let t = full.get(n).unwrap().clone();
+        let shape = t.shape().to_vec();
+        let t = if shape[0] == 20
+            && matches!(
+                n,
+                "lm_head.bias"
+                    | "lm_head.decoder.weight"
+                    | "reformer.embeddings.word_embeddings.weight"
+            ) {
+            let row: usize = shape[1..].iter().product();
+            let mut v = t.convert::<f32>().try_to_vec::<f32>().unwrap();
+            v.extend((v.len()..258 * row).map(|i| 0.3 * ((i as f32) * 0.618).sin()));
+            let mut s = shape.clone();
+            s[0] = 258;
+            TensorData::new(v, s)
+        } else {
+            t
+        };
+        m.insert(n.to_string(), t);
+    }
+    memzoo_import::reader::write_safetensors(&dir.join("model.safetensors"), m).unwrap();
+    dir
+}
+
+/// Mean next-token loss of `ids` read as one row in windows of `len` (the full ones), each
+/// window on its own (HF's Reformer carries nothing across): `forward_window`, log-softmax and
+/// the target's entry, by hand.
+fn naive_loss(model: &memzoo_xl::TransformerXl, ids: &[i64], len: usize) -> f64 {
+    let dev = flex();
+    let (mut total, mut n) = (0.0f64, 0usize);
+    for w in 0..(ids.len() - 1) / len {
+        let x = burn::tensor::Tensor::<2, burn::tensor::Int>::from_data(
+            TensorData::new(ids[w * len..(w + 1) * len].to_vec(), [1, len]),
+            &dev,
+        );
+        let lp = host(log_softmax(model.forward_window(x).unwrap(), 2));
+        let v = lp.len() / len;
+        for i in 0..len {
+            total -= lp[i * v + ids[w * len + i + 1] as usize] as f64;
+            n += 1;
+        }
+    }
+    total / n as f64
+}
+
+/// `google/reformer-enwik8` reads text as `list(s.encode("utf-8")) + 2` (its model card;
+/// tensor2tensor's byte encoder with PAD 0 and EOS 1 reserved). An import of its vocabulary of
+/// 258 sets `data.byte_offset = 2`; the run's splits are then the bytes + 2, `memzoo eval`'s
+/// pipeline (splits, batcher, evaluation) scores the text as the model fed the ids bytes + 2
+/// by hand (and not as the bare bytes), and generated ids decode through the offset as the
+/// model card's `chr(x - 2) if x > 1 else ""`. The fixture's vocabulary of 20 keeps offset 0.
+#[test]
+fn hf_reformer_enwik8_vocabulary_reads_bytes_plus_two() {
+    let tmp = scratch("reformer-offset");
+    let src = enwik8_with_vocab_258(&tmp);
+    let text: Vec<u8> = "Reformer reads enwik8 as bytes + 2; naïve UTF-8 too. "
+        .repeat(240)
+        .into_bytes();
+    let data = tmp.join("text.txt");
+    std::fs::write(&data, &text).unwrap();
+    let run = tmp.join("run");
+    memzoo::import::import(
+        "hf-reformer",
+        &src,
+        &run,
+        Some(data.display().to_string()),
+        false,
+        true,
+    )
+    .unwrap();
+    let dev = flex();
+    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
+    assert_eq!(config.model.vocab_size, 258);
+    assert_eq!(config.data.byte_offset, 2, "the enwik8 convention");
+    let splits = memzoo::data_setup::load_splits(&config.data).unwrap();
+    let (_, corpus) = memzoo::data_setup::load_corpus(&config.data).unwrap();
+    let plus_two = |b: &[u8]| -> Vec<i64> { b.iter().map(|&c| c as i64 + 2).collect() };
+    let valid: Vec<i64> = splits.valid.iter().map(|&t| t as i64).collect();
+    assert_eq!(valid, plus_two(&corpus.valid));
+    let train: Vec<i64> = splits.train.iter().map(|&t| t as i64).collect();
+    assert_eq!(train, plus_two(&corpus.train));
+
+    let len = 16;
+    let mut b = memzoo::data_setup::batcher(&splits, memzoo_data::Split::Valid, 1, len).unwrap();
+    let r = memzoo_train::evaluate(&model, &mut b, len, None).unwrap();
+    let by_hand = naive_loss(&model, &plus_two(&corpus.valid), len);
+    assert!(
+        (r.loss - by_hand).abs() < 1e-5,
+        "eval {} vs bytes + 2 by hand {by_hand}",
+        r.loss
+    );
+    let bare: Vec<i64> = corpus.valid.iter().map(|&c| c as i64).collect();
+    let unshifted = naive_loss(&model, &bare, len);
+    eprintln!(
+        "eval {} nats over {} tokens; bytes + 2 by hand {by_hand}; bare bytes {unshifted}",
+        r.loss, r.tokens
+    );
+    assert!(
+        (r.loss - unshifted).abs() > 1e-3,
+        "the offset changes the score: {} vs {unshifted}",
+        r.loss
+    );
+    memzoo::commands::eval(&run, "flex", "valid", None, Some(len), Some(2), true).unwrap();
+
+    // Generation: the prompt is bytes + 2, the continuation decodes as the model card does.
+    let codec = memzoo_data::TextCodec::for_dir_with_offset(&run, config.data.byte_offset).unwrap();
+    let prompt = codec.encode_prompt("Reformer reads").unwrap();
+    assert_eq!(prompt, plus_two(b"Reformer reads"));
+    let gen_cfg = memzoo_train::generate::GenerateConfig::new(24, len);
+    let out = memzoo_train::generate::generate(&model, &prompt, &gen_cfg, &dev).unwrap();
+    assert_eq!(out.tokens.len(), 24);
+    let card: Vec<u8> = out
+        .tokens
+        .iter()
+        .filter(|&&x| x > 1)
+        .map(|&x| (x - 2) as u8)
+        .collect();
+    assert_eq!(
+        codec.decode_continuation(&out.tokens).unwrap(),
+        String::from_utf8_lossy(&card)
+    );
+    let opts = memzoo::commands::GenerateOptions {
+        prompt: "Reformer".into(),
+        tokens: 4,
+        sampler: memzoo_train::generate::SampleConfig::new(),
+        segment_len: None,
+        mem_len: None,
+        compare_recompute: false,
+    };
+    memzoo::commands::generate(&run, "flex", &opts, true).unwrap();
+
+    // The rule: a vocabulary of 258 only; the fixtures' 20 and crime's keep bytes as they are.
+    for name in ["enwik8", "crime"] {
+        let cfg = HfReformerConfig::read(&fixture(name).join("config.json")).unwrap();
+        assert_ne!(cfg.vocab_size, 258);
+        assert_eq!(hf_reformer::byte_offset(cfg.vocab_size), 0, "{name}");
+    }
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// A run whose bytes, shifted by `data.byte_offset`, reach past the model's vocabulary is
+/// refused by `memzoo eval` and `memzoo generate`, naming the vocabulary, the id and the offset.
+#[test]
+fn byte_offset_past_the_vocabulary_is_refused() {
+    let tmp = scratch("reformer-offset-vocab");
+    let data = tmp.join("text.txt");
+    // Bytes 3..=18: below the fixture's vocabulary of 20, but byte 18 + 2 is id 20.
+    let text: Vec<u8> = (0..4000).map(|i| 3 + (i * 7 % 16) as u8).collect();
+    std::fs::write(&data, &text).unwrap();
+    let run = tmp.join("run");
+    memzoo::import::import(
+        "hf-reformer",
+        &fixture("enwik8"),
+        &run,
+        Some(data.display().to_string()),
+        false,
+        true,
+    )
+    .unwrap();
+    // Offset 0 (vocabulary 20): the bytes fit.
+    memzoo::commands::eval(&run, "flex", "valid", None, Some(8), Some(1), true).unwrap();
+    let path = run.join("config.toml");
+    let cfg = std::fs::read_to_string(&path).unwrap();
+    assert!(cfg.contains("byte_offset = 0"), "{cfg}");
+    std::fs::write(&path, cfg.replace("byte_offset = 0", "byte_offset = 2")).unwrap();
+    let err = memzoo::commands::eval(&run, "flex", "valid", None, Some(8), Some(1), true)
+        .unwrap_err()
+        .to_string();
+    for part in [
+        "model.vocab_size = 20",
+        "token id 20",
+        "data.byte_offset = 258",
+    ] {
+        assert!(err.contains(part), "`{part}` not in: {err}");
+    }
+    let opts = memzoo::commands::GenerateOptions {
+        prompt: "\x03\x12".into(),
+        tokens: 2,
+        sampler: memzoo_train::generate::SampleConfig::new(),
+        segment_len: None,
+        mem_len: None,
+        compare_recompute: false,
+    };
+    let err = memzoo::commands::generate(&run, "flex", &opts, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("token id 20") && err.contains("prompt"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+}

@@ -291,11 +291,27 @@ pub enum TextCodec {
 impl TextCodec {
     /// The word vocabulary `dir/vocab.json` when there is one, else bytes.
     pub fn for_dir(dir: &Path) -> Result<Self, DataError> {
+        Self::for_dir_with_offset(dir, 0)
+    }
+
+    /// [`TextCodec::for_dir`] with bytes at ids `byte_offset + b`
+    /// ([`crate::ByteTokenizer::with_offset`]; a run's `data.byte_offset`).
+    pub fn for_dir_with_offset(dir: &Path, byte_offset: crate::Token) -> Result<Self, DataError> {
         let path = dir.join(WORD_VOCAB_FILE);
         if path.is_file() {
             Ok(TextCodec::Words(TransfoXlVocab::read(&path)?))
         } else {
-            Ok(TextCodec::Bytes(crate::ByteTokenizer::new()))
+            Ok(TextCodec::Bytes(
+                crate::ByteTokenizer::new().with_offset(byte_offset)?,
+            ))
+        }
+    }
+
+    /// Number of ids the codec writes: the byte tokenizer's (with its offset) or the words'.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            TextCodec::Bytes(t) => t.vocab_size(),
+            TextCodec::Words(v) => v.len(),
         }
     }
 
@@ -312,7 +328,7 @@ impl TextCodec {
         };
         if ids.is_empty() {
             ids.push(match self {
-                TextCodec::Bytes(_) => b'\n' as i64,
+                TextCodec::Bytes(t) => t.byte_id(b'\n') as i64,
                 TextCodec::Words(v) => v.sym2idx.get("<eos>").copied().unwrap_or(0) as i64,
             });
         }

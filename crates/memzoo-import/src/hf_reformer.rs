@@ -72,6 +72,29 @@ use crate::reader::TensorMap;
 /// The file of fixed LSH rotations read beside a checkpoint (`layers.{l}` per LSH layer).
 pub const ROTATIONS_FILE: &str = "rotations.safetensors";
 
+/// Vocabulary of `google/reformer-enwik8`: the 256 bytes after tensor2tensor's two reserved ids.
+pub const ENWIK8_VOCAB: usize = 258;
+
+/// Id of byte 0 in `google/reformer-enwik8` (its model card encodes `list(s.encode("utf-8")) +
+/// 2`): tensor2tensor's `ByteTextEncoder` reserves PAD 0 and EOS 1, and trax trained the model
+/// on enwik8 so encoded.
+pub const ENWIK8_BYTE_OFFSET: u16 = 2;
+
+/// The byte offset (id of byte 0, a run's `data.byte_offset`) of an HF Reformer with this
+/// vocabulary: [`ENWIK8_BYTE_OFFSET`] for a vocabulary of exactly [`ENWIK8_VOCAB`], else 0.
+///
+/// HF's config has no field for it (`google/reformer-enwik8` ships no tokenizer; the model card
+/// adds the 2 by hand), so the vocabulary decides: 258 is 256 bytes + tensor2tensor's 2
+/// reserved ids and no other byte layout; `crime-and-punishment` (sentencepiece, 320) and any
+/// other size keep 0, and `data.byte_offset` in the run's config.toml overrides either.
+pub fn byte_offset(vocab_size: usize) -> u16 {
+    if vocab_size == ENWIK8_VOCAB {
+        ENWIK8_BYTE_OFFSET
+    } else {
+        0
+    }
+}
+
 /// HF's key normalisation epsilon (`LSHSelfAttention._len_norm`).
 const KEY_EPS: f64 = 1e-6;
 

@@ -49,6 +49,16 @@ pub const SOURCES: &[&str] = &[
     "lucidrains-reformer",
 ];
 
+/// The id of byte 0 that a model imported from `source` with config `xl` reads text with (a
+/// run's `data.byte_offset`): 2 for an `hf-reformer` of `google/reformer-enwik8`'s vocabulary
+/// of 258 ([`hf_reformer::byte_offset`]), else 0.
+pub fn byte_offset(source: &str, xl: &XlConfig) -> u16 {
+    match source {
+        "hf-reformer" => hf_reformer::byte_offset(xl.vocab_size),
+        _ => 0,
+    }
+}
+
 /// Imports the checkpoint `src` of `source` (one of [`SOURCES`]) into memzoo's stack and its
 /// config.
 pub fn import_source(

@@ -360,14 +360,19 @@ pub fn eval(
     Ok(())
 }
 
-/// Token ids must index the model's vocabulary: the largest one in the data is named rather
-/// than panicking inside the embedding lookup.
-fn check_vocab(config: &RunConfig, splits: &crate::data_setup::Splits) -> Result<(), CliError> {
-    let (field, vocab) = match config.model_kind {
+/// The config field of the model's vocabulary size, and its value.
+fn model_vocab(config: &RunConfig) -> (&'static str, usize) {
+    match config.model_kind {
         ModelKind::Xl => ("model.vocab_size", config.model.vocab_size),
         ModelKind::Reformer => ("reformer.vocab_size", config.reformer.vocab_size),
         ModelKind::Memorizing => ("memorizing.xl.vocab_size", config.memorizing.xl.vocab_size),
-    };
+    }
+}
+
+/// Token ids must index the model's vocabulary: the largest one in the data is named rather
+/// than panicking inside the embedding lookup.
+fn check_vocab(config: &RunConfig, splits: &crate::data_setup::Splits) -> Result<(), CliError> {
+    let (field, vocab) = model_vocab(config);
     for (split, tokens) in [
         ("train", &splits.train),
         ("valid", &splits.valid),
@@ -382,8 +387,27 @@ fn check_vocab(config: &RunConfig, splits: &crate::data_setup::Splits) -> Result
                 split,
                 data: splits.name.clone(),
                 id: max.into(),
+                byte_offset: config.data.byte_offset,
             });
         }
+    }
+    Ok(())
+}
+
+/// The prompt's ids must index the model's vocabulary (named as [`check_vocab`] does).
+fn check_prompt_vocab(config: &RunConfig, codec: &TextCodec, prompt: &str) -> Result<(), CliError> {
+    let (field, vocab) = model_vocab(config);
+    if let Some(&max) = codec.encode_prompt(prompt)?.iter().max()
+        && max as usize >= vocab
+    {
+        return Err(CliError::Vocab {
+            field,
+            vocab,
+            split: "prompt",
+            data: "--prompt".into(),
+            id: max as u32,
+            byte_offset: config.data.byte_offset,
+        });
     }
     Ok(())
 }
@@ -696,8 +720,10 @@ pub fn generate(
         )));
     }
     let segment_len = opts.segment_len.unwrap_or(config.train.tgt_len);
-    // Bytes, or the words of an imported word-level model (`vocab.json` in the run).
-    let codec = TextCodec::for_dir(run_dir)?;
+    // Bytes (at `data.byte_offset`), or the words of an imported word-level model
+    // (`vocab.json` in the run).
+    let codec = TextCodec::for_dir_with_offset(run_dir, config.data.byte_offset)?;
+    check_prompt_vocab(&config, &codec, &opts.prompt)?;
     match config.model_kind {
         ModelKind::Xl => {
             let model = config.model.init(&device)?;

@@ -98,6 +98,13 @@ pub struct DataConfig {
     /// The generated long-range corpus (used when `source` is empty).
     #[serde(default)]
     pub generated: LongRangeConfig,
+    /// Id of byte 0: byte `b` is token `byte_offset + b` everywhere text becomes ids and back
+    /// (the three splits, `memzoo eval`, `memzoo generate`'s prompt and output, `--data` on
+    /// import); ids below it are reserved. Default 0 (a byte is its own id). 2 for
+    /// `google/reformer-enwik8` (tensor2tensor's byte encoder reserves PAD 0 and EOS 1), which
+    /// `memzoo import --from hf-reformer` sets from the model's vocabulary of 258.
+    #[serde(default)]
+    pub byte_offset: u16,
 }
 
 fn default_fraction() -> f64 {
@@ -117,6 +124,7 @@ impl Default for DataConfig {
             test_fraction: default_fraction(),
             data_dir: default_data_dir(),
             generated: LongRangeConfig::default(),
+            byte_offset: 0,
         }
     }
 }

@@ -17,6 +17,8 @@ pub struct Splits {
     pub valid: Vec<Token>,
     /// Test tokens.
     pub test: Vec<Token>,
+    /// The tokenizer that made them (bytes at `data.byte_offset`).
+    pub tokenizer: ByteTokenizer,
 }
 
 impl Splits {
@@ -63,15 +65,21 @@ pub fn load_corpus(cfg: &DataConfig) -> Result<(String, Corpus), CliError> {
     }
 }
 
-/// Loads and tokenises the three splits.
+/// The byte tokenizer of a `[data]` section: byte `b` is id `data.byte_offset + b`.
+pub fn tokenizer(cfg: &DataConfig) -> Result<ByteTokenizer, CliError> {
+    Ok(ByteTokenizer::new().with_offset(cfg.byte_offset)?)
+}
+
+/// Loads and tokenises the three splits ([`tokenizer`]).
 pub fn load_splits(cfg: &DataConfig) -> Result<Splits, CliError> {
     let (name, corpus) = load_corpus(cfg)?;
-    let tok = ByteTokenizer::new();
+    let tok = tokenizer(cfg)?;
     Ok(Splits {
         name,
         train: tok.encode(&corpus.train),
         valid: tok.encode(&corpus.valid),
         test: tok.encode(&corpus.test),
+        tokenizer: tok,
     })
 }
 
@@ -88,7 +96,12 @@ pub fn batcher(
     let label = format!("the {} split of {}", split.as_str(), splits.name);
     let tokens = splits.get(split).to_vec();
     let mask = (split != Split::Train).then(|| {
-        let bytes: Vec<u8> = tokens.iter().map(|&t| t.min(255) as u8).collect();
+        // Back to the bytes (reserved ids, below the offset, as byte 0: never recallable).
+        let tok = &splits.tokenizer;
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .map(|&t| tok.id_byte(t).unwrap_or(0))
+            .collect();
         memzoo_data::recallable_mask(&bytes)
     });
     let b = OrderedBatcher::named(&label, tokens, batch, len)?;
@@ -118,12 +131,10 @@ pub fn doc_batcher(
         .into_iter()
         .map(|d| d.text)
         .collect();
-    let docs: Vec<Vec<Token>> = texts
-        .iter()
-        .map(|t| t.iter().copied().map(Token::from).collect())
-        .collect();
-    // Byte 0 never occurs in the generated text: it pads, and its targets are ignored.
-    let b = memzoo_data::DocBatcher::new(&docs, batch, len, 0)?;
+    let tok = tokenizer(cfg)?;
+    let docs: Vec<Vec<Token>> = texts.iter().map(|t| tok.encode(t)).collect();
+    // Byte 0 never occurs in the generated text: its id pads, and its targets are ignored.
+    let b = memzoo_data::DocBatcher::new(&docs, batch, len, tok.byte_id(0))?;
     if split == Split::Train {
         return Ok(Some(b));
     }

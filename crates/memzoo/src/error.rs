@@ -81,7 +81,8 @@ pub enum CliError {
     /// Data with a token id the model has no embedding for.
     #[error(
         "{field} = {vocab}, but the {split} split of {data} holds token id {id} (ids must be below \
-         the vocabulary size; byte data needs 256)"
+         the vocabulary size; byte data needs 256 + data.byte_offset = {})",
+        256 + *byte_offset as usize
     )]
     Vocab {
         /// The config field of the vocabulary size.
@@ -94,6 +95,8 @@ pub enum CliError {
         data: String,
         /// The largest id of that split.
         id: u32,
+        /// The run's `data.byte_offset` (id of byte 0).
+        byte_offset: u16,
     },
     /// A known data set whose file is not downloaded yet.
     #[error(

@@ -69,6 +69,8 @@ pub fn import(
         ..RunConfig::default()
     };
     config.data.source = data;
+    // Bytes at the ids the model was trained on (2 for google/reformer-enwik8).
+    config.data.byte_offset = memzoo_import::byte_offset(from, &config.model);
     config.validate()?;
     // A word vocabulary beside the checkpoint (HF's vocab.pkl converted once by
     // xtask/peers/transfo_xl_vocab.py) goes with the run: `memzoo generate` reads it.
@@ -142,7 +144,8 @@ pub fn import(
             "{}",
             json!({"run_dir": run_dir, "checkpoint": saved, "parameters": params,
                    "vocab_size": config.model.vocab_size, "adaptive": config.model.is_adaptive(),
-                   "data": splits.name, "data_fits_vocab": fits})
+                   "data": splits.name, "data_fits_vocab": fits,
+                   "byte_offset": config.data.byte_offset})
         );
     } else {
         println!(
@@ -159,10 +162,11 @@ pub fn import(
         if !fits {
             println!(
                 "note: the run's data ({}) has token id {largest}, beyond the model's vocabulary \
-                 of {}: memzoo tokenizes bytes; give eval and training data whose bytes fit \
-                 ([data] source in {})",
+                 of {}: memzoo tokenizes bytes (byte b is id {} + b); give eval and training \
+                 data whose bytes fit ([data] source in {})",
                 splits.name,
                 config.model.vocab_size,
+                config.data.byte_offset,
                 run_dir.join("config.toml").display()
             );
         }

@@ -119,6 +119,16 @@ fn text_codec_picks_words_when_the_run_has_a_vocabulary() {
     assert_eq!(bytes.encode_prompt("").unwrap(), vec![10]);
     assert_eq!(bytes.decode_continuation(&[104, 105]).unwrap(), "hi");
     assert!(bytes.decode_continuation(&[-1]).is_err());
+    // Bytes at offset 2 (google/reformer-enwik8): byte b is id b + 2, a newline 12.
+    let shifted = TextCodec::for_dir_with_offset(&dir, 2).unwrap();
+    assert_eq!(shifted.vocab_size(), 258);
+    assert_eq!(shifted.encode_prompt("ab").unwrap(), vec![97 + 2, 98 + 2]);
+    assert_eq!(shifted.encode_prompt("").unwrap(), vec![10 + 2]);
+    assert_eq!(
+        shifted.decode_continuation(&[104 + 2, 1, 105 + 2]).unwrap(),
+        "hi"
+    );
+    assert!(shifted.decode_continuation(&[258]).is_err());
     std::fs::copy(fixture("vocab.json"), dir.join(WORD_VOCAB_FILE)).unwrap();
     let words = TextCodec::for_dir(&dir).unwrap();
     let all = cases();
