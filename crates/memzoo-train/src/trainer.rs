@@ -420,7 +420,7 @@ pub fn train<M: SegmentModel>(
         match crate::checkpoint::latest(&ckpt_dir)? {
             Some(dir) => {
                 let restored = crate::checkpoint::load(&dir, model, optim, &device)?;
-                if restored.trainer.family != restored.model.family() {
+                if !restored.model.accepts_family(&restored.trainer.family) {
                     return Err(TrainError::Checkpoint(format!(
                         "{} holds a `{}` model, this run trains `{}`",
                         dir.display(),
