@@ -1,11 +1,11 @@
 //! Backend parity: the same small Transformer-XL, Reformer and Memorizing Transformer, with the
 //! same weights and inputs, on every compiled-in backend, compared with `flex`.
 //!
-//! The weights are drawn once on the host (seeded, [`seeded_weights`]) and copied to each backend with
-//! `Module::fork`; inputs, LSH rotations and dropout masks are generated on the host. Compared:
-//! forward outputs (hidden states, logits, XL / kNN memories), LSH bucket ids (exactly), the loss
-//! and every parameter's gradient of one autodiff step (for the Reformer: the reversible
-//! backward of `train_step_with`, dropout on).
+//! The weights are drawn once on the host (seeded, [`seeded_weights`]) and copied to each
+//! backend with `Module::fork`; inputs, LSH rotations and dropout masks are generated on the
+//! host. Compared: forward outputs (hidden states, logits, XL / kNN memories), LSH bucket ids
+//! (exactly), the loss and every parameter's gradient of one autodiff step (for the Reformer:
+//! the reversible backward of `train_step_with`, dropout on).
 //!
 //! Which backends run: [`memzoo_backend::test_devices`] (build with `--features wgpu,tch`;
 //! `MEMZOO_WGPU_API` picks the wgpu graphics API, `gl` by default). With only flex compiled in,

@@ -187,10 +187,10 @@ fn device() -> Device {
 /// The long-range recall comparison (`cargo test -p memzoo-tests -- --ignored
 /// long_range_recall --nocapture`, ~10 minutes on 2 cores; `memzoo recall` runs the same).
 /// Seeded (data and weights, seed 7; the weights from a host generator, N(0, init_std) as the
-/// init). With both models and at least the default 6,000 steps
-/// it asserts that the kNN memory carries the recall across the long gap and XL does not:
-/// recall accuracy at least 0.5 above XL's, and a recall loss at least 1 nat below. Env:
-/// `MEMZOO_RECALL_STEPS` (default 6000), `MEMZOO_RECALL_LR` (default 3e-3),
+/// init, so they differ from `memzoo recall`'s). With both models and at least the default
+/// 6,000 steps it asserts that the kNN memory carries the recall across the long gap and XL
+/// does not: recall accuracy at least 0.5 above XL's, and a recall loss at least 1 nat below.
+/// Env: `MEMZOO_RECALL_STEPS` (default 6000), `MEMZOO_RECALL_LR` (default 3e-3),
 /// `MEMZOO_RECALL_ONLY` (a name prefix: `XL` or `memorizing`).
 #[test]
 #[ignore]
