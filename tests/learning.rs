@@ -294,10 +294,11 @@ fn assert_learns(family: &str, bpc: f64, unigram: f64) {
     );
 }
 
-/// The runs replay: every model's weights are drawn as its initialisers do (`N(c, s)` by
-/// parameter) from a seeded host generator ([`seeded_weights`]), and its randomness is seeded
-/// (dropout masks and rotations from `train_seed`), so no run reads Burn's device RNG, which
-/// concurrently running tests share.
+/// No run reads Burn's device RNG, which concurrently running tests share: every model's
+/// weights are drawn as its initialisers do (`N(c, s)` by parameter) from a seeded host
+/// generator ([`seeded_weights`]), and its randomness is seeded (dropout masks and rotations
+/// from `train_seed`). A run replays bit for bit with `RAYON_NUM_THREADS=1`; with more threads
+/// the order of the kernels' sums varies, and so do the last digits of the bpc.
 fn device() -> Device {
     flex().autodiff()
 }

@@ -147,7 +147,8 @@ fn duplication_loss_counts_the_second_copy_only() {
 /// The `reformer_train` example's Reformer (2 reversible LSH layers, axial positions) trained
 /// by the trainer copies the second `w` far above chance (1/15): 16-symbol sequences, 600
 /// steps (it reaches 87% in 1,000). Weights from a seeded host generator (N(0, 0.02) as the
-/// init), rotations seeded: the run replays.
+/// init), rotations seeded: no draw from Burn's device RNG (the run replays bit for bit with
+/// `RAYON_NUM_THREADS=1`; with more threads the order of the kernels' sums varies).
 #[test]
 fn the_duplication_task_is_learnt_through_the_trainer() {
     let dev = flex().autodiff();
