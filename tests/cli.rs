@@ -167,3 +167,88 @@ fn every_cli_error_kind_names_what_is_wrong() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A checkpoint's family label follows the stack's layers (`TransformerXl::stack_family`), not
+/// its randomness: an XL stack with `randomness = "seeded"` is `xl` (it was saved as `reformer`),
+/// LSH or local layers make a `reformer`, kNN layers a `memorizing`. A run whose checkpoint
+/// carries the label written before (`reformer`, and no self-checksum, as such checkpoints
+/// were) still generates and resumes; the label of another family is refused.
+#[test]
+fn the_family_label_follows_the_layers_and_old_labels_still_load() {
+    use memzoo_train::SegmentModel;
+    use memzoo_train::checkpoint::{latest, read_trainer_state};
+    use memzoo_xl::{LayerKind, Randomness, TransformerXl};
+
+    let dev = flex();
+    let stack = |randomness, layers: Vec<LayerKind>| {
+        let cfg = memzoo_tests::tiny_xl().with_randomness(randomness);
+        cfg.with_layers(layers).init(&dev).unwrap()
+    };
+    let label = |m: &TransformerXl| (SegmentModel::family(m), m.legacy_family());
+    assert_eq!(label(&stack(Randomness::Device, vec![])), ("xl", "xl"));
+    assert_eq!(
+        label(&stack(Randomness::Seeded, vec![])),
+        ("xl", "reformer")
+    );
+    let lsh = vec![LayerKind::Local, LayerKind::Lsh];
+    assert_eq!(label(&stack(Randomness::Device, lsh)), ("reformer", "xl"));
+    let reformer = memzoo_xl::ReformerConfig::new()
+        .with_n_layers(1)
+        .with_d_model(16)
+        .with_n_heads(2)
+        .with_d_head(8)
+        .with_d_ff(32)
+        .with_bucket_size(4)
+        .with_axial_positions(false)
+        .init(&dev)
+        .unwrap();
+    assert_eq!(label(&reformer), ("reformer", "reformer"));
+    let memorizing = memzoo_tests::tiny_memorizing().init(&dev).unwrap();
+    assert_eq!(SegmentModel::family(&memorizing), "memorizing");
+
+    let seeded = stack(Randomness::Seeded, vec![]);
+    for (found, ok) in [("xl", true), ("reformer", true), ("memorizing", false)] {
+        assert_eq!(
+            seeded.accepts_family(found),
+            ok,
+            "a seeded XL stack and `{found}`"
+        );
+    }
+
+    let dir = scratch("family");
+    let run = dir.join("run");
+    let randomness = "model.randomness=\"seeded\"";
+    commands::train(&tiny(&[randomness]), "flex", &run, false, false, true, true).unwrap();
+    let ckpts = run.join("checkpoints");
+    let newest = || latest(&ckpts).unwrap().expect("a checkpoint");
+    assert_eq!(read_trainer_state(&newest()).unwrap().family, "xl");
+    // What a checkpoint written before looks like: labelled `reformer`, no self-checksum.
+    let relabel = |family: &str| {
+        let path = newest().join("trainer.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json["family"] = family.into();
+        json.as_object_mut().unwrap().remove("sha256");
+        std::fs::write(&path, json.to_string()).unwrap();
+    };
+    relabel("reformer");
+    assert_eq!(read_trainer_state(&newest()).unwrap().family, "reformer");
+    generate(&run).expect("generate from a checkpoint labelled `reformer`");
+    let more = tiny(&[randomness, "train.steps=3"]);
+    commands::train(&more, "flex", &run, true, false, true, true)
+        .expect("resume from a checkpoint labelled `reformer`");
+    let state = read_trainer_state(&newest()).unwrap();
+    assert_eq!((state.step, state.family.as_str()), (3, "xl"));
+
+    relabel("memorizing");
+    check(
+        generate(&run),
+        &["memorizing"],
+        1,
+        "generate, another family",
+    );
+    let more = tiny(&[randomness, "train.steps=4"]);
+    let resumed = commands::train(&more, "flex", &run, true, false, true, true).map(|_| ());
+    check(resumed, &["memorizing"], 1, "resume, another family");
+    let _ = std::fs::remove_dir_all(dir);
+}

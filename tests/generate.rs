@@ -1,6 +1,9 @@
 //! Generation (`memzoo_train::generate`): the sampler against naive formulas, and for every
 //! family the cached generator (state carried across completed segments, the current segment
 //! read again per token) against recomputing the whole context for every token.
+//!
+//! The models' weights come from a seeded host generator ([`seeded_weights`]), not Burn's
+//! device RNG (which concurrently running tests share).
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo::commands::{self, GenerateOptions};
@@ -254,7 +257,7 @@ fn check_cached_equals_recomputed<M: SegmentModel>(
 #[test]
 fn xl_cached_generation_equals_recomputation() {
     let dev = flex();
-    let model = small_xl(6).init(&dev).unwrap();
+    let model = seeded_weights(small_xl(6).init(&dev).unwrap(), 1, |_| 0.2);
     let prompt = walk(5, 40, 7);
     let segments =
         check_cached_equals_recomputed(&model, 4, &prompt, 12, &dev, "xl, segments of 4");
@@ -298,9 +301,9 @@ fn memorizing_cached_generation_equals_recomputation() {
         .with_knn_layers(vec![1])
         .with_top_k(4)
         .with_max_memories(64)
-        .with_index(IndexKind::Exact)
-        .init(&dev)
-        .unwrap();
+        .with_index(IndexKind::Exact);
+    let std = xl_init_std(&model.stack());
+    let model = seeded_weights(model.init(&dev).unwrap(), 2, std);
     let (prompt, new, len) = (walk(6, 40, 3), 13, 4);
     let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, "memorizing");
     assert_eq!(segments, (6 + 13) / len);
@@ -359,6 +362,7 @@ fn reformer_generation_reads_a_sliding_window() {
         .with_init_std(0.3)
         .init(&dev)
         .unwrap();
+    let model = seeded_weights(model, 3, |_| 0.3);
     let prompt = walk(5, 40, 5);
     let segments = check_cached_equals_recomputed(&model, 6, &prompt, 10, &dev, "reformer");
     assert_eq!(segments, 0, "no state: nothing committed");

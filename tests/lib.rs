@@ -1,6 +1,6 @@
 //! Helpers shared by memzoo's integration tests: host copies of tensors and naive reference maths.
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_data::{ByteTokenizer, LongRangeConfig, Token, generate_corpus};
@@ -78,19 +78,94 @@ pub fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         .expect("f32 data")
 }
 
+/// One standard normal value from `rng` (Box-Muller).
+fn normal(rng: &mut StdRng) -> f32 {
+    let u1: f32 = rng.random_range(1e-7..1.0);
+    let u2: f32 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+}
+
 /// A tensor of standard normal values from a seeded RNG (independent of Burn's RNG).
 pub fn randn<const D: usize>(shape: [usize; D], seed: u64, device: &Device) -> Tensor<D> {
     let mut rng = StdRng::seed_from_u64(seed);
     let n: usize = shape.iter().product();
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            // Box-Muller
-            let u1: f32 = rng.random_range(1e-7..1.0);
-            let u2: f32 = rng.random();
-            (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
-        })
-        .collect();
+    let data: Vec<f32> = (0..n).map(|_| normal(&mut rng)).collect();
     Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+/// `model` with its random parameters drawn again from a seeded host RNG, so that a test's
+/// weights do not depend on Burn's device RNG (one generator for the whole process, which
+/// concurrently running tests draw from in any order; seeding it in a test is not enough).
+///
+/// Every memzoo initialiser is a normal `N(c, s)` or a constant. A parameter the init left
+/// constant (zero biases, unit gains) keeps its value; any other becomes `c + s z`,
+/// `z ~ N(0, 1)` drawn in visiting order from `seed`, with `c` = 1 for a LayerNorm gain
+/// (`gamma`) and 0 otherwise, and `s = std(path)` (`path`: the parameter's module path, e.g.
+/// `layers.0.block.ff_in.weight`).
+pub fn seeded_weights<M: Module>(model: M, seed: u64, std: impl Fn(&str) -> f64) -> M {
+    let mut mapper = Redraw {
+        rng: StdRng::seed_from_u64(seed),
+        path: Vec::new(),
+        std,
+    };
+    model.map(&mut mapper)
+}
+
+/// The standard deviation `cfg`'s initialisers give the parameter at `path`, for
+/// [`seeded_weights`]: `embedding_std` for the token embedding, the axial positions' own,
+/// `norm_gain_std` for LayerNorm gains, `init_std` for everything else (plain embeddings and
+/// outputs only: an adaptive embedding's tables and projections have other scales).
+pub fn xl_init_std(cfg: &XlConfig) -> impl Fn(&str) -> f64 + use<> {
+    let init = cfg.init_std;
+    let embedding = cfg.embedding_std.unwrap_or(init);
+    let axial = cfg.axial.as_ref().and_then(|a| a.std).unwrap_or(embedding);
+    let gain = cfg.norm_gain_std.unwrap_or(init);
+    move |path: &str| {
+        if path.starts_with("embedding.") {
+            embedding
+        } else if path.starts_with("axial.") {
+            axial
+        } else if path.ends_with("gamma") {
+            gain
+        } else {
+            init
+        }
+    }
+}
+
+struct Redraw<F> {
+    rng: StdRng,
+    path: Vec<String>,
+    std: F,
+}
+
+impl<F: Fn(&str) -> f64> ModuleMapper for Redraw<F> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let path = self.path.join(".");
+        param.map(|t| {
+            let values = host(t.clone());
+            if values.iter().all(|&v| v == values[0]) {
+                return t;
+            }
+            let c = if path.ends_with("gamma") { 1.0 } else { 0.0 };
+            let s = (self.std)(&path) as f32;
+            let data: Vec<f32> = values
+                .iter()
+                .map(|_| c + s * normal(&mut self.rng))
+                .collect();
+            let grad = t.is_require_grad();
+            let fresh = Tensor::from_data(TensorData::new(data, t.dims()), &t.device());
+            if grad { fresh.require_grad() } else { fresh }
+        })
+    }
 }
 
 /// Host copies of every float parameter's value (`grads: None`) or gradient, in visiting order;

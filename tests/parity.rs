@@ -1,11 +1,11 @@
 //! Backend parity: the same small Transformer-XL, Reformer and Memorizing Transformer, with the
 //! same weights and inputs, on every compiled-in backend, compared with `flex`.
 //!
-//! The weights are drawn once on flex (seeded) and copied to each backend with
-//! `Module::fork`; inputs, LSH rotations and dropout masks are generated on the host. Compared:
-//! forward outputs (hidden states, logits, XL / kNN memories), LSH bucket ids (exactly), the loss
-//! and every parameter's gradient of one autodiff step (for the Reformer: the reversible
-//! backward of `train_step_with`, dropout on).
+//! The weights are drawn once on the host (seeded, [`seeded_weights`]) and copied to each
+//! backend with `Module::fork`; inputs, LSH rotations and dropout masks are generated on the
+//! host. Compared: forward outputs (hidden states, logits, XL / kNN memories), LSH bucket ids
+//! (exactly), the loss and every parameter's gradient of one autodiff step (for the Reformer:
+//! the reversible backward of `train_step_with`, dropout on).
 //!
 //! Which backends run: [`memzoo_backend::test_devices`] (build with `--features wgpu,tch`;
 //! `MEMZOO_WGPU_API` picks the wgpu graphics API, `gl` by default). With only flex compiled in,
@@ -481,11 +481,14 @@ fn has_signal(grads: &[Option<Vec<f32>>]) -> bool {
 #[test]
 fn backend_parity_xl_reformer_memorizing() {
     let flex = flex();
-    flex.seed(7);
     let ad = flex.clone().autodiff();
-    let xl = xl_config().init(&ad).unwrap();
-    let reformer = reformer_config().init(&ad).unwrap();
-    let memorizing = memorizing_config().init(&ad).unwrap();
+    let xl = seeded_weights(xl_config().init(&ad).unwrap(), 7, xl_init_std(&xl_config()));
+    let reformer = reformer_config();
+    let std = xl_init_std(&reformer.stack());
+    let reformer = seeded_weights(reformer.init(&ad).unwrap(), 8, std);
+    let memorizing = memorizing_config();
+    let std = xl_init_std(&memorizing.stack());
+    let memorizing = seeded_weights(memorizing.init(&ad).unwrap(), 9, std);
 
     let xl_ref = run_xl(&xl, &flex, &ad);
     let reformer_ref = run_reformer(&reformer, &flex, &ad);

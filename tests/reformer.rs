@@ -385,7 +385,7 @@ fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
         let a1 = x1.clone().autodiff().require_grad();
         let a2 = x2.clone().autodiff().require_grad();
         let b = match buckets {
-            Replay::Buckets(b) => Replay::Buckets(b.clone().autodiff()),
+            Replay::Buckets(b) => Replay::Buckets(Box::new(b.as_ref().clone().autodiff())),
             _ => unreachable!(),
         };
         let y1 = a1.clone() + blk.f(a2.clone(), None, &mut cx(&opts), b).unwrap().0;

@@ -594,8 +594,9 @@ fn training_from_hf_weights_follows_pytorch_step_by_step() {
     let peer = |k: &str| -> Vec<f64> { steps.iter().map(|s| s[k].as_f64().unwrap()).collect() };
     for replicas in [1, 2] {
         let dev = flex().autodiff();
-        let (model, _) = memzoo_import::import_source("hf-transfo-xl", &fixtures.join("plain"), &dev)
-            .expect("import the plain fixture");
+        let (model, _) =
+            memzoo_import::import_source("hf-transfo-xl", &fixtures.join("plain"), &dev)
+                .expect("import the plain fixture");
         let config = TrainConfig::new()
             .with_steps(int("steps"))
             .with_batch(int("batch"))
@@ -657,7 +658,11 @@ fn training_from_hf_weights_follows_pytorch_step_by_step() {
             memzoo_import::hf_transfo_xl::Source::Values,
         );
         let name = "transformer.word_emb.emb_layers.0.weight";
-        let got = weights[name].clone().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let got = weights[name]
+            .clone()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
         // The fixture holds the first 16 rows.
         let got = &got[..16 * 16];
         let want: Vec<f32> = t["final"][name]

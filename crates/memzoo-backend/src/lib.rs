@@ -413,11 +413,12 @@ pub fn is_flex(device: &Device) -> bool {
 /// even on a software rasteriser, since its buffers must be copied back to be read.
 #[allow(deprecated)] // burn-tch is deprecated upstream; memzoo keeps it as a backend
 pub fn is_host_cpu(device: &Device) -> bool {
-    let mut host = Vec::new();
-    #[cfg(feature = "flex")]
-    host.push(Device::flex());
-    #[cfg(feature = "tch")]
-    host.push(Device::libtorch());
+    let host: &[Device] = &[
+        #[cfg(feature = "flex")]
+        Device::flex(),
+        #[cfg(feature = "tch")]
+        Device::libtorch(),
+    ];
     // Device equality is hardware identity, autodiff ignored.
     host.contains(device)
 }

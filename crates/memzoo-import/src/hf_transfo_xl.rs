@@ -656,14 +656,14 @@ fn adaptive_from(
                 .collect();
         }
     } else {
-        for i in 0..n {
+        for (i, table) in tables.iter().enumerate().take(n) {
             let p = format!("crit.out_layers.{i}.");
             out.biases
                 .push(map.float(&format!("{p}bias"), [size(i)], device)?);
             let name = format!("{p}weight");
             if cfg.tie_word_embeddings {
                 let to = format!("transformer.word_emb.emb_layers.{i}.weight");
-                check_tied(map, &name, &to, &tables[i], device)?;
+                check_tied(map, &name, &to, table, device)?;
             } else {
                 out.tables
                     .push(map.float(&name, [size(i), width(i)], device)?);

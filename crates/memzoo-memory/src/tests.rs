@@ -556,7 +556,7 @@ fn reset_when_full_empties_the_row_and_hides_it_for_one_search() {
         let t = 2;
         let q = tensor4(clustered_keys(b * t * h, d, 0, 0.0, 4), [b, t, h, d]);
         // Per row: the sorted distinct ids its queries found (-1: an empty slot).
-        let found = |index: &Box<dyn KnnIndex>, k: usize| -> Vec<Vec<i64>> {
+        let found = |index: &dyn KnnIndex, k: usize| -> Vec<Vec<i64>> {
             let ids = retrieved_ids(&index.search(q.clone(), k).unwrap());
             ids.chunks(t * h * k)
                 .map(|row| {
@@ -568,17 +568,25 @@ fn reset_when_full_empties_the_row_and_hides_it_for_one_search() {
                 .collect()
         };
         add(&mut index, 0, 4);
-        assert_eq!(found(&index, 4), vec![vec![0, 1, 2, 3]; 2], "{kind:?}");
+        assert_eq!(
+            found(index.as_ref(), 4),
+            vec![vec![0, 1, 2, 3]; 2],
+            "{kind:?}"
+        );
         index.clear(&[1]).unwrap();
         // Row 0: 4 + 3 > 6 resets it to the 3 new pairs, hidden; row 1: 0 + 3 fits.
         add(&mut index, 4, 3);
         assert_eq!((index.len(0), index.len(1)), (3, 3), "{kind:?}");
-        assert_eq!(found(&index, 3), vec![vec![-1], vec![4, 5, 6]], "{kind:?}");
+        assert_eq!(
+            found(index.as_ref(), 3),
+            vec![vec![-1], vec![4, 5, 6]],
+            "{kind:?}"
+        );
         // The next add makes row 0's pairs searchable again: 3 + 2 fits.
         add(&mut index, 7, 2);
         assert_eq!((index.len(0), index.len(1)), (5, 5), "{kind:?}");
         assert_eq!(
-            found(&index, 6),
+            found(index.as_ref(), 6),
             vec![vec![-1, 4, 5, 6, 7, 8]; 2],
             "{kind:?}"
         );

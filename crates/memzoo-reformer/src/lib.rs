@@ -21,8 +21,8 @@ pub mod rng;
 
 pub use attention::{
     AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, ReformerAttention,
-    ReformerAttentionConfig, hash_buckets, hash_buckets_factored, hash_buckets_with, local_attention,
-    lsh_attention,
+    ReformerAttentionConfig, hash_buckets, hash_buckets_factored, hash_buckets_with,
+    local_attention, lsh_attention,
 };
 pub use error::ReformerError;
 pub use feedforward::{

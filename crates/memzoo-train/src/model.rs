@@ -22,6 +22,12 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     /// Short name of the model family, stored in checkpoints.
     fn family(&self) -> &'static str;
 
+    /// Whether a checkpoint labelled `found` holds a model of this family. Default: the label
+    /// is [`Self::family`]; families whose label changed override it to accept their older one.
+    fn accepts_family(&self, found: &str) -> bool {
+        found == self.family()
+    }
+
     /// Vocabulary size (targets must be below it).
     fn vocab_size(&self) -> usize;
 
@@ -141,24 +147,24 @@ pub fn segment_loss<M: SegmentModel>(
     })
 }
 
-/// The layer stack (Transformer-XL; with kNN layers the Memorizing Transformer; with seeded
-/// randomness the Reformer) carries its XL memory and its kNN memories (host side). Without
-/// `document_resets` (Transformer-XL, as the paper) it reads documents as one stream; with them
-/// (the Memorizing preset) rows are cleared where the data marks a new document. A stack with
-/// neither memory (the Reformer) reads each segment on its own. Seeded stacks train with their
+/// The layer stack (Transformer-XL; with kNN layers the Memorizing Transformer; with LSH or
+/// local layers the Reformer, [`TransformerXl::stack_family`]) carries its XL memory and its kNN
+/// memories (host side). Without `document_resets` (Transformer-XL, as the paper) it reads
+/// documents as one stream; with them (the Memorizing preset) rows are cleared where the data
+/// marks a new document. A stack with neither memory (the Reformer) reads each segment on its
+/// own. Seeded stacks train with their
 /// own step ([`TransformerXl::train_step_state`]: fresh rotations and masks every step, and the
 /// reversible backward where the residuals are reversible).
 impl SegmentModel for TransformerXl {
     type State = XlState;
 
     fn family(&self) -> &'static str {
-        if self.n_knn_layers() > 0 {
-            "memorizing"
-        } else if self.randomness == Randomness::Seeded {
-            "reformer"
-        } else {
-            "xl"
-        }
+        self.stack_family()
+    }
+
+    /// The current label, or the one checkpoints written before it carried.
+    fn accepts_family(&self, found: &str) -> bool {
+        found == self.stack_family() || found == self.legacy_family()
     }
 
     fn carries_state(&self) -> bool {

@@ -9,8 +9,8 @@
 use burn::config::Config;
 use burn::tensor::Device;
 use memzoo_data::{Duplication, RecallStream, RecallTask, TaskStream};
-use memzoo_knn::MemorizingConfig;
-use memzoo_xl::ReformerConfig;
+use memzoo_knn::{MemorizingConfig, MemorizingTransformer};
+use memzoo_xl::{ReformerConfig, ReformerLm};
 
 use crate::error::TrainError;
 use crate::schedule::ScheduleConfig;
@@ -105,6 +105,17 @@ pub fn duplication(
     device: &Device,
     options: &RunOptions,
 ) -> Result<DuplicationReport, TrainError> {
+    check_duplication(cfg)?;
+    let model = cfg
+        .model
+        .clone()
+        .with_n_rounds(cfg.train_rounds)
+        .init(device)?;
+    duplication_from(model, cfg, options)
+}
+
+/// [`duplication`]'s settings, refused naming the bad value.
+fn check_duplication(cfg: &DuplicationConfig) -> Result<(), TrainError> {
     let bad = |m: String| Err(TrainError::Config(m));
     if cfg.train_rounds == 0 || cfg.eval_rounds.contains(&0) {
         return bad(format!(
@@ -127,15 +138,21 @@ pub fn duplication(
     if cfg.eval_size == 0 {
         return bad("the duplication eval_size must be positive, got 0".into());
     }
+    Ok(())
+}
+
+/// [`duplication`] from given weights: `model` is `cfg.model` with `cfg.train_rounds` hash
+/// rounds, initialised by the caller (e.g. from its own seeded generator).
+pub fn duplication_from(
+    model: ReformerLm,
+    cfg: &DuplicationConfig,
+    options: &RunOptions,
+) -> Result<DuplicationReport, TrainError> {
+    check_duplication(cfg)?;
     let data = |seed| Duplication::new(cfg.batch, cfg.len, cfg.vocab, seed);
     let mut train_data = TaskStream::endless(data(cfg.seed)?);
     let eval_batches = cfg.eval_size.div_ceil(cfg.batch.max(1));
     let mut valid_data = TaskStream::limited(data(!cfg.seed)?, eval_batches)?;
-    let model = cfg
-        .model
-        .clone()
-        .with_n_rounds(cfg.train_rounds)
-        .init(device)?;
     let config = task_train_config(cfg.steps, cfg.batch, cfg.len, cfg.lr, 0.0)
         .with_log_every(if cfg.log_every == 0 {
             cfg.steps.max(1)
@@ -217,6 +234,16 @@ pub fn recall(
     device: &Device,
     options: &RunOptions,
 ) -> Result<RecallResult, TrainError> {
+    recall_from(model.init(device)?, task, cfg, options)
+}
+
+/// [`recall`] from given weights (e.g. drawn by the caller from its own seeded generator).
+pub fn recall_from(
+    model: MemorizingTransformer,
+    task: &RecallTask,
+    cfg: &RecallConfig,
+    options: &RunOptions,
+) -> Result<RecallResult, TrainError> {
     if cfg.steps == 0 || cfg.batch == 0 || cfg.eval_segments == 0 || cfg.evaluations == 0 {
         return Err(TrainError::Config(format!(
             "recall steps, batch, eval_segments and evaluations must be positive, got {}, {}, \
@@ -231,7 +258,6 @@ pub fn recall(
     };
     let eval_stream = RecallStream::new(eval_task, cfg.batch, cfg.seed ^ 0xabcdef)?;
     let mut valid_data = TaskStream::limited(eval_stream, cfg.eval_segments)?;
-    let model = model.init(device)?;
     let every = (cfg.steps / cfg.evaluations).max(1);
     // Burn's AdamW defaults the task was tuned with: weight decay 1e-4.
     let config = task_train_config(cfg.steps, cfg.batch, task.seg_len, cfg.lr, 1e-4)

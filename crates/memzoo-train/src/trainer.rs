@@ -471,7 +471,7 @@ pub fn train_on_devices<M: SegmentModel>(
                     false => vec![device.clone()],
                 };
                 let restored = crate::checkpoint::load_on(&dir, model, optim, &state_devices)?;
-                if restored.trainer.family != restored.model.family() {
+                if !restored.model.accepts_family(&restored.trainer.family) {
                     return Err(TrainError::Checkpoint(format!(
                         "{} holds a `{}` model, this run trains `{}`",
                         dir.display(),

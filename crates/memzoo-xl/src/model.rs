@@ -1375,7 +1375,7 @@ pub enum Replay {
     Nothing,
     /// The LSH bucket ids, `[batch, heads, rounds, padded len]`: hashing the rebuilt input
     /// again could flip an argmax and attend to another set of keys.
-    Buckets(Tensor<4, Int>),
+    Buckets(Box<Tensor<4, Int>>),
     /// The pairs a kNN layer retrieved (its memory has moved on since).
     Retrieved(Box<Retrieved>),
 }
@@ -1585,11 +1585,11 @@ impl XlLayer {
                     },
                 };
                 let buckets = match replay {
-                    Replay::Buckets(b) => Some(b),
+                    Replay::Buckets(b) => Some(*b),
                     _ => None,
                 };
                 let (out, used) = a.forward_recorded(seq, None, &opts, buckets);
-                let replay = used.map_or(Replay::Nothing, Replay::Buckets);
+                let replay = used.map_or(Replay::Nothing, |b| Replay::Buckets(Box::new(b)));
                 Ok((out.narrow(1, len - qlen, qlen), replay))
             }
         }
@@ -1832,6 +1832,38 @@ impl TransformerXl {
     /// The kind of every layer, bottom to top.
     pub fn layer_kinds(&self) -> Vec<LayerKind> {
         self.layers.iter().map(|l| l.attention.kind()).collect()
+    }
+
+    /// The model family the stack is, by its layers (the label checkpoints carry): `memorizing`
+    /// with kNN layers, `reformer` with LSH or local attention layers (and no kNN ones), `xl`
+    /// otherwise. The randomness does not enter: an XL stack with `randomness = "seeded"` is
+    /// still `xl`.
+    pub fn stack_family(&self) -> &'static str {
+        let kinds = self.layer_kinds();
+        if kinds.contains(&LayerKind::Knn) {
+            "memorizing"
+        } else if kinds
+            .iter()
+            .any(|k| matches!(k, LayerKind::Lsh | LayerKind::Local))
+        {
+            "reformer"
+        } else {
+            "xl"
+        }
+    }
+
+    /// The label checkpoints written before [`stack_family`](Self::stack_family) looked at the
+    /// layers gave this stack: `memorizing` with kNN layers, else `reformer` with seeded
+    /// randomness, else `xl`. Loading accepts it beside the current one, so older runs still
+    /// resume and generate.
+    pub fn legacy_family(&self) -> &'static str {
+        if self.n_knn_layers() > 0 {
+            "memorizing"
+        } else if self.randomness == Randomness::Seeded {
+            "reformer"
+        } else {
+            "xl"
+        }
     }
 
     /// Number of kNN layers.

@@ -242,7 +242,7 @@ pub fn load_xl(run_dir: &Path, device: &Device) -> Result<(RunConfig, Transforme
     let dir = latest_checkpoint(run_dir)?;
     let trainer = checkpoint::read_trainer_state(&dir)?;
     // The `[model]` stack is "xl", "memorizing" when its layers include kNN ones, or "reformer"
-    // when its randomness is seeded (an imported Reformer).
+    // when they include LSH or local ones (before: when its randomness was seeded).
     if !matches!(trainer.family.as_str(), "xl" | "memorizing" | "reformer") {
         return Err(CliError::Family {
             dir,
@@ -676,7 +676,7 @@ pub struct GenerateOptions {
 fn load_checkpoint<M: SegmentModel>(run_dir: &Path, model: M) -> Result<M, CliError> {
     let dir = latest_checkpoint(run_dir)?;
     let trainer = checkpoint::read_trainer_state(&dir)?;
-    if trainer.family != model.family() {
+    if !model.accepts_family(&trainer.family) {
         return Err(CliError::Family {
             dir,
             found: trainer.family,

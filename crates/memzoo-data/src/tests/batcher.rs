@@ -322,7 +322,7 @@ fn document_target_masks_follow_their_tokens() {
     // 0 (skipped), 11, 3.
     let lens = [8usize, 5, 0, 11, 3];
     let id = |d: usize, p: usize| (1 + d * 100 + p) as Token;
-    let selected = |d: usize, p: usize| (d + p) % 3 == 0;
+    let selected = |d: usize, p: usize| (d + p).is_multiple_of(3);
     let documents: Vec<Vec<Token>> = lens
         .iter()
         .enumerate()
