@@ -109,8 +109,7 @@ fn resume_equals_straight(replicas: usize) -> PathBuf {
     let tokens = stream();
     let tiny_train = |steps| tiny_train(steps).with_replicas(Some(replicas));
 
-    dev.seed(1);
-    let model = tiny_xl().init(&dev).unwrap();
+    let model = seeded_weights(tiny_xl().init(&dev).unwrap(), 1, xl_init_std(&tiny_xl()));
     let init = model.clone();
     let dir_a = scratch(&format!("straight-{replicas}"));
     let straight = train(
@@ -274,16 +273,15 @@ fn data_parallel_matches_one_pass<M: SegmentModel>(model: &M, what: &str) {
 #[test]
 fn data_parallel_xl_step_equals_one_pass() {
     let dev = flex().autodiff();
-    dev.seed(5);
-    let model = tiny_xl().init(&dev).unwrap();
+    let model = seeded_weights(tiny_xl().init(&dev).unwrap(), 5, xl_init_std(&tiny_xl()));
     data_parallel_matches_one_pass(&model, "XL");
 }
 
 #[test]
 fn data_parallel_memorizing_step_equals_one_pass() {
     let dev = flex().autodiff();
-    dev.seed(6);
-    let model = tiny_memorizing().init(&dev).unwrap();
+    let cfg = tiny_memorizing();
+    let model = seeded_weights(cfg.init(&dev).unwrap(), 6, xl_init_std(&cfg.xl));
     data_parallel_matches_one_pass(&model, "Memorizing");
 }
 
@@ -517,12 +515,9 @@ fn memory_beats_no_memory_on_text_only_memory_can_predict() {
     let train_tokens = periodic_stream(1, 3000);
     let valid_tokens = periodic_stream(2, 100);
     let run = |mem_len: usize, name: &str| {
-        dev.seed(3);
-        let model = tiny_xl()
-            .with_mem_len(mem_len)
-            .with_vocab_size(128)
-            .init(&dev)
-            .unwrap();
+        let cfg = tiny_xl().with_mem_len(mem_len).with_vocab_size(128);
+        // The same draw for both runs (a seeded host RNG, not the shared device RNG).
+        let model = seeded_weights(cfg.init(&dev).unwrap(), 3, xl_init_std(&cfg));
         let cfg = tiny_train(2000)
             .with_batch(16)
             .with_tgt_len(4)
