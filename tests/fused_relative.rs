@@ -153,11 +153,34 @@ fn fused_t5_attention_matches_tensor_ops() {
     }
 }
 
+/// Segments longer than the kernel's block of 64 query rows: under a causal mask a block stops
+/// at the last key its rows see, so blocks of different widths, a window, and memory all meet.
+#[test]
+fn fused_attention_matches_tensor_ops_on_long_segments() {
+    for shape in [(150, 0), (131, 20)] {
+        for mask in masks() {
+            check(PositionConfig::new(), true, shape, mask.clone());
+            let t5 = PositionConfig::new()
+                .with_kind(PositionKind::T5)
+                .with_num_buckets(8)
+                .with_max_distance(40);
+            check(t5, true, shape, mask);
+        }
+    }
+}
+
 /// An explicit per-row mask with `-1e9` scores, one query hiding every key (it then attends
 /// uniformly on both paths).
 #[test]
 fn fused_attention_matches_tensor_ops_under_explicit_masks() {
-    let (qlen, mlen, batch) = (4, 3, 2);
+    explicit_mask((4, 3));
+    // Longer than a block: the fully hidden query's block keeps every key, the others stop
+    // at their causal limit.
+    explicit_mask((140, 9));
+}
+
+fn explicit_mask((qlen, mlen): (usize, usize)) {
+    let batch = 2;
     let klen = qlen + mlen;
     let hidden: Vec<bool> = (0..batch * qlen * klen)
         .map(|n| {

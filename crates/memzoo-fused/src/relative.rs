@@ -186,7 +186,50 @@ fn shifted(qlen: usize, columns: usize, i: usize, j: usize) -> usize {
     (qlen - 1) + i * (columns - 1) + j
 }
 
-/// Scores of one task, masked, into `s` (`[Q, K]`, row-major); `x` is scratch `[Q, S]`.
+/// Rows of queries computed together: a block reads the keys up to the last one any of its
+/// rows sees (see [`row_blocks`]).
+const BLOCK_ROWS: usize = 64;
+
+/// One task's query rows in blocks `(first row, end row, width)`: the block's rows see no key
+/// at or after `width` (1 + the last key any of them sees), so their scores, probabilities and
+/// products stop there — under a causal mask about half of the `Q x Q` part is skipped. The
+/// skipped entries are exact zeros of `P` (their scores are `mask_value`, `-inf` or `-1e9`,
+/// whose `exp` against a visible maximum is 0 in `f32`); a row that sees no key at all
+/// attends uniformly to every key (as the unfused softmax does), so its block keeps `K`.
+fn row_blocks(hidden: Option<&[bool]>, q: usize, kl: usize) -> Vec<(usize, usize, usize)> {
+    (0..q)
+        .step_by(BLOCK_ROWS)
+        .map(|r0| {
+            let r1 = (r0 + BLOCK_ROWS).min(q);
+            let width = match hidden {
+                None => kl,
+                Some(hidden) => (r0..r1)
+                    .map(|i| {
+                        hidden[i * kl..(i + 1) * kl]
+                            .iter()
+                            .rposition(|&m| !m)
+                            .map_or(kl, |j| j + 1)
+                    })
+                    .max()
+                    .unwrap_or(kl),
+            };
+            (r0, r1, width)
+        })
+        .collect()
+}
+
+/// [`row_blocks`] for each row of the mask (1 or `batch`).
+fn mask_blocks(mask: Mask, q: usize, kl: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    if mask.hidden.is_empty() {
+        return vec![row_blocks(None, q, kl)];
+    }
+    (0..mask.rows)
+        .map(|m| row_blocks(Some(&mask.hidden[m * q * kl..(m + 1) * q * kl]), q, kl))
+        .collect()
+}
+
+/// Scores of one task, masked, into `s` (`[Q, K]`, row-major) for each row's block's width
+/// (the rest of a row is left as it is); `x` is scratch `[Q, S]`.
 #[allow(clippy::too_many_arguments)]
 fn scores(
     d: RelDims,
@@ -195,23 +238,29 @@ fn scores(
     k: View,
     pos: Position,
     mask: Mask,
+    blocks: &[(usize, usize, usize)],
     s: &mut [f32],
     x: &mut [f32],
 ) {
-    let (q, kl, dh) = (d.qlen, d.klen, d.d_head);
-    // SAFETY: the views cover [batch, heads, len, d_head] (checked by the caller), `s` is Q x K.
-    unsafe {
-        mm(
-            (q, kl, dh),
-            s.as_mut_ptr(),
-            (kl as isize, 1),
-            false,
-            qc.ptr([b, h, 0, 0]),
-            (qc.strides[2], qc.strides[3]),
-            k.ptr([b, h, 0, 0]),
-            (k.strides[3], k.strides[2]),
-        );
+    let (kl, dh) = (d.klen, d.d_head);
+    let q = d.qlen;
+    for &(r0, r1, w) in blocks {
+        // SAFETY: the views cover [batch, heads, len, d_head] (checked by the caller), `s` is
+        // Q x K and the block's rows and first `w` columns lie inside it.
+        unsafe {
+            mm(
+                (r1 - r0, w, dh),
+                s.as_mut_ptr().add(r0 * kl),
+                (kl as isize, 1),
+                false,
+                qc.ptr([b, h, r0, 0]),
+                (qc.strides[2], qc.strides[3]),
+                k.ptr([b, h, 0, 0]),
+                (k.strides[3], k.strides[2]),
+            );
+        }
     }
+    let width = |i: usize| blocks[i / BLOCK_ROWS].2;
     match pos {
         Position::Shifted { qp, r } => {
             let sc = d.columns;
@@ -230,7 +279,8 @@ fn scores(
             }
             for (i, row) in s.chunks_exact_mut(kl).enumerate() {
                 let base = shifted(q, sc, i, 0);
-                for (sv, xv) in row.iter_mut().zip(&x[base..base + kl]) {
+                let w = width(i);
+                for (sv, xv) in row[..w].iter_mut().zip(&x[base..base + w]) {
                     *sv += xv;
                 }
             }
@@ -245,17 +295,41 @@ fn scores(
                 // SAFETY: (u, h) lies inside the table's [buckets, heads].
                 .map(|u| unsafe { *table.ptr([u, h, 0, 0]) })
                 .collect();
-            for (sv, &u) in s.iter_mut().zip(bucket) {
-                *sv += beta[u as usize];
+            for (i, (row, bucket)) in s
+                .chunks_exact_mut(kl)
+                .zip(bucket.chunks_exact(kl))
+                .enumerate()
+            {
+                let w = width(i);
+                for (sv, &u) in row[..w].iter_mut().zip(&bucket[..w]) {
+                    *sv += beta[u as usize];
+                }
             }
         }
         Position::None => {}
     }
     if let Some(hidden) = mask.row(b, q, kl) {
-        for (sv, &m) in s.iter_mut().zip(hidden) {
-            if m {
-                *sv = mask.value;
+        for (i, (row, hidden)) in s
+            .chunks_exact_mut(kl)
+            .zip(hidden.chunks_exact(kl))
+            .enumerate()
+        {
+            let w = width(i);
+            for (sv, &m) in row[..w].iter_mut().zip(&hidden[..w]) {
+                if m {
+                    *sv = mask.value;
+                }
             }
+        }
+    }
+}
+
+/// Softmax of each row of `s` (`[Q, K]`) over its block's width; the rest of the row is 0.
+fn softmax_blocks(s: &mut [f32], kl: usize, blocks: &[(usize, usize, usize)]) {
+    for &(r0, r1, w) in blocks {
+        for row in s[r0 * kl..r1 * kl].chunks_exact_mut(kl) {
+            softmax_rows(&mut row[..w], w);
+            row[w..].fill(0.0);
         }
     }
 }
@@ -348,24 +422,28 @@ pub fn forward(
     let mut out = vec![0f32; d.batch * q * nh * dh];
     let mut probs = vec![0f32; d.batch * nh * q * kl];
     let dst = SharedMut(out.as_mut_ptr());
+    let blocks = mask_blocks(mask, q, kl);
     probs.par_chunks_mut(q * kl).enumerate().for_each_init(
         || vec![0f32; q * d.columns],
         |x, (t, p)| {
             let (b, h) = (t / nh, t % nh);
-            scores(d, (b, h), qc, k, pos, mask, p, x);
-            softmax_rows(p, kl);
-            // SAFETY: task (b, h) writes o[b, :, h, :] only; `v` covers its shape.
-            unsafe {
-                mm(
-                    (q, dh, kl),
-                    dst.get().add((b * q * nh + h) * dh),
-                    ((nh * dh) as isize, 1),
-                    false,
-                    p.as_ptr(),
-                    (kl as isize, 1),
-                    v.ptr([b, h, 0, 0]),
-                    (v.strides[2], v.strides[3]),
-                );
+            let blocks = &blocks[if blocks.len() == 1 { 0 } else { b }];
+            scores(d, (b, h), qc, k, pos, mask, blocks, p, x);
+            softmax_blocks(p, kl, blocks);
+            for &(r0, r1, w) in blocks {
+                // SAFETY: task (b, h) writes o[b, r0..r1, h, :] only; `v` covers its shape.
+                unsafe {
+                    mm(
+                        (r1 - r0, dh, w),
+                        dst.get().add(((b * q + r0) * nh + h) * dh),
+                        ((nh * dh) as isize, 1),
+                        false,
+                        p.as_ptr().add(r0 * kl),
+                        (kl as isize, 1),
+                        v.ptr([b, h, 0, 0]),
+                        (v.strides[2], v.strides[3]),
+                    );
+                }
             }
         },
     );
@@ -423,6 +501,7 @@ pub fn backward(
         Position::Buckets { bucket, .. } => bucket_runs(bucket),
         _ => Vec::new(),
     };
+    let blocks = mask_blocks(mask, q, kl);
     let ptrs = (
         SharedMut(dqc.as_mut_ptr()),
         SharedMut(dk.as_mut_ptr()),
@@ -435,55 +514,66 @@ pub fn backward(
         |(ds, dx), t| {
             let (b, h) = (t / nh, t % nh);
             let p = &probs[t * q * kl..(t + 1) * q * kl];
+            let blocks = &blocks[if blocks.len() == 1 { 0 } else { b }];
             // SAFETY: every write below goes to task t's own slices of the outputs; the views
             // cover their tensors' shapes.
             unsafe {
                 let gp = g.ptr([b, 0, h, 0]);
                 let g_rs = (g.strides[1], g.strides[3]);
-                // dP = g Vᵀ
-                mm(
-                    (q, kl, dh),
-                    ds.as_mut_ptr(),
-                    (kl as isize, 1),
-                    false,
-                    gp,
-                    g_rs,
-                    v.ptr([b, h, 0, 0]),
-                    (v.strides[3], v.strides[2]),
-                );
-                // dv = Pᵀ g
-                mm(
-                    (kl, dh, q),
-                    ptrs.2.get().add(t * kl * dh),
-                    (dh as isize, 1),
-                    false,
-                    p.as_ptr(),
-                    (1, kl as isize),
-                    gp,
-                    g_rs,
-                );
-                softmax_grad_rows(p, ds, kl, mask.row(b, q, kl));
-                // dqc = ds K, dk = dsᵀ qc
-                mm(
-                    (q, dh, kl),
-                    ptrs.0.get().add(t * q * dh),
-                    (dh as isize, 1),
-                    false,
-                    ds.as_ptr(),
-                    (kl as isize, 1),
-                    k.ptr([b, h, 0, 0]),
-                    (k.strides[2], k.strides[3]),
-                );
-                mm(
-                    (kl, dh, q),
-                    ptrs.1.get().add(t * kl * dh),
-                    (dh as isize, 1),
-                    false,
-                    ds.as_ptr(),
-                    (1, kl as isize),
-                    qc.ptr([b, h, 0, 0]),
-                    (qc.strides[2], qc.strides[3]),
-                );
+                let hidden = mask.row(b, q, kl);
+                for &(r0, r1, w) in blocks {
+                    let (rows, gr) = (r1 - r0, gp.offset(r0 as isize * g.strides[1]));
+                    let (pr, dsr) = (p.as_ptr().add(r0 * kl), ds.as_mut_ptr().add(r0 * kl));
+                    // dP = g Vᵀ (the block's rows, its first w keys)
+                    mm(
+                        (rows, w, dh),
+                        dsr,
+                        (kl as isize, 1),
+                        false,
+                        gr,
+                        g_rs,
+                        v.ptr([b, h, 0, 0]),
+                        (v.strides[3], v.strides[2]),
+                    );
+                    // dv += Pᵀ g
+                    mm(
+                        (w, dh, rows),
+                        ptrs.2.get().add(t * kl * dh),
+                        (dh as isize, 1),
+                        true,
+                        pr,
+                        (1, kl as isize),
+                        gr,
+                        g_rs,
+                    );
+                    for i in r0..r1 {
+                        let row = &mut ds[i * kl..(i + 1) * kl];
+                        let hid = hidden.map(|m| &m[i * kl..i * kl + w]);
+                        softmax_grad_rows(&p[i * kl..i * kl + w], &mut row[..w], w, hid);
+                        row[w..].fill(0.0);
+                    }
+                    // dqc = ds K, dk += dsᵀ qc
+                    mm(
+                        (rows, dh, w),
+                        ptrs.0.get().add((t * q + r0) * dh),
+                        (dh as isize, 1),
+                        false,
+                        dsr,
+                        (kl as isize, 1),
+                        k.ptr([b, h, 0, 0]),
+                        (k.strides[2], k.strides[3]),
+                    );
+                    mm(
+                        (w, dh, rows),
+                        ptrs.1.get().add(t * kl * dh),
+                        (dh as isize, 1),
+                        true,
+                        dsr,
+                        (1, kl as isize),
+                        qc.ptr([b, h, r0, 0]),
+                        (qc.strides[2], qc.strides[3]),
+                    );
+                }
                 match pos {
                     Position::Shifted { qp, r } => {
                         dx.fill(0.0);
