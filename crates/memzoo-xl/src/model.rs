@@ -888,6 +888,7 @@ impl XlConfig {
     /// The configuration of every kNN layer's memory.
     pub fn knn_memory(&self) -> KnnMemoryConfig {
         KnnMemoryConfig::new(self.n_heads, self.head_width())
+            .with_n_kv_heads(self.kv_heads)
             .with_when_full(self.knn.when_full)
             .with_max_memories(self.knn.max_memories)
             .with_kind(self.knn.index)
