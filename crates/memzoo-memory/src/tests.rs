@@ -431,7 +431,8 @@ fn damaged_or_mismatched_files_are_errors() {
 
 /// The exact-vs-HNSW crossover (not a test: `cargo test -p memzoo-memory -- --ignored
 /// crossover --nocapture`). Env: `MEMZOO_BENCH_SIZES` (default `16384,65536,262144`),
-/// `MEMZOO_BENCH_HEADS` (default 8), `MEMZOO_BENCH_KINDS` (default `exact,hnsw`),
+/// `MEMZOO_BENCH_HEADS` (default 8), `MEMZOO_BENCH_KV_HEADS` (default: one per head),
+/// `MEMZOO_BENCH_KINDS` (default `exact,hnsw`),
 /// `MEMZOO_BENCH_EF` (HNSW expansion_search), `MEMZOO_BENCH_M` (HNSW connectivity).
 #[test]
 #[ignore]
@@ -444,6 +445,9 @@ fn crossover() {
     let heads: usize = std::env::var("MEMZOO_BENCH_HEADS")
         .map(|s| s.parse().unwrap())
         .unwrap_or(8);
+    let kv_heads: Option<usize> = std::env::var("MEMZOO_BENCH_KV_HEADS")
+        .ok()
+        .map(|s| s.parse().unwrap());
     let kinds: Vec<IndexKind> = std::env::var("MEMZOO_BENCH_KINDS")
         .unwrap_or_else(|_| "exact,hnsw".into())
         .split(',')
@@ -462,7 +466,7 @@ fn crossover() {
         let queries = clustered_keys(t, d, 256, 0.6, 21);
         let mut exact_ids = Vec::new();
         for &kind in &kinds {
-            let mut c = config(kind, heads, d, n + t);
+            let mut c = config(kind, heads, d, n + t).with_n_kv_heads(kv_heads);
             if let Some(ef) = expansion {
                 c.hnsw.expansion_search = Some(ef);
             }
@@ -479,7 +483,7 @@ fn crossover() {
                 recall(&r.ids, &exact_ids, k)
             };
             println!(
-                "{kind:?} stored {n} x {heads} heads: fill {:.1} s, segment add {:.3} s + search {:.3} s = {:.3} s, recall@{k} {rec:.4}",
+                "{kind:?} stored {n} x {heads} heads ({kv_heads:?} kv): fill {:.1} s, segment add {:.3} s + search {:.3} s = {:.3} s, recall@{k} {rec:.4}",
                 r.fill_s,
                 r.add_s,
                 r.search_s,
