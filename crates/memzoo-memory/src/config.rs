@@ -177,7 +177,7 @@ impl KnnMemoryConfig {
                 return bad(format!("{name} must be positive, got 0"));
             }
         }
-        if self.n_heads % self.kv_heads() != 0 {
+        if !self.n_heads.is_multiple_of(self.kv_heads()) {
             return bad(format!(
                 "n_kv_heads ({}) must divide n_heads ({})",
                 self.kv_heads(),

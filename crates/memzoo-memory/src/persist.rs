@@ -174,7 +174,7 @@ pub fn open(
     // The heads in the data files: version 1 stored one per query head.
     let saved_kv = match (header.version, header.n_kv_heads) {
         (1, _) => header.n_heads,
-        (_, Some(hk)) if hk > 0 && header.n_heads % hk == 0 => hk,
+        (_, Some(hk)) if hk > 0 && header.n_heads.is_multiple_of(hk) => hk,
         (_, hk) => {
             return Err(corrupt(format!(
                 "header.json v{} has n_kv_heads {hk:?}, expected a divisor of n_heads {}",
