@@ -28,7 +28,7 @@ pub(crate) struct HostStore {
     /// Key/value heads (stores per row).
     pub heads: usize,
     pub d: usize,
-    /// Slots allocated per (row, head).
+    /// Slots allocated per (row, kv head).
     pub alloc: usize,
     pub keys: Vec<f32>,
     pub values: Vec<f32>,
@@ -54,7 +54,7 @@ impl HostStore {
         }
     }
 
-    /// A store holding `slots` slots per (row, head) from `[batch, heads, slots, d]` data.
+    /// A store holding `slots` slots per (row, kv head) from `[batch, kv_heads, slots, d]` data.
     pub fn from_parts(
         batch: usize,
         heads: usize,

@@ -14,7 +14,7 @@
 //!   for GPUs (the fastest at any size we train with), fused per query block in host memory
 //!   for CPU devices.
 //! - [`UsearchIndex`]: an HNSW graph (usearch, inner product) per (row, kv head), values in a
-//!   host ring gathered by id. Adds and searches run in parallel across (row, head) stores.
+//!   host ring gathered by id. Adds and searches run in parallel across (row, kv head) stores.
 //!
 //! [`IndexKind::Auto`] (the default) picks exact up to `auto_crossover` memories per row and
 //! HNSW above.

@@ -294,7 +294,7 @@ pub struct KnnLayerConfig {
     /// Retrieved pairs per query. Default: 32 (Wu et al. 2022).
     #[config(default = 32)]
     pub top_k: usize,
-    /// kNN memories per (batch row, head), oldest evicted first. Default: 16,384.
+    /// kNN memories per (batch row, kv head), oldest evicted first. Default: 16,384.
     #[config(default = 16384)]
     pub max_memories: usize,
     /// kNN search structure. Default: `auto` (exact up to `auto_crossover`, then HNSW).
