@@ -56,7 +56,7 @@ fn xl_keys_values(model: &TransformerXl, state: &XlState, l: usize) -> (Tensor<3
 /// flat host vectors (every row holds the same number here).
 fn knn_pairs(knn: &dyn KnnIndex, head: usize) -> (usize, Vec<f32>, Vec<f32>) {
     let snap = knn.snapshot().unwrap();
-    let (heads, dh) = (knn.config().n_heads, knn.config().d_head);
+    let (heads, dh) = (knn.config().kv_heads(), knn.config().d_head);
     let n = snap.rows[0].len;
     assert!(
         snap.rows
@@ -151,12 +151,14 @@ fn memorizing_parity(src: &Path, kv_memory: bool) {
             check(&host(v), &host(part(1)), &format!("XL values {s}.{l}"));
         }
         // The kNN memory (recorded through segment 4, see the fixture script): its pairs in
-        // insertion order, the same in every head, and whether the next search sees them.
+        // insertion order, one store per row (the package is multi-query: one key/value head,
+        // which its memory stores once), and whether the next search sees them.
         if s + 1 < SEGMENTS {
             let knn = &*state.knn[0];
+            assert_eq!(knn.config().kv_heads(), 1, "kNN memory heads");
             let want_k = r.floats(&format!("knn_keys.{s}"));
             let want_n = r.data(&format!("knn_keys.{s}")).shape()[1];
-            for head in 0..cfg.heads {
+            for head in 0..knn.config().kv_heads() {
                 let (n, k, v) = knn_pairs(knn, head);
                 assert_eq!(n, want_n, "kNN memory size after {s}");
                 check(&k, &want_k, &format!("kNN keys {s} head {head}"));

@@ -207,11 +207,12 @@ pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, 
     })
 }
 
-/// Memorizing-small: 6 layers, d_model 256, 8 heads x 32, seq 512, kNN layer 4, top-32,
-/// 16,384 memories per row, batch 2, no XL memory (as the PyTorch peer runs it); with
-/// `knn = false` the same model without the kNN layer (the overhead baseline). The kNN
-/// memory is prefilled with `prefill` random unit keys per row and head (the peer: 8,192)
-/// and keeps filling during the timed steps, as in training.
+/// Memorizing-small: 6 layers, d_model 256, 8 query heads x 32 sharing one key/value head
+/// (multi-query, `kv_heads = 1`, as memorizing-transformers-pytorch), seq 512, kNN layer 4,
+/// top-32, 16,384 memories per row, batch 2, no XL memory (as the PyTorch peer runs it);
+/// with `knn = false` the same model without the kNN layer (the overhead baseline). The kNN
+/// memory (one store per row: the kv head) is prefilled with `prefill` random unit keys per
+/// row (the peer: 8,192) and keeps filling during the timed steps, as in training.
 pub fn memorizing_small(
     args: &BenchArgs,
     device: &Device,
@@ -224,6 +225,7 @@ pub fn memorizing_small(
     let xl = XlConfig::new()
         .with_dropout(0.0)
         .with_mem_len(512)
+        .with_kv_heads(Some(1))
         .with_positions(PositionConfig::new().with_kind(PositionKind::T5));
     let config = MemorizingConfig::new()
         .with_xl(xl)
@@ -237,8 +239,10 @@ pub fn memorizing_small(
     let replicas = replicas(args, &device, batch);
     let mut optim = AdamWConfig::new().init();
     let mut rng = StdRng::seed_from_u64(0);
-    let (h, d) = (config.xl.n_heads, config.xl.head_width());
-    // One state per replica, for its rows, each kNN memory prefilled with random unit keys.
+    let memory = config.memory();
+    let (h, d) = (memory.kv_heads(), memory.d_head);
+    // One state per replica, for its rows, each kNN memory prefilled with random unit keys
+    // (per kv head).
     let mut states = Vec::new();
     for rows in shard_rows(batch, replicas) {
         let rows = rows.len();
@@ -280,7 +284,7 @@ pub fn memorizing_small(
             (true, true) => "memorizing-small-full".into(),
         },
         args,
-        serde_json::json!({"n_layers": 6, "d_model": 256, "heads": 8, "d_head": 32,
+        serde_json::json!({"n_layers": 6, "d_model": 256, "heads": 8, "kv_heads": 1, "d_head": 32,
             "seq": len, "knn_layers": config.knn_layers, "top_k": 32, "max_memories": 16384,
             "prefill_memories": prefill, "xl_memory": 0,
             "batch": batch, "index": format!("{:?}", config.index), "replicas": replicas}),

@@ -492,3 +492,135 @@ fn l2_normalize_of_a_zero_vector_has_a_finite_gradient() {
     assert_eq!(&y[..3], &[0.0, 0.0, 0.0]);
     assert!((y[3] - 0.6).abs() < 1e-6 && (y[4] - 0.8).abs() < 1e-6);
 }
+
+/// The memory layout before stores were per kv head: a store per query head holding copies
+/// of its kv head's pairs, behind the grouped config the layer checks.
+#[derive(Debug)]
+struct ExpandedCopies {
+    grouped: KnnMemoryConfig,
+    inner: Box<dyn memzoo_memory::KnnIndex>,
+}
+
+impl memzoo_memory::KnnIndex for ExpandedCopies {
+    fn kind(&self) -> IndexKind {
+        self.inner.kind()
+    }
+    fn config(&self) -> &KnnMemoryConfig {
+        &self.grouped
+    }
+    fn batch(&self) -> usize {
+        self.inner.batch()
+    }
+    fn add(
+        &mut self,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+    ) -> Result<(), memzoo_memory::MemoryError> {
+        // [b, t, kv, d] -> [b, t, kv * group, d], kv head g copied to query heads g * group..
+        let group = self.grouped.group();
+        let expand = |x: Tensor<4>| {
+            let [b, t, kv, d] = x.dims();
+            x.reshape([b, t, kv, 1, d])
+                .expand([b, t, kv, group, d])
+                .reshape([b, t, kv * group, d])
+        };
+        self.inner.add(expand(keys), expand(values))
+    }
+    fn search(
+        &self,
+        queries: Tensor<4>,
+        k: usize,
+    ) -> Result<memzoo_memory::Retrieved, memzoo_memory::MemoryError> {
+        self.inner.search(queries, k)
+    }
+    fn clear(&mut self, rows: &[usize]) -> Result<(), memzoo_memory::MemoryError> {
+        self.inner.clear(rows)
+    }
+    fn rows(&self) -> &[memzoo_memory::RowState] {
+        self.inner.rows()
+    }
+    fn snapshot(&self) -> Result<memzoo_memory::persist::Snapshot, memzoo_memory::MemoryError> {
+        self.inner.snapshot()
+    }
+    fn save_extra(&self, dir: &std::path::Path) -> Result<Vec<u32>, memzoo_memory::MemoryError> {
+        self.inner.save_extra(dir)
+    }
+}
+
+#[test]
+fn multi_query_model_equals_the_model_with_a_store_per_query_head() {
+    // kv_heads 1 and 2 on 4 query heads: the memory stores each kv head once; the same model
+    // reading a memory of per-query-head copies (the old layout) gives the same outputs,
+    // segment after segment (the ring wraps at 20, row 1 resets), with the exact search's
+    // top-k on the host and on the device.
+    use memzoo_memory::TopkPlacement;
+    let dev = device();
+    for kv in [1, 2] {
+        let mut config = tiny(vec![1]);
+        config.xl = config
+            .xl
+            .clone()
+            .with_d_model(32)
+            .with_n_heads(4)
+            .with_kv_heads(Some(kv));
+        let model = config.init(&dev).unwrap();
+        let memory = config.memory();
+        assert_eq!((memory.n_heads, memory.kv_heads()), (4, kv));
+        for topk in [TopkPlacement::Host, TopkPlacement::Device] {
+            let memory = memory.clone().with_topk(topk);
+            let mut grouped = MemorizingState::new();
+            grouped.knn = vec![memory.init(2, &dev).unwrap()];
+            let mut copies = MemorizingState::new();
+            copies.knn = vec![Box::new(ExpandedCopies {
+                grouped: memory.clone(),
+                inner: memory.clone().with_n_kv_heads(None).init(2, &dev).unwrap(),
+            })];
+            let resets = [[true, true], [false, false], [false, true], [false, false]];
+            for (s, reset) in resets.iter().enumerate() {
+                let x = tokens(2, 8, 10 + s as u64, &dev);
+                let a = host(model.forward_state(x.clone(), &mut grouped, reset).unwrap());
+                let b = host(model.forward_state(x, &mut copies, reset).unwrap());
+                for (p, q) in a.iter().zip(&b) {
+                    assert!(
+                        (p - q).abs() < 1e-5,
+                        "kv {kv} {topk:?} segment {s}: {p} vs {q}"
+                    );
+                }
+                assert_eq!(grouped.knn[0].rows(), copies.knn[0].rows(), "segment {s}");
+            }
+            // The memories themselves: the same pairs found for any queries.
+            let d = memory.d_head;
+            let q = Tensor::<4>::from_data(
+                TensorData::new(noise(2 * 5 * 4 * d, 77), [2, 5, 4, d]),
+                &dev,
+            );
+            let (a, b) = (
+                grouped.knn[0].search(q.clone(), 4).unwrap(),
+                copies.knn[0].search(q, 4).unwrap(),
+            );
+            assert_eq!(
+                host(a.keys),
+                host(b.keys),
+                "kv {kv} {topk:?}: retrieved keys"
+            );
+            assert_eq!(
+                host(a.values),
+                host(b.values),
+                "kv {kv} {topk:?}: retrieved values"
+            );
+            // The grouped memory holds kv heads: a quarter / half of the copies' floats.
+            let (g, c) = (
+                grouped.knn[0].snapshot().unwrap(),
+                copies.knn[0].snapshot().unwrap(),
+            );
+            assert_eq!(g.keys.len() * (4 / kv), c.keys.len());
+        }
+        // A memory built for the query heads does not fit the grouped layer.
+        let mut wrong = MemorizingState::new();
+        wrong.knn = vec![memory.clone().with_n_kv_heads(None).init(2, &dev).unwrap()];
+        let err = model
+            .forward_state(tokens(2, 8, 1, &dev), &mut wrong, &[true, true])
+            .unwrap_err();
+        assert!(err.to_string().contains("kv heads"), "{err}");
+    }
+}

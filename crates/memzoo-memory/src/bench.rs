@@ -56,7 +56,7 @@ pub fn clustered_keys(n: usize, d: usize, clusters: usize, spread: f32, seed: u6
     out
 }
 
-/// Adds `stored` entries to every (row, head) of `index`, in segments of `segment` tokens.
+/// Adds `stored` entries to every (row, kv head) of `index`, in segments of `segment` tokens.
 /// Keys come from `keys` (`[n, d]`, cycled); entry `i`'s value is `[i, 0, …]`.
 pub fn fill(
     index: &mut dyn KnnIndex,
@@ -65,7 +65,11 @@ pub fn fill(
     segment: usize,
     device: &Device,
 ) -> Result<(), MemoryError> {
-    let (b, h, d) = (index.batch(), index.config().n_heads, index.config().d_head);
+    let (b, h, d) = (
+        index.batch(),
+        index.config().kv_heads(),
+        index.config().d_head,
+    );
     let n = keys.len() / d;
     let mut done = 0;
     while done < stored {
@@ -181,7 +185,7 @@ pub fn time_segment(
     device: &Device,
 ) -> Result<SegmentTiming, MemoryError> {
     let mut index = config.init(batch, device)?;
-    let (h, d) = (config.n_heads, config.d_head);
+    let (h, hk, d) = (config.n_heads, config.kv_heads(), config.d_head);
     let start = Instant::now();
     fill(index.as_mut(), keys, stored, 4096, device)?;
     device.sync().ok();
@@ -192,7 +196,7 @@ pub fn time_segment(
     let found = index.search(q, k)?;
     let ids = retrieved_ids(&found);
     let search_s = start.elapsed().as_secs_f64();
-    let (nk, nv) = segment_tensors(keys, keys.len() / d, stored, tokens, batch, h, d, device);
+    let (nk, nv) = segment_tensors(keys, keys.len() / d, stored, tokens, batch, hk, d, device);
     let start = Instant::now();
     index.add(nk, nv)?;
     device.sync().ok();

@@ -54,7 +54,7 @@ pub enum TopkPlacement {
     Auto,
 }
 
-/// What a memory does when an add would take a (row, head) store above `max_memories`.
+/// What a memory does when an add would take a (row, kv head) store above `max_memories`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum WhenFull {
@@ -103,14 +103,26 @@ impl HnswConfig {
 }
 
 /// Configuration of a kNN key-value memory (one per attention layer, one store per batch row
-/// and head inside it).
+/// and key/value head inside it).
+///
+/// Grouped / multi-query attention: the layer's `n_heads` query heads share `n_kv_heads`
+/// key/value heads, query head `j` reading kv head `j / (n_heads / n_kv_heads)` (consecutive
+/// query heads form a group). The memory stores the `n_kv_heads` heads once each and searches
+/// a query head's neighbours in its kv head's store.
 #[derive(Config, Debug)]
 pub struct KnnMemoryConfig {
-    /// Attention heads: each head has its own store (see the crate docs for why).
+    /// Query heads: a search takes `[batch, tokens, n_heads, d_head]` queries and returns
+    /// their neighbours per query head.
     pub n_heads: usize,
     /// Width of each key and value.
     pub d_head: usize,
-    /// Entries kept per (batch row, head); when full the oldest are evicted. Default: 16,384.
+    /// Key/value heads, each with its own store per batch row (see the crate docs for why
+    /// per head), shared by `n_heads / n_kv_heads` consecutive query heads; `Some(1)`:
+    /// multi-query, one store per row searched by every query head. Must divide `n_heads`.
+    /// Default: none, one per query head (`n_kv_heads = n_heads`).
+    #[config(default = "None")]
+    pub n_kv_heads: Option<usize>,
+    /// Entries kept per (batch row, kv head); when full the oldest are evicted. Default: 16,384.
     #[config(default = 16384)]
     pub max_memories: usize,
     /// Search structure. Default: `auto`.
@@ -136,12 +148,23 @@ pub struct KnnMemoryConfig {
 }
 
 impl KnnMemoryConfig {
+    /// The heads the memory stores: `n_kv_heads`, else `n_heads`.
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
+    /// Query heads per kv head, `n_heads / kv_heads()` (1 without grouping).
+    pub fn group(&self) -> usize {
+        self.n_heads / self.kv_heads().max(1)
+    }
+
     /// Checks every field, naming the bad value.
     pub fn validate(&self) -> Result<(), MemoryError> {
         let bad = |m: String| Err(MemoryError::Config(m));
         for (name, v) in [
             ("n_heads", self.n_heads),
             ("d_head", self.d_head),
+            ("n_kv_heads", self.kv_heads()),
             ("max_memories", self.max_memories),
             ("hnsw.connectivity", self.hnsw.connectivity),
             ("hnsw.expansion_add", self.hnsw.expansion_add),
@@ -153,6 +176,13 @@ impl KnnMemoryConfig {
             if v == 0 {
                 return bad(format!("{name} must be positive, got 0"));
             }
+        }
+        if !self.n_heads.is_multiple_of(self.kv_heads()) {
+            return bad(format!(
+                "n_kv_heads ({}) must divide n_heads ({})",
+                self.kv_heads(),
+                self.n_heads
+            ));
         }
         if self.hnsw.connectivity < 2 {
             return bad(format!(

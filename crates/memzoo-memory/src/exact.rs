@@ -8,7 +8,7 @@ use crate::config::{IndexKind, KnnMemoryConfig, TopkPlacement};
 use crate::error::MemoryError;
 use crate::host::HostStore;
 use crate::persist::Snapshot;
-use crate::{KnnIndex, Retrieved, RowState, check_input, check_pairs, check_rows, host_vec};
+use crate::{KnnIndex, Retrieved, RowState, check_pairs, check_queries, check_rows, host_vec};
 
 /// Score given to empty slots before the top-k.
 const EMPTY: f32 = -1.0e30;
@@ -20,12 +20,13 @@ const SCORE_BLOCK: usize = 1 << 24;
 /// Brute-force kNN memory, exact top-k by inner product.
 ///
 /// Two stores behind it, chosen by [`TopkPlacement`] (`auto`: by the device):
-/// - on the model's device (GPUs): `[batch, heads, slots, d_head]` key and value tensors,
+/// - on the model's device (GPUs): `[batch, kv_heads, slots, d_head]` key and value tensors,
 ///   grown by doubling up to `max_memories` slots; a search scores every query against every
-///   stored key of its row and head, `S = Q Kᵀ` (`[batch, heads, tokens, slots]`), hides the
-///   empty slots, keeps the top `k` per query and gathers keys and values by slot there;
+///   stored key of its row and kv head, `S = Q Kᵀ` (`[batch, kv_heads, group * tokens,
+///   slots]`, a group's query heads stacked), hides the empty slots, keeps the top `k` per
+///   query and gathers keys and values by slot there;
 /// - in host memory (CPU devices): the same layout in plain vectors, searched by a GEMM per
-///   (row, query block, head) fused with the top-k selection and the gather (see
+///   (row, query block, kv head) fused with the top-k selection and the gather (see
 ///   [`crate::host`]), which never materialises the full score matrix.
 #[derive(Debug)]
 pub struct ExactIndex {
@@ -39,7 +40,7 @@ pub struct ExactIndex {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Store {
-    /// `[batch, heads, alloc, d_head]` tensors on the device, detached.
+    /// `[batch, kv_heads, alloc, d_head]` tensors on the device, detached.
     Device {
         keys: Option<Tensor<4>>,
         values: Option<Tensor<4>>,
@@ -57,7 +58,7 @@ impl ExactIndex {
             TopkPlacement::Auto => memzoo_backend::is_host_cpu(device),
         };
         let store = if host {
-            Store::Host(HostStore::new(batch, config.n_heads, config.d_head))
+            Store::Host(HostStore::new(batch, config.kv_heads(), config.d_head))
         } else {
             Store::Device {
                 keys: None,
@@ -75,7 +76,7 @@ impl ExactIndex {
     /// A memory holding `snapshot` (from [`crate::open`]).
     pub(crate) fn from_snapshot(config: &KnnMemoryConfig, snap: Snapshot, device: &Device) -> Self {
         let mut index = Self::new(config, snap.rows.len(), device);
-        let (b, h, d) = (snap.rows.len(), config.n_heads, config.d_head);
+        let (b, h, d) = (snap.rows.len(), config.kv_heads(), config.d_head);
         if snap.slots > 0 {
             index.store = match index.store {
                 Store::Host(_) => Store::Host(HostStore::from_parts(
@@ -117,7 +118,7 @@ impl ExactIndex {
         }
         let cap = self.config.max_memories;
         let new = needed.max(2 * alloc).max(256).min(cap);
-        let [b, h, d] = [self.rows.len(), self.config.n_heads, self.config.d_head];
+        let [b, h, d] = [self.rows.len(), self.config.kv_heads(), self.config.d_head];
         match &mut self.store {
             Store::Host(host) => host.grow(new),
             Store::Device { keys, values } => {
@@ -134,9 +135,9 @@ impl ExactIndex {
         }
     }
 
-    /// Slot indices `[batch, heads, tokens, kk]` and their emptiness for `q`
-    /// (`[batch, heads, tokens, d]`) against the first `filled` slots, in query chunks so
-    /// that a score block stays under [`SCORE_BLOCK`] elements.
+    /// Slot indices `[batch, kv_heads, n, kk]` and their emptiness for the `n` queries per
+    /// kv head of `q` (`[batch, kv_heads, n, d]`) against the first `filled` slots, in query
+    /// chunks so that a score block stays under [`SCORE_BLOCK`] elements.
     fn topk(
         &self,
         q: Tensor<4>,
@@ -144,7 +145,7 @@ impl ExactIndex {
         filled: usize,
         kk: usize,
     ) -> (Tensor<4, Int>, Tensor<4, Bool>) {
-        let [batch, heads, tokens, _] = q.dims();
+        let [batch, kv_heads, rows, _] = q.dims();
         let hidden = self.rows.iter().any(|r| r.len < filled).then(|| {
             let mut hidden = Vec::with_capacity(batch * filled);
             for r in &self.rows {
@@ -155,16 +156,16 @@ impl ExactIndex {
                 &self.device,
             )
         });
-        let chunk = (SCORE_BLOCK / (batch * heads * filled).max(1)).clamp(1, tokens);
+        let chunk = (SCORE_BLOCK / (batch * kv_heads * filled).max(1)).clamp(1, rows);
         let kt = keys.clone().transpose();
         let mut idx_parts = Vec::new();
         let mut empty_parts = Vec::new();
-        for start in (0..tokens).step_by(chunk) {
-            let t = chunk.min(tokens - start);
-            // S = Q Kᵀ: [batch, heads, t, d] x [batch, heads, d, filled]
+        for start in (0..rows).step_by(chunk) {
+            let t = chunk.min(rows - start);
+            // S = Q Kᵀ: [batch, kv_heads, t, d] x [batch, kv_heads, d, filled]
             let mut scores = q.clone().narrow(2, start, t).matmul(kt.clone());
             if let Some(h) = &hidden {
-                scores = scores.mask_fill(h.clone().expand([batch, heads, t, filled]), EMPTY);
+                scores = scores.mask_fill(h.clone().expand([batch, kv_heads, t, filled]), EMPTY);
             }
             let (vals, idx) = scores.topk_with_indices(kk, 3);
             idx_parts.push(idx);
@@ -246,7 +247,7 @@ impl KnnIndex for ExactIndex {
     }
 
     fn search(&self, queries: Tensor<4>, k: usize) -> Result<Retrieved, MemoryError> {
-        check_input("queries", queries.dims(), self.batch(), &self.config)?;
+        check_queries(queries.dims(), self.batch(), &self.config)?;
         if k == 0 {
             return Err(MemoryError::Input("k must be positive, got 0".into()));
         }
@@ -270,7 +271,7 @@ impl KnnIndex for ExactIndex {
         let (keys, values) = match &self.store {
             Store::Host(host) => {
                 let q = host_vec(queries);
-                let hits = host.search(&self.rows, &q, tokens, k);
+                let hits = host.search(&self.rows, &q, tokens, self.config.group(), k);
                 let shape = [batch, tokens, heads, k, d];
                 return Ok(Retrieved {
                     keys: Tensor::from_data(TensorData::new(hits.keys, shape), &out_device),
@@ -286,13 +287,22 @@ impl KnnIndex for ExactIndex {
                 values.clone().expect("filled").narrow(2, 0, filled),
             ),
         };
-        let q = queries.detach().to_device(&self.device).swap_dims(1, 2);
+        // [batch, tokens, kv_heads * group, d] -> [batch, kv_heads, group * tokens, d]: the
+        // queries of a kv head's group stacked, query head g * group + j at rows j * tokens..
+        let (hk, group) = (self.config.kv_heads(), self.config.group());
+        let n = group * tokens;
+        let q = queries
+            .detach()
+            .to_device(&self.device)
+            .reshape([batch, tokens, hk, group, d])
+            .permute([0, 2, 3, 1, 4])
+            .reshape([batch, hk, n, d]);
         let kk = k.min(filled);
         let (idx, empty) = self.topk(q, &keys, filled, kk);
-        // Gather by slot: [batch, heads, tokens * kk, d]
-        let gather_idx =
-            idx.reshape([batch, heads, tokens * kk, 1])
-                .expand([batch, heads, tokens * kk, d]);
+        // Gather by slot: [batch, kv_heads, n * kk, d]
+        let gather_idx = idx
+            .reshape([batch, hk, n * kk, 1])
+            .expand([batch, hk, n * kk, d]);
         let pick = |store: Tensor<4>| {
             store
                 .gather(2, gather_idx.clone())
@@ -300,7 +310,9 @@ impl KnnIndex for ExactIndex {
                 .permute([0, 2, 1, 3, 4])
         };
         let (mut rk, mut rv) = (pick(keys), pick(values));
-        let mut mask = empty.permute([0, 2, 1, 3]);
+        let mut mask = empty
+            .reshape([batch, heads, tokens, kk])
+            .permute([0, 2, 1, 3]);
         // Zero the empty slots so that they carry no stale data.
         let zero = mask
             .clone()

@@ -1,4 +1,4 @@
-//! The HNSW backend: one usearch index per (batch row, head), pairs in host rings.
+//! The HNSW backend: one usearch index per (batch row, kv head), pairs in host rings.
 
 use std::path::Path;
 
@@ -9,9 +9,9 @@ use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
 use crate::config::{IndexKind, KnnMemoryConfig};
 use crate::error::MemoryError;
 use crate::persist::Snapshot;
-use crate::{KnnIndex, Retrieved, RowState, check_input, check_pairs, check_rows, host_vec};
+use crate::{KnnIndex, Retrieved, RowState, check_pairs, check_queries, check_rows, host_vec};
 
-/// One (row, head) store: the HNSW graph over the keys (usearch key = ring slot) and the
+/// One (row, kv head) store: the HNSW graph over the keys (usearch key = ring slot) and the
 /// key and value rings, `[slots, d_head]` each, grown up to `max_memories` slots.
 struct Store {
     index: Index,
@@ -25,17 +25,18 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Approximate kNN memory: an HNSW graph (usearch, inner product, f32) per (row, head).
+/// Approximate kNN memory: an HNSW graph (usearch, inner product, f32) per (row, kv head),
+/// searched by every query head of its group.
 ///
 /// The usearch key of an entry is its ring slot; evicting the oldest entry is a `remove` of
 /// that slot before the new key is added (usearch reuses the freed node). Values (and a key
 /// copy, to return the keys) live in host rings and are gathered by slot. Adds and searches
-/// run in parallel over the `batch * heads` stores (rayon), with one host round trip per call.
+/// run in parallel over the `batch * kv_heads` stores (rayon), with one host round trip per call.
 #[derive(Debug)]
 pub struct UsearchIndex {
     config: KnnMemoryConfig,
     rows: Vec<RowState>,
-    /// `stores[b * heads + h]`.
+    /// `stores[b * kv_heads + g]`.
     stores: Vec<Store>,
 }
 
@@ -68,7 +69,7 @@ impl UsearchIndex {
 
     /// An empty memory for `batch` rows.
     pub fn new(config: &KnnMemoryConfig, batch: usize) -> Result<Self, MemoryError> {
-        let stores = (0..batch * config.n_heads)
+        let stores = (0..batch * config.kv_heads())
             .map(|_| Self::new_store(config))
             .collect::<Result<_, _>>()?;
         Ok(Self {
@@ -78,18 +79,21 @@ impl UsearchIndex {
         })
     }
 
-    /// File name of the usearch index of (row, head).
+    /// File name of the usearch index of (row, kv head).
     pub(crate) fn file_name(b: usize, h: usize) -> String {
         format!("index-b{b}-h{h}.usearch")
     }
 
-    /// A memory holding `snap`, its graphs loaded from `dir` (from [`crate::open`]).
+    /// A memory holding `snap` (`[batch, kv_heads, slots, d]`), its graphs loaded from
+    /// `dir` (from [`crate::open`]): kv head `g`'s from the file of saved head
+    /// `g * file_stride` (1, or the group size for a memory saved with a copy per query head).
     pub(crate) fn from_snapshot(
         config: &KnnMemoryConfig,
         snap: Snapshot,
         dir: &Path,
+        file_stride: usize,
     ) -> Result<Self, MemoryError> {
-        let (h, d, slots) = (config.n_heads, config.d_head, snap.slots);
+        let (h, d, slots) = (config.kv_heads(), config.d_head, snap.slots);
         let corrupt = |message: String| MemoryError::Corrupt {
             dir: dir.to_path_buf(),
             message,
@@ -97,7 +101,7 @@ impl UsearchIndex {
         let mut stores = Vec::with_capacity(snap.rows.len() * h);
         for (b, row) in snap.rows.iter().enumerate() {
             for head in 0..h {
-                let path = dir.join(Self::file_name(b, head));
+                let path = dir.join(Self::file_name(b, head * file_stride));
                 let store = Self::new_store(config)?;
                 let p = path
                     .to_str()
@@ -159,7 +163,7 @@ impl KnnIndex for UsearchIndex {
             return Ok(());
         }
         let cap = self.config.max_memories;
-        // One round trip: [batch, tokens, heads, d] on the host.
+        // One round trip: [batch, tokens, kv_heads, d] on the host.
         let (keys, values) = (host_vec(keys), host_vec(values));
         let plans: Vec<_> = self.rows.iter().map(|r| r.plan(tokens, cap)).collect();
         let at = |b: usize, t: usize, h: usize| ((b * tokens + t) * heads + h) * d;
@@ -204,29 +208,33 @@ impl KnnIndex for UsearchIndex {
     }
 
     fn search(&self, queries: Tensor<4>, k: usize) -> Result<Retrieved, MemoryError> {
-        check_input("queries", queries.dims(), self.batch(), &self.config)?;
+        check_queries(queries.dims(), self.batch(), &self.config)?;
         if k == 0 {
             return Err(MemoryError::Input("k must be positive, got 0".into()));
         }
         let [batch, tokens, heads, d] = queries.dims();
+        let (hk, group) = (self.config.kv_heads(), self.config.group());
         let device = queries.device();
         let q = host_vec(queries);
-        // Per store: [tokens, k] slots (or None), searched in parallel.
+        // Per store (row, kv head g): [tokens, group, k] slots (or None) for query heads
+        // g * group + j, searched in parallel.
         let found: Vec<Vec<Option<u64>>> = self
             .stores
             .par_iter()
             .enumerate()
             .map(|(i, store)| -> Result<Vec<Option<u64>>, MemoryError> {
-                let (b, h) = (i / heads, i % heads);
-                let mut out = vec![None; tokens * k];
+                let (b, g) = (i / hk, i % hk);
+                let mut out = vec![None; tokens * group * k];
                 if self.rows[b].len == 0 {
                     return Ok(out);
                 }
                 for t in 0..tokens {
-                    let src = ((b * tokens + t) * heads + h) * d;
-                    let m = store.index.search(&q[src..src + d], k).map_err(index_err)?;
-                    for (j, key) in m.keys.into_iter().take(k).enumerate() {
-                        out[t * k + j] = Some(key);
+                    for j in 0..group {
+                        let src = ((b * tokens + t) * heads + g * group + j) * d;
+                        let m = store.index.search(&q[src..src + d], k).map_err(index_err)?;
+                        for (r, key) in m.keys.into_iter().take(k).enumerate() {
+                            out[(t * group + j) * k + r] = Some(key);
+                        }
                     }
                 }
                 Ok(out)
@@ -237,11 +245,12 @@ impl KnnIndex for UsearchIndex {
         let mut rv = vec![0.0f32; n * d];
         let mut mask = vec![true; n];
         for (i, slots) in found.iter().enumerate() {
-            let (b, h) = (i / heads, i % heads);
+            let (b, g) = (i / hk, i % hk);
             let store = &self.stores[i];
             for t in 0..tokens {
-                for j in 0..k {
-                    if let Some(s) = slots[t * k + j] {
+                for (jr, found) in slots[t * group * k..(t + 1) * group * k].iter().enumerate() {
+                    let (h, j) = (g * group + jr / k, jr % k);
+                    if let Some(s) = *found {
                         let s = s as usize;
                         let o = ((b * tokens + t) * heads + h) * k + j;
                         rk[o * d..(o + 1) * d].copy_from_slice(&store.keys[s * d..(s + 1) * d]);
@@ -264,7 +273,7 @@ impl KnnIndex for UsearchIndex {
 
     fn clear(&mut self, rows: &[usize]) -> Result<(), MemoryError> {
         check_rows(rows, self.batch())?;
-        let heads = self.config.n_heads;
+        let heads = self.config.kv_heads();
         for &r in rows {
             for h in 0..heads {
                 self.stores[r * heads + h] = Self::new_store(&self.config)?;
@@ -293,7 +302,7 @@ impl KnnIndex for UsearchIndex {
     }
 
     fn save_extra(&self, dir: &Path) -> Result<Vec<u32>, MemoryError> {
-        let heads = self.config.n_heads;
+        let heads = self.config.kv_heads();
         let mut crcs = Vec::with_capacity(self.stores.len());
         for (i, store) in self.stores.iter().enumerate() {
             let path = dir.join(Self::file_name(i / heads, i % heads));

@@ -1,7 +1,8 @@
 //! The exact backend's host store, for CPU devices: pairs in plain host memory, and a search
 //! that never materialises the full score matrix.
 //!
-//! For every (row, block of queries) in parallel and every head: `S = Q_block Kᵀ` with a GEMM
+//! For every (row, block of queries) in parallel and every kv head: `S = Q_block Kᵀ` (the
+//! block's queries of every query head reading that kv head) with a GEMM
 //! into a small per-thread buffer (`block x stored` scores, cache-sized), the top-k of each
 //! score row selected while the buffer is still in cache, and the winners' keys and values
 //! copied straight into the output layout. On a CPU this replaces the device path's chain of
@@ -13,19 +14,21 @@ use rayon::prelude::*;
 
 use crate::RowState;
 
-/// Queries scored together against one (row, head) store. `gemm` packs the store's keys for
+/// Query rows scored together against one (row, kv head) store (with grouped heads, a
+/// block's tokens times the group's query heads). `gemm` packs the store's keys for
 /// every product: 64 queries share one packing (16 did not amortise it; `cargo xtask bench
 /// memory`, exact search of 512 tokens x 8 heads: 16K stored 0.26-0.46 s -> 0.17 s, 65K
 /// 0.69-1.18 s -> 0.55 s on a loaded 2-core machine).
 const QUERY_BLOCK: usize = 64;
 
-/// Keys and values of every (row, head) store, `[batch, heads, alloc, d_head]` each.
+/// Keys and values of every (row, kv head) store, `[batch, kv_heads, alloc, d_head]` each.
 #[derive(Debug, Clone)]
 pub(crate) struct HostStore {
     pub batch: usize,
+    /// Key/value heads (stores per row).
     pub heads: usize,
     pub d: usize,
-    /// Slots allocated per (row, head).
+    /// Slots allocated per (row, kv head).
     pub alloc: usize,
     pub keys: Vec<f32>,
     pub values: Vec<f32>,
@@ -51,7 +54,7 @@ impl HostStore {
         }
     }
 
-    /// A store holding `slots` slots per (row, head) from `[batch, heads, slots, d]` data.
+    /// A store holding `slots` slots per (row, kv head) from `[batch, kv_heads, slots, d]` data.
     pub fn from_parts(
         batch: usize,
         heads: usize,
@@ -129,16 +132,30 @@ impl HostStore {
     }
 
     /// The top-`k` stored keys by inner product for every query of `q`
-    /// (`[batch, tokens, heads, d]`), each row searching its first `rows[b].len` slots.
-    pub fn search(&self, rows: &[RowState], q: &[f32], tokens: usize, k: usize) -> HostHits {
-        let (h_n, d) = (self.heads, self.d);
+    /// (`[batch, tokens, heads * group, d]`: query head `j` searches kv head `j / group`),
+    /// each row searching its first `rows[b].len` slots.
+    ///
+    /// Per task (row, block of tokens) and kv head: the block's queries of the group's heads,
+    /// packed as `[tokens_in_block * group, d]`, against the kv head's keys in one GEMM, so
+    /// that a store's keys are packed once for all the query heads that read it.
+    pub fn search(
+        &self,
+        rows: &[RowState],
+        q: &[f32],
+        tokens: usize,
+        group: usize,
+        k: usize,
+    ) -> HostHits {
+        let (hk, d) = (self.heads, self.d);
+        let h_n = hk * group;
         let per_token = h_n * k;
         let mut hits = HostHits {
             keys: vec![0.0; self.batch * tokens * per_token * d],
             values: vec![0.0; self.batch * tokens * per_token * d],
             empty: vec![true; self.batch * tokens * per_token],
         };
-        let block = QUERY_BLOCK.min(tokens.max(1));
+        // About QUERY_BLOCK score rows per GEMM, whatever the group size.
+        let block = QUERY_BLOCK.div_ceil(group).clamp(1, tokens.max(1));
         // Tasks: (row, block of queries); each owns its slice of the outputs.
         let tasks: Vec<(usize, usize)> = (0..self.batch)
             .flat_map(|b| (0..tokens).step_by(block).map(move |t| (b, t)))
@@ -160,34 +177,42 @@ impl HostStore {
             }
         }
         tasks.into_par_iter().zip(outs).for_each_init(
-            || (Vec::new(), TopK::default()),
-            |(scores, top): &mut (Vec<f32>, TopK), ((b, t0), (ko, vo, eo))| {
+            || (Vec::new(), Vec::new(), TopK::default()),
+            |(scores, packed, top): &mut (Vec<f32>, Vec<f32>, TopK), ((b, t0), (ko, vo, eo))| {
                 let filled = rows[b].len.min(self.alloc);
                 if filled == 0 {
                     return;
                 }
                 let m = block.min(tokens - t0);
+                // Score rows: r = i * group + j for token t0 + i and query head g * group + j.
+                let n_rows = m * group;
                 let kk = k.min(filled);
-                scores.resize(m * filled, 0.0);
-                for h in 0..h_n {
-                    let store = self.offset(b, h, 0);
-                    // S = Q Kᵀ for this block and head: [m, d] x [d, filled].
-                    // SAFETY: every pointer/stride pair stays inside its slice: the m
-                    // queries of row b from t0 with row stride h_n * d, the first
-                    // `filled` slots of store (b, h) read as a d x filled matrix, and the
-                    // m x filled buffer just sized above.
+                scores.resize(n_rows * filled, 0.0);
+                packed.resize(n_rows * d, 0.0);
+                for g in 0..hk {
+                    let store = self.offset(b, g, 0);
+                    for i in 0..m {
+                        // The group's heads are adjacent in a token's queries.
+                        let src = ((b * tokens + t0 + i) * h_n + g * group) * d;
+                        packed[i * group * d..(i + 1) * group * d]
+                            .copy_from_slice(&q[src..src + group * d]);
+                    }
+                    // S = Q Kᵀ for this block and kv head: [m group, d] x [d, filled].
+                    // SAFETY: every pointer/stride pair stays inside its slice: the
+                    // n_rows x d packed queries, the first `filled` slots of store (b, g)
+                    // read as a d x filled matrix, and the n_rows x filled buffer sized above.
                     unsafe {
                         gemm::gemm(
-                            m,
+                            n_rows,
                             filled,
                             d,
                             scores.as_mut_ptr(),
                             1,
                             filled as isize,
                             false,
-                            q.as_ptr().add(((b * tokens + t0) * h_n + h) * d),
+                            packed.as_ptr(),
                             1,
-                            (h_n * d) as isize,
+                            d as isize,
                             self.keys.as_ptr().add(store),
                             d as isize,
                             1,
@@ -199,8 +224,9 @@ impl HostStore {
                             gemm::Parallelism::None,
                         );
                     }
-                    for i in 0..m {
-                        top_k(&scores[i * filled..(i + 1) * filled], kk, top);
+                    for r in 0..n_rows {
+                        let (i, h) = (r / group, g * group + r % group);
+                        top_k(&scores[r * filled..(r + 1) * filled], kk, top);
                         for (j, &(_, slot)) in top.best.iter().enumerate() {
                             let src = store + slot as usize * d;
                             let dst = ((i * h_n + h) * k + j) * d;

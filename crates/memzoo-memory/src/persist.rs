@@ -16,19 +16,20 @@ use crate::{KnnIndex, RowState};
 
 /// Identifies the file format.
 pub const FORMAT: &str = "memzoo-knn-memory";
-/// Current format version.
-pub const VERSION: u32 = 1;
+/// Current format version: 2 stores one head per kv head (`n_kv_heads`); version 1 (no
+/// `n_kv_heads`) stored `n_heads` heads, copies of their kv head for a grouped layer.
+pub const VERSION: u32 = 2;
 
 /// Host copy of a memory's pairs.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     /// Fill state per row.
     pub rows: Vec<RowState>,
-    /// Slots per (row, head) in `keys` / `values` (the largest row `len`).
+    /// Slots per (row, kv head) in `keys` / `values` (the largest row `len`).
     pub slots: usize,
-    /// `[batch, heads, slots, d_head]`, row-major.
+    /// `[batch, kv_heads, slots, d_head]`, row-major.
     pub keys: Vec<f32>,
-    /// `[batch, heads, slots, d_head]`, row-major.
+    /// `[batch, kv_heads, slots, d_head]`, row-major.
     pub values: Vec<f32>,
 }
 
@@ -43,15 +44,19 @@ pub struct Header {
     pub kind: IndexKind,
     /// Batch rows.
     pub batch: usize,
-    /// Heads.
+    /// Query heads.
     pub n_heads: usize,
+    /// Stored (key/value) heads: the heads of the data files. Absent in version 1, whose
+    /// files hold `n_heads` heads.
+    #[serde(default)]
+    pub n_kv_heads: Option<usize>,
     /// Width of keys and values.
     pub d_head: usize,
-    /// Capacity per (row, head).
+    /// Capacity per (row, kv head).
     pub max_memories: usize,
     /// HNSW parameters (connectivity is fixed in the index files).
     pub hnsw: HnswConfig,
-    /// Slots per (row, head) in the data files.
+    /// Slots per (row, kv head) in the data files.
     pub slots: usize,
     /// Fill state per row.
     pub rows: Vec<RowState>,
@@ -59,7 +64,7 @@ pub struct Header {
     pub keys_crc32: u32,
     /// CRC-32 of `values.f32`.
     pub values_crc32: u32,
-    /// CRC-32 of every usearch index file, `b * heads + h` (HNSW only).
+    /// CRC-32 of every usearch index file, `b * kv_heads + g` (HNSW only).
     pub index_crc32: Vec<u32>,
 }
 
@@ -86,6 +91,7 @@ pub fn save<I: KnnIndex + ?Sized>(index: &I, dir: &Path) -> Result<(), MemoryErr
         kind: index.kind(),
         batch: index.batch(),
         n_heads: config.n_heads,
+        n_kv_heads: Some(config.kv_heads()),
         d_head: config.d_head,
         max_memories: config.max_memories,
         hnsw: config.hnsw.clone(),
@@ -136,10 +142,15 @@ fn read_f32(dir: &Path, name: &str, len: usize, crc: u32) -> Result<Vec<f32>, Me
 
 /// Opens a memory saved by [`KnnIndex::save`], on `device`.
 ///
-/// `config` must agree with the saved memory in `n_heads`, `d_head`, `max_memories`, the
-/// backend (`auto` resolved) and HNSW connectivity; search-time parameters
-/// (`expansion_search`, `topk`) are taken from `config`. Any missing, damaged (CRC, size)
-/// or mismatched file is a [`MemoryError`] naming it.
+/// `config` must agree with the saved memory in `n_heads`, `n_kv_heads`, `d_head`,
+/// `max_memories`, the backend (`auto` resolved) and HNSW connectivity; search-time
+/// parameters (`expansion_search`, `topk`) are taken from `config`. Any missing, damaged
+/// (CRC, size) or mismatched file is a [`MemoryError`] naming it.
+///
+/// A version-1 memory (saved before stores were per kv head) holds `n_heads` heads; opened
+/// with a grouped config (`n_kv_heads < n_heads`) it keeps the first head of every group,
+/// after checking that the group's heads are identical copies (what a grouped layer stored
+/// then); heads that differ (a memory of a layer without grouped heads) are an error.
 pub fn open(
     dir: &Path,
     config: &KnnMemoryConfig,
@@ -154,12 +165,23 @@ pub fn open(
     let text = fs::read_to_string(&path).map_err(|e| MemoryError::io(&path, e))?;
     let header: Header =
         serde_json::from_str(&text).map_err(|e| corrupt(format!("header.json: {e}")))?;
-    if header.format != FORMAT || header.version != VERSION {
+    if header.format != FORMAT || !(1..=VERSION).contains(&header.version) {
         return Err(corrupt(format!(
-            "header.json is format `{}` v{}, expected `{FORMAT}` v{VERSION}",
+            "header.json is format `{}` v{}, expected `{FORMAT}` v1 to v{VERSION}",
             header.format, header.version
         )));
     }
+    // The heads in the data files: version 1 stored one per query head.
+    let saved_kv = match (header.version, header.n_kv_heads) {
+        (1, _) => header.n_heads,
+        (_, Some(hk)) if hk > 0 && header.n_heads.is_multiple_of(hk) => hk,
+        (_, hk) => {
+            return Err(corrupt(format!(
+                "header.json v{} has n_kv_heads {hk:?}, expected a divisor of n_heads {}",
+                header.version, header.n_heads
+            )));
+        }
+    };
     let kind = config.resolved_kind();
     let checks = [
         ("n_heads", header.n_heads, config.n_heads),
@@ -173,6 +195,18 @@ pub fn open(
             )));
         }
     }
+    // Saved heads per kv head of the config: 1, or the group size for a version-1 memory
+    // of copies (see the docs).
+    let stride = if saved_kv == config.kv_heads() {
+        1
+    } else if header.version == 1 && saved_kv == config.n_heads {
+        config.group()
+    } else {
+        return Err(corrupt(format!(
+            "saved {saved_kv} key/value heads, the config asks for n_kv_heads = {}",
+            config.kv_heads()
+        )));
+    };
     if header.kind != kind {
         return Err(corrupt(format!(
             "saved index kind {:?}, the config resolves to {kind:?}",
@@ -201,28 +235,31 @@ pub fn open(
             )));
         }
     }
-    let n = [header.n_heads, header.slots, header.d_head]
+    let n = [saved_kv, header.slots, header.d_head]
         .into_iter()
         .try_fold(header.batch, usize::checked_mul)
         .ok_or_else(|| {
             corrupt(format!(
-                "header.json: batch {} x heads {} x slots {} x d_head {} floats overflow",
-                header.batch, header.n_heads, header.slots, header.d_head
+                "header.json: batch {} x heads {saved_kv} x slots {} x d_head {} floats overflow",
+                header.batch, header.slots, header.d_head
             ))
         })?;
     let keys = read_f32(dir, "keys.f32", n, header.keys_crc32)?;
     let values = read_f32(dir, "values.f32", n, header.values_crc32)?;
-    let snap = Snapshot {
+    let mut snap = Snapshot {
         rows: header.rows.clone(),
         slots: header.slots,
         keys,
         values,
     };
+    if stride > 1 {
+        snap = one_head_per_group(snap, saved_kv, stride, header.d_head).map_err(corrupt)?;
+    }
     // A reset-when-full memory reopens with every row searchable (which rows were reset by
     // their last add is not saved).
     Ok(config.wrap(match kind {
         IndexKind::Hnsw => {
-            let expected = header.batch * header.n_heads;
+            let expected = header.batch * saved_kv;
             if header.index_crc32.len() != expected {
                 return Err(corrupt(format!(
                     "header lists {} index checksums, expected {expected}",
@@ -230,7 +267,7 @@ pub fn open(
                 )));
             }
             for (i, &crc) in header.index_crc32.iter().enumerate() {
-                let name = UsearchIndex::file_name(i / header.n_heads, i % header.n_heads);
+                let name = UsearchIndex::file_name(i / saved_kv, i % saved_kv);
                 let path = dir.join(&name);
                 let bytes = fs::read(&path).map_err(|e| MemoryError::io(&path, e))?;
                 let actual = crc32fast::hash(&bytes);
@@ -240,8 +277,51 @@ pub fn open(
                     )));
                 }
             }
-            Box::new(UsearchIndex::from_snapshot(config, snap, dir)?) as Box<dyn KnnIndex>
+            Box::new(UsearchIndex::from_snapshot(config, snap, dir, stride)?) as Box<dyn KnnIndex>
         }
         _ => Box::new(ExactIndex::from_snapshot(config, snap, device)),
     }))
+}
+
+/// `snap` (`[batch, heads, slots, d]`, `heads = kv_heads * group`) with only the first head
+/// of every group of `group` consecutive heads, after checking that the group's stored pairs
+/// (every row's first `len` slots) are identical; else a message naming the first that differs.
+fn one_head_per_group(
+    snap: Snapshot,
+    heads: usize,
+    group: usize,
+    d: usize,
+) -> Result<Snapshot, String> {
+    let (slots, kv_heads) = (snap.slots, heads / group);
+    let at = |b: usize, h: usize| (b * heads + h) * slots * d;
+    let mut keys = Vec::with_capacity(snap.keys.len() / group);
+    let mut values = Vec::with_capacity(snap.values.len() / group);
+    for (b, row) in snap.rows.iter().enumerate() {
+        for g in 0..kv_heads {
+            let first = at(b, g * group);
+            for j in 1..group {
+                let other = at(b, g * group + j);
+                let n = row.len * d;
+                for (name, data) in [("keys", &snap.keys), ("values", &snap.values)] {
+                    if data[first..first + n] != data[other..other + n] {
+                        return Err(format!(
+                            "version-1 {name} of row {b}: head {} differs from head {} of its \
+                             group of {group}, so they are not copies of one kv head (a memory \
+                             of a layer without grouped heads cannot be opened with \
+                             n_kv_heads = {kv_heads})",
+                            g * group + j,
+                            g * group
+                        ));
+                    }
+                }
+            }
+            keys.extend_from_slice(&snap.keys[first..first + slots * d]);
+            values.extend_from_slice(&snap.values[first..first + slots * d]);
+        }
+    }
+    Ok(Snapshot {
+        keys,
+        values,
+        ..snap
+    })
 }

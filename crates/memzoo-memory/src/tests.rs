@@ -431,7 +431,8 @@ fn damaged_or_mismatched_files_are_errors() {
 
 /// The exact-vs-HNSW crossover (not a test: `cargo test -p memzoo-memory -- --ignored
 /// crossover --nocapture`). Env: `MEMZOO_BENCH_SIZES` (default `16384,65536,262144`),
-/// `MEMZOO_BENCH_HEADS` (default 8), `MEMZOO_BENCH_KINDS` (default `exact,hnsw`),
+/// `MEMZOO_BENCH_HEADS` (default 8), `MEMZOO_BENCH_KV_HEADS` (default: one per head),
+/// `MEMZOO_BENCH_KINDS` (default `exact,hnsw`),
 /// `MEMZOO_BENCH_EF` (HNSW expansion_search), `MEMZOO_BENCH_M` (HNSW connectivity).
 #[test]
 #[ignore]
@@ -444,6 +445,9 @@ fn crossover() {
     let heads: usize = std::env::var("MEMZOO_BENCH_HEADS")
         .map(|s| s.parse().unwrap())
         .unwrap_or(8);
+    let kv_heads: Option<usize> = std::env::var("MEMZOO_BENCH_KV_HEADS")
+        .ok()
+        .map(|s| s.parse().unwrap());
     let kinds: Vec<IndexKind> = std::env::var("MEMZOO_BENCH_KINDS")
         .unwrap_or_else(|_| "exact,hnsw".into())
         .split(',')
@@ -462,7 +466,7 @@ fn crossover() {
         let queries = clustered_keys(t, d, 256, 0.6, 21);
         let mut exact_ids = Vec::new();
         for &kind in &kinds {
-            let mut c = config(kind, heads, d, n + t);
+            let mut c = config(kind, heads, d, n + t).with_n_kv_heads(kv_heads);
             if let Some(ef) = expansion {
                 c.hnsw.expansion_search = Some(ef);
             }
@@ -479,7 +483,7 @@ fn crossover() {
                 recall(&r.ids, &exact_ids, k)
             };
             println!(
-                "{kind:?} stored {n} x {heads} heads: fill {:.1} s, segment add {:.3} s + search {:.3} s = {:.3} s, recall@{k} {rec:.4}",
+                "{kind:?} stored {n} x {heads} heads ({kv_heads:?} kv): fill {:.1} s, segment add {:.3} s + search {:.3} s = {:.3} s, recall@{k} {rec:.4}",
                 r.fill_s,
                 r.add_s,
                 r.search_s,
@@ -590,5 +594,302 @@ fn reset_when_full_empties_the_row_and_hides_it_for_one_search() {
             vec![vec![-1, 4, 5, 6, 7, 8]; 2],
             "{kind:?}"
         );
+    }
+}
+
+/// A grouped config: `heads` query heads sharing `kv` key/value heads.
+fn grouped(kind: IndexKind, heads: usize, kv: usize, d: usize, max: usize) -> KnnMemoryConfig {
+    config(kind, heads, d, max).with_n_kv_heads(Some(kv))
+}
+
+#[test]
+fn grouped_exact_search_equals_naive_per_query_head() {
+    // 8 query heads on 1 and 2 kv heads, host and device top-k; 400 stored per (row, kv
+    // head) takes the host top-k's block pass (n >= 4 k 16).
+    let (b, h, d, n, t, k) = (2, 8, 8, 400, 5, 5);
+    let dev = device();
+    for kv in [1, 2] {
+        let group = h / kv;
+        // Keys [b, n, kv, d]; value = [row, kv head, slot, 0...].
+        let keys = clustered_keys(b * n * kv, d, 0, 0.0, 21 + kv as u64);
+        let mut values = vec![0.0f32; b * n * kv * d];
+        for (o, v) in values.chunks_mut(d).enumerate() {
+            let (row, i, g) = (o / (n * kv), (o / kv) % n, o % kv);
+            v[0] = row as f32;
+            v[1] = g as f32;
+            v[2] = i as f32;
+        }
+        let queries = clustered_keys(b * t * h, d, 0, 0.0, 31 + kv as u64);
+        for topk in [TopkPlacement::Host, TopkPlacement::Device] {
+            let mut index = grouped(IndexKind::Exact, h, kv, d, 512)
+                .with_topk(topk)
+                .init(b, &dev)
+                .unwrap();
+            index
+                .add(
+                    tensor4(keys.clone(), [b, n, kv, d]),
+                    tensor4(values.clone(), [b, n, kv, d]),
+                )
+                .unwrap();
+            let r = index
+                .search(tensor4(queries.clone(), [b, t, h, d]), k)
+                .unwrap();
+            assert_eq!(r.keys.dims(), [b, t, h, k, d]);
+            assert_eq!(r.mask.dims(), [b, t, h, k]);
+            let (rk, rv) = (host(r.keys), host(r.values));
+            let mask = r.mask.into_data().try_into_vec::<bool>().unwrap();
+            assert!(
+                mask.iter().all(|&m| !m),
+                "kv {kv} {topk:?}: every slot found"
+            );
+            for row in 0..b {
+                for head in 0..h {
+                    let g = head / group;
+                    let own: Vec<f32> = (0..n)
+                        .flat_map(|i| {
+                            let at = ((row * n + i) * kv + g) * d;
+                            keys[at..at + d].to_vec()
+                        })
+                        .collect();
+                    for ti in 0..t {
+                        let qa = ((row * t + ti) * h + head) * d;
+                        let want = naive_topk(&own, &queries[qa..qa + d], d, k);
+                        for (j, &slot) in want.iter().enumerate() {
+                            let o = (((row * t + ti) * h + head) * k + j) * d;
+                            let at = format!(
+                                "kv {kv} {topk:?} row {row} head {head} query {ti} rank {j}"
+                            );
+                            assert_eq!(rv[o] as usize, row, "{at}: row");
+                            assert_eq!(rv[o + 1] as usize, g, "{at}: kv head");
+                            assert_eq!(rv[o + 2] as usize, slot, "{at}: slot");
+                            let key = &own[slot * d..(slot + 1) * d];
+                            for (a, e) in rk[o..o + d].iter().zip(key) {
+                                assert!((a - e).abs() < 1e-6, "{at}: key");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `[b, t, kv, d]` data repeated for the `group` query heads of every kv head:
+/// `[b, t, kv * group, d]` (what a grouped layer used to store).
+fn expand_heads(data: &[f32], kv: usize, group: usize, d: usize) -> Vec<f32> {
+    data.chunks(kv * d)
+        .flat_map(|token| {
+            token
+                .chunks(d)
+                .flat_map(move |head| std::iter::repeat_n(head, group).flatten().copied())
+        })
+        .collect()
+}
+
+#[test]
+fn grouped_memory_equals_a_memory_of_expanded_copies() {
+    // The same search through the public API: the grouped store, and a store of every kv
+    // head copied to its query heads (the layout before stores were per kv head).
+    let (b, h, kv, d, n, t, k) = (2, 8, 2, 16, 300, 6, 7);
+    let dev = device();
+    let keys = clustered_keys(b * n * kv, d, 8, 0.5, 41);
+    let values = clustered_keys(b * n * kv, d, 0, 0.0, 42);
+    let q = tensor4(clustered_keys(b * t * h, d, 8, 0.5, 43), [b, t, h, d]);
+    for kind in KINDS {
+        let mut ours = grouped(kind, h, kv, d, 512).init(b, &dev).unwrap();
+        ours.add(
+            tensor4(keys.clone(), [b, n, kv, d]),
+            tensor4(values.clone(), [b, n, kv, d]),
+        )
+        .unwrap();
+        let mut copies = config(kind, h, d, 512).init(b, &dev).unwrap();
+        copies
+            .add(
+                tensor4(expand_heads(&keys, kv, h / kv, d), [b, n, h, d]),
+                tensor4(expand_heads(&values, kv, h / kv, d), [b, n, h, d]),
+            )
+            .unwrap();
+        let (a, e) = (
+            ours.search(q.clone(), k).unwrap(),
+            copies.search(q.clone(), k).unwrap(),
+        );
+        if kind == IndexKind::Exact {
+            assert_eq!(host(a.keys), host(e.keys), "{kind:?}: keys");
+            assert_eq!(host(a.values), host(e.values), "{kind:?}: values");
+        } else {
+            // Two HNSW graphs built from the same keys in the same order; compare recall.
+            let exact = {
+                let mut x = grouped(IndexKind::Exact, h, kv, d, 512)
+                    .init(b, &dev)
+                    .unwrap();
+                x.add(
+                    tensor4(keys.clone(), [b, n, kv, d]),
+                    tensor4(values.clone(), [b, n, kv, d]),
+                )
+                .unwrap();
+                x.search(q.clone(), k).unwrap()
+            };
+            let ids = |r: &Retrieved| {
+                // Values are distinct random vectors: identify a pair by its first element.
+                host(r.values.clone())
+                    .chunks(d)
+                    .map(|v| (v[0] * 1e6).round() as i64)
+                    .collect::<Vec<_>>()
+            };
+            let r = recall(&ids(&a), &ids(&exact), k);
+            assert!(r >= 0.95, "grouped HNSW recall@{k} {r:.4}");
+        }
+    }
+}
+
+#[test]
+fn grouped_hnsw_recall_against_exact() {
+    // 8 query heads on 2 kv heads, 4,096 stored per (row, kv head), k = 32.
+    let (h, kv, d, n, t, k) = (8, 2, 32, 4096, 16, 32);
+    let dev = device();
+    let keys = clustered_keys(n, d, 64, 0.6, 51);
+    let queries = clustered_keys(t, d, 64, 0.6, 52);
+    let mut ids = Vec::new();
+    for kind in KINDS {
+        let mut index = grouped(kind, h, kv, d, n).init(1, &dev).unwrap();
+        bench::fill(index.as_mut(), &keys, n, 2048, &dev).unwrap();
+        let (q, _) = segment_tensors(&queries, t, 0, t, 1, h, d, &dev);
+        ids.push(retrieved_ids(&index.search(q, k).unwrap()));
+    }
+    let r = recall(&ids[1], &ids[0], k);
+    assert!(r >= 0.95, "recall@{k} of grouped HNSW vs exact: {r:.4}");
+}
+
+#[test]
+fn grouped_shapes_are_checked() {
+    let dev = device();
+    let err = grouped(IndexKind::Exact, 8, 3, 4, 8)
+        .init(1, &dev)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("n_kv_heads (3) must divide n_heads (8)"),
+        "{err}"
+    );
+    for kind in KINDS {
+        let mut index = grouped(kind, 8, 2, 4, 8).init(1, &dev).unwrap();
+        // Pairs come per kv head, queries per query head.
+        let err = index
+            .add(
+                Tensor::zeros([1, 3, 8, 4], &dev),
+                Tensor::zeros([1, 3, 8, 4], &dev),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("kv_heads = 2"), "{kind:?}: {err}");
+        index
+            .add(
+                Tensor::zeros([1, 3, 2, 4], &dev),
+                Tensor::zeros([1, 3, 2, 4], &dev),
+            )
+            .unwrap();
+        let err = index
+            .search(Tensor::zeros([1, 3, 2, 4], &dev), 2)
+            .unwrap_err();
+        assert!(err.to_string().contains("n_heads = 8"), "{kind:?}: {err}");
+        index.search(Tensor::zeros([1, 3, 8, 4], &dev), 2).unwrap();
+    }
+}
+
+/// Rewrites a saved memory's header as version 1 (no `n_kv_heads`).
+fn as_version_1(dir: &std::path::Path) {
+    let p = dir.join("header.json");
+    let mut header: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let obj = header.as_object_mut().unwrap();
+    obj.remove("n_kv_heads");
+    obj.insert("version".into(), 1.into());
+    std::fs::write(&p, serde_json::to_string(&header).unwrap()).unwrap();
+}
+
+#[test]
+fn version_1_memories_of_copies_open_grouped() {
+    // A version-1 memory of a grouped layer held every kv head copied to its query heads;
+    // opened with n_kv_heads it keeps one head per group and searches as the grouped memory.
+    let (b, h, d, cap) = (2, 4, 8, 32);
+    let dev = device();
+    let keys = clustered_keys(64, d, 3, 0.5, 61);
+    for kind in KINDS {
+        for kv in [1, 2] {
+            let group = h / kv;
+            let mut old = config(kind, h, d, cap).init(b, &dev).unwrap();
+            let mut new = grouped(kind, h, kv, d, cap).init(b, &dev).unwrap();
+            // 45 > 32 wraps the ring; row 1 cleared and shorter.
+            for (first, t, clear) in [(0, 45, true), (45, 7, false)] {
+                let (kt, vt) = segment_tensors(&keys, 64, first, t, b, kv, d, &dev);
+                let (k_host, v_host) = (host(kt.clone()), host(vt.clone()));
+                new.add(kt, vt).unwrap();
+                old.add(
+                    tensor4(expand_heads(&k_host, kv, group, d), [b, t, h, d]),
+                    tensor4(expand_heads(&v_host, kv, group, d), [b, t, h, d]),
+                )
+                .unwrap();
+                if clear {
+                    old.clear(&[1]).unwrap();
+                    new.clear(&[1]).unwrap();
+                }
+            }
+            let dir = tempfile::tempdir().unwrap();
+            old.save(dir.path()).unwrap();
+            as_version_1(dir.path());
+            let c = grouped(kind, h, kv, d, cap);
+            let opened = open(dir.path(), &c, &dev).unwrap();
+            assert_eq!(opened.rows(), new.rows());
+            let q = tensor4(clustered_keys(b * 4 * h, d, 3, 0.5, 62), [b, 4, h, d]);
+            let (a, o) = (
+                new.search(q.clone(), 9).unwrap(),
+                opened.search(q, 9).unwrap(),
+            );
+            assert_eq!(
+                retrieved_ids(&a),
+                retrieved_ids(&o),
+                "{kind:?} kv {kv}: ids"
+            );
+            assert_eq!(host(a.keys), host(o.keys), "{kind:?} kv {kv}: keys");
+            // The same files as version 2 are a mismatch (4 stored heads, kv asked).
+            let dir2 = tempfile::tempdir().unwrap();
+            old.save(dir2.path()).unwrap();
+            let err = open(dir2.path(), &c, &dev).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "saved 4 key/value heads, the config asks for n_kv_heads = {kv}"
+                )),
+                "{err}"
+            );
+            // A grouped memory round-trips as version 2.
+            let dir3 = tempfile::tempdir().unwrap();
+            new.save(dir3.path()).unwrap();
+            let reopened = open(dir3.path(), &c, &dev).unwrap();
+            let q = tensor4(clustered_keys(b * 4 * h, d, 3, 0.5, 63), [b, 4, h, d]);
+            assert_eq!(
+                retrieved_ids(&new.search(q.clone(), 9).unwrap()),
+                retrieved_ids(&reopened.search(q, 9).unwrap())
+            );
+        }
+        // A version-1 memory whose heads differ (a layer without grouped heads) is refused.
+        let mut distinct = config(kind, h, d, cap).init(1, &dev).unwrap();
+        let k4 = clustered_keys(10 * h, d, 0, 0.0, 64);
+        distinct
+            .add(
+                tensor4(k4.clone(), [1, 10, h, d]),
+                tensor4(k4, [1, 10, h, d]),
+            )
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        distinct.save(dir.path()).unwrap();
+        as_version_1(dir.path());
+        let err = open(dir.path(), &grouped(kind, h, 2, d, cap), &dev)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("head 1 differs from head 0"),
+            "{kind:?}: {err}"
+        );
+        // Opened as what it is, it is fine.
+        open(dir.path(), &config(kind, h, d, cap), &dev).unwrap();
     }
 }

@@ -382,11 +382,30 @@ impl RelativeMultiHeadAttention {
     /// # Shapes
     /// - `m`: `[batch, mlen, 2 n_kv_heads d_head]` → `[batch, mlen, n_heads, d_head]` each
     pub fn cached_keys_values(&self, m: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        let (k, v) = self.cached_kv_heads(m);
+        (self.share_kv_heads(k), self.share_kv_heads(v))
+    }
+
+    /// The keys and values of the `n_kv_heads` heads in cached entries (not yet shared by
+    /// the query heads).
+    ///
+    /// # Shapes
+    /// - `m`: `[batch, mlen, 2 n_kv_heads d_head]` → `[batch, mlen, n_kv_heads, d_head]` each
+    pub fn cached_kv_heads(&self, m: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
         let [b, len, _] = m.dims();
         let (hk, dh) = (self.n_kv_heads, self.d_head);
         let k = m.clone().narrow(2, 0, hk * dh).reshape([b, len, hk, dh]);
         let v = m.narrow(2, hk * dh, hk * dh).reshape([b, len, hk, dh]);
-        (self.share_kv_heads(k), self.share_kv_heads(v))
+        (k, v)
+    }
+
+    /// The keys `W_k h_j` and values `W_v h_j (+ b_v)` of the `n_kv_heads` heads (not yet
+    /// shared by the query heads), with the parameters as constants.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, n_kv_heads, d_head]` each
+    pub fn kv_heads_constant(&self, h: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        self.kv_heads_of(h, true)
     }
 
     /// [`keys_values`](Self::keys_values), with the parameters as constants when `constant`.
@@ -434,6 +453,23 @@ impl RelativeMultiHeadAttention {
         t.reshape([b, len, hk, 1, dh])
             .expand([b, len, hk, h / hk, dh])
             .reshape([b, len, h, dh])
+    }
+
+    /// The inverse of [`share_kv_heads`](Self::share_kv_heads) on a tensor it produced (or a
+    /// per-position function of one): the first query head of every group; the identity
+    /// without multi-query / grouped attention.
+    ///
+    /// # Shapes
+    /// - `t`: `[batch, len, n_heads, d_head]` → `[batch, len, n_kv_heads, d_head]`
+    pub fn unshare_kv_heads(&self, t: Tensor<4>) -> Tensor<4> {
+        let (h, hk) = (self.n_heads, self.n_kv_heads);
+        if hk == h {
+            return t;
+        }
+        let [b, len, _, dh] = t.dims();
+        t.reshape([b, len, hk, h / hk, dh])
+            .narrow(3, 0, 1)
+            .reshape([b, len, hk, dh])
     }
 
     /// `Dropout(W_o c (+ b_o))` of the heads' concatenated context `c`, `[batch, qlen, heads * d_head]`.

@@ -133,10 +133,11 @@ impl KnnAttentionConfig {
 pub struct KnnAttentionOutput {
     /// Layer output, `[batch, qlen, d_model]`.
     pub output: Tensor<3>,
-    /// The segment's normalised keys, `[batch, qlen, heads, d_head]`, detached: what
-    /// goes into the memory after the step.
+    /// The segment's normalised keys, `[batch, qlen, n_kv_heads, d_head]` (one per key/value
+    /// head, not copied to the query heads), detached: what goes into the memory after the
+    /// step.
     pub keys: Tensor<4>,
-    /// The segment's values, `[batch, qlen, heads, d_head]`, detached.
+    /// The segment's values, `[batch, qlen, n_kv_heads, d_head]`, detached.
     pub values: Tensor<4>,
     /// The memory pairs the segment's queries attended to.
     pub retrieved: Retrieved,
@@ -209,13 +210,16 @@ impl KnnAttention {
         top_k: usize,
     ) -> Result<KnnAttentionOutput, RelativeError> {
         let [batch, _, _] = x.dims();
-        let (h, dh) = (self.n_heads, self.d_head);
-        if knn.config().n_heads != h || knn.config().d_head != dh || knn.batch() != batch {
+        let (h, hk, dh) = (self.n_heads, self.attention.n_kv_heads, self.d_head);
+        let c = knn.config();
+        if c.n_heads != h || c.kv_heads() != hk || c.d_head != dh || knn.batch() != batch {
             return Err(RelativeError::Input(format!(
-                "kNN memory holds {} rows x {} heads x {} dims, the layer needs {batch} x {h} x {dh}",
+                "kNN memory holds {} rows x {} heads ({} kv heads) x {} dims, the layer needs \
+                 {batch} x {h} ({hk}) x {dh}",
                 knn.batch(),
-                knn.config().n_heads,
-                knn.config().d_head
+                c.n_heads,
+                c.kv_heads(),
+                c.d_head
             )));
         }
         self.forward_retrieving(x, memory, ctx, |q| Ok(knn.search(q, top_k)?))
@@ -281,8 +285,8 @@ impl KnnAttention {
         let output = att.project_output(context);
         Ok(KnnAttentionOutput {
             output,
-            keys: k.narrow(1, mlen, qlen).detach(),
-            values: v.narrow(1, mlen, qlen).detach(),
+            keys: att.unshare_kv_heads(k.narrow(1, mlen, qlen)).detach(),
+            values: att.unshare_kv_heads(v.narrow(1, mlen, qlen)).detach(),
             retrieved: found,
         })
     }
@@ -336,8 +340,8 @@ impl KnnAttention {
         let context = (from_memory + from_local).reshape([batch, qlen, h * dh]);
         Ok(KnnAttentionOutput {
             output: att.project_output(context),
-            keys: k.narrow(1, mlen, qlen).detach(),
-            values: v.narrow(1, mlen, qlen).detach(),
+            keys: att.unshare_kv_heads(k.narrow(1, mlen, qlen)).detach(),
+            values: att.unshare_kv_heads(v.narrow(1, mlen, qlen)).detach(),
             retrieved: found,
         })
     }
@@ -361,7 +365,7 @@ impl KnnAttention {
     ///
     /// # Shapes
     /// - `memory`: `[batch, mlen, d_model]` (or cached entries), `x`: `[batch, qlen, d_model]`
-    /// - output: `[batch, n, heads, d_head]` each, detached
+    /// - output: `[batch, n, n_kv_heads, d_head]` each, detached
     pub fn leading_pairs(
         &self,
         memory: Option<Tensor<3>>,
@@ -370,7 +374,7 @@ impl KnnAttention {
     ) -> (Tensor<4>, Tensor<4>) {
         let (k, v) = match memory {
             Some(m) if self.attention.memory_keys_values => {
-                let (km, vm) = self.attention.cached_keys_values(m);
+                let (km, vm) = self.attention.cached_kv_heads(m);
                 let (kx, vx) = self.memory_pairs(x);
                 (
                     Tensor::cat(vec![km.detach(), kx], 1),
@@ -397,12 +401,12 @@ impl KnnAttention {
     }
 
     /// The pairs this layer stores for inputs `h` (what the memory receives for them): the
-    /// normalised keys `k̂` and the values, detached.
+    /// normalised keys `k̂` and the values of the key/value heads, detached.
     ///
     /// # Shapes
-    /// - `h`: `[batch, len, d_model]` → `[batch, len, heads, d_head]` each
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, n_kv_heads, d_head]` each
     pub fn memory_pairs(&self, h: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
-        let (k, v) = self.attention.keys_values(h);
+        let (k, v) = self.attention.kv_heads_constant(h);
         (l2_normalize(k).detach(), v.detach())
     }
 

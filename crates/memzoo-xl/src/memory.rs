@@ -137,7 +137,7 @@ impl XlMemory {
 pub struct XlState {
     /// Cached layer inputs of the last `mem_len` positions (every layer).
     pub xl: XlMemory,
-    /// One memory per kNN layer (bottom to top), each with one store per (row, head).
+    /// One memory per kNN layer (bottom to top), each with one store per (row, kv head).
     pub knn: Vec<Box<dyn KnnIndex>>,
     /// Per row, how many of the most recent XL memory positions belong to the row's current
     /// document (older ones are hidden from attention; with `document_resets`). Empty: all

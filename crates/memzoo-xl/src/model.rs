@@ -294,7 +294,7 @@ pub struct KnnLayerConfig {
     /// Retrieved pairs per query. Default: 32 (Wu et al. 2022).
     #[config(default = 32)]
     pub top_k: usize,
-    /// kNN memories per (batch row, head), oldest evicted first. Default: 16,384.
+    /// kNN memories per (batch row, kv head), oldest evicted first. Default: 16,384.
     #[config(default = 16384)]
     pub max_memories: usize,
     /// kNN search structure. Default: `auto` (exact up to `auto_crossover`, then HNSW).
@@ -888,6 +888,7 @@ impl XlConfig {
     /// The configuration of every kNN layer's memory.
     pub fn knn_memory(&self) -> KnnMemoryConfig {
         KnnMemoryConfig::new(self.n_heads, self.head_width())
+            .with_n_kv_heads(self.kv_heads)
             .with_when_full(self.knn.when_full)
             .with_max_memories(self.knn.max_memories)
             .with_kind(self.knn.index)
