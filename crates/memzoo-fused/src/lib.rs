@@ -1030,7 +1030,11 @@ pub fn knn_attention_fused(
     let [b, ql, h, dh] = q.dims();
     let [kb, kq, kh, k, kd] = keys.dims();
     if (kb, kq, kh, kd) != (b, ql, h, dh) || dh == 0 {
-        return bad(format!("keys have shape {:?}, q {:?}", keys.dims(), q.dims()));
+        return bad(format!(
+            "keys have shape {:?}, q {:?}",
+            keys.dims(),
+            q.dims()
+        ));
     }
     if values.dims() != keys.dims() {
         return bad(format!(

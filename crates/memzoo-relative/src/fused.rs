@@ -177,7 +177,12 @@ impl KnnAttention {
     ///
     /// # Shapes
     /// As [`memory_read`](Self::memory_read).
-    pub fn memory_read_tensor_ops(&self, q: Tensor<4>, tau: Tensor<1>, found: &Retrieved) -> Tensor<4> {
+    pub fn memory_read_tensor_ops(
+        &self,
+        q: Tensor<4>,
+        tau: Tensor<1>,
+        found: &Retrieved,
+    ) -> Tensor<4> {
         let [batch, qlen, h, dh] = q.dims();
         let kk = found.keys.dims()[3];
         let n = batch * qlen * h;
@@ -233,8 +238,8 @@ impl KnnAttention {
         let lse_l = lse_l.swap_dims(1, 2); // [b, q, h, 1]
         let from_local = softmax(local, 3).matmul(v).swap_dims(1, 2); // [b, q, h, dh]
         let top = lse_r.clone().max_pair(lse_l.clone()).detach();
-        let lse = ((lse_r.clone() - top.clone()).exp() + (lse_l.clone() - top.clone()).exp()).log()
-            + top;
+        let lse =
+            ((lse_r.clone() - top.clone()).exp() + (lse_l.clone() - top.clone()).exp()).log() + top;
         let w_r = (lse_r - lse.clone()).exp();
         let w_l = (lse_l - lse).exp();
         Ok(remote * w_r + from_local * w_l)
