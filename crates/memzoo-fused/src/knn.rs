@@ -23,7 +23,7 @@
 
 use rayon::prelude::*;
 
-use crate::lsh::exp_f32;
+use crate::lsh::{exp_f32, sum_f32};
 
 /// The log-partition of a unit whose slots are all empty: `exp(EMPTY_LSE - x) = 0` for any
 /// finite log-partition `x` of other scores.
@@ -89,6 +89,85 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// `out[j] = a · rows[j]` for the `out.len()` rows of `rows` (each `a.len()` wide); rows where
+/// `skip[j]` get 0.
+#[inline(always)]
+fn dots_into(a: &[f32], rows: &[f32], skip: &[bool], out: &mut [f32]) {
+    let dh = a.len();
+    assert!(rows.len() >= out.len() * dh && skip.len() >= out.len());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports the features; `rows` holds `out.len()` rows (asserted).
+        return unsafe { dots_avx2(a, rows, skip, out) };
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = if skip[j] {
+            0.0
+        } else {
+            dot(a, &rows[j * dh..(j + 1) * dh])
+        };
+    }
+}
+
+/// [`dots_into`] with four rows at a time in independent AVX2 accumulators (one dot alone
+/// is a chain of dependent multiply-adds).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `rows.len() >= out.len() * a.len()`, `skip.len() >= out.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2(a: &[f32], rows: &[f32], skip: &[bool], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    #[inline(always)]
+    fn hsum(v: __m256) -> f32 {
+        // SAFETY: only called from the AVX2 function below.
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+        }
+    }
+    let (dh, n) = (a.len(), out.len());
+    let main = dh - dh % 8;
+    let (pa, pr) = (a.as_ptr(), rows.as_ptr());
+    let tail = |j: usize| -> f32 { (main..dh).map(|c| a[c] * rows[j * dh + c]).sum() };
+    let mut j0 = 0;
+    // SAFETY: every load reads 8 floats at `c + 8 <= main <= dh` inside row `j < n` of `rows`
+    // or inside `a`.
+    unsafe {
+        while j0 + 4 <= n {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut c = 0;
+            while c < main {
+                let x = _mm256_loadu_ps(pa.add(c));
+                for (jj, acc) in acc.iter_mut().enumerate() {
+                    let y = _mm256_loadu_ps(pr.add((j0 + jj) * dh + c));
+                    *acc = _mm256_fmadd_ps(x, y, *acc);
+                }
+                c += 8;
+            }
+            for (jj, acc) in acc.into_iter().enumerate() {
+                let j = j0 + jj;
+                out[j] = if skip[j] { 0.0 } else { hsum(acc) + tail(j) };
+            }
+            j0 += 4;
+        }
+        for j in j0..n {
+            let mut acc = _mm256_setzero_ps();
+            let mut c = 0;
+            while c < main {
+                acc = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(pa.add(c)),
+                    _mm256_loadu_ps(pr.add(j * dh + c)),
+                    acc,
+                );
+                c += 8;
+            }
+            out[j] = if skip[j] { 0.0 } else { hsum(acc) + tail(j) };
+        }
+    }
+}
+
 /// `y += a x`.
 #[inline(always)]
 fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
@@ -97,7 +176,7 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// Dots `d_m` and probabilities `p_m` of one unit into `dots`, `p` (0 for empty slots);
+/// Dots `d_m` and probabilities `p_m` of one unit into `dot_out`, `p` (0 for empty slots);
 /// returns `(max s, Σ exp(s - max s))`, or `None` when every slot is empty.
 #[inline(always)]
 fn probs(
@@ -105,30 +184,27 @@ fn probs(
     tau: f32,
     keys: &[f32],
     hidden: &[bool],
-    dots: &mut [f32],
+    dot_out: &mut [f32],
     p: &mut [f32],
 ) -> Option<(f32, f32)> {
-    let dh = q.len();
+    dots_into(q, keys, hidden, dot_out);
     let mut m = f32::NEG_INFINITY;
-    for (j, (&hid, d)) in hidden.iter().zip(dots.iter_mut()).enumerate() {
-        *d = if hid {
-            0.0
-        } else {
-            dot(q, &keys[j * dh..(j + 1) * dh])
-        };
+    for (&hid, &d) in hidden.iter().zip(dot_out.iter()) {
         if !hid {
-            m = m.max(tau * *d);
+            m = m.max(tau * d);
         }
     }
     if m == f32::NEG_INFINITY {
         p.fill(0.0);
         return None;
     }
-    let mut z = 0.0;
-    for ((&hid, &d), p) in hidden.iter().zip(dots.iter()).zip(p.iter_mut()) {
-        *p = if hid { 0.0 } else { exp_f32(tau * d - m) };
-        z += *p;
+    // Branch-free so that the loop vectorises: an empty slot's exponent is far below -87,
+    // where `exp_f32` gives an exact 0.
+    for ((&hid, &d), p) in hidden.iter().zip(dot_out.iter()).zip(p.iter_mut()) {
+        let x = tau * d - m;
+        *p = exp_f32(if hid { -1.0e4 } else { x });
     }
+    let z = sum_f32(p);
     let inv = 1.0 / z;
     for p in p.iter_mut() {
         *p *= inv;
@@ -204,15 +280,9 @@ fn backward_row_impl(
             continue;
         }
         let g_lse = if d.with_lse { gu[dh] } else { 0.0 };
-        let mut c = 0.0;
-        for (j, (&pj, dsj)) in p.iter().zip(ds.iter_mut()).enumerate() {
-            *dsj = if pj == 0.0 {
-                0.0
-            } else {
-                dot(&gu[..dh], &values[j * dh..(j + 1) * dh])
-            };
-            c += pj * *dsj;
-        }
+        // dP_m = g · v_m (empty slots: 0, as their p).
+        dots_into(&gu[..dh], values, hidden, ds);
+        let c: f32 = p.iter().zip(ds.iter()).map(|(&pj, &dpj)| pj * dpj).sum();
         let mut dt = 0.0;
         for (j, ((&pj, dsj), &dj)) in p.iter().zip(ds.iter_mut()).zip(dots.iter()).enumerate() {
             if pj == 0.0 {
