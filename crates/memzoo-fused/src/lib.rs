@@ -925,6 +925,21 @@ fn contiguous(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
     }
 }
 
+/// The flags of a flex bool tensor, in row-major order (read from its byte storage; a
+/// strided view is copied to a row-major one first).
+fn bool_flags(t: BoolTensor<Flex>) -> Vec<bool> {
+    let t = if t.is_contiguous() {
+        t
+    } else {
+        t.to_contiguous()
+    };
+    let start = t.layout().start_offset();
+    t.storage::<u8>()[start..start + t.layout().num_elements()]
+        .iter()
+        .map(|&b| b != 0)
+        .collect()
+}
+
 /// The elements of a contiguous flex `f32` tensor, in order.
 fn elements(t: &FloatTensor<Flex>) -> &[f32] {
     let start = t.layout().start_offset();
@@ -955,7 +970,7 @@ impl KnnHost {
             tau: contiguous(tau),
             keys: contiguous(keys),
             values: contiguous(values),
-            hidden: mask.into_data().iter::<bool>().collect(),
+            hidden: bool_flags(mask),
         }
     }
 
