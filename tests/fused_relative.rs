@@ -412,6 +412,21 @@ fn fused_knn_read_matches_formula_and_tensor_ops() {
         )
         .unwrap(),
     );
+    // Without autodiff (evaluation) the same kernel runs on plain flex tensors.
+    let plain = flex();
+    let found_plain = retrieved((batch, qlen, h, k, dh), filled, 3, &plain);
+    let read_plain = host(
+        knn_attention_fused(
+            randn([batch, qlen, h, dh], 4, &plain),
+            Tensor::from_data(TensorData::new(vec![2.5f32, 6.0], [h]), &plain),
+            found_plain.keys,
+            found_plain.values,
+            found_plain.mask,
+            true,
+        )
+        .unwrap(),
+    );
+    assert_eq!(read, read_plain, "the read with and without autodiff");
     let (qv, kv, vv) = (
         host(q.clone()),
         host(found.keys.clone()),
