@@ -305,12 +305,11 @@ impl RelInputs {
         mask: BoolTensor<Flex>,
         params: RelParams,
     ) -> Self {
-        let mask = mask.into_data();
-        let rows = mask.shape()[0];
+        let rows = mask.layout().shape()[0];
         let hidden = if rows == 0 {
             Vec::new()
         } else {
-            mask.iter::<bool>().collect()
+            bool_flags(mask)
         };
         Self {
             qc,
