@@ -1,13 +1,16 @@
-//! The fused relative attention kernel (`memzoo-fused`) against the tensor-op path it replaces
-//! on `flex`: outputs, and the gradients of every parameter and input, to 1e-5.
+//! The fused relative attention and kNN attention kernels (`memzoo-fused`) against the
+//! tensor-op paths they replace on `flex`: outputs, and the gradients of every parameter and
+//! input, to 1e-5.
 
+use burn::module::Param;
 use burn::nn::Initializer;
 use burn::optim::GradientsParams;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
-use memzoo_fused::{FusedError, RelativePosition, relative_attention_fused};
+use memzoo_fused::{FusedError, RelativePosition, knn_attention_fused, relative_attention_fused};
+use memzoo_memory::Retrieved;
 use memzoo_relative::{
-    AttentionMask, PositionConfig, PositionKind, RelativeAttentionConfig, RelativeContext,
-    RelativeMultiHeadAttention, XlBiases,
+    AttentionMask, KnnAttention, KnnAttentionConfig, KnnMixing, PositionConfig, PositionKind,
+    RelativeAttentionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
 };
 use memzoo_tests::*;
 
@@ -275,4 +278,299 @@ fn fused_attention_rejects_bad_shapes() {
         -1e9,
     ));
     assert!(e.contains("mask has shape [3, 4, 6]"), "{e}");
+}
+
+/// Retrieved pairs for `[batch, qlen, heads]` queries with `k` slots: unit keys, normal values,
+/// and `filled(b, i, h)` leading slots filled (the rest empty).
+fn retrieved(
+    (batch, qlen, h, k, dh): (usize, usize, usize, usize, usize),
+    filled: impl Fn(usize, usize, usize) -> usize,
+    seed: u64,
+    dev: &Device,
+) -> Retrieved {
+    let mut keys = host(randn([batch, qlen, h, k, dh], seed, dev));
+    for key in keys.chunks_mut(dh) {
+        let norm = key.iter().map(|a| a * a).sum::<f32>().sqrt();
+        key.iter_mut().for_each(|a| *a /= norm);
+    }
+    let mask: Vec<bool> = (0..batch * qlen * h * k)
+        .map(|n| {
+            let (b, i, hh, m) = (n / (qlen * h * k), n / (h * k) % qlen, n / k % h, n % k);
+            m >= filled(b, i, hh)
+        })
+        .collect();
+    Retrieved {
+        keys: Tensor::from_data(TensorData::new(keys, [batch, qlen, h, k, dh]), dev),
+        values: randn([batch, qlen, h, k, dh], seed + 1, dev),
+        mask: Tensor::from_data(TensorData::new(mask, [batch, qlen, h, k]), dev),
+    }
+}
+
+/// Output and gradients (input, memory, every parameter) of `Σ w ⊙ KnnAttention(x, memory)`
+/// with the retrieved pairs `found`, the memory read fused or as tensor ops.
+fn run_knn(
+    layer: &KnnAttention,
+    x: &Tensor<3>,
+    mem: Option<&Tensor<3>>,
+    ctx: &RelativeContext,
+    found: &Retrieved,
+    path: Path,
+) -> Vec<Vec<f32>> {
+    let mut layer = layer.clone();
+    layer.fused_memory = path == Path::Fused;
+    let x = x.clone().require_grad();
+    let mem = mem.map(|m| m.clone().require_grad());
+    let [b, l, _] = x.dims();
+    let probe = Tensor::<4>::zeros([b, l, layer.n_heads, layer.d_head], &x.device());
+    assert!(
+        layer.fused_memory_applies(&probe),
+        "the kernel must apply to the cases under test"
+    );
+    let out = layer
+        .forward_retrieving(x.clone(), mem.clone(), ctx, |_| Ok(found.clone()))
+        .unwrap()
+        .output;
+    let w = randn(out.dims(), 98, &out.device());
+    let grads = (out.clone() * w).sum().backward();
+    let mut all = vec![host(out.inner())];
+    let mut leaves = vec![x];
+    leaves.extend(mem);
+    for t in leaves {
+        all.push(host(t.grad(&grads).expect("inputs get a gradient")));
+    }
+    let params = GradientsParams::from_grads(grads, &layer);
+    for (n, g) in param_vectors(&layer, Some(&params)).into_iter().enumerate() {
+        // The gate is unused with the joint mixing.
+        if let Some(g) = g {
+            all.push(g);
+        } else {
+            assert_eq!(
+                layer.mixing,
+                KnnMixing::Joint,
+                "parameter {n} gets a gradient"
+            );
+        }
+    }
+    all
+}
+
+/// The kNN layer with the fused memory read against tensor ops, over geometries with empty
+/// slots (fewer filled than `k`), queries that found nothing, 1-2 rows, XL memory or none,
+/// multi-query keys or one per head, both mixings.
+#[test]
+fn fused_knn_attention_matches_tensor_ops() {
+    let dev = flex().autodiff();
+    let dm = 16;
+    // (batch, qlen, mlen, heads, d_head, k, kv heads)
+    let geometries = [
+        (2, 5, 0, 2, 6, 4, None),
+        (1, 3, 0, 3, 8, 7, Some(1)),
+        (2, 4, 3, 2, 13, 3, Some(1)),
+        (1, 6, 2, 2, 16, 5, None),
+    ];
+    for (g, &(batch, qlen, mlen, h, dh, k, kv)) in geometries.iter().enumerate() {
+        for mixing in [KnnMixing::Gate, KnnMixing::Joint] {
+            let cfg = KnnAttentionConfig::new(dm, h, dh)
+                .with_n_kv_heads(kv)
+                .with_mixing(mixing);
+            let mut layer = seeded_weights(cfg.init(&dev).unwrap(), 7 + g as u64, |_| 0.4);
+            // A temperature and a gate of their own per head.
+            let tau: Vec<f32> = (0..h).map(|hh| (3.0 + 2.5 * hh as f32).ln()).collect();
+            let b_g: Vec<f32> = (0..h).map(|hh| 0.4 - 0.9 * hh as f32).collect();
+            layer.log_scale =
+                Param::from_tensor(Tensor::from_data(TensorData::new(tau, [h]), &dev));
+            layer.gate = Param::from_tensor(Tensor::from_data(TensorData::new(b_g, [h]), &dev));
+            // Every fill from none to all k slots, (0, 0, 0) none.
+            let found = retrieved(
+                (batch, qlen, h, k, dh),
+                |b, i, hh| (b * 5 + i * 3 + hh * 2) % (k + 1),
+                30 + g as u64,
+                &dev,
+            );
+            let x = randn([batch, qlen, dm], 21 + g as u64, &dev);
+            let mem = (mlen > 0).then(|| randn([batch, mlen, dm], 40 + g as u64, &dev));
+            let ctx = RelativeContext::new(
+                &cfg.positions,
+                dm,
+                qlen,
+                mlen,
+                &AttentionMask::causal(),
+                &dev,
+            );
+            let what = format!("geometry {g} {mixing:?}");
+            let fused = run_knn(&layer, &x, mem.as_ref(), &ctx, &found, Path::Fused);
+            let reference = run_knn(&layer, &x, mem.as_ref(), &ctx, &found, Path::TensorOps);
+            assert_eq!(fused.len(), reference.len());
+            for (n, (a, b)) in fused.iter().zip(&reference).enumerate() {
+                let scale = b.iter().fold(1f32, |m, v| m.max(v.abs()));
+                assert_close(a, b, TOL * scale, &format!("{what}: vector {n}"));
+            }
+            // Two computations, not one path twice.
+            assert!(
+                fused.iter().zip(&reference).any(|(a, b)| a != b),
+                "{what}: the fused and tensor-op results are bit-identical"
+            );
+        }
+    }
+}
+
+/// The kernel's read and log-partition against a naive f64 formula, and its gradients in `q`
+/// and `τ` against the tensor-op read (`KnnAttention::memory_read_tensor_ops`).
+#[test]
+fn fused_knn_read_matches_formula_and_tensor_ops() {
+    let dev = flex().autodiff();
+    let (batch, qlen, h, k, dh) = (2, 3, 2, 5, 9);
+    let filled = |b: usize, i: usize, hh: usize| (b * 2 + i + hh * 3) % (k + 1);
+    let found = retrieved((batch, qlen, h, k, dh), filled, 3, &dev);
+    let q = randn([batch, qlen, h, dh], 4, &dev);
+    let tau = Tensor::<1>::from_data(TensorData::new(vec![2.5f32, 6.0], [h]), &dev);
+    let read = host(
+        knn_attention_fused(
+            q.clone(),
+            tau.clone(),
+            found.keys.clone(),
+            found.values.clone(),
+            found.mask.clone(),
+            true,
+        )
+        .unwrap(),
+    );
+    // Without autodiff (evaluation) the same kernel runs on plain flex tensors.
+    let plain = flex();
+    let found_plain = retrieved((batch, qlen, h, k, dh), filled, 3, &plain);
+    let read_plain = host(
+        knn_attention_fused(
+            randn([batch, qlen, h, dh], 4, &plain),
+            Tensor::from_data(TensorData::new(vec![2.5f32, 6.0], [h]), &plain),
+            found_plain.keys,
+            found_plain.values,
+            found_plain.mask,
+            true,
+        )
+        .unwrap(),
+    );
+    assert_eq!(read, read_plain, "the read with and without autodiff");
+    let (qv, kv, vv) = (
+        host(q.clone()),
+        host(found.keys.clone()),
+        host(found.values.clone()),
+    );
+    let taus = [2.5f64, 6.0];
+    for u in 0..batch * qlen * h {
+        let (b, i, hh) = (u / (qlen * h), u / h % qlen, u % h);
+        let n = filled(b, i, hh);
+        let qu: Vec<f64> = qv[u * dh..(u + 1) * dh].iter().map(|&a| a as f64).collect();
+        let scores: Vec<Option<f64>> = (0..k)
+            .map(|m| {
+                let key: Vec<f64> = kv[(u * k + m) * dh..(u * k + m + 1) * dh]
+                    .iter()
+                    .map(|&a| a as f64)
+                    .collect();
+                (m < n).then(|| taus[hh] * dot(&qu, &key))
+            })
+            .collect();
+        let got = &read[u * (dh + 1)..(u + 1) * (dh + 1)];
+        if n == 0 {
+            assert!(got[..dh].iter().all(|&a| a == 0.0), "unit {u}: empty read");
+            assert!(got[dh] < -1e29, "unit {u}: empty log-partition {}", got[dh]);
+            continue;
+        }
+        let p = masked_softmax(&scores);
+        let lse = scores.iter().flatten().map(|s| s.exp()).sum::<f64>().ln();
+        assert!(
+            (got[dh] as f64 - lse).abs() < 1e-5 * lse.abs().max(1.0),
+            "unit {u}: lse"
+        );
+        for c in 0..dh {
+            let want: f64 = (0..k).map(|m| p[m] * vv[(u * k + m) * dh + c] as f64).sum();
+            assert!((got[c] as f64 - want).abs() < 1e-5, "unit {u} dim {c}");
+        }
+    }
+
+    // Gradients: the same loss through the fused read (without the log-partition) and the
+    // tensor-op read, with every unit found something's weight.
+    let layer = KnnAttentionConfig::new(8, h, dh).init(&dev).unwrap();
+    let w = randn([batch, qlen, h, dh], 5, &dev);
+    let grads_of = |fused: bool| {
+        let (q, tau) = (q.clone().require_grad(), tau.clone().require_grad());
+        let out = if fused {
+            knn_attention_fused(
+                q.clone(),
+                tau.clone(),
+                found.keys.clone(),
+                found.values.clone(),
+                found.mask.clone(),
+                false,
+            )
+            .unwrap()
+        } else {
+            layer.memory_read_tensor_ops(q.clone(), tau.clone(), &found)
+        };
+        // Queries that found nothing read differently on the two paths (0 / the slots' mean):
+        // weighted out, as the gate does.
+        let found_any = found.mask.clone().float().min_dim(3).neg().add_scalar(1.0);
+        let g = (out * w.clone() * found_any).sum().backward();
+        [
+            q.grad(&g).unwrap(),
+            tau.grad(&g).unwrap().reshape([1, 1, 1, h]),
+        ]
+        .map(host)
+    };
+    let (a, b) = (grads_of(true), grads_of(false));
+    for (n, (a, b)) in a.iter().zip(&b).enumerate() {
+        let scale = b.iter().fold(1f32, |m, v| m.max(v.abs()));
+        assert_close(a, b, TOL * scale, &format!("gradient {n}"));
+    }
+}
+
+/// Bad shapes are errors that name them.
+#[test]
+fn fused_knn_attention_rejects_bad_shapes() {
+    let dev: Device = flex();
+    let found = retrieved((2, 3, 2, 4, 5), |_, _, _| 2, 1, &dev);
+    let q = randn([2, 3, 2, 5], 2, &dev);
+    let tau = randn([2], 3, &dev);
+    let err = |r: Result<Tensor<4>, FusedError>| r.unwrap_err().to_string();
+    let e = err(knn_attention_fused(
+        randn([2, 3, 2, 6], 2, &dev),
+        tau.clone(),
+        found.keys.clone(),
+        found.values.clone(),
+        found.mask.clone(),
+        false,
+    ));
+    assert!(
+        e.contains("keys have shape [2, 3, 2, 4, 5], q [2, 3, 2, 6]"),
+        "{e}"
+    );
+    let e = err(knn_attention_fused(
+        q.clone(),
+        randn([3], 3, &dev),
+        found.keys.clone(),
+        found.values.clone(),
+        found.mask.clone(),
+        false,
+    ));
+    assert!(e.contains("tau has shape [3], expected [2]"), "{e}");
+    let e = err(knn_attention_fused(
+        q.clone(),
+        tau.clone(),
+        found.keys.clone(),
+        randn([2, 3, 2, 3, 5], 4, &dev),
+        found.mask.clone(),
+        false,
+    ));
+    assert!(e.contains("values have shape [2, 3, 2, 3, 5]"), "{e}");
+    let e = err(knn_attention_fused(
+        q,
+        tau,
+        found.keys.clone(),
+        found.values.clone(),
+        Tensor::<4, Bool>::empty([2, 3, 2, 3], &dev),
+        false,
+    ));
+    assert!(
+        e.contains("mask has shape [2, 3, 2, 3], expected [2, 3, 2, 4]"),
+        "{e}"
+    );
 }

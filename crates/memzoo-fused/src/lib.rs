@@ -9,6 +9,10 @@
 //!   output: scores, relative shift, mask, softmax and `P V` as one multi-threaded op. The maths
 //!   is in [`relative`].
 //!
+//! - [`knn_attention_fused`]: attention over the top-k pairs retrieved from a kNN memory (scores,
+//!   empty-slot mask, softmax and the read, optionally with the log-partition) as one
+//!   multi-threaded op. The maths is in [`knn`].
+//!
 //! The kernels run on the `flex` backend (with or without autodiff); [`supports`] says whether a
 //! device can run them. Callers keep their tensor-op path for every other backend and as the
 //! reference the kernels are tested against (`memzoo-reformer`'s `attention` tests).
@@ -16,6 +20,7 @@
 //! This crate is compiled at `opt-level = 3` in the dev profile (the workspace's own crates are
 //! at 1): its loops are the hot path.
 
+pub mod knn;
 pub mod lsh;
 pub mod relative;
 
@@ -82,6 +87,23 @@ pub trait FusedBackend: Backend {
         mask: BoolTensor<Self>,
         params: RelParams,
     ) -> FloatTensor<Self>;
+
+    /// See [`knn_attention_fused`]. `mask` is `[batch, qlen, heads, k]`.
+    fn knn_attention(
+        q: FloatTensor<Self>,
+        tau: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: KnnParams,
+    ) -> FloatTensor<Self>;
+}
+
+/// Settings of the kNN attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KnnParams {
+    /// Append each unit's log-partition to its read (see [`knn`]).
+    pub with_lse: bool,
 }
 
 /// Settings of the relative attention kernel.
@@ -202,6 +224,17 @@ impl FusedBackend for Flex {
         let inputs = RelInputs::new(qc, k, v, pos, mask, params);
         inputs.forward().0
     }
+
+    fn knn_attention(
+        q: FloatTensor<Self>,
+        tau: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: KnnParams,
+    ) -> FloatTensor<Self> {
+        KnnHost::new(q, tau, keys, values, mask, params).forward()
+    }
 }
 
 /// A strided view of a flex `f32` tensor's storage.
@@ -272,12 +305,11 @@ impl RelInputs {
         mask: BoolTensor<Flex>,
         params: RelParams,
     ) -> Self {
-        let mask = mask.into_data();
-        let rows = mask.shape()[0];
+        let rows = mask.layout().shape()[0];
         let hidden = if rows == 0 {
             Vec::new()
         } else {
-            mask.iter::<bool>().collect()
+            bool_flags(mask)
         };
         Self {
             qc,
@@ -580,6 +612,33 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
             OpsKind::UnTracked(prep) => prep.finish(inputs.forward().0),
         }
     }
+
+    fn knn_attention(
+        q: FloatTensor<Self>,
+        tau: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: KnnParams,
+    ) -> FloatTensor<Self> {
+        let nodes = [q.node(), tau.node()];
+        // The retrieved pairs are constants: their nodes (if any) are dropped.
+        let host = KnnHost::new(
+            q.into_primitive(),
+            tau.into_primitive(),
+            keys.into_primitive(),
+            values.into_primitive(),
+            mask,
+            params,
+        );
+        match KnnBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = host.forward();
+                prep.finish(host, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(host.forward()),
+        }
+    }
 }
 
 /// LSH bucket ids `h(x) = argmax([xR; -xR])` for every round as one op that never holds `xR`
@@ -840,4 +899,191 @@ pub fn relative_attention_fused(
         }
     };
     Ok(Tensor::from_dispatch(out))
+}
+
+/// The kNN attention kernel's inputs: the tensors (shared, not copied; made contiguous) and
+/// the mask on the host.
+#[derive(Clone, Debug)]
+struct KnnHost {
+    dims: knn::KnnDims,
+    /// `[batch, qlen]`: the output's leading dims.
+    lead: [usize; 2],
+    q: FloatTensor<Flex>,
+    tau: FloatTensor<Flex>,
+    keys: FloatTensor<Flex>,
+    values: FloatTensor<Flex>,
+    hidden: Vec<bool>,
+}
+
+/// `t` with a row-major layout (a copy only when it has none).
+fn contiguous(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
+    if t.is_contiguous() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// The flags of a flex bool tensor, in row-major order (read from its byte storage; a
+/// strided view is copied to a row-major one first).
+fn bool_flags(t: BoolTensor<Flex>) -> Vec<bool> {
+    let t = if t.is_contiguous() {
+        t
+    } else {
+        t.to_contiguous()
+    };
+    let start = t.layout().start_offset();
+    t.storage::<u8>()[start..start + t.layout().num_elements()]
+        .iter()
+        .map(|&b| b != 0)
+        .collect()
+}
+
+/// The elements of a contiguous flex `f32` tensor, in order.
+fn elements(t: &FloatTensor<Flex>) -> &[f32] {
+    let start = t.layout().start_offset();
+    &t.storage::<f32>()[start..start + t.layout().num_elements()]
+}
+
+impl KnnHost {
+    fn new(
+        q: FloatTensor<Flex>,
+        tau: FloatTensor<Flex>,
+        keys: FloatTensor<Flex>,
+        values: FloatTensor<Flex>,
+        mask: BoolTensor<Flex>,
+        params: KnnParams,
+    ) -> Self {
+        let shape = keys.layout().shape().clone();
+        let dims = knn::KnnDims {
+            rows: shape[0] * shape[1],
+            heads: shape[2],
+            k: shape[3],
+            d_head: shape[4],
+            with_lse: params.with_lse,
+        };
+        Self {
+            dims,
+            lead: [shape[0], shape[1]],
+            q: contiguous(q),
+            tau: contiguous(tau),
+            keys: contiguous(keys),
+            values: contiguous(values),
+            hidden: bool_flags(mask),
+        }
+    }
+
+    fn inputs(&self) -> knn::KnnInputs<'_> {
+        knn::KnnInputs {
+            q: elements(&self.q),
+            tau: elements(&self.tau),
+            keys: elements(&self.keys),
+            values: elements(&self.values),
+            hidden: &self.hidden,
+        }
+    }
+
+    fn forward(&self) -> FloatTensor<Flex> {
+        let d = self.dims;
+        let out = knn::forward(d, &self.inputs());
+        flex_from(out, &[self.lead[0], self.lead[1], d.heads, d.width()])
+    }
+}
+
+#[derive(Debug)]
+struct KnnBackward;
+
+impl Backward<Flex, 2> for KnnBackward {
+    type State = KnnHost;
+
+    fn backward(self, ops: Ops<KnnHost, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let g = contiguous(grads.consume::<Flex>(&ops.node));
+        let host = ops.state;
+        let d = host.dims;
+        let (dq, dtau) = knn::backward(d, &host.inputs(), elements(&g));
+        let [q_parent, tau_parent] = ops.parents;
+        if let Some(node) = q_parent {
+            let shape = [host.lead[0], host.lead[1], d.heads, d.d_head];
+            grads.register::<Flex>(node.id, flex_from(dq, &shape));
+        }
+        if let Some(node) = tau_parent {
+            grads.register::<Flex>(node.id, flex_from(dtau, &[d.heads]));
+        }
+    }
+}
+
+/// Attention of each query over its own retrieved (key, value) pairs as one fused op (the
+/// maths is in [`knn`]): `o = Σ_m softmax_m(τ_h q̂ · k̂_m) v_m` over the filled slots (0 when
+/// every slot is empty), and with `with_lse` the log-partition of the scores after the read
+/// ([`knn::EMPTY_LSE`] when every slot is empty). Differentiable in `q` and `tau` on an
+/// autodiff device; `keys`, `values` and `mask` are constants.
+///
+/// Errors name the bad shape or dtype, or a device other than `flex` (see [`supports`]).
+///
+/// # Shapes
+/// - `q`: `[batch, qlen, heads, d_head]`, `tau`: `[heads]`
+/// - `keys`, `values`: `[batch, qlen, heads, k, d_head]`
+/// - `mask`: `[batch, qlen, heads, k]`, `true` = an empty slot
+/// - output: `[batch, qlen, heads, d_head]`, or `[batch, qlen, heads, d_head + 1]` with
+///   `with_lse` (the log-partition last)
+pub fn knn_attention_fused(
+    q: Tensor<4>,
+    tau: Tensor<1>,
+    keys: Tensor<5>,
+    values: Tensor<5>,
+    mask: Tensor<4, Bool>,
+    with_lse: bool,
+) -> Result<Tensor<4>, FusedError> {
+    let bad = |m: String| Err(FusedError::Input(m));
+    let device = q.device();
+    if !supports(&device) {
+        return bad(format!(
+            "the kNN attention kernel runs on the flex CPU backend, not on {device:?}"
+        ));
+    }
+    let [b, ql, h, dh] = q.dims();
+    let [kb, kq, kh, k, kd] = keys.dims();
+    if (kb, kq, kh, kd) != (b, ql, h, dh) || dh == 0 {
+        return bad(format!(
+            "keys have shape {:?}, q {:?}",
+            keys.dims(),
+            q.dims()
+        ));
+    }
+    if values.dims() != keys.dims() {
+        return bad(format!(
+            "values have shape {:?}, keys {:?}",
+            values.dims(),
+            keys.dims()
+        ));
+    }
+    if tau.dims() != [h] {
+        return bad(format!("tau has shape {:?}, expected [{h}]", tau.dims()));
+    }
+    if mask.dims() != [b, ql, h, k] {
+        return bad(format!(
+            "mask has shape {:?}, expected [{b}, {ql}, {h}, {k}]",
+            mask.dims()
+        ));
+    }
+    for (name, dtype) in [
+        ("q", q.dtype()),
+        ("tau", tau.dtype()),
+        ("keys", keys.dtype()),
+        ("values", values.dtype()),
+    ] {
+        if dtype != DType::F32 {
+            return bad(format!("{name} must be f32, got {dtype:?}"));
+        }
+    }
+    Ok(Tensor::from_dispatch(
+        <Dispatch as FusedBackend>::knn_attention(
+            q.into_dispatch(),
+            tau.into_dispatch(),
+            keys.into_dispatch(),
+            values.into_dispatch(),
+            mask.into_dispatch(),
+            KnnParams { with_lse },
+        ),
+    ))
 }

@@ -14,7 +14,7 @@ use crate::error::RelativeError;
 use crate::positions::{PositionConfig, PositionKind, RelativeContext};
 
 /// Value a hidden score is set to before the softmax.
-const MASKED: f32 = -1.0e9;
+pub(crate) const MASKED: f32 = -1.0e9;
 
 /// How a kNN layer combines local attention and attention over the retrieved pairs.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -122,6 +122,7 @@ impl KnnAttentionConfig {
             gate: fill(self.gate_init),
             mixing: self.mixing,
             evicted_feed: None,
+            fused_memory: true,
             n_heads: h,
             d_head: self.d_head,
         })
@@ -177,6 +178,11 @@ pub struct KnnAttention {
     /// positions instead of the segment's (see [`set_evicted_feed`](Self::set_evicted_feed)).
     #[module(skip)]
     evicted_feed: Option<usize>,
+    /// Whether the attention over the retrieved pairs may run as the fused kernel (where it
+    /// applies, see [`fused_memory_applies`](Self::fused_memory_applies)); `false`: tensor ops
+    /// always (the reference the kernel is tested against).
+    #[module(skip)]
+    pub fused_memory: bool,
     /// Number of heads.
     pub n_heads: usize,
     /// Width of each head.
@@ -247,37 +253,22 @@ impl KnnAttention {
         let (q, k, v) = att.project(x, memory, ctx)?;
         let q = l2_normalize(q);
         let k = l2_normalize(k);
-        let tau = self.log_scale.val().exp().reshape([1, h, 1, 1]);
+        let tau_h = self.log_scale.val().exp(); // [heads]
+        let tau = tau_h.clone().reshape([1, h, 1, 1]);
 
         // Local: τ q̂·k̂ + β. `scores` multiplies by 1/sqrt(d_head), so q̂ enters as τ sqrt(d_head) q̂.
         let qh = q.clone().swap_dims(1, 2); // [batch, heads, qlen, dh]
-        let q_in = qh * tau.clone().mul_scalar((dh as f32).sqrt());
+        let q_in = qh * tau.mul_scalar((dh as f32).sqrt());
         let (kh, vh) = (k.clone().swap_dims(1, 2), v.clone().swap_dims(1, 2));
         let local = att.attend(q_in, kh, vh, ctx, None)?; // [batch, heads, qlen, dh]
 
-        // Memory: top-k of q̂ in this row's and head's store, constants. Computed in the
-        // store's [batch, qlen, heads, k, dh] layout (no permutes of the retrieved pairs).
+        // Memory: top-k of q̂ in this row's and head's store, constants: A_m V_mem,
+        // [batch, qlen, heads, dh].
         let found = retrieve(q.clone().detach())?;
-        let kk = found.keys.dims()[3];
-        let hidden = found.mask.clone(); // [batch, qlen, heads, k]
-        // One small product per (row, query, head): n of them, batched.
-        let n = batch * qlen * h;
-        // τ q̂·k̂_m: [n, 1, dh] x [n, dh, k] -> [b, q, h, k]
-        let mem_scores = q
-            .reshape([n, 1, dh])
-            .matmul(found.keys.clone().reshape([n, kk, dh]).swap_dims(1, 2))
-            .reshape([batch, qlen, h, kk])
-            * tau.reshape([1, 1, h, 1]);
-        let mem_scores = mem_scores.mask_fill(hidden.clone(), MASKED);
-        let mem_probs = att.drop_probs(softmax(mem_scores, 3));
-        // A_m V_mem: [n, 1, k] x [n, k, dh] -> [b, q, h, dh]
-        let remote = mem_probs
-            .reshape([n, 1, kk])
-            .matmul(found.values.clone().reshape([n, kk, dh]))
-            .reshape([batch, qlen, h, dh]);
+        let remote = self.memory_read(q, tau_h, &found)?;
 
         // g = sigmoid(b_g) per head, 0 where the query found nothing.
-        let found_any = hidden.float().min_dim(3).neg().add_scalar(1.0); // [b, q, h, 1]
+        let found_any = found.mask.clone().float().min_dim(3).neg().add_scalar(1.0); // [b, q, h, 1]
         let g = sigmoid(self.gate.val()).reshape([1, 1, h, 1]) * found_any;
         let local = local.swap_dims(1, 2); // [batch, qlen, heads, dh]
         let mixed = remote * g.clone() + local * g.neg().add_scalar(1.0);
@@ -310,12 +301,24 @@ impl KnnAttention {
         let (q, k, v) = att.project(x, memory, ctx)?;
         let q = l2_normalize(q);
         let k = l2_normalize(k);
-        let tau = self.log_scale.val().exp().reshape([1, h, 1, 1]);
+        let tau_h = self.log_scale.val().exp(); // [heads]
+        let tau = tau_h.clone().reshape([1, h, 1, 1]);
         // Local scores τ q̂·k̂ + β (as `forward_retrieving`): [batch, heads, qlen, klen].
         let q_in = q.clone().swap_dims(1, 2) * tau.clone().mul_scalar((dh as f32).sqrt());
         let local = ctx.mask_scores(att.scores(q_in, k.clone().swap_dims(1, 2), ctx, None)?);
-        // Memory scores τ q̂·k̂_m: [n, 1, dh] x [n, dh, k] -> [batch, heads, qlen, k].
         let found = retrieve(q.clone().detach())?;
+        if self.fused_memory && self.fused_memory_applies(&q) {
+            // The remote part fused, with its log-partition; the local softmax and the mix as
+            // tensor ops (`joint_mix`).
+            let context = self.joint_mix(q, tau_h, &found, local, v.clone().swap_dims(1, 2))?;
+            return Ok(KnnAttentionOutput {
+                output: att.project_output(context.reshape([batch, qlen, h * dh])),
+                keys: k.narrow(1, mlen, qlen).detach(),
+                values: v.narrow(1, mlen, qlen).detach(),
+                retrieved: found,
+            });
+        }
+        // Memory scores τ q̂·k̂_m: [n, 1, dh] x [n, dh, k] -> [batch, heads, qlen, k].
         let kk = found.keys.dims()[3];
         let n = batch * qlen * h;
         let remote = q
