@@ -139,7 +139,12 @@ fn run<M: SegmentModel<State = XlState>>(
 fn two_devices_match_one<M: SegmentModel<State = XlState>>(model: &M, what: &str) {
     let ([first, second], names) = device_pair();
     let model = model.clone().fork(&first);
-    let one = run(&model, std::slice::from_ref(&first), Some(1), &format!("{what}-one"));
+    let one = run(
+        &model,
+        std::slice::from_ref(&first),
+        Some(1),
+        &format!("{what}-one"),
+    );
     let two = run(&model, &[first, second], None, &format!("{what}-two"));
     let what = format!("{what} on {names}");
 
