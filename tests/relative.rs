@@ -202,6 +202,8 @@ fn naive_attention(
                             let beta = param2(&p.bias).at(bucket, hd) * pos.bias_scale;
                             scale * dot(&qi, &kj) + beta
                         }
+                        // Vaswani et al. (2017): q·k / sqrt(d_head), no term per distance.
+                        PositionKind::Absolute => scale * dot(&qi, &kj),
                     };
                     scores.push(Some(s));
                 }
@@ -335,6 +337,25 @@ fn xl_attention_matches_naive() {
             );
         }
         let positions = PositionConfig::new().with_clamp_len(Some(2));
+        check(
+            Case {
+                positions,
+                qlen,
+                mlen,
+                causal,
+                window,
+                own_biases: true,
+            },
+            &dev,
+        );
+    }
+}
+
+#[test]
+fn absolute_attention_matches_naive() {
+    let dev = flex();
+    for (qlen, mlen, causal, window) in shapes() {
+        let positions = PositionConfig::new().with_kind(PositionKind::Absolute);
         check(
             Case {
                 positions,

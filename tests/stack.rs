@@ -518,3 +518,62 @@ fn checkpoints_from_before_the_output_enums_load() {
         );
     }
 }
+
+/// The vanilla Transformer's absolute positions: the sinusoids of Vaswani et al. (2017)
+/// written out here, added to the embeddings (a run of one repeated token gives the same
+/// logits at every position without positions, different ones with them), and refused beside
+/// a memory or other layer kinds.
+#[test]
+fn absolute_positions_are_sinusoids_added_to_the_embedding() {
+    use memzoo_train::SegmentModel;
+    let dev = flex();
+    let pe = host(memzoo_xl::absolute_positions(5, 8, &dev));
+    for p in 0..5 {
+        for k in 0..4 {
+            let angle = p as f64 / 10000f64.powf(2.0 * k as f64 / 8.0);
+            assert!(
+                (pe[p * 8 + k] as f64 - angle.sin()).abs() < 1e-6,
+                "sin p {p} k {k}"
+            );
+            assert!(
+                (pe[p * 8 + 4 + k] as f64 - angle.cos()).abs() < 1e-6,
+                "cos p {p} k {k}"
+            );
+        }
+    }
+    let vanilla = tiny()
+        .with_mem_len(0)
+        .with_positions(PositionConfig::new().with_kind(PositionKind::Absolute));
+    let tokens = || Tensor::<2, Int>::from_data(TensorData::new(vec![3i64; 6], [1, 6]), &dev);
+    let logits = |cfg: &XlConfig| {
+        dev.seed(5);
+        let model = cfg.init(&dev).unwrap();
+        let mut state = Default::default();
+        host(SegmentModel::segment_logits(&model, tokens(), &mut state, &[false]).unwrap())
+    };
+    let spread = |l: &[f32]| {
+        (1..6)
+            .map(|p| {
+                (0..32)
+                    .map(|v| (l[p * 32 + v] - l[v]).abs())
+                    .fold(0.0f32, f32::max)
+            })
+            .fold(0.0f32, f32::max)
+    };
+    // In a run of equal tokens every key and value is the same, so only the positions added
+    // to the embedding can make one position's logits differ from another's.
+    assert!(
+        spread(&logits(&vanilla)) > 1e-3,
+        "absolute positions change nothing"
+    );
+    let err = |cfg: XlConfig| cfg.init(&dev).map(|_| ()).unwrap_err().to_string();
+    let e = err(vanilla.clone().with_mem_len(4));
+    assert!(
+        e.contains("absolute positions index") && e.contains("mem_len = 4"),
+        "{e}"
+    );
+    let e = err(vanilla
+        .clone()
+        .with_layers(vec![LayerKind::Absolute, LayerKind::Xl]));
+    assert!(e.contains("all layers must be absolute"), "{e}");
+}

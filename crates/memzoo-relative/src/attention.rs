@@ -116,6 +116,14 @@ pub struct T5PositionParams {
     pub bias: Param<Tensor<2>>,
 }
 
+/// The position parameters of the absolute scheme: none in the layer (the stack adds the
+/// positions to its embeddings). `heads` only gives the variant a module to hold.
+#[derive(Module, Debug)]
+pub struct AbsolutePositionParams {
+    /// Number of heads (a constant, no parameter).
+    pub heads: usize,
+}
+
 /// The parameters of one position scheme ([`PositionKind`]), exactly those it uses.
 #[derive(Module, Debug)]
 pub enum PositionParams {
@@ -125,6 +133,8 @@ pub enum PositionParams {
     Learned(LearnedPositionParams),
     /// T5 bucketed scalar biases.
     T5(T5PositionParams),
+    /// Absolute positions: no parameters in the layer.
+    Absolute(AbsolutePositionParams),
 }
 
 /// Multi-head attention whose scores depend on the distance between query and key.
@@ -137,7 +147,8 @@ pub enum PositionParams {
 ///   `s [ (q_i + u)·k_j  +  (q_i + v)·W_R R_d ]` — terms (a)+(c) and (b)+(d);
 /// - **learned** (labml): `s [ (q_i + b_q)·k_j + q_i·E_d + b_k,d ]`, `E`, `b_k` learned per
 ///   clamped distance, `b_q` a learned query bias;
-/// - **T5**: `s q_i·k_j + β_bucket(d)`, one learned scalar per head and bucket.
+/// - **T5**: `s q_i·k_j + β_bucket(d)`, one learned scalar per head and bucket;
+/// - **absolute** (Vaswani et al. 2017): `s q_i·k_j`, the positions being in `x` itself.
 ///
 /// Hidden keys (causal mask, window, explicit mask) get `-inf` (causal) or `-1e9` (explicit
 /// masks) before the softmax (see [`RelativeContext::mask_value`]).
@@ -252,6 +263,7 @@ impl RelativeAttentionConfig {
             PositionKind::T5 => PositionParams::T5(T5PositionParams {
                 bias: init.init([table, h], device),
             }),
+            PositionKind::Absolute => PositionParams::Absolute(AbsolutePositionParams { heads: h }),
         };
         Ok(RelativeMultiHeadAttention {
             query: linear(self.d_model, inner),
@@ -580,6 +592,10 @@ impl RelativeMultiHeadAttention {
                     .select(1, idx.clone())
                     .reshape([1, h, qlen, klen]);
                 Ok(q.mul_scalar(scale).matmul(kt) + beta)
+            }
+            (PositionParams::Absolute(_), PositionIndex::Absolute) => {
+                // Vaswani et al. (2017), eq. 1: QK^T / sqrt(d_k).
+                Ok(q.mul_scalar(scale).matmul(kt))
             }
             _ => Err(mismatch()),
         }

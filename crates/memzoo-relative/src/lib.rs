@@ -1,8 +1,9 @@
 //! Relative-position multi-head attention for memzoo.
 //!
-//! One module, [`RelativeMultiHeadAttention`], three position schemes ([`PositionKind`]):
+//! One module, [`RelativeMultiHeadAttention`], four position schemes ([`PositionKind`]):
 //! Transformer-XL's sinusoidal encodings with `u`/`v` biases, learned relative embeddings
-//! (the labml variant) and T5's bucketed bias. Memory keys (cached hidden states of earlier
+//! (the labml variant), T5's bucketed bias, and none (absolute positions in the input, the
+//! vanilla Transformer). Memory keys (cached hidden states of earlier
 //! segments) are prepended to the segment's keys; the causal mask is offset by the memory
 //! length. Positions are computed once per forward pass in a [`RelativeContext`] and shared by
 //! every layer; [`shift::relative_shift`] re-indexes distance-major scores by key with one copy
@@ -21,8 +22,8 @@ pub mod rows;
 pub mod shift;
 
 pub use attention::{
-    LearnedPositionParams, PositionParams, RelativeAttentionConfig, RelativeMultiHeadAttention,
-    T5PositionParams, XlBiases, XlPositionParams,
+    AbsolutePositionParams, LearnedPositionParams, PositionParams, RelativeAttentionConfig,
+    RelativeMultiHeadAttention, T5PositionParams, XlBiases, XlPositionParams,
 };
 pub use error::RelativeError;
 pub use knn::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, KnnMixing, l2_normalize};

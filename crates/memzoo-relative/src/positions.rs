@@ -22,6 +22,11 @@ pub enum PositionKind {
     /// T5's bucketed scalar bias per head (Raffel et al. 2020), as the Memorizing Transformer
     /// uses for its local attention.
     T5,
+    /// No relative term: scores are `s q_i·k_j` alone, and the stack adds sinusoidal
+    /// *absolute* positions to the token embeddings (Vaswani et al. 2017), which index the
+    /// positions of one segment. This is the vanilla Transformer of Al-Rfou et al. (2018),
+    /// the baseline of the Transformer-XL paper: it cannot carry a memory (`mem_len = 0`).
+    Absolute,
 }
 
 impl std::str::FromStr for PositionKind {
@@ -31,8 +36,9 @@ impl std::str::FromStr for PositionKind {
             "xl" => Ok(PositionKind::Xl),
             "learned" => Ok(PositionKind::Learned),
             "t5" => Ok(PositionKind::T5),
+            "absolute" => Ok(PositionKind::Absolute),
             other => Err(format!(
-                "unknown position scheme `{other}`: expected xl, learned or t5"
+                "unknown position scheme `{other}`: expected xl, learned, t5 or absolute"
             )),
         }
     }
@@ -80,6 +86,13 @@ impl PositionConfig {
     /// Checks the scheme's own fields; `d_model` is the attention width.
     pub fn validate(&self, d_model: usize) -> Result<(), String> {
         match self.kind {
+            PositionKind::Absolute => {
+                if !d_model.is_multiple_of(2) {
+                    return Err(format!(
+                        "absolute positions need an even d_model for the sin/cos pairs, got d_model = {d_model}"
+                    ));
+                }
+            }
             PositionKind::Xl => {
                 if !d_model.is_multiple_of(2) {
                     return Err(format!(
@@ -134,7 +147,7 @@ impl PositionConfig {
     /// Size of the per-distance parameter table (learned: `2 max_distance + 1`, T5: buckets).
     pub fn table_len(&self) -> usize {
         match self.kind {
-            PositionKind::Xl => 0,
+            PositionKind::Xl | PositionKind::Absolute => 0,
             PositionKind::Learned => 2 * self.max_distance + 1,
             PositionKind::T5 => self.num_buckets,
         }
@@ -143,7 +156,7 @@ impl PositionConfig {
     /// Row of the parameter table used for distance `d = query position - key position`.
     pub fn table_index(&self, d: i64) -> usize {
         match self.kind {
-            PositionKind::Xl => 0,
+            PositionKind::Xl | PositionKind::Absolute => 0,
             PositionKind::Learned => {
                 let m = self.max_distance as i64;
                 (d.clamp(-m, m) + m) as usize
@@ -296,6 +309,7 @@ impl RelativeContext {
         let w = n_columns(qlen, klen, causal);
         let distances = (0..w).map(|c| distance_of_column(c, klen));
         let index = match positions.kind {
+            PositionKind::Absolute => PositionIndex::Absolute,
             PositionKind::Xl => {
                 let mut data = Vec::with_capacity(w * d_model);
                 for d in distances {
@@ -386,6 +400,8 @@ pub enum PositionIndex {
     /// T5: the bucket of every (query, key) pair, `bucket(i + mlen - j)` at `i * klen + j`,
     /// `[qlen * klen]` (a bias needs no shift: it is gathered straight into key order).
     T5(Tensor<1, Int>),
+    /// Absolute: nothing per distance (the positions were added to the embeddings).
+    Absolute,
 }
 
 impl PositionIndex {
@@ -395,6 +411,7 @@ impl PositionIndex {
             PositionIndex::Xl(_) => PositionKind::Xl,
             PositionIndex::Learned(_) => PositionKind::Learned,
             PositionIndex::T5(_) => PositionKind::T5,
+            PositionIndex::Absolute => PositionKind::Absolute,
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod grads;
 pub mod metrics;
 pub mod model;
 pub mod parallel;
+pub mod recl;
 pub mod schedule;
 pub mod segment;
 pub mod signals;

@@ -37,6 +37,6 @@ pub use model::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
     LayerAttention, LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay,
     Residual, SharedT5, StepCounter, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
-    weighted_nll,
+    absolute_positions, weighted_nll,
 };
 pub use reformer::{ReformerConfig, ReformerLm};

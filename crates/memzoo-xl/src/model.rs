@@ -56,6 +56,10 @@ pub enum LayerKind {
     Lsh,
     /// The Reformer's chunked local attention over `cat(memory, x)`.
     Local,
+    /// Content-only attention `s q·k` (no relative term), the stack adding sinusoidal
+    /// absolute positions to its embeddings: the vanilla Transformer (Al-Rfou et al. 2018),
+    /// Transformer-XL's baseline. Needs `mem_len = 0` and every layer of this kind.
+    Absolute,
 }
 
 impl LayerKind {
@@ -65,6 +69,7 @@ impl LayerKind {
             LayerKind::Xl => Some(PositionKind::Xl),
             LayerKind::Learned => Some(PositionKind::Learned),
             LayerKind::T5 => Some(PositionKind::T5),
+            LayerKind::Absolute => Some(PositionKind::Absolute),
             LayerKind::Knn | LayerKind::Lsh | LayerKind::Local => None,
         }
     }
@@ -75,6 +80,7 @@ impl LayerKind {
             PositionKind::Xl => LayerKind::Xl,
             PositionKind::Learned => LayerKind::Learned,
             PositionKind::T5 => LayerKind::T5,
+            PositionKind::Absolute => LayerKind::Absolute,
         }
     }
 }
@@ -781,6 +787,27 @@ impl XlConfig {
                  tie_weights = false and no adaptive output",
                 self.residual
             ));
+        }
+        if kinds.contains(&LayerKind::Absolute) {
+            // Absolute positions index one segment: a memory's keys would repeat the
+            // positions of the segment's (the reason Transformer-XL made them relative).
+            if kinds.iter().any(|&k| k != LayerKind::Absolute) {
+                return bad(format!(
+                    "absolute layers add positions to the embeddings, which every layer then \
+                     reads: all layers must be absolute, got {kinds:?}"
+                ));
+            }
+            if self.mem_len > 0 {
+                return bad(format!(
+                    "absolute positions index the positions of one segment, so with mem_len = \
+                     {} the memory's keys would share the positions of the segment's: set \
+                     mem_len = 0 (the vanilla Transformer), or use relative positions",
+                    self.mem_len
+                ));
+            }
+            if self.axial.is_some() {
+                return bad("absolute layers add sinusoidal positions already: drop axial".into());
+            }
         }
         if let Some(axial) = &self.axial {
             let ([a1, a2], [d1, d2]) = (axial.shape, axial.dims);
@@ -1779,6 +1806,20 @@ impl InputEmbedding {
     }
 }
 
+/// Sinusoidal absolute position encodings of positions `0..len` (Vaswani et al. 2017, sec.
+/// 3.5: `PE(p, 2k) = sin(p / 10000^(2k/d))`, `PE(p, 2k+1) = cos(...)`, here laid out as the
+/// XL sinusoid is, sines in the first half and cosines in the second).
+///
+/// # Shapes
+/// - output: `[len, d_model]`
+pub fn absolute_positions(len: usize, d_model: usize, device: &Device) -> Tensor<2> {
+    let mut data = Vec::with_capacity(len * d_model);
+    for p in 0..len {
+        memzoo_relative::positions::sinusoid(p as i64, d_model, &mut data);
+    }
+    Tensor::from_data(TensorData::new(data, [len, d_model]), device)
+}
+
 /// The output distribution of the stack.
 #[derive(Module, Debug)]
 pub enum OutputLayer {
@@ -2126,9 +2167,13 @@ impl TransformerXl {
         opts: Option<&ForwardOptions>,
     ) -> Result<Tensor<3>, XlError> {
         let qlen = tokens.dims()[1];
+        let device = tokens.device();
         let mut h = self.embedding.embed(tokens, self.scale);
         if let Some(axial) = &self.axial {
             h = h + axial.forward(qlen)?;
+        }
+        if self.absolute_positions() {
+            h = h + absolute_positions(qlen, self.d_model, &device).unsqueeze_dim::<3>(0);
         }
         Ok(match opts {
             Some(o) => seeded_dropout(h, self.dropout.prob, o, TAG_EMBED),
@@ -2218,9 +2263,25 @@ impl TransformerXl {
         }
     }
 
+    /// Whether the stack's layers are absolute ([`LayerKind::Absolute`]): its embeddings then
+    /// carry sinusoidal positions of the segment.
+    pub fn absolute_positions(&self) -> bool {
+        self.layers
+            .first()
+            .is_some_and(|l| l.attention.kind() == LayerKind::Absolute)
+    }
+
     fn check_memory(&self, batch: usize, memory: &XlMemory) -> Result<(), XlError> {
         if memory.is_empty() {
             return Ok(());
+        }
+        if self.absolute_positions() {
+            return Err(XlError::Input(format!(
+                "a memory of {} positions reaches a stack with absolute positions, which index \
+                 one segment (the memory's keys would share the segment's positions): read it \
+                 with mem_len 0",
+                memory.len()
+            )));
         }
         if self.axial.is_some() {
             return Err(XlError::Input(format!(

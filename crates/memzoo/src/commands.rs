@@ -18,7 +18,7 @@ use crate::config::{ModelKind, RunConfig};
 use crate::data_setup::{batcher, load_corpus, load_splits};
 use crate::error::CliError;
 
-fn device(name: &str) -> Result<Device, CliError> {
+pub(crate) fn device(name: &str) -> Result<Device, CliError> {
     Ok(memzoo_backend::parse_device(name)?)
 }
 
@@ -673,7 +673,7 @@ pub struct GenerateOptions {
 }
 
 /// The latest checkpoint of `run_dir` into `model`, which must be of the family it holds.
-fn load_checkpoint<M: SegmentModel>(run_dir: &Path, model: M) -> Result<M, CliError> {
+pub(crate) fn load_checkpoint<M: SegmentModel>(run_dir: &Path, model: M) -> Result<M, CliError> {
     let dir = latest_checkpoint(run_dir)?;
     let trainer = checkpoint::read_trainer_state(&dir)?;
     if !model.accepts_family(&trainer.family) {
