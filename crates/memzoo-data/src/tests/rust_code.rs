@@ -33,9 +33,12 @@ fn rule(name: &str) -> Split {
     }
 }
 
+/// An expected document: name, split, bytes.
+type Expected = (&'static str, Split, Vec<u8>);
+
 /// A fake registry with two versions of `alpha` and `zeta` (train), `fake-crate-13` (valid)
 /// and `fake-crate-62` (test); returns it and the documents expected, in document order.
-fn fake_registry(dir: &TempDir) -> (PathBuf, Vec<(&'static str, Split, Vec<u8>)>) {
+fn fake_registry(dir: &TempDir) -> (PathBuf, Vec<Expected>) {
     let reg = dir.join("registry-src-index");
     // alpha 0.10.0: nested dirs, a non-.rs file, a file with a NUL byte, one without a final
     // newline; listed out of order on purpose.
@@ -183,7 +186,7 @@ fn builder_orders_files_and_documents_and_checks_them() {
     assert!(err.contains("serde") && err.contains("not pinned"), "{err}");
 
     // a crate missing from every registry: named with its version and `cargo fetch`
-    let err = rust_code::build(&m, &[empty.clone()]).unwrap_err();
+    let err = rust_code::build(&m, std::slice::from_ref(&empty)).unwrap_err();
     assert!(matches!(err, DataError::CrateMissing { .. }));
     let msg = err.to_string();
     assert!(
@@ -193,7 +196,7 @@ fn builder_orders_files_and_documents_and_checks_them() {
 
     // an edited file: the crate's checksum no longer matches
     write(&reg.join("zeta-1.0.0"), "src/lib.rs", b"//! Zeta\n");
-    let err = rust_code::build(&m, &[reg.clone()]).unwrap_err();
+    let err = rust_code::build(&m, std::slice::from_ref(&reg)).unwrap_err();
     assert!(matches!(
         err,
         DataError::DocumentMismatch {
@@ -219,13 +222,13 @@ fn prepared_corpus_round_trips_and_is_checked() {
     let (reg, expected) = fake_registry(&dir);
     let m = fake_manifest(&reg);
     let out = dir.join("data/rust-code");
-    let summary = rust_code::prepare(&m, &[reg.clone()], &out).unwrap();
+    let summary = rust_code::prepare(&m, std::slice::from_ref(&reg), &out).unwrap();
     assert!(summary.verified);
     let whole: Vec<u8> = expected.iter().flat_map(|e| e.2.clone()).collect();
     assert_eq!(summary.sha256, sha(&whole));
     assert_eq!(summary.files, 10);
     for (s, split) in summary.splits.iter().zip(Split::ALL) {
-        let want: Vec<&(&str, Split, Vec<u8>)> = expected.iter().filter(|e| e.1 == split).collect();
+        let want: Vec<&Expected> = expected.iter().filter(|e| e.1 == split).collect();
         assert_eq!(s.split, split);
         assert_eq!(s.docs, want.len());
         assert_eq!(s.bytes, want.iter().map(|e| e.2.len() as u64).sum::<u64>());
@@ -243,7 +246,7 @@ fn prepared_corpus_round_trips_and_is_checked() {
 
     // a selection is written without the whole-corpus check
     let sub_dir = dir.join("sub");
-    let sub = rust_code::prepare(&m.select(&["zeta"]).unwrap(), &[reg.clone()], &sub_dir).unwrap();
+    let sub = rust_code::prepare(&m.select(&["zeta"]).unwrap(), &[reg], &sub_dir).unwrap();
     assert!(!sub.verified);
     assert_eq!(
         rust_code::load_split(&sub_dir, Split::Valid).unwrap(),
