@@ -818,6 +818,13 @@ pub fn data_list() -> Result<(), CliError> {
 
 /// `memzoo data fetch`.
 pub fn data_fetch(name: &str, dir: &Path, url: Option<String>) -> Result<(), CliError> {
+    if name == rust_code::NAME {
+        return Err(CliError::Conflict(format!(
+            "{name} is not downloaded: it is built from cargo's registry sources of the crates in \
+             memzoo's Cargo.lock; run `memzoo data prepare {name} --dir {}`",
+            dir.display()
+        )));
+    }
     let manifest = Manifest::load(name)?;
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let path: PathBuf = match url {
