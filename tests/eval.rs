@@ -212,3 +212,113 @@ fn generated_documents_carry_their_recallable_positions() {
     }
     assert_eq!(got, want);
 }
+
+/// A prepared `rust-code` corpus of three made-up crates (train, valid, test by the manifest's
+/// rule) under `data_dir/rust-code/`, built through the library's scan and prepare.
+fn fake_rust_code(data_dir: &std::path::Path) {
+    use memzoo_data::rust_code::{self, RustCodeManifest};
+    let reg = data_dir.join("registry");
+    let body = "pub fn f(x: u32) -> u32 { x.wrapping_mul(31).rotate_left(7) }\n".repeat(4);
+    for (dir, files) in [
+        ("alpha-0.1.0", &["src/lib.rs", "src/a/b.rs"][..]),
+        ("fake-crate-13-1.0.0", &["src/lib.rs"][..]),
+        ("fake-crate-62-2.0.0", &["src/main.rs"][..]),
+    ] {
+        for f in files {
+            let path = reg.join(dir).join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, &body).unwrap();
+        }
+    }
+    let pinned: Vec<(String, String)> = [
+        ("alpha", "0.1.0"),
+        ("fake-crate-13", "1.0.0"),
+        ("fake-crate-62", "2.0.0"),
+    ]
+    .iter()
+    .map(|(n, v)| (n.to_string(), v.to_string()))
+    .collect();
+    let m = RustCodeManifest::scan(&pinned, std::slice::from_ref(&reg), "test").unwrap();
+    assert_eq!(
+        m.crate_names(memzoo_data::Split::Valid),
+        ["fake-crate-13-1.0.0"]
+    );
+    assert_eq!(
+        m.crate_names(memzoo_data::Split::Test),
+        ["fake-crate-62-2.0.0"]
+    );
+    rust_code::prepare(&m, &[reg], &data_dir.join(rust_code::NAME)).unwrap();
+}
+
+/// `[data] source = "rust-code"`: documents per row (byte 0 pads, a reset where each crate
+/// starts), for every family in training and evaluation; absent, an error naming the command
+/// that prepares it.
+#[test]
+fn rust_code_is_read_as_documents_by_every_family() {
+    use memzoo::config::{ModelKind, RunConfig};
+    use memzoo_data::Split;
+    let dir = std::env::temp_dir().join(format!("memzoo-eval-{}-rust-code", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data_dir = dir.join("data");
+    let set_dir = format!("data.data_dir={}", data_dir.display());
+    let sets = tiny_cli(&["data.source=rust-code", &set_dir]);
+    let config = RunConfig::resolve(None, &sets).unwrap();
+    let err = memzoo::data_setup::doc_batcher(&config.data, Split::Train, 2, 8).unwrap_err();
+    assert!(
+        err.to_string().contains("memzoo data prepare rust-code"),
+        "{err}"
+    );
+
+    fake_rust_code(&data_dir);
+    let mut batcher = memzoo::data_setup::doc_batcher(&config.data, Split::Train, 2, 8)
+        .unwrap()
+        .expect("rust-code has documents");
+    let (mut resets, mut text) = (0, Vec::new());
+    while let Some(seg) = batcher.next_segment(8) {
+        assert_eq!(seg.pad, Some(0));
+        resets += seg.reset.iter().filter(|&&r| r).count();
+        // row 0 holds the one train document
+        text.extend(
+            seg.inputs[..8]
+                .iter()
+                .filter(|&&t| t != 0)
+                .map(|&t| t as u8),
+        );
+    }
+    assert_eq!(resets, 1, "one train document, one start");
+    let doc =
+        memzoo_data::rust_code::load_split(&data_dir.join("rust-code"), Split::Train).unwrap();
+    assert_eq!(text[..], doc[0].text[..text.len()]);
+    assert!(text.starts_with(b"// file: src/a/b.rs\n"));
+
+    // Every family resets memory at document starts; XL gets `document_resets` in train and
+    // eval, and a Reformer with a memory is refused on documents.
+    let on = |extra: &[&str]| {
+        let mut s = sets.clone();
+        s.extend(extra.iter().map(|x| x.to_string()));
+        RunConfig::resolve(None, &s).unwrap().on_data()
+    };
+    assert!(on(&[]).unwrap().model.document_resets);
+    let file = dir.join("plain.txt");
+    std::fs::write(&file, "a stream").unwrap();
+    let stream = format!("data.source={}", file.display());
+    assert!(!on(&[&stream]).unwrap().model.document_resets);
+    let generated = on(&["data.source=generated"]).unwrap();
+    assert!(generated.model.document_resets);
+    let msg = on(&["model_kind=reformer", "reformer.mem_len=4"])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("reformer.mem_len = 4"), "{msg}");
+    assert_eq!(
+        on(&["model_kind=memorizing"]).unwrap().model_kind,
+        ModelKind::Memorizing
+    );
+
+    // train and eval end to end on it
+    let run = dir.join("run");
+    memzoo::commands::train(&config, "flex", &run, false, false, true, true).unwrap();
+    let saved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(saved.contains("source = \"rust-code\""), "{saved}");
+    memzoo::commands::eval(&run, "flex", "valid", None, None, Some(2), true).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

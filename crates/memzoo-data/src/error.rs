@@ -145,6 +145,46 @@ pub enum DataError {
         /// Checksum of the bytes on disk.
         actual: String,
     },
+    /// A crate pinned by the rust-code manifest that no cargo registry source directory holds.
+    #[error(
+        "crate {name} {version} (pinned by the rust-code manifest) is in none of cargo's registry \
+         source directories ({}); it is in memzoo's Cargo.lock: run `cargo fetch` in the memzoo \
+         checkout, which downloads and unpacks it",
+        if searched.is_empty() { "none found under $CARGO_HOME/registry/src".to_string() } else {
+            searched.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        }
+    )]
+    CrateMissing {
+        /// Crate name.
+        name: String,
+        /// Crate version.
+        version: String,
+        /// The registry source directories searched.
+        searched: Vec<PathBuf>,
+    },
+    /// A document whose size or SHA-256 differs from its manifest (a rust-code crate, or the
+    /// whole corpus).
+    #[error("{what}: {field} is {actual}, the rust-code manifest says {expected}")]
+    DocumentMismatch {
+        /// The document (`serde-1.0.228` in `/path`) or `the whole corpus`.
+        what: String,
+        /// `"size"` or `"sha256"`.
+        field: &'static str,
+        /// Value in the manifest.
+        expected: String,
+        /// Value of the bytes read.
+        actual: String,
+    },
+    /// A prepared corpus that is absent or damaged.
+    #[error("prepared corpus {}: {reason}; run `memzoo data prepare {name}`", path.display())]
+    NotPrepared {
+        /// The data set (`rust-code`).
+        name: &'static str,
+        /// The missing or damaged file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 impl DataError {

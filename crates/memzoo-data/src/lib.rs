@@ -1,7 +1,7 @@
 //! Data for memzoo: byte-level tokenizer, corpus readers and splits, the ordered batches
 //! that segment-level recurrence needs, data set manifests and their download, a generated
-//! long-range corpus, generated tasks ([`tasks`]: duplication, recall, copied text), and
-//! corpus statistics.
+//! long-range corpus, generated tasks ([`tasks`]: duplication, recall, copied text), a corpus
+//! of real Rust code from cargo's registry sources ([`rust_code`]), and corpus statistics.
 //!
 //! This crate does not depend on Burn: it works on plain token vectors. A [`Batch`] holds
 //! `inputs` / `targets` as row-major `[batch, len]` `Vec<i64>`, ready for
@@ -32,6 +32,7 @@ pub mod error;
 pub mod fetch;
 pub mod manifest;
 pub mod moses;
+pub mod rust_code;
 pub mod stats;
 pub mod synthetic;
 pub mod tasks;
@@ -47,6 +48,10 @@ pub use fetch::{
     FetchOptions, FetchOutcome, fetch, fetch_from, fetch_with, part_path, sha256_file, verify,
 };
 pub use manifest::{Check, Manifest};
+pub use rust_code::{
+    CodeDocument, CrateEntry, PreparedSummary, RustCodeManifest, SplitSummary, build, load_split,
+    prepare, registry_src_dirs,
+};
 pub use stats::{CorpusStats, byte_stats, stats};
 pub use synthetic::{
     LongRangeConfig, LongRangeDocument, PassageKind, generate, generate_corpus, generate_split,

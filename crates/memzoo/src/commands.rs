@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use burn::tensor::Device;
-use memzoo_data::{Manifest, Split, TextCodec};
+use memzoo_data::{Manifest, RustCodeManifest, Split, TextCodec, rust_code};
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
@@ -39,6 +39,8 @@ pub fn train(
     quiet: bool,
     json_out: bool,
 ) -> Result<Option<i32>, CliError> {
+    // On data made of documents every family resets memory where a document starts.
+    let config = &config.clone().on_data()?;
     config.validate()?;
     check_machine_memory(config)?;
     if resume && overwrite {
@@ -74,16 +76,10 @@ pub fn train(
     let splits = load_splits(&config.data)?;
     check_vocab(config, &splits)?;
     let t = &config.train;
-    // A stack with document resets (the Memorizing Transformer) clears a row's memories where
-    // its document ends: it reads documents laid out per row when the data has them (the
-    // generated corpus).
-    let docs = match config.model_kind {
-        ModelKind::Memorizing => true,
-        ModelKind::Xl => config.model.document_resets,
-        ModelKind::Reformer => false,
-    };
-    let mut train_data = source(config, &splits, Split::Train, docs)?;
-    let mut valid_data = source(config, &splits, Split::Valid, docs)?;
+    // Data made of documents (the generated corpus, rust-code) are read as documents laid out
+    // per row by every family, with the row's memory cleared where its document starts.
+    let mut train_data = source(config, &splits, Split::Train, t.tgt_len)?;
+    let mut valid_data = source(config, &splits, Split::Valid, t.tgt_len)?;
 
     std::fs::create_dir_all(run_dir).map_err(|e| {
         CliError::io(
@@ -239,6 +235,16 @@ pub fn recall_summary(with_memory: f64, without_memory: f64, tokens: u64) -> Str
 /// The model of a run directory with its latest checkpoint, on `device` (no autodiff).
 pub fn load_xl(run_dir: &Path, device: &Device) -> Result<(RunConfig, TransformerXl), CliError> {
     let config = RunConfig::from_run_dir(run_dir, &[])?;
+    let model = load_xl_config(run_dir, &config, device)?;
+    Ok((config, model))
+}
+
+/// The `[model]` stack of `config` with the latest checkpoint of `run_dir`.
+fn load_xl_config(
+    run_dir: &Path,
+    config: &RunConfig,
+    device: &Device,
+) -> Result<TransformerXl, CliError> {
     let dir = latest_checkpoint(run_dir)?;
     let trainer = checkpoint::read_trainer_state(&dir)?;
     // The `[model]` stack is "xl", "memorizing" when its layers include kNN ones, or "reformer"
@@ -251,8 +257,7 @@ pub fn load_xl(run_dir: &Path, device: &Device) -> Result<(RunConfig, Transforme
         });
     }
     let model = config.model.init(device)?;
-    let model = checkpoint::load_model(&dir, model)?;
-    Ok((config, model))
+    Ok(checkpoint::load_model(&dir, model)?)
 }
 
 /// `memzoo eval`.
@@ -288,23 +293,19 @@ pub fn eval(
         return Err(CliError::flag("--tgt-len", 0, "must be positive"));
     }
     let device = device(device_name)?;
-    let config = RunConfig::from_run_dir(run_dir, &[])?;
+    // As in training: on data made of documents, documents per row with memory resets.
+    let config = RunConfig::from_run_dir(run_dir, &[])?.on_data()?;
     let len = tgt_len.unwrap_or(config.train.tgt_len);
     let splits = load_splits(&config.data)?;
     check_vocab(&config, &splits)?;
-    let docs = config.model_kind == ModelKind::Memorizing;
-    let mut data = if docs && tgt_len.is_none() {
-        source(&config, &splits, split, true)?
-    } else {
-        Box::new(batcher(&splits, split, config.train.batch, len)?) as Box<dyn SegmentSource>
-    };
+    let mut data = source(&config, &splits, split, len)?;
     let data = &mut *data;
     // Rows split over replicas as in training (`train.replicas`; unset: one per thread on flex).
     let replicas = config.train.replicas.map(|r| r.min(config.train.batch));
     let start = Instant::now();
     let (r, eval_mem_len) = match config.model_kind {
         ModelKind::Xl => {
-            let (_, model) = load_xl(run_dir, &device)?;
+            let model = load_xl_config(run_dir, &config, &device)?;
             let model = match mem_len {
                 Some(m) => model.with_mem_len(m),
                 None => model,
@@ -458,21 +459,20 @@ fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The data a model trains on: documents per row (with resets) for the Memorizing
-/// Transformer on the generated corpus, the ordered stream otherwise.
+/// The data a model reads in segments of `len`: documents per row (with resets) on data made
+/// of documents (the generated corpus, rust-code), for every family; the ordered stream
+/// otherwise.
 fn source(
     config: &RunConfig,
     splits: &crate::data_setup::Splits,
     split: Split,
-    docs: bool,
+    len: usize,
 ) -> Result<Box<dyn SegmentSource>, CliError> {
-    let t = &config.train;
-    if docs
-        && let Some(d) = crate::data_setup::doc_batcher(&config.data, split, t.batch, t.tgt_len)?
-    {
+    let batch = config.train.batch;
+    if let Some(d) = crate::data_setup::doc_batcher(&config.data, split, batch, len)? {
         return Ok(Box::new(d));
     }
-    Ok(Box::new(batcher(splits, split, t.batch, t.tgt_len)?))
+    Ok(Box::new(batcher(splits, split, batch, len)?))
 }
 
 fn latest_checkpoint(run_dir: &Path) -> Result<PathBuf, CliError> {
@@ -808,11 +808,23 @@ pub fn data_list() -> Result<(), CliError> {
     for m in Manifest::all()? {
         println!("{:16} {:>12} bytes  {}", m.name, m.size, m.description);
     }
+    let code = RustCodeManifest::embedded()?;
+    println!(
+        "{:16} {:>12} bytes  {} ({} crates; `memzoo data prepare rust-code`, no download)",
+        code.name, code.bytes, code.description, code.documents
+    );
     Ok(())
 }
 
 /// `memzoo data fetch`.
 pub fn data_fetch(name: &str, dir: &Path, url: Option<String>) -> Result<(), CliError> {
+    if name == rust_code::NAME {
+        return Err(CliError::Conflict(format!(
+            "{name} is not downloaded: it is built from cargo's registry sources of the crates in \
+             memzoo's Cargo.lock; run `memzoo data prepare {name} --dir {}`",
+            dir.display()
+        )));
+    }
     let manifest = Manifest::load(name)?;
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let path: PathBuf = match url {
@@ -833,6 +845,9 @@ fn source_config(source: &str, dir: &Path) -> crate::config::DataConfig {
 
 /// `memzoo data prepare`: load, split and report sizes (checks the file end to end).
 pub fn data_prepare(source: &str, dir: &Path, json_out: bool) -> Result<(), CliError> {
+    if source == rust_code::NAME {
+        return prepare_rust_code(dir, json_out);
+    }
     let (name, corpus) = load_corpus(&source_config(source, dir))?;
     if json_out {
         println!(
@@ -847,6 +862,42 @@ pub fn data_prepare(source: &str, dir: &Path, json_out: bool) -> Result<(), CliE
             corpus.test.len()
         );
     }
+    Ok(())
+}
+
+/// `memzoo data prepare rust-code`: reads the pinned crates from cargo's registry sources,
+/// verifies them and writes `dir/rust-code/`.
+fn prepare_rust_code(dir: &Path, json_out: bool) -> Result<(), CliError> {
+    let start = Instant::now();
+    let manifest = RustCodeManifest::embedded()?;
+    let out = crate::data_setup::rust_code_dir(&source_config(rust_code::NAME, dir));
+    let s = rust_code::prepare(&manifest, &rust_code::registry_src_dirs(), &out)?;
+    let secs = start.elapsed().as_secs_f64();
+    if json_out {
+        println!(
+            "{}",
+            json!({"source": rust_code::NAME, "summary": s, "seconds": secs})
+        );
+        return Ok(());
+    }
+    let splits: Vec<String> = s
+        .splits
+        .iter()
+        .map(|p| format!("{} {} docs, {} bytes", p.split, p.docs, p.bytes))
+        .collect();
+    println!(
+        "{}: {}; {} .rs files; sha256 {} {} ({secs:.1}s) in {}",
+        rust_code::NAME,
+        splits.join(", "),
+        s.files,
+        s.sha256,
+        if s.verified {
+            "verified"
+        } else {
+            "(a selection: not checked)"
+        },
+        s.dir.display()
+    );
     Ok(())
 }
 

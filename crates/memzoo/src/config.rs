@@ -79,8 +79,16 @@ impl Preset {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
-    /// A text file (plain, `.gz` or `.zip`) or the name of a known data set (`memzoo data list`).
-    /// Empty: the generated long-range corpus (`[data.generated]`).
+    /// A text file (plain, `.gz` or `.zip`) or the name of a known data set (`memzoo data list`),
+    /// or `rust-code` (the `.rs` sources of the crates in memzoo's Cargo.lock, one document per
+    /// crate, prepared by `memzoo data prepare rust-code` under `data_dir`). Empty: the generated
+    /// long-range corpus (`[data.generated]`).
+    ///
+    /// Data made of documents (the generated corpus, `rust-code`; [`DataConfig::has_documents`])
+    /// are read as documents by every family, in `memzoo train` and `memzoo eval` alike: each
+    /// document laid out in one batch row from a segment boundary (padded with byte 0, whose
+    /// targets the loss ignores), and the row's memory cleared where its document starts
+    /// ([`RunConfig::on_data`]). Any other file or data set is read as one stream.
     #[serde(default)]
     pub source: Option<String>,
     /// Member of a `.zip` archive to read (default: its only member).
@@ -105,6 +113,17 @@ pub struct DataConfig {
     /// `memzoo import --from hf-reformer` sets from the model's vocabulary of 258.
     #[serde(default)]
     pub byte_offset: u16,
+}
+
+impl DataConfig {
+    /// Whether the data are documents, read per row with memory resets at document starts
+    /// (see [`DataConfig::source`]): the generated corpus and `rust-code`.
+    pub fn has_documents(&self) -> bool {
+        matches!(
+            self.source.as_deref(),
+            None | Some("") | Some("generated") | Some(memzoo_data::rust_code::NAME)
+        )
+    }
 }
 
 fn default_fraction() -> f64 {
@@ -268,6 +287,41 @@ impl RunConfig {
         let back = serde_json::to_value(&config).expect("serialisable");
         unknown_fields(&value, &back, "")?;
         Ok(config)
+    }
+
+    /// The config as a run uses it on its data. On data made of documents
+    /// ([`DataConfig::has_documents`]) every family clears a batch row's memory where a new
+    /// document starts: Transformer-XL gets `model.document_resets = true` (the Memorizing
+    /// Transformer always has it); a Reformer carries no memory by default, and one that does
+    /// (`reformer.mem_len` > 0, or kNN layers) is refused, since its LSH and local layers cannot
+    /// hide a finished document's memory per row. On a stream, the config as it is.
+    pub fn on_data(mut self) -> Result<Self, CliError> {
+        if !self.data.has_documents() {
+            return Ok(self);
+        }
+        match self.model_kind {
+            ModelKind::Xl => self.model.document_resets = true,
+            ModelKind::Memorizing => {}
+            ModelKind::Reformer => {
+                let r = &self.reformer;
+                if r.mem_len > 0 || r.attn_layers.contains(&memzoo_xl::LayerKind::Knn) {
+                    return Err(CliError::Config(format!(
+                        "reformer.mem_len = {} with reformer.attn_layers = {:?} on {}: its LSH \
+                         and local layers cannot clear a finished document's memory per row, and \
+                         data made of documents reset memory at every document start; set \
+                         reformer.mem_len = 0 without kNN layers, or train on a stream (a text \
+                         file or data set)",
+                        r.mem_len,
+                        r.attn_layers,
+                        self.data
+                            .source
+                            .as_deref()
+                            .unwrap_or("the generated corpus"),
+                    )));
+                }
+            }
+        }
+        Ok(self)
     }
 
     /// Checks every section, naming the bad field.

@@ -1,8 +1,10 @@
 //! Turning a `[data]` section into token streams and ordered batchers.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use memzoo_data::{ByteTokenizer, Corpus, Manifest, OrderedBatcher, Split, SplitRule, Token};
+use memzoo_data::{
+    ByteTokenizer, Corpus, Manifest, OrderedBatcher, Split, SplitRule, Token, rust_code,
+};
 
 use crate::config::DataConfig;
 use crate::error::CliError;
@@ -42,6 +44,22 @@ pub fn load_corpus(cfg: &DataConfig) -> Result<(String, Corpus), CliError> {
                 corpus,
             ))
         }
+        Some(rust_code::NAME) => {
+            let dir = rust_code_dir(cfg);
+            let join = |split| -> Result<Vec<u8>, CliError> {
+                let docs = rust_code::load_split(&dir, split)?;
+                Ok(docs.into_iter().flat_map(|d| d.text).collect())
+            };
+            let corpus = Corpus {
+                train: join(Split::Train)?,
+                valid: join(Split::Valid)?,
+                test: join(Split::Test)?,
+            };
+            Ok((
+                format!("data set {} ({})", rust_code::NAME, dir.display()),
+                corpus,
+            ))
+        }
         Some(name) if Manifest::known().contains(&name) => {
             let manifest = Manifest::load(name)?;
             let path = manifest.local_path(Path::new(&cfg.data_dir));
@@ -63,6 +81,11 @@ pub fn load_corpus(cfg: &DataConfig) -> Result<(String, Corpus), CliError> {
             Ok((path.to_string(), corpus))
         }
     }
+}
+
+/// Where `memzoo data prepare rust-code` writes the prepared corpus: `data_dir/rust-code/`.
+pub fn rust_code_dir(cfg: &DataConfig) -> PathBuf {
+    Path::new(&cfg.data_dir).join(rust_code::NAME)
 }
 
 /// The byte tokenizer of a `[data]` section: byte `b` is id `data.byte_offset + b`.
@@ -113,25 +136,36 @@ pub fn batcher(
 }
 
 /// Documents laid out per row (each starting at a segment boundary, `reset` where a new one
-/// starts, padding ignored by the loss) when the data has documents: the generated corpus.
-/// `None` for a plain file or data set, which is read as one stream.
+/// starts, padding ignored by the loss) when the data has documents
+/// ([`DataConfig::has_documents`]): the generated corpus, or the prepared `rust-code` corpus
+/// (one document per crate). `None` for a plain file or data set, which is read as one stream.
 ///
-/// Evaluation splits carry each document's recallable positions as the target mask, as
-/// [`batcher`] does for the stream.
+/// Byte 0 occurs in neither (the rust-code builder skips files holding it): its id pads.
+/// Evaluation splits of the generated corpus carry each document's recallable positions as
+/// the target mask, as [`batcher`] does for the stream.
 pub fn doc_batcher(
     cfg: &DataConfig,
     split: Split,
     batch: usize,
     len: usize,
 ) -> Result<Option<memzoo_data::DocBatcher>, CliError> {
-    if !matches!(cfg.source.as_deref(), None | Some("") | Some("generated")) {
+    if !cfg.has_documents() {
         return Ok(None);
+    }
+    let tok = tokenizer(cfg)?;
+    if cfg.source.as_deref() == Some(rust_code::NAME) {
+        let docs: Vec<Vec<Token>> = rust_code::load_split(&rust_code_dir(cfg), split)?
+            .iter()
+            .map(|d| tok.encode(&d.text))
+            .collect();
+        let label = format!("the {split} split of {}", rust_code::NAME);
+        let b = memzoo_data::DocBatcher::named(&label, &docs, batch, len, tok.byte_id(0))?;
+        return Ok(Some(b));
     }
     let texts: Vec<Vec<u8>> = memzoo_data::generate_split(&cfg.generated, split)?
         .into_iter()
         .map(|d| d.text)
         .collect();
-    let tok = tokenizer(cfg)?;
     let docs: Vec<Vec<Token>> = texts.iter().map(|t| tok.encode(t)).collect();
     // Byte 0 never occurs in the generated text: its id pads, and its targets are ignored.
     let b = memzoo_data::DocBatcher::new(&docs, batch, len, tok.byte_id(0))?;

@@ -53,7 +53,9 @@ enum Command {
         /// and --set apply on top).
         #[arg(long, value_enum, conflicts_with_all = ["model", "resume"])]
         preset: Option<Preset>,
-        /// Data: a text file (.txt, .gz, .zip) or a known data set name; default: generated.
+        /// Data: a text file (.txt, .gz, .zip), a known data set name, or rust-code (after
+        /// `memzoo data prepare rust-code`); default: generated. Documents (generated,
+        /// rust-code) are read per row with memory resets at each document start.
         #[arg(long)]
         data: Option<String>,
         /// Optimizer steps (same as --set train.steps=N).
@@ -269,9 +271,10 @@ enum DataCommand {
         #[arg(long)]
         url: Option<String>,
     },
-    /// Load and split a data set or file, and report the split sizes.
+    /// Load and split a data set or file, and report the split sizes; `rust-code` builds the
+    /// Rust code corpus from cargo's registry sources into DIR/rust-code/.
     Prepare {
-        /// Data set name or file path.
+        /// Data set name, file path, or rust-code.
         source: String,
         /// Where data sets are downloaded.
         #[arg(long, default_value = "data")]
@@ -282,7 +285,7 @@ enum DataCommand {
     },
     /// Statistics of a data set, file or the generated corpus: size, symbols, entropy.
     Stats {
-        /// Data set name, file path, or `generated`.
+        /// Data set name, file path, `generated`, or `rust-code` (once prepared).
         source: String,
         /// Where data sets are downloaded.
         #[arg(long, default_value = "data")]

@@ -4,6 +4,7 @@ mod batcher;
 mod corpus;
 mod fetch;
 mod manifest;
+mod rust_code;
 mod stats;
 mod synthetic;
 mod tasks;
