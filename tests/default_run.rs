@@ -5,7 +5,7 @@
 //! no memory must not.
 
 use memzoo::config::RunConfig;
-use memzoo::data_setup::{batcher, load_corpus, load_splits};
+use memzoo::data_setup::{doc_batcher, load_corpus};
 use memzoo_data::{Split, recallable_mask};
 use memzoo_tests::*;
 use memzoo_train::{RunOptions, SegmentModel, evaluate, train};
@@ -16,7 +16,10 @@ const STEPS: usize = 3000;
 
 #[test]
 fn the_default_run_predicts_from_memory_what_only_memory_can_predict() {
-    let mut config = RunConfig::default();
+    // As `memzoo train` reads it: the generated corpus is documents, so every row starts a
+    // document at a segment boundary and the memory is cleared there (`on_data`).
+    let mut config = RunConfig::default().on_data().unwrap();
+    assert!(config.model.document_resets);
     config.train.steps = STEPS;
     config.train.eval_every = 0;
     config.train.checkpoint_every = 0;
@@ -61,9 +64,13 @@ fn the_default_run_predicts_from_memory_what_only_memory_can_predict() {
     // The run, as `memzoo train` does it.
     let device = flex().autodiff();
     device.seed(t.seed);
-    let splits = load_splits(&config.data).unwrap();
-    let mut train_data = batcher(&splits, Split::Train, t.batch, t.tgt_len).unwrap();
-    let mut valid_data = batcher(&splits, Split::Valid, t.batch, t.tgt_len).unwrap();
+    let batches = |split| {
+        doc_batcher(&config.data, split, t.batch, t.tgt_len)
+            .unwrap()
+            .expect("the generated corpus is documents")
+    };
+    let mut train_data = batches(Split::Train);
+    let mut valid_data = batches(Split::Valid);
     let dir = std::env::temp_dir().join(format!("memzoo-default-run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let options = RunOptions {

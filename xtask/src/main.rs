@@ -6,6 +6,7 @@
 //! cargo xtask bench attention generate --quick --out bench/run.jsonl   # + SVG plots in bench/
 //! cargo xtask bench quality [--families xl,reformer,memorizing] [--steps 400]
 //!     [--eval-at 50,100,200,300,400] [--out FILE.jsonl] [--plot DIR] [--no-peers] [--data PATH]
+//! cargo xtask study [--table t1,t2,t3,t4,t5] [--quick] [--out DIR]
 //! ```
 //!
 //! Every measurement is printed as one JSON line (and appended to `--out`); a Markdown table
@@ -24,6 +25,8 @@ mod memory;
 mod models;
 mod plot;
 mod quality;
+mod study;
+mod study_report;
 #[cfg(test)]
 mod tests;
 
@@ -45,6 +48,8 @@ struct Cli {
 enum Command {
     /// Run benchmarks: a suite (`models`) or one config (`xl-small`).
     Bench(BenchArgs),
+    /// The papers' claims about memory on real long documents (`docs/study.md`).
+    Study(study::StudyArgs),
 }
 
 /// Options shared by every benchmark.
@@ -127,6 +132,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench(args),
+        Command::Study(args) => study::run(&args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

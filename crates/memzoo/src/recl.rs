@@ -3,14 +3,14 @@
 
 use std::path::PathBuf;
 
-use memzoo_data::{Split, Token};
+use memzoo_data::{Split, Token, rust_code};
 use memzoo_train::recl::{self, LossTable, Recl};
 use memzoo_xl::TransformerXl;
 use serde_json::json;
 
 use crate::commands::{device, load_checkpoint};
 use crate::config::{DataConfig, ModelKind, RunConfig};
-use crate::data_setup::{load_splits, tokenizer};
+use crate::data_setup::{load_splits, rust_code_dir, tokenizer};
 use crate::error::CliError;
 
 /// What `memzoo recl` measures.
@@ -36,11 +36,18 @@ pub struct ReclOptions {
     pub split: String,
 }
 
-/// The documents of a `[data]` section's split as token sequences: the generated corpus's
-/// documents, or the split as one document for a plain text.
+/// The documents of a `[data]` section's split as token sequences: the crates of
+/// `rust-code`, the generated corpus's documents, or the split as one document for a plain
+/// text or data set.
 pub fn split_documents(cfg: &DataConfig, split: Split) -> Result<Vec<Vec<Token>>, CliError> {
-    if matches!(cfg.source.as_deref(), None | Some("") | Some("generated")) {
-        let tok = tokenizer(cfg)?;
+    let tok = tokenizer(cfg)?;
+    if cfg.source.as_deref() == Some(rust_code::NAME) {
+        return Ok(rust_code::load_split(&rust_code_dir(cfg), split)?
+            .iter()
+            .map(|d| tok.encode(&d.text))
+            .collect());
+    }
+    if cfg.has_documents() {
         return Ok(memzoo_data::generate_split(&cfg.generated, split)?
             .into_iter()
             .map(|d| tok.encode(&d.text))
@@ -53,7 +60,7 @@ fn load_run(
     dir: &PathBuf,
     device: &burn::tensor::Device,
 ) -> Result<(RunConfig, TransformerXl), CliError> {
-    let config = RunConfig::from_run_dir(dir, &[])?;
+    let config = RunConfig::from_run_dir(dir, &[])?.on_data()?;
     let model = match config.model_kind {
         ModelKind::Xl => config.model.init(device)?,
         ModelKind::Reformer => config.reformer.init(device)?,
@@ -91,7 +98,7 @@ pub fn run(opts: &ReclOptions, device_name: &str, json_out: bool) -> Result<(), 
         ));
     }
     let device = device(device_name)?;
-    let first = RunConfig::from_run_dir(&opts.run_dirs[0], &[])?;
+    let first = RunConfig::from_run_dir(&opts.run_dirs[0], &[])?.on_data()?;
     let seg_len = opts.seg_len.unwrap_or(first.train.tgt_len);
     if seg_len == 0 {
         return Err(CliError::flag("--seg-len", 0, "must be positive"));

@@ -1,0 +1,1144 @@
+//! `cargo xtask study`: the papers' claims about memory, measured on real long documents.
+//!
+//! ```text
+//! cargo xtask study                      # every table (about 90 minutes on 2 cores)
+//! cargo xtask study --table t1,t2        # some tables (models trained earlier are reused)
+//! cargo xtask study --quick --out DIR    # a smoke run of the whole pipeline (minutes)
+//! ```
+//!
+//! The documents are the `rust-code` corpus ([`memzoo_data::rust_code`]): the sources of the
+//! crates pinned in memzoo's own `Cargo.lock`, one crate a document, split by crate. Every
+//! model reads them as documents (each row of a batch a sequence of whole documents, the
+//! memories reset where one starts), as the papers do. The tables:
+//!
+//! - **T1**, Transformer-XL's memory at evaluation (Dai et al. 2019, Tables 6 and 9): an XL
+//!   trained with memory `M`, evaluated with memory 0 .. 8M, with and without `same_length`
+//!   (and `clamp_len` at the training span); the same model trained without recurrence; a
+//!   vanilla Transformer with absolute positions (`LayerKind::Absolute`).
+//! - **T2**, relative effective context length (Dai et al. 2019, Table 8) of {XL, XL without
+//!   recurrence, vanilla, Memorizing}, with [`memzoo_train::recl`].
+//! - **T3**, the Memorizing Transformer's memory size (Wu et al. 2022, Tables 4 and 5): a model
+//!   with a kNN layer, with and without the XL cache, trained with one memory size and
+//!   evaluated with 1.5K .. 64K, beside the same stacks without kNN memory; the loss on the
+//!   tokens only a long memory can predict.
+//! - **T4**, the Reformer's duplication task (Kitaev et al. 2020, Table 2): trained with full
+//!   attention and LSH-1/2/4, each evaluated with full attention and LSH-1/2/4/8.
+//! - **T5**, LSH against full attention on real text (Kitaev et al. 2020, Figures 4-5): bpc at
+//!   equal steps, and time per training step against sequence length.
+//!
+//! Results are JSON lines (`<out>/study.jsonl`; a table's lines replace that table's earlier
+//! ones), one SVG chart per table (`<out>/t1.svg` ...) and a Markdown report
+//! (`docs/study.md`, or `<out>/study.md` with `--out`), each table beside the paper's numbers
+//! and the targets the study sets itself, met or missed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use clap::Args;
+use memzoo_data::rust_code::{self, RustCodeManifest};
+use memzoo_data::{DocBatcher, Duplication, Split, TaskStream, Token};
+use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_train::recl;
+use memzoo_train::{
+    AdamConfig, EvalResult, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, checkpoint,
+    evaluate_sharded,
+};
+use memzoo_xl::{LayerKind, TransformerXl, XlConfig};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// The tables, in the order they run.
+pub const TABLES: [&str; 5] = ["t1", "t2", "t3", "t4", "t5"];
+
+/// `cargo xtask study` options.
+#[derive(Args, Clone, Debug)]
+pub struct StudyArgs {
+    /// Tables to run (comma-separated: t1, t2, t3, t4, t5; default: all). T2 uses T1's and
+    /// T3's models (trained here if they are not yet).
+    #[arg(long, value_delimiter = ',')]
+    pub table: Option<Vec<String>>,
+    /// A smoke run of the whole pipeline: tiny models, a few steps, a few documents. Checks
+    /// that every table runs, not what it shows.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the JSON lines, charts and report go (default: docs/study/ and docs/study.md;
+    /// with --out: DIR/study.jsonl, DIR/*.svg, DIR/study.md).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Where the trained models live (run directories; reused when their recipe matches).
+    /// Default: <workspace>/target/memzoo-study (or <out>/runs with --out).
+    #[arg(long)]
+    pub runs: Option<PathBuf>,
+    /// Device (flex, wgpu, tch, cuda, ...).
+    #[arg(long, default_value = "flex")]
+    pub device: String,
+    /// CPU threads for the flex backend.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Seed of every model's initialisation and data order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// The sizes of one study run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Scale {
+    /// Bytes of training documents (crates of the train split, in a seeded order).
+    pub train_bytes: usize,
+    /// Bytes of test documents.
+    pub test_bytes: usize,
+    /// Documents shorter than this are left out (the memory needs long documents).
+    pub min_doc: usize,
+    /// Documents longer than this are left out (one crate must not fill a row alone).
+    pub max_doc: usize,
+    /// Layers, width, heads of the code models (T1-T3).
+    pub n_layers: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Feed-forward width.
+    pub d_inner: usize,
+    /// Segment length (training and evaluation).
+    pub tgt_len: usize,
+    /// XL memory `M` in training.
+    pub mem_len: usize,
+    /// Rows per step.
+    pub batch: usize,
+    /// Training steps of each code model.
+    pub steps: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// kNN memory per row and head in training (T3).
+    pub knn_train: usize,
+    /// kNN memories evaluated (T3).
+    pub knn_eval: Vec<usize>,
+    /// Blocks of `tgt_len` tokens scored at each context (T2).
+    pub recl_blocks: usize,
+    /// Largest context of T2 (a multiple of `tgt_len`).
+    pub recl_max_context: usize,
+    /// T4: sequence length and training steps.
+    pub dup_len: usize,
+    /// T4 training steps.
+    pub dup_steps: usize,
+    /// T5: sequence length and training steps of the Reformers.
+    pub lsh_len: usize,
+    /// T5 training steps.
+    pub lsh_steps: usize,
+    /// T5: sequence lengths timed.
+    pub timing_lengths: Vec<usize>,
+}
+
+impl Scale {
+    /// The study's scale: about 90 minutes on 2 cores.
+    pub fn full() -> Self {
+        Self {
+            train_bytes: 6_000_000,
+            test_bytes: 400_000,
+            min_doc: 96 * 1024,
+            max_doc: 1024 * 1024,
+            n_layers: 4,
+            d_model: 128,
+            n_heads: 4,
+            d_inner: 512,
+            tgt_len: 64,
+            mem_len: 64,
+            batch: 16,
+            steps: 3000,
+            lr: 1e-3,
+            knn_train: 8192,
+            knn_eval: vec![1536, 8192, 32768, 65536],
+            recl_blocks: 96,
+            recl_max_context: 512,
+            dup_len: 32,
+            dup_steps: 1500,
+            lsh_len: 512,
+            lsh_steps: 600,
+            timing_lengths: vec![512, 1024, 2048, 4096, 8192],
+        }
+    }
+
+    /// A smoke run: every table, tiny.
+    pub fn quick() -> Self {
+        Self {
+            train_bytes: 120_000,
+            test_bytes: 24_000,
+            min_doc: 2_000,
+            max_doc: 200_000,
+            n_layers: 2,
+            d_model: 32,
+            n_heads: 2,
+            d_inner: 64,
+            tgt_len: 16,
+            mem_len: 16,
+            batch: 2,
+            steps: 4,
+            lr: 1e-3,
+            knn_train: 64,
+            knn_eval: vec![32, 64, 128],
+            recl_blocks: 4,
+            recl_max_context: 32,
+            dup_len: 16,
+            dup_steps: 4,
+            lsh_len: 64,
+            lsh_steps: 3,
+            timing_lengths: vec![64, 128],
+        }
+    }
+}
+
+/// The documents of a study run, as byte tokens.
+pub struct CodeData {
+    /// Training documents.
+    pub train: Vec<Vec<Token>>,
+    /// Test documents.
+    pub test: Vec<Vec<Token>>,
+    /// The test crates' names.
+    pub test_names: Vec<String>,
+    /// The train crates' names.
+    pub train_names: Vec<String>,
+}
+
+/// Reads crates of `split` (in an order seeded by `seed`) from the cargo registry until
+/// `budget` bytes, taking those of `min_doc..=max_doc` bytes.
+fn read_split(
+    manifest: &RustCodeManifest,
+    registries: &[PathBuf],
+    split: Split,
+    scale: &Scale,
+    budget: usize,
+    seed: u64,
+) -> Result<(Vec<Vec<Token>>, Vec<String>), String> {
+    let mut entries: Vec<_> = manifest
+        .crates()
+        .iter()
+        .filter(|c| {
+            c.split == split && (scale.min_doc..=scale.max_doc).contains(&(c.bytes as usize))
+        })
+        .collect();
+    entries.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    let (mut chosen, mut bytes) = (Vec::new(), 0);
+    for c in entries {
+        if bytes >= budget {
+            break;
+        }
+        bytes += c.bytes as usize;
+        chosen.push(c.document_name());
+    }
+    if chosen.is_empty() {
+        return Err(format!(
+            "no {} crate of the rust-code corpus has {}..={} bytes",
+            split.as_str(),
+            scale.min_doc,
+            scale.max_doc
+        ));
+    }
+    let names: Vec<String> = manifest
+        .crates()
+        .iter()
+        .filter(|c| chosen.contains(&c.document_name()))
+        .map(|c| c.name.clone())
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let picked = manifest.select(&names).map_err(|e| e.to_string())?;
+    // `select` keeps every version of a name: only the chosen documents, in the seeded order.
+    let mut docs: Vec<_> = rust_code::build(&picked, registries)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|d| chosen.contains(&d.name))
+        .collect();
+    docs.sort_by_key(|d| chosen.iter().position(|n| *n == d.name));
+    let kept = docs.iter().map(|d| d.name.clone()).collect();
+    let tokens = docs
+        .into_iter()
+        .map(|d| d.text.into_iter().map(Token::from).collect())
+        .collect();
+    Ok((tokens, kept))
+}
+
+impl CodeData {
+    /// The study's documents from the crates in cargo's registry.
+    pub fn load(scale: &Scale, seed: u64) -> Result<Self, String> {
+        let manifest = RustCodeManifest::embedded().map_err(|e| e.to_string())?;
+        let registries = rust_code::registry_src_dirs();
+        let (train, train_names) = read_split(
+            &manifest,
+            &registries,
+            Split::Train,
+            scale,
+            scale.train_bytes,
+            seed,
+        )?;
+        let (test, test_names) = read_split(
+            &manifest,
+            &registries,
+            Split::Test,
+            scale,
+            scale.test_bytes,
+            seed,
+        )?;
+        Ok(Self {
+            train,
+            test,
+            test_names,
+            train_names,
+        })
+    }
+
+    fn bytes(docs: &[Vec<Token>]) -> usize {
+        docs.iter().map(Vec::len).sum()
+    }
+}
+
+/// Positions whose byte only a memory reaching further than `reach` tokens can copy: the
+/// 8-byte string ending there occurred earlier in the document, and not within the last
+/// `reach` bytes. `mask[p]` is about target `p` (the byte at `p`).
+pub fn far_mask(doc: &[Token], reach: usize) -> Vec<bool> {
+    const N: usize = 8;
+    let mut last: HashMap<&[Token], usize> = HashMap::new();
+    let mut mask = vec![false; doc.len()];
+    for p in N - 1..doc.len() {
+        let gram = &doc[p + 1 - N..=p];
+        if let Some(&q) = last.get(gram) {
+            mask[p] = p - q > reach;
+        }
+        last.insert(gram, p);
+    }
+    mask
+}
+
+/// One line of the study's results.
+fn line(table: &str, fields: Value) -> Value {
+    let mut v = json!({ "table": table });
+    if let (Some(o), Value::Object(f)) = (v.as_object_mut(), fields) {
+        o.extend(f);
+    }
+    v
+}
+
+/// The study's context: arguments, scale, device, data, directories.
+pub struct Study {
+    scale: Scale,
+    seed: u64,
+    device: Device,
+    runs: PathBuf,
+    out: PathBuf,
+    report: PathBuf,
+    data: Option<CodeData>,
+    quick: bool,
+}
+
+/// Which code model (T1-T3) and how it is built.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodeModel {
+    /// Transformer-XL: XL relative positions, memory `M`.
+    Xl,
+    /// The same without recurrence (memory 0 in training).
+    XlNoRecurrence,
+    /// Vanilla: absolute positions, no memory.
+    Vanilla,
+    /// Memorizing stack (T5 positions) without kNN layer, XL cache `M`.
+    TFiveCache,
+    /// The same without the XL cache.
+    TFiveNone,
+    /// Memorizing Transformer: a kNN layer, XL cache `M`.
+    KnnCache,
+    /// Memorizing Transformer without the XL cache.
+    KnnNone,
+}
+
+impl CodeModel {
+    fn name(self) -> &'static str {
+        match self {
+            CodeModel::Xl => "xl",
+            CodeModel::XlNoRecurrence => "xl-no-recurrence",
+            CodeModel::Vanilla => "vanilla",
+            CodeModel::TFiveCache => "t5-xl-cache",
+            CodeModel::TFiveNone => "t5-no-memory",
+            CodeModel::KnnCache => "memorizing-xl-cache",
+            CodeModel::KnnNone => "memorizing-no-cache",
+        }
+    }
+}
+
+impl Study {
+    /// Sets up a study run from its arguments.
+    pub fn new(args: &StudyArgs) -> Result<Self, String> {
+        let root = workspace_root();
+        let (out, report) = match &args.out {
+            Some(dir) => (dir.clone(), dir.join("study.md")),
+            None => (root.join("docs/study"), root.join("docs/study.md")),
+        };
+        let runs = match (&args.runs, &args.out) {
+            (Some(r), _) => r.clone(),
+            (None, Some(dir)) => dir.join("runs"),
+            (None, None) => std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join("target"))
+                .join("memzoo-study"),
+        };
+        let device = memzoo_backend::parse_device(&args.device).map_err(|e| e.to_string())?;
+        Ok(Self {
+            scale: if args.quick {
+                Scale::quick()
+            } else {
+                Scale::full()
+            },
+            seed: args.seed,
+            device,
+            runs,
+            out,
+            report,
+            data: None,
+            quick: args.quick,
+        })
+    }
+
+    fn data(&mut self) -> Result<&CodeData, String> {
+        if self.data.is_none() {
+            let start = Instant::now();
+            let d = CodeData::load(&self.scale, self.seed)?;
+            eprintln!(
+                "study: {} train crates ({} bytes), {} test crates ({} bytes) read in {:.1}s",
+                d.train.len(),
+                CodeData::bytes(&d.train),
+                d.test.len(),
+                CodeData::bytes(&d.test),
+                start.elapsed().as_secs_f64()
+            );
+            self.data = Some(d);
+        }
+        Ok(self.data.as_ref().expect("loaded"))
+    }
+
+    /// The model of `kind` at this scale.
+    fn code_config(&self, kind: CodeModel) -> XlConfig {
+        let s = &self.scale;
+        let base = XlConfig::new()
+            .with_vocab_size(256)
+            .with_n_layers(s.n_layers)
+            .with_d_model(s.d_model)
+            .with_n_heads(s.n_heads)
+            .with_d_head(None)
+            .with_d_inner(s.d_inner)
+            .with_dropout(0.0)
+            .with_dropatt(0.0)
+            .with_tie_weights(true)
+            .with_untie_rel_bias(true)
+            .with_document_resets(true);
+        let t5 = PositionConfig::new()
+            .with_kind(PositionKind::T5)
+            .with_num_buckets(32)
+            .with_max_distance(s.mem_len + s.tgt_len);
+        let knn_layers = || {
+            (0..s.n_layers)
+                .map(|l| {
+                    if l == s.n_layers / 2 {
+                        LayerKind::Knn
+                    } else {
+                        LayerKind::T5
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        let knn = |c: XlConfig| {
+            c.with_layers(knn_layers()).with_knn(
+                memzoo_xl::KnnLayerConfig::new()
+                    .with_top_k(32)
+                    .with_max_memories(s.knn_train)
+                    .with_attn_scale_init(20.0),
+            )
+        };
+        // The memorizing stack: pre-LN as the paper's decoder and memzoo's preset.
+        let t5 = |c: XlConfig| c.with_positions(t5.clone()).with_pre_ln(true);
+        match kind {
+            CodeModel::Xl => base.with_mem_len(s.mem_len),
+            CodeModel::XlNoRecurrence => base.with_mem_len(0),
+            CodeModel::Vanilla => base
+                .with_mem_len(0)
+                .with_positions(PositionConfig::new().with_kind(PositionKind::Absolute)),
+            CodeModel::TFiveCache => t5(base.with_mem_len(s.mem_len)),
+            CodeModel::TFiveNone => t5(base.with_mem_len(0)),
+            CodeModel::KnnCache => knn(t5(base.with_mem_len(s.mem_len))),
+            CodeModel::KnnNone => knn(t5(base.with_mem_len(0))),
+        }
+    }
+
+    fn train_config(&self, steps: usize, batch: usize, tgt_len: usize, lr: f64) -> TrainConfig {
+        TrainConfig::new()
+            .with_steps(steps)
+            .with_batch(batch)
+            .with_tgt_len(tgt_len)
+            .with_schedule(
+                ScheduleConfig::new()
+                    .with_lr(lr)
+                    .with_warmup((steps / 20).min(200))
+                    .with_min_ratio(0.1),
+            )
+            .with_weight_decay(0.01)
+            .with_adam(AdamConfig::new())
+            .with_clip_norm(Some(0.25))
+            .with_seed(self.seed)
+            .with_log_every((steps / 10).max(1))
+            .with_eval_every(0)
+            .with_checkpoint_every(0)
+            .with_keep_checkpoints(1)
+    }
+
+    /// Trains `config` on `data` into `runs/<name>` unless a finished run of the same recipe
+    /// is there; returns the checkpoint directory and the training seconds.
+    fn train_run(
+        &self,
+        name: &str,
+        config: &XlConfig,
+        train: &TrainConfig,
+        data: &mut dyn memzoo_train::SegmentSource,
+    ) -> Result<(PathBuf, f64), String> {
+        let dir = self.runs.join(name);
+        let recipe = json!({"model": config, "train": train}).to_string();
+        let recipe_file = dir.join("study-recipe.json");
+        let done = dir.join("study-seconds.txt");
+        if std::fs::read_to_string(&recipe_file).ok().as_deref() == Some(recipe.as_str())
+            && let Ok(secs) = std::fs::read_to_string(&done)
+            && let Ok(Some(ckpt)) = checkpoint::latest(&dir.join("checkpoints"))
+        {
+            eprintln!("study: {name}: reusing {}", ckpt.display());
+            return Ok((ckpt, secs.trim().parse().unwrap_or(f64::NAN)));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let ad = self.device.clone().autodiff();
+        ad.seed(train.seed);
+        let model = config.init(&ad).map_err(|e| format!("{name}: {e}"))?;
+        eprintln!(
+            "study: training {name} ({} steps of {} x {} tokens)",
+            train.steps, train.batch, train.tgt_len
+        );
+        let start = Instant::now();
+        let options = RunOptions {
+            run_dir: dir.clone(),
+            resume: false,
+            quiet: true,
+        };
+        let out = memzoo_train::train(model, train, data, None, &options)
+            .map_err(|e| format!("training {name}: {e}"))?;
+        let secs = start.elapsed().as_secs_f64();
+        eprintln!(
+            "study: {name}: {} steps in {secs:.0}s, last training loss {:.3} nats",
+            out.steps,
+            out.train_loss.unwrap_or(f64::NAN)
+        );
+        let ckpt = checkpoint::latest(&dir.join("checkpoints"))
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{name}: the run left no checkpoint"))?;
+        std::fs::write(&recipe_file, &recipe).map_err(|e| e.to_string())?;
+        std::fs::write(&done, format!("{secs:.1}")).map_err(|e| e.to_string())?;
+        Ok((ckpt, secs))
+    }
+
+    /// Trains (or reuses) one code model; returns its checkpoint and training seconds.
+    fn code_model(&mut self, kind: CodeModel) -> Result<(PathBuf, f64), String> {
+        let config = self.code_config(kind);
+        let s = self.scale.clone();
+        let train = self.train_config(s.steps, s.batch, s.tgt_len, s.lr);
+        let docs = self.data()?.train.clone();
+        let mut data =
+            DocBatcher::named("the study's train documents", &docs, s.batch, s.tgt_len, 0)
+                .map_err(|e| e.to_string())?;
+        self.train_run(kind.name(), &config, &train, &mut data)
+    }
+
+    /// A code model's weights in `config` (the same parameters, other evaluation settings).
+    fn load(&self, ckpt: &Path, config: &XlConfig) -> Result<TransformerXl, String> {
+        let model = config.init(&self.device).map_err(|e| e.to_string())?;
+        checkpoint::load_model(ckpt, model).map_err(|e| e.to_string())
+    }
+
+    /// Test bpc of `model` over the test documents, with the loss on the far targets (see
+    /// [`far_mask`] with `reach`).
+    fn evaluate_code(&mut self, model: &TransformerXl, reach: usize) -> Result<EvalResult, String> {
+        let s = self.scale.clone();
+        let test = self.data()?.test.clone();
+        let masks: Vec<Vec<bool>> = test
+            .iter()
+            .map(|d| {
+                // Target t of a document is token t + 1.
+                let m = far_mask(d, reach);
+                m[1..].iter().copied().chain([false]).collect()
+            })
+            .collect();
+        let rows = s.batch.min(test.len()).max(1);
+        let mut data = DocBatcher::named("the study's test documents", &test, rows, s.tgt_len, 0)
+            .and_then(|b| b.with_target_masks(&masks))
+            .map_err(|e| e.to_string())?;
+        evaluate_sharded(model, &mut data, s.tgt_len, None, None).map_err(|e| e.to_string())
+    }
+
+    // ------------------------------------------------------------------------------------
+    // T1
+
+    fn t1(&mut self) -> Result<Vec<Value>, String> {
+        let s = self.scale.clone();
+        let m = s.mem_len;
+        let reach = s.tgt_len + m;
+        let mems = [0, m / 2, m, 2 * m, 4 * m, 8 * m];
+        let mut out = Vec::new();
+        for kind in [CodeModel::Xl, CodeModel::XlNoRecurrence, CodeModel::Vanilla] {
+            let (ckpt, secs) = self.code_model(kind)?;
+            let config = self.code_config(kind);
+            let settings: Vec<(usize, bool)> = if kind == CodeModel::Vanilla {
+                vec![(0, false)]
+            } else {
+                mems.iter()
+                    .flat_map(|&mem| {
+                        // same_length with memory 0 would leave a query no key but itself.
+                        if mem == 0 {
+                            vec![(0, false)]
+                        } else {
+                            vec![(mem, false), (mem, true)]
+                        }
+                    })
+                    .collect()
+            };
+            for (mem, same) in settings {
+                let mut c = config.clone().with_mem_len(mem);
+                if same {
+                    // The paper's evaluation: every query sees `mem` keys, distances clamped
+                    // at the training span.
+                    let clamped = c.positions.clone().with_clamp_len(Some(s.tgt_len + m));
+                    c = c.with_same_length(true).with_positions(clamped);
+                }
+                let model = self.load(&ckpt, &c)?;
+                let start = Instant::now();
+                let r = self.evaluate_code(&model, reach)?;
+                let v = line(
+                    "t1",
+                    json!({"model": kind.name(), "train_mem": config.mem_len, "eval_mem": mem,
+                           "same_length": same, "test_bpc": r.bpc, "tokens": r.tokens,
+                           "far_bpc": r.selected_loss.map(|l| l / std::f64::consts::LN_2),
+                           "far_tokens": r.selected_tokens, "train_seconds": secs,
+                           "eval_seconds": start.elapsed().as_secs_f64()}),
+                );
+                eprintln!("{v}");
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    // ------------------------------------------------------------------------------------
+    // T2
+
+    fn t2(&mut self) -> Result<Vec<Value>, String> {
+        let s = self.scale.clone();
+        let group = [
+            CodeModel::Xl,
+            CodeModel::XlNoRecurrence,
+            CodeModel::Vanilla,
+            CodeModel::KnnCache,
+        ];
+        let contexts: Vec<usize> = (0..=s.recl_max_context / s.tgt_len)
+            .map(|k| k * s.tgt_len)
+            .collect();
+        let docs = self.data()?.test.clone();
+        let lens: Vec<usize> = docs.iter().map(Vec::len).collect();
+        let blocks = recl::probe_blocks(
+            &lens,
+            s.tgt_len,
+            s.recl_max_context,
+            4 * s.tgt_len,
+            s.recl_blocks,
+        );
+        if blocks.is_empty() {
+            return Err(format!(
+                "no test document is longer than the largest RECL context {}",
+                s.recl_max_context
+            ));
+        }
+        let mut tables = Vec::new();
+        for kind in group {
+            let (ckpt, _) = self.code_model(kind)?;
+            let config = eval_config_for_recl(&self.code_config(kind), s.recl_max_context, &s);
+            let model = self.load(&ckpt, &config)?;
+            let start = Instant::now();
+            let t = recl::context_losses(&model, &docs, &blocks, s.tgt_len, &contexts, 8)
+                .map_err(|e| format!("{}: {e}", kind.name()))?;
+            eprintln!(
+                "study: t2 {}: losses at {} contexts x {} tokens in {:.0}s",
+                kind.name(),
+                contexts.len(),
+                blocks.len() * s.tgt_len,
+                start.elapsed().as_secs_f64()
+            );
+            tables.push(t);
+        }
+        let mut out = Vec::new();
+        for (kind, t) in group.iter().zip(&tables) {
+            let bpc: Vec<f64> = t
+                .mean_losses()
+                .iter()
+                .map(|l| l / std::f64::consts::LN_2)
+                .collect();
+            out.push(line(
+                "t2",
+                json!({"kind": "curve", "model": kind.name(), "contexts": contexts, "bpc": bpc}),
+            ));
+        }
+        for r in [0.1, 0.5, 1.0] {
+            let res = recl::recl(&tables, r, 0.01).map_err(|e| e.to_string())?;
+            for (kind, x) in group.iter().zip(res) {
+                let v = line(
+                    "t2",
+                    json!({"kind": "recl", "model": kind.name(), "r": r, "recl": x.recl,
+                           "at_least": x.at_least, "gains": x.gains,
+                           "tokens": blocks.len() * s.tgt_len}),
+                );
+                eprintln!("{v}");
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    // ------------------------------------------------------------------------------------
+    // T3
+
+    fn t3(&mut self) -> Result<Vec<Value>, String> {
+        let s = self.scale.clone();
+        let reach = s.tgt_len + s.mem_len;
+        let mut out = Vec::new();
+        for (kind, cache) in [
+            (CodeModel::TFiveCache, true),
+            (CodeModel::TFiveNone, false),
+            (CodeModel::KnnCache, true),
+            (CodeModel::KnnNone, false),
+        ] {
+            let (ckpt, secs) = self.code_model(kind)?;
+            let config = self.code_config(kind);
+            let knn = matches!(kind, CodeModel::KnnCache | CodeModel::KnnNone);
+            let sizes: Vec<usize> = if knn { s.knn_eval.clone() } else { vec![0] };
+            for size in sizes {
+                let c = if knn {
+                    let k = config.knn.clone().with_max_memories(size);
+                    config.clone().with_knn(k)
+                } else {
+                    config.clone()
+                };
+                let model = self.load(&ckpt, &c)?;
+                let start = Instant::now();
+                let r = self.evaluate_code(&model, reach)?;
+                let v = line(
+                    "t3",
+                    json!({"model": kind.name(), "xl_cache": cache, "knn_train": knn.then_some(s.knn_train),
+                           "knn_eval": size, "test_bpc": r.bpc, "tokens": r.tokens,
+                           "far_bpc": r.selected_loss.map(|l| l / std::f64::consts::LN_2),
+                           "far_tokens": r.selected_tokens, "train_seconds": secs,
+                           "eval_seconds": start.elapsed().as_secs_f64()}),
+                );
+                eprintln!("{v}");
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    // ------------------------------------------------------------------------------------
+    // T4
+
+    /// The duplication model: a one-layer shared-QK Reformer, LSH with `rounds` rounds, or
+    /// full attention (`rounds` 0: local attention with one chunk covering the sequence).
+    fn dup_config(&self, rounds: usize) -> XlConfig {
+        let len = self.scale.dup_len;
+        let base = memzoo_xl::ReformerConfig::new()
+            .with_n_layers(1)
+            .with_d_model(if self.quick { 32 } else { 128 })
+            .with_n_heads(2)
+            .with_d_head(if self.quick { 16 } else { 64 })
+            .with_d_ff(if self.quick { 64 } else { 256 })
+            .with_vocab_size(16)
+            .with_max_seq_len(len)
+            .with_bucket_size(4)
+            .with_dropout(0.0)
+            .with_axial_positions(false)
+            .with_n_rounds(rounds.max(1))
+            .stack();
+        if rounds == 0 {
+            full_attention(base, len)
+        } else {
+            base
+        }
+    }
+
+    fn t4(&mut self) -> Result<Vec<Value>, String> {
+        let s = self.scale.clone();
+        let mut out = Vec::new();
+        let batch = 16;
+        for train_rounds in [0, 1, 2, 4] {
+            let config = self.dup_config(train_rounds);
+            let train = TrainConfig::new()
+                .with_steps(s.dup_steps)
+                .with_batch(batch)
+                .with_tgt_len(s.dup_len)
+                .with_schedule(
+                    ScheduleConfig::new()
+                        .with_lr(1e-3)
+                        .with_warmup(0)
+                        .with_min_ratio(1.0),
+                )
+                .with_adam(AdamConfig::new().with_epsilon(1e-5))
+                .with_weight_decay(0.0)
+                .with_clip_norm(None)
+                .with_seed(self.seed)
+                .with_log_every((s.dup_steps / 10).max(1))
+                .with_eval_every(0)
+                .with_checkpoint_every(0)
+                .with_keep_checkpoints(1);
+            let mut data = TaskStream::endless(
+                Duplication::new(batch, s.dup_len, 16, self.seed).map_err(|e| e.to_string())?,
+            );
+            let name = format!("dup-{}", rounds_name(train_rounds));
+            let (ckpt, secs) = self.train_run(&name, &config, &train, &mut data)?;
+            for eval_rounds in [0, 1, 2, 4, 8] {
+                let c = self.dup_config(eval_rounds);
+                let model = self.load(&ckpt, &c)?;
+                let model = if eval_rounds > 0 {
+                    model.with_eval_rounds(eval_rounds)
+                } else {
+                    model.with_eval_rounds(1)
+                };
+                let mut valid = TaskStream::limited(
+                    Duplication::new(batch, s.dup_len, 16, !self.seed)
+                        .map_err(|e| e.to_string())?,
+                    8,
+                )
+                .map_err(|e| e.to_string())?;
+                let r = evaluate_sharded(&model, &mut valid, s.dup_len, None, None)
+                    .map_err(|e| e.to_string())?;
+                let v = line(
+                    "t4",
+                    json!({"train": rounds_name(train_rounds), "eval": rounds_name(eval_rounds),
+                           "accuracy": r.selected_accuracy, "len": s.dup_len,
+                           "steps": s.dup_steps, "train_seconds": secs}),
+                );
+                eprintln!("{v}");
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    // ------------------------------------------------------------------------------------
+    // T5
+
+    /// The T5 Reformer on code: 2 layers, d_model 128, LSH with `rounds` rounds over buckets
+    /// of 32, or full attention (`rounds` 0).
+    fn lsh_config(&self, rounds: usize, len: usize) -> XlConfig {
+        let s = &self.scale;
+        let base = memzoo_xl::ReformerConfig::new()
+            .with_n_layers(2)
+            .with_d_model(s.d_model)
+            .with_n_heads(s.n_heads)
+            .with_d_head(s.d_model / s.n_heads)
+            .with_d_ff(s.d_inner)
+            .with_vocab_size(256)
+            .with_max_seq_len(len)
+            .with_bucket_size(32)
+            .with_dropout(0.0)
+            .with_n_rounds(rounds.max(1))
+            .stack();
+        if rounds == 0 {
+            full_attention(base, len)
+        } else {
+            base
+        }
+    }
+
+    fn t5(&mut self) -> Result<Vec<Value>, String> {
+        let s = self.scale.clone();
+        let mut out = Vec::new();
+        let batch = 4;
+        let train_docs = self.data()?.train.clone();
+        let test_docs = self.data()?.test.clone();
+        for rounds in [0, 1, 2, 4, 8] {
+            let config = self.lsh_config(rounds, s.lsh_len);
+            let train = self.train_config(s.lsh_steps, batch, s.lsh_len, s.lr);
+            let mut data = DocBatcher::named(
+                "the study's train documents",
+                &train_docs,
+                batch,
+                s.lsh_len,
+                0,
+            )
+            .map_err(|e| e.to_string())?;
+            let name = format!("lsh-{}", rounds_name(rounds));
+            let (ckpt, secs) = self.train_run(&name, &config, &train, &mut data)?;
+            let model = self.load(&ckpt, &config)?;
+            let rows = batch.min(test_docs.len()).max(1);
+            let mut test =
+                DocBatcher::named("the study's test documents", &test_docs, rows, s.lsh_len, 0)
+                    .map_err(|e| e.to_string())?;
+            let r = evaluate_sharded(&model, &mut test, s.lsh_len, None, None)
+                .map_err(|e| e.to_string())?;
+            let v = line(
+                "t5",
+                json!({"kind": "quality", "attention": rounds_name(rounds), "steps": s.lsh_steps,
+                       "len": s.lsh_len, "test_bpc": r.bpc, "tokens": r.tokens,
+                       "train_seconds": secs}),
+            );
+            eprintln!("{v}");
+            out.push(v);
+        }
+        // Time per training step against length: full attention and LSH-4 (batch 1).
+        for &len in &s.timing_lengths {
+            for rounds in [0, 4] {
+                let config = self.lsh_config(rounds, len);
+                let secs =
+                    time_train_step(&config, &self.device, len, if self.quick { 1 } else { 3 })?;
+                let v = line(
+                    "t5",
+                    json!({"kind": "time", "attention": rounds_name(rounds), "len": len,
+                           "step_seconds": secs}),
+                );
+                eprintln!("{v}");
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    // ------------------------------------------------------------------------------------
+
+    /// Runs `tables`, then writes the JSON lines, charts and report.
+    pub fn run(&mut self, tables: &[String]) -> Result<(), String> {
+        std::fs::create_dir_all(&self.out).map_err(|e| format!("{}: {e}", self.out.display()))?;
+        let jsonl = self.out.join("study.jsonl");
+        let mut lines: Vec<Value> = read_lines(&jsonl);
+        for table in tables {
+            let start = Instant::now();
+            let new = match table.as_str() {
+                "t1" => self.t1()?,
+                "t2" => self.t2()?,
+                "t3" => self.t3()?,
+                "t4" => self.t4()?,
+                "t5" => self.t5()?,
+                other => {
+                    return Err(format!(
+                        "unknown table `{other}`: expected {}",
+                        TABLES.join(", ")
+                    ));
+                }
+            };
+            eprintln!("study: {table} took {:.0}s", start.elapsed().as_secs_f64());
+            lines.retain(|l| l["table"] != table.as_str());
+            let mut meta = line(
+                table,
+                json!({"kind": "meta", "scale": self.scale, "seed": self.seed,
+                       "quick": self.quick, "seconds": start.elapsed().as_secs_f64(),
+                       "machine": machine(), "date": today(),
+                       "train_crates": self.data.as_ref().map(|d| d.train_names.len()),
+                       "test_crates": self.data.as_ref().map(|d| d.test_names.clone())}),
+            );
+            if let Some(o) = meta.as_object_mut() {
+                o.insert("kind".into(), "meta".into());
+            }
+            lines.push(meta);
+            lines.extend(new);
+            // Written after every table, so a long study keeps what it has measured.
+            let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+            std::fs::write(&jsonl, text).map_err(|e| format!("{}: {e}", jsonl.display()))?;
+            self.write_report(&lines)?;
+        }
+        eprintln!(
+            "study: {} and {} written",
+            jsonl.display(),
+            self.report.display()
+        );
+        Ok(())
+    }
+
+    fn write_report(&self, lines: &[Value]) -> Result<(), String> {
+        let charts = crate::study_report::charts(lines);
+        for (file, svg) in &charts {
+            let path = self.out.join(file);
+            std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        let rel = relative_dir(&self.report, &self.out);
+        let md = crate::study_report::markdown(lines, &rel);
+        std::fs::write(&self.report, md).map_err(|e| format!("{}: {e}", self.report.display()))
+    }
+}
+
+/// `base` (a Reformer stack) with full attention: LSH layers whose one chunk covers the `len`
+/// positions (one round, no look-back), so every query scores every earlier key — full
+/// shared-QK attention, the Reformer paper's baseline, with the LSH model's parameters (a
+/// model trained one way is evaluated the other with the same weights).
+fn full_attention(base: XlConfig, len: usize) -> XlConfig {
+    let lsh = base
+        .lsh
+        .clone()
+        .with_chunk_len(len)
+        .with_n_rounds(1)
+        .with_n_buckets(Some(2))
+        .with_n_chunks_before(0)
+        .with_n_chunks_after(0);
+    base.with_lsh(lsh)
+}
+
+fn rounds_name(rounds: usize) -> String {
+    if rounds == 0 {
+        "full".into()
+    } else {
+        format!("lsh-{rounds}")
+    }
+}
+
+/// The evaluation settings of a code model in T2: relative models with an XL memory as long
+/// as the largest context (so a window's tokens are all in reach) and distances clamped at
+/// the training span; vanilla and kNN models as trained.
+fn eval_config_for_recl(config: &XlConfig, max_context: usize, s: &Scale) -> XlConfig {
+    let kinds = config.layer_kinds();
+    if kinds.iter().all(|k| *k == LayerKind::Xl) {
+        config.clone().with_mem_len(max_context).with_positions(
+            config
+                .positions
+                .clone()
+                .with_clamp_len(Some(s.tgt_len + s.mem_len)),
+        )
+    } else {
+        config.clone()
+    }
+}
+
+/// Seconds per training step (forward + backward, batch 1) of `config` at `len`, the median
+/// of `n` after one warm-up step.
+fn time_train_step(
+    config: &XlConfig,
+    device: &Device,
+    len: usize,
+    n: usize,
+) -> Result<f64, String> {
+    let ad = device.clone().autodiff();
+    ad.seed(0);
+    let model = config.init(&ad).map_err(|e| e.to_string())?;
+    let data: Vec<i64> = (0..len as i64).map(|i| (i * 7919 + 13) % 251).collect();
+    let x = || Tensor::<2, Int>::from_data(TensorData::new(data.clone(), [1, len]), &ad);
+    let mut times = Vec::new();
+    for i in 0..=n {
+        let mut state = Default::default();
+        let start = Instant::now();
+        let (_, grads) = SegmentModel::train_step(&model, x(), x(), &mut state, &[false], None)
+            .map_err(|e| e.to_string())?;
+        drop(grads);
+        if i > 0 {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+fn read_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .map(|t| {
+            t.lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `out` as seen from the report's folder (for links to the charts).
+fn relative_dir(report: &Path, out: &Path) -> String {
+    let base = report.parent().unwrap_or(Path::new(""));
+    match out.strip_prefix(base) {
+        Ok(p) if p.as_os_str().is_empty() => ".".into(),
+        Ok(p) => p.display().to_string(),
+        Err(_) => out.display().to_string(),
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// The CPU model and whether it has AVX-512 (from /proc/cpuinfo).
+pub fn machine() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let avx512 = info.contains("avx512f");
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "{model}, {cores} threads, {}AVX-512",
+        if avx512 { "" } else { "no " }
+    )
+}
+
+fn today() -> String {
+    std::process::Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// `cargo xtask study`.
+pub fn run(args: &StudyArgs) -> Result<(), String> {
+    // Before the first rayon use: Burn's flex backend sizes its pool from it.
+    // SAFETY: single-threaded at this point.
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string()) };
+    let tables: Vec<String> = match &args.table {
+        Some(t) => t.iter().map(|s| s.trim().to_lowercase()).collect(),
+        None => TABLES.iter().map(|s| s.to_string()).collect(),
+    };
+    if let Some(bad) = tables.iter().find(|t| !TABLES.contains(&t.as_str())) {
+        return Err(format!(
+            "unknown table `{bad}` in --table: expected {}",
+            TABLES.join(", ")
+        ));
+    }
+    let mut study = Study::new(args)?;
+    study.run(&tables)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The far mask against a naive scan written here.
+    #[test]
+    fn far_mask_marks_repeats_beyond_reach() {
+        let text = b"fn alpha() {} fn beta() {} fn alpha() {} fn alpha() {}";
+        let doc: Vec<Token> = text.iter().map(|&b| b as Token).collect();
+        for reach in [0, 5, 14, 27, 100] {
+            let got = far_mask(&doc, reach);
+            for p in 0..doc.len() {
+                let naive = p >= 7 && {
+                    let gram = &doc[p - 7..=p];
+                    // The most recent earlier end of the same 8 bytes.
+                    (7..p)
+                        .rev()
+                        .find(|&q| &doc[q - 7..=q] == gram)
+                        .is_some_and(|q| p - q > reach)
+                };
+                assert_eq!(got[p], naive, "reach {reach}, position {p}");
+            }
+        }
+        // "fn alpha() {}" repeats 28 bytes later, then 14.
+        let m = far_mask(&doc, 20);
+        assert!(m[27 + 8]);
+        assert!(!m[41 + 8]);
+    }
+}
