@@ -254,3 +254,59 @@ mod quality {
         assert!(svg.contains(">400<") && svg.contains(">3.5<"), "{svg}");
     }
 }
+
+mod study {
+    use crate::study::{StudyArgs, TABLES, run_tables};
+
+    /// `cargo xtask study --quick`: every table runs end to end on real crates of the
+    /// rust-code corpus (tiny models, a few steps) and writes its JSON lines, its chart and its
+    /// section of the report. The numbers are not checked: a smoke run means nothing.
+    #[test]
+    fn quick_study_writes_every_table() {
+        let out = std::env::temp_dir().join(format!("memzoo-study-quick-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let args = StudyArgs {
+            table: None,
+            quick: true,
+            out: Some(out.clone()),
+            runs: None,
+            device: "flex".into(),
+            threads: 2,
+            seed: 0,
+        };
+        run_tables(&args).unwrap();
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("study.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let report = std::fs::read_to_string(out.join("study.md")).unwrap();
+        assert!(report.contains("Quick (smoke) run"), "{report}");
+        for t in TABLES {
+            let rows: Vec<_> = lines.iter().filter(|l| l["table"] == t).collect();
+            assert!(rows.iter().any(|l| l["kind"] == "meta"), "{t}: no meta line");
+            assert!(rows.len() > 1, "{t}: no results");
+            let svg = std::fs::read_to_string(out.join(format!("{t}.svg"))).unwrap();
+            assert!(svg.contains("<polyline"), "{t}.svg has no line");
+            let heading = format!("## {}", t.to_uppercase());
+            assert!(report.contains(&heading), "the report has no {heading}");
+        }
+        // T1 holds each evaluation memory of the XL; T2 a RECL per model and ratio.
+        let t1 = lines.iter().filter(|l| l["table"] == "t1" && l["model"] == "xl").count();
+        assert_eq!(t1, 11, "XL rows: memory 0, then five memories with and without same_length");
+        let recl = lines
+            .iter()
+            .filter(|l| l["table"] == "t2" && l["kind"] == "recl")
+            .count();
+        assert_eq!(recl, 12, "4 models x 3 ratios");
+        // A second run of one table reuses its trained models and replaces only its lines.
+        let args = StudyArgs {
+            table: Some(vec!["t4".into()]),
+            ..args
+        };
+        run_tables(&args).unwrap();
+        let again = std::fs::read_to_string(out.join("study.jsonl")).unwrap();
+        assert_eq!(again.lines().count(), lines.len());
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
