@@ -577,3 +577,47 @@ fn absolute_positions_are_sinusoids_added_to_the_embedding() {
         .with_layers(vec![LayerKind::Absolute, LayerKind::Xl]));
     assert!(e.contains("all layers must be absolute"), "{e}");
 }
+
+/// `same_length` holds where documents reset the memory too (the explicit per-row mask keeps
+/// the window of `mem_len` keys per query): a row that never resets reads exactly as in a
+/// stream, and a row that resets reads its new document as a fresh model does.
+#[test]
+fn same_length_holds_with_document_resets() {
+    use burn::tensor::s;
+    use memzoo_train::SegmentModel;
+    let dev = flex();
+    dev.seed(3);
+    let stream = tiny().with_same_length(true).init(&dev).unwrap();
+    let mut docs = stream.clone();
+    docs.document_resets = true;
+    let (mut s_stream, mut s_docs, mut s_fresh) =
+        (Default::default(), Default::default(), Default::default());
+    for seg in 0..3 {
+        let tokens = fixture_tokens(seg, &dev);
+        // Row 1 starts a new document at segment 1.
+        let reset = [seg == 0, seg <= 1];
+        let a = host(
+            SegmentModel::segment_logits(&stream, tokens.clone(), &mut s_stream, &[false, false])
+                .unwrap(),
+        );
+        let b =
+            host(SegmentModel::segment_logits(&docs, tokens.clone(), &mut s_docs, &reset).unwrap());
+        let row = 6 * 32;
+        let d0: Vec<f64> = a[..row].iter().map(|&x| x as f64).collect();
+        assert!(
+            max_diff(&b[..row], &d0) < 1e-5,
+            "segment {seg}: row 0 differs from the stream"
+        );
+        if seg >= 1 {
+            let alone = tokens.slice(s![1..2, 0..6]);
+            let f = host(
+                SegmentModel::segment_logits(&stream, alone, &mut s_fresh, &[seg == 1]).unwrap(),
+            );
+            let f: Vec<f64> = f.iter().map(|&x| x as f64).collect();
+            assert!(
+                max_diff(&b[row..], &f) < 1e-5,
+                "segment {seg}: row 1 differs from a fresh read"
+            );
+        }
+    }
+}

@@ -109,8 +109,10 @@ pub struct Scale {
     pub mem_len: usize,
     /// Rows per step.
     pub batch: usize,
-    /// Training steps of each code model.
+    /// Training steps of each code model of T1 (XL, no recurrence, vanilla).
     pub steps: usize,
+    /// Training steps of each code model of T3 (the memorizing stacks).
+    pub steps_memorizing: usize,
     /// Peak learning rate.
     pub lr: f64,
     /// kNN memory per row and head in training (T3).
@@ -149,15 +151,16 @@ impl Scale {
             mem_len: 64,
             batch: 16,
             steps: 3000,
+            steps_memorizing: 2000,
             lr: 1e-3,
             knn_train: 8192,
             knn_eval: vec![1536, 8192, 32768, 65536],
             recl_blocks: 96,
             recl_max_context: 512,
             dup_len: 32,
-            dup_steps: 1500,
+            dup_steps: 1000,
             lsh_len: 512,
-            lsh_steps: 600,
+            lsh_steps: 400,
             timing_lengths: vec![512, 1024, 2048, 4096, 8192],
         }
     }
@@ -177,6 +180,7 @@ impl Scale {
             mem_len: 16,
             batch: 2,
             steps: 4,
+            steps_memorizing: 3,
             lr: 1e-3,
             knn_train: 64,
             knn_eval: vec![32, 64, 128],
@@ -550,7 +554,11 @@ impl Study {
     fn code_model(&mut self, kind: CodeModel) -> Result<(PathBuf, f64), String> {
         let config = self.code_config(kind);
         let s = self.scale.clone();
-        let train = self.train_config(s.steps, s.batch, s.tgt_len, s.lr);
+        let steps = match kind {
+            CodeModel::Xl | CodeModel::XlNoRecurrence | CodeModel::Vanilla => s.steps,
+            _ => s.steps_memorizing,
+        };
+        let train = self.train_config(steps, s.batch, s.tgt_len, s.lr);
         let docs = self.data()?.train.clone();
         let mut data =
             DocBatcher::named("the study's train documents", &docs, s.batch, s.tgt_len, 0)

@@ -284,8 +284,9 @@ fn scale_line(md: &mut String, lines: &[Value], table: &str) {
         let _ = writeln!(
             md,
             "Recipe: {} layers, d_model {}, {} heads, d_inner {}, segments of {}, XL memory {} in \
-             training, batch {}, {} steps (AdamW, lr {}, warm-up then cosine, clip 0.25, no \
-             dropout), bytes; {} train crates, test crates {}. The table took {:.0} s.\n",
+             training, batch {}, {} steps (T3's memorizing stacks {}; AdamW, lr {}, warm-up then \
+             cosine, clip 0.25, no dropout), bytes; {} train crates, test crates {}. The table \
+             took {:.0} s.\n",
             s["n_layers"],
             s["d_model"],
             s["n_heads"],
@@ -294,6 +295,7 @@ fn scale_line(md: &mut String, lines: &[Value], table: &str) {
             s["mem_len"],
             s["batch"],
             s["steps"],
+            s["steps_memorizing"],
             s["lr"],
             m["train_crates"],
             m["test_crates"]
@@ -488,7 +490,7 @@ fn t3_section(md: &mut String, lines: &[Value], dir: &str) {
             .filter(|r| r["model"] == model)
             .filter_map(|r| Some((u(&r["knn_eval"]), f(&r["test_bpc"])?)))
             .collect();
-        s.sort_by(|a, b| a.0.cmp(&b.0));
+        s.sort_by_key(|p| p.0);
         let b = t3
             .iter()
             .find(|r| r["model"] == base)

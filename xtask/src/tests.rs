@@ -284,7 +284,10 @@ mod study {
         assert!(report.contains("Quick (smoke) run"), "{report}");
         for t in TABLES {
             let rows: Vec<_> = lines.iter().filter(|l| l["table"] == t).collect();
-            assert!(rows.iter().any(|l| l["kind"] == "meta"), "{t}: no meta line");
+            assert!(
+                rows.iter().any(|l| l["kind"] == "meta"),
+                "{t}: no meta line"
+            );
             assert!(rows.len() > 1, "{t}: no results");
             let svg = std::fs::read_to_string(out.join(format!("{t}.svg"))).unwrap();
             assert!(svg.contains("<polyline"), "{t}.svg has no line");
@@ -292,8 +295,14 @@ mod study {
             assert!(report.contains(&heading), "the report has no {heading}");
         }
         // T1 holds each evaluation memory of the XL; T2 a RECL per model and ratio.
-        let t1 = lines.iter().filter(|l| l["table"] == "t1" && l["model"] == "xl").count();
-        assert_eq!(t1, 11, "XL rows: memory 0, then five memories with and without same_length");
+        let t1 = lines
+            .iter()
+            .filter(|l| l["table"] == "t1" && l["model"] == "xl")
+            .count();
+        assert_eq!(
+            t1, 11,
+            "XL rows: memory 0, then five memories with and without same_length"
+        );
         let recl = lines
             .iter()
             .filter(|l| l["table"] == "t2" && l["kind"] == "recl")

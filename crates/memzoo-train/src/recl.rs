@@ -380,8 +380,8 @@ mod tests {
         let short = table(&[0, 100], &[&[1.0], &[1.0]]);
         let msg = |r: Result<Vec<Recl>, TrainError>| format!("{}", r.unwrap_err());
         assert!(msg(recl(&[a.clone(), short], 1.0, 0.01)).contains("model 1"));
-        assert!(msg(recl(&[a.clone()], 0.0, 0.01)).contains("r must be in (0, 1]"));
-        assert!(msg(recl(&[a.clone()], f64::NAN, 0.01)).contains("got NaN"));
+        assert!(msg(recl(std::slice::from_ref(&a), 0.0, 0.01)).contains("r must be in (0, 1]"));
+        assert!(msg(recl(std::slice::from_ref(&a), f64::NAN, 0.01)).contains("got NaN"));
         assert!(msg(recl(&[], 1.0, 0.01)).contains("at least one model"));
         let down = table(&[100, 0], &[&[1.0], &[1.0]]);
         assert!(msg(recl(&[down], 1.0, 0.01)).contains("increasing"));

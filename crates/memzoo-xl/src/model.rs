@@ -2066,7 +2066,13 @@ impl TransformerXl {
                     *v = 0;
                 }
             }
-            document_mask(&state.xl_valid, qlen, mlen, &device)
+            document_mask(
+                &state.xl_valid,
+                qlen,
+                mlen,
+                self.same_length.then_some(self.mem_len),
+                &device,
+            )
         } else {
             self.default_mask()
         })
@@ -2621,17 +2627,28 @@ fn check_targets(tokens: &Tensor<2, Int>, targets: &Tensor<2, Int>) -> Result<()
 }
 
 /// The causal mask over `mlen + qlen` keys that also hides, per row, the XL memory positions
-/// older than the row's document (`valid[b]` most recent ones are kept).
-fn document_mask(valid: &[usize], qlen: usize, mlen: usize, device: &Device) -> AttentionMask {
+/// older than the row's document (`valid[b]` most recent ones are kept), and with a `window`
+/// (`same_length`) every key but the `window` most recent of each query (`j > mlen + i - w`).
+fn document_mask(
+    valid: &[usize],
+    qlen: usize,
+    mlen: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> AttentionMask {
     if valid.iter().all(|&v| v >= mlen) {
-        return AttentionMask::causal();
+        return AttentionMask::Causal { window };
     }
     let klen = qlen + mlen;
     let mut hidden = Vec::with_capacity(valid.len() * qlen * klen);
     for &v in valid {
         let first = mlen - v.min(mlen);
         for i in 0..qlen {
-            hidden.extend((0..klen).map(|j| j > mlen + i || j < first));
+            hidden.extend(
+                (0..klen).map(|j| {
+                    j > mlen + i || j < first || window.is_some_and(|w| j + w <= mlen + i)
+                }),
+            );
         }
     }
     AttentionMask::Explicit(Tensor::<3, Bool>::from_data(

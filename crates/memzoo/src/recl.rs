@@ -57,7 +57,7 @@ pub fn split_documents(cfg: &DataConfig, split: Split) -> Result<Vec<Vec<Token>>
 }
 
 fn load_run(
-    dir: &PathBuf,
+    dir: &std::path::Path,
     device: &burn::tensor::Device,
 ) -> Result<(RunConfig, TransformerXl), CliError> {
     let config = RunConfig::from_run_dir(dir, &[])?.on_data()?;
