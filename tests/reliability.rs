@@ -1225,3 +1225,132 @@ fn signals_act_as_before_once_training_returns() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// Train records of `metrics.jsonl` (step, metric, value), without the timing.
+fn train_records(dir: &Path) -> Vec<(u64, String, f64)> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["metric"] != "tokens_per_s")
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                format!(
+                    "{}/{}",
+                    v["split"].as_str().unwrap(),
+                    v["metric"].as_str().unwrap()
+                ),
+                v["value"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// 4 steps straight, and the same run resumed from its step-2 checkpoint to 4 (in the same
+/// process, after the straight run drew from every generator): the records of steps 3 and 4
+/// and the step-4 model must be the same, bit for bit.
+fn straight_equals_resumed(name: &str, sets: &[&str]) {
+    let a = scratch(&format!("exact-{name}"));
+    let b = scratch(&format!("exact-{name}-resumed"));
+    let mut sets = sets.to_vec();
+    sets.extend([
+        "train.steps=4",
+        "train.checkpoint_every=2",
+        "train.keep_checkpoints=3",
+        "train.eval_every=0",
+    ]);
+    cli_train(&sets, &a, false, false).unwrap();
+    copy_dir(&a, &b);
+    std::fs::remove_dir_all(b.join("checkpoints/step-00000004")).unwrap();
+    std::fs::write(b.join("checkpoints/latest"), "step-00000002").unwrap();
+    cli_train(&sets, &b, true, false).unwrap();
+    let (straight, resumed) = (train_records(&a), train_records(&b));
+    assert!(
+        straight
+            .iter()
+            .any(|(s, m, _)| *s == 4 && m == "train/loss"),
+        "{name}: {straight:?}"
+    );
+    assert_eq!(straight, resumed, "{name}: straight vs resumed records");
+    // (optim.bpk is not compared byte for byte: its moments are keyed by the parameters' ids,
+    // which differ between two models built apart; those moments made steps 3 and 4 above.)
+    let model = |d: &Path| std::fs::read(d.join("checkpoints/step-00000004/model.bpk")).unwrap();
+    assert!(
+        model(&a) == model(&b),
+        "{name}: the step-4 model.bpk differs"
+    );
+    let _ = std::fs::remove_dir_all(a);
+    let _ = std::fs::remove_dir_all(b);
+}
+
+/// The child side of `resume_with_randomness_is_exact`: alone in its process, as the backend's
+/// generator is one per process (tests running beside it would draw from it). Does nothing
+/// when run on its own.
+#[test]
+#[ignore = "run by resume_with_randomness_is_exact in a child process"]
+fn exact_resume_child() {
+    if std::env::var("MEMZOO_EXACT_RESUME_CHILD").is_err() {
+        return;
+    }
+    // Transformer-XL with Burn's dropout (the device's generator).
+    straight_equals_resumed("xl-dropout", &["model.dropout=0.1", "model.dropatt=0.1"]);
+    // The Reformer: seeded, replayable dropout and fresh LSH rotations every step, with one
+    // replica and with two (their threads draw in any order).
+    let reformer = [
+        "model_kind=\"reformer\"",
+        "reformer.n_layers=2",
+        "reformer.d_model=16",
+        "reformer.n_heads=2",
+        "reformer.d_head=8",
+        "reformer.d_ff=32",
+        "reformer.bucket_size=4",
+        "reformer.axial_positions=false",
+        "reformer.dropout=0.1",
+    ];
+    straight_equals_resumed("reformer", &reformer);
+    let mut two = reformer.to_vec();
+    two.push("train.replicas=2");
+    straight_equals_resumed("reformer-2-replicas", &two);
+    // The Memorizing Transformer (dropout from the device's generator, kNN memories in the
+    // checkpoint).
+    straight_equals_resumed(
+        "memorizing-dropout",
+        &[
+            "model_kind=\"memorizing\"",
+            "memorizing.xl.n_layers=2",
+            "memorizing.xl.d_model=16",
+            "memorizing.xl.n_heads=2",
+            "memorizing.xl.d_inner=32",
+            "memorizing.xl.mem_len=8",
+            "memorizing.xl.dropout=0.1",
+            "memorizing.knn_layers=[1]",
+            "memorizing.top_k=4",
+            "memorizing.max_memories=64",
+        ],
+    );
+}
+
+/// 4 steps straight == 2 steps + `--resume` to 4, bit for bit, with randomness: XL and the
+/// Memorizing Transformer with dropout (the backend's generator, reseeded from `train.seed`
+/// and the step before every step), the Reformer with seeded dropout and rotations (its step
+/// counter set from the step), with one replica and (seeded) with two.
+#[test]
+fn resume_with_randomness_is_exact() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "reliability::exact_resume_child",
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .env("MEMZOO_EXACT_RESUME_CHILD", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

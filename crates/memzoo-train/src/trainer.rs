@@ -50,7 +50,11 @@ pub struct TrainConfig {
     /// Segments whose gradients are summed per optimizer step. Default: 1.
     #[config(default = 1)]
     pub grad_accum: usize,
-    /// Seed of every random choice (initialisation, dropout). Default: 42.
+    /// Seed of every random choice (initialisation, dropout). Before each training step the
+    /// trainer reseeds the devices' generators from (seed, step) and sets the model's own
+    /// seeded stream from the step ([`crate::parallel::seed_devices`],
+    /// [`SegmentModel::with_train_stream`]): what a step draws depends on nothing before it,
+    /// so a resumed run is the straight one. Default: 42.
     #[config(default = 42)]
     pub seed: u64,
     /// Log training metrics every N steps. Default: 10.
@@ -567,7 +571,12 @@ pub fn train_on_devices<M: SegmentModel>(
     while step < config.steps {
         let mut acc = GradientsAccumulator::<M>::new();
         let mut loss_sum = 0.0;
-        for _ in 0..config.grad_accum {
+        for micro in 0..config.grad_accum {
+            // What this micro-step draws (Burn's dropout masks from the devices' generators,
+            // the model's seeded masks and rotations) is a function of (train.seed, step,
+            // micro-step) alone: a resumed run draws what the straight run did.
+            let stream = (step * config.grad_accum + micro) as u64;
+            crate::parallel::seed_devices(&placement, config.seed, stream);
             let seg = match train_data.next_segment(config.tgt_len) {
                 Some(seg) => seg,
                 None => {
@@ -583,8 +592,14 @@ pub fn train_on_devices<M: SegmentModel>(
                 }
             };
             check_token_ids(&seg, model.vocab_size(), "training")?;
-            let (loss, grads) =
-                crate::parallel::train_step_placed(&model, &device, &placement, &seg, &mut states)?;
+            let (loss, grads) = crate::parallel::train_step_streamed(
+                &model,
+                &device,
+                &placement,
+                &seg,
+                &mut states,
+                Some(stream),
+            )?;
             if !loss.is_finite() {
                 return Err(TrainError::Model(format!(
                     "loss became {loss} at step {}; lower train.schedule.lr",
