@@ -1354,3 +1354,76 @@ fn resume_with_randomness_is_exact() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every file under `dir` (relative path, bytes), sorted.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                out.push((path.strip_prefix(dir).unwrap().to_path_buf(), bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `train --overwrite` and `import --overwrite` check every new input (data file, vocabulary,
+/// device, import source) before they remove the old run: a bad one is an error naming it, and
+/// the old run is left as it was, byte for byte.
+#[test]
+fn overwrite_checks_the_new_inputs_before_removing_the_old_run() {
+    let dir = scratch("overwrite-inputs");
+    cli_train(&[], &dir, false, false).unwrap();
+    let before = snapshot(&dir);
+    assert!(before.iter().any(|(p, _)| p.ends_with("model.bpk")));
+    let missing = dir.with_extension("missing.txt");
+    let data = format!("data.source={}", missing.display());
+    let cuda_built = "cuda"
+        .parse::<memzoo::backend::DeviceSpec>()
+        .is_ok_and(|s| s.is_compiled());
+    let mut cases = vec![
+        (
+            "a missing data file",
+            vec![data.as_str()],
+            "flex",
+            "missing.txt",
+        ),
+        (
+            "a vocabulary too small for the data",
+            vec!["model.vocab_size=10"],
+            "flex",
+            "vocab_size",
+        ),
+    ];
+    if !cuda_built {
+        cases.push(("a device not built in", vec![], "cuda", "cuda"));
+    }
+    for (what, sets, device, named) in cases {
+        let config = RunConfig::resolve(None, &tiny_cli(&sets)).unwrap();
+        let err = commands::train(&config, device, &dir, false, true, true, true)
+            .expect_err(what)
+            .to_string();
+        assert!(err.contains(named), "{what}: {err}");
+        assert!(
+            snapshot(&dir) == before,
+            "{what}: the old run changed ({err})"
+        );
+    }
+    let src = dir.join("no-such-checkpoint");
+    let err = memzoo::import::import("hf-transfo-xl", &src, &dir, None, true, true)
+        .expect_err("a missing import source")
+        .to_string();
+    assert!(err.contains("no-such-checkpoint"), "{err}");
+    assert!(
+        snapshot(&dir) == before,
+        "import: the old run changed ({err})"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -27,7 +27,8 @@ const TRAIN_ELSEWHERE: &str =
     "continue it with --resume, train into a new --run-dir, or pass --overwrite to replace it";
 
 /// `memzoo train`: a new run in `run_dir` (refused where a run already is, unless
-/// `overwrite`, which first removes that run's checkpoints, metrics and config), or with
+/// `overwrite`, which removes that run's checkpoints, metrics and config once the new run's
+/// config, devices, data and vocabulary have been checked), or with
 /// `resume` the continuation of the run there. Returns the signal (SIGINT 2, SIGTERM 15) that
 /// stopped the run, if one did: it finished its step and wrote a checkpoint first.
 pub fn train(
@@ -48,22 +49,20 @@ pub fn train(
                 .into(),
         ));
     }
-    if !resume && let Some(found) = checkpoint::existing_run(run_dir) {
-        if !overwrite {
-            return Err(CliError::RunExists {
-                dir: run_dir.to_path_buf(),
-                found,
-                advice: TRAIN_ELSEWHERE,
-            });
+    // The run there, to replace once every input below is known to be good (`--overwrite`).
+    let replaced = match checkpoint::existing_run(run_dir) {
+        Some(found) if !resume => {
+            if !overwrite {
+                return Err(CliError::RunExists {
+                    dir: run_dir.to_path_buf(),
+                    found,
+                    advice: TRAIN_ELSEWHERE,
+                });
+            }
+            Some(found)
         }
-        checkpoint::clear_run(run_dir)?;
-        if !json_out {
-            println!(
-                "--overwrite: removed the run in {} ({found})",
-                run_dir.display()
-            );
-        }
-    }
+        _ => None,
+    };
     // `--device A,B`: the rows of each batch split over the devices (the model on the first).
     let devices = memzoo_backend::parse_device_list(device_name)?
         .iter()
@@ -85,6 +84,17 @@ pub fn train(
     let mut train_data = source(config, &splits, Split::Train, docs)?;
     let mut valid_data = source(config, &splits, Split::Valid, docs)?;
 
+    // Config, machine memory, devices, data and vocabulary are good: only now does the old run
+    // go (a bad new input leaves it as it was).
+    if let Some(found) = replaced {
+        checkpoint::clear_run(run_dir)?;
+        if !json_out {
+            println!(
+                "--overwrite: removed the run in {} ({found})",
+                run_dir.display()
+            );
+        }
+    }
     std::fs::create_dir_all(run_dir).map_err(|e| {
         CliError::io(
             format!("cannot create run directory {}", run_dir.display()),

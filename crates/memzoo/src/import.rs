@@ -41,7 +41,8 @@ fn check_source(source: &str) -> Result<(), CliError> {
 /// `memzoo import --from SOURCE SRC --run-dir DIR`: reads the checkpoint directory `src`
 /// (`config.json` + `model.safetensors` or `pytorch_model.bin`; pickle is parsed, never run)
 /// and writes the run directory `run_dir`. `data`: the run's data (`[data] source`; default:
-/// the generated corpus). A directory that holds a run is refused unless `overwrite`.
+/// the generated corpus). A directory that holds a run is refused unless `overwrite`, which
+/// removes that run only once the source, its config and the data have been read.
 pub fn import(
     from: &str,
     src: &Path,
@@ -51,16 +52,16 @@ pub fn import(
     json_out: bool,
 ) -> Result<(), CliError> {
     check_source(from)?;
-    if let Some(found) = checkpoint::existing_run(run_dir) {
-        if !overwrite {
+    let replace = match checkpoint::existing_run(run_dir) {
+        Some(found) if !overwrite => {
             return Err(CliError::RunExists {
                 dir: run_dir.to_path_buf(),
                 found,
                 advice: "import into a new --run-dir, or pass --overwrite to replace it",
             });
         }
-        checkpoint::clear_run(run_dir)?;
-    }
+        found => found.is_some(),
+    };
     let device = memzoo_backend::parse_device("flex")?;
     let (model, xl) = memzoo_import::import_source(from, src, &device)?;
     let mut config = RunConfig {
@@ -114,6 +115,11 @@ pub fn import(
         total_steps: t.steps,
         replicas: 1,
     };
+    // The source, its config, vocabulary and the data are good: only now does the old run go
+    // (`--overwrite`; a failing import leaves it as it was).
+    if replace {
+        checkpoint::clear_run(run_dir)?;
+    }
     std::fs::create_dir_all(run_dir).map_err(|e| {
         CliError::io(
             format!("cannot create run directory {}", run_dir.display()),
