@@ -1427,3 +1427,73 @@ fn overwrite_checks_the_new_inputs_before_removing_the_old_run() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The child side of `one_process_per_run_directory`: holds the lock of `MEMZOO_LOCK_RUN`
+/// until a `release` file appears there (or a minute passes). Does nothing when run on its own.
+#[test]
+#[ignore = "run by one_process_per_run_directory in a child process"]
+fn lock_holder_child() {
+    let Ok(dir) = std::env::var("MEMZOO_LOCK_RUN") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let _lock = memzoo_train::lock::RunLock::acquire(&dir, "lock_holder_child").unwrap();
+    std::fs::write(dir.join("locked"), "").unwrap();
+    let start = std::time::Instant::now();
+    while !dir.join("release").exists() && start.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// One process per run directory: while another process holds a run's lock, `train`
+/// (`--resume`, `--overwrite`), `import --overwrite` and `export` are refused with a message
+/// naming the directory and the holder's pid, and the run is untouched; once the holder is
+/// killed (`kill -9`: no clean-up), the next process takes the lock over.
+#[test]
+fn one_process_per_run_directory() {
+    use memzoo_train::lock::{LOCK_FILE, RunLock};
+    let dir = scratch("lock");
+    cli_train(&[], &dir, false, false).unwrap();
+    let metrics = std::fs::read(dir.join("metrics.jsonl")).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "reliability::lock_holder_child",
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .env("MEMZOO_LOCK_RUN", &dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !dir.join("locked").exists() {
+        assert!(start.elapsed().as_secs() < 60, "the child never locked");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let holder = format!("pid {}", child.id());
+    let shown = dir.display().to_string();
+    let expect = [shown.as_str(), holder.as_str(), "in use by another process"];
+    let err = cli_train(&["train.steps=3"], &dir, true, false).unwrap_err();
+    assert_mentions(&err, &expect, "train --resume");
+    let err = cli_train(&[], &dir, false, true).unwrap_err();
+    assert_mentions(&err, &expect, "train --overwrite");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-transfo-xl/plain");
+    let err = memzoo::import::import("hf-transfo-xl", &src, &dir, None, true, true).unwrap_err();
+    assert_mentions(&err, &expect, "import --overwrite");
+    let out = dir.with_extension("export");
+    let err = memzoo::import::export("hf-transfo-xl", &dir, &out, &flex(), true).unwrap_err();
+    assert_mentions(&err, &expect, "export");
+    assert_eq!(std::fs::read(dir.join("metrics.jsonl")).unwrap(), metrics);
+    assert!(dir.join("checkpoints/step-00000002").is_dir());
+    // Killed while holding it: the lock is free again, the next process writes its own pid.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let lock = RunLock::acquire(&dir, "the test").unwrap();
+    let record = std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap();
+    assert_eq!(record, format!("pid {} (the test)\n", std::process::id()));
+    drop(lock);
+    cli_train(&["train.steps=3"], &dir, true, false).unwrap();
+    assert_eq!(loss_records(&dir), vec![1, 1, 1]);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -84,9 +84,23 @@ pub fn train(
     let mut train_data = source(config, &splits, Split::Train, docs)?;
     let mut valid_data = source(config, &splits, Split::Valid, docs)?;
 
+    // One process per run directory, from here until the run ends (released on any exit).
+    let what = match resume {
+        true => "memzoo train --resume",
+        false => "memzoo train",
+    };
+    let _lock = memzoo_train::lock::RunLock::acquire(run_dir, what)?;
     // Config, machine memory, devices, data and vocabulary are good: only now does the old run
-    // go (a bad new input leaves it as it was).
-    if let Some(found) = replaced {
+    // go (a bad new input leaves it as it was). Looked at again under the lock: another
+    // process may have trained there since.
+    if !resume && let Some(found) = checkpoint::existing_run(run_dir) {
+        if replaced.is_none() {
+            return Err(CliError::RunExists {
+                dir: run_dir.to_path_buf(),
+                found,
+                advice: TRAIN_ELSEWHERE,
+            });
+        }
         checkpoint::clear_run(run_dir)?;
         if !json_out {
             println!(
