@@ -1497,3 +1497,44 @@ fn one_process_per_run_directory() {
     assert_eq!(loss_records(&dir), vec![1, 1, 1]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--resume` drops only the `metrics.jsonl` records past the checkpoint and a torn last line;
+/// a line in the middle that is not a record is an error naming its number, and the file is
+/// left as it was.
+#[test]
+fn resume_drops_only_later_records_and_a_torn_last_line() {
+    use memzoo_train::metrics::drop_records_after;
+    let dir = scratch("metrics-drop");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("metrics.jsonl");
+    let rec = |s: usize| format!(r#"{{"step":{s},"split":"train","metric":"loss","value":1.0}}"#);
+    // Records past step 2 and a torn last line go.
+    let text = format!(
+        "{}\n{}\n{}\n{}\n{{\"step\":5,\"spl",
+        rec(1),
+        rec(2),
+        rec(3),
+        rec(4)
+    );
+    std::fs::write(&path, &text).unwrap();
+    assert_eq!(drop_records_after(&dir, 2).unwrap(), 3);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        format!("{}\n{}\n", rec(1), rec(2))
+    );
+    // A damaged line in the middle: an error naming line 2, nothing rewritten.
+    let text = format!("{}\nnot a record\n{}\n{}\n", rec(1), rec(2), rec(3));
+    std::fs::write(&path, &text).unwrap();
+    let err = drop_records_after(&dir, 2)
+        .expect_err("a damaged line in the middle")
+        .to_string();
+    assert_mentions(&err, &["metrics.jsonl", "line 2"], "damaged middle line");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    // Valid JSON without a step is not a record either.
+    std::fs::write(&path, format!("{}\n{{\"value\":1}}\n{}\n", rec(1), rec(2))).unwrap();
+    let err = drop_records_after(&dir, 2)
+        .expect_err("no step")
+        .to_string();
+    assert_mentions(&err, &["metrics.jsonl", "line 2"], "a line without a step");
+    let _ = std::fs::remove_dir_all(dir);
+}

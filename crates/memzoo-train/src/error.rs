@@ -28,6 +28,9 @@ pub enum TrainError {
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// `metrics.jsonl` holds something that is not a record.
+    #[error("metrics: {0}")]
+    Metrics(String),
     /// Another process works in the run directory (it holds its `.lock`, see
     /// [`crate::lock`]).
     #[error(
