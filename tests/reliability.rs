@@ -322,7 +322,7 @@ fn damaged_checkpoint_catalogue() {
                     v.as_object_mut().unwrap().remove("sha256");
                 })
             }),
-            &["model.bpk is damaged", "SHA-256"],
+            &["trainer.json has no `sha256` field", "cannot be verified"],
         ),
         (
             "trainer.json: a size edited, its own sum removed",
@@ -332,7 +332,7 @@ fn damaged_checkpoint_catalogue() {
                     v.as_object_mut().unwrap().remove("sha256");
                 })
             }),
-            &["optim.bpk is damaged", "trainer.json records 7"],
+            &["trainer.json has no `sha256` field", "cannot be verified"],
         ),
         (
             "folder: missing",
@@ -355,10 +355,7 @@ fn damaged_checkpoint_catalogue() {
     // Intact sums, but a trainer state no run can have.
     let copy = dir.join("case-replicas/step-00000004");
     copy_dir(&pristine, &copy);
-    edit_json(&copy.join("trainer.json"), |v| {
-        v["replicas"] = 0.into();
-        v.as_object_mut().unwrap().remove("sha256");
-    });
+    checkpoint::rewrite_trainer_state(&copy, |t| t.replicas = 0).unwrap();
     let dev = flex().autodiff();
     let optim = tiny_train(4).optimizer();
     let err = checkpoint::load(&copy, tiny_xl().init(&dev).unwrap(), optim, &dev)
@@ -1536,5 +1533,31 @@ fn resume_drops_only_later_records_and_a_torn_last_line() {
         .expect_err("no step")
         .to_string();
     assert_mentions(&err, &["metrics.jsonl", "line 2"], "a line without a step");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A `trainer.json` without its `files` or `sha256` field (a hand edit, an older layout) is an
+/// error naming the file and the field, never a load without verification.
+#[test]
+fn trainer_json_without_its_checksums_is_refused() {
+    let dir = scratch("no-checksums");
+    run(&dir, 2, false).unwrap();
+    let pristine = dir.join("checkpoints/step-00000002");
+    let dev = flex();
+    for field in ["files", "sha256"] {
+        let copy = dir.join(format!("case-{field}/step-00000002"));
+        copy_dir(&pristine, &copy);
+        edit_json(&copy.join("trainer.json"), |v| {
+            v.as_object_mut().unwrap().remove(field);
+        });
+        // A flipped byte that only the sums would catch.
+        flip_byte(&copy.join("model.bpk"), 0.9);
+        let err = checkpoint::verify(&copy).expect_err(field).to_string();
+        assert_mentions(&err, &["trainer.json", &format!("`{field}`")], field);
+        let err = checkpoint::load_model(&copy, tiny_xl().init(&dev).unwrap())
+            .expect_err(field)
+            .to_string();
+        assert_mentions(&err, &["trainer.json", &format!("`{field}`")], field);
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
