@@ -1561,3 +1561,25 @@ fn trainer_json_without_its_checksums_is_refused() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Integers a TOML config cannot hold (above i64::MAX) are refused when the config is
+/// resolved, naming the field and the limit: memzoo never writes a config.toml it cannot read
+/// back.
+#[test]
+fn config_integers_beyond_toml_are_refused() {
+    for field in ["train.seed", "train.steps", "train.schedule.warmup"] {
+        let set = format!("{field}=18446744073709551615");
+        let err = RunConfig::resolve(None, &tiny_cli(&[set.as_str()]))
+            .expect_err(field)
+            .to_string();
+        assert_mentions(&err, &[field, "9223372036854775807"], field);
+    }
+    // The largest one it holds round-trips.
+    let config = RunConfig::resolve(None, &tiny_cli(&["train.seed=9223372036854775807"])).unwrap();
+    let dir = scratch("toml-limit");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.toml"), config.to_toml()).unwrap();
+    let back = RunConfig::from_run_dir(&dir, &[]).unwrap();
+    assert_eq!(back.train.seed, i64::MAX as u64);
+    let _ = std::fs::remove_dir_all(dir);
+}

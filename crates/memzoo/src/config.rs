@@ -260,8 +260,10 @@ impl RunConfig {
         Self::from_value(value)
     }
 
-    /// Parses a resolved JSON value, rejecting fields the types do not know.
+    /// Parses a resolved JSON value, rejecting fields the types do not know and integers a
+    /// TOML file cannot hold.
     fn from_value(value: Value) -> Result<Self, CliError> {
+        toml_integers(&value, "")?;
         let config: RunConfig = serde_json::from_value(value.clone())
             .map_err(|e| CliError::Config(format!("invalid config: {e}")))?;
         // Burn's Config derive ignores unknown fields: compare with a round trip.
@@ -389,6 +391,30 @@ fn set_path(root: &mut Value, key: &str, value: Value) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// Every integer must fit TOML's (a signed 64-bit one): the run's `config.toml` is written
+/// and read back (`eval`, `generate`, `--resume`). The error names the first field above.
+fn toml_integers(value: &Value, path: &str) -> Result<(), CliError> {
+    match value {
+        Value::Number(n) if n.is_u64() && n.as_i64().is_none() => Err(CliError::Config(format!(
+            "{path} = {n} is above {}, the largest integer a TOML config holds (the run's \
+             config.toml must read back)",
+            i64::MAX
+        ))),
+        Value::Object(map) => map.iter().try_for_each(|(k, v)| {
+            let p = match path {
+                "" => k.clone(),
+                _ => format!("{path}.{k}"),
+            };
+            toml_integers(v, &p)
+        }),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| toml_integers(v, &format!("{path}[{i}]"))),
+        _ => Ok(()),
+    }
 }
 
 fn unknown_fields(given: &Value, known: &Value, path: &str) -> Result<(), CliError> {
