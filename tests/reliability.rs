@@ -1583,3 +1583,35 @@ fn config_integers_beyond_toml_are_refused() {
     assert_eq!(back.train.seed, i64::MAX as u64);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// NaN or infinite weights in an imported checkpoint are an error naming the tensor.
+#[test]
+fn non_finite_imported_weights_are_named() {
+    use memzoo_import::reader::{TensorMap, write_safetensors};
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-transfo-xl/plain");
+    let name = "transformer.layers.0.dec_attn.o_net.weight";
+    for bad in [f32::NAN, f32::INFINITY] {
+        let src = scratch(&format!("non-finite-src-{bad}"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::copy(fixture.join("config.json"), src.join("config.json")).unwrap();
+        let map = TensorMap::read(&fixture.join("model.safetensors")).unwrap();
+        let mut tensors: std::collections::BTreeMap<String, burn::tensor::TensorData> = map
+            .names()
+            .map(|n| (n.to_string(), map.get(n).unwrap().clone()))
+            .collect();
+        let t = tensors[name].clone().convert::<f32>();
+        let shape = t.shape().to_vec();
+        let mut values = t.try_to_vec::<f32>().unwrap();
+        values[3] = bad;
+        tensors.insert(name.into(), burn::tensor::TensorData::new(values, shape));
+        write_safetensors(&src.join("model.safetensors"), tensors).unwrap();
+        let run_dir = scratch(&format!("non-finite-run-{bad}"));
+        let err = memzoo::import::import("hf-transfo-xl", &src, &run_dir, None, false, true)
+            .expect_err("non-finite weights")
+            .to_string();
+        assert_mentions(&err, &[name, &bad.to_string()], "non-finite weights");
+        assert!(!run_dir.join("checkpoints").exists(), "{err}");
+        let _ = std::fs::remove_dir_all(src);
+        let _ = std::fs::remove_dir_all(run_dir);
+    }
+}

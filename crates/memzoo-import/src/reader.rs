@@ -157,16 +157,36 @@ impl TensorMap {
     }
 }
 
-/// `data` as `f32`, if it is a float tensor.
+/// `data` as `f32`, if it is a float tensor whose every value is finite (a NaN or an infinity
+/// is an error naming the tensor, the first such value and its index, and how many there are;
+/// as is a value beyond `f32`'s range in an `f64` tensor).
 pub fn float_data(name: &str, data: TensorData) -> Result<TensorData, ImportError> {
-    match data.dtype() {
-        DType::F32 => Ok(data),
-        DType::F64 | DType::F16 | DType::BF16 => Ok(data.convert::<f32>()),
-        other => Err(ImportError::Value {
+    let data = match data.dtype() {
+        DType::F32 => data,
+        DType::F64 | DType::F16 | DType::BF16 => data.convert::<f32>(),
+        other => {
+            return Err(ImportError::Value {
+                name: name.to_string(),
+                message: format!("expected a float tensor, found {other:?}"),
+            });
+        }
+    };
+    let values = data.as_slice::<f32>().map_err(|e| ImportError::Value {
+        name: name.to_string(),
+        message: format!("cannot read its values: {e:?}"),
+    })?;
+    if let Some((at, bad)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        let count = values.iter().filter(|v| !v.is_finite()).count();
+        return Err(ImportError::Value {
             name: name.to_string(),
-            message: format!("expected a float tensor, found {other:?}"),
-        }),
+            message: format!(
+                "holds {bad} at index {at} ({count} of its {} values are not finite): the \
+                 checkpoint's weights are damaged or diverged",
+                values.len()
+            ),
+        });
     }
+    Ok(data)
 }
 
 /// Writes `tensors` as an f32 safetensors file with PyTorch's metadata (`format = pt`), as
