@@ -1615,3 +1615,36 @@ fn non_finite_imported_weights_are_named() {
         let _ = std::fs::remove_dir_all(run_dir);
     }
 }
+
+/// `eval --mem-len` on a family without an XL memory is refused as `generate` refuses it (a
+/// usage error naming the family); `duplication --seconds` must be a finite number >= 0.
+#[test]
+fn flags_a_command_cannot_honour_are_refused() {
+    let dir = scratch("eval-mem-len");
+    let reformer = [
+        "model_kind=\"reformer\"",
+        "reformer.n_layers=1",
+        "reformer.d_model=16",
+        "reformer.n_heads=2",
+        "reformer.d_head=8",
+        "reformer.d_ff=32",
+        "reformer.bucket_size=4",
+        "reformer.axial_positions=false",
+        "train.steps=1",
+    ];
+    cli_train(&reformer, &dir, false, false).unwrap();
+    let err = commands::eval(&dir, "flex", "valid", Some(0), None, Some(1), true)
+        .expect_err("--mem-len on a Reformer");
+    assert_eq!(err.exit_code(), 2, "{err}");
+    assert_mentions(&err, &["--mem-len", "Reformer"], "eval --mem-len");
+    for seconds in [f64::NAN, -5.0, f64::INFINITY] {
+        let err = commands::duplication("flex", 1, 8, 1, seconds, true).expect_err("bad --seconds");
+        assert_eq!(err.exit_code(), 2, "{err}");
+        assert_mentions(
+            &err,
+            &["--seconds", &seconds.to_string()],
+            "duplication --seconds",
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

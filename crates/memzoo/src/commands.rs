@@ -313,6 +313,7 @@ pub fn eval(
     }
     let device = device(device_name)?;
     let config = RunConfig::from_run_dir(run_dir, &[])?;
+    check_mem_len_flag(mem_len, &config, run_dir)?;
     let len = tgt_len.unwrap_or(config.train.tgt_len);
     let splits = load_splits(&config.data)?;
     check_vocab(&config, &splits)?;
@@ -380,6 +381,23 @@ pub fn eval(
                 sel / std::f64::consts::LN_2
             );
         }
+    }
+    Ok(())
+}
+
+/// `--mem-len` (eval, generate) sets a Transformer-XL run's memory length: on a run of another
+/// family it is refused, naming the family, not ignored.
+fn check_mem_len_flag(
+    mem_len: Option<usize>,
+    config: &RunConfig,
+    run_dir: &Path,
+) -> Result<(), CliError> {
+    if mem_len.is_some() && config.model_kind != ModelKind::Xl {
+        return Err(CliError::Conflict(format!(
+            "--mem-len sets a Transformer-XL's memory, but {} holds a {:?} run",
+            run_dir.display(),
+            config.model_kind
+        )));
     }
     Ok(())
 }
@@ -546,6 +564,13 @@ pub fn duplication(
 ) -> Result<(), CliError> {
     use memzoo_train::tasks::{DuplicationConfig, duplication as train_dup};
     use memzoo_xl::ReformerConfig;
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        return Err(CliError::flag(
+            "--seconds",
+            seconds,
+            "must be a finite number of seconds, >= 0 (0: no limit)",
+        ));
+    }
     let device = device(device_name)?.autodiff();
     let model = ReformerConfig::new()
         .with_n_layers(1)
@@ -736,13 +761,7 @@ pub fn generate(
     }
     let device = device(device_name)?;
     let config = RunConfig::from_run_dir(run_dir, &[])?;
-    if opts.mem_len.is_some() && config.model_kind != ModelKind::Xl {
-        return Err(CliError::Conflict(format!(
-            "--mem-len sets a Transformer-XL's memory, but {} holds a {:?} run",
-            run_dir.display(),
-            config.model_kind
-        )));
-    }
+    check_mem_len_flag(opts.mem_len, &config, run_dir)?;
     let segment_len = opts.segment_len.unwrap_or(config.train.tgt_len);
     // Bytes (at `data.byte_offset`), or the words of an imported word-level model
     // (`vocab.json` in the run).
