@@ -1648,3 +1648,31 @@ fn flags_a_command_cannot_honour_are_refused() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--resume` with no step left to train is refused naming the step and `--steps` (it used to
+/// exit 0 having trained nothing); a bad `--device` is a usage error (exit 2, as the README
+/// says), naming the device.
+#[test]
+fn nothing_to_resume_and_bad_devices_are_usage_errors() {
+    let dir = scratch("nothing-left");
+    cli_train(&[], &dir, false, false).unwrap();
+    for steps in ["train.steps=2", "train.steps=1"] {
+        let err = cli_train(&[steps], &dir, true, false).expect_err(steps);
+        assert_eq!(err.exit_code(), 2, "{err}");
+        assert_mentions(&err, &["--resume", "at step 2", "--steps above 2"], steps);
+    }
+    let config = RunConfig::resolve(None, &tiny_cli(&[])).unwrap();
+    for device in ["tpu", "cuda:x", "flex,flex"] {
+        let other = dir.with_extension(format!("device-{}", device.replace([':', ','], "-")));
+        let err =
+            commands::train(&config, device, &other, false, false, true, true).expect_err(device);
+        assert_eq!(err.exit_code(), 2, "{device}: {err}");
+        assert_mentions(&err, &[device], device);
+        let err =
+            commands::eval(&dir, device, "valid", None, None, Some(1), true).expect_err(device);
+        assert_eq!(err.exit_code(), 2, "eval {device}: {err}");
+    }
+    cli_train(&["train.steps=3"], &dir, true, false).unwrap();
+    assert_eq!(loss_records(&dir), vec![1, 1, 1]);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -49,6 +49,9 @@ pub fn train(
                 .into(),
         ));
     }
+    if resume {
+        check_steps_left(config, run_dir)?;
+    }
     // The run there, to replace once every input below is known to be good (`--overwrite`).
     let replaced = match checkpoint::existing_run(run_dir) {
         Some(found) if !resume => {
@@ -222,6 +225,29 @@ pub fn train(
         println!("{}", recall_summary(w, wo, with.selected_tokens));
     }
     Ok(signal)
+}
+
+/// `--resume` of a run whose latest checkpoint is at or past `train.steps` would train nothing
+/// and end as if it had: refused, naming both numbers (a missing or damaged checkpoint is left
+/// to the trainer's error).
+fn check_steps_left(config: &RunConfig, run_dir: &Path) -> Result<(), CliError> {
+    let Ok(Some((dir, _))) = checkpoint::latest_with_note(&run_dir.join("checkpoints")) else {
+        return Ok(());
+    };
+    let Ok(state) = checkpoint::read_trainer_state(&dir) else {
+        return Ok(());
+    };
+    if state.step > 0 && state.step >= config.train.steps {
+        return Err(CliError::Conflict(format!(
+            "--resume: {} is at step {}, and train.steps (--steps) is {}: nothing would be \
+             trained; pass --steps above {}",
+            dir.display(),
+            state.step,
+            config.train.steps,
+            state.step
+        )));
+    }
+    Ok(())
 }
 
 /// The plain-words summary of a run on text with recallable positions (the generated corpus):
