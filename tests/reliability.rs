@@ -1676,3 +1676,84 @@ fn nothing_to_resume_and_bad_devices_are_usage_errors() {
     assert_eq!(loss_records(&dir), vec![1, 1, 1]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Inputs without an end are refused before they are read: a device (`/dev/zero`) or a FIFO
+/// as `--data`, `--config` or an import's `config.json` (a FIFO used to block forever, /dev/zero
+/// to fill the memory); a gzip file that decompresses past the limit stops there, an error
+/// naming it.
+#[cfg(unix)]
+#[test]
+fn unbounded_inputs_are_refused() {
+    let dir = scratch("unbounded");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for (path, kind) in [
+        (Path::new("/dev/zero"), "a character device"),
+        (fifo.as_path(), "a FIFO"),
+    ] {
+        let shown = path.display().to_string();
+        let data = format!("data.source={shown}");
+        let err = cli_train(&[data.as_str()], &dir.join("run"), false, false)
+            .expect_err(&shown)
+            .to_string();
+        assert_mentions(&err, &[shown.as_str(), kind], "--data");
+        let err = RunConfig::resolve(Some(path), &[]).expect_err(&shown);
+        assert_mentions(&err, &[shown.as_str(), kind], "--config");
+        let src = dir.join(format!("src-{}", kind.replace(' ', "-")));
+        std::fs::create_dir_all(&src).unwrap();
+        std::os::unix::fs::symlink(path, src.join("config.json")).unwrap();
+        let err = memzoo::import::import(
+            "hf-transfo-xl",
+            &src,
+            &dir.join("imported"),
+            None,
+            false,
+            true,
+        )
+        .expect_err("config.json")
+        .to_string();
+        assert_mentions(
+            &err,
+            &["config.json", "not a regular file"],
+            "import config.json",
+        );
+    }
+    // A gzip bomb, in small: 4 MiB of zeros read with a 1 MiB limit.
+    let plain = dir.join("zeros");
+    std::fs::write(&plain, vec![0u8; 4 << 20]).unwrap();
+    assert!(
+        std::process::Command::new("gzip")
+            .arg("-k")
+            .arg(&plain)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let gz = dir.join("zeros.gz");
+    let err = memzoo_data::read_bytes_bounded(&gz, None, 1 << 20)
+        .expect_err("a gzip bomb")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["zeros.gz", "decompresses to more than 1048576 bytes"],
+        "gzip",
+    );
+    let err = memzoo_data::read_bytes_bounded(&plain, None, 1 << 20)
+        .expect_err("too large")
+        .to_string();
+    assert_mentions(&err, &["zeros", "holds more than 1048576 bytes"], "plain");
+    assert_eq!(
+        memzoo_data::read_bytes_bounded(&gz, None, 4 << 20)
+            .unwrap()
+            .len(),
+        4 << 20
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -324,7 +324,7 @@ pub fn load(src: &Path, device: &Device) -> Result<(TransformerXl, LabmlXlConfig
             path: config_path.clone(),
             message,
         };
-        let text = std::fs::read_to_string(&config_path).map_err(|e| read_err(e.to_string()))?;
+        let text = crate::reader::read_config_text(&config_path)?;
         serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?
     } else {
         ConfigFile::default()

@@ -3,6 +3,7 @@
 //! which interprets the pickle opcodes as data and never runs code from the file.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
@@ -155,6 +156,40 @@ impl TensorMap {
             })
         }
     }
+}
+
+/// The largest `config.json` read.
+const CONFIG_LIMIT: u64 = 16 << 20;
+
+/// The text of a checkpoint's small JSON file (`config.json`): a regular file (not a FIFO or
+/// a device such as `/dev/zero`) of at most 16 MiB, read with that bound.
+pub fn read_config_text(path: &Path) -> Result<String, ImportError> {
+    let err = |message: String| ImportError::Read {
+        path: path.to_path_buf(),
+        message,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(err(
+            "not a regular file (a FIFO, a device or a directory): give a file".into(),
+        ));
+    }
+    let too_large = || {
+        err(format!(
+            "holds more than {CONFIG_LIMIT} bytes: not a config"
+        ))
+    };
+    if meta.len() > CONFIG_LIMIT {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(CONFIG_LIMIT + 1).read_to_end(&mut bytes))
+        .map_err(|e| err(e.to_string()))?;
+    if bytes.len() as u64 > CONFIG_LIMIT {
+        return Err(too_large());
+    }
+    String::from_utf8(bytes).map_err(|e| err(format!("not UTF-8 text: {e}")))
 }
 
 /// `data` as `f32`, if it is a float tensor whose every value is finite (a NaN or an infinity

@@ -485,13 +485,7 @@ fn gib(bytes: f64) -> f64 {
     bytes / (1u64 << 30) as f64
 }
 
-/// This machine's memory in bytes (`MemTotal` of /proc/meminfo), where it can be read.
-fn machine_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+use memzoo_data::machine_memory;
 
 /// Refuses a Reformer whose LSH attention cannot fit in this machine's memory (the scores of
 /// one layer: batch x heads x rounds x padded length x chunk window, f32, about four live

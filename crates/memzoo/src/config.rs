@@ -241,8 +241,7 @@ impl RunConfig {
         }
         let mut value = serde_json::to_value(base).expect("serialisable");
         if let Some(path) = file {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| CliError::io(format!("cannot read config {}", path.display()), e))?;
+            let text = read_config(path)?;
             let table: toml::Table = toml::from_str(&text).map_err(|e| {
                 CliError::Config(format!("config {} is not valid TOML: {e}", path.display()))
             })?;
@@ -315,6 +314,38 @@ impl RunConfig {
         // Saved configs are complete, but resolve() also fills fields added since.
         Self::resolve(Some(&path), sets)
     }
+}
+
+/// The largest config file read (a run's config.toml is a few KiB).
+const CONFIG_LIMIT: u64 = 1 << 20;
+
+/// A config file's text: a regular file (not a FIFO, which would block, or a device such as
+/// `/dev/zero`, which never ends) of at most [`CONFIG_LIMIT`] bytes.
+fn read_config(path: &Path) -> Result<String, CliError> {
+    let shown = path.display();
+    let cannot = |e| CliError::io(format!("cannot read config {shown}"), e);
+    std::fs::metadata(path).map_err(cannot)?;
+    let len = memzoo_data::regular_file(path)
+        .map_err(|e| CliError::Config(format!("config {shown}: {e}")))?;
+    let too_large = || {
+        CliError::Config(format!(
+            "config {shown} holds more than {CONFIG_LIMIT} bytes: it is not a memzoo config"
+        ))
+    };
+    if len > CONFIG_LIMIT {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::open(path).map_err(cannot)?, CONFIG_LIMIT + 1),
+        &mut bytes,
+    )
+    .map_err(cannot)?;
+    if bytes.len() as u64 > CONFIG_LIMIT {
+        return Err(too_large());
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| CliError::Config(format!("config {shown} is not UTF-8 text: {e}")))
 }
 
 /// TOML has no null: drop `None` fields.
