@@ -1757,3 +1757,43 @@ fn unbounded_inputs_are_refused() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Sizes a machine cannot hold are refused with the estimate before anything is allocated (they
+/// aborted on the allocation, exit 134): a huge width or vocabulary in every command that builds
+/// the model, and the duplication task's hash rounds.
+#[test]
+fn sizes_beyond_the_machine_are_refused_with_an_estimate() {
+    let dir = scratch("too-large");
+    for (set, named) in [
+        ("model.d_model=1000000", "model.d_model 1000000"),
+        ("model.vocab_size=4294967296", "model.vocab_size 4294967296"),
+    ] {
+        let err = cli_train(&[set], &dir, false, false)
+            .expect_err(set)
+            .to_string();
+        assert_mentions(
+            &err,
+            &[named, "needs about", "GiB, more than this machine's"],
+            set,
+        );
+        assert!(!dir.exists(), "{set}: nothing written");
+    }
+    // A run whose config.toml was edited afterwards: eval and generate estimate too.
+    cli_train(&[], &dir, false, false).unwrap();
+    let path = dir.join("config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replacen("d_model = 16", "d_model = 1000000", 1)).unwrap();
+    let err = commands::eval(&dir, "flex", "valid", None, None, Some(1), true)
+        .expect_err("eval")
+        .to_string();
+    assert_mentions(&err, &["model.d_model 1000000", "needs about"], "eval");
+    let err = commands::duplication("flex", 1_000_000_000, 32, 1, 0.0, true)
+        .expect_err("rounds")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["--train-rounds 1000000000", "needs about"],
+        "duplication",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -340,6 +340,7 @@ pub fn eval(
     let device = device(device_name)?;
     let config = RunConfig::from_run_dir(run_dir, &[])?;
     check_mem_len_flag(mem_len, &config, run_dir)?;
+    check_model_memory(&config, false)?;
     let len = tgt_len.unwrap_or(config.train.tgt_len);
     let splits = load_splits(&config.data)?;
     check_vocab(&config, &splits)?;
@@ -491,6 +492,7 @@ use memzoo_data::machine_memory;
 /// one layer: batch x heads x rounds x padded length x chunk window, f32, about four live
 /// copies in the backward), naming the estimate, instead of being killed for memory.
 fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
+    check_model_memory(config, true)?;
     if config.model_kind != ModelKind::Reformer {
         return Ok(());
     }
@@ -515,6 +517,88 @@ fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
             need_gib: gib(bytes),
             have_gib: gib(total as f64),
             advice: "; lower reformer.n_rounds, train.batch or train.tgt_len".into(),
+        });
+    }
+    Ok(())
+}
+
+/// About how many bytes a stack of `x` takes (f32): its parameters (with `training`, also
+/// their gradients and AdamW's two moments: 4 copies), and one step's largest activations over
+/// `batch` rows of `len` tokens (the logits, and every layer's attention scores over memory and
+/// segment, three live copies each in a training step). Computed in f64: sizes whose product
+/// overflows an integer are estimated all the same.
+fn stack_bytes(x: &memzoo_xl::XlConfig, batch: usize, len: usize, training: bool) -> f64 {
+    let f = |v: usize| v as f64;
+    let (d, h, layers) = (f(x.d_model), f(x.n_heads.max(1)), f(x.n_layers));
+    let dh = x.d_head.map_or(d / h, f);
+    let embed = f(x.vocab_size) * f(x.d_embed.unwrap_or(x.d_model));
+    let output = if x.tie_weights {
+        0.0
+    } else {
+        f(x.vocab_size) * d
+    };
+    let layer = 5.0 * d * h * dh + 2.0 * d * f(x.d_inner);
+    let params = embed + output + layers * layer;
+    let (copies, live) = if training { (4.0, 3.0) } else { (1.0, 1.0) };
+    let rows = f(batch) * f(len);
+    let logits = rows * f(x.vocab_size) * live;
+    let scores = layers * f(batch) * h * f(len) * (f(len) + f(x.mem_len)) * live;
+    let hidden = layers * rows * (d + f(x.d_inner)) * live;
+    4.0 * (params * copies + logits + scores + hidden)
+}
+
+/// Refuses a model whose parameters and one step's activations cannot fit in this machine's
+/// memory ([`stack_bytes`]; every family: the XL stack, the Reformer's, the Memorizing
+/// Transformer's with its kNN memories), naming the sizes, instead of aborting on the
+/// allocation. `training`: with gradients and optimizer moments.
+fn check_model_memory(config: &RunConfig, training: bool) -> Result<(), CliError> {
+    let t = &config.train;
+    let (prefix, stack, knn) = match config.model_kind {
+        ModelKind::Xl => ("model", config.model.clone(), 0.0),
+        ModelKind::Reformer => ("reformer", config.reformer.stack(), 0.0),
+        ModelKind::Memorizing => {
+            let m = &config.memorizing;
+            let x = &m.xl;
+            let dh = x.d_head.unwrap_or(x.d_model / x.n_heads.max(1)) as f64;
+            // Keys and values, f32, per row, head and kNN layer.
+            let knn = [t.batch, m.max_memories, x.n_heads, m.knn_layers.len()]
+                .iter()
+                .map(|&v| v as f64)
+                .product::<f64>()
+                * dh
+                * 2.0
+                * 4.0;
+            ("memorizing.xl", x.clone(), knn)
+        }
+    };
+    let bytes = stack_bytes(&stack, t.batch, t.tgt_len, training) + knn;
+    let Some(total) = machine_memory() else {
+        return Ok(());
+    };
+    if bytes > total as f64 {
+        return Err(CliError::TooLarge {
+            what: format!(
+                "a {:?} model of {prefix}.n_layers {} x {prefix}.d_model {} ({prefix}.d_inner {}, \
+                 {prefix}.vocab_size {}) with train.batch {} x train.tgt_len {}{}",
+                config.model_kind,
+                stack.n_layers,
+                stack.d_model,
+                stack.d_inner,
+                stack.vocab_size,
+                t.batch,
+                t.tgt_len,
+                if training {
+                    " (weights, gradients, AdamW's moments and one step's activations)"
+                } else {
+                    " (weights and one pass's activations)"
+                }
+            ),
+            need_gib: gib(bytes),
+            have_gib: gib(total as f64),
+            advice: format!(
+                "; lower {prefix}.d_model, {prefix}.d_inner, {prefix}.n_layers, \
+                 {prefix}.vocab_size, train.batch or train.tgt_len"
+            ),
         });
     }
     Ok(())
@@ -584,6 +668,21 @@ pub fn duplication(
 ) -> Result<(), CliError> {
     use memzoo_train::tasks::{DuplicationConfig, duplication as train_dup};
     use memzoo_xl::ReformerConfig;
+    // One LSH layer's attention over a batch (16 rows, 2 heads, buckets of 4, a window of 2):
+    // its scores grow with the hash rounds.
+    let bytes = [16.0, 2.0, train_rounds as f64, len as f64, 8.0, 4.0 * 4.0]
+        .iter()
+        .product::<f64>();
+    if let Some(total) = machine_memory()
+        && bytes > total as f64
+    {
+        return Err(CliError::TooLarge {
+            what: format!("--train-rounds {train_rounds} with --len {len}: the LSH attention"),
+            need_gib: gib(bytes),
+            have_gib: gib(total as f64),
+            advice: "; lower --train-rounds or --len".into(),
+        });
+    }
     if !(seconds.is_finite() && seconds >= 0.0) {
         return Err(CliError::flag(
             "--seconds",
@@ -782,6 +881,7 @@ pub fn generate(
     let device = device(device_name)?;
     let config = RunConfig::from_run_dir(run_dir, &[])?;
     check_mem_len_flag(opts.mem_len, &config, run_dir)?;
+    check_model_memory(&config, false)?;
     let segment_len = opts.segment_len.unwrap_or(config.train.tgt_len);
     // Bytes (at `data.byte_offset`), or the words of an imported word-level model
     // (`vocab.json` in the run).
