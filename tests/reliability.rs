@@ -1797,3 +1797,32 @@ fn sizes_beyond_the_machine_are_refused_with_an_estimate() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A non-finite loss names its cause where it can be told, instead of blaming the learning
+/// rate: weights that hold NaN (named), or initial weights too large (before any update).
+#[test]
+fn a_non_finite_loss_names_its_cause() {
+    let dev = flex().autodiff();
+    for (what, std, expect) in [
+        (
+            "NaN weights",
+            f64::NAN,
+            &["loss is NaN at step 1", "hold non-finite values", "NaN"][..],
+        ),
+        (
+            "init_std 1e30",
+            1e30,
+            &["at step 1, before any update", "init_std"][..],
+        ),
+    ] {
+        let dir = scratch(&format!("non-finite-loss-{}", what.replace(' ', "-")));
+        let model = seeded_weights(tiny_xl().init(&dev).unwrap(), 3, |_| std);
+        let err = run_from(model, &dir, 2, false)
+            .err()
+            .expect(what)
+            .to_string();
+        assert_mentions(&err, expect, what);
+        assert!(!err.contains("train.schedule.lr"), "{what}: {err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -345,6 +345,40 @@ fn non_finite_gradient<M: SegmentModel>(
     ))
 }
 
+/// The error that stops a run whose loss is not finite at `step`, naming its cause where it
+/// can be told: parameters that hold NaN or infinities (damaged or imported weights: updates
+/// are checked before they are made), or, before any update (`first`), the initial weights
+/// (e.g. too large an `init_std`); otherwise the learning rate.
+fn non_finite_loss<M: SegmentModel>(model: &M, loss: f64, step: usize, first: bool) -> TrainError {
+    let bad = crate::grads::non_finite_params(model);
+    if !bad.is_empty() {
+        let names: Vec<String> = bad
+            .iter()
+            .take(5)
+            .map(|(name, v)| format!("`{name}` ({v})"))
+            .collect();
+        let more = match bad.len() {
+            0..=5 => String::new(),
+            n => format!(" and {} more", n - 5),
+        };
+        return TrainError::Model(format!(
+            "loss is {loss} at step {step}: the parameters {}{more} hold non-finite values \
+             (the checkpoint or imported weights are damaged; updates are checked before they \
+             are made), not the learning rate",
+            names.join(", ")
+        ));
+    }
+    if first {
+        return TrainError::Model(format!(
+            "loss is {loss} at step {step}, before any update: the initial weights give it \
+             (too large an init_std or embedding_std?), not the learning rate"
+        ));
+    }
+    TrainError::Model(format!(
+        "loss became {loss} at step {step}; lower train.schedule.lr"
+    ))
+}
+
 /// Result of a training run.
 pub struct TrainOutcome<M: SegmentModel> {
     /// The trained model.
@@ -601,10 +635,7 @@ pub fn train_on_devices<M: SegmentModel>(
                 Some(stream),
             )?;
             if !loss.is_finite() {
-                return Err(TrainError::Model(format!(
-                    "loss became {loss} at step {}; lower train.schedule.lr",
-                    step + 1
-                )));
+                return Err(non_finite_loss(&model, loss, step + 1, step == 0));
             }
             loss_sum += loss;
             tokens += (seg.batch * seg.len) as u64;
