@@ -1422,6 +1422,11 @@ fn overwrite_checks_the_new_inputs_before_removing_the_old_run() {
         snapshot(&dir) == before,
         "import: the old run changed ({err})"
     );
+    // Good inputs: the old run goes, an imported run's word vocabulary with it (a byte-level
+    // run must not be read through it).
+    std::fs::write(dir.join("vocab.json"), "[]").unwrap();
+    cli_train(&[], &dir, false, true).unwrap();
+    assert!(!dir.join("vocab.json").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
 
