@@ -1831,3 +1831,32 @@ fn a_non_finite_loss_names_its_cause() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// A labml checkpoint directory holding its one weight file under another name (labml's
+/// experiments save `state_dict.pt`; here a safetensors file of that name, read by its
+/// content) imports; with several, the error names them.
+#[test]
+fn labml_directory_with_one_weight_file_of_any_name_imports() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/labml-xl");
+    let src = scratch("labml-state-dict");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixture.join("config.json"), src.join("config.json")).unwrap();
+    std::fs::copy(fixture.join("model.safetensors"), src.join("state_dict.pt")).unwrap();
+    let run_dir = src.join("run");
+    memzoo::import::import("labml-xl", &src, &run_dir, None, false, true).unwrap();
+    assert!(
+        run_dir
+            .join("checkpoints/step-00000000/model.bpk")
+            .is_file()
+    );
+    std::fs::copy(fixture.join("model.safetensors"), src.join("other.pth")).unwrap();
+    let err = memzoo::import::import("labml-xl", &src, &src.join("run2"), None, false, true)
+        .expect_err("two weight files")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["several weight files", "other.pth", "state_dict.pt"],
+        "two",
+    );
+    let _ = std::fs::remove_dir_all(src);
+}

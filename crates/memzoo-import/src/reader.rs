@@ -30,7 +30,10 @@ impl TensorMap {
         if !path.is_file() {
             return Err(read_err("no such file".into()));
         }
-        let is_safetensors = path.extension().is_some_and(|e| e == "safetensors");
+        // By its name, or by its content (a safetensors file saved as `state_dict.pt`): an
+        // 8-byte little-endian header length, then the JSON header.
+        let is_safetensors =
+            path.extension().is_some_and(|e| e == "safetensors") || looks_like_safetensors(path);
         let packed = if is_safetensors {
             SafetensorsStore::from_file(path)
                 .get_all_tensors()
@@ -156,6 +159,21 @@ impl TensorMap {
             })
         }
     }
+}
+
+/// Whether the file starts as a safetensors file does: a little-endian `u64` header length
+/// that fits in the file, then `{`.
+fn looks_like_safetensors(path: &Path) -> bool {
+    let mut head = [0u8; 9];
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    if file.read_exact(&mut head).is_err() {
+        return false;
+    }
+    let len = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let size = file.metadata().map_or(0, |m| m.len());
+    head[8] == b'{' && len.saturating_add(8) <= size
 }
 
 /// The largest `config.json` read.
