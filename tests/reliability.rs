@@ -7,7 +7,12 @@
 //! damaged checkpoint, a resume after a fallback (exact, metrics not repeated), a full disk
 //! (`/dev/full` behind `metrics.jsonl` and the `latest` pointer), non-finite gradients, SIGTERM
 //! and SIGINT, configs and overrides, data files, devices, sampling options, the duplication and
-//! recall commands, and kNN memory headers.
+//! recall commands, and kNN memory headers. The second round: exact resume with dropout and
+//! seeded randomness (in a child process: the backend's generator is one per process),
+//! `--overwrite` with bad new inputs, two processes on one run directory, damaged
+//! `metrics.jsonl` lines, checkpoints without checksums, TOML integer limits, non-finite
+//! imported weights and losses, flags a command cannot honour, FIFOs, `/dev/zero` and a gzip
+//! bomb, sizes beyond the machine, and a labml weight file of any name.
 
 use std::path::{Path, PathBuf};
 
@@ -1859,4 +1864,49 @@ fn labml_directory_with_one_weight_file_of_any_name_imports() {
         "two",
     );
     let _ = std::fs::remove_dir_all(src);
+}
+
+/// `grad_norm` is the mean over the logged window of steps (with its largest, and the share of
+/// steps clipped), not the last step's norm, which periodic data turns into a constant of
+/// whatever phase the logged step falls on (the default run's "grad_norm 0.002, then 2.0 from
+/// step 3,200": the epoch boundary shifted the phase by one step).
+#[test]
+fn grad_norm_is_the_window_mean() {
+    let norms = |dir: &Path, log_every: usize| -> Vec<(String, f64)> {
+        let options = RunOptions {
+            run_dir: dir.to_path_buf(),
+            resume: false,
+            quiet: true,
+        };
+        let config = tiny_train(4)
+            .with_log_every(log_every)
+            .with_clip_norm(Some(0.5));
+        train(initial_model(), &config, &mut batcher(), None, &options).unwrap();
+        train_records(dir)
+            .into_iter()
+            .filter(|(_, m, _)| m.starts_with("train/grad_norm") || m == "train/clipped")
+            .map(|(s, m, v)| (format!("{s} {m}"), v))
+            .collect()
+    };
+    let (a, b) = (scratch("norms-every-step"), scratch("norms-every-4"));
+    let each = norms(&a, 1);
+    let window = norms(&b, 4);
+    let per_step: Vec<f64> = each
+        .iter()
+        .filter(|(m, _)| m.ends_with("train/grad_norm"))
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(per_step.len(), 4, "{each:?}");
+    let mean = per_step.iter().sum::<f64>() / 4.0;
+    let max = per_step.iter().cloned().fold(0.0, f64::max);
+    let clipped = per_step.iter().filter(|&&n| n > 0.5).count() as f64 / 4.0;
+    let got = |name: &str| window.iter().find(|(m, _)| m == name).unwrap().1;
+    assert!(
+        (got("4 train/grad_norm") - mean).abs() < 1e-9,
+        "{window:?} vs {per_step:?}"
+    );
+    assert_eq!(got("4 train/grad_norm_max"), max);
+    assert_eq!(got("4 train/clipped"), clipped);
+    let _ = std::fs::remove_dir_all(a);
+    let _ = std::fs::remove_dir_all(b);
 }

@@ -62,7 +62,9 @@ pub struct MetricRecord {
     pub step: usize,
     /// `train`, `valid` or `test`.
     pub split: String,
-    /// Metric name (`loss`, `bpc`, `ppl`, `lr`, `tokens_per_s`, `grad_norm`).
+    /// Metric name (`loss`, `bpc`, `ppl`, `lr`, `tokens_per_s`; `grad_norm`, `grad_norm_max`
+    /// and `clipped`: the mean and the largest gradient norm before clipping over the logged
+    /// window of steps, and the share of them that `train.clip_norm` scaled down).
     pub metric: String,
     /// Its value.
     pub value: f64,
@@ -154,6 +156,8 @@ const METRICS: &[(&str, Option<&str>, bool)] = &[
     ("lr", None, true),
     ("tokens_per_s", Some("tok/s"), true),
     ("grad_norm", None, false),
+    ("grad_norm_max", None, false),
+    ("clipped", None, false),
     ("selected_bpc", Some("bits/char"), false),
     ("selected_accuracy", None, true),
 ];

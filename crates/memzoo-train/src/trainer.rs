@@ -379,6 +379,43 @@ fn non_finite_loss<M: SegmentModel>(model: &M, loss: f64, step: usize, first: bo
     ))
 }
 
+/// The gradient norms (before clipping) of the steps of one logged window: what
+/// `metrics.jsonl` records as `grad_norm` (their mean), `grad_norm_max` and `clipped` (the share
+/// of the window's steps that `clip_norm` scaled down).
+///
+/// A window's mean, not its last step's norm: data with a period (documents of one length,
+/// every row in phase) makes the norm of single steps periodic, and a last step that falls on
+/// the same phase of every period reads as a constant, which an epoch boundary (one step fewer
+/// than a multiple of the period) then shifts, as in the default run: the last step's norm went
+/// from 0.002 to 2.0 at the epoch boundary (step 3,125) while the loss, the validation and the
+/// window's mean (0.15) stayed put.
+#[derive(Debug, Default)]
+struct NormWindow {
+    sum: f64,
+    max: f64,
+    steps: usize,
+    clipped: usize,
+}
+
+impl NormWindow {
+    fn add(&mut self, norm: f64, clip: Option<f64>) {
+        self.sum += norm;
+        self.max = self.max.max(norm);
+        self.steps += 1;
+        if clip.is_some_and(|c| norm > c) {
+            self.clipped += 1;
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        self.sum / self.steps.max(1) as f64
+    }
+
+    fn clipped_share(&self) -> f64 {
+        self.clipped as f64 / self.steps.max(1) as f64
+    }
+}
+
 /// Result of a training run.
 pub struct TrainOutcome<M: SegmentModel> {
     /// The trained model.
@@ -600,6 +637,8 @@ pub fn train_on_devices<M: SegmentModel>(
     let (mut evaluations, mut train_loss) = (Vec::new(), None);
     let started = Instant::now();
     let mut window = (0.0, 0usize, 0u64, Instant::now());
+    // Gradient norms of the logged window of steps (before clipping).
+    let mut norms = NormWindow::default();
     let mut step = start;
     let mut interrupted = false;
     while step < config.steps {
@@ -656,6 +695,7 @@ pub fn train_on_devices<M: SegmentModel>(
         step += 1;
         window.0 += loss_sum / config.grad_accum as f64;
         window.1 += 1;
+        norms.add(norm, config.clip_norm);
         let out_of_time = config
             .max_seconds
             .is_some_and(|t| started.elapsed().as_secs_f64() > t);
@@ -673,10 +713,13 @@ pub fn train_on_devices<M: SegmentModel>(
                     ("bpc", loss / std::f64::consts::LN_2),
                     ("lr", lr),
                     ("tokens_per_s", tps),
-                    ("grad_norm", norm),
+                    ("grad_norm", norms.mean()),
+                    ("grad_norm_max", norms.max),
+                    ("clipped", norms.clipped_share()),
                 ],
             )?;
             window = (0.0, 0, 0, Instant::now());
+            norms = NormWindow::default();
         }
         let eval_now = (config.eval_every > 0 && step % config.eval_every == 0) || last;
         if eval_now && let Some(v) = valid_data.as_deref_mut() {
