@@ -7,7 +7,12 @@
 //! damaged checkpoint, a resume after a fallback (exact, metrics not repeated), a full disk
 //! (`/dev/full` behind `metrics.jsonl` and the `latest` pointer), non-finite gradients, SIGTERM
 //! and SIGINT, configs and overrides, data files, devices, sampling options, the duplication and
-//! recall commands, and kNN memory headers.
+//! recall commands, and kNN memory headers. The second round: exact resume with dropout and
+//! seeded randomness (in a child process: the backend's generator is one per process),
+//! `--overwrite` with bad new inputs, two processes on one run directory, damaged
+//! `metrics.jsonl` lines, checkpoints without checksums, TOML integer limits, non-finite
+//! imported weights and losses, flags a command cannot honour, FIFOs, `/dev/zero` and a gzip
+//! bomb, sizes beyond the machine, and a labml weight file of any name.
 
 use std::path::{Path, PathBuf};
 
@@ -322,7 +327,7 @@ fn damaged_checkpoint_catalogue() {
                     v.as_object_mut().unwrap().remove("sha256");
                 })
             }),
-            &["model.bpk is damaged", "SHA-256"],
+            &["trainer.json has no `sha256` field", "cannot be verified"],
         ),
         (
             "trainer.json: a size edited, its own sum removed",
@@ -332,7 +337,7 @@ fn damaged_checkpoint_catalogue() {
                     v.as_object_mut().unwrap().remove("sha256");
                 })
             }),
-            &["optim.bpk is damaged", "trainer.json records 7"],
+            &["trainer.json has no `sha256` field", "cannot be verified"],
         ),
         (
             "folder: missing",
@@ -355,10 +360,7 @@ fn damaged_checkpoint_catalogue() {
     // Intact sums, but a trainer state no run can have.
     let copy = dir.join("case-replicas/step-00000004");
     copy_dir(&pristine, &copy);
-    edit_json(&copy.join("trainer.json"), |v| {
-        v["replicas"] = 0.into();
-        v.as_object_mut().unwrap().remove("sha256");
-    });
+    checkpoint::rewrite_trainer_state(&copy, |t| t.replicas = 0).unwrap();
     let dev = flex().autodiff();
     let optim = tiny_train(4).optimizer();
     let err = checkpoint::load(&copy, tiny_xl().init(&dev).unwrap(), optim, &dev)
@@ -1224,4 +1226,687 @@ fn signals_act_as_before_once_training_returns() {
         assert!(start.elapsed().as_secs() < 50, "SIG{signal} was ignored");
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// Train records of `metrics.jsonl` (step, metric, value), without the timing.
+fn train_records(dir: &Path) -> Vec<(u64, String, f64)> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["metric"] != "tokens_per_s")
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                format!(
+                    "{}/{}",
+                    v["split"].as_str().unwrap(),
+                    v["metric"].as_str().unwrap()
+                ),
+                v["value"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// 4 steps straight, and the same run resumed from its step-2 checkpoint to 4 (in the same
+/// process, after the straight run drew from every generator): the records of steps 3 and 4
+/// and the step-4 model must be the same, bit for bit.
+fn straight_equals_resumed(name: &str, sets: &[&str]) {
+    let a = scratch(&format!("exact-{name}"));
+    let b = scratch(&format!("exact-{name}-resumed"));
+    let mut sets = sets.to_vec();
+    sets.extend([
+        "train.steps=4",
+        "train.checkpoint_every=2",
+        "train.keep_checkpoints=3",
+        "train.eval_every=0",
+    ]);
+    cli_train(&sets, &a, false, false).unwrap();
+    copy_dir(&a, &b);
+    std::fs::remove_dir_all(b.join("checkpoints/step-00000004")).unwrap();
+    std::fs::write(b.join("checkpoints/latest"), "step-00000002").unwrap();
+    cli_train(&sets, &b, true, false).unwrap();
+    let (straight, resumed) = (train_records(&a), train_records(&b));
+    assert!(
+        straight
+            .iter()
+            .any(|(s, m, _)| *s == 4 && m == "train/loss"),
+        "{name}: {straight:?}"
+    );
+    assert_eq!(straight, resumed, "{name}: straight vs resumed records");
+    // (optim.bpk is not compared byte for byte: its moments are keyed by the parameters' ids,
+    // which differ between two models built apart; those moments made steps 3 and 4 above.)
+    let model = |d: &Path| std::fs::read(d.join("checkpoints/step-00000004/model.bpk")).unwrap();
+    assert!(
+        model(&a) == model(&b),
+        "{name}: the step-4 model.bpk differs"
+    );
+    let _ = std::fs::remove_dir_all(a);
+    let _ = std::fs::remove_dir_all(b);
+}
+
+/// The child side of `resume_with_randomness_is_exact`: alone in its process, as the backend's
+/// generator is one per process (tests running beside it would draw from it). Does nothing
+/// when run on its own.
+#[test]
+#[ignore = "run by resume_with_randomness_is_exact in a child process"]
+fn exact_resume_child() {
+    if std::env::var("MEMZOO_EXACT_RESUME_CHILD").is_err() {
+        return;
+    }
+    // Transformer-XL with Burn's dropout (the device's generator).
+    straight_equals_resumed("xl-dropout", &["model.dropout=0.1", "model.dropatt=0.1"]);
+    // The Reformer: seeded, replayable dropout and fresh LSH rotations every step, with one
+    // replica and with two (their threads draw in any order).
+    let reformer = [
+        "model_kind=\"reformer\"",
+        "reformer.n_layers=2",
+        "reformer.d_model=16",
+        "reformer.n_heads=2",
+        "reformer.d_head=8",
+        "reformer.d_ff=32",
+        "reformer.bucket_size=4",
+        "reformer.axial_positions=false",
+        "reformer.dropout=0.1",
+    ];
+    straight_equals_resumed("reformer", &reformer);
+    let mut two = reformer.to_vec();
+    two.push("train.replicas=2");
+    straight_equals_resumed("reformer-2-replicas", &two);
+    // The Memorizing Transformer (dropout from the device's generator, kNN memories in the
+    // checkpoint).
+    straight_equals_resumed(
+        "memorizing-dropout",
+        &[
+            "model_kind=\"memorizing\"",
+            "memorizing.xl.n_layers=2",
+            "memorizing.xl.d_model=16",
+            "memorizing.xl.n_heads=2",
+            "memorizing.xl.d_inner=32",
+            "memorizing.xl.mem_len=8",
+            "memorizing.xl.dropout=0.1",
+            "memorizing.knn_layers=[1]",
+            "memorizing.top_k=4",
+            "memorizing.max_memories=64",
+        ],
+    );
+}
+
+/// 4 steps straight == 2 steps + `--resume` to 4, bit for bit, with randomness: XL and the
+/// Memorizing Transformer with dropout (the backend's generator, reseeded from `train.seed`
+/// and the step before every step), the Reformer with seeded dropout and rotations (its step
+/// counter set from the step), with one replica and (seeded) with two.
+#[test]
+fn resume_with_randomness_is_exact() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "reliability::exact_resume_child",
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .env("MEMZOO_EXACT_RESUME_CHILD", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every file under `dir` (relative path, bytes), sorted.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                out.push((path.strip_prefix(dir).unwrap().to_path_buf(), bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `train --overwrite` and `import --overwrite` check every new input (data file, vocabulary,
+/// device, import source) before they remove the old run: a bad one is an error naming it, and
+/// the old run is left as it was, byte for byte.
+#[test]
+fn overwrite_checks_the_new_inputs_before_removing_the_old_run() {
+    let dir = scratch("overwrite-inputs");
+    cli_train(&[], &dir, false, false).unwrap();
+    let before = snapshot(&dir);
+    assert!(before.iter().any(|(p, _)| p.ends_with("model.bpk")));
+    let missing = dir.with_extension("missing.txt");
+    let data = format!("data.source={}", missing.display());
+    let cuda_built = "cuda"
+        .parse::<memzoo::backend::DeviceSpec>()
+        .is_ok_and(|s| s.is_compiled());
+    let mut cases = vec![
+        (
+            "a missing data file",
+            vec![data.as_str()],
+            "flex",
+            "missing.txt",
+        ),
+        (
+            "a vocabulary too small for the data",
+            vec!["model.vocab_size=10"],
+            "flex",
+            "vocab_size",
+        ),
+    ];
+    if !cuda_built {
+        cases.push(("a device not built in", vec![], "cuda", "cuda"));
+    }
+    for (what, sets, device, named) in cases {
+        let config = RunConfig::resolve(None, &tiny_cli(&sets)).unwrap();
+        let err = commands::train(&config, device, &dir, false, true, true, true)
+            .expect_err(what)
+            .to_string();
+        assert!(err.contains(named), "{what}: {err}");
+        assert!(
+            snapshot(&dir) == before,
+            "{what}: the old run changed ({err})"
+        );
+    }
+    let src = dir.join("no-such-checkpoint");
+    let err = memzoo::import::import("hf-transfo-xl", &src, &dir, None, true, true)
+        .expect_err("a missing import source")
+        .to_string();
+    assert!(err.contains("no-such-checkpoint"), "{err}");
+    assert!(
+        snapshot(&dir) == before,
+        "import: the old run changed ({err})"
+    );
+    // Good inputs: the old run goes, an imported run's word vocabulary with it (a byte-level
+    // run must not be read through it).
+    std::fs::write(dir.join("vocab.json"), "[]").unwrap();
+    cli_train(&[], &dir, false, true).unwrap();
+    assert!(!dir.join("vocab.json").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The child side of `one_process_per_run_directory`: holds the lock of `MEMZOO_LOCK_RUN`
+/// until a `release` file appears there (or a minute passes). Does nothing when run on its own.
+#[test]
+#[ignore = "run by one_process_per_run_directory in a child process"]
+fn lock_holder_child() {
+    let Ok(dir) = std::env::var("MEMZOO_LOCK_RUN") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let _lock = memzoo_train::lock::RunLock::acquire(&dir, "lock_holder_child").unwrap();
+    std::fs::write(dir.join("locked"), "").unwrap();
+    let start = std::time::Instant::now();
+    while !dir.join("release").exists() && start.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// One process per run directory: while another process holds a run's lock, `train`
+/// (`--resume`, `--overwrite`), `import --overwrite` and `export` are refused with a message
+/// naming the directory and the holder's pid, and the run is untouched; once the holder is
+/// killed (`kill -9`: no clean-up), the next process takes the lock over.
+#[test]
+fn one_process_per_run_directory() {
+    use memzoo_train::lock::{LOCK_FILE, RunLock};
+    let dir = scratch("lock");
+    cli_train(&[], &dir, false, false).unwrap();
+    let metrics = std::fs::read(dir.join("metrics.jsonl")).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "reliability::lock_holder_child",
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .env("MEMZOO_LOCK_RUN", &dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !dir.join("locked").exists() {
+        assert!(start.elapsed().as_secs() < 60, "the child never locked");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let holder = format!("pid {}", child.id());
+    let shown = dir.display().to_string();
+    let expect = [shown.as_str(), holder.as_str(), "in use by another process"];
+    let err = cli_train(&["train.steps=3"], &dir, true, false).unwrap_err();
+    assert_mentions(&err, &expect, "train --resume");
+    let err = cli_train(&[], &dir, false, true).unwrap_err();
+    assert_mentions(&err, &expect, "train --overwrite");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-transfo-xl/plain");
+    let err = memzoo::import::import("hf-transfo-xl", &src, &dir, None, true, true).unwrap_err();
+    assert_mentions(&err, &expect, "import --overwrite");
+    let out = dir.with_extension("export");
+    let err = memzoo::import::export("hf-transfo-xl", &dir, &out, &flex(), true).unwrap_err();
+    assert_mentions(&err, &expect, "export");
+    assert_eq!(std::fs::read(dir.join("metrics.jsonl")).unwrap(), metrics);
+    assert!(dir.join("checkpoints/step-00000002").is_dir());
+    // Killed while holding it: the lock is free again, the next process writes its own pid.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let lock = RunLock::acquire(&dir, "the test").unwrap();
+    let record = std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap();
+    assert_eq!(record, format!("pid {} (the test)\n", std::process::id()));
+    drop(lock);
+    cli_train(&["train.steps=3"], &dir, true, false).unwrap();
+    assert_eq!(loss_records(&dir), vec![1, 1, 1]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--resume` drops only the `metrics.jsonl` records past the checkpoint and a torn last line;
+/// a line in the middle that is not a record is an error naming its number, and the file is
+/// left as it was.
+#[test]
+fn resume_drops_only_later_records_and_a_torn_last_line() {
+    use memzoo_train::metrics::drop_records_after;
+    let dir = scratch("metrics-drop");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("metrics.jsonl");
+    let rec = |s: usize| format!(r#"{{"step":{s},"split":"train","metric":"loss","value":1.0}}"#);
+    // Records past step 2 and a torn last line go.
+    let text = format!(
+        "{}\n{}\n{}\n{}\n{{\"step\":5,\"spl",
+        rec(1),
+        rec(2),
+        rec(3),
+        rec(4)
+    );
+    std::fs::write(&path, &text).unwrap();
+    assert_eq!(drop_records_after(&dir, 2).unwrap(), 3);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        format!("{}\n{}\n", rec(1), rec(2))
+    );
+    // A damaged line in the middle: an error naming line 2, nothing rewritten.
+    let text = format!("{}\nnot a record\n{}\n{}\n", rec(1), rec(2), rec(3));
+    std::fs::write(&path, &text).unwrap();
+    let err = drop_records_after(&dir, 2)
+        .expect_err("a damaged line in the middle")
+        .to_string();
+    assert_mentions(&err, &["metrics.jsonl", "line 2"], "damaged middle line");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    // Valid JSON without a step is not a record either.
+    std::fs::write(&path, format!("{}\n{{\"value\":1}}\n{}\n", rec(1), rec(2))).unwrap();
+    let err = drop_records_after(&dir, 2)
+        .expect_err("no step")
+        .to_string();
+    assert_mentions(&err, &["metrics.jsonl", "line 2"], "a line without a step");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A `trainer.json` without its `files` or `sha256` field (a hand edit, an older layout) is an
+/// error naming the file and the field, never a load without verification.
+#[test]
+fn trainer_json_without_its_checksums_is_refused() {
+    let dir = scratch("no-checksums");
+    run(&dir, 2, false).unwrap();
+    let pristine = dir.join("checkpoints/step-00000002");
+    let dev = flex();
+    for field in ["files", "sha256"] {
+        let copy = dir.join(format!("case-{field}/step-00000002"));
+        copy_dir(&pristine, &copy);
+        edit_json(&copy.join("trainer.json"), |v| {
+            v.as_object_mut().unwrap().remove(field);
+        });
+        // A flipped byte that only the sums would catch.
+        flip_byte(&copy.join("model.bpk"), 0.9);
+        let err = checkpoint::verify(&copy).expect_err(field).to_string();
+        assert_mentions(&err, &["trainer.json", &format!("`{field}`")], field);
+        let err = checkpoint::load_model(&copy, tiny_xl().init(&dev).unwrap())
+            .expect_err(field)
+            .to_string();
+        assert_mentions(&err, &["trainer.json", &format!("`{field}`")], field);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Integers a TOML config cannot hold (above i64::MAX) are refused when the config is
+/// resolved, naming the field and the limit: memzoo never writes a config.toml it cannot read
+/// back.
+#[test]
+fn config_integers_beyond_toml_are_refused() {
+    for field in ["train.seed", "train.steps", "train.schedule.warmup"] {
+        let set = format!("{field}=18446744073709551615");
+        let err = RunConfig::resolve(None, &tiny_cli(&[set.as_str()]))
+            .expect_err(field)
+            .to_string();
+        assert_mentions(&err, &[field, "9223372036854775807"], field);
+    }
+    // The largest one it holds round-trips.
+    let config = RunConfig::resolve(None, &tiny_cli(&["train.seed=9223372036854775807"])).unwrap();
+    let dir = scratch("toml-limit");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.toml"), config.to_toml()).unwrap();
+    let back = RunConfig::from_run_dir(&dir, &[]).unwrap();
+    assert_eq!(back.train.seed, i64::MAX as u64);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// NaN or infinite weights in an imported checkpoint are an error naming the tensor.
+#[test]
+fn non_finite_imported_weights_are_named() {
+    use memzoo_import::reader::{TensorMap, write_safetensors};
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-transfo-xl/plain");
+    let name = "transformer.layers.0.dec_attn.o_net.weight";
+    for bad in [f32::NAN, f32::INFINITY] {
+        let src = scratch(&format!("non-finite-src-{bad}"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::copy(fixture.join("config.json"), src.join("config.json")).unwrap();
+        let map = TensorMap::read(&fixture.join("model.safetensors")).unwrap();
+        let mut tensors: std::collections::BTreeMap<String, burn::tensor::TensorData> = map
+            .names()
+            .map(|n| (n.to_string(), map.get(n).unwrap().clone()))
+            .collect();
+        let t = tensors[name].clone().convert::<f32>();
+        let shape = t.shape().to_vec();
+        let mut values = t.try_to_vec::<f32>().unwrap();
+        values[3] = bad;
+        tensors.insert(name.into(), burn::tensor::TensorData::new(values, shape));
+        write_safetensors(&src.join("model.safetensors"), tensors).unwrap();
+        let run_dir = scratch(&format!("non-finite-run-{bad}"));
+        let err = memzoo::import::import("hf-transfo-xl", &src, &run_dir, None, false, true)
+            .expect_err("non-finite weights")
+            .to_string();
+        assert_mentions(&err, &[name, &bad.to_string()], "non-finite weights");
+        assert!(!run_dir.join("checkpoints").exists(), "{err}");
+        let _ = std::fs::remove_dir_all(src);
+        let _ = std::fs::remove_dir_all(run_dir);
+    }
+}
+
+/// `eval --mem-len` on a family without an XL memory is refused as `generate` refuses it (a
+/// usage error naming the family); `duplication --seconds` must be a finite number >= 0.
+#[test]
+fn flags_a_command_cannot_honour_are_refused() {
+    let dir = scratch("eval-mem-len");
+    let reformer = [
+        "model_kind=\"reformer\"",
+        "reformer.n_layers=1",
+        "reformer.d_model=16",
+        "reformer.n_heads=2",
+        "reformer.d_head=8",
+        "reformer.d_ff=32",
+        "reformer.bucket_size=4",
+        "reformer.axial_positions=false",
+        "train.steps=1",
+    ];
+    cli_train(&reformer, &dir, false, false).unwrap();
+    let err = commands::eval(&dir, "flex", "valid", Some(0), None, Some(1), true)
+        .expect_err("--mem-len on a Reformer");
+    assert_eq!(err.exit_code(), 2, "{err}");
+    assert_mentions(&err, &["--mem-len", "Reformer"], "eval --mem-len");
+    for seconds in [f64::NAN, -5.0, f64::INFINITY] {
+        let err = commands::duplication("flex", 1, 8, 1, seconds, true).expect_err("bad --seconds");
+        assert_eq!(err.exit_code(), 2, "{err}");
+        assert_mentions(
+            &err,
+            &["--seconds", &seconds.to_string()],
+            "duplication --seconds",
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--resume` with no step left to train is refused naming the step and `--steps` (it used to
+/// exit 0 having trained nothing); a bad `--device` is a usage error (exit 2, as the README
+/// says), naming the device.
+#[test]
+fn nothing_to_resume_and_bad_devices_are_usage_errors() {
+    let dir = scratch("nothing-left");
+    cli_train(&[], &dir, false, false).unwrap();
+    for steps in ["train.steps=2", "train.steps=1"] {
+        let err = cli_train(&[steps], &dir, true, false).expect_err(steps);
+        assert_eq!(err.exit_code(), 2, "{err}");
+        assert_mentions(&err, &["--resume", "at step 2", "--steps above 2"], steps);
+    }
+    let config = RunConfig::resolve(None, &tiny_cli(&[])).unwrap();
+    for device in ["tpu", "cuda:x", "flex,flex"] {
+        let other = dir.with_extension(format!("device-{}", device.replace([':', ','], "-")));
+        let err =
+            commands::train(&config, device, &other, false, false, true, true).expect_err(device);
+        assert_eq!(err.exit_code(), 2, "{device}: {err}");
+        assert_mentions(&err, &[device], device);
+        let err =
+            commands::eval(&dir, device, "valid", None, None, Some(1), true).expect_err(device);
+        assert_eq!(err.exit_code(), 2, "eval {device}: {err}");
+    }
+    cli_train(&["train.steps=3"], &dir, true, false).unwrap();
+    assert_eq!(loss_records(&dir), vec![1, 1, 1]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Inputs without an end are refused before they are read: a device (`/dev/zero`) or a FIFO
+/// as `--data`, `--config` or an import's `config.json` (a FIFO used to block forever, /dev/zero
+/// to fill the memory); a gzip file that decompresses past the limit stops there, an error
+/// naming it.
+#[cfg(unix)]
+#[test]
+fn unbounded_inputs_are_refused() {
+    let dir = scratch("unbounded");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for (path, kind) in [
+        (Path::new("/dev/zero"), "a character device"),
+        (fifo.as_path(), "a FIFO"),
+    ] {
+        let shown = path.display().to_string();
+        let data = format!("data.source={shown}");
+        let err = cli_train(&[data.as_str()], &dir.join("run"), false, false)
+            .expect_err(&shown)
+            .to_string();
+        assert_mentions(&err, &[shown.as_str(), kind], "--data");
+        let err = RunConfig::resolve(Some(path), &[]).expect_err(&shown);
+        assert_mentions(&err, &[shown.as_str(), kind], "--config");
+        let src = dir.join(format!("src-{}", kind.replace(' ', "-")));
+        std::fs::create_dir_all(&src).unwrap();
+        std::os::unix::fs::symlink(path, src.join("config.json")).unwrap();
+        let err = memzoo::import::import(
+            "hf-transfo-xl",
+            &src,
+            &dir.join("imported"),
+            None,
+            false,
+            true,
+        )
+        .expect_err("config.json")
+        .to_string();
+        assert_mentions(
+            &err,
+            &["config.json", "not a regular file"],
+            "import config.json",
+        );
+    }
+    // A gzip bomb, in small: 4 MiB of zeros read with a 1 MiB limit.
+    let plain = dir.join("zeros");
+    std::fs::write(&plain, vec![0u8; 4 << 20]).unwrap();
+    assert!(
+        std::process::Command::new("gzip")
+            .arg("-k")
+            .arg(&plain)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let gz = dir.join("zeros.gz");
+    let err = memzoo_data::read_bytes_bounded(&gz, None, 1 << 20)
+        .expect_err("a gzip bomb")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["zeros.gz", "decompresses to more than 1048576 bytes"],
+        "gzip",
+    );
+    let err = memzoo_data::read_bytes_bounded(&plain, None, 1 << 20)
+        .expect_err("too large")
+        .to_string();
+    assert_mentions(&err, &["zeros", "holds more than 1048576 bytes"], "plain");
+    assert_eq!(
+        memzoo_data::read_bytes_bounded(&gz, None, 4 << 20)
+            .unwrap()
+            .len(),
+        4 << 20
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Sizes a machine cannot hold are refused with the estimate before anything is allocated (they
+/// aborted on the allocation, exit 134): a huge width or vocabulary in every command that builds
+/// the model, and the duplication task's hash rounds.
+#[test]
+fn sizes_beyond_the_machine_are_refused_with_an_estimate() {
+    let dir = scratch("too-large");
+    for (set, named) in [
+        ("model.d_model=1000000", "model.d_model 1000000"),
+        ("model.vocab_size=4294967296", "model.vocab_size 4294967296"),
+    ] {
+        let err = cli_train(&[set], &dir, false, false)
+            .expect_err(set)
+            .to_string();
+        assert_mentions(
+            &err,
+            &[named, "needs about", "GiB, more than this machine's"],
+            set,
+        );
+        assert!(!dir.exists(), "{set}: nothing written");
+    }
+    // A run whose config.toml was edited afterwards: eval and generate estimate too.
+    cli_train(&[], &dir, false, false).unwrap();
+    let path = dir.join("config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replacen("d_model = 16", "d_model = 1000000", 1)).unwrap();
+    let err = commands::eval(&dir, "flex", "valid", None, None, Some(1), true)
+        .expect_err("eval")
+        .to_string();
+    assert_mentions(&err, &["model.d_model 1000000", "needs about"], "eval");
+    let err = commands::duplication("flex", 1_000_000_000, 32, 1, 0.0, true)
+        .expect_err("rounds")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["--train-rounds 1000000000", "needs about"],
+        "duplication",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A non-finite loss names its cause where it can be told, instead of blaming the learning
+/// rate: weights that hold NaN (named), or initial weights too large (before any update).
+#[test]
+fn a_non_finite_loss_names_its_cause() {
+    let dev = flex().autodiff();
+    for (what, std, expect) in [
+        (
+            "NaN weights",
+            f64::NAN,
+            &["loss is NaN at step 1", "hold non-finite values", "NaN"][..],
+        ),
+        (
+            "init_std 1e30",
+            1e30,
+            &["at step 1, before any update", "init_std"][..],
+        ),
+    ] {
+        let dir = scratch(&format!("non-finite-loss-{}", what.replace(' ', "-")));
+        let model = seeded_weights(tiny_xl().init(&dev).unwrap(), 3, |_| std);
+        let err = run_from(model, &dir, 2, false)
+            .err()
+            .expect(what)
+            .to_string();
+        assert_mentions(&err, expect, what);
+        assert!(!err.contains("train.schedule.lr"), "{what}: {err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// A labml checkpoint directory holding its one weight file under another name (labml's
+/// experiments save `state_dict.pt`; here a safetensors file of that name, read by its
+/// content) imports; with several, the error names them.
+#[test]
+fn labml_directory_with_one_weight_file_of_any_name_imports() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/labml-xl");
+    let src = scratch("labml-state-dict");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixture.join("config.json"), src.join("config.json")).unwrap();
+    std::fs::copy(fixture.join("model.safetensors"), src.join("state_dict.pt")).unwrap();
+    let run_dir = src.join("run");
+    memzoo::import::import("labml-xl", &src, &run_dir, None, false, true).unwrap();
+    assert!(
+        run_dir
+            .join("checkpoints/step-00000000/model.bpk")
+            .is_file()
+    );
+    std::fs::copy(fixture.join("model.safetensors"), src.join("other.pth")).unwrap();
+    let err = memzoo::import::import("labml-xl", &src, &src.join("run2"), None, false, true)
+        .expect_err("two weight files")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["several weight files", "other.pth", "state_dict.pt"],
+        "two",
+    );
+    let _ = std::fs::remove_dir_all(src);
+}
+
+/// `grad_norm` is the mean over the logged window of steps (with its largest, and the share of
+/// steps clipped), not the last step's norm, which periodic data turns into a constant of
+/// whatever phase the logged step falls on (the default run's "grad_norm 0.002, then 2.0 from
+/// step 3,200": the epoch boundary shifted the phase by one step).
+#[test]
+fn grad_norm_is_the_window_mean() {
+    let norms = |dir: &Path, log_every: usize| -> Vec<(String, f64)> {
+        let options = RunOptions {
+            run_dir: dir.to_path_buf(),
+            resume: false,
+            quiet: true,
+        };
+        let config = tiny_train(4)
+            .with_log_every(log_every)
+            .with_clip_norm(Some(0.5));
+        train(initial_model(), &config, &mut batcher(), None, &options).unwrap();
+        train_records(dir)
+            .into_iter()
+            .filter(|(_, m, _)| m.starts_with("train/grad_norm") || m == "train/clipped")
+            .map(|(s, m, v)| (format!("{s} {m}"), v))
+            .collect()
+    };
+    let (a, b) = (scratch("norms-every-step"), scratch("norms-every-4"));
+    let each = norms(&a, 1);
+    let window = norms(&b, 4);
+    let per_step: Vec<f64> = each
+        .iter()
+        .filter(|(m, _)| m.ends_with("train/grad_norm"))
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(per_step.len(), 4, "{each:?}");
+    let mean = per_step.iter().sum::<f64>() / 4.0;
+    let max = per_step.iter().cloned().fold(0.0, f64::max);
+    let clipped = per_step.iter().filter(|&&n| n > 0.5).count() as f64 / 4.0;
+    let got = |name: &str| window.iter().find(|(m, _)| m == name).unwrap().1;
+    assert!(
+        (got("4 train/grad_norm") - mean).abs() < 1e-9,
+        "{window:?} vs {per_step:?}"
+    );
+    assert_eq!(got("4 train/grad_norm_max"), max);
+    assert_eq!(got("4 train/clipped"), clipped);
+    let _ = std::fs::remove_dir_all(a);
+    let _ = std::fs::remove_dir_all(b);
 }

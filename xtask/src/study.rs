@@ -774,17 +774,10 @@ impl Study {
             .with_d_head(if self.quick { 16 } else { 64 })
             .with_d_ff(if self.quick { 64 } else { 256 })
             .with_vocab_size(16)
-            .with_max_seq_len(len)
             .with_bucket_size(4)
             .with_dropout(0.0)
-            .with_axial_positions(false)
-            .with_n_rounds(rounds.max(1))
-            .stack();
-        if rounds == 0 {
-            full_attention(base, len)
-        } else {
-            base
-        }
+            .with_axial_positions(false);
+        with_rounds(base, rounds, len)
     }
 
     fn t4(&mut self) -> Result<Vec<Value>, String> {
@@ -859,16 +852,9 @@ impl Study {
             .with_d_head(s.d_model / s.n_heads)
             .with_d_ff(s.d_inner)
             .with_vocab_size(256)
-            .with_max_seq_len(len)
             .with_bucket_size(32)
-            .with_dropout(0.0)
-            .with_n_rounds(rounds.max(1))
-            .stack();
-        if rounds == 0 {
-            full_attention(base, len)
-        } else {
-            base
-        }
+            .with_dropout(0.0);
+        with_rounds(base, rounds, len)
     }
 
     fn t5(&mut self) -> Result<Vec<Value>, String> {
@@ -1000,6 +986,20 @@ fn full_attention(base: XlConfig, len: usize) -> XlConfig {
         .with_n_chunks_before(0)
         .with_n_chunks_after(0);
     base.with_lsh(lsh)
+}
+
+/// The stack of the Reformer `base` over sequences of `len`: LSH with `rounds` hash rounds, or
+/// full attention for `rounds` 0 ([`full_attention`]).
+fn with_rounds(base: memzoo_xl::ReformerConfig, rounds: usize, len: usize) -> XlConfig {
+    let stack = base
+        .with_max_seq_len(len)
+        .with_n_rounds(rounds.max(1))
+        .stack();
+    if rounds == 0 {
+        full_attention(stack, len)
+    } else {
+        stack
+    }
 }
 
 fn rounds_name(rounds: usize) -> String {

@@ -273,12 +273,139 @@ fn open(path: &Path) -> Result<File, DataError> {
     })
 }
 
+/// This machine's memory in bytes (`MemTotal` of /proc/meminfo), where it can be read.
+pub fn machine_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The most bytes [`read_bytes`] reads from a data file (decompressed): a quarter of this
+/// machine's memory (the bytes, their ids and the batcher's copies live in it at once), 16 GiB
+/// where the machine's memory cannot be read.
+pub fn max_data_bytes() -> u64 {
+    machine_memory().map_or(16 << 30, |m| m / 4)
+}
+
+/// `path` must be a regular file (following links): a FIFO would block forever and a device
+/// such as `/dev/zero` never ends. Returns its size.
+pub fn regular_file(path: &Path) -> Result<u64, DataError> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            DataError::NotFound {
+                path: path.to_path_buf(),
+            }
+        } else {
+            DataError::io("cannot read", path, e)
+        }
+    })?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let kind = if meta.is_dir() {
+        "a directory"
+    } else {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            let t = meta.file_type();
+            if t.is_fifo() {
+                "a FIFO"
+            } else if t.is_char_device() {
+                "a character device"
+            } else if t.is_block_device() {
+                "a block device"
+            } else if t.is_socket() {
+                "a socket"
+            } else {
+                "not a file"
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            "not a file"
+        }
+    };
+    Err(DataError::NotRegular {
+        path: path.to_path_buf(),
+        kind,
+    })
+}
+
+/// Reads at most `limit` bytes from `reader`; more is [`DataError::TooLarge`] for `path`.
+fn read_limited(
+    reader: impl Read,
+    path: &Path,
+    limit: u64,
+    what: &'static str,
+    on_error: impl Fn(std::io::Error) -> DataError,
+) -> Result<Vec<u8>, DataError> {
+    let mut out = Vec::new();
+    reader
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(on_error)?;
+    if out.len() as u64 > limit {
+        return Err(DataError::TooLarge {
+            path: path.to_path_buf(),
+            what,
+            limit,
+            why: String::new(),
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a small text file (a config) of at most `limit` bytes: a regular file (not a FIFO or
+/// a device), its size checked before and while it is read.
+pub fn read_text_bounded(path: &Path, limit: u64) -> Result<String, DataError> {
+    let len = regular_file(path)?;
+    if len > limit {
+        return Err(DataError::TooLarge {
+            path: path.to_path_buf(),
+            what: "holds",
+            limit,
+            why: ": a config file is small".into(),
+        });
+    }
+    let bytes = read_limited(open(path)?, path, limit, "holds", |e| {
+        DataError::io("cannot read", path, e)
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        DataError::io(
+            "cannot read",
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        )
+    })
+}
+
 /// Reads the bytes of a data file: plain text as is, `.gz` decompressed, `.zip` the single
-/// file member (or `member` when given; required when the archive holds several files).
+/// file member (or `member` when given; required when the archive holds several files), at
+/// most [`max_data_bytes`] of them ([`read_bytes_bounded`]).
 ///
 /// Errors name the file: missing ([`DataError::NotFound`]), empty ([`DataError::Empty`]),
-/// a corrupt archive or a missing / ambiguous member ([`DataError::Archive`]).
+/// a corrupt archive or a missing / ambiguous member ([`DataError::Archive`]), not a regular
+/// file ([`DataError::NotRegular`]), too large ([`DataError::TooLarge`]).
 pub fn read_bytes(path: &Path, member: Option<&str>) -> Result<Vec<u8>, DataError> {
+    read_bytes_bounded(path, member, max_data_bytes())
+}
+
+/// [`read_bytes`] reading at most `limit` bytes (decompressed: a gzip or zip bomb stops at the
+/// limit, an error naming it). `path` must be a regular file.
+pub fn read_bytes_bounded(
+    path: &Path,
+    member: Option<&str>,
+    limit: u64,
+) -> Result<Vec<u8>, DataError> {
+    let too_large = |what: &'static str| DataError::TooLarge {
+        path: path.to_path_buf(),
+        what,
+        limit,
+        why: ": a quarter of this machine's memory".into(),
+    };
+    let len = regular_file(path)?;
     let kind = file_kind(path)?;
     if member.is_some() && kind != FileKind::Zip {
         return Err(DataError::Archive {
@@ -291,19 +418,35 @@ pub fn read_bytes(path: &Path, member: Option<&str>) -> Result<Vec<u8>, DataErro
     }
     let data = match kind {
         FileKind::Plain => {
-            std::fs::read(path).map_err(|e| DataError::io("cannot read", path, e))?
+            if len > limit {
+                return Err(too_large("holds"));
+            }
+            read_limited(open(path)?, path, limit, "holds", |e| {
+                DataError::io("cannot read", path, e)
+            })
+            .map_err(|e| match e {
+                DataError::TooLarge { .. } => too_large("holds"),
+                e => e,
+            })?
         }
-        FileKind::Gzip => {
-            let mut out = Vec::new();
-            flate2::read::MultiGzDecoder::new(BufReader::new(open(path)?))
-                .read_to_end(&mut out)
-                .map_err(|e| DataError::Archive {
-                    path: path.to_path_buf(),
-                    message: format!("bad gzip data: {e}"),
-                })?;
-            out
-        }
-        FileKind::Zip => read_zip_member(path, member)?,
+        FileKind::Gzip => read_limited(
+            flate2::read::MultiGzDecoder::new(BufReader::new(open(path)?)),
+            path,
+            limit,
+            "decompresses to",
+            |e| DataError::Archive {
+                path: path.to_path_buf(),
+                message: format!("bad gzip data: {e}"),
+            },
+        )
+        .map_err(|e| match e {
+            DataError::TooLarge { .. } => too_large("decompresses to"),
+            e => e,
+        })?,
+        FileKind::Zip => read_zip_member(path, member, limit).map_err(|e| match e {
+            DataError::TooLarge { .. } => too_large("decompresses to"),
+            e => e,
+        })?,
     };
     if data.is_empty() {
         let shown = match member {
@@ -338,7 +481,7 @@ fn open_zip(path: &Path) -> Result<zip::ZipArchive<BufReader<File>>, DataError> 
     })
 }
 
-fn read_zip_member(path: &Path, member: Option<&str>) -> Result<Vec<u8>, DataError> {
+fn read_zip_member(path: &Path, member: Option<&str>, limit: u64) -> Result<Vec<u8>, DataError> {
     let members = zip_members(path)?;
     let name = match member {
         Some(m) => {
@@ -374,12 +517,21 @@ fn read_zip_member(path: &Path, member: Option<&str>) -> Result<Vec<u8>, DataErr
         path: path.to_path_buf(),
         message: format!("member {name:?}: {e}"),
     })?;
-    let mut out = Vec::with_capacity(file.size() as usize);
-    file.read_to_end(&mut out).map_err(|e| DataError::Archive {
+    let too_large = || DataError::TooLarge {
         path: path.to_path_buf(),
-        message: format!("member {name:?}: {e}"),
-    })?;
-    Ok(out)
+        what: "decompresses to",
+        limit,
+        why: String::new(),
+    };
+    if file.size() > limit {
+        return Err(too_large());
+    }
+    read_limited(&mut file, path, limit, "decompresses to", |e| {
+        DataError::Archive {
+            path: path.to_path_buf(),
+            message: format!("member {name:?}: {e}"),
+        }
+    })
 }
 
 /// A corpus in its three splits, as raw bytes.

@@ -20,6 +20,30 @@ pub enum DataError {
         /// The empty file.
         path: PathBuf,
     },
+    /// A path that is not a regular file (a FIFO, a device such as `/dev/zero`, a directory,
+    /// a socket): memzoo reads only files whose end it can know.
+    #[error("{} is {kind}, not a regular file: give a file", path.display())]
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is ("a FIFO", "a character device", ...).
+        kind: &'static str,
+    },
+    /// A file (or what it decompresses to) beyond the limit memzoo reads.
+    #[error(
+        "{} {what} more than {limit} bytes, the most memzoo reads{why}",
+        path.display()
+    )]
+    TooLarge {
+        /// The file (or `archive:member`).
+        path: PathBuf,
+        /// "holds", "decompresses to".
+        what: &'static str,
+        /// The limit, bytes.
+        limit: u64,
+        /// Where the limit comes from (starting with `: `), or empty.
+        why: String,
+    },
     /// An I/O error on a named file.
     #[error("{action} {}: {source}", path.display())]
     Io {

@@ -41,7 +41,8 @@ pub mod word_vocab;
 
 pub use batcher::{Batch, BatcherState, DocBatcher, OrderedBatcher};
 pub use corpus::{
-    Corpus, FileKind, Split, SplitRanges, SplitRule, file_kind, read_bytes, zip_members,
+    Corpus, FileKind, Split, SplitRanges, SplitRule, file_kind, machine_memory, max_data_bytes,
+    read_bytes, read_bytes_bounded, read_text_bounded, regular_file, zip_members,
 };
 pub use error::DataError;
 pub use fetch::{

@@ -222,7 +222,7 @@ impl HfReformerConfig {
             path: path.to_path_buf(),
             message,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))?;
+        let text = crate::reader::read_config_text(path)?;
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?;
         if let Some(t) = value.get("model_type").and_then(|t| t.as_str())

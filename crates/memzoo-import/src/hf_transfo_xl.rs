@@ -172,7 +172,7 @@ impl HfTransfoXlConfig {
             path: path.clone(),
             message,
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| read_err(e.to_string()))?;
+        let text = crate::reader::read_config_text(&path)?;
         let config: Self = serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?;
         if let Some(t) = &config.model_type
             && t != "transfo-xl"

@@ -295,24 +295,57 @@ impl LabmlXlConfig {
 }
 
 /// The weight file of `src`: the file itself, or in a directory the first of
-/// [`WEIGHT_FILES`]; and the `config.json` beside it (which may be absent).
+/// [`WEIGHT_FILES`], else the directory's only weight file of any name (`state_dict.pt`); and
+/// the `config.json` beside it (which may be absent).
 pub fn locate(src: &Path) -> Result<(PathBuf, PathBuf), ImportError> {
     if src.is_file() {
         let dir = src.parent().unwrap_or(Path::new("."));
         return Ok((src.to_path_buf(), dir.join("config.json")));
     }
-    let weights = WEIGHT_FILES
+    if let Some(weights) = WEIGHT_FILES
         .iter()
         .map(|f| src.join(f))
         .find(|p| p.is_file())
-        .ok_or_else(|| ImportError::Read {
+    {
+        return Ok((weights, src.join("config.json")));
+    }
+    // Else the one weight file the directory holds, whatever its name (labml's experiment
+    // checkpoints save `state_dict.pt`, others `checkpoint.pth`, ...).
+    let mut found: Vec<PathBuf> = std::fs::read_dir(src)
+        .map_err(|e| ImportError::Read {
+            path: src.to_path_buf(),
+            message: e.to_string(),
+        })?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| matches!(e, "safetensors" | "pth" | "pt" | "bin" | "ckpt"))
+        })
+        .collect();
+    found.sort();
+    match found.as_slice() {
+        [one] => Ok((one.clone(), src.join("config.json"))),
+        [] => Err(ImportError::Read {
             path: src.to_path_buf(),
             message: format!(
-                "no labml checkpoint here: looked for {}",
+                "no labml checkpoint here: looked for {}, or any one *.safetensors, *.pth, \
+                 *.pt, *.bin or *.ckpt file",
                 WEIGHT_FILES.join(", ")
             ),
-        })?;
-    Ok((weights, src.join("config.json")))
+        }),
+        many => Err(ImportError::Read {
+            path: src.to_path_buf(),
+            message: format!(
+                "several weight files here ({}): give the one to import as the source",
+                many.iter()
+                    .filter_map(|p| p.file_name()?.to_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+    }
 }
 
 /// Loads a labml Transformer-XL checkpoint (a weight file, or a directory holding one and
@@ -324,7 +357,7 @@ pub fn load(src: &Path, device: &Device) -> Result<(TransformerXl, LabmlXlConfig
             path: config_path.clone(),
             message,
         };
-        let text = std::fs::read_to_string(&config_path).map_err(|e| read_err(e.to_string()))?;
+        let text = crate::reader::read_config_text(&config_path)?;
         serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?
     } else {
         ConfigFile::default()

@@ -527,7 +527,7 @@ pub fn load(
             path: config_path.clone(),
             message,
         };
-        let text = std::fs::read_to_string(&config_path).map_err(|e| read_err(e.to_string()))?;
+        let text = crate::reader::read_config_text(&config_path)?;
         serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?
     } else {
         ConfigFile::default()

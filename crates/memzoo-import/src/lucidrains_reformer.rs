@@ -203,7 +203,7 @@ impl LucidrainsReformerConfig {
             path: path.to_path_buf(),
             message,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))?;
+        let text = crate::reader::read_config_text(path)?;
         serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))
     }
 

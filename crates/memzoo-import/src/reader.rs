@@ -3,6 +3,7 @@
 //! which interprets the pickle opcodes as data and never runs code from the file.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
@@ -29,7 +30,10 @@ impl TensorMap {
         if !path.is_file() {
             return Err(read_err("no such file".into()));
         }
-        let is_safetensors = path.extension().is_some_and(|e| e == "safetensors");
+        // By its name, or by its content (a safetensors file saved as `state_dict.pt`): an
+        // 8-byte little-endian header length, then the JSON header.
+        let is_safetensors =
+            path.extension().is_some_and(|e| e == "safetensors") || looks_like_safetensors(path);
         let packed = if is_safetensors {
             SafetensorsStore::from_file(path)
                 .get_all_tensors()
@@ -157,16 +161,85 @@ impl TensorMap {
     }
 }
 
-/// `data` as `f32`, if it is a float tensor.
-pub fn float_data(name: &str, data: TensorData) -> Result<TensorData, ImportError> {
-    match data.dtype() {
-        DType::F32 => Ok(data),
-        DType::F64 | DType::F16 | DType::BF16 => Ok(data.convert::<f32>()),
-        other => Err(ImportError::Value {
-            name: name.to_string(),
-            message: format!("expected a float tensor, found {other:?}"),
-        }),
+/// Whether the file starts as a safetensors file does: a little-endian `u64` header length
+/// that fits in the file, then `{`.
+fn looks_like_safetensors(path: &Path) -> bool {
+    let mut head = [0u8; 9];
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    if file.read_exact(&mut head).is_err() {
+        return false;
     }
+    let len = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let size = file.metadata().map_or(0, |m| m.len());
+    head[8] == b'{' && len.saturating_add(8) <= size
+}
+
+/// The largest `config.json` read.
+const CONFIG_LIMIT: u64 = 16 << 20;
+
+/// The text of a checkpoint's small JSON file (`config.json`): a regular file (not a FIFO or
+/// a device such as `/dev/zero`) of at most 16 MiB, read with that bound.
+pub fn read_config_text(path: &Path) -> Result<String, ImportError> {
+    let err = |message: String| ImportError::Read {
+        path: path.to_path_buf(),
+        message,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(err(
+            "not a regular file (a FIFO, a device or a directory): give a file".into(),
+        ));
+    }
+    let too_large = || {
+        err(format!(
+            "holds more than {CONFIG_LIMIT} bytes: not a config"
+        ))
+    };
+    if meta.len() > CONFIG_LIMIT {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(CONFIG_LIMIT + 1).read_to_end(&mut bytes))
+        .map_err(|e| err(e.to_string()))?;
+    if bytes.len() as u64 > CONFIG_LIMIT {
+        return Err(too_large());
+    }
+    String::from_utf8(bytes).map_err(|e| err(format!("not UTF-8 text: {e}")))
+}
+
+/// `data` as `f32`, if it is a float tensor whose every value is finite (a NaN or an infinity
+/// is an error naming the tensor, the first such value and its index, and how many there are;
+/// as is a value beyond `f32`'s range in an `f64` tensor).
+pub fn float_data(name: &str, data: TensorData) -> Result<TensorData, ImportError> {
+    let data = match data.dtype() {
+        DType::F32 => data,
+        DType::F64 | DType::F16 | DType::BF16 => data.convert::<f32>(),
+        other => {
+            return Err(ImportError::Value {
+                name: name.to_string(),
+                message: format!("expected a float tensor, found {other:?}"),
+            });
+        }
+    };
+    let values = data.as_slice::<f32>().map_err(|e| ImportError::Value {
+        name: name.to_string(),
+        message: format!("cannot read its values: {e:?}"),
+    })?;
+    if let Some((at, bad)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        let count = values.iter().filter(|v| !v.is_finite()).count();
+        return Err(ImportError::Value {
+            name: name.to_string(),
+            message: format!(
+                "holds {bad} at index {at} ({count} of its {} values are not finite): the \
+                 checkpoint's weights are damaged or diverged",
+                values.len()
+            ),
+        });
+    }
+    Ok(data)
 }
 
 /// Writes `tensors` as an f32 safetensors file with PyTorch's metadata (`format = pt`), as

@@ -56,12 +56,12 @@ fn one() -> usize {
 struct TrainerFile {
     #[serde(flatten)]
     trainer: TrainerState,
-    /// Path inside the checkpoint (`/`-separated) -> its size and SHA-256. Empty in
-    /// checkpoints written before checksums existed (then nothing is verified).
-    #[serde(default)]
+    /// Path inside the checkpoint (`/`-separated) -> its size and SHA-256. Required: a
+    /// `trainer.json` without it (an older layout, a hand edit) is refused, never loaded
+    /// unverified.
     files: BTreeMap<String, FileSum>,
     /// SHA-256 of this record as compact JSON without this field: `trainer.json` checks itself
-    /// (a flipped digit of `step` would resume at another step). Absent in older checkpoints.
+    /// (a flipped digit of `step` would resume at another step). Required, as `files`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sha256: Option<String>,
 }
@@ -353,8 +353,8 @@ pub fn latest_with_note(ckpt_dir: &Path) -> Result<Option<(PathBuf, Option<Strin
 }
 
 /// Checks a checkpoint folder against the sizes and SHA-256 sums its `trainer.json` records
-/// (checkpoints written before the sums existed: only that `trainer.json` and `model.bpk` are
-/// there). The error names the first file that is missing or differs.
+/// (a `trainer.json` without them is refused). The error names the first file that is missing
+/// or differs.
 pub fn verify(dir: &Path) -> Result<(), TrainError> {
     if !dir.is_dir() {
         return Err(TrainError::Checkpoint(format!(
@@ -363,10 +363,10 @@ pub fn verify(dir: &Path) -> Result<(), TrainError> {
         )));
     }
     let record = read_trainer_file(dir)?;
-    if record.files.is_empty() && !dir.join("model.bpk").exists() {
+    if !record.files.contains_key("model.bpk") {
         return Err(TrainError::Checkpoint(format!(
-            "{} is missing",
-            dir.join("model.bpk").display()
+            "{} records no sum for model.bpk: the model cannot be verified",
+            dir.join("trainer.json").display()
         )));
     }
     for (rel, want) in &record.files {
@@ -410,19 +410,59 @@ fn read_trainer_file(dir: &Path) -> Result<TrainerFile, TrainError> {
     let path = dir.join("trainer.json");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| TrainError::Checkpoint(format!("cannot read {}: {e}", path.display())))?;
-    let record: TrainerFile = serde_json::from_str(&text)
-        .map_err(|e| TrainError::Checkpoint(format!("{} is damaged: {e}", path.display())))?;
-    if let Some(want) = &record.sha256 {
-        let got = record.own_sum();
-        if &got != want {
+    let damaged = |e: serde_json::Error| {
+        TrainError::Checkpoint(format!("{} is damaged: {e}", path.display()))
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(damaged)?;
+    // Without its checksums nothing of the checkpoint could be verified: refused, naming what
+    // is missing.
+    for (field, holds) in [
+        (
+            "files",
+            "the size and SHA-256 of every file of the checkpoint",
+        ),
+        ("sha256", "the SHA-256 of trainer.json itself"),
+    ] {
+        if value.get(field).is_none() {
             return Err(TrainError::Checkpoint(format!(
-                "{} is damaged: its content hashes to SHA-256 {got}, it records {want} (a value \
-                 was changed after it was written)",
+                "{} has no `{field}` field ({holds}): the checkpoint cannot be verified, so it \
+                 is not loaded (an older layout or a hand edit; a checkpoint memzoo writes has it)",
                 path.display()
             )));
         }
     }
+    let record: TrainerFile = serde_json::from_value(value).map_err(damaged)?;
+    let got = record.own_sum();
+    if record.sha256.as_deref() != Some(got.as_str()) {
+        return Err(TrainError::Checkpoint(format!(
+            "{} is damaged: its content hashes to SHA-256 {got}, it records {} (a value was \
+             changed after it was written)",
+            path.display(),
+            record.sha256.as_deref().unwrap_or("none")
+        )));
+    }
     Ok(record)
+}
+
+/// Edits the trainer state of the checkpoint folder `dir` (verified first) and records the
+/// checksum of the new `trainer.json` (the other files' sums are kept, and still verified on
+/// load): e.g. a checkpoint relabelled for another family name. Written atomically.
+pub fn rewrite_trainer_state(
+    dir: &Path,
+    edit: impl FnOnce(&mut TrainerState),
+) -> Result<(), TrainError> {
+    verify(dir)?;
+    let mut record = read_trainer_file(dir)?;
+    edit(&mut record.trainer);
+    record.sha256 = None;
+    record.sha256 = Some(record.own_sum());
+    let json = serde_json::to_string_pretty(&record).expect("serialisable trainer state");
+    let tmp = dir.join(".trainer.json.tmp");
+    std::fs::write(&tmp, json).map_err(io(format!("cannot write {}", tmp.display())))?;
+    sync(&tmp)?;
+    let path = dir.join("trainer.json");
+    std::fs::rename(&tmp, &path).map_err(io(format!("cannot replace {}", path.display())))?;
+    sync(dir)
 }
 
 /// What of a previous run `run_dir` holds (`checkpoints/step-00000200, metrics.jsonl`), or
@@ -443,14 +483,15 @@ pub fn existing_run(run_dir: &Path) -> Option<String> {
     (!found.is_empty()).then(|| found.join(", "))
 }
 
-/// Removes what a run wrote to `run_dir` (`checkpoints/`, `metrics.jsonl`, `config.toml`),
-/// nothing else, so that a new run starts there (`memzoo train --overwrite`).
+/// Removes what a run wrote to `run_dir` (`checkpoints/`, `metrics.jsonl`, `config.toml`, an
+/// imported run's word vocabulary `vocab.json`), nothing else, so that a new run starts there
+/// (`memzoo train --overwrite`): nothing of the old run is read with the new one.
 pub fn clear_run(run_dir: &Path) -> Result<(), TrainError> {
     let ckpt = run_dir.join("checkpoints");
     if ckpt.exists() {
         std::fs::remove_dir_all(&ckpt).map_err(io(format!("cannot remove {}", ckpt.display())))?;
     }
-    for name in ["metrics.jsonl", "config.toml"] {
+    for name in ["metrics.jsonl", "config.toml", memzoo_data::WORD_VOCAB_FILE] {
         let path = run_dir.join(name);
         if path.exists() {
             std::fs::remove_file(&path).map_err(io(format!("cannot remove {}", path.display())))?;

@@ -28,6 +28,22 @@ pub enum TrainError {
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// `metrics.jsonl` holds something that is not a record.
+    #[error("metrics: {0}")]
+    Metrics(String),
+    /// Another process works in the run directory (it holds its `.lock`, see
+    /// [`crate::lock`]).
+    #[error(
+        "run directory {} is in use by another process ({holder}): one process per run \
+         directory; wait for it to end, or use another run directory",
+        dir.display()
+    )]
+    Busy {
+        /// The run directory.
+        dir: std::path::PathBuf,
+        /// What the lock file says of its holder (`pid 1234 (memzoo train)`).
+        holder: String,
+    },
     /// File-system trouble (unwritable run directory, ...).
     #[error("{context}: {source}")]
     Io {

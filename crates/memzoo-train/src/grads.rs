@@ -122,3 +122,47 @@ pub fn scale_and_clip<M: Module>(
     };
     (self::scale(model, grads, scale * clip), norm)
 }
+
+/// Finds the parameters that hold a NaN or an infinity, by module path.
+struct NonFiniteParams {
+    path: Vec<String>,
+    found: Vec<(String, f32)>,
+}
+
+impl ModuleVisitor for NonFiniteParams {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let data = param.val().into_data().convert::<f32>();
+        let Ok(values) = data.as_slice::<f32>() else {
+            return;
+        };
+        if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
+            let name = self
+                .path
+                .iter()
+                .filter(|p| !p.is_empty())
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(".");
+            self.found.push((name, *bad));
+        }
+    }
+}
+
+/// The parameters (module paths) that hold a NaN or an infinity, each with the first such
+/// value. Reads every parameter to the host: for error paths.
+pub fn non_finite_params<M: Module>(model: &M) -> Vec<(String, f32)> {
+    let mut v = NonFiniteParams {
+        path: Vec::new(),
+        found: Vec::new(),
+    };
+    model.visit(&mut v);
+    v.found
+}

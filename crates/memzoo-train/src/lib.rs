@@ -15,6 +15,7 @@ pub mod data;
 pub mod error;
 pub mod generate;
 pub mod grads;
+pub mod lock;
 pub mod metrics;
 pub mod model;
 pub mod parallel;

@@ -62,16 +62,21 @@ pub struct MetricRecord {
     pub step: usize,
     /// `train`, `valid` or `test`.
     pub split: String,
-    /// Metric name (`loss`, `bpc`, `ppl`, `lr`, `tokens_per_s`, `grad_norm`).
+    /// Metric name (`loss`, `bpc`, `ppl`, `lr`, `tokens_per_s`; `grad_norm`, `grad_norm_max`
+    /// and `clipped`: the mean and the largest gradient norm before clipping over the logged
+    /// window of steps, and the share of them that `train.clip_norm` scaled down).
     pub metric: String,
     /// Its value.
     pub value: f64,
 }
 
-/// Drops the records of `<run_dir>/metrics.jsonl` past `step` (and any line that is not a
-/// whole record, e.g. one torn by a crash), rewriting the file atomically; returns how many
-/// lines were dropped. A resumed run calls it with its checkpoint's step, so that the steps it
-/// repeats are not recorded twice.
+/// Drops the records of `<run_dir>/metrics.jsonl` past `step`, and a last line torn by a
+/// crash (one without its newline that is not a whole record), rewriting the file atomically;
+/// returns how many lines were dropped. A resumed run calls it with its checkpoint's step, so
+/// that the steps it repeats are not recorded twice.
+///
+/// Any other line that is not a record (`{"step": ...}`) is an error naming its number, and
+/// the file is left as it was: it is not this function's to guess what it held.
 pub fn drop_records_after(run_dir: &Path, step: usize) -> Result<usize, TrainError> {
     let path = run_dir.join("metrics.jsonl");
     let text = match std::fs::read_to_string(&path) {
@@ -79,15 +84,32 @@ pub fn drop_records_after(run_dir: &Path, step: usize) -> Result<usize, TrainErr
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(TrainError::io(format!("cannot read {}", path.display()), e)),
     };
-    let keep = |line: &str| {
+    let record_step = |line: &str| {
         serde_json::from_str::<serde_json::Value>(line)
             .ok()
             .and_then(|v| v.get("step")?.as_u64())
-            .is_some_and(|s| s <= step as u64)
     };
-    let kept: Vec<&str> = text.lines().filter(|l| keep(l)).collect();
-    let dropped = text.lines().count() - kept.len();
-    if dropped == 0 {
+    let lines: Vec<&str> = text.lines().collect();
+    let torn = !text.is_empty() && !text.ends_with('\n');
+    let mut kept = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        match record_step(line) {
+            Some(s) if s <= step as u64 => kept.push(*line),
+            Some(_) => {}
+            None if torn && i + 1 == lines.len() => {}
+            None => {
+                return Err(TrainError::Metrics(format!(
+                    "{} line {} is not a metrics record (expected a JSON object with a \
+                     `step`, found {:?}): repair or remove that line, then resume",
+                    path.display(),
+                    i + 1,
+                    line.chars().take(80).collect::<String>()
+                )));
+            }
+        }
+    }
+    let dropped = lines.len() - kept.len();
+    if dropped == 0 && !torn {
         return Ok(0);
     }
     let tmp = run_dir.join(".metrics.jsonl.tmp");
@@ -134,6 +156,8 @@ const METRICS: &[(&str, Option<&str>, bool)] = &[
     ("lr", None, true),
     ("tokens_per_s", Some("tok/s"), true),
     ("grad_norm", None, false),
+    ("grad_norm_max", None, false),
+    ("clipped", None, false),
     ("selected_bpc", Some("bits/char"), false),
     ("selected_accuracy", None, true),
 ];

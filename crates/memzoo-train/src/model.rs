@@ -95,6 +95,16 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
         self
     }
 
+    /// The model whose next [`Self::train_step`] draws its own randomness (replayable dropout
+    /// masks, LSH rotations) from `stream`, whatever steps it took before: the trainer passes
+    /// one stream per (step, micro-step, replica), so that a step draws the same whether the
+    /// run went straight to it or resumed from a checkpoint before it. Randomness from the
+    /// backend's generator is the trainer's to seed ([`crate::parallel::seed_devices`]). The
+    /// default ignores it (a model with no generator of its own).
+    fn with_train_stream(self, _stream: u64) -> Self {
+        self
+    }
+
     /// Loads the parameters of a checkpoint's model file into `self` (which fixes the
     /// architecture). Families whose parameter layout changed override this to read their
     /// older layouts too.
@@ -235,6 +245,10 @@ impl SegmentModel for TransformerXl {
             state.knn.push(store);
         }
         logits
+    }
+
+    fn with_train_stream(self, stream: u64) -> Self {
+        self.with_step_count(stream)
     }
 
     fn with_eval_mem_len(self, mem_len: usize) -> Self {

@@ -128,6 +128,51 @@ pub fn train_step_placed<M: SegmentModel>(
     segment: &Segment,
     states: &mut [M::State],
 ) -> Result<(f64, GradientsParams), TrainError> {
+    train_step_streamed(model, main, placement, segment, states, None)
+}
+
+/// The random stream replica `r` of `replicas` draws from in the step of stream `stream`:
+/// `stream · replicas + r` (one replica: the stream itself).
+pub fn replica_stream(stream: u64, r: usize, replicas: usize) -> u64 {
+    stream.wrapping_mul(replicas as u64).wrapping_add(r as u64)
+}
+
+/// Seeds the backend's generator of every device in `placement` (each once) from `seed` and
+/// `stream`: the trainer calls it before each training step, so that what the step draws from
+/// it (Burn's dropout masks) is a function of (`train.seed`, step) and nothing before it, and a
+/// resumed run draws what the straight one did. Device `i` (in order of first appearance) gets
+/// `mix(mix(seed, stream), i)`.
+///
+/// Replicas on one device share its generator (`flex` has one per process), and their threads
+/// draw from it in whatever order they run: with several replicas on one device, Burn's
+/// dropout masks are not repeatable (seeded randomness, [`SegmentModel::with_train_stream`],
+/// is).
+pub fn seed_devices(placement: &[Device], seed: u64, stream: u64) {
+    let mut seeded: Vec<&Device> = Vec::new();
+    for device in placement {
+        if !seeded.contains(&device) {
+            let i = seeded.len() as u64;
+            device.seed(memzoo_reformer::rng::mix(
+                memzoo_reformer::rng::mix(seed, stream),
+                i,
+            ));
+            seeded.push(device);
+        }
+    }
+}
+
+/// [`train_step_placed`] drawing from `stream` (`None`: from wherever the model's own
+/// generator stands): replica `r` draws its seeded randomness from
+/// [`replica_stream`]`(stream, r, R)` ([`SegmentModel::with_train_stream`]), so the step is one
+/// function of its stream whatever order the replicas' threads run in.
+pub fn train_step_streamed<M: SegmentModel>(
+    model: &M,
+    main: &Device,
+    placement: &[Device],
+    segment: &Segment,
+    states: &mut [M::State],
+    stream: Option<u64>,
+) -> Result<(f64, GradientsParams), TrainError> {
     let replicas = states.len();
     check_replicas(replicas, segment.batch)?;
     if placement.len() != replicas {
@@ -139,7 +184,16 @@ pub fn train_step_placed<M: SegmentModel>(
     if replicas == 1 && placement[0] == *main {
         let (x, y) = tensors(segment, main);
         let w = loss_weights(segment, main);
-        return model.train_step(x, y, &mut states[0], &segment.reset, w);
+        return match stream {
+            Some(s) => model.clone().with_train_stream(s).train_step(
+                x,
+                y,
+                &mut states[0],
+                &segment.reset,
+                w,
+            ),
+            None => model.train_step(x, y, &mut states[0], &segment.reset, w),
+        };
     }
     let shards: Vec<Segment> = shard_rows(segment.batch, replicas)
         .into_iter()
@@ -159,7 +213,14 @@ pub fn train_step_placed<M: SegmentModel>(
 
     let replicas: Vec<M> = placement
         .iter()
-        .map(|device| model.clone().fork(device))
+        .enumerate()
+        .map(|(r, device)| {
+            let replica = model.clone().fork(device);
+            match stream {
+                Some(s) => replica.with_train_stream(replica_stream(s, r, replicas)),
+                None => replica,
+            }
+        })
         .collect();
     let results: Vec<Result<(f64, GradientsParams), TrainError>> = replicas
         .into_par_iter()

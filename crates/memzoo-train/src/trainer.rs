@@ -50,7 +50,11 @@ pub struct TrainConfig {
     /// Segments whose gradients are summed per optimizer step. Default: 1.
     #[config(default = 1)]
     pub grad_accum: usize,
-    /// Seed of every random choice (initialisation, dropout). Default: 42.
+    /// Seed of every random choice (initialisation, dropout). Before each training step the
+    /// trainer reseeds the devices' generators from (seed, step) and sets the model's own
+    /// seeded stream from the step ([`crate::parallel::seed_devices`],
+    /// [`SegmentModel::with_train_stream`]): what a step draws depends on nothing before it,
+    /// so a resumed run is the straight one. Default: 42.
     #[config(default = 42)]
     pub seed: u64,
     /// Log training metrics every N steps. Default: 10.
@@ -341,6 +345,77 @@ fn non_finite_gradient<M: SegmentModel>(
     ))
 }
 
+/// The error that stops a run whose loss is not finite at `step`, naming its cause where it
+/// can be told: parameters that hold NaN or infinities (damaged or imported weights: updates
+/// are checked before they are made), or, before any update (`first`), the initial weights
+/// (e.g. too large an `init_std`); otherwise the learning rate.
+fn non_finite_loss<M: SegmentModel>(model: &M, loss: f64, step: usize, first: bool) -> TrainError {
+    let bad = crate::grads::non_finite_params(model);
+    if !bad.is_empty() {
+        let names: Vec<String> = bad
+            .iter()
+            .take(5)
+            .map(|(name, v)| format!("`{name}` ({v})"))
+            .collect();
+        let more = match bad.len() {
+            0..=5 => String::new(),
+            n => format!(" and {} more", n - 5),
+        };
+        return TrainError::Model(format!(
+            "loss is {loss} at step {step}: the parameters {}{more} hold non-finite values \
+             (the checkpoint or imported weights are damaged; updates are checked before they \
+             are made), not the learning rate",
+            names.join(", ")
+        ));
+    }
+    if first {
+        return TrainError::Model(format!(
+            "loss is {loss} at step {step}, before any update: the initial weights give it \
+             (too large an init_std or embedding_std?), not the learning rate"
+        ));
+    }
+    TrainError::Model(format!(
+        "loss became {loss} at step {step}; lower train.schedule.lr"
+    ))
+}
+
+/// The gradient norms (before clipping) of the steps of one logged window: what
+/// `metrics.jsonl` records as `grad_norm` (their mean), `grad_norm_max` and `clipped` (the share
+/// of the window's steps that `clip_norm` scaled down).
+///
+/// A window's mean, not its last step's norm: data with a period (documents of one length,
+/// every row in phase) makes the norm of single steps periodic, and a last step that falls on
+/// the same phase of every period reads as a constant, which an epoch boundary (one step fewer
+/// than a multiple of the period) then shifts, as in the default run: the last step's norm went
+/// from 0.002 to 2.0 at the epoch boundary (step 3,125) while the loss, the validation and the
+/// window's mean (0.15) stayed put.
+#[derive(Debug, Default)]
+struct NormWindow {
+    sum: f64,
+    max: f64,
+    steps: usize,
+    clipped: usize,
+}
+
+impl NormWindow {
+    fn add(&mut self, norm: f64, clip: Option<f64>) {
+        self.sum += norm;
+        self.max = self.max.max(norm);
+        self.steps += 1;
+        if clip.is_some_and(|c| norm > c) {
+            self.clipped += 1;
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        self.sum / self.steps.max(1) as f64
+    }
+
+    fn clipped_share(&self) -> f64 {
+        self.clipped as f64 / self.steps.max(1) as f64
+    }
+}
+
 /// Result of a training run.
 pub struct TrainOutcome<M: SegmentModel> {
     /// The trained model.
@@ -562,12 +637,19 @@ pub fn train_on_devices<M: SegmentModel>(
     let (mut evaluations, mut train_loss) = (Vec::new(), None);
     let started = Instant::now();
     let mut window = (0.0, 0usize, 0u64, Instant::now());
+    // Gradient norms of the logged window of steps (before clipping).
+    let mut norms = NormWindow::default();
     let mut step = start;
     let mut interrupted = false;
     while step < config.steps {
         let mut acc = GradientsAccumulator::<M>::new();
         let mut loss_sum = 0.0;
-        for _ in 0..config.grad_accum {
+        for micro in 0..config.grad_accum {
+            // What this micro-step draws (Burn's dropout masks from the devices' generators,
+            // the model's seeded masks and rotations) is a function of (train.seed, step,
+            // micro-step) alone: a resumed run draws what the straight run did.
+            let stream = (step * config.grad_accum + micro) as u64;
+            crate::parallel::seed_devices(&placement, config.seed, stream);
             let seg = match train_data.next_segment(config.tgt_len) {
                 Some(seg) => seg,
                 None => {
@@ -583,13 +665,16 @@ pub fn train_on_devices<M: SegmentModel>(
                 }
             };
             check_token_ids(&seg, model.vocab_size(), "training")?;
-            let (loss, grads) =
-                crate::parallel::train_step_placed(&model, &device, &placement, &seg, &mut states)?;
+            let (loss, grads) = crate::parallel::train_step_streamed(
+                &model,
+                &device,
+                &placement,
+                &seg,
+                &mut states,
+                Some(stream),
+            )?;
             if !loss.is_finite() {
-                return Err(TrainError::Model(format!(
-                    "loss became {loss} at step {}; lower train.schedule.lr",
-                    step + 1
-                )));
+                return Err(non_finite_loss(&model, loss, step + 1, step == 0));
             }
             loss_sum += loss;
             tokens += (seg.batch * seg.len) as u64;
@@ -610,6 +695,7 @@ pub fn train_on_devices<M: SegmentModel>(
         step += 1;
         window.0 += loss_sum / config.grad_accum as f64;
         window.1 += 1;
+        norms.add(norm, config.clip_norm);
         let out_of_time = config
             .max_seconds
             .is_some_and(|t| started.elapsed().as_secs_f64() > t);
@@ -627,10 +713,13 @@ pub fn train_on_devices<M: SegmentModel>(
                     ("bpc", loss / std::f64::consts::LN_2),
                     ("lr", lr),
                     ("tokens_per_s", tps),
-                    ("grad_norm", norm),
+                    ("grad_norm", norms.mean()),
+                    ("grad_norm_max", norms.max),
+                    ("clipped", norms.clipped_share()),
                 ],
             )?;
             window = (0.0, 0, 0, Instant::now());
+            norms = NormWindow::default();
         }
         let eval_now = (config.eval_every > 0 && step % config.eval_every == 0) || last;
         if eval_now && let Some(v) = valid_data.as_deref_mut() {

@@ -193,10 +193,20 @@ fn seeded_mask(
 }
 
 /// Counts training steps so each draws fresh rotations and dropout masks (seeded passes).
+///
+/// Clones share the count. The trainer does not rely on it: it sets a fresh counter at the
+/// stream of every step and replica ([`StepCounter::at`], `SegmentModel::with_train_stream`),
+/// so that what a step draws is a function of its step number, not of the process's history
+/// (a resumed run draws what the straight one did) or of which replica's thread ran first.
 #[derive(Debug, Clone, Default)]
 pub struct StepCounter(Arc<AtomicU64>);
 
 impl StepCounter {
+    /// A counter of its own (shared with none) starting at `count`.
+    pub fn at(count: u64) -> Self {
+        Self(Arc::new(AtomicU64::new(count)))
+    }
+
     /// The current count, then increments it.
     pub fn next(&self) -> u64 {
         self.0.fetch_add(1, Ordering::Relaxed)
@@ -1869,6 +1879,13 @@ impl TransformerXl {
     /// counter) for rotations and dropout masks.
     pub fn next_train_options(&self) -> ForwardOptions {
         ForwardOptions::train(mix(self.train_seed, self.steps.next()))
+    }
+
+    /// The same model with a step counter of its own at `count`: its next seeded training
+    /// step draws from `mix(train_seed, count)` (see [`StepCounter`]).
+    pub fn with_step_count(mut self, count: u64) -> Self {
+        self.steps = StepCounter::at(count);
+        self
     }
 
     /// The kind of every layer, bottom to top.

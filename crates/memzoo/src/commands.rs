@@ -27,7 +27,8 @@ const TRAIN_ELSEWHERE: &str =
     "continue it with --resume, train into a new --run-dir, or pass --overwrite to replace it";
 
 /// `memzoo train`: a new run in `run_dir` (refused where a run already is, unless
-/// `overwrite`, which first removes that run's checkpoints, metrics and config), or with
+/// `overwrite`, which removes that run's checkpoints, metrics and config once the new run's
+/// config, devices, data and vocabulary have been checked), or with
 /// `resume` the continuation of the run there. Returns the signal (SIGINT 2, SIGTERM 15) that
 /// stopped the run, if one did: it finished its step and wrote a checkpoint first.
 pub fn train(
@@ -50,22 +51,23 @@ pub fn train(
                 .into(),
         ));
     }
-    if !resume && let Some(found) = checkpoint::existing_run(run_dir) {
-        if !overwrite {
-            return Err(CliError::RunExists {
-                dir: run_dir.to_path_buf(),
-                found,
-                advice: TRAIN_ELSEWHERE,
-            });
-        }
-        checkpoint::clear_run(run_dir)?;
-        if !json_out {
-            println!(
-                "--overwrite: removed the run in {} ({found})",
-                run_dir.display()
-            );
-        }
+    if resume {
+        check_steps_left(config, run_dir)?;
     }
+    // The run there, to replace once every input below is known to be good (`--overwrite`).
+    let replaced = match checkpoint::existing_run(run_dir) {
+        Some(found) if !resume => {
+            if !overwrite {
+                return Err(CliError::RunExists {
+                    dir: run_dir.to_path_buf(),
+                    found,
+                    advice: TRAIN_ELSEWHERE,
+                });
+            }
+            Some(found)
+        }
+        _ => None,
+    };
     // `--device A,B`: the rows of each batch split over the devices (the model on the first).
     let devices = memzoo_backend::parse_device_list(device_name)?
         .iter()
@@ -81,6 +83,31 @@ pub fn train(
     let mut train_data = source(config, &splits, Split::Train, t.tgt_len)?;
     let mut valid_data = source(config, &splits, Split::Valid, t.tgt_len)?;
 
+    // One process per run directory, from here until the run ends (released on any exit).
+    let what = match resume {
+        true => "memzoo train --resume",
+        false => "memzoo train",
+    };
+    let _lock = memzoo_train::lock::RunLock::acquire(run_dir, what)?;
+    // Config, machine memory, devices, data and vocabulary are good: only now does the old run
+    // go (a bad new input leaves it as it was). Looked at again under the lock: another
+    // process may have trained there since.
+    if !resume && let Some(found) = checkpoint::existing_run(run_dir) {
+        if replaced.is_none() {
+            return Err(CliError::RunExists {
+                dir: run_dir.to_path_buf(),
+                found,
+                advice: TRAIN_ELSEWHERE,
+            });
+        }
+        checkpoint::clear_run(run_dir)?;
+        if !json_out {
+            println!(
+                "--overwrite: removed the run in {} ({found})",
+                run_dir.display()
+            );
+        }
+    }
     std::fs::create_dir_all(run_dir).map_err(|e| {
         CliError::io(
             format!("cannot create run directory {}", run_dir.display()),
@@ -196,6 +223,29 @@ pub fn train(
     Ok(signal)
 }
 
+/// `--resume` of a run whose latest checkpoint is at or past `train.steps` would train nothing
+/// and end as if it had: refused, naming both numbers (a missing or damaged checkpoint is left
+/// to the trainer's error).
+fn check_steps_left(config: &RunConfig, run_dir: &Path) -> Result<(), CliError> {
+    let Ok(Some((dir, _))) = checkpoint::latest_with_note(&run_dir.join("checkpoints")) else {
+        return Ok(());
+    };
+    let Ok(state) = checkpoint::read_trainer_state(&dir) else {
+        return Ok(());
+    };
+    if state.step > 0 && state.step >= config.train.steps {
+        return Err(CliError::Conflict(format!(
+            "--resume: {} is at step {}, and train.steps (--steps) is {}: nothing would be \
+             trained; pass --steps above {}",
+            dir.display(),
+            state.step,
+            config.train.steps,
+            state.step
+        )));
+    }
+    Ok(())
+}
+
 /// The plain-words summary of a run on text with recallable positions (the generated corpus):
 /// bits per recallable byte with the memory, with the same weights reading none, what guessing
 /// a letter costs (the recalled letters are drawn uniformly from a-z: `log2(26)` bits), and one
@@ -295,6 +345,8 @@ pub fn eval(
     let device = device(device_name)?;
     // As in training: on data made of documents, documents per row with memory resets.
     let config = RunConfig::from_run_dir(run_dir, &[])?.on_data()?;
+    check_mem_len_flag(mem_len, &config, run_dir)?;
+    check_model_memory(&config, false)?;
     let len = tgt_len.unwrap_or(config.train.tgt_len);
     let splits = load_splits(&config.data)?;
     check_vocab(&config, &splits)?;
@@ -361,6 +413,23 @@ pub fn eval(
     Ok(())
 }
 
+/// `--mem-len` (eval, generate) sets a Transformer-XL run's memory length: on a run of another
+/// family it is refused, naming the family, not ignored.
+fn check_mem_len_flag(
+    mem_len: Option<usize>,
+    config: &RunConfig,
+    run_dir: &Path,
+) -> Result<(), CliError> {
+    if mem_len.is_some() && config.model_kind != ModelKind::Xl {
+        return Err(CliError::Conflict(format!(
+            "--mem-len sets a Transformer-XL's memory, but {} holds a {:?} run",
+            run_dir.display(),
+            config.model_kind
+        )));
+    }
+    Ok(())
+}
+
 /// The config field of the model's vocabulary size, and its value.
 fn model_vocab(config: &RunConfig) -> (&'static str, usize) {
     match config.model_kind {
@@ -418,18 +487,13 @@ fn gib(bytes: f64) -> f64 {
     bytes / (1u64 << 30) as f64
 }
 
-/// This machine's memory in bytes (`MemTotal` of /proc/meminfo), where it can be read.
-fn machine_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+use memzoo_data::machine_memory;
 
 /// Refuses a Reformer whose LSH attention cannot fit in this machine's memory (the scores of
 /// one layer: batch x heads x rounds x padded length x chunk window, f32, about four live
 /// copies in the backward), naming the estimate, instead of being killed for memory.
 fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
+    check_model_memory(config, true)?;
     if config.model_kind != ModelKind::Reformer {
         return Ok(());
     }
@@ -454,6 +518,88 @@ fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
             need_gib: gib(bytes),
             have_gib: gib(total as f64),
             advice: "; lower reformer.n_rounds, train.batch or train.tgt_len".into(),
+        });
+    }
+    Ok(())
+}
+
+/// About how many bytes a stack of `x` takes (f32): its parameters (with `training`, also
+/// their gradients and AdamW's two moments: 4 copies), and one step's largest activations over
+/// `batch` rows of `len` tokens (the logits, and every layer's attention scores over memory and
+/// segment, three live copies each in a training step). Computed in f64: sizes whose product
+/// overflows an integer are estimated all the same.
+fn stack_bytes(x: &memzoo_xl::XlConfig, batch: usize, len: usize, training: bool) -> f64 {
+    let f = |v: usize| v as f64;
+    let (d, h, layers) = (f(x.d_model), f(x.n_heads.max(1)), f(x.n_layers));
+    let dh = x.d_head.map_or(d / h, f);
+    let embed = f(x.vocab_size) * f(x.d_embed.unwrap_or(x.d_model));
+    let output = if x.tie_weights {
+        0.0
+    } else {
+        f(x.vocab_size) * d
+    };
+    let layer = 5.0 * d * h * dh + 2.0 * d * f(x.d_inner);
+    let params = embed + output + layers * layer;
+    let (copies, live) = if training { (4.0, 3.0) } else { (1.0, 1.0) };
+    let rows = f(batch) * f(len);
+    let logits = rows * f(x.vocab_size) * live;
+    let scores = layers * f(batch) * h * f(len) * (f(len) + f(x.mem_len)) * live;
+    let hidden = layers * rows * (d + f(x.d_inner)) * live;
+    4.0 * (params * copies + logits + scores + hidden)
+}
+
+/// Refuses a model whose parameters and one step's activations cannot fit in this machine's
+/// memory ([`stack_bytes`]; every family: the XL stack, the Reformer's, the Memorizing
+/// Transformer's with its kNN memories), naming the sizes, instead of aborting on the
+/// allocation. `training`: with gradients and optimizer moments.
+fn check_model_memory(config: &RunConfig, training: bool) -> Result<(), CliError> {
+    let t = &config.train;
+    let (prefix, stack, knn) = match config.model_kind {
+        ModelKind::Xl => ("model", config.model.clone(), 0.0),
+        ModelKind::Reformer => ("reformer", config.reformer.stack(), 0.0),
+        ModelKind::Memorizing => {
+            let m = &config.memorizing;
+            let x = &m.xl;
+            let dh = x.d_head.unwrap_or(x.d_model / x.n_heads.max(1)) as f64;
+            // Keys and values, f32, per row, head and kNN layer.
+            let knn = [t.batch, m.max_memories, x.n_heads, m.knn_layers.len()]
+                .iter()
+                .map(|&v| v as f64)
+                .product::<f64>()
+                * dh
+                * 2.0
+                * 4.0;
+            ("memorizing.xl", x.clone(), knn)
+        }
+    };
+    let bytes = stack_bytes(&stack, t.batch, t.tgt_len, training) + knn;
+    let Some(total) = machine_memory() else {
+        return Ok(());
+    };
+    if bytes > total as f64 {
+        return Err(CliError::TooLarge {
+            what: format!(
+                "a {:?} model of {prefix}.n_layers {} x {prefix}.d_model {} ({prefix}.d_inner {}, \
+                 {prefix}.vocab_size {}) with train.batch {} x train.tgt_len {}{}",
+                config.model_kind,
+                stack.n_layers,
+                stack.d_model,
+                stack.d_inner,
+                stack.vocab_size,
+                t.batch,
+                t.tgt_len,
+                if training {
+                    " (weights, gradients, AdamW's moments and one step's activations)"
+                } else {
+                    " (weights and one pass's activations)"
+                }
+            ),
+            need_gib: gib(bytes),
+            have_gib: gib(total as f64),
+            advice: format!(
+                "; lower {prefix}.d_model, {prefix}.d_inner, {prefix}.n_layers, \
+                 {prefix}.vocab_size, train.batch or train.tgt_len"
+            ),
         });
     }
     Ok(())
@@ -522,6 +668,28 @@ pub fn duplication(
 ) -> Result<(), CliError> {
     use memzoo_train::tasks::{DuplicationConfig, duplication as train_dup};
     use memzoo_xl::ReformerConfig;
+    // One LSH layer's attention over a batch (16 rows, 2 heads, buckets of 4, a window of 2):
+    // its scores grow with the hash rounds.
+    let bytes = [16.0, 2.0, train_rounds as f64, len as f64, 8.0, 4.0 * 4.0]
+        .iter()
+        .product::<f64>();
+    if let Some(total) = machine_memory()
+        && bytes > total as f64
+    {
+        return Err(CliError::TooLarge {
+            what: format!("--train-rounds {train_rounds} with --len {len}: the LSH attention"),
+            need_gib: gib(bytes),
+            have_gib: gib(total as f64),
+            advice: "; lower --train-rounds or --len".into(),
+        });
+    }
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        return Err(CliError::flag(
+            "--seconds",
+            seconds,
+            "must be a finite number of seconds, >= 0 (0: no limit)",
+        ));
+    }
     let device = device(device_name)?.autodiff();
     let model = ReformerConfig::new()
         .with_n_layers(1)
@@ -712,13 +880,8 @@ pub fn generate(
     }
     let device = device(device_name)?;
     let config = RunConfig::from_run_dir(run_dir, &[])?;
-    if opts.mem_len.is_some() && config.model_kind != ModelKind::Xl {
-        return Err(CliError::Conflict(format!(
-            "--mem-len sets a Transformer-XL's memory, but {} holds a {:?} run",
-            run_dir.display(),
-            config.model_kind
-        )));
-    }
+    check_mem_len_flag(opts.mem_len, &config, run_dir)?;
+    check_model_memory(&config, false)?;
     let segment_len = opts.segment_len.unwrap_or(config.train.tgt_len);
     // Bytes (at `data.byte_offset`), or the words of an imported word-level model
     // (`vocab.json` in the run).

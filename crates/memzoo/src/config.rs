@@ -260,8 +260,7 @@ impl RunConfig {
         }
         let mut value = serde_json::to_value(base).expect("serialisable");
         if let Some(path) = file {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| CliError::io(format!("cannot read config {}", path.display()), e))?;
+            let text = read_config(path)?;
             let table: toml::Table = toml::from_str(&text).map_err(|e| {
                 CliError::Config(format!("config {} is not valid TOML: {e}", path.display()))
             })?;
@@ -279,8 +278,10 @@ impl RunConfig {
         Self::from_value(value)
     }
 
-    /// Parses a resolved JSON value, rejecting fields the types do not know.
+    /// Parses a resolved JSON value, rejecting fields the types do not know and integers a
+    /// TOML file cannot hold.
     fn from_value(value: Value) -> Result<Self, CliError> {
+        toml_integers(&value, "")?;
         let config: RunConfig = serde_json::from_value(value.clone())
             .map_err(|e| CliError::Config(format!("invalid config: {e}")))?;
         // Burn's Config derive ignores unknown fields: compare with a round trip.
@@ -369,6 +370,38 @@ impl RunConfig {
     }
 }
 
+/// The largest config file read (a run's config.toml is a few KiB).
+const CONFIG_LIMIT: u64 = 1 << 20;
+
+/// A config file's text: a regular file (not a FIFO, which would block, or a device such as
+/// `/dev/zero`, which never ends) of at most [`CONFIG_LIMIT`] bytes.
+fn read_config(path: &Path) -> Result<String, CliError> {
+    let shown = path.display();
+    let cannot = |e| CliError::io(format!("cannot read config {shown}"), e);
+    std::fs::metadata(path).map_err(cannot)?;
+    let len = memzoo_data::regular_file(path)
+        .map_err(|e| CliError::Config(format!("config {shown}: {e}")))?;
+    let too_large = || {
+        CliError::Config(format!(
+            "config {shown} holds more than {CONFIG_LIMIT} bytes: it is not a memzoo config"
+        ))
+    };
+    if len > CONFIG_LIMIT {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::open(path).map_err(cannot)?, CONFIG_LIMIT + 1),
+        &mut bytes,
+    )
+    .map_err(cannot)?;
+    if bytes.len() as u64 > CONFIG_LIMIT {
+        return Err(too_large());
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| CliError::Config(format!("config {shown} is not UTF-8 text: {e}")))
+}
+
 /// TOML has no null: drop `None` fields.
 fn strip_nulls(v: Value) -> Value {
     match v {
@@ -443,6 +476,30 @@ fn set_path(root: &mut Value, key: &str, value: Value) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// Every integer must fit TOML's (a signed 64-bit one): the run's `config.toml` is written
+/// and read back (`eval`, `generate`, `--resume`). The error names the first field above.
+fn toml_integers(value: &Value, path: &str) -> Result<(), CliError> {
+    match value {
+        Value::Number(n) if n.is_u64() && n.as_i64().is_none() => Err(CliError::Config(format!(
+            "{path} = {n} is above {}, the largest integer a TOML config holds (the run's \
+             config.toml must read back)",
+            i64::MAX
+        ))),
+        Value::Object(map) => map.iter().try_for_each(|(k, v)| {
+            let p = match path {
+                "" => k.clone(),
+                _ => format!("{path}.{k}"),
+            };
+            toml_integers(v, &p)
+        }),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| toml_integers(v, &format!("{path}[{i}]"))),
+        _ => Ok(()),
+    }
 }
 
 fn unknown_fields(given: &Value, known: &Value, path: &str) -> Result<(), CliError> {

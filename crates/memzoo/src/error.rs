@@ -211,13 +211,15 @@ impl CliError {
 
     /// The process's exit status for this error: 2 for a usage error, a flag's value or a
     /// combination of flags refused before the command does anything (as for clap's own parse
-    /// errors); 1 for everything else (configs, data, checkpoints, models).
+    /// errors), `--device` included (a device that exists but fails to start is 1); 1 for
+    /// everything else (configs, data, checkpoints, models).
     pub fn exit_code(&self) -> i32 {
         match self {
             CliError::Flag { .. }
             | CliError::Conflict(_)
             | CliError::Sampler { .. }
             | CliError::UnknownFormat { .. } => 2,
+            CliError::Device(e) if !matches!(e, DeviceError::Init { .. }) => 2,
             _ => 1,
         }
     }

@@ -41,7 +41,8 @@ fn check_source(source: &str) -> Result<(), CliError> {
 /// `memzoo import --from SOURCE SRC --run-dir DIR`: reads the checkpoint directory `src`
 /// (`config.json` + `model.safetensors` or `pytorch_model.bin`; pickle is parsed, never run)
 /// and writes the run directory `run_dir`. `data`: the run's data (`[data] source`; default:
-/// the generated corpus). A directory that holds a run is refused unless `overwrite`.
+/// the generated corpus). A directory that holds a run is refused unless `overwrite`, which
+/// removes that run only once the source, its config and the data have been read.
 pub fn import(
     from: &str,
     src: &Path,
@@ -51,15 +52,15 @@ pub fn import(
     json_out: bool,
 ) -> Result<(), CliError> {
     check_source(from)?;
-    if let Some(found) = checkpoint::existing_run(run_dir) {
-        if !overwrite {
-            return Err(CliError::RunExists {
-                dir: run_dir.to_path_buf(),
-                found,
-                advice: "import into a new --run-dir, or pass --overwrite to replace it",
-            });
-        }
-        checkpoint::clear_run(run_dir)?;
+    let refuse = |found: String| CliError::RunExists {
+        dir: run_dir.to_path_buf(),
+        found,
+        advice: "import into a new --run-dir, or pass --overwrite to replace it",
+    };
+    if let Some(found) = checkpoint::existing_run(run_dir)
+        && !overwrite
+    {
+        return Err(refuse(found));
     }
     let device = memzoo_backend::parse_device("flex")?;
     let (model, xl) = memzoo_import::import_source(from, src, &device)?;
@@ -114,6 +115,17 @@ pub fn import(
         total_steps: t.steps,
         replicas: 1,
     };
+    // One process per run directory, until the import is written.
+    let _lock = memzoo_train::lock::RunLock::acquire(run_dir, "memzoo import")?;
+    // The source, its config, vocabulary and the data are good: only now does the old run go
+    // (`--overwrite`; a failing import leaves it as it was). Looked at again under the lock:
+    // another process may have written a run there since.
+    if let Some(found) = checkpoint::existing_run(run_dir) {
+        if !overwrite {
+            return Err(refuse(found));
+        }
+        checkpoint::clear_run(run_dir)?;
+    }
     std::fs::create_dir_all(run_dir).map_err(|e| {
         CliError::io(
             format!("cannot create run directory {}", run_dir.display()),
@@ -193,6 +205,15 @@ pub fn export(
             });
         }
     }
+    // No training may prune the checkpoint while it is read (a missing run directory is left
+    // to load_xl's error).
+    let _lock = match run_dir.is_dir() {
+        true => Some(memzoo_train::lock::RunLock::acquire(
+            run_dir,
+            "memzoo export",
+        )?),
+        false => None,
+    };
     let (config, model) = crate::commands::load_xl(run_dir, device)?;
     if config.model_kind != ModelKind::Xl {
         return Err(CliError::Family {
