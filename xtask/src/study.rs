@@ -676,7 +676,13 @@ impl Study {
         let mut tables = Vec::new();
         for kind in group {
             let (ckpt, _) = self.code_model(kind)?;
-            let config = eval_config_for_recl(&self.code_config(kind), s.recl_max_context, &s);
+            let best = best_t1_memory(&read_lines(&self.out.join("study.jsonl")), kind.name());
+            let config = eval_config_for_recl(&self.code_config(kind), best, &s);
+            eprintln!(
+                "study: t2 {} reads with XL memory {}",
+                kind.name(),
+                config.mem_len
+            );
             let model = self.load(&ckpt, &config)?;
             let start = Instant::now();
             let t = recl::context_losses(&model, &docs, &blocks, s.tgt_len, &contexts, 8)
@@ -1010,21 +1016,32 @@ fn rounds_name(rounds: usize) -> String {
     }
 }
 
-/// The evaluation settings of a code model in T2: relative models with an XL memory as long
-/// as the largest context (so a window's tokens are all in reach) and distances clamped at
-/// the training span; vanilla and kNN models as trained.
-fn eval_config_for_recl(config: &XlConfig, max_context: usize, s: &Scale) -> XlConfig {
+/// The evaluation settings of a code model in T2: each model with an XL memory reads with the
+/// memory that served it best in T1 (`best_mem`: the lowest test bpc without `same_length`;
+/// else its training memory), distances clamped at the training span; the rest as trained.
+fn eval_config_for_recl(config: &XlConfig, best_mem: Option<usize>, s: &Scale) -> XlConfig {
     let kinds = config.layer_kinds();
-    if kinds.iter().all(|k| *k == LayerKind::Xl) {
-        config.clone().with_mem_len(max_context).with_positions(
-            config
+    match best_mem {
+        Some(m) if kinds.iter().all(|k| *k == LayerKind::Xl) => {
+            let clamped = config
                 .positions
                 .clone()
-                .with_clamp_len(Some(s.tgt_len + s.mem_len)),
-        )
-    } else {
-        config.clone()
+                .with_clamp_len(Some(s.tgt_len + s.mem_len));
+            config.clone().with_mem_len(m).with_positions(clamped)
+        }
+        _ => config.clone(),
     }
+}
+
+/// The evaluation memory with the lowest T1 test bpc of `model` (without `same_length`), from
+/// the study's earlier lines.
+fn best_t1_memory(lines: &[Value], model: &str) -> Option<usize> {
+    lines
+        .iter()
+        .filter(|l| l["table"] == "t1" && l["model"] == model && l["same_length"] == false)
+        .filter_map(|l| Some((l["eval_mem"].as_u64()? as usize, l["test_bpc"].as_f64()?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(m, _)| m)
 }
 
 /// Seconds per training step (forward + backward, batch 1) of `config` at `len`, the median

@@ -388,10 +388,11 @@ fn t2_section(md: &mut String, lines: &[Value], dir: &str) {
          **Here**: `memzoo_train::recl` (also `memzoo recl --run-dir A --run-dir B ...`) on \
          blocks of one segment scored after c tokens of their document (c = 0, one segment, \
          ...), read from a fresh state in segments with each model's memories carried; the \
-         group's baseline is the best model at c, the gain threshold 0.01 as the paper. XL \
-         models read with an XL memory as long as the largest context (distances clamped at \
-         the training span), the Memorizing model as trained (its kNN memory holds the whole \
-         window). A RECL marked ≥ was still gaining at the largest context.\n"
+         group's baseline is the best model at c, the gain threshold 0.01 as the paper. The \
+         XL models read with the XL memory that served each best in T1 (distances clamped at \
+         the training span; what lies further back reaches them through the recurrence), the \
+         vanilla model its segment, the Memorizing model as trained (its kNN memory holds the \
+         whole window). A RECL marked ≥ was still gaining at the largest context.\n"
     );
     let _ = writeln!(
         md,
