@@ -532,7 +532,7 @@ fn t4_section(md: &mut String, lines: &[Value], dir: &str) {
         "## T4: Reformer, the duplication task\n\n\
          **Paper** (Kitaev et al. 2020, Table 2): {PAPER_T4}\n\n\
          **Here**: `0 w 0 w` with w of {} symbols from 15, a one-layer shared-QK Reformer \
-         (buckets of 4), trained with full attention (one chunk over the sequence) or LSH with \
+         (buckets of 4, axial positions), trained with full attention (one chunk over the sequence) or LSH with \
          1/2/4 rounds for {} steps, each evaluated with full attention and LSH-1/2/4/8: the \
          share of the second copy predicted right.\n",
         t4.first().map_or(0, |r| u(&r["len"]) / 2 - 1),
