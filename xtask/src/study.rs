@@ -339,6 +339,7 @@ pub struct Study {
     out: PathBuf,
     report: PathBuf,
     data: Option<CodeData>,
+    far_masks: HashMap<usize, Vec<Vec<bool>>>,
     quick: bool,
 }
 
@@ -404,6 +405,7 @@ impl Study {
             out,
             report,
             data: None,
+            far_masks: HashMap::new(),
             quick: args.quick,
         })
     }
@@ -577,19 +579,55 @@ impl Study {
     fn evaluate_code(&mut self, model: &TransformerXl, reach: usize) -> Result<EvalResult, String> {
         let s = self.scale.clone();
         let test = self.data()?.test.clone();
-        let masks: Vec<Vec<bool>> = test
-            .iter()
-            .map(|d| {
-                // Target t of a document is token t + 1.
-                let m = far_mask(d, reach);
-                m[1..].iter().copied().chain([false]).collect()
+        // The masks depend on the documents and `reach` only: computed once per reach.
+        let masks = self
+            .far_masks
+            .entry(reach)
+            .or_insert_with(|| {
+                test.iter()
+                    .map(|d| {
+                        // Target t of a document is token t + 1.
+                        let m = far_mask(d, reach);
+                        m[1..].iter().copied().chain([false]).collect()
+                    })
+                    .collect()
             })
-            .collect();
+            .clone();
         let rows = s.batch.min(test.len()).max(1);
         let mut data = DocBatcher::named("the study's test documents", &test, rows, s.tgt_len, 0)
             .and_then(|b| b.with_target_masks(&masks))
             .map_err(|e| e.to_string())?;
         evaluate_sharded(model, &mut data, s.tgt_len, None, None).map_err(|e| e.to_string())
+    }
+
+    /// One T1/T3 line: the checkpoint read as `config`, scored on the test documents
+    /// ([`Study::evaluate_code`]), `fields` and the scores together.
+    fn score_code(
+        &mut self,
+        table: &str,
+        ckpt: &Path,
+        config: &XlConfig,
+        reach: usize,
+        train_seconds: f64,
+        fields: Value,
+    ) -> Result<Value, String> {
+        let model = self.load(ckpt, config)?;
+        let start = Instant::now();
+        let r = self.evaluate_code(&model, reach)?;
+        let mut v = line(table, fields);
+        if let Some(o) = v.as_object_mut() {
+            o.extend(
+                json!({"test_bpc": r.bpc, "tokens": r.tokens,
+                       "far_bpc": r.selected_loss.map(|l| l / std::f64::consts::LN_2),
+                       "far_tokens": r.selected_tokens, "train_seconds": train_seconds,
+                       "eval_seconds": start.elapsed().as_secs_f64()})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            );
+        }
+        eprintln!("{v}");
+        Ok(v)
     }
 
     // ------------------------------------------------------------------------------------
@@ -626,18 +664,15 @@ impl Study {
                     let clamped = c.positions.clone().with_clamp_len(Some(s.tgt_len + m));
                     c = c.with_same_length(true).with_positions(clamped);
                 }
-                let model = self.load(&ckpt, &c)?;
-                let start = Instant::now();
-                let r = self.evaluate_code(&model, reach)?;
-                let v = line(
+                let v = self.score_code(
                     "t1",
+                    &ckpt,
+                    &c,
+                    reach,
+                    secs,
                     json!({"model": kind.name(), "train_mem": config.mem_len, "eval_mem": mem,
-                           "same_length": same, "test_bpc": r.bpc, "tokens": r.tokens,
-                           "far_bpc": r.selected_loss.map(|l| l / std::f64::consts::LN_2),
-                           "far_tokens": r.selected_tokens, "train_seconds": secs,
-                           "eval_seconds": start.elapsed().as_secs_f64()}),
-                );
-                eprintln!("{v}");
+                           "same_length": same}),
+                )?;
                 out.push(v);
             }
         }
@@ -748,18 +783,15 @@ impl Study {
                 } else {
                     config.clone()
                 };
-                let model = self.load(&ckpt, &c)?;
-                let start = Instant::now();
-                let r = self.evaluate_code(&model, reach)?;
-                let v = line(
+                let v = self.score_code(
                     "t3",
-                    json!({"model": kind.name(), "xl_cache": cache, "knn_train": knn.then_some(s.knn_train),
-                           "knn_eval": size, "test_bpc": r.bpc, "tokens": r.tokens,
-                           "far_bpc": r.selected_loss.map(|l| l / std::f64::consts::LN_2),
-                           "far_tokens": r.selected_tokens, "train_seconds": secs,
-                           "eval_seconds": start.elapsed().as_secs_f64()}),
-                );
-                eprintln!("{v}");
+                    &ckpt,
+                    &c,
+                    reach,
+                    secs,
+                    json!({"model": kind.name(), "xl_cache": cache,
+                           "knn_train": knn.then_some(s.knn_train), "knn_eval": size}),
+                )?;
                 out.push(v);
             }
         }

@@ -135,6 +135,26 @@ pub fn batcher(
     Ok(b.drop_last(true))
 }
 
+/// The bytes of each document of a split when the data has documents
+/// ([`DataConfig::has_documents`]): the crates of the prepared `rust-code` corpus, or the
+/// generated corpus's documents. `None` for a plain file or data set (one stream).
+pub fn document_texts(cfg: &DataConfig, split: Split) -> Result<Option<Vec<Vec<u8>>>, CliError> {
+    if !cfg.has_documents() {
+        return Ok(None);
+    }
+    Ok(Some(if cfg.source.as_deref() == Some(rust_code::NAME) {
+        rust_code::load_split(&rust_code_dir(cfg), split)?
+            .into_iter()
+            .map(|d| d.text)
+            .collect()
+    } else {
+        memzoo_data::generate_split(&cfg.generated, split)?
+            .into_iter()
+            .map(|d| d.text)
+            .collect()
+    }))
+}
+
 /// Documents laid out per row (each starting at a segment boundary, `reset` where a new one
 /// starts, padding ignored by the loss) when the data has documents
 /// ([`DataConfig::has_documents`]): the generated corpus, or the prepared `rust-code` corpus
@@ -149,24 +169,16 @@ pub fn doc_batcher(
     batch: usize,
     len: usize,
 ) -> Result<Option<memzoo_data::DocBatcher>, CliError> {
-    if !cfg.has_documents() {
+    let Some(texts) = document_texts(cfg, split)? else {
         return Ok(None);
-    }
+    };
     let tok = tokenizer(cfg)?;
+    let docs: Vec<Vec<Token>> = texts.iter().map(|t| tok.encode(t)).collect();
     if cfg.source.as_deref() == Some(rust_code::NAME) {
-        let docs: Vec<Vec<Token>> = rust_code::load_split(&rust_code_dir(cfg), split)?
-            .iter()
-            .map(|d| tok.encode(&d.text))
-            .collect();
         let label = format!("the {split} split of {}", rust_code::NAME);
         let b = memzoo_data::DocBatcher::named(&label, &docs, batch, len, tok.byte_id(0))?;
         return Ok(Some(b));
     }
-    let texts: Vec<Vec<u8>> = memzoo_data::generate_split(&cfg.generated, split)?
-        .into_iter()
-        .map(|d| d.text)
-        .collect();
-    let docs: Vec<Vec<Token>> = texts.iter().map(|t| tok.encode(t)).collect();
     // Byte 0 never occurs in the generated text: its id pads, and its targets are ignored.
     let b = memzoo_data::DocBatcher::new(&docs, batch, len, tok.byte_id(0))?;
     if split == Split::Train {

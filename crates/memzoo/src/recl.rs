@@ -3,14 +3,14 @@
 
 use std::path::PathBuf;
 
-use memzoo_data::{Split, Token, rust_code};
+use memzoo_data::{Split, Token};
 use memzoo_train::recl::{self, LossTable, Recl};
 use memzoo_xl::TransformerXl;
 use serde_json::json;
 
 use crate::commands::{device, load_checkpoint};
 use crate::config::{DataConfig, ModelKind, RunConfig};
-use crate::data_setup::{load_splits, rust_code_dir, tokenizer};
+use crate::data_setup::{document_texts, load_splits, tokenizer};
 use crate::error::CliError;
 
 /// What `memzoo recl` measures.
@@ -41,19 +41,10 @@ pub struct ReclOptions {
 /// text or data set.
 pub fn split_documents(cfg: &DataConfig, split: Split) -> Result<Vec<Vec<Token>>, CliError> {
     let tok = tokenizer(cfg)?;
-    if cfg.source.as_deref() == Some(rust_code::NAME) {
-        return Ok(rust_code::load_split(&rust_code_dir(cfg), split)?
-            .iter()
-            .map(|d| tok.encode(&d.text))
-            .collect());
-    }
-    if cfg.has_documents() {
-        return Ok(memzoo_data::generate_split(&cfg.generated, split)?
-            .into_iter()
-            .map(|d| tok.encode(&d.text))
-            .collect());
-    }
-    Ok(vec![load_splits(cfg)?.get(split).to_vec()])
+    Ok(match document_texts(cfg, split)? {
+        Some(texts) => texts.iter().map(|t| tok.encode(t)).collect(),
+        None => vec![load_splits(cfg)?.get(split).to_vec()],
+    })
 }
 
 fn load_run(
