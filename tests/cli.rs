@@ -251,3 +251,74 @@ fn the_family_label_follows_the_layers_and_old_labels_still_load() {
     check(resumed, &["memorizing"], 1, "resume, another family");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `memzoo recl` on a group of two runs (with and without XL memory) of the generated corpus:
+/// it runs end to end, text and JSON; bad contexts, ratios and groups are refused naming the
+/// flag (the RECL itself is checked against a hand computation in `memzoo_train::recl`).
+#[test]
+fn recl_compares_runs_and_refuses_bad_contexts() {
+    use memzoo::recl::{ReclOptions, run};
+    let dir = scratch("recl");
+    let (with, without) = (dir.join("with"), dir.join("without"));
+    commands::train(&tiny(&[]), "flex", &with, false, false, true, true).unwrap();
+    commands::train(
+        &tiny(&["model.mem_len=0"]),
+        "flex",
+        &without,
+        false,
+        false,
+        true,
+        true,
+    )
+    .unwrap();
+    let opts = ReclOptions {
+        run_dirs: vec![with.clone(), without.clone()],
+        contexts: Some(vec![0, 8, 16]),
+        seg_len: None,
+        blocks: 4,
+        ratios: vec![0.1, 1.0],
+        threshold: 0.01,
+        mem_len: None,
+        split: "valid".into(),
+    };
+    run(&opts, "flex", false).unwrap();
+    run(&opts, "flex", true).unwrap();
+    let bad = |o: ReclOptions| run(&o, "flex", true).map(|_| ());
+    check(
+        bad(ReclOptions {
+            contexts: Some(vec![0, 12]),
+            ..opts.clone()
+        }),
+        &["--contexts", "12", "multiple of the segment length 8"],
+        2,
+        "context not a multiple",
+    );
+    check(
+        bad(ReclOptions {
+            contexts: Some(vec![16, 8]),
+            ..opts.clone()
+        }),
+        &["--contexts", "increasing"],
+        2,
+        "decreasing contexts",
+    );
+    check(
+        bad(ReclOptions {
+            ratios: vec![1.5],
+            ..opts.clone()
+        }),
+        &["--r", "1.5"],
+        2,
+        "ratio above 1",
+    );
+    check(
+        bad(ReclOptions {
+            contexts: Some(vec![0, 8_000_000]),
+            ..opts.clone()
+        }),
+        &["no document of the valid split is longer"],
+        2,
+        "context past every document",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
