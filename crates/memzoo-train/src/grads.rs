@@ -43,14 +43,7 @@ impl ModuleVisitor for NonFinite<'_> {
             // Σ g² is finite exactly when every entry is (or overflows, which is as bad).
             let sq: f64 = g.powi_scalar(2).sum().into_scalar();
             if !sq.is_finite() {
-                let name = self
-                    .path
-                    .iter()
-                    .filter(|p| !p.is_empty())
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(".");
-                self.found.push((name, sq.sqrt()));
+                self.found.push((dotted(&self.path), sq.sqrt()));
             }
         }
     }
@@ -144,14 +137,7 @@ impl ModuleVisitor for NonFiniteParams {
             return;
         };
         if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
-            let name = self
-                .path
-                .iter()
-                .filter(|p| !p.is_empty())
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(".");
-            self.found.push((name, *bad));
+            self.found.push((dotted(&self.path), *bad));
         }
     }
 }
@@ -165,4 +151,13 @@ pub fn non_finite_params<M: Module>(model: &M) -> Vec<(String, f32)> {
     };
     model.visit(&mut v);
     v.found
+}
+
+/// A module path as `a.b.c` (empty names skipped).
+fn dotted(path: &[String]) -> String {
+    path.iter()
+        .filter(|p| !p.is_empty())
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(".")
 }
