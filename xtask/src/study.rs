@@ -52,12 +52,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// The tables, in the order they run.
-pub const TABLES: [&str; 5] = ["t1", "t2", "t3", "t4", "t5"];
+pub const TABLES: [&str; 6] = ["t1", "t2", "t3", "t4", "t5", "t6"];
 
 /// `cargo xtask study` options.
 #[derive(Args, Clone, Debug)]
 pub struct StudyArgs {
-    /// Tables to run (comma-separated: t1, t2, t3, t4, t5; default: all). T2 uses T1's and
+    /// Tables to run (comma-separated: t1, t2, t3, t4, t5, t6; default: all). T2 uses T1's and
     /// T3's models (trained here if they are not yet).
     #[arg(long, value_delimiter = ',')]
     pub table: Option<Vec<String>>,
@@ -127,12 +127,20 @@ pub struct Scale {
     pub dup_len: usize,
     /// T4 training steps.
     pub dup_steps: usize,
+    /// T4: evaluation batches of 16 sequences.
+    pub dup_eval_batches: usize,
+    /// T4: rotation seeds each LSH evaluation is averaged over.
+    pub dup_eval_seeds: usize,
     /// T5: sequence length and training steps of the Reformers.
     pub lsh_len: usize,
     /// T5 training steps.
     pub lsh_steps: usize,
     /// T5: sequence lengths timed.
     pub timing_lengths: Vec<usize>,
+    /// T6: distances of the repeat (a piece of this many bytes read twice).
+    pub copy_distances: Vec<usize>,
+    /// T6: tokens read at each distance (pieces of the test documents, each read twice).
+    pub copy_tokens: usize,
 }
 
 impl Scale {
@@ -159,9 +167,13 @@ impl Scale {
             recl_max_context: 512,
             dup_len: 32,
             dup_steps: 5000,
+            dup_eval_batches: 32,
+            dup_eval_seeds: 5,
             lsh_len: 512,
             lsh_steps: 400,
             timing_lengths: vec![512, 1024, 2048, 4096, 8192],
+            copy_distances: vec![32, 96, 512, 4096],
+            copy_tokens: 65_536,
         }
     }
 
@@ -188,9 +200,13 @@ impl Scale {
             recl_max_context: 32,
             dup_len: 16,
             dup_steps: 4,
+            dup_eval_batches: 2,
+            dup_eval_seeds: 2,
             lsh_len: 64,
             lsh_steps: 3,
             timing_lengths: vec![64, 128],
+            copy_distances: vec![8, 32],
+            copy_tokens: 256,
         }
     }
 }
@@ -319,6 +335,38 @@ pub fn far_mask(doc: &[Token], reach: usize) -> Vec<bool> {
         last.insert(gram, p);
     }
     mask
+}
+
+/// T6's documents: pieces of `d` tokens cut from `docs` in turn (the first piece of every
+/// document, then the second, ...), each read twice in a row (`x ++ x`), until `budget`
+/// tokens; with each piece's target mask, which selects the targets of the second reading
+/// (`mask[t]` is about target `t`, the token at `t + 1`).
+///
+/// # Errors
+/// When no document holds a whole piece.
+pub fn repeated_pieces(
+    docs: &[Vec<Token>],
+    d: usize,
+    budget: usize,
+) -> Result<(Vec<Vec<Token>>, Vec<Vec<bool>>), String> {
+    let mut pieces = Vec::new();
+    let most = docs.iter().map(|x| x.len() / d.max(1)).max().unwrap_or(0);
+    'fill: for k in 0..most {
+        for doc in docs {
+            if pieces.len() * 2 * d >= budget {
+                break 'fill;
+            }
+            if let Some(p) = doc.get(k * d..(k + 1) * d) {
+                pieces.push(p.iter().chain(p).copied().collect::<Vec<Token>>());
+            }
+        }
+    }
+    if d == 0 || pieces.is_empty() {
+        return Err(format!("no test document holds a piece of {d} tokens"));
+    }
+    let mask: Vec<bool> = (0..2 * d).map(|t| t + 1 >= d && t + 1 < 2 * d).collect();
+    let masks = vec![mask; pieces.len()];
+    Ok((pieces, masks))
 }
 
 /// One line of the study's results.
@@ -850,25 +898,35 @@ impl Study {
             let name = format!("dup-{}", rounds_name(train_rounds));
             let (ckpt, secs) = self.train_run(&name, &config, &train, &mut data)?;
             for eval_rounds in [0, 1, 2, 4, 8] {
-                let c = self.dup_config(eval_rounds);
-                let model = self.load(&ckpt, &c)?;
-                let model = if eval_rounds > 0 {
-                    model.with_eval_rounds(eval_rounds)
+                // One draw of rotations swings a one-layer model with 8 buckets by tens of
+                // points: LSH is evaluated with several rotation seeds, and their mean reported.
+                let draws = if eval_rounds == 0 {
+                    1
                 } else {
-                    model.with_eval_rounds(1)
+                    s.dup_eval_seeds
                 };
-                let mut valid = TaskStream::limited(
-                    Duplication::new(batch, s.dup_len, 16, !self.seed)
-                        .map_err(|e| e.to_string())?,
-                    8,
-                )
-                .map_err(|e| e.to_string())?;
-                let r = evaluate_sharded(&model, &mut valid, s.dup_len, None, None)
+                let mut accuracies = Vec::new();
+                for draw in 0..draws as u64 {
+                    let mut c = self.dup_config(eval_rounds);
+                    c.lsh.seed = c.lsh.seed.wrapping_add(draw);
+                    let model = self.load(&ckpt, &c)?;
+                    let model = model.with_eval_rounds(eval_rounds.max(1));
+                    let mut valid = TaskStream::limited(
+                        Duplication::new(batch, s.dup_len, 16, !self.seed)
+                            .map_err(|e| e.to_string())?,
+                        s.dup_eval_batches,
+                    )
                     .map_err(|e| e.to_string())?;
+                    let r = evaluate_sharded(&model, &mut valid, s.dup_len, None, None)
+                        .map_err(|e| e.to_string())?;
+                    accuracies.push(r.selected_accuracy.unwrap_or(f64::NAN));
+                }
+                let mean = accuracies.iter().sum::<f64>() / accuracies.len() as f64;
                 let v = line(
                     "t4",
                     json!({"train": rounds_name(train_rounds), "eval": rounds_name(eval_rounds),
-                           "accuracy": r.selected_accuracy, "len": s.dup_len,
+                           "accuracy": mean, "accuracy_per_seed": accuracies,
+                           "sequences": s.dup_eval_batches * batch, "len": s.dup_len,
                            "steps": s.dup_steps, "train_seconds": secs}),
                 );
                 eprintln!("{v}");
@@ -951,6 +1009,71 @@ impl Study {
     }
 
     // ------------------------------------------------------------------------------------
+    // T6
+
+    /// Copying at a distance: pieces of the test documents read twice in a row
+    /// ([`repeated_pieces`]); the drop in bpc from the first reading to the second is what a
+    /// model copies from `d` bytes back. Each code model reads with the memory it trained
+    /// with: the XL cache of `M`, the kNN memory of `knn_train` pairs.
+    fn t6(&mut self) -> Result<Vec<Value>, String> {
+        let s = self.scale.clone();
+        let test = self.data()?.test.clone();
+        let mut out = Vec::new();
+        for kind in [
+            CodeModel::Xl,
+            CodeModel::XlNoRecurrence,
+            CodeModel::Vanilla,
+            CodeModel::TFiveCache,
+            CodeModel::KnnCache,
+            CodeModel::KnnNone,
+        ] {
+            let (ckpt, secs) = self.code_model(kind)?;
+            let config = self.code_config(kind);
+            let model = self.load(&ckpt, &config)?;
+            // What the kNN layers' gates learnt: g = sigmoid(b_g) per head, the share of a
+            // head's output taken from the retrieved pairs (0.5 at initialisation).
+            let gates: Vec<Vec<f32>> = model
+                .knn_attentions()
+                .map(|a| {
+                    burn::tensor::activation::sigmoid(a.gate.val())
+                        .into_data()
+                        .try_to_vec::<f32>()
+                        .unwrap_or_default()
+                })
+                .collect();
+            for &d in &s.copy_distances {
+                let (docs, masks) = repeated_pieces(&test, d, s.copy_tokens)?;
+                let start = Instant::now();
+                let rows = s.batch.min(docs.len());
+                let mut data =
+                    DocBatcher::named("the study's repeated pieces", &docs, rows, s.tgt_len, 0)
+                        .and_then(|b| b.with_target_masks(&masks))
+                        .map_err(|e| e.to_string())?;
+                let r = evaluate_sharded(&model, &mut data, s.tgt_len, None, None)
+                    .map_err(|e| e.to_string())?;
+                let second = r.selected_loss.unwrap_or(f64::NAN);
+                let first_tokens = r.tokens.saturating_sub(r.selected_tokens);
+                let first = (r.loss * r.tokens as f64 - second * r.selected_tokens as f64)
+                    / first_tokens.max(1) as f64;
+                let ln2 = std::f64::consts::LN_2;
+                let v = line(
+                    "t6",
+                    json!({"model": kind.name(), "distance": d, "pieces": docs.len(),
+                           "xl_mem": config.mem_len,
+                           "knn_memory": config.layer_kinds().contains(&LayerKind::Knn).then_some(config.knn.max_memories),
+                           "knn_gates": gates,
+                           "first_bpc": first / ln2, "second_bpc": second / ln2,
+                           "second_tokens": r.selected_tokens, "train_seconds": secs,
+                           "eval_seconds": start.elapsed().as_secs_f64()}),
+                );
+                eprintln!("{v}");
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    // ------------------------------------------------------------------------------------
 
     /// Runs `tables`, then writes the JSON lines, charts and report.
     pub fn run(&mut self, tables: &[String]) -> Result<(), String> {
@@ -965,6 +1088,7 @@ impl Study {
                 "t3" => self.t3()?,
                 "t4" => self.t4()?,
                 "t5" => self.t5()?,
+                "t6" => self.t6()?,
                 other => {
                     return Err(format!(
                         "unknown table `{other}`: expected {}",
@@ -1186,6 +1310,41 @@ pub fn run_tables(args: &StudyArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// T6's pieces: cut in turn from the documents, doubled, the second reading's targets
+    /// selected; checked against the documents' bytes directly.
+    #[test]
+    fn repeated_pieces_read_each_piece_twice() {
+        let a: Vec<Token> = (0..10).collect();
+        let b: Vec<Token> = (100..107).collect();
+        let (docs, masks) = repeated_pieces(&[a, b], 3, 30).unwrap();
+        // a gives 3 pieces, b 2, taken in turn: a0 b0 a1 b1 a2, 6 tokens each, 30 in all.
+        let want: [[Token; 3]; 5] = [
+            [0, 1, 2],
+            [100, 101, 102],
+            [3, 4, 5],
+            [103, 104, 105],
+            [6, 7, 8],
+        ];
+        assert_eq!(docs.len(), 5);
+        for (doc, w) in docs.iter().zip(want) {
+            assert_eq!(&doc[..3], &w);
+            assert_eq!(&doc[3..], &w);
+        }
+        // Target t predicts token t + 1: the second reading is tokens 3..6, targets 2..5.
+        for m in &masks {
+            assert_eq!(m, &[false, false, true, true, true, false]);
+        }
+        assert_eq!(
+            repeated_pieces(&[vec![1, 2]], 3, 30).unwrap_err(),
+            "no test document holds a piece of 3 tokens"
+        );
+        assert_eq!(
+            repeated_pieces(&docs, 3, 12).unwrap().0.len(),
+            2,
+            "the budget stops it"
+        );
+    }
 
     /// The far mask against a naive scan written here.
     #[test]

@@ -237,6 +237,36 @@ pub fn charts(lines: &[Value]) -> Vec<(String, String)> {
             ),
         ));
     }
+    let t6 = rows(lines, "t6");
+    if !t6.is_empty() {
+        let series: Vec<Series> = T6_MODELS
+            .iter()
+            .map(|(model, label)| Series {
+                name: (*label).into(),
+                points: t6
+                    .iter()
+                    .filter(|r| r["model"] == *model)
+                    .filter_map(|r| {
+                        Some((
+                            u(&r["distance"]) as f64,
+                            f(&r["first_bpc"])? - f(&r["second_bpc"])?,
+                        ))
+                    })
+                    .collect(),
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect();
+        out.push((
+            "t6.svg".into(),
+            chart(
+                "T6: what a second reading gains, against the distance of the first",
+                "distance of the first reading (tokens)",
+                "bpc first reading - bpc second",
+                &series,
+                Axes::Linear,
+            ),
+        ));
+    }
     out
 }
 
@@ -273,10 +303,11 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
     t3_section(&mut md, lines, dir);
     t4_section(&mut md, lines, dir);
     t5_section(&mut md, lines, dir);
+    t6_section(&mut md, lines, dir);
     md
 }
 
-const TABLE_NAMES: [&str; 5] = ["t1", "t2", "t3", "t4", "t5"];
+const TABLE_NAMES: [&str; 6] = ["t1", "t2", "t3", "t4", "t5", "t6"];
 
 fn scale_line(md: &mut String, lines: &[Value], table: &str) {
     if let Some(m) = meta(lines, table) {
@@ -534,9 +565,15 @@ fn t4_section(md: &mut String, lines: &[Value], dir: &str) {
          **Here**: `0 w 0 w` with w of {} symbols from 15, a one-layer shared-QK Reformer \
          (buckets of 4, axial positions), trained with full attention (one chunk over the sequence) or LSH with \
          1/2/4 rounds for {} steps, each evaluated with full attention and LSH-1/2/4/8: the \
-         share of the second copy predicted right.\n",
+         share of the second copy predicted right, over {} test sequences; an LSH evaluation is \
+         the mean over {} draws of the rotations.\n",
         t4.first().map_or(0, |r| u(&r["len"]) / 2 - 1),
-        t4.first().map_or(0, |r| u(&r["steps"]))
+        t4.first().map_or(0, |r| u(&r["steps"])),
+        t4.first().map_or(0, |r| u(&r["sequences"])),
+        t4.iter()
+            .filter_map(|r| r["accuracy_per_seed"].as_array().map(Vec::len))
+            .max()
+            .unwrap_or(1)
     );
     let evals = ["full", "lsh-8", "lsh-4", "lsh-2", "lsh-1"];
     let _ = writeln!(
@@ -691,3 +728,60 @@ const PAPER_T5: &str = "Figure 4 (imagenet64, 3 layers): LSH attention becomes m
 as the hash rounds increase, and at 8 rounds it almost matches full attention. Figure 5 \
 (right): with the total tokens fixed, full attention slows down as the sequence grows while \
 LSH attention's time per token stays flat.";
+
+/// T6's models and their labels, in the table's order.
+const T6_MODELS: [(&str, &str); 6] = [
+    ("xl", "XL, memory M"),
+    ("xl-no-recurrence", "XL, no recurrence"),
+    ("vanilla", "vanilla"),
+    ("t5-xl-cache", "T5 stack, XL cache"),
+    ("memorizing-xl-cache", "kNN + XL cache"),
+    ("memorizing-no-cache", "kNN, no XL cache"),
+];
+
+fn t6_section(md: &mut String, lines: &[Value], dir: &str) {
+    let t6 = rows(lines, "t6");
+    if t6.is_empty() {
+        return;
+    }
+    let mut distances: Vec<usize> = t6.iter().map(|r| u(&r["distance"])).collect();
+    distances.sort_unstable();
+    distances.dedup();
+    let _ = writeln!(
+        md,
+        "## T6: copying at a distance (a diagnostic)\n\n\
+         No paper table: a direct test of how far each model looks back. Pieces of the test \
+         documents of d bytes are each read twice in a row; the table gives the bpc of the \
+         first reading and of the second. A model that can copy from d bytes back reads the \
+         second almost for free; one that cannot reads both alike. Each model reads with the \
+         memory it trained with (XL cache M, kNN memory as in T3's training).\n"
+    );
+    let head: Vec<String> = distances.iter().map(|d| format!("d = {d}")).collect();
+    let _ = writeln!(
+        md,
+        "| model (first → second bpc) | {} |\n|---|{}",
+        head.join(" | "),
+        "---:|".repeat(distances.len())
+    );
+    for (model, label) in T6_MODELS {
+        let cells: Vec<String> = distances
+            .iter()
+            .map(|&d| {
+                t6.iter()
+                    .find(|r| r["model"] == model && u(&r["distance"]) == d)
+                    .map(|r| {
+                        format!(
+                            "{} → {}",
+                            fmt3(f(&r["first_bpc"])),
+                            fmt3(f(&r["second_bpc"]))
+                        )
+                    })
+                    .unwrap_or_else(|| "-".into())
+            })
+            .collect();
+        if cells.iter().any(|c| c != "-") {
+            let _ = writeln!(md, "| {label} | {} |", cells.join(" | "));
+        }
+    }
+    let _ = writeln!(md, "\n![T6]({dir}/t6.svg)\n");
+}
