@@ -82,6 +82,11 @@ pub struct StudyArgs {
     /// Seed of every model's initialisation and data order.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Changes one size of the scale (a field of `Scale`, e.g. `--set dup_steps=20000`,
+    /// `--set knn_eval=[1536,8192]`); repeatable. A study at another scale belongs in its own
+    /// `--out` and `--runs`.
+    #[arg(long = "set", value_name = "FIELD=VALUE")]
+    pub set: Vec<String>,
 }
 
 /// The sizes of one study run.
@@ -208,6 +213,27 @@ impl Scale {
             copy_distances: vec![8, 32],
             copy_tokens: 256,
         }
+    }
+}
+
+impl Scale {
+    /// This scale with `FIELD=VALUE` settings applied (`VALUE` in JSON).
+    ///
+    /// # Errors
+    /// A setting without `=`, an unknown field, or a value of the wrong type, named.
+    pub fn with_sets(self, sets: &[String]) -> Result<Self, String> {
+        let mut v = serde_json::to_value(&self).map_err(|e| e.to_string())?;
+        for set in sets {
+            let (field, value) = set
+                .split_once('=')
+                .ok_or_else(|| format!("--set {set:?}: expected FIELD=VALUE"))?;
+            let slot = v
+                .get_mut(field)
+                .ok_or_else(|| format!("--set {set:?}: the scale has no field `{field}`"))?;
+            *slot = serde_json::from_str(value)
+                .map_err(|e| format!("--set {set:?}: `{value}` is not a JSON value: {e}"))?;
+        }
+        serde_json::from_value(v).map_err(|e| format!("--set {sets:?}: {e}"))
     }
 }
 
@@ -442,11 +468,12 @@ impl Study {
         };
         let device = memzoo_backend::parse_device(&args.device).map_err(|e| e.to_string())?;
         Ok(Self {
-            scale: if args.quick {
+            scale: (if args.quick {
                 Scale::quick()
             } else {
                 Scale::full()
-            },
+            })
+            .with_sets(&args.set)?,
             seed: args.seed,
             device,
             runs,
@@ -1344,6 +1371,32 @@ mod tests {
             2,
             "the budget stops it"
         );
+    }
+
+    /// `--set` changes the named field only and names what it refuses.
+    #[test]
+    fn scale_sets_change_one_field_and_name_bad_ones() {
+        let s = Scale::quick()
+            .with_sets(&["dup_steps=7".into(), "knn_eval=[5,6]".into()])
+            .unwrap();
+        assert_eq!((s.dup_steps, s.knn_eval.clone()), (7, vec![5, 6]));
+        assert_eq!(
+            Scale {
+                dup_steps: 4,
+                knn_eval: vec![32, 64, 128],
+                ..s
+            },
+            Scale::quick()
+        );
+        for (bad, says) in [
+            ("dup_steps", "expected FIELD=VALUE"),
+            ("nope=1", "no field `nope`"),
+            ("dup_steps=x", "`x` is not a JSON value"),
+            ("dup_steps=-1", "dup_steps"),
+        ] {
+            let e = Scale::quick().with_sets(&[bad.into()]).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     /// The far mask against a naive scan written here.

@@ -273,6 +273,7 @@ mod study {
             device: "flex".into(),
             threads: 2,
             seed: 0,
+            set: vec![],
         };
         run_tables(&args).unwrap();
         let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("study.jsonl"))
