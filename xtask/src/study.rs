@@ -146,6 +146,8 @@ pub struct Scale {
     pub copy_distances: Vec<usize>,
     /// T6: tokens read at each distance (pieces of the test documents, each read twice).
     pub copy_tokens: usize,
+    /// T6: training steps of the models trained on pieces read twice.
+    pub copy_steps: usize,
 }
 
 impl Scale {
@@ -179,6 +181,7 @@ impl Scale {
             timing_lengths: vec![512, 1024, 2048, 4096, 8192],
             copy_distances: vec![32, 96, 512, 4096],
             copy_tokens: 65_536,
+            copy_steps: 1500,
         }
     }
 
@@ -212,6 +215,7 @@ impl Scale {
             timing_lengths: vec![64, 128],
             copy_distances: vec![8, 32],
             copy_tokens: 256,
+            copy_steps: 3,
         }
     }
 }
@@ -393,6 +397,19 @@ pub fn repeated_pieces(
     let mask: Vec<bool> = (0..2 * d).map(|t| t + 1 >= d && t + 1 < 2 * d).collect();
     let masks = vec![mask; pieces.len()];
     Ok((pieces, masks))
+}
+
+/// The mean loss (nats) of T6's first and second readings: the selected targets are the
+/// second reading's, the rest the first's.
+fn readings(r: &EvalResult) -> (f64, f64) {
+    let second = r.selected_loss.unwrap_or(f64::NAN);
+    let first_tokens = r.tokens.saturating_sub(r.selected_tokens);
+    let first = if first_tokens == 0 {
+        f64::NAN
+    } else {
+        (r.loss * r.tokens as f64 - second * r.selected_tokens as f64) / first_tokens as f64
+    };
+    (first, second)
 }
 
 /// One line of the study's results.
@@ -641,6 +658,35 @@ impl Study {
             DocBatcher::named("the study's train documents", &docs, s.batch, s.tgt_len, 0)
                 .map_err(|e| e.to_string())?;
         self.train_run(kind.name(), &config, &train, &mut data)
+    }
+
+    /// Trains (or reuses) `kind` on T6's training pieces: pieces of the train documents at
+    /// every distance of `copy_distances`, each read twice ([`repeated_pieces`]), for
+    /// `copy_steps` steps. Half of what it reads can be copied from `d` bytes back, so a
+    /// model whose memory reaches `d` has every reason to learn to copy.
+    fn copy_model(&mut self, kind: CodeModel) -> Result<(PathBuf, f64), String> {
+        let config = self.code_config(kind);
+        let s = self.scale.clone();
+        let train = self.train_config(s.copy_steps, s.batch, s.tgt_len, s.lr);
+        let docs = self.data()?.train.clone();
+        let mut pieces = Vec::new();
+        for &d in &s.copy_distances {
+            // Each distance gets the same number of tokens, read in turn.
+            let budget = s.train_bytes / s.copy_distances.len();
+            pieces.push(repeated_pieces(&docs, d, budget)?.0);
+        }
+        let mut mixed = Vec::new();
+        let longest = pieces.iter().map(Vec::len).max().unwrap_or(0);
+        for i in 0..longest {
+            for p in &pieces {
+                if let Some(x) = p.get(i) {
+                    mixed.push(x.clone());
+                }
+            }
+        }
+        let mut data = DocBatcher::named("the study's train pieces", &mixed, s.batch, s.tgt_len, 0)
+            .map_err(|e| e.to_string())?;
+        self.train_run(&format!("{}-copy", kind.name()), &config, &train, &mut data)
     }
 
     /// A code model's weights in `config` (the same parameters, other evaluation settings).
@@ -1046,17 +1092,30 @@ impl Study {
         let s = self.scale.clone();
         let test = self.data()?.test.clone();
         let mut out = Vec::new();
-        for kind in [
+        let natural = [
             CodeModel::Xl,
             CodeModel::XlNoRecurrence,
             CodeModel::Vanilla,
             CodeModel::TFiveCache,
             CodeModel::KnnCache,
             CodeModel::KnnNone,
-        ] {
-            let (ckpt, secs) = self.code_model(kind)?;
+        ]
+        .map(|k| (k, false));
+        // The mechanism check: the XL and the Memorizing stack trained on pieces read twice.
+        let copying = [CodeModel::Xl, CodeModel::KnnCache].map(|k| (k, true));
+        for (kind, trained_to_copy) in natural.into_iter().chain(copying) {
+            let (ckpt, secs) = if trained_to_copy {
+                self.copy_model(kind)?
+            } else {
+                self.code_model(kind)?
+            };
             let config = self.code_config(kind);
             let model = self.load(&ckpt, &config)?;
+            let name = if trained_to_copy {
+                format!("{}-copy", kind.name())
+            } else {
+                kind.name().to_string()
+            };
             // What the kNN layers' gates learnt: g = sigmoid(b_g) per head, the share of a
             // head's output taken from the retrieved pairs (0.5 at initialisation).
             let gates: Vec<Vec<f32>> = model
@@ -1078,14 +1137,12 @@ impl Study {
                         .map_err(|e| e.to_string())?;
                 let r = evaluate_sharded(&model, &mut data, s.tgt_len, None, None)
                     .map_err(|e| e.to_string())?;
-                let second = r.selected_loss.unwrap_or(f64::NAN);
-                let first_tokens = r.tokens.saturating_sub(r.selected_tokens);
-                let first = (r.loss * r.tokens as f64 - second * r.selected_tokens as f64)
-                    / first_tokens.max(1) as f64;
+                let (first, second) = readings(&r);
                 let ln2 = std::f64::consts::LN_2;
                 let v = line(
                     "t6",
-                    json!({"model": kind.name(), "distance": d, "pieces": docs.len(),
+                    json!({"model": name, "trained_to_copy": trained_to_copy,
+                           "distance": d, "pieces": docs.len(),
                            "xl_mem": config.mem_len,
                            "knn_memory": config.layer_kinds().contains(&LayerKind::Knn).then_some(config.knn.max_memories),
                            "knn_gates": gates,
@@ -1370,6 +1427,31 @@ mod tests {
             repeated_pieces(&docs, 3, 12).unwrap().0.len(),
             2,
             "the budget stops it"
+        );
+    }
+
+    /// The two readings' losses recovered from the mean and the selected mean, against sums
+    /// written out here: first reading 3 targets of loss 1, 2, 3; second 2 of loss 0.5, 1.5.
+    #[test]
+    fn readings_split_the_mean_by_the_mask() {
+        let r = EvalResult {
+            loss: (1.0 + 2.0 + 3.0 + 0.5 + 1.5) / 5.0,
+            bpc: 0.0,
+            ppl: 0.0,
+            tokens: 5,
+            selected_loss: Some(1.0),
+            selected_tokens: 2,
+            selected_accuracy: None,
+        };
+        let (first, second) = readings(&r);
+        assert!((first - 2.0).abs() < 1e-12 && (second - 1.0).abs() < 1e-12);
+        let all = EvalResult {
+            selected_tokens: 5,
+            ..r
+        };
+        assert!(
+            readings(&all).0.is_nan(),
+            "no first reading: NaN, not a division by zero"
         );
     }
 
