@@ -10,7 +10,9 @@
 //!   them (the load preamble and the final check live there once);
 //! - out: the peer's config of a memzoo stack, or the field the peer cannot express
 //!   ([`PeerFormat::config_of`]), the model's tensors under the peer's names
-//!   ([`PeerFormat::map_out`]) and the files ([`PeerFormat::write`]); [`export`] runs them.
+//!   ([`PeerFormat::map_out`]) and the files ([`PeerFormat::write`], from
+//!   [`PeerFormat::config_json`], [`PeerFormat::state_dict`] and [`PeerFormat::side_files`],
+//!   whose defaults most peers keep); [`export`] runs them.
 //!
 //! The formats are listed once, in [`FORMATS`]; [`format`] finds one by name, and an unknown
 //! name is an error listing the known ones.
@@ -21,7 +23,7 @@ use burn::tensor::Device;
 use memzoo_xl::{TransformerXl, XlConfig};
 
 use crate::error::ImportError;
-use crate::mapping::{Located, PeerTensors, Source};
+use crate::mapping::{self, Located, PeerTensors, Source};
 use crate::reader::TensorMap;
 
 /// A peer's checkpoint layout: how its files become a memzoo stack and back. Implemented by a
@@ -29,7 +31,7 @@ use crate::reader::TensorMap;
 pub trait PeerFormat: Sync {
     /// The peer's config: what its `config.json` (and the tensors' shapes) say, in the peer's
     /// own field names.
-    type Config;
+    type Config: serde::Serialize;
 
     /// The name `--from` / `--to` take (`hf-transfo-xl`).
     const NAME: &'static str;
@@ -67,13 +69,41 @@ pub trait PeerFormat: Sync {
     /// of [`map_in`](Self::map_in).
     fn map_out(&self, model: &TransformerXl, src: Source<'_>) -> Result<PeerTensors, ImportError>;
 
-    /// Writes `config` and the model's tensors into `dir` as the peer's own code reads them.
+    /// The peer's `config.json` of `config` (default: its fields as they are).
+    fn config_json(&self, config: &Self::Config) -> Result<serde_json::Value, ImportError> {
+        mapping::to_json(config)
+    }
+
+    /// The tensors an export writes (default: [`map_out`](Self::map_out)'s values; a peer whose
+    /// files leave tied copies out says so here).
+    fn state_dict(
+        &self,
+        config: &Self::Config,
+        model: &TransformerXl,
+    ) -> Result<PeerTensors, ImportError> {
+        let _ = config;
+        self.map_out(model, Source::Values)
+    }
+
+    /// Files an export writes beside the weights (a name and its tensors; an empty one is
+    /// not written): none by default.
+    fn side_files(&self, model: &TransformerXl) -> Vec<(&'static str, PeerTensors)> {
+        let _ = model;
+        Vec::new()
+    }
+
+    /// Writes `config` and the model's tensors into `dir` as the peer's own code reads them:
+    /// `config.json`, `model.safetensors` and the side files.
     fn write(
         &self,
         config: &Self::Config,
         model: &TransformerXl,
         dir: &Path,
-    ) -> Result<(), ImportError>;
+    ) -> Result<(), ImportError> {
+        let json = self.config_json(config)?;
+        let tensors = self.state_dict(config, model)?;
+        mapping::write_checkpoint(dir, &json, tensors, &self.side_files(model))
+    }
 
     /// The id of byte 0 a model of this stack reads text with (a run's `data.byte_offset`):
     /// 0, a byte is its own id, unless the peer's vocabulary says otherwise.

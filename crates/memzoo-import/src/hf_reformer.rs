@@ -53,12 +53,12 @@
 //! | `reformer.encoder.layer_norm` `[2d]` | the final norm |
 //! | `lm_head.decoder.weight` `[V, 2d]`, `lm_head.bias` (= `lm_head.decoder.bias`) | the linear output |
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::tensor::Device;
 use memzoo_xl::{
-    Activation, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer, Randomness,
-    ReformerConfig, Residual, TransformerXl, XlConfig, XlError,
+    Activation, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer, ReformerConfig,
+    TransformerXl, XlConfig, XlError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -68,7 +68,7 @@ use crate::mapping::{self, BlockNames, Located, PeerTensors, Source, put, put_li
 use crate::reader::TensorMap;
 
 /// The file of fixed LSH rotations read beside a checkpoint (`layers.{l}` per LSH layer).
-pub const ROTATIONS_FILE: &str = "rotations.safetensors";
+pub use crate::mapping::{ROTATIONS_FILE, rotations_of};
 
 /// Vocabulary of `google/reformer-enwik8`: the 256 bytes after tensor2tensor's two reserved ids.
 pub const ENWIK8_VOCAB: usize = 258;
@@ -374,41 +374,23 @@ impl HfReformerConfig {
             return no("no axial positions: HF's Reformer needs axial or absolute ones".into());
         };
         let lsh = &xl.lsh;
-        let checks = [
-            (
-                xl.residual != Residual::Reversible,
-                "residual other than reversible",
-            ),
-            (
-                xl.head_input != HeadInput::Concat,
-                "head_input other than concat",
-            ),
-            (
-                !xl.pre_ln || !xl.final_norm,
-                "pre_ln and final_norm not both on",
-            ),
-            (
-                xl.tie_weights || xl.is_adaptive(),
-                "a tied or adaptive output",
-            ),
-            (xl.scale_embedding, "scale_embedding = true"),
-            (xl.mem_len > 0, "an XL memory (mem_len > 0)"),
-            (!lsh.causal, "lsh.causal = false"),
-            (lsh.dedup_rounds, "lsh.dedup_rounds = true"),
-            (!lsh.rotations_per_head, "lsh.rotations_per_head = false"),
-            (
-                lsh.scores != memzoo_reformer::LshScores::UnitKeys || lsh.key_eps != KEY_EPS,
-                "LSH scores other than unit keys with key_eps = 1e-6",
-            ),
-            (xl.ff_inner_dropout, "ff_inner_dropout = true"),
-            (
-                xl.randomness != Randomness::Seeded,
-                "randomness other than seeded",
-            ),
-        ];
-        if let Some((_, what)) = checks.iter().find(|(bad, _)| *bad) {
-            return no(format!("{what}: HF's Reformer cannot express it"));
-        }
+        let peer = "HF's Reformer";
+        mapping::expressible(
+            &[
+                (
+                    xl.head_input != HeadInput::Concat,
+                    "head_input other than concat",
+                ),
+                (!lsh.rotations_per_head, "lsh.rotations_per_head = false"),
+                (
+                    lsh.scores != memzoo_reformer::LshScores::UnitKeys || lsh.key_eps != KEY_EPS,
+                    "LSH scores other than unit keys with key_eps = 1e-6",
+                ),
+                (xl.ff_inner_dropout, "ff_inner_dropout = true"),
+            ],
+            peer,
+        )?;
+        mapping::expressible(&mapping::reformer_checks(xl), peer)?;
         let num_buckets = match (&lsh.bucket_factors[..], lsh.n_buckets) {
             ([], Some(n)) => Some(NumBuckets::One(n)),
             ([], None) => None,
@@ -452,17 +434,6 @@ impl HfReformerConfig {
     }
 }
 
-/// The weight file in `dir`: `model.safetensors`, else `pytorch_model.bin`.
-fn weights_in(dir: &Path) -> Result<PathBuf, ImportError> {
-    ["model.safetensors", "pytorch_model.bin"]
-        .iter()
-        .map(|f| dir.join(f))
-        .find(|p| p.is_file())
-        .ok_or_else(|| ImportError::NoWeights {
-            dir: dir.to_path_buf(),
-        })
-}
-
 /// HF's `ReformerModelWithLMHead` as a [`PeerFormat`] (`hf-reformer`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HfReformer;
@@ -471,15 +442,9 @@ impl PeerFormat for HfReformer {
     type Config = HfReformerConfig;
     const NAME: &'static str = "hf-reformer";
 
-    /// A model directory: `config.json`, and `model.safetensors`, else `pytorch_model.bin` (and perhaps
-    /// [`ROTATIONS_FILE`]).
+    /// A model directory ([`mapping::model_dir`]), perhaps with [`ROTATIONS_FILE`].
     fn locate(&self, src: &Path) -> Result<Located, ImportError> {
-        // Both files are required: the config is looked at first.
-        crate::reader::check_config_file(&src.join("config.json"))?;
-        Ok(Located {
-            weights: weights_in(src)?,
-            dir: src.to_path_buf(),
-        })
+        mapping::model_dir(src)
     }
 
     fn read_config(&self, at: &Located, _: &TensorMap) -> Result<HfReformerConfig, ImportError> {
@@ -499,7 +464,7 @@ impl PeerFormat for HfReformer {
         model: &mut TransformerXl,
         device: &Device,
     ) -> Result<(), ImportError> {
-        let mut rotations = read_rotations(at)?;
+        let mut rotations = mapping::read_rotations(at)?;
         map_in(tensors, rotations.as_mut(), model, device)?;
         rotations.map_or(Ok(()), TensorMap::finish)
     }
@@ -512,34 +477,25 @@ impl PeerFormat for HfReformer {
         Ok(reformer_to_hf(model, src))
     }
 
-    /// `config.json` (HF's `ReformerConfig`, `model_type` `reformer`), `model.safetensors`
-    /// (HF's names; load with `ReformerModelWithLMHead.from_pretrained`), and
-    /// [`ROTATIONS_FILE`] when the layers hold fixed rotations.
-    fn write(
-        &self,
-        config: &HfReformerConfig,
-        model: &TransformerXl,
-        dir: &Path,
-    ) -> Result<(), ImportError> {
+    /// HF's `ReformerConfig`, `model_type` `reformer` (load the export with
+    /// `ReformerModelWithLMHead.from_pretrained`).
+    fn config_json(&self, config: &HfReformerConfig) -> Result<serde_json::Value, ImportError> {
         let mut json = mapping::to_json(config)?;
         json["model_type"] = "reformer".into();
         json["architectures"] = serde_json::json!(["ReformerModelWithLMHead"]);
         json["num_hidden_layers"] = config.attn_layers.len().into();
-        let tensors = reformer_to_hf(model, Source::Values);
-        let rotations = rotations_of(model);
-        mapping::write_checkpoint(dir, &json, tensors, &[(ROTATIONS_FILE, rotations)])
+        Ok(json)
+    }
+
+    /// [`ROTATIONS_FILE`] when the layers hold fixed rotations.
+    fn side_files(&self, model: &TransformerXl) -> Vec<(&'static str, PeerTensors)> {
+        vec![(ROTATIONS_FILE, rotations_of(model))]
     }
 
     /// 2 for `google/reformer-enwik8`'s vocabulary of 258 ([`byte_offset`]), else 0.
     fn byte_offset(&self, stack: &XlConfig) -> u16 {
         byte_offset(stack.vocab_size)
     }
-}
-
-/// The fixed LSH rotations beside a checkpoint ([`ROTATIONS_FILE`]), if there.
-pub(crate) fn read_rotations(at: &Located) -> Result<Option<TensorMap>, ImportError> {
-    let path = at.beside(ROTATIONS_FILE);
-    path.is_file().then(|| TensorMap::read(&path)).transpose()
 }
 
 /// Loads an HF Reformer directory (`config.json`, weights, and perhaps
@@ -634,7 +590,7 @@ fn map_in(
         if att.key.is_none()
             && let Some(r) = rotations.as_deref_mut()
         {
-            set_fixed_rotations(r, l, att, device)?;
+            mapping::set_fixed_rotations(r, l, att, device)?;
         }
         mask_buffers(map, &s)?;
         mapping::linear(map, &format!("{s}value"), &mut att.value, false, device)?;
@@ -679,22 +635,6 @@ fn map_in(
     let w = mapping::from_torch(map.float(name, [v, output.weight.dims()[0]], device)?);
     let b = map.float("lm_head.bias", [v], device)?;
     mapping::set_linear(output, w, Some(b), name)
-}
-
-/// Layer `l`'s fixed rotations (`layers.{l}` of `rotations`) into `att`.
-pub(crate) fn set_fixed_rotations(
-    rotations: &mut TensorMap,
-    l: usize,
-    att: &mut memzoo_reformer::ReformerAttention,
-    device: &Device,
-) -> Result<(), ImportError> {
-    let shape = att
-        .fixed_rotations()
-        .map(|t| t.dims())
-        .ok_or_else(|| XlError::Config(format!("layer {l}: no fixed rotations")))?;
-    let t = rotations.float::<4>(&format!("layers.{l}"), shape, device)?;
-    att.set_fixed_rotations(t).map_err(XlError::from)?;
-    Ok(())
 }
 
 /// An HF-shaped Reformer stack's tensors (or gradients) under HF's names (the inverse of the
@@ -751,19 +691,6 @@ pub fn reformer_to_hf(model: &TransformerXl, src: Source<'_>) -> PeerTensors {
         );
         if let Some(b) = &o.bias {
             put(&mut out, "lm_head.bias".into(), src.get(b));
-        }
-    }
-    out
-}
-
-/// The LSH layers' fixed rotations as [`ROTATIONS_FILE`]'s tensors (`layers.{l}`).
-pub fn rotations_of(model: &TransformerXl) -> PeerTensors {
-    let mut out = PeerTensors::new();
-    for (l, layer) in model.layers.iter().enumerate() {
-        if let LayerAttention::Hashed(att) = &layer.attention
-            && let Some(r) = att.fixed_rotations()
-        {
-            out.insert(format!("layers.{l}"), r.into_data());
         }
     }
     out

@@ -27,7 +27,7 @@
 //! The export ([`hf_state_dict`], [`HfTransfoXlConfig::from_xl`], [`export`]) writes what
 //! HF's `save_pretrained` writes: `config.json` and `model.safetensors` without tied copies.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_relative::PositionKind;
@@ -310,25 +310,6 @@ impl HfTransfoXlConfig {
             tie_word_embeddings: xl.tie_weights,
         })
     }
-
-    /// The config as HF's `config.json` (with `architectures`, as `save_pretrained` writes).
-    pub fn to_json_value(&self) -> Result<serde_json::Value, ImportError> {
-        let mut value = mapping::to_json(self)?;
-        value["architectures"] = serde_json::json!(["TransfoXLLMHeadModel"]);
-        value["adaptive"] = serde_json::json!(true);
-        Ok(value)
-    }
-}
-
-/// The weight file of a model directory: `model.safetensors`, else `pytorch_model.bin`.
-pub fn weights_file(dir: &Path) -> Result<PathBuf, ImportError> {
-    ["model.safetensors", "pytorch_model.bin"]
-        .iter()
-        .map(|f| dir.join(f))
-        .find(|p| p.is_file())
-        .ok_or_else(|| ImportError::NoWeights {
-            dir: dir.to_path_buf(),
-        })
 }
 
 /// Host values of a float tensor (for the tied-copy checks).
@@ -487,14 +468,9 @@ impl PeerFormat for HfTransfoXl {
     type Config = HfTransfoXlConfig;
     const NAME: &'static str = "hf-transfo-xl";
 
-    /// A model directory: `config.json`, and `model.safetensors`, else `pytorch_model.bin`.
+    /// A model directory ([`mapping::model_dir`]).
     fn locate(&self, src: &Path) -> Result<Located, ImportError> {
-        // Both files are required: the config is looked at first.
-        crate::reader::check_config_file(&src.join("config.json"))?;
-        Ok(Located {
-            weights: weights_file(src)?,
-            dir: src.to_path_buf(),
-        })
+        mapping::model_dir(src)
     }
 
     fn read_config(&self, at: &Located, _: &TensorMap) -> Result<HfTransfoXlConfig, ImportError> {
@@ -524,16 +500,21 @@ impl PeerFormat for HfTransfoXl {
         Ok(transformer_xl_to_hf(model, src))
     }
 
-    /// What HF's `save_pretrained` writes: `config.json` and `model.safetensors` (f32, HF's
-    /// names, tied copies left out, [`hf_state_dict`]).
-    fn write(
+    /// With `architectures`, as `save_pretrained` writes it.
+    fn config_json(&self, config: &HfTransfoXlConfig) -> Result<serde_json::Value, ImportError> {
+        let mut value = mapping::to_json(config)?;
+        value["architectures"] = serde_json::json!(["TransfoXLLMHeadModel"]);
+        value["adaptive"] = serde_json::json!(true);
+        Ok(value)
+    }
+
+    /// What HF's `save_pretrained` writes: tied copies left out ([`hf_state_dict`]).
+    fn state_dict(
         &self,
         config: &HfTransfoXlConfig,
         model: &TransformerXl,
-        dir: &Path,
-    ) -> Result<(), ImportError> {
-        let tensors = hf_state_dict(model, config);
-        mapping::write_checkpoint(dir, &config.to_json_value()?, tensors, &[])
+    ) -> Result<PeerTensors, ImportError> {
+        Ok(hf_state_dict(model, config))
     }
 }
 

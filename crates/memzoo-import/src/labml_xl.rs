@@ -277,9 +277,7 @@ impl LabmlXlConfig {
                 "d_head x n_heads other than d_model",
             ),
         ];
-        if let Some((_, what)) = checks.iter().find(|(bad, _)| *bad) {
-            return no(format!("{what}: labml's TransformerXL cannot express it"));
-        }
+        mapping::expressible(&checks, "labml's TransformerXL")?;
         Ok(Self {
             n_tokens: xl.vocab_size,
             d_model: xl.d_model,
@@ -335,20 +333,6 @@ impl PeerFormat for LabmlXl {
 
     fn map_out(&self, model: &TransformerXl, src: Source<'_>) -> Result<PeerTensors, ImportError> {
         Ok(transformer_xl_to_labml(model, src))
-    }
-
-    /// `model.safetensors` (labml's state-dict names; load it with
-    /// `safetensors.torch.load_file` and `model.load_state_dict`) and `config.json` (labml's
-    /// `Configs` fields, and `P`: set `RelativeMultiHeadAttention.P` to it when it is not
-    /// labml's 4096).
-    fn write(
-        &self,
-        config: &LabmlXlConfig,
-        model: &TransformerXl,
-        dir: &Path,
-    ) -> Result<(), ImportError> {
-        let tensors = transformer_xl_to_labml(model, Source::Values);
-        mapping::write_checkpoint(dir, &mapping::to_json(config)?, tensors, &[])
     }
 }
 

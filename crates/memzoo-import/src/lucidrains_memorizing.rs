@@ -465,11 +465,7 @@ impl MemorizingPeerConfig {
                 "d_inner not a multiple of d_model (ff_mult)",
             ),
         ];
-        if let Some((_, what)) = checks.iter().find(|(bad, _)| *bad) {
-            return no(format!(
-                "{what}: memorizing-transformers-pytorch cannot express it"
-            ));
-        }
+        mapping::expressible(&checks, "memorizing-transformers-pytorch")?;
         Ok(Self {
             num_tokens: xl.vocab_size,
             dim: xl.d_model,
@@ -538,19 +534,6 @@ impl PeerFormat for LucidrainsMemorizing {
 
     fn map_out(&self, model: &TransformerXl, src: Source<'_>) -> Result<PeerTensors, ImportError> {
         transformer_xl_to_peer(model, src)
-    }
-
-    /// `model.safetensors` (its state-dict names; load with `safetensors.torch.load_file` and
-    /// `model.load_state_dict`) and `config.json` (`MemorizingTransformer(**config)`;
-    /// `memorizing_layers` must be passed as a tuple).
-    fn write(
-        &self,
-        config: &MemorizingPeerConfig,
-        model: &TransformerXl,
-        dir: &Path,
-    ) -> Result<(), ImportError> {
-        let tensors = transformer_xl_to_peer(model, Source::Values)?;
-        mapping::write_checkpoint(dir, &mapping::to_json(config)?, tensors, &[])
     }
 }
 

@@ -49,13 +49,12 @@ use burn::tensor::Device;
 use memzoo_reformer::LshScores;
 use memzoo_xl::{
     Activation, AxialConfig, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer,
-    Randomness, ReformerConfig, Residual, TransformerXl, XlConfig, XlError,
+    ReformerConfig, TransformerXl, XlConfig, XlError,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::error::ImportError;
 use crate::format::PeerFormat;
-use crate::hf_reformer::read_rotations;
 use crate::mapping::{self, BlockNames, Located, PeerTensors, Source, put, put_linear, put_norm};
 use crate::reader::TensorMap;
 
@@ -330,58 +329,40 @@ impl LucidrainsReformerConfig {
             );
         };
         let lsh = &xl.lsh;
-        let checks = [
-            (
-                xl.residual != Residual::Reversible,
-                "residual other than reversible",
-            ),
-            (
-                xl.head_input != HeadInput::Mean,
-                "head_input other than mean",
-            ),
-            (
-                !xl.pre_ln || !xl.final_norm,
-                "pre_ln and final_norm not both on",
-            ),
-            (
-                xl.tie_weights || xl.is_adaptive(),
-                "a tied or adaptive output",
-            ),
-            (xl.scale_embedding, "scale_embedding = true"),
-            (xl.mem_len > 0, "an XL memory"),
-            (!lsh.causal, "lsh.causal = false"),
-            (lsh.dedup_rounds, "lsh.dedup_rounds = true"),
-            (lsh.rotations_per_head, "lsh.rotations_per_head = true"),
-            (!lsh.bucket_factors.is_empty(), "lsh.bucket_factors"),
-            (
-                lsh.scores != LshScores::ScaledUnitKeys || lsh.key_eps != 0.0,
-                "LSH scores other than scaled unit keys",
-            ),
-            (!lsh.output_bias, "lsh.output_bias = false"),
-            (
-                lsh.n_chunks_before != 1 || lsh.n_chunks_after != 0,
-                "chunks other than one back",
-            ),
-            (
-                xl.ff_activation != Activation::Gelu,
-                "a feed-forward other than GELU",
-            ),
-            (
-                xl.layer_norm_epsilon != 1e-5,
-                "layer_norm_epsilon other than 1e-5",
-            ),
-            (
-                !xl.d_inner.is_multiple_of(xl.d_model),
-                "d_inner not a multiple of d_model",
-            ),
-            (
-                xl.randomness != Randomness::Seeded,
-                "randomness other than seeded",
-            ),
-        ];
-        if let Some((_, what)) = checks.iter().find(|(bad, _)| *bad) {
-            return no(format!("{what}: ReformerLM cannot express it"));
-        }
+        let peer = "ReformerLM";
+        mapping::expressible(
+            &[
+                (
+                    xl.head_input != HeadInput::Mean,
+                    "head_input other than mean",
+                ),
+                (lsh.rotations_per_head, "lsh.rotations_per_head = true"),
+                (!lsh.bucket_factors.is_empty(), "lsh.bucket_factors"),
+                (
+                    lsh.scores != LshScores::ScaledUnitKeys || lsh.key_eps != 0.0,
+                    "LSH scores other than scaled unit keys",
+                ),
+                (!lsh.output_bias, "lsh.output_bias = false"),
+                (
+                    lsh.n_chunks_before != 1 || lsh.n_chunks_after != 0,
+                    "chunks other than one back",
+                ),
+                (
+                    xl.ff_activation != Activation::Gelu,
+                    "a feed-forward other than GELU",
+                ),
+                (
+                    xl.layer_norm_epsilon != 1e-5,
+                    "layer_norm_epsilon other than 1e-5",
+                ),
+                (
+                    !xl.d_inner.is_multiple_of(xl.d_model),
+                    "d_inner not a multiple of d_model",
+                ),
+            ],
+            peer,
+        )?;
+        mapping::expressible(&mapping::reformer_checks(xl), peer)?;
         Ok(Self {
             num_tokens: xl.vocab_size,
             dim: xl.d_model,
@@ -430,7 +411,7 @@ impl PeerFormat for LucidrainsReformer {
         config: &LucidrainsReformerConfig,
         at: &Located,
     ) -> Result<XlConfig, ImportError> {
-        config.xl_config(buckets_of(read_rotations(at)?.as_ref()))
+        config.xl_config(buckets_of(mapping::read_rotations(at)?.as_ref()))
     }
 
     fn map_in(
@@ -441,7 +422,7 @@ impl PeerFormat for LucidrainsReformer {
         model: &mut TransformerXl,
         device: &Device,
     ) -> Result<(), ImportError> {
-        let mut rotations = read_rotations(at)?;
+        let mut rotations = mapping::read_rotations(at)?;
         map_in(tensors, rotations.as_mut(), model, device)?;
         rotations.map_or(Ok(()), TensorMap::finish)
     }
@@ -454,20 +435,11 @@ impl PeerFormat for LucidrainsReformer {
         Ok(reformer_to_lucidrains(model, src))
     }
 
-    /// `model.safetensors` (the state dict without the `irrev_blocks` copies: load with
-    /// `safetensors.torch.load_file` and `load_state_dict(strict=False)`), `config.json`
-    /// (`ReformerLM`'s arguments) and, when the layers hold fixed rotations,
-    /// [`ROTATIONS_FILE`].
-    fn write(
-        &self,
-        config: &LucidrainsReformerConfig,
-        model: &TransformerXl,
-        dir: &Path,
-    ) -> Result<(), ImportError> {
-        let tensors = reformer_to_lucidrains(model, Source::Values);
-        let rotations = crate::hf_reformer::rotations_of(model);
-        let json = mapping::to_json(config)?;
-        mapping::write_checkpoint(dir, &json, tensors, &[(ROTATIONS_FILE, rotations)])
+    /// [`ROTATIONS_FILE`] when the layers hold fixed rotations. (`model.safetensors` holds
+    /// the state dict without the `irrev_blocks` copies: load it with
+    /// `load_state_dict(strict=False)`.)
+    fn side_files(&self, model: &TransformerXl) -> Vec<(&'static str, PeerTensors)> {
+        vec![(ROTATIONS_FILE, mapping::rotations_of(model))]
     }
 }
 
@@ -481,7 +453,7 @@ fn buckets_of(rotations: Option<&TensorMap>) -> Option<usize> {
 /// Whether `src` holds fixed rotations, and for how many buckets.
 pub fn fixed_buckets(src: &Path) -> Result<Option<usize>, ImportError> {
     let at = LucidrainsReformer.locate(src)?;
-    Ok(buckets_of(read_rotations(&at)?.as_ref()))
+    Ok(buckets_of(mapping::read_rotations(&at)?.as_ref()))
 }
 
 /// Loads a reformer-pytorch `ReformerLM` checkpoint (see the module docs); every tensor is
@@ -546,7 +518,7 @@ fn map_in(
         mapping::linear(map, &format!("{p}tov"), &mut att.value, false, device)?;
         mapping::linear(map, &format!("{p}to_out"), &mut att.output, true, device)?;
         if let Some(r) = rotations.as_deref_mut() {
-            crate::hf_reformer::set_fixed_rotations(r, l, att, device)?;
+            mapping::set_fixed_rotations(r, l, att, device)?;
         }
         block_names(l).take(map, &mut layer.block, device)?;
     }

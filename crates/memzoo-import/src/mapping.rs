@@ -15,8 +15,9 @@
 //!   name — [`tied_copies`] maps them with burn-store's [`KeyRemapper`], Burn's own key
 //!   remapping, and checks each copy against the tensor it duplicates.
 //!
-//! The files around the tensors are here too: [`locate`] finds a checkpoint's weight file,
-//! [`read_json`] its `config.json`, and [`write_checkpoint`] writes an export.
+//! The files around the tensors are here too: [`locate`] and [`model_dir`] find a checkpoint's
+//! weight file, [`read_json`] its `config.json`, [`read_rotations`] the Reformer peers' fixed
+//! LSH rotations, and [`write_checkpoint`] writes an export.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,7 +27,8 @@ use burn::nn::{Embedding, LayerNorm, Linear};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_store::KeyRemapper;
-use memzoo_xl::XlBlock;
+use memzoo_reformer::ReformerAttention;
+use memzoo_xl::{LayerAttention, Randomness, Residual, TransformerXl, XlBlock, XlConfig, XlError};
 use serde::de::DeserializeOwned;
 
 use crate::error::ImportError;
@@ -274,6 +276,92 @@ pub fn put_norm(out: &mut PeerTensors, prefix: &str, norm: &LayerNorm, src: Sour
 }
 
 // ---------------------------------------------------------------------------------------
+// What a peer cannot express.
+
+/// The first of `checks` (`(bad, what)`) that holds, as the error naming it: `{what}: {peer}
+/// cannot express it`.
+pub fn expressible(checks: &[(bool, &str)], peer: &str) -> Result<(), ImportError> {
+    match checks.iter().find(|(bad, _)| *bad) {
+        Some((_, what)) => Err(ImportError::Unsupported(format!(
+            "{what}: {peer} cannot express it"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// What every Reformer peer's model is, as checks for [`expressible`]: reversible pre-LN
+/// layers with a final norm, an untied plain output, unscaled embeddings, no memory across
+/// segments, causal LSH without de-duplicated rounds, seeded randomness.
+pub fn reformer_checks(xl: &XlConfig) -> [(bool, &'static str); 8] {
+    let lsh = &xl.lsh;
+    [
+        (
+            xl.residual != Residual::Reversible,
+            "residual other than reversible",
+        ),
+        (
+            !xl.pre_ln || !xl.final_norm,
+            "pre_ln and final_norm not both on",
+        ),
+        (
+            xl.tie_weights || xl.is_adaptive(),
+            "a tied or adaptive output",
+        ),
+        (xl.scale_embedding, "scale_embedding = true"),
+        (xl.mem_len > 0, "an XL memory (mem_len > 0)"),
+        (!lsh.causal, "lsh.causal = false"),
+        (lsh.dedup_rounds, "lsh.dedup_rounds = true"),
+        (
+            xl.randomness != Randomness::Seeded,
+            "randomness other than seeded",
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixed LSH rotations (the Reformer peers draw new ones every pass; one pass's, saved beside
+// the checkpoint, make an import compute that pass exactly).
+
+/// The file of fixed LSH rotations beside a checkpoint (`layers.{l}` per LSH layer).
+pub const ROTATIONS_FILE: &str = "rotations.safetensors";
+
+/// The fixed rotations beside a checkpoint ([`ROTATIONS_FILE`]), if there.
+pub fn read_rotations(at: &Located) -> Result<Option<TensorMap>, ImportError> {
+    let path = at.beside(ROTATIONS_FILE);
+    path.is_file().then(|| TensorMap::read(&path)).transpose()
+}
+
+/// Layer `l`'s fixed rotations (`layers.{l}` of `rotations`, of the shape the layer has) into
+/// `att`.
+pub fn set_fixed_rotations(
+    rotations: &mut TensorMap,
+    l: usize,
+    att: &mut ReformerAttention,
+    device: &Device,
+) -> Result<(), ImportError> {
+    let shape = att
+        .fixed_rotations()
+        .map(|t| t.dims())
+        .ok_or_else(|| XlError::Config(format!("layer {l}: no fixed rotations")))?;
+    let t = rotations.float::<4>(&format!("layers.{l}"), shape, device)?;
+    att.set_fixed_rotations(t).map_err(XlError::from)?;
+    Ok(())
+}
+
+/// The LSH layers' fixed rotations as [`ROTATIONS_FILE`]'s tensors (`layers.{l}`).
+pub fn rotations_of(model: &TransformerXl) -> PeerTensors {
+    let mut out = PeerTensors::new();
+    for (l, layer) in model.layers.iter().enumerate() {
+        if let LayerAttention::Hashed(att) = &layer.attention
+            && let Some(r) = att.fixed_rotations()
+        {
+            out.insert(format!("layers.{l}"), r.into_data());
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
 // Files.
 
 /// Where a checkpoint is: its weight file, and the directory of the files beside it
@@ -324,7 +412,7 @@ pub fn locate(src: &Path, files: &[&str], what: &str) -> Result<Located, ImportE
                     .and_then(|e| e.to_str())
                     .is_some_and(|e| matches!(e, "safetensors" | "pth" | "pt" | "bin" | "ckpt"))
                 // Side files are not weights.
-                && p.file_name().is_some_and(|n| n != crate::hf_reformer::ROTATIONS_FILE)
+                && p.file_name().is_some_and(|n| n != ROTATIONS_FILE)
         })
         .collect();
     found.sort();
@@ -343,6 +431,23 @@ pub fn locate(src: &Path, files: &[&str], what: &str) -> Result<Located, ImportE
                 .join(", ")
         ))),
     }
+}
+
+/// A model directory as HF's `save_pretrained` writes it: `config.json` (required; looked at
+/// first) and `model.safetensors`, else `pytorch_model.bin`.
+pub fn model_dir(src: &Path) -> Result<Located, ImportError> {
+    crate::reader::check_config_file(&src.join("config.json"))?;
+    let weights = ["model.safetensors", "pytorch_model.bin"]
+        .iter()
+        .map(|f| src.join(f))
+        .find(|p| p.is_file())
+        .ok_or_else(|| ImportError::NoWeights {
+            dir: src.to_path_buf(),
+        })?;
+    Ok(Located {
+        weights,
+        dir: src.to_path_buf(),
+    })
 }
 
 /// A JSON file parsed into `T` (a bounded regular file, [`crate::reader::read_config_text`]);
