@@ -188,6 +188,21 @@ impl HfTransfoXlConfig {
         })
     }
 
+    /// The embedding width of cluster `i`: `d_embed / div_val^i` (all `d_embed` when
+    /// `div_val = 1`).
+    fn width(&self, i: usize) -> usize {
+        if self.div_val == 1 {
+            self.d_embed
+        } else {
+            self.d_embed / self.div_val.pow(i as u32)
+        }
+    }
+
+    /// Whether cluster `i`'s embedding is projected to `d_model` (`emb_projs.i`).
+    fn projected(&self, i: usize) -> bool {
+        self.div_val > 1 || self.width(i) != self.d_model
+    }
+
     /// Whether the model is a plain Transformer-XL (`cutoffs = []`, one table of width
     /// `d_model`): memzoo's plain embedding and tied output; otherwise adaptive.
     pub fn is_plain(&self) -> bool {
@@ -320,30 +335,6 @@ fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         .expect("f32 data")
 }
 
-/// A tied copy must equal the tensor it is tied to (bit for bit: it is the same storage in
-/// PyTorch).
-fn check_tied<const D: usize>(
-    map: &mut TensorMap,
-    name: &str,
-    tied_to: &str,
-    value: &Tensor<D>,
-    device: &Device,
-) -> Result<(), ImportError> {
-    let shape = value.dims();
-    if map.contains(name) {
-        let copy = map.float::<D>(name, shape, device)?;
-        if host(copy) != host(value.clone()) {
-            return Err(ImportError::Value {
-                name: name.into(),
-                message: format!(
-                    "is tied to {tied_to} in the config but holds other values; memzoo cannot hold both"
-                ),
-            });
-        }
-    }
-    Ok(())
-}
-
 /// Takes `{prefix}r_w_bias` and `{prefix}r_r_bias` (`u`, `v`) into `biases`.
 fn biases(
     map: &mut TensorMap,
@@ -377,12 +368,39 @@ fn block_names(l: usize) -> BlockNames {
     }
 }
 
-/// The shared `u`/`v` copies HF's `state_dict` (a `pytorch_model.bin`) holds per layer
-/// (without `untie_r`): names alone say which tensor each duplicates.
-const SHARED_BIAS_COPIES: [(&str, &str); 1] = [(
-    r"^transformer\.layers\.\d+\.dec_attn\.(r_[wr]_bias)$",
-    "transformer.$1",
-)];
+/// The tied copies HF's `state_dict` (a `pytorch_model.bin`; `save_pretrained` leaves them
+/// out) holds, as renaming rules for [`mapping::tied_copies`]: names alone say which tensor
+/// each duplicates, given the config's ties. The shared `u`/`v` under every layer (without
+/// `untie_r`), the softmax's tables (`tie_word_embeddings`: the embedding's), and each tied
+/// projection of a projected cluster (`tie_projs`: the embedding's, of cluster 0 when
+/// `div_val = 1`).
+fn tied_copy_rules(cfg: &HfTransfoXlConfig) -> Vec<(String, String)> {
+    let mut rules = Vec::new();
+    if !cfg.untie_r {
+        rules.push((
+            r"^transformer\.layers\.\d+\.dec_attn\.(r_[wr]_bias)$".into(),
+            "transformer.$1".into(),
+        ));
+    }
+    if cfg.tie_word_embeddings {
+        rules.push((
+            r"^crit\.out_layers\.(\d+)\.weight$".into(),
+            "transformer.word_emb.emb_layers.$1.weight".into(),
+        ));
+    }
+    if !cfg.is_plain() {
+        for (i, tied) in cfg.tie_projs().into_iter().enumerate() {
+            if tied && cfg.projected(i) {
+                let to = if cfg.div_val == 1 { 0 } else { i };
+                rules.push((
+                    format!(r"^crit\.out_projs\.{i}$"),
+                    format!("transformer.word_emb.emb_projs.{to}"),
+                ));
+            }
+        }
+    }
+    rules
+}
 
 /// Replaces the weights of `layers` (and the shared `u`/`v`) by the checkpoint's.
 fn load_layers(
@@ -394,7 +412,6 @@ fn load_layers(
 ) -> Result<(), ImportError> {
     let (d, hd) = (cfg.d_model, cfg.n_head * cfg.d_head);
     if !cfg.untie_r {
-        mapping::tied_copies(map, &SHARED_BIAS_COPIES)?;
         let s = shared
             .as_mut()
             .ok_or_else(|| XlError::Config("tied u/v without the shared biases".into()))?;
@@ -548,6 +565,7 @@ fn map_in(
     model: &mut TransformerXl,
     device: &Device,
 ) -> Result<(), ImportError> {
+    mapping::tied_copies(map, &tied_copy_rules(cfg))?;
     load_layers(
         map,
         cfg,
@@ -566,12 +584,9 @@ fn map_in(
     };
     let table_name = "transformer.word_emb.emb_layers.0.weight";
     mapping::embedding(map, table_name, embedding, device)?;
-    let table = embedding.weight.val();
     match &mut model.output {
-        OutputLayer::Tied(b) => {
-            check_tied(map, "crit.out_layers.0.weight", table_name, &table, device)?;
-            mapping::param(map, "crit.out_layers.0.bias", b, device)?;
-        }
+        // The tied copy of the table is checked with the others (`tied_copy_rules`).
+        OutputLayer::Tied(b) => mapping::param(map, "crit.out_layers.0.bias", b, device)?,
         OutputLayer::Linear(output) => {
             mapping::linear(map, "crit.out_layers.0", output, true, device)?;
         }
@@ -593,13 +608,7 @@ fn adaptive_from(
     let emb_cfg = xl.adaptive_embedding();
     let bounds = emb_cfg.validate()?;
     let n = bounds.len() - 1;
-    let width = |i: usize| {
-        if cfg.div_val == 1 {
-            cfg.d_embed
-        } else {
-            cfg.d_embed / cfg.div_val.pow(i as u32)
-        }
-    };
+    let width = |i: usize| cfg.width(i);
     let size = |i: usize| bounds[i + 1] - bounds[i];
     let n_tables = if cfg.div_val == 1 { 1 } else { n };
     let table_rows = |i: usize| {
@@ -609,7 +618,6 @@ fn adaptive_from(
             size(i)
         }
     };
-    let projected = |i: usize| cfg.div_val > 1 || width(i) != cfg.d_model;
     let mut tables = Vec::with_capacity(n_tables);
     let mut projections = Vec::with_capacity(n_tables);
     for i in 0..n_tables {
@@ -619,7 +627,7 @@ fn adaptive_from(
             [table_rows(i), width(i)],
             device,
         )?);
-        projections.push(if projected(i) {
+        projections.push(if cfg.projected(i) {
             Some(
                 map.float(
                     &format!("{p}emb_projs.{i}"),
@@ -660,45 +668,28 @@ fn adaptive_from(
         out.biases = (0..n)
             .map(|i| bias.clone().narrow(0, bounds[i], size(i)))
             .collect();
-        let name = "crit.out_layers.0.weight";
-        if cfg.tie_word_embeddings {
-            check_tied(
-                map,
-                name,
-                "transformer.word_emb.emb_layers.0.weight",
-                &tables[0],
-                device,
-            )?;
-        } else {
-            let w = map.float::<2>(name, [v, de], device)?;
+        // A tied table's copy was checked with the others (`tied_copy_rules`).
+        if !cfg.tie_word_embeddings {
+            let w = map.float::<2>("crit.out_layers.0.weight", [v, de], device)?;
             out.tables = (0..n)
                 .map(|i| w.clone().narrow(0, bounds[i], size(i)))
                 .collect();
         }
     } else {
-        for (i, table) in tables.iter().enumerate().take(n) {
+        for i in 0..n {
             let p = format!("crit.out_layers.{i}.");
             out.biases
                 .push(map.float(&format!("{p}bias"), [size(i)], device)?);
-            let name = format!("{p}weight");
-            if cfg.tie_word_embeddings {
-                let to = format!("transformer.word_emb.emb_layers.{i}.weight");
-                check_tied(map, &name, &to, table, device)?;
-            } else {
+            if !cfg.tie_word_embeddings {
                 out.tables
-                    .push(map.float(&name, [size(i), width(i)], device)?);
+                    .push(map.float(&format!("{p}weight"), [size(i), width(i)], device)?);
             }
         }
     }
     for i in 0..n {
         let name = format!("crit.out_projs.{i}");
         let tied = tie_projs.get(i).copied().unwrap_or(false);
-        let emb_proj = if cfg.div_val == 1 {
-            &projections[0]
-        } else {
-            &projections[i]
-        };
-        if !projected(i) {
+        if !cfg.projected(i) {
             out.projections.push(None);
             if map.contains(&name) {
                 return Err(ImportError::Value {
@@ -707,12 +698,7 @@ fn adaptive_from(
                 });
             }
         } else if tied {
-            let to = format!(
-                "transformer.word_emb.emb_projs.{}",
-                if cfg.div_val == 1 { 0 } else { i }
-            );
-            let own = emb_proj.clone().expect("projected").transpose();
-            check_tied(map, &name, &to, &own, device)?;
+            // The embedding's projection; its copy was checked (`tied_copy_rules`).
             out.projections.push(None);
         } else {
             out.projections

@@ -162,8 +162,12 @@ pub fn embedding(
 /// remapping. A copy whose original is in `map` must equal it (else an error naming both) and
 /// is dropped; a copy whose original is not there takes the original's name (a file that kept
 /// only that name of the pair).
-pub fn tied_copies(map: &mut TensorMap, rules: &[(&str, &str)]) -> Result<(), ImportError> {
-    let remapper = KeyRemapper::from_patterns(rules.to_vec())
+pub fn tied_copies<S: AsRef<str>>(
+    map: &mut TensorMap,
+    rules: &[(S, S)],
+) -> Result<(), ImportError> {
+    let rules = rules.iter().map(|(from, to)| (from.as_ref(), to.as_ref()));
+    let remapper = KeyRemapper::from_pattern_iter(rules)
         .map_err(|e| ImportError::Unsupported(format!("a tied-copy rule is not a pattern: {e}")))?;
     let patterns = remapper.to_regex_pairs();
     let copies: Vec<String> = map
