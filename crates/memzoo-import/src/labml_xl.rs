@@ -46,7 +46,6 @@
 
 use std::path::Path;
 
-use burn::module::Param;
 use burn::tensor::{Device, Tensor};
 use memzoo_relative::{PositionConfig, PositionKind, PositionParams};
 use memzoo_xl::{InputEmbedding, LayerKind, OutputLayer, TransformerXl, XlConfig, XlError};
@@ -407,9 +406,11 @@ fn map_in(
         let name = format!("{a}key.linear.weight");
         let kv = mapping::from_torch(Tensor::cat(vec![wk, wv], 0));
         mapping::set_linear(&mut att.key_value, kv, None, &name)?;
-        let name = format!("{a}value.linear.bias");
-        let value_bias = map.float(&name, [d], device)?;
-        att.value_bias = Some(Param::from_tensor(value_bias));
+        let value_bias = att
+            .value_bias
+            .as_mut()
+            .ok_or_else(|| XlError::Config(format!("layer {l}: no value bias")))?;
+        mapping::param(map, &format!("{a}value.linear.bias"), value_bias, device)?;
         mapping::linear(map, &format!("{a}output"), &mut att.output, true, device)?;
         let PositionParams::Learned(lp) = &mut att.scheme else {
             return Err(XlError::Config(format!("layer {l}: not a learned-position layer")).into());
