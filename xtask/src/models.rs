@@ -1,10 +1,11 @@
-//! Model training-throughput benchmarks (forward + cross-entropy + backward + AdamW).
+//! Model training-throughput benchmarks (forward + cross-entropy + backward + AdamW) of the
+//! presets, stepped with the trainer's optimizer (`TrainConfig::optimizer`: PyTorch's epsilon,
+//! not Burn's default 1e-5).
 
 use burn::module::Module;
-use burn::optim::AdamWConfig;
 use burn::tensor::{Device, Tensor, TensorData};
-use memzoo_train::Segment;
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
+use memzoo_train::{Segment, TrainConfig};
 use memzoo_xl::{XlConfig, XlState};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -58,18 +59,25 @@ fn replicas(args: &BenchArgs, device: &Device, batch: usize) -> usize {
         .unwrap_or_else(|| memzoo_train::parallel::auto_replicas(device, batch))
 }
 
+/// The XL-small preset (`XlConfig::small`) as the peers' reference run has it: no dropout, `u`/`v`
+/// per layer.
+fn bench_xl() -> XlConfig {
+    XlConfig::small()
+        .with_dropout(0.0)
+        .with_untie_rel_bias(true)
+}
+
 /// XL-small: 6 layers, d_model 256, 8 heads x 32, d_inner 1024, tgt_len 128, mem_len 128,
 /// batch 8, vocab 256, f32; memory carried across steps as in training. The step is the
 /// trainer's: the batch split over data-parallel replicas (`--replicas`, default as the trainer).
 pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
     let (batch, tgt_len) = (8, 128);
-    // The defaults are XL-small; like the peers' reference run: no dropout, u/v per layer.
-    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
+    let config = bench_xl();
     let device = device.clone().autodiff();
     let mut model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
     let replicas = replicas(args, &device, batch);
-    let mut optim = AdamWConfig::new().init();
+    let mut optim = TrainConfig::new().optimizer();
     let mut memories: Vec<XlState> = (0..replicas).map(|_| XlState::new()).collect();
     let mut rng = StdRng::seed_from_u64(0);
     let times = time_steps(args.warmup(), args.steps(), || {
@@ -102,7 +110,7 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
 pub fn xl_small_eval(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
     use memzoo_train::parallel::eval_step_sharded;
     let (batch, tgt_len) = (8, 128);
-    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
+    let config = bench_xl();
     let model = config.init(device).map_err(|e| e.to_string())?;
     let params = model.num_params();
     let replicas = replicas(args, device, batch);
@@ -130,7 +138,7 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
     use memzoo_train::{RunOptions, TrainConfig, train};
 
     let (batch, tgt_len) = (8, 128);
-    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
+    let config = bench_xl();
     let device = device.clone().autodiff();
     let model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
@@ -182,7 +190,7 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
 /// Reformer-small: 6 layers, d_model 256, 8 heads x 32, seq 4096, bucket 64, 4 rounds, causal,
 /// reversible, chunked FF, axial positions, batch 1 (the defaults of `ReformerConfig`).
 pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
-    let config = memzoo_xl::ReformerConfig::new();
+    let config = memzoo_xl::ReformerConfig::small();
     let len = if args.quick { 1024 } else { config.max_seq_len };
     let reps = args.steps.unwrap_or(if args.quick { 1 } else { 3 });
     let t =
@@ -220,24 +228,20 @@ pub fn memorizing_small(
     prefill: usize,
 ) -> Result<Measurement, String> {
     use memzoo_knn::MemorizingConfig;
-    use memzoo_relative::{PositionConfig, PositionKind};
     let (batch, len) = (2, 512);
-    let xl = XlConfig::new()
-        .with_dropout(0.0)
-        .with_mem_len(512)
-        .with_kv_heads(Some(1))
-        .with_positions(PositionConfig::new().with_kind(PositionKind::T5));
-    let config = MemorizingConfig::new()
+    // The Memorizing-small preset (T5 positions, pre-LN, an untied head, kNN layer 4, top-32
+    // of 16,384) with the peer's multi-query attention and no dropout.
+    let small = MemorizingConfig::small();
+    let xl = small.xl.clone().with_dropout(0.0).with_kv_heads(Some(1));
+    let config = small
         .with_xl(xl)
         .with_xl_memory(false)
-        .with_knn_layers(if knn { vec![3] } else { vec![] })
-        .with_top_k(32)
-        .with_max_memories(16_384);
+        .with_knn_layers(if knn { vec![3] } else { vec![] });
     let device = device.clone().autodiff();
     let mut model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
     let replicas = replicas(args, &device, batch);
-    let mut optim = AdamWConfig::new().init();
+    let mut optim = TrainConfig::new().optimizer();
     let mut rng = StdRng::seed_from_u64(0);
     let memory = config.memory();
     let (h, d) = (memory.kv_heads(), memory.d_head);
