@@ -203,11 +203,12 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 "memorizing-small-full" => models::memorizing_small(&args, &device, true, 16384)?,
                 "memorizing-small-noknn" => models::memorizing_small(&args, &device, false, 0)?,
                 a if a.starts_with("attention-") => attention::one(a, &args, &device)?,
+                r if r.starts_with("reformer-step-") => models::reformer_step(r, &args, &device)?,
                 other => {
                     return Err(format!(
                         "unknown benchmark `{other}`: expected models, attention, memory, \
                          generate, quality, xl-small, xl-small-trainer, xl-small-eval, \
-                         reformer-small, \
+                         reformer-small, reformer-step-<layers>-<rev|plain>-<len>[-<d_model>], \
                          memorizing-small[-full|-noknn] or attention-<full|lsh|xl|knn>-<len>"
                     ));
                 }

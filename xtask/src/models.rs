@@ -3,14 +3,16 @@
 //! not Burn's default 1e-5).
 
 use burn::module::Module;
-use burn::tensor::{Device, Tensor, TensorData};
+use std::time::Instant;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
 use memzoo_train::{Segment, TrainConfig};
-use memzoo_xl::{XlConfig, XlState};
+use memzoo_xl::{ReformerConfig, XlConfig, XlState};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::BenchArgs;
-use crate::measure::{Measurement, median, peak_rss_mb, time_steps};
+use crate::measure::{Measurement, median, peak_rss_kib, peak_rss_mb, rss_kib, time_steps};
 
 /// memzoo's measurement of steps of `tokens` tokens that took `times` seconds (sorted).
 fn measured(
@@ -190,12 +192,10 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
 /// Reformer-small: 6 layers, d_model 256, 8 heads x 32, seq 4096, bucket 64, 4 rounds, causal,
 /// reversible, chunked FF, axial positions, batch 1 (the defaults of `ReformerConfig`).
 pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
-    let config = memzoo_xl::ReformerConfig::small();
+    let config = ReformerConfig::small();
     let len = if args.quick { 1024 } else { config.max_seq_len };
     let reps = args.steps.unwrap_or(if args.quick { 1 } else { 3 });
-    let t =
-        memzoo_xl::reformer::train_step_timing(&config, 1, len, reps, &device.clone().autodiff())
-            .map_err(|e| e.to_string())?;
+    let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
     Ok(Measurement {
         name: "reformer-small".into(),
         implementation: "memzoo".into(),
@@ -212,6 +212,126 @@ pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, 
         tokens_per_s: t.tokens_per_s,
         params: 0,
         peak_rss_mb: t.peak_rss_kib as f64 / 1024.0,
+    })
+}
+
+/// `reformer-step-<layers>-<rev|plain>-<len>[-<d_model>]`: one training step of a Reformer LM
+/// of Reformer-small's shape (`d_model` 256 unless given, `d_ff = 4 d_model`, 8 heads), batch
+/// 1, reversible or plain residuals: the activation memory a reversible stack saves (peak RSS
+/// above the model's; run one configuration per process).
+pub fn reformer_step(
+    target: &str,
+    args: &BenchArgs,
+    device: &Device,
+) -> Result<Measurement, String> {
+    let bad = || {
+        format!(
+            "bad target `{target}`: expected reformer-step-<layers>-<rev|plain>-<len>[-<d_model>]"
+        )
+    };
+    let parts: Vec<&str> = target.split('-').skip(2).collect();
+    let num = |i: usize| -> Result<usize, String> {
+        parts.get(i).and_then(|p| p.parse().ok()).ok_or_else(bad)
+    };
+    let layers = num(0)?;
+    let reversible = match parts.get(1) {
+        Some(&"rev") => true,
+        Some(&"plain") => false,
+        _ => return Err(bad()),
+    };
+    let len = num(2)?;
+    let d_model = if parts.len() > 3 { num(3)? } else { 256 };
+    let config = ReformerConfig::small()
+        .with_n_layers(layers)
+        .with_reversible(reversible)
+        .with_max_seq_len(len.max(64))
+        .with_d_model(d_model)
+        .with_d_ff(4 * d_model)
+        .with_d_head(d_model / 8);
+    let reps = args.steps.unwrap_or(1);
+    let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
+    Ok(Measurement {
+        name: target.to_string(),
+        implementation: "memzoo".into(),
+        backend: args.device.clone(),
+        threads: args.threads,
+        config: serde_json::json!({"n_layers": layers, "reversible": reversible, "seq": len,
+            "d_model": d_model, "batch": 1,
+            "rss_above_baseline_mb": (t.peak_rss_kib - t.rss_baseline_kib) as f64 / 1024.0}),
+        steps: reps,
+        step_s_median: t.seconds,
+        step_s_min: t.seconds,
+        step_s_max: t.seconds,
+        tokens_per_s: t.tokens_per_s,
+        params: 0,
+        peak_rss_mb: t.peak_rss_kib as f64 / 1024.0,
+    })
+}
+
+/// One measurement of [`train_step_timing`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StepTiming {
+    /// Layers of the model.
+    pub n_layers: usize,
+    /// Reversible layers.
+    pub reversible: bool,
+    /// Batch size.
+    pub batch: usize,
+    /// Sequence length.
+    pub len: usize,
+    /// Seconds per training step (loss + gradients), mean of the timed steps.
+    pub seconds: f64,
+    /// Tokens per second of training.
+    pub tokens_per_s: f64,
+    /// Resident set size after building the model and one warm-up step (KiB).
+    pub rss_baseline_kib: u64,
+    /// Peak resident set size at the end (KiB, `VmHWM`).
+    pub peak_rss_kib: u64,
+}
+
+/// Times `train_step` of a Reformer built from `config` on `device` (an autodiff device):
+/// one warm-up step on a short sequence, then `reps` steps on random tokens `[batch, len]`.
+/// Run one configuration per process: the peak is the whole process's `VmHWM`, so
+/// `peak_rss_kib - rss_baseline_kib` is the step's activation memory.
+pub fn train_step_timing(
+    config: &ReformerConfig,
+    batch: usize,
+    len: usize,
+    reps: usize,
+    device: &Device,
+) -> Result<StepTiming, String> {
+    let model = config.init(device).map_err(|e| e.to_string())?;
+    let tokens = |l: usize, seed: u64| {
+        let v: Vec<i64> = memzoo_reformer::rng::normal_vec(batch * l, seed)
+            .into_iter()
+            .map(|x| ((x.abs() * 1000.0) as i64) % config.vocab_size as i64)
+            .collect();
+        Tensor::<2, Int>::from_data(TensorData::new(v, [batch, l]), device)
+    };
+    let warm = len.min(config.bucket_size * 2);
+    let _ = model
+        .train_step(tokens(warm, 1), tokens(warm, 2))
+        .map_err(|e| e.to_string())?;
+    let rss_baseline_kib = rss_kib();
+    let reps = reps.max(1);
+    let start = Instant::now();
+    for r in 0..reps {
+        let (loss, grads) = model
+            .train_step(tokens(len, 10 + r as u64), tokens(len, 20 + r as u64))
+            .map_err(|e| e.to_string())?;
+        let _: f32 = loss.into_scalar();
+        drop(grads);
+    }
+    let seconds = start.elapsed().as_secs_f64() / reps as f64;
+    Ok(StepTiming {
+        n_layers: config.n_layers,
+        reversible: config.reversible,
+        batch,
+        len,
+        seconds,
+        tokens_per_s: (batch * len) as f64 / seconds,
+        rss_baseline_kib,
+        peak_rss_kib: peak_rss_kib(),
     })
 }
 
