@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use memzoo::commands;
 use memzoo::config::RunConfig;
-use memzoo_tests::flex;
+use memzoo_tests::{flex, tiny_cli};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-family-{}-{name}", std::process::id()));
@@ -15,18 +15,9 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Trains `sets` (on the generated corpus, 2 steps) into `run`.
+/// Trains `sets` (on the generated corpus, 2 steps of the tiny CLI settings) into `run`.
 fn train(run: &Path, sets: &[&str]) {
-    let common = [
-        "train.batch=2",
-        "train.tgt_len=8",
-        "train.steps=2",
-        "train.eval_segments=1",
-        "train.replicas=1",
-        "train.log_every=1",
-    ];
-    let sets: Vec<String> = sets.iter().chain(&common).map(|s| s.to_string()).collect();
-    let config = RunConfig::resolve(None, &sets).unwrap();
+    let config = RunConfig::resolve(None, &tiny_cli(sets)).unwrap();
     commands::train(&config, "flex", run, false, false, true, true).unwrap();
 }
 

@@ -196,23 +196,11 @@ pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, 
     let len = if args.quick { 1024 } else { config.max_seq_len };
     let reps = args.steps.unwrap_or(if args.quick { 1 } else { 3 });
     let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
-    Ok(Measurement {
-        name: "reformer-small".into(),
-        implementation: "memzoo".into(),
-        backend: args.device.clone(),
-        threads: args.threads,
-        config: serde_json::json!({"n_layers": config.n_layers, "d_model": config.d_model,
-            "n_heads": config.n_heads, "d_head": config.d_head, "seq": len,
-            "bucket_size": config.bucket_size, "n_rounds": config.n_rounds, "reversible": config.reversible,
-            "batch": 1, "rss_above_baseline_mb": (t.peak_rss_kib - t.rss_baseline_kib) as f64 / 1024.0}),
-        steps: reps,
-        step_s_median: t.seconds,
-        step_s_min: t.seconds,
-        step_s_max: t.seconds,
-        tokens_per_s: t.tokens_per_s,
-        params: 0,
-        peak_rss_mb: t.peak_rss_kib as f64 / 1024.0,
-    })
+    let config = serde_json::json!({"n_layers": config.n_layers, "d_model": config.d_model,
+        "n_heads": config.n_heads, "d_head": config.d_head, "seq": len,
+        "bucket_size": config.bucket_size, "n_rounds": config.n_rounds,
+        "reversible": config.reversible, "batch": 1});
+    Ok(step_measurement("reformer-small", args, config, &t, reps))
 }
 
 /// `reformer-step-<layers>-<rev|plain>-<len>[-<d_model>]`: one training step of a Reformer LM
@@ -250,14 +238,28 @@ pub fn reformer_step(
         .with_d_head(d_model / 8);
     let reps = args.steps.unwrap_or(1);
     let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
-    Ok(Measurement {
-        name: target.to_string(),
+    let config = serde_json::json!({"n_layers": layers, "reversible": reversible, "seq": len,
+        "d_model": d_model, "batch": 1});
+    Ok(step_measurement(target, args, config, &t, reps))
+}
+
+/// A [`StepTiming`] of `reps` steps as a measurement named `name`, its `config` completed with
+/// the memory the steps took above the model's (`rss_above_baseline_mb`).
+fn step_measurement(
+    name: &str,
+    args: &BenchArgs,
+    mut config: serde_json::Value,
+    t: &StepTiming,
+    reps: usize,
+) -> Measurement {
+    config["rss_above_baseline_mb"] =
+        serde_json::json!((t.peak_rss_kib - t.rss_baseline_kib) as f64 / 1024.0);
+    Measurement {
+        name: name.to_string(),
         implementation: "memzoo".into(),
         backend: args.device.clone(),
         threads: args.threads,
-        config: serde_json::json!({"n_layers": layers, "reversible": reversible, "seq": len,
-            "d_model": d_model, "batch": 1,
-            "rss_above_baseline_mb": (t.peak_rss_kib - t.rss_baseline_kib) as f64 / 1024.0}),
+        config,
         steps: reps,
         step_s_median: t.seconds,
         step_s_min: t.seconds,
@@ -265,7 +267,7 @@ pub fn reformer_step(
         tokens_per_s: t.tokens_per_s,
         params: 0,
         peak_rss_mb: t.peak_rss_kib as f64 / 1024.0,
-    })
+    }
 }
 
 /// One measurement of [`train_step_timing`].

@@ -422,9 +422,7 @@ impl PeerFormat for LucidrainsReformer {
         model: &mut TransformerXl,
         device: &Device,
     ) -> Result<(), ImportError> {
-        let mut rotations = mapping::read_rotations(at)?;
-        map_in(tensors, rotations.as_mut(), model, device)?;
-        rotations.map_or(Ok(()), TensorMap::finish)
+        mapping::with_rotations(at, |rotations| map_in(tensors, rotations, model, device))
     }
 
     fn config_of(&self, stack: &XlConfig) -> Result<LucidrainsReformerConfig, ImportError> {

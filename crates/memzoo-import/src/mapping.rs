@@ -335,6 +335,17 @@ pub fn read_rotations(at: &Located) -> Result<Option<TensorMap>, ImportError> {
     path.is_file().then(|| TensorMap::read(&path)).transpose()
 }
 
+/// Runs `f` with the fixed rotations beside the checkpoint (`None` without
+/// [`ROTATIONS_FILE`]), then checks that it took every one of them.
+pub fn with_rotations(
+    at: &Located,
+    f: impl FnOnce(Option<&mut TensorMap>) -> Result<(), ImportError>,
+) -> Result<(), ImportError> {
+    let mut rotations = read_rotations(at)?;
+    f(rotations.as_mut())?;
+    rotations.map_or(Ok(()), TensorMap::finish)
+}
+
 /// Layer `l`'s fixed rotations (`layers.{l}` of `rotations`, of the shape the layer has) into
 /// `att`.
 pub fn set_fixed_rotations(
