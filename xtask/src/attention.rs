@@ -175,7 +175,7 @@ fn xl_fwd_bwd(len: usize, reps: usize, device: &Device) -> Result<f64, String> {
 /// updated while timing); `device` is an autodiff device.
 fn knn_fwd_bwd(len: usize, reps: usize, device: &Device) -> Result<f64, String> {
     use memzoo_knn::KnnAttentionConfig;
-    use memzoo_memory::bench::{clustered_keys, fill};
+    use memzoo_memory::keys::{clustered_keys, fill};
     use memzoo_memory::{IndexKind, KnnMemoryConfig};
     use memzoo_relative::{PositionConfig, PositionKind};
     let (d_model, heads, d_head) = (512, 8, 64);
