@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use memzoo_import::hf_transfo_xl::{Source, load_transformer_xl, transformer_xl_to_hf};
+use memzoo_import::hf_transfo_xl::{load_transformer_xl, transformer_xl_to_hf};
+use memzoo_import::mapping::Source;
 use memzoo_import::{HfTransfoXlConfig, ImportError, TensorMap};
 use memzoo_tests::*;
 use memzoo_xl::{OutputLayer, TransformerXl, XlMemory};
@@ -87,7 +88,7 @@ pub(crate) fn check(got: &[f32], want: &[f32], what: &str) {
 /// tensor the loss does not reach), and memzoo names nothing HF does not.
 #[track_caller]
 pub(crate) fn check_gradients(
-    got: &memzoo_import::hf_transfo_xl::HfTensors,
+    got: &memzoo_import::mapping::PeerTensors,
     reference: &Reference,
     prefix: &str,
     skip: impl Fn(&str) -> bool,
@@ -256,7 +257,7 @@ fn adaptive_embedding_matches_hf() {
         let loss = (out * r.float::<3>("emb.cotangent", &dev)).sum();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         let got = transformer_xl_to_hf(&model, Source::Gradients(&grads));
-        let emb: memzoo_import::hf_transfo_xl::HfTensors = got
+        let emb: memzoo_import::mapping::PeerTensors = got
             .into_iter()
             .filter(|(k, _)| k.starts_with("transformer.word_emb."))
             .collect();
@@ -327,7 +328,7 @@ fn adaptive_log_softmax_matches_hf() {
             &format!("{name}: d nll / d hidden"),
         );
         let grads = GradientsParams::from_grads(backward, &model);
-        let got: memzoo_import::hf_transfo_xl::HfTensors =
+        let got: memzoo_import::mapping::PeerTensors =
             transformer_xl_to_hf(&model, Source::Gradients(&grads))
                 .into_iter()
                 .filter(|(k, _)| k.starts_with("crit.") || k.starts_with("transformer.word_emb."))

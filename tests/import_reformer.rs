@@ -16,7 +16,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::TensorData;
 use burn::tensor::activation::log_softmax;
 use memzoo_import::hf_reformer::{self, HfReformerConfig, reformer_to_hf};
-use memzoo_import::hf_transfo_xl::Source;
+use memzoo_import::mapping::Source;
 use memzoo_import::{ImportError, TensorMap};
 use memzoo_tests::*;
 use memzoo_xl::{LayerAttention, XlConfig};

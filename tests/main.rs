@@ -7,6 +7,7 @@ mod eval;
 mod fused_relative;
 mod generate;
 mod import;
+mod import_family;
 mod import_labml;
 mod import_lucidrains;
 mod import_lucidrains_reformer;

@@ -590,7 +590,7 @@ fn training_from_hf_weights_follows_pytorch_step_by_step() {
     for replicas in [1, 2] {
         let dev = flex().autodiff();
         let (model, _) =
-            memzoo_import::import_source("hf-transfo-xl", &fixtures.join("plain"), &dev)
+            memzoo_import::hf_transfo_xl::load_transformer_xl(&fixtures.join("plain"), &dev)
                 .expect("import the plain fixture");
         let config = TrainConfig::new()
             .with_steps(int("steps"))
@@ -650,7 +650,7 @@ fn training_from_hf_weights_follows_pytorch_step_by_step() {
         assert!(loss[loss.len() - 1] < loss[0] - 0.5, "{loss:?}");
         let weights = memzoo_import::hf_transfo_xl::transformer_xl_to_hf(
             &out.model,
-            memzoo_import::hf_transfo_xl::Source::Values,
+            memzoo_import::mapping::Source::Values,
         );
         let name = "transformer.word_emb.emb_layers.0.weight";
         let got = weights[name]

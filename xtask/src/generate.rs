@@ -27,7 +27,7 @@ pub fn contexts(quick: bool) -> Vec<usize> {
 /// (`generate-cached-<ctx>`) and one recomputing (`generate-recompute-<ctx>`).
 pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, String> {
     // XL-small (6 layers, d_model 256, 8 heads x 32), no dropout.
-    let config = XlConfig::new().with_dropout(0.0);
+    let config = XlConfig::small().with_dropout(0.0);
     let model = config.init(device).map_err(|e| e.to_string())?;
     let params = model.num_params();
     let tokens = args.steps.unwrap_or(if args.quick { 8 } else { 32 });

@@ -4,6 +4,8 @@
 //! cargo xtask bench xl-small [--device flex] [--threads 2] [--quick] [--steps N] [--out FILE]
 //! cargo xtask bench models --compare peers.jsonl
 //! cargo xtask bench attention generate --quick --out bench/run.jsonl   # + SVG plots in bench/
+//! cargo xtask bench memory-crossover            # exact vs HNSW per stored size (MEMZOO_BENCH_*)
+//! cargo xtask bench reformer-step-6-rev-2048-128   # one Reformer step, reversible or plain
 //! cargo xtask bench quality [--families xl,reformer,memorizing] [--steps 400]
 //!     [--eval-at 50,100,200,300,400] [--out FILE.jsonl] [--plot DIR] [--no-peers] [--data PATH]
 //! cargo xtask study [--table t1,t2,t3,t4,t5] [--quick] [--out DIR]
@@ -162,6 +164,13 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 "memorizing-small",
                 "memorizing-small-noknn",
             ],
+            "memory-crossover" => {
+                for m in memory::crossover(&args, &device)? {
+                    emit(&m, args.out.as_ref())?;
+                    results.push(m);
+                }
+                continue;
+            }
             "memory" => {
                 let mut ms = memory::suite(&args, &device)?;
                 if let Some(dir) = &args.real_keys {
@@ -203,11 +212,13 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 "memorizing-small-full" => models::memorizing_small(&args, &device, true, 16384)?,
                 "memorizing-small-noknn" => models::memorizing_small(&args, &device, false, 0)?,
                 a if a.starts_with("attention-") => attention::one(a, &args, &device)?,
+                r if r.starts_with("reformer-step-") => models::reformer_step(r, &args, &device)?,
                 other => {
                     return Err(format!(
                         "unknown benchmark `{other}`: expected models, attention, memory, \
+                         memory-crossover, \
                          generate, quality, xl-small, xl-small-trainer, xl-small-eval, \
-                         reformer-small, \
+                         reformer-small, reformer-step-<layers>-<rev|plain>-<len>[-<d_model>], \
                          memorizing-small[-full|-noknn] or attention-<full|lsh|xl|knn>-<len>"
                     ));
                 }

@@ -82,6 +82,16 @@ pub fn peak_rss_mb() -> f64 {
     proc_status_kb("VmHWM:") / 1024.0
 }
 
+/// Peak resident set size of this process in KiB (`VmHWM`), 0 where /proc is missing.
+pub fn peak_rss_kib() -> u64 {
+    proc_status_kb("VmHWM:") as u64
+}
+
+/// Resident set size of this process now, in KiB (`VmRSS`), 0 where /proc is missing.
+pub fn rss_kib() -> u64 {
+    proc_status_kb("VmRSS:") as u64
+}
+
 fn proc_status_kb(key: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

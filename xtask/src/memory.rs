@@ -2,9 +2,11 @@
 //! them) at several stored sizes per row, exact search against usearch's HNSW, with recall@32
 //! of HNSW against exact. Keys are clustered 32-d vectors (attention keys cluster).
 
+use std::time::Instant;
+
 use burn::tensor::Device;
-use memzoo_memory::bench::{clustered_keys, recall, time_segment};
-use memzoo_memory::{IndexKind, KnnMemoryConfig};
+use memzoo_memory::keys::{clustered_keys, fill, recall, retrieved_ids, segment_tensors};
+use memzoo_memory::{IndexKind, KnnMemoryConfig, MemoryError};
 
 use crate::BenchArgs;
 use crate::measure::Measurement;
@@ -26,8 +28,7 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
             let config = KnnMemoryConfig::new(heads, d)
                 .with_max_memories(n + tokens)
                 .with_kind(kind);
-            let t = time_segment(&config, 1, &keys, &queries, n, tokens, k, device)
-                .map_err(|e| e.to_string())?;
+            let t = time_segment(&config, 1, &keys, &queries, n, tokens, k, device)?;
             let rec = if kind == IndexKind::Exact {
                 exact_ids = t.ids.clone();
                 1.0
@@ -119,8 +120,7 @@ pub fn real_keys(
                 .with_max_memories(slots)
                 .with_kind(kind)
                 .with_hnsw(memzoo_memory::HnswConfig::new().with_expansion_search(ef));
-            let t = time_segment(&config, 1, pool, queries, stored, tokens, k, device)
-                .map_err(|e| e.to_string())?;
+            let t = time_segment(&config, 1, pool, queries, stored, tokens, k, device)?;
             let rec = if kind == IndexKind::Exact {
                 exact_ids = t.ids.clone();
                 1.0
@@ -159,4 +159,139 @@ pub fn real_keys(
         }
     }
     Ok(out)
+}
+
+/// The exact-vs-HNSW crossover (`cargo xtask bench memory-crossover`, the table in
+/// `memzoo_memory`'s docs): one segment (search top-32 for 512 tokens, then add them) at each
+/// stored size, per index kind, with HNSW's recall@32 against exact. Env:
+/// `MEMZOO_BENCH_SIZES` (default `16384,65536,262144`), `MEMZOO_BENCH_HEADS` (default 8),
+/// `MEMZOO_BENCH_KV_HEADS` (default: one per head), `MEMZOO_BENCH_KINDS` (default
+/// `exact,hnsw`), `MEMZOO_BENCH_EF` (HNSW expansion_search), `MEMZOO_BENCH_M` (HNSW
+/// connectivity).
+pub fn crossover(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, String> {
+    fn env<T: std::str::FromStr>(name: &str) -> Result<Option<Vec<T>>, String> {
+        let Ok(text) = std::env::var(name) else {
+            return Ok(None);
+        };
+        text.split(',')
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .map_err(|_| format!("{name}={text}: `{s}` is not a value"))
+            })
+            .collect::<Result<Vec<T>, _>>()
+            .map(Some)
+    }
+    let one = |v: Option<Vec<usize>>| v.and_then(|v| v.first().copied());
+    let sizes = env::<usize>("MEMZOO_BENCH_SIZES")?.unwrap_or(vec![16_384, 65_536, 262_144]);
+    let heads = one(env("MEMZOO_BENCH_HEADS")?).unwrap_or(8);
+    let kv_heads = one(env("MEMZOO_BENCH_KV_HEADS")?);
+    let kinds =
+        env::<IndexKind>("MEMZOO_BENCH_KINDS")?.unwrap_or(vec![IndexKind::Exact, IndexKind::Hnsw]);
+    let expansion = one(env("MEMZOO_BENCH_EF")?);
+    let connectivity = one(env("MEMZOO_BENCH_M")?);
+    let (d, t, k) = (32, 512, 32);
+    let mut out = Vec::new();
+    for &n in &sizes {
+        let keys = clustered_keys(n + t, d, 256, 0.6, 20);
+        let queries = clustered_keys(t, d, 256, 0.6, 21);
+        let mut exact_ids = Vec::new();
+        for &kind in &kinds {
+            let mut c = KnnMemoryConfig::new(heads, d)
+                .with_kind(kind)
+                .with_max_memories(n + t)
+                .with_n_kv_heads(kv_heads);
+            if let Some(ef) = expansion {
+                c.hnsw.expansion_search = Some(ef);
+            }
+            if let Some(m) = connectivity {
+                c.hnsw.connectivity = m;
+            }
+            let r = time_segment(&c, 1, &keys, &queries, n, t, k, device)?;
+            let rec = if kind == IndexKind::Exact {
+                exact_ids = r.ids.clone();
+                1.0
+            } else if exact_ids.is_empty() {
+                f64::NAN
+            } else {
+                recall(&r.ids, &exact_ids, k)
+            };
+            let seg = r.add_s + r.search_s;
+            out.push(Measurement {
+                name: format!(
+                    "memory-crossover-{}-{n}",
+                    format!("{kind:?}").to_lowercase()
+                ),
+                implementation: "memzoo".into(),
+                backend: args.device.clone(),
+                threads: args.threads,
+                config: serde_json::json!({"stored_per_row": n, "heads": heads,
+                    "kv_heads": kv_heads, "d_head": d, "tokens": t, "k": k,
+                    "kind": format!("{kind:?}"), "fill_s": r.fill_s, "add_s": r.add_s,
+                    "search_s": r.search_s, "recall_at_k": rec,
+                    "expansion_search": expansion, "connectivity": connectivity}),
+                steps: 1,
+                step_s_median: seg,
+                step_s_min: seg,
+                step_s_max: seg,
+                tokens_per_s: t as f64 / seg,
+                params: 0,
+                peak_rss_mb: crate::measure::peak_rss_mb(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// One benchmark point: time per segment at a given memory size.
+#[derive(Debug, Clone)]
+pub struct SegmentTiming {
+    /// Seconds to fill the memory to `stored` (setup, not per segment).
+    pub fill_s: f64,
+    /// Seconds to add one segment.
+    pub add_s: f64,
+    /// Seconds to search top-k for one segment's queries.
+    pub search_s: f64,
+    /// The ids found for the segment's queries, `[batch, tokens, heads, k]`.
+    pub ids: Vec<i64>,
+}
+
+/// Fills a fresh memory built from `config` to `stored` entries per (row, head), then times
+/// one segment: search top-`k` for `tokens` queries (drawn from the same distribution as the
+/// keys), then add the segment's `tokens` pairs. `keys` is a pool of `[n, d_head]` vectors.
+#[allow(clippy::too_many_arguments)]
+pub fn time_segment(
+    config: &KnnMemoryConfig,
+    batch: usize,
+    keys: &[f32],
+    queries: &[f32],
+    stored: usize,
+    tokens: usize,
+    k: usize,
+    device: &Device,
+) -> Result<SegmentTiming, String> {
+    let err = |e: MemoryError| e.to_string();
+    let mut index = config.init(batch, device).map_err(err)?;
+    let (h, hk, d) = (config.n_heads, config.kv_heads(), config.d_head);
+    let start = Instant::now();
+    fill(index.as_mut(), keys, stored, 4096, device).map_err(err)?;
+    device.sync().ok();
+    let fill_s = start.elapsed().as_secs_f64();
+    let nq = queries.len() / d;
+    let (q, _) = segment_tensors(queries, nq, 0, tokens, batch, h, d, device);
+    let start = Instant::now();
+    let found = index.search(q, k).map_err(err)?;
+    let ids = retrieved_ids(&found);
+    let search_s = start.elapsed().as_secs_f64();
+    let (nk, nv) = segment_tensors(keys, keys.len() / d, stored, tokens, batch, hk, d, device);
+    let start = Instant::now();
+    index.add(nk, nv).map_err(err)?;
+    device.sync().ok();
+    let add_s = start.elapsed().as_secs_f64();
+    Ok(SegmentTiming {
+        fill_s,
+        add_s,
+        search_s,
+        ids,
+    })
 }

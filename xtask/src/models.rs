@@ -1,15 +1,18 @@
-//! Model training-throughput benchmarks (forward + cross-entropy + backward + AdamW).
+//! Model training-throughput benchmarks (forward + cross-entropy + backward + AdamW) of the
+//! presets, stepped with the trainer's optimizer (`TrainConfig::optimizer`: PyTorch's epsilon,
+//! not Burn's default 1e-5).
 
 use burn::module::Module;
-use burn::optim::AdamWConfig;
-use burn::tensor::{Device, Tensor, TensorData};
-use memzoo_train::Segment;
+use std::time::Instant;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
-use memzoo_xl::{XlConfig, XlState};
+use memzoo_train::{Segment, TrainConfig};
+use memzoo_xl::{ReformerConfig, XlConfig, XlState};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::BenchArgs;
-use crate::measure::{Measurement, median, peak_rss_mb, time_steps};
+use crate::measure::{Measurement, median, peak_rss_kib, peak_rss_mb, rss_kib, time_steps};
 
 /// memzoo's measurement of steps of `tokens` tokens that took `times` seconds (sorted).
 fn measured(
@@ -58,18 +61,25 @@ fn replicas(args: &BenchArgs, device: &Device, batch: usize) -> usize {
         .unwrap_or_else(|| memzoo_train::parallel::auto_replicas(device, batch))
 }
 
+/// The XL-small preset (`XlConfig::small`) as the peers' reference run has it: no dropout, `u`/`v`
+/// per layer.
+fn bench_xl() -> XlConfig {
+    XlConfig::small()
+        .with_dropout(0.0)
+        .with_untie_rel_bias(true)
+}
+
 /// XL-small: 6 layers, d_model 256, 8 heads x 32, d_inner 1024, tgt_len 128, mem_len 128,
 /// batch 8, vocab 256, f32; memory carried across steps as in training. The step is the
 /// trainer's: the batch split over data-parallel replicas (`--replicas`, default as the trainer).
 pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
     let (batch, tgt_len) = (8, 128);
-    // The defaults are XL-small; like the peers' reference run: no dropout, u/v per layer.
-    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
+    let config = bench_xl();
     let device = device.clone().autodiff();
     let mut model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
     let replicas = replicas(args, &device, batch);
-    let mut optim = AdamWConfig::new().init();
+    let mut optim = TrainConfig::new().optimizer();
     let mut memories: Vec<XlState> = (0..replicas).map(|_| XlState::new()).collect();
     let mut rng = StdRng::seed_from_u64(0);
     let times = time_steps(args.warmup(), args.steps(), || {
@@ -102,7 +112,7 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
 pub fn xl_small_eval(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
     use memzoo_train::parallel::eval_step_sharded;
     let (batch, tgt_len) = (8, 128);
-    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
+    let config = bench_xl();
     let model = config.init(device).map_err(|e| e.to_string())?;
     let params = model.num_params();
     let replicas = replicas(args, device, batch);
@@ -130,7 +140,7 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
     use memzoo_train::{RunOptions, TrainConfig, train};
 
     let (batch, tgt_len) = (8, 128);
-    let config = XlConfig::new().with_dropout(0.0).with_untie_rel_bias(true);
+    let config = bench_xl();
     let device = device.clone().autodiff();
     let model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
@@ -182,21 +192,74 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
 /// Reformer-small: 6 layers, d_model 256, 8 heads x 32, seq 4096, bucket 64, 4 rounds, causal,
 /// reversible, chunked FF, axial positions, batch 1 (the defaults of `ReformerConfig`).
 pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
-    let config = memzoo_xl::ReformerConfig::new();
+    let config = ReformerConfig::small();
     let len = if args.quick { 1024 } else { config.max_seq_len };
     let reps = args.steps.unwrap_or(if args.quick { 1 } else { 3 });
-    let t =
-        memzoo_xl::reformer::train_step_timing(&config, 1, len, reps, &device.clone().autodiff())
-            .map_err(|e| e.to_string())?;
-    Ok(Measurement {
-        name: "reformer-small".into(),
+    let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
+    let config = serde_json::json!({"n_layers": config.n_layers, "d_model": config.d_model,
+        "n_heads": config.n_heads, "d_head": config.d_head, "seq": len,
+        "bucket_size": config.bucket_size, "n_rounds": config.n_rounds,
+        "reversible": config.reversible, "batch": 1});
+    Ok(step_measurement("reformer-small", args, config, &t, reps))
+}
+
+/// `reformer-step-<layers>-<rev|plain>-<len>[-<d_model>]`: one training step of a Reformer LM
+/// of Reformer-small's shape (`d_model` 256 unless given, `d_ff = 4 d_model`, 8 heads), batch
+/// 1, reversible or plain residuals: the activation memory a reversible stack saves (peak RSS
+/// above the model's; run one configuration per process).
+pub fn reformer_step(
+    target: &str,
+    args: &BenchArgs,
+    device: &Device,
+) -> Result<Measurement, String> {
+    let bad = || {
+        format!(
+            "bad target `{target}`: expected reformer-step-<layers>-<rev|plain>-<len>[-<d_model>]"
+        )
+    };
+    let parts: Vec<&str> = target.split('-').skip(2).collect();
+    let num = |i: usize| -> Result<usize, String> {
+        parts.get(i).and_then(|p| p.parse().ok()).ok_or_else(bad)
+    };
+    let layers = num(0)?;
+    let reversible = match parts.get(1) {
+        Some(&"rev") => true,
+        Some(&"plain") => false,
+        _ => return Err(bad()),
+    };
+    let len = num(2)?;
+    let d_model = if parts.len() > 3 { num(3)? } else { 256 };
+    let config = ReformerConfig::small()
+        .with_n_layers(layers)
+        .with_reversible(reversible)
+        .with_max_seq_len(len.max(64))
+        .with_d_model(d_model)
+        .with_d_ff(4 * d_model)
+        .with_d_head(d_model / 8);
+    let reps = args.steps.unwrap_or(1);
+    let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
+    let config = serde_json::json!({"n_layers": layers, "reversible": reversible, "seq": len,
+        "d_model": d_model, "batch": 1});
+    Ok(step_measurement(target, args, config, &t, reps))
+}
+
+/// A [`StepTiming`] of `reps` steps as a measurement named `name`, its `config` completed with
+/// the memory the steps took above the model's (`rss_above_baseline_mb`).
+fn step_measurement(
+    name: &str,
+    args: &BenchArgs,
+    mut config: serde_json::Value,
+    t: &StepTiming,
+    reps: usize,
+) -> Measurement {
+    config["rss_above_baseline_mb"] =
+        serde_json::json!((t.peak_rss_kib - t.rss_baseline_kib) as f64 / 1024.0);
+    Measurement {
+        name: name.to_string(),
         implementation: "memzoo".into(),
         backend: args.device.clone(),
         threads: args.threads,
-        config: serde_json::json!({"n_layers": config.n_layers, "d_model": config.d_model,
-            "n_heads": config.n_heads, "d_head": config.d_head, "seq": len,
-            "bucket_size": config.bucket_size, "n_rounds": config.n_rounds, "reversible": config.reversible,
-            "batch": 1, "rss_above_baseline_mb": (t.peak_rss_kib - t.rss_baseline_kib) as f64 / 1024.0}),
+        config,
         steps: reps,
         step_s_median: t.seconds,
         step_s_min: t.seconds,
@@ -204,6 +267,73 @@ pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, 
         tokens_per_s: t.tokens_per_s,
         params: 0,
         peak_rss_mb: t.peak_rss_kib as f64 / 1024.0,
+    }
+}
+
+/// One measurement of [`train_step_timing`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StepTiming {
+    /// Layers of the model.
+    pub n_layers: usize,
+    /// Reversible layers.
+    pub reversible: bool,
+    /// Batch size.
+    pub batch: usize,
+    /// Sequence length.
+    pub len: usize,
+    /// Seconds per training step (loss + gradients), mean of the timed steps.
+    pub seconds: f64,
+    /// Tokens per second of training.
+    pub tokens_per_s: f64,
+    /// Resident set size after building the model and one warm-up step (KiB).
+    pub rss_baseline_kib: u64,
+    /// Peak resident set size at the end (KiB, `VmHWM`).
+    pub peak_rss_kib: u64,
+}
+
+/// Times `train_step` of a Reformer built from `config` on `device` (an autodiff device):
+/// one warm-up step on a short sequence, then `reps` steps on random tokens `[batch, len]`.
+/// Run one configuration per process: the peak is the whole process's `VmHWM`, so
+/// `peak_rss_kib - rss_baseline_kib` is the step's activation memory.
+pub fn train_step_timing(
+    config: &ReformerConfig,
+    batch: usize,
+    len: usize,
+    reps: usize,
+    device: &Device,
+) -> Result<StepTiming, String> {
+    let model = config.init(device).map_err(|e| e.to_string())?;
+    let tokens = |l: usize, seed: u64| {
+        let v: Vec<i64> = memzoo_reformer::rng::normal_vec(batch * l, seed)
+            .into_iter()
+            .map(|x| ((x.abs() * 1000.0) as i64) % config.vocab_size as i64)
+            .collect();
+        Tensor::<2, Int>::from_data(TensorData::new(v, [batch, l]), device)
+    };
+    let warm = len.min(config.bucket_size * 2);
+    let _ = model
+        .train_step(tokens(warm, 1), tokens(warm, 2))
+        .map_err(|e| e.to_string())?;
+    let rss_baseline_kib = rss_kib();
+    let reps = reps.max(1);
+    let start = Instant::now();
+    for r in 0..reps {
+        let (loss, grads) = model
+            .train_step(tokens(len, 10 + r as u64), tokens(len, 20 + r as u64))
+            .map_err(|e| e.to_string())?;
+        let _: f32 = loss.into_scalar();
+        drop(grads);
+    }
+    let seconds = start.elapsed().as_secs_f64() / reps as f64;
+    Ok(StepTiming {
+        n_layers: config.n_layers,
+        reversible: config.reversible,
+        batch,
+        len,
+        seconds,
+        tokens_per_s: (batch * len) as f64 / seconds,
+        rss_baseline_kib,
+        peak_rss_kib: peak_rss_kib(),
     })
 }
 
@@ -220,24 +350,20 @@ pub fn memorizing_small(
     prefill: usize,
 ) -> Result<Measurement, String> {
     use memzoo_knn::MemorizingConfig;
-    use memzoo_relative::{PositionConfig, PositionKind};
     let (batch, len) = (2, 512);
-    let xl = XlConfig::new()
-        .with_dropout(0.0)
-        .with_mem_len(512)
-        .with_kv_heads(Some(1))
-        .with_positions(PositionConfig::new().with_kind(PositionKind::T5));
-    let config = MemorizingConfig::new()
+    // The Memorizing-small preset (T5 positions, pre-LN, an untied head, kNN layer 4, top-32
+    // of 16,384) with the peer's multi-query attention and no dropout.
+    let small = MemorizingConfig::small();
+    let xl = small.xl.clone().with_dropout(0.0).with_kv_heads(Some(1));
+    let config = small
         .with_xl(xl)
         .with_xl_memory(false)
-        .with_knn_layers(if knn { vec![3] } else { vec![] })
-        .with_top_k(32)
-        .with_max_memories(16_384);
+        .with_knn_layers(if knn { vec![3] } else { vec![] });
     let device = device.clone().autodiff();
     let mut model = config.init(&device).map_err(|e| e.to_string())?;
     let params = model.num_params();
     let replicas = replicas(args, &device, batch);
-    let mut optim = AdamWConfig::new().init();
+    let mut optim = TrainConfig::new().optimizer();
     let mut rng = StdRng::seed_from_u64(0);
     let memory = config.memory();
     let (h, d) = (memory.kv_heads(), memory.d_head);

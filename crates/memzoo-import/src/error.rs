@@ -54,6 +54,14 @@ pub enum ImportError {
         /// What is wrong with it.
         message: String,
     },
+    /// `--from` / `--to` named a format memzoo does not know.
+    #[error("unknown source `{name}`: supported are {known}")]
+    UnknownFormat {
+        /// The name given.
+        name: String,
+        /// The known names, comma-separated ([`crate::format::FORMATS`]).
+        known: String,
+    },
     /// The config asks for something memzoo cannot express (yet); the message names the field.
     #[error("unsupported config: {0}")]
     Unsupported(String),

@@ -53,24 +53,22 @@
 //! | `reformer.encoder.layer_norm` `[2d]` | the final norm |
 //! | `lm_head.decoder.weight` `[V, 2d]`, `lm_head.bias` (= `lm_head.decoder.bias`) | the linear output |
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use burn::module::Param;
-use burn::nn::{LayerNorm, Linear};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Device;
 use memzoo_xl::{
-    Activation, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer, Randomness,
-    ReformerConfig, Residual, TransformerXl, XlConfig, XlError,
+    Activation, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer, ReformerConfig,
+    TransformerXl, XlConfig, XlError,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::error::ImportError;
-use crate::hf_transfo_xl::{HfTensors, Source};
+use crate::format::PeerFormat;
+use crate::mapping::{self, BlockNames, Located, PeerTensors, Source, put, put_linear, put_norm};
 use crate::reader::TensorMap;
 
 /// The file of fixed LSH rotations read beside a checkpoint (`layers.{l}` per LSH layer).
-pub const ROTATIONS_FILE: &str = "rotations.safetensors";
+pub use crate::mapping::{ROTATIONS_FILE, rotations_of};
 
 /// Vocabulary of `google/reformer-enwik8`: the 256 bytes after tensor2tensor's two reserved ids.
 pub const ENWIK8_VOCAB: usize = 258;
@@ -376,41 +374,23 @@ impl HfReformerConfig {
             return no("no axial positions: HF's Reformer needs axial or absolute ones".into());
         };
         let lsh = &xl.lsh;
-        let checks = [
-            (
-                xl.residual != Residual::Reversible,
-                "residual other than reversible",
-            ),
-            (
-                xl.head_input != HeadInput::Concat,
-                "head_input other than concat",
-            ),
-            (
-                !xl.pre_ln || !xl.final_norm,
-                "pre_ln and final_norm not both on",
-            ),
-            (
-                xl.tie_weights || xl.is_adaptive(),
-                "a tied or adaptive output",
-            ),
-            (xl.scale_embedding, "scale_embedding = true"),
-            (xl.mem_len > 0, "an XL memory (mem_len > 0)"),
-            (!lsh.causal, "lsh.causal = false"),
-            (lsh.dedup_rounds, "lsh.dedup_rounds = true"),
-            (!lsh.rotations_per_head, "lsh.rotations_per_head = false"),
-            (
-                lsh.scores != memzoo_reformer::LshScores::UnitKeys || lsh.key_eps != KEY_EPS,
-                "LSH scores other than unit keys with key_eps = 1e-6",
-            ),
-            (xl.ff_inner_dropout, "ff_inner_dropout = true"),
-            (
-                xl.randomness != Randomness::Seeded,
-                "randomness other than seeded",
-            ),
-        ];
-        if let Some((_, what)) = checks.iter().find(|(bad, _)| *bad) {
-            return no(format!("{what}: HF's Reformer cannot express it"));
-        }
+        let peer = "HF's Reformer";
+        mapping::expressible(
+            &[
+                (
+                    xl.head_input != HeadInput::Concat,
+                    "head_input other than concat",
+                ),
+                (!lsh.rotations_per_head, "lsh.rotations_per_head = false"),
+                (
+                    lsh.scores != memzoo_reformer::LshScores::UnitKeys || lsh.key_eps != KEY_EPS,
+                    "LSH scores other than unit keys with key_eps = 1e-6",
+                ),
+                (xl.ff_inner_dropout, "ff_inner_dropout = true"),
+            ],
+            peer,
+        )?;
+        mapping::expressible(&mapping::reformer_checks(xl), peer)?;
         let num_buckets = match (&lsh.bucket_factors[..], lsh.n_buckets) {
             ([], Some(n)) => Some(NumBuckets::One(n)),
             ([], None) => None,
@@ -454,34 +434,73 @@ impl HfReformerConfig {
     }
 }
 
-/// The weight file in `dir`: `model.safetensors`, else `pytorch_model.bin`.
-fn weights_in(dir: &Path) -> Result<PathBuf, ImportError> {
-    ["model.safetensors", "pytorch_model.bin"]
-        .iter()
-        .map(|f| dir.join(f))
-        .find(|p| p.is_file())
-        .ok_or_else(|| ImportError::NoWeights {
-            dir: dir.to_path_buf(),
-        })
+/// HF's `ReformerModelWithLMHead` as a [`PeerFormat`] (`hf-reformer`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HfReformer;
+
+impl PeerFormat for HfReformer {
+    type Config = HfReformerConfig;
+    const NAME: &'static str = "hf-reformer";
+
+    /// A model directory ([`mapping::model_dir`]), perhaps with [`ROTATIONS_FILE`].
+    fn locate(&self, src: &Path) -> Result<Located, ImportError> {
+        mapping::model_dir(src)
+    }
+
+    fn read_config(&self, at: &Located, _: &TensorMap) -> Result<HfReformerConfig, ImportError> {
+        HfReformerConfig::read(&at.beside("config.json"))
+    }
+
+    /// With fixed rotations when [`ROTATIONS_FILE`] is beside the weights.
+    fn stack(&self, config: &HfReformerConfig, at: &Located) -> Result<XlConfig, ImportError> {
+        config.xl_config(at.beside(ROTATIONS_FILE).is_file())
+    }
+
+    fn map_in(
+        &self,
+        _: &HfReformerConfig,
+        at: &Located,
+        tensors: &mut TensorMap,
+        model: &mut TransformerXl,
+        device: &Device,
+    ) -> Result<(), ImportError> {
+        mapping::with_rotations(at, |rotations| map_in(tensors, rotations, model, device))
+    }
+
+    fn config_of(&self, stack: &XlConfig) -> Result<HfReformerConfig, ImportError> {
+        HfReformerConfig::from_xl(stack)
+    }
+
+    fn map_out(&self, model: &TransformerXl, src: Source<'_>) -> Result<PeerTensors, ImportError> {
+        Ok(reformer_to_hf(model, src))
+    }
+
+    /// HF's `ReformerConfig`, `model_type` `reformer` (load the export with
+    /// `ReformerModelWithLMHead.from_pretrained`).
+    fn config_json(&self, config: &HfReformerConfig) -> Result<serde_json::Value, ImportError> {
+        let mut json = mapping::to_json(config)?;
+        json["model_type"] = "reformer".into();
+        json["architectures"] = serde_json::json!(["ReformerModelWithLMHead"]);
+        json["num_hidden_layers"] = config.attn_layers.len().into();
+        Ok(json)
+    }
+
+    /// [`ROTATIONS_FILE`] when the layers hold fixed rotations.
+    fn side_files(&self, model: &TransformerXl) -> Vec<(&'static str, PeerTensors)> {
+        vec![(ROTATIONS_FILE, rotations_of(model))]
+    }
+
+    /// 2 for `google/reformer-enwik8`'s vocabulary of 258 ([`byte_offset`]), else 0.
+    fn byte_offset(&self, stack: &XlConfig) -> u16 {
+        byte_offset(stack.vocab_size)
+    }
 }
 
 /// Loads an HF Reformer directory (`config.json`, weights, and perhaps
 /// [`ROTATIONS_FILE`]); every tensor is used. Returns HF's config too.
 pub fn load(dir: &Path, device: &Device) -> Result<(TransformerXl, HfReformerConfig), ImportError> {
-    let cfg = HfReformerConfig::read(&dir.join("config.json"))?;
-    let mut map = TensorMap::read(&weights_in(dir)?)?;
-    let rotations = dir.join(ROTATIONS_FILE);
-    let mut rotations = if rotations.is_file() {
-        Some(TensorMap::read(&rotations)?)
-    } else {
-        None
-    };
-    let model = reformer_from(&cfg, &mut map, rotations.as_mut(), device)?;
-    map.finish()?;
-    if let Some(r) = rotations {
-        r.finish()?;
-    }
-    Ok((model, cfg))
+    let imported = crate::format::import(&HfReformer, dir, device)?;
+    Ok((imported.model, imported.peer))
 }
 
 /// HF's mask constants, which older checkpoints (transformers before 4.x made them
@@ -514,38 +533,6 @@ fn mask_buffers(map: &mut TensorMap, prefix: &str) -> Result<(), ImportError> {
     Ok(())
 }
 
-fn set_linear(linear: &mut Linear, weight: Tensor<2>, bias: Option<Tensor<1>>) {
-    linear.weight = Param::from_tensor(weight);
-    linear.bias = bias.map(Param::from_tensor);
-}
-
-/// torch `[out, in]` → memzoo `[in, out]`.
-fn weight(
-    map: &mut TensorMap,
-    name: &str,
-    d_out: usize,
-    d_in: usize,
-    device: &Device,
-) -> Result<Tensor<2>, ImportError> {
-    Ok(map.float(name, [d_out, d_in], device)?.transpose())
-}
-
-fn norm(
-    map: &mut TensorMap,
-    prefix: &str,
-    into: &mut LayerNorm,
-    d: usize,
-    device: &Device,
-) -> Result<(), ImportError> {
-    into.gamma = Param::from_tensor(map.float(&format!("{prefix}.weight"), [d], device)?);
-    into.beta = Some(Param::from_tensor(map.float(
-        &format!("{prefix}.bias"),
-        [d],
-        device,
-    )?));
-    Ok(())
-}
-
 /// [`load`] from a config and tensors in hand (and the fixed rotations, `layers.{l}`); leaves
 /// unknown tensors in the maps.
 pub fn reformer_from(
@@ -554,90 +541,80 @@ pub fn reformer_from(
     rotations: Option<&mut TensorMap>,
     device: &Device,
 ) -> Result<TransformerXl, ImportError> {
-    let xl = cfg.xl_config(rotations.is_some())?;
-    let mut model = xl.init(device)?;
-    let (d, inner, dff, v) = (
-        cfg.hidden_size,
-        cfg.num_attention_heads * cfg.attention_head_size,
-        cfg.feed_forward_size,
-        cfg.vocab_size,
-    );
+    let mut model = cfg.xl_config(rotations.is_some())?.init(device)?;
+    map_in(map, rotations, &mut model, device)?;
+    Ok(model)
+}
+
+/// The names of a layer's block in HF's state dict.
+fn block_names(l: usize) -> BlockNames {
+    let pre = format!("reformer.encoder.layers.{l}.");
+    BlockNames {
+        norm_attention: format!("{pre}attention.layer_norm"),
+        norm_ff: format!("{pre}feed_forward.layer_norm"),
+        ff_in: format!("{pre}feed_forward.dense.dense"),
+        ff_out: format!("{pre}feed_forward.output.dense"),
+    }
+}
+
+/// `save_pretrained` keeps one name of the tied LM-head bias; a `pytorch_model.bin` has both,
+/// which must agree.
+const TIED_COPIES: [(&str, &str); 1] = [(r"^lm_head\.decoder\.bias$", "lm_head.bias")];
+
+/// HF's tensors (and the fixed rotations, `layers.{l}`) into `model` (built from
+/// [`HfReformerConfig::xl_config`]).
+fn map_in(
+    map: &mut TensorMap,
+    rotations: Option<&mut TensorMap>,
+    model: &mut TransformerXl,
+    device: &Device,
+) -> Result<(), ImportError> {
+    mapping::tied_copies(map, &TIED_COPIES)?;
     let mut rotations = rotations;
     for (l, layer) in model.layers.iter_mut().enumerate() {
-        let pre = format!("reformer.encoder.layers.{l}.");
-        let a = format!("{pre}attention.");
+        let a = format!("reformer.encoder.layers.{l}.attention.");
         let LayerAttention::Hashed(att) = &mut layer.attention else {
             return Err(XlError::Config(format!("layer {l} is not an lsh or local layer")).into());
         };
         let s = format!("{a}self_attention.");
-        match &mut att.key {
-            Some(key) => {
-                let wq = weight(map, &format!("{s}query.weight"), inner, d, device)?;
-                set_linear(&mut att.query, wq, None);
-                let wk = weight(map, &format!("{s}key.weight"), inner, d, device)?;
-                set_linear(key, wk, None);
-            }
-            None => {
-                let wqk = weight(map, &format!("{s}query_key.weight"), inner, d, device)?;
-                set_linear(&mut att.query, wqk, None);
-                if let Some(r) = rotations.as_deref_mut() {
-                    let name = format!("layers.{l}");
-                    let shape = att
-                        .fixed_rotations()
-                        .map(|t| t.dims())
-                        .ok_or_else(|| XlError::Config(format!("layer {l}: no fixed rotations")))?;
-                    let t = r.float::<4>(&name, shape, device)?;
-                    att.set_fixed_rotations(t).map_err(XlError::from)?;
-                }
-            }
+        if att.key.is_some() {
+            mapping::linear(map, &format!("{s}query"), &mut att.query, false, device)?;
+        } else {
+            mapping::linear(map, &format!("{s}query_key"), &mut att.query, false, device)?;
+        }
+        if let Some(key) = &mut att.key {
+            mapping::linear(map, &format!("{s}key"), key, false, device)?;
+        }
+        if att.key.is_none()
+            && let Some(r) = rotations.as_deref_mut()
+        {
+            mapping::set_fixed_rotations(r, l, att, device)?;
         }
         mask_buffers(map, &s)?;
-        let wv = weight(map, &format!("{s}value.weight"), inner, d, device)?;
-        set_linear(&mut att.value, wv, None);
-        let wo = weight(map, &format!("{a}output.dense.weight"), d, inner, device)?;
-        set_linear(&mut att.output, wo, None);
-        let block = &mut layer.block;
-        norm(
+        mapping::linear(map, &format!("{s}value"), &mut att.value, false, device)?;
+        mapping::linear(
             map,
-            &format!("{a}layer_norm"),
-            &mut block.norm_attention,
-            d,
+            &format!("{a}output.dense"),
+            &mut att.output,
+            false,
             device,
         )?;
-        let f = format!("{pre}feed_forward.");
-        norm(
-            map,
-            &format!("{f}layer_norm"),
-            &mut block.norm_ff,
-            d,
-            device,
-        )?;
-        let w1 = weight(map, &format!("{f}dense.dense.weight"), dff, d, device)?;
-        let b1 = map.float(&format!("{f}dense.dense.bias"), [dff], device)?;
-        set_linear(&mut block.ff_in, w1, Some(b1));
-        let w2 = weight(map, &format!("{f}output.dense.weight"), d, dff, device)?;
-        let b2 = map.float(&format!("{f}output.dense.bias"), [d], device)?;
-        set_linear(&mut block.ff_out, w2, Some(b2));
+        block_names(l).take(map, &mut layer.block, device)?;
     }
     let final_norm = model
         .final_norm
         .as_mut()
         .ok_or_else(|| XlError::Config("a pre-LN stack without its final norm".into()))?;
-    norm(
-        map,
-        "reformer.encoder.layer_norm",
-        final_norm,
-        2 * d,
-        device,
-    )?;
+    mapping::norm(map, "reformer.encoder.layer_norm", final_norm, device)?;
     let InputEmbedding::Plain(embedding) = &mut model.embedding else {
         return Err(XlError::Config("HF's embedding is one table".into()).into());
     };
-    embedding.weight = Param::from_tensor(map.float(
+    mapping::embedding(
+        map,
         "reformer.embeddings.word_embeddings.weight",
-        [v, d],
+        embedding,
         device,
-    )?);
+    )?;
     let axial = model
         .axial
         .as_mut()
@@ -645,57 +622,24 @@ pub fn reformer_from(
     let ([a1, d1], [a2, d2]) = (axial.rows.dims(), axial.cols.dims());
     let p = "reformer.embeddings.position_embeddings.weights";
     let rows = map.float::<3>(&format!("{p}.0"), [a1, 1, d1], device)?;
-    axial.rows = Param::from_tensor(rows.reshape([a1, d1]));
     let cols = map.float::<3>(&format!("{p}.1"), [1, a2, d2], device)?;
-    axial.cols = Param::from_tensor(cols.reshape([a2, d2]));
+    mapping::set(&mut axial.rows, rows.reshape([a1, d1]), &format!("{p}.0"))?;
+    mapping::set(&mut axial.cols, cols.reshape([a2, d2]), &format!("{p}.1"))?;
     let OutputLayer::Linear(output) = &mut model.output else {
         return Err(XlError::Config("HF's decoder is a linear layer".into()).into());
     };
-    let w = weight(map, "lm_head.decoder.weight", v, 2 * d, device)?;
-    let b = map.float::<1>("lm_head.bias", [v], device)?;
-    // `save_pretrained` keeps one name of the tied pair; a file with both must agree.
-    if let Some(copy) = map.take_optional("lm_head.decoder.bias", &[v])? {
-        let copy = crate::reader::float_data("lm_head.decoder.bias", copy)?;
-        if copy != b.clone().into_data() {
-            return Err(ImportError::Value {
-                name: "lm_head.decoder.bias".into(),
-                message: "differs from lm_head.bias, which HF ties it to".into(),
-            });
-        }
-    }
-    set_linear(output, w, Some(b));
-    Ok(model)
-}
-
-fn put<const D: usize>(out: &mut HfTensors, name: String, t: Option<Tensor<D>>) {
-    if let Some(t) = t {
-        out.insert(name, t.into_data());
-    }
-}
-
-fn put_linear(out: &mut HfTensors, name: &str, linear: &Linear, src: Source<'_>) {
-    put(
-        out,
-        format!("{name}.weight"),
-        src.get(&linear.weight).map(|w| w.transpose()),
-    );
-    if let Some(b) = &linear.bias {
-        put(out, format!("{name}.bias"), src.get(b));
-    }
-}
-
-fn put_norm(out: &mut HfTensors, prefix: &str, norm: &LayerNorm, src: Source<'_>) {
-    put(out, format!("{prefix}.weight"), src.get(&norm.gamma));
-    if let Some(b) = &norm.beta {
-        put(out, format!("{prefix}.bias"), src.get(b));
-    }
+    let [_, v] = output.weight.dims();
+    let name = "lm_head.decoder.weight";
+    let w = mapping::from_torch(map.float(name, [v, output.weight.dims()[0]], device)?);
+    let b = map.float("lm_head.bias", [v], device)?;
+    mapping::set_linear(output, w, Some(b), name)
 }
 
 /// An HF-shaped Reformer stack's tensors (or gradients) under HF's names (the inverse of the
 /// import mapping; the tied `lm_head.decoder.bias` under `lm_head.bias` only, as
 /// `save_pretrained` writes it). Fixed rotations are not HF parameters and are left out.
-pub fn reformer_to_hf(model: &TransformerXl, src: Source<'_>) -> HfTensors {
-    let mut out = HfTensors::new();
+pub fn reformer_to_hf(model: &TransformerXl, src: Source<'_>) -> PeerTensors {
+    let mut out = PeerTensors::new();
     for (l, layer) in model.layers.iter().enumerate() {
         let pre = format!("reformer.encoder.layers.{l}.");
         let a = format!("{pre}attention.");
@@ -711,17 +655,7 @@ pub fn reformer_to_hf(model: &TransformerXl, src: Source<'_>) -> HfTensors {
             put_linear(&mut out, &format!("{s}value"), &att.value, src);
             put_linear(&mut out, &format!("{a}output.dense"), &att.output, src);
         }
-        let block = &layer.block;
-        put_norm(
-            &mut out,
-            &format!("{a}layer_norm"),
-            &block.norm_attention,
-            src,
-        );
-        let f = format!("{pre}feed_forward.");
-        put_norm(&mut out, &format!("{f}layer_norm"), &block.norm_ff, src);
-        put_linear(&mut out, &format!("{f}dense.dense"), &block.ff_in, src);
-        put_linear(&mut out, &format!("{f}output.dense"), &block.ff_out, src);
+        block_names(l).put(&mut out, &layer.block, src);
     }
     if let Some(n) = &model.final_norm {
         put_norm(&mut out, "reformer.encoder.layer_norm", n, src);
@@ -760,44 +694,8 @@ pub fn reformer_to_hf(model: &TransformerXl, src: Source<'_>) -> HfTensors {
     out
 }
 
-/// The LSH layers' fixed rotations as [`ROTATIONS_FILE`]'s tensors (`layers.{l}`).
-pub fn rotations_of(model: &TransformerXl) -> HfTensors {
-    let mut out = HfTensors::new();
-    for (l, layer) in model.layers.iter().enumerate() {
-        if let LayerAttention::Hashed(att) = &layer.attention
-            && let Some(r) = att.fixed_rotations()
-        {
-            out.insert(format!("layers.{l}"), r.into_data());
-        }
-    }
-    out
-}
-
-/// Writes an HF Reformer directory: `config.json` (HF's `ReformerConfig`, `model_type`
-/// `reformer`) and `model.safetensors` (HF's names; load with
-/// `ReformerModelWithLMHead.from_pretrained`), and [`ROTATIONS_FILE`] when the layers hold
-/// fixed rotations. The config must be HF-shaped ([`HfReformerConfig::from_xl`]).
+/// Writes an HF Reformer directory ([`HfReformer`]'s [`PeerFormat::write`]); the config
+/// must be HF-shaped ([`HfReformerConfig::from_xl`]).
 pub fn export(model: &TransformerXl, xl: &XlConfig, dir: &Path) -> Result<(), ImportError> {
-    let config = HfReformerConfig::from_xl(xl)?;
-    let tensors: BTreeMap<_, _> = reformer_to_hf(model, Source::Values);
-    std::fs::create_dir_all(dir).map_err(|e| ImportError::Read {
-        path: dir.to_path_buf(),
-        message: format!("cannot create: {e}"),
-    })?;
-    let mut json = serde_json::to_value(&config).expect("plain fields");
-    json["model_type"] = "reformer".into();
-    json["architectures"] = serde_json::json!(["ReformerModelWithLMHead"]);
-    json["num_hidden_layers"] = config.attn_layers.len().into();
-    let path = dir.join("config.json");
-    let text = serde_json::to_string_pretty(&json).expect("plain fields");
-    std::fs::write(&path, text).map_err(|e| ImportError::Read {
-        path: path.clone(),
-        message: format!("cannot write: {e}"),
-    })?;
-    crate::reader::write_safetensors(&dir.join("model.safetensors"), tensors)?;
-    let rotations = rotations_of(model);
-    if !rotations.is_empty() {
-        crate::reader::write_safetensors(&dir.join(ROTATIONS_FILE), rotations)?;
-    }
-    Ok(())
+    crate::format::export(&HfReformer, model, xl, dir)
 }

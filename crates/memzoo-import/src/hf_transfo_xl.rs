@@ -27,12 +27,8 @@
 //! The export ([`hf_state_dict`], [`HfTransfoXlConfig::from_xl`], [`export`]) writes what
 //! HF's `save_pretrained` writes: `config.json` and `model.safetensors` without tied copies.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use burn::module::Param;
-use burn::nn::{LayerNorm, LayerNormConfig, Linear};
-use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_relative::PositionKind;
 use memzoo_relative::{PositionConfig, PositionParams, XlBiases};
@@ -43,6 +39,8 @@ use memzoo_xl::{
 use serde::{Deserialize, Serialize};
 
 use crate::error::ImportError;
+use crate::format::PeerFormat;
+use crate::mapping::{self, BlockNames, Located, PeerTensors, Source, put};
 use crate::reader::TensorMap;
 
 fn default_true() -> bool {
@@ -168,18 +166,14 @@ impl HfTransfoXlConfig {
     /// Reads `dir/config.json`.
     pub fn read(dir: &Path) -> Result<Self, ImportError> {
         let path = dir.join("config.json");
-        let read_err = |message: String| ImportError::Read {
-            path: path.clone(),
-            message,
-        };
-        let text = crate::reader::read_config_text(&path)?;
-        let config: Self = serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?;
+        let config: Self = mapping::read_json(&path)?;
         if let Some(t) = &config.model_type
             && t != "transfo-xl"
         {
-            return Err(read_err(format!(
-                "model_type is `{t}`, this importer reads `transfo-xl`"
-            )));
+            return Err(ImportError::Read {
+                path,
+                message: format!("model_type is `{t}`, this importer reads `transfo-xl`"),
+            });
         }
         Ok(config)
     }
@@ -192,6 +186,21 @@ impl HfTransfoXlConfig {
                 .map(|i| i > 0 && self.proj_share_all_but_first)
                 .collect()
         })
+    }
+
+    /// The embedding width of cluster `i`: `d_embed / div_val^i` (all `d_embed` when
+    /// `div_val = 1`).
+    fn width(&self, i: usize) -> usize {
+        if self.div_val == 1 {
+            self.d_embed
+        } else {
+            self.d_embed / self.div_val.pow(i as u32)
+        }
+    }
+
+    /// Whether cluster `i`'s embedding is projected to `d_model` (`emb_projs.i`).
+    fn projected(&self, i: usize) -> bool {
+        self.div_val > 1 || self.width(i) != self.d_model
     }
 
     /// Whether the model is a plain Transformer-XL (`cutoffs = []`, one table of width
@@ -316,25 +325,6 @@ impl HfTransfoXlConfig {
             tie_word_embeddings: xl.tie_weights,
         })
     }
-
-    /// The config as HF's `config.json` (with `architectures`, as `save_pretrained` writes).
-    pub fn to_json(&self) -> String {
-        let mut value = serde_json::to_value(self).expect("plain fields");
-        value["architectures"] = serde_json::json!(["TransfoXLLMHeadModel"]);
-        value["adaptive"] = serde_json::json!(true);
-        serde_json::to_string_pretty(&value).expect("plain fields")
-    }
-}
-
-/// The weight file of a model directory: `model.safetensors`, else `pytorch_model.bin`.
-pub fn weights_file(dir: &Path) -> Result<PathBuf, ImportError> {
-    ["model.safetensors", "pytorch_model.bin"]
-        .iter()
-        .map(|f| dir.join(f))
-        .find(|p| p.is_file())
-        .ok_or_else(|| ImportError::NoWeights {
-            dir: dir.to_path_buf(),
-        })
 }
 
 /// Host values of a float tensor (for the tied-copy checks).
@@ -345,76 +335,71 @@ fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         .expect("f32 data")
 }
 
-/// A tied copy must equal the tensor it is tied to (bit for bit: it is the same storage in
-/// PyTorch).
-fn check_tied<const D: usize>(
-    map: &mut TensorMap,
-    name: &str,
-    tied_to: &str,
-    value: &Tensor<D>,
-    device: &Device,
-) -> Result<(), ImportError> {
-    let shape = value.dims();
-    if map.contains(name) {
-        let copy = map.float::<D>(name, shape, device)?;
-        if host(copy) != host(value.clone()) {
-            return Err(ImportError::Value {
-                name: name.into(),
-                message: format!(
-                    "is tied to {tied_to} in the config but holds other values; memzoo cannot hold both"
-                ),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// HF linear weight `[out, in]` → memzoo's `[in, out]`.
-fn linear_weight(
-    map: &mut TensorMap,
-    name: &str,
-    d_out: usize,
-    d_in: usize,
-    device: &Device,
-) -> Result<Tensor<2>, ImportError> {
-    Ok(map.float(name, [d_out, d_in], device)?.transpose())
-}
-
-fn set_linear(linear: &mut Linear, weight: Tensor<2>, bias: Option<Tensor<1>>) {
-    linear.weight = Param::from_tensor(weight);
-    linear.bias = bias.map(Param::from_tensor);
-}
-
-fn norm(
-    map: &mut TensorMap,
-    prefix: &str,
-    cfg: &HfTransfoXlConfig,
-    device: &Device,
-) -> Result<LayerNorm, ImportError> {
-    let d = cfg.d_model;
-    let mut norm = LayerNormConfig::new(d)
-        .with_epsilon(cfg.layer_norm_epsilon)
-        .init(device);
-    norm.gamma = Param::from_tensor(map.float(&format!("{prefix}.weight"), [d], device)?);
-    norm.beta = Some(Param::from_tensor(map.float(
-        &format!("{prefix}.bias"),
-        [d],
-        device,
-    )?));
-    Ok(norm)
-}
-
+/// Takes `{prefix}r_w_bias` and `{prefix}r_r_bias` (`u`, `v`) into `biases`.
 fn biases(
     map: &mut TensorMap,
     prefix: &str,
-    cfg: &HfTransfoXlConfig,
+    biases: &mut XlBiases,
     device: &Device,
-) -> Result<XlBiases, ImportError> {
-    let shape = [cfg.n_head, cfg.d_head];
-    Ok(XlBiases {
-        content: Param::from_tensor(map.float(&format!("{prefix}r_w_bias"), shape, device)?),
-        position: Param::from_tensor(map.float(&format!("{prefix}r_r_bias"), shape, device)?),
-    })
+) -> Result<(), ImportError> {
+    mapping::param(
+        map,
+        &format!("{prefix}r_w_bias"),
+        &mut biases.content,
+        device,
+    )?;
+    mapping::param(
+        map,
+        &format!("{prefix}r_r_bias"),
+        &mut biases.position,
+        device,
+    )
+}
+
+/// The names of a layer's block (post-LN or pre-LN norms, `CoreNet` feed-forward) in HF's
+/// state dict.
+fn block_names(l: usize) -> BlockNames {
+    let p = format!("transformer.layers.{l}.");
+    BlockNames {
+        norm_attention: format!("{p}dec_attn.layer_norm"),
+        norm_ff: format!("{p}pos_ff.layer_norm"),
+        ff_in: format!("{p}pos_ff.CoreNet.0"),
+        ff_out: format!("{p}pos_ff.CoreNet.3"),
+    }
+}
+
+/// The tied copies HF's `state_dict` (a `pytorch_model.bin`; `save_pretrained` leaves them
+/// out) holds, as renaming rules for [`mapping::tied_copies`]: names alone say which tensor
+/// each duplicates, given the config's ties. The shared `u`/`v` under every layer (without
+/// `untie_r`), the softmax's tables (`tie_word_embeddings`: the embedding's), and each tied
+/// projection of a projected cluster (`tie_projs`: the embedding's, of cluster 0 when
+/// `div_val = 1`).
+fn tied_copy_rules(cfg: &HfTransfoXlConfig) -> Vec<(String, String)> {
+    let mut rules = Vec::new();
+    if !cfg.untie_r {
+        rules.push((
+            r"^transformer\.layers\.\d+\.dec_attn\.(r_[wr]_bias)$".into(),
+            "transformer.$1".into(),
+        ));
+    }
+    if cfg.tie_word_embeddings {
+        rules.push((
+            r"^crit\.out_layers\.(\d+)\.weight$".into(),
+            "transformer.word_emb.emb_layers.$1.weight".into(),
+        ));
+    }
+    if !cfg.is_plain() {
+        for (i, tied) in cfg.tie_projs().into_iter().enumerate() {
+            if tied && cfg.projected(i) {
+                let to = if cfg.div_val == 1 { 0 } else { i };
+                rules.push((
+                    format!(r"^crit\.out_projs\.{i}$"),
+                    format!("transformer.word_emb.emb_projs.{to}"),
+                ));
+            }
+        }
+    }
+    rules
 }
 
 /// Replaces the weights of `layers` (and the shared `u`/`v`) by the checkpoint's.
@@ -425,19 +410,12 @@ fn load_layers(
     shared: &mut Option<XlBiases>,
     device: &Device,
 ) -> Result<(), ImportError> {
-    let (d, hd, di) = (cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner);
+    let (d, hd) = (cfg.d_model, cfg.n_head * cfg.d_head);
     if !cfg.untie_r {
-        let s = biases(map, "transformer.", cfg, device)?;
-        for l in 0..layers.len() {
-            let p = format!("transformer.layers.{l}.dec_attn.");
-            for (name, value, tied) in [
-                ("r_w_bias", &s.content, "transformer.r_w_bias"),
-                ("r_r_bias", &s.position, "transformer.r_r_bias"),
-            ] {
-                check_tied(map, &format!("{p}{name}"), tied, &value.val(), device)?;
-            }
-        }
-        *shared = Some(s);
+        let s = shared
+            .as_mut()
+            .ok_or_else(|| XlError::Config("tied u/v without the shared biases".into()))?;
+        biases(map, "transformer.", s, device)?;
     }
     for (l, layer) in layers.iter_mut().enumerate() {
         let p = format!("transformer.layers.{l}.");
@@ -447,36 +425,37 @@ fn load_layers(
             );
         };
         // qkv_net: [3 h dh, d] = [W_q; W_k; W_v]
-        let qkv = map.float(&format!("{p}dec_attn.qkv_net.weight"), [3 * hd, d], device)?;
-        set_linear(
-            &mut att.query,
-            qkv.clone().narrow(0, 0, hd).transpose(),
-            None,
-        );
-        set_linear(
-            &mut att.key_value,
-            qkv.narrow(0, hd, 2 * hd).transpose(),
-            None,
-        );
-        let o = linear_weight(map, &format!("{p}dec_attn.o_net.weight"), d, hd, device)?;
-        set_linear(&mut att.output, o, None);
-        let r = linear_weight(map, &format!("{p}dec_attn.r_net.weight"), hd, d, device)?;
+        let name = format!("{p}dec_attn.qkv_net.weight");
+        let qkv = map.float(&name, [3 * hd, d], device)?;
+        let q = mapping::from_torch(qkv.clone().narrow(0, 0, hd));
+        mapping::set_linear(&mut att.query, q, None, &name)?;
+        let kv = mapping::from_torch(qkv.narrow(0, hd, 2 * hd));
+        mapping::set_linear(&mut att.key_value, kv, None, &name)?;
+        mapping::linear(
+            map,
+            &format!("{p}dec_attn.o_net"),
+            &mut att.output,
+            false,
+            device,
+        )?;
         let PositionParams::Xl(xp) = &mut att.scheme else {
             return Err(XlError::Config("XL attention without W_R".into()).into());
         };
-        set_linear(&mut xp.r_net, r, None);
+        mapping::linear(
+            map,
+            &format!("{p}dec_attn.r_net"),
+            &mut xp.r_net,
+            false,
+            device,
+        )?;
         if cfg.untie_r {
-            xp.biases = Some(biases(map, &format!("{p}dec_attn."), cfg, device)?);
+            let own = xp
+                .biases
+                .as_mut()
+                .ok_or_else(|| XlError::Config(format!("layer {l}: untied u/v missing")))?;
+            biases(map, &format!("{p}dec_attn."), own, device)?;
         }
-        let block = &mut layer.block;
-        block.norm_attention = norm(map, &format!("{p}dec_attn.layer_norm"), cfg, device)?;
-        block.norm_ff = norm(map, &format!("{p}pos_ff.layer_norm"), cfg, device)?;
-        let w1 = linear_weight(map, &format!("{p}pos_ff.CoreNet.0.weight"), di, d, device)?;
-        let b1 = map.float(&format!("{p}pos_ff.CoreNet.0.bias"), [di], device)?;
-        set_linear(&mut block.ff_in, w1, Some(b1));
-        let w2 = linear_weight(map, &format!("{p}pos_ff.CoreNet.3.weight"), d, di, device)?;
-        let b2 = map.float(&format!("{p}pos_ff.CoreNet.3.bias"), [d], device)?;
-        set_linear(&mut block.ff_out, w2, Some(b2));
+        block_names(l).take(map, &mut layer.block, device)?;
     }
     // The sinusoid's frequencies are a buffer HF saves; memzoo computes them.
     let name = "transformer.pos_emb.inv_freq";
@@ -498,18 +477,72 @@ fn load_layers(
     Ok(())
 }
 
+/// HF's `TransfoXLLMHeadModel` as a [`PeerFormat`] (`hf-transfo-xl`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HfTransfoXl;
+
+impl PeerFormat for HfTransfoXl {
+    type Config = HfTransfoXlConfig;
+    const NAME: &'static str = "hf-transfo-xl";
+
+    /// A model directory ([`mapping::model_dir`]).
+    fn locate(&self, src: &Path) -> Result<Located, ImportError> {
+        mapping::model_dir(src)
+    }
+
+    fn read_config(&self, at: &Located, _: &TensorMap) -> Result<HfTransfoXlConfig, ImportError> {
+        HfTransfoXlConfig::read(&at.dir)
+    }
+
+    fn stack(&self, config: &HfTransfoXlConfig, _: &Located) -> Result<XlConfig, ImportError> {
+        config.xl_config()
+    }
+
+    fn map_in(
+        &self,
+        config: &HfTransfoXlConfig,
+        _: &Located,
+        tensors: &mut TensorMap,
+        model: &mut TransformerXl,
+        device: &Device,
+    ) -> Result<(), ImportError> {
+        map_in(config, &config.xl_config()?, tensors, model, device)
+    }
+
+    fn config_of(&self, stack: &XlConfig) -> Result<HfTransfoXlConfig, ImportError> {
+        HfTransfoXlConfig::from_xl(stack)
+    }
+
+    fn map_out(&self, model: &TransformerXl, src: Source<'_>) -> Result<PeerTensors, ImportError> {
+        Ok(transformer_xl_to_hf(model, src))
+    }
+
+    /// With `architectures`, as `save_pretrained` writes it.
+    fn config_json(&self, config: &HfTransfoXlConfig) -> Result<serde_json::Value, ImportError> {
+        let mut value = mapping::to_json(config)?;
+        value["architectures"] = serde_json::json!(["TransfoXLLMHeadModel"]);
+        value["adaptive"] = serde_json::json!(true);
+        Ok(value)
+    }
+
+    /// What HF's `save_pretrained` writes: tied copies left out ([`hf_state_dict`]).
+    fn state_dict(
+        &self,
+        config: &HfTransfoXlConfig,
+        model: &TransformerXl,
+    ) -> Result<PeerTensors, ImportError> {
+        Ok(hf_state_dict(model, config))
+    }
+}
+
 /// Loads an HF TransfoXL directory of any shape into memzoo's [`TransformerXl`]; every tensor
-/// of the checkpoint is used or checked. Returns the memzoo config too (what a run directory
-/// stores).
+/// of the checkpoint is used or checked. Returns HF's config too.
 pub fn load_transformer_xl(
     dir: &Path,
     device: &Device,
 ) -> Result<(TransformerXl, HfTransfoXlConfig), ImportError> {
-    let cfg = HfTransfoXlConfig::read(dir)?;
-    let mut map = TensorMap::read(&weights_file(dir)?)?;
-    let model = transformer_xl_from(&cfg, &mut map, device)?;
-    map.finish()?;
-    Ok((model, cfg))
+    let imported = crate::format::import(&HfTransfoXl, dir, device)?;
+    Ok((imported.model, imported.peer))
 }
 
 /// [`load_transformer_xl`] from a config and tensors in hand; leaves unknown tensors in `map`.
@@ -520,6 +553,19 @@ pub fn transformer_xl_from(
 ) -> Result<TransformerXl, ImportError> {
     let xl = cfg.xl_config()?;
     let mut model = xl.init(device)?;
+    map_in(cfg, &xl, map, &mut model, device)?;
+    Ok(model)
+}
+
+/// HF's tensors into `model` (built from `xl`, [`HfTransfoXlConfig::xl_config`]).
+fn map_in(
+    cfg: &HfTransfoXlConfig,
+    xl: &XlConfig,
+    map: &mut TensorMap,
+    model: &mut TransformerXl,
+    device: &Device,
+) -> Result<(), ImportError> {
+    mapping::tied_copies(map, &tied_copy_rules(cfg))?;
     load_layers(
         map,
         cfg,
@@ -528,38 +574,27 @@ pub fn transformer_xl_from(
         device,
     )?;
     if !cfg.is_plain() {
-        let (embedding, softmax) = adaptive_from(cfg, &xl, map, device)?;
+        let (embedding, softmax) = adaptive_from(cfg, xl, map, device)?;
         model.embedding = InputEmbedding::Adaptive(embedding);
         model.output = OutputLayer::Adaptive(softmax);
-        return Ok(model);
+        return Ok(());
     }
-    let (v, d) = (cfg.vocab_size, cfg.d_model);
-    let table = map.float("transformer.word_emb.emb_layers.0.weight", [v, d], device)?;
     let InputEmbedding::Plain(embedding) = &mut model.embedding else {
         return Err(XlError::Config("a plain config built an adaptive embedding".into()).into());
     };
-    embedding.weight = Param::from_tensor(table.clone());
-    let bias = map.float("crit.out_layers.0.bias", [v], device)?;
+    let table_name = "transformer.word_emb.emb_layers.0.weight";
+    mapping::embedding(map, table_name, embedding, device)?;
     match &mut model.output {
-        OutputLayer::Tied(b) => {
-            check_tied(
-                map,
-                "crit.out_layers.0.weight",
-                "transformer.word_emb.emb_layers.0.weight",
-                &table,
-                device,
-            )?;
-            *b = Param::from_tensor(bias);
-        }
+        // The tied copy of the table is checked with the others (`tied_copy_rules`).
+        OutputLayer::Tied(b) => mapping::param(map, "crit.out_layers.0.bias", b, device)?,
         OutputLayer::Linear(output) => {
-            let w = linear_weight(map, "crit.out_layers.0.weight", v, d, device)?;
-            set_linear(output, w, Some(bias));
+            mapping::linear(map, "crit.out_layers.0", output, true, device)?;
         }
         OutputLayer::Adaptive(_) => {
             return Err(XlError::Config("a plain config built an adaptive output".into()).into());
         }
     }
-    Ok(model)
+    Ok(())
 }
 
 /// The adaptive embedding and softmax of an adaptive checkpoint: owned tensors taken, tied
@@ -573,13 +608,7 @@ fn adaptive_from(
     let emb_cfg = xl.adaptive_embedding();
     let bounds = emb_cfg.validate()?;
     let n = bounds.len() - 1;
-    let width = |i: usize| {
-        if cfg.div_val == 1 {
-            cfg.d_embed
-        } else {
-            cfg.d_embed / cfg.div_val.pow(i as u32)
-        }
-    };
+    let width = |i: usize| cfg.width(i);
     let size = |i: usize| bounds[i + 1] - bounds[i];
     let n_tables = if cfg.div_val == 1 { 1 } else { n };
     let table_rows = |i: usize| {
@@ -589,7 +618,6 @@ fn adaptive_from(
             size(i)
         }
     };
-    let projected = |i: usize| cfg.div_val > 1 || width(i) != cfg.d_model;
     let mut tables = Vec::with_capacity(n_tables);
     let mut projections = Vec::with_capacity(n_tables);
     for i in 0..n_tables {
@@ -599,7 +627,7 @@ fn adaptive_from(
             [table_rows(i), width(i)],
             device,
         )?);
-        projections.push(if projected(i) {
+        projections.push(if cfg.projected(i) {
             Some(
                 map.float(
                     &format!("{p}emb_projs.{i}"),
@@ -640,45 +668,28 @@ fn adaptive_from(
         out.biases = (0..n)
             .map(|i| bias.clone().narrow(0, bounds[i], size(i)))
             .collect();
-        let name = "crit.out_layers.0.weight";
-        if cfg.tie_word_embeddings {
-            check_tied(
-                map,
-                name,
-                "transformer.word_emb.emb_layers.0.weight",
-                &tables[0],
-                device,
-            )?;
-        } else {
-            let w = map.float::<2>(name, [v, de], device)?;
+        // A tied table's copy was checked with the others (`tied_copy_rules`).
+        if !cfg.tie_word_embeddings {
+            let w = map.float::<2>("crit.out_layers.0.weight", [v, de], device)?;
             out.tables = (0..n)
                 .map(|i| w.clone().narrow(0, bounds[i], size(i)))
                 .collect();
         }
     } else {
-        for (i, table) in tables.iter().enumerate().take(n) {
+        for i in 0..n {
             let p = format!("crit.out_layers.{i}.");
             out.biases
                 .push(map.float(&format!("{p}bias"), [size(i)], device)?);
-            let name = format!("{p}weight");
-            if cfg.tie_word_embeddings {
-                let to = format!("transformer.word_emb.emb_layers.{i}.weight");
-                check_tied(map, &name, &to, table, device)?;
-            } else {
+            if !cfg.tie_word_embeddings {
                 out.tables
-                    .push(map.float(&name, [size(i), width(i)], device)?);
+                    .push(map.float(&format!("{p}weight"), [size(i), width(i)], device)?);
             }
         }
     }
     for i in 0..n {
         let name = format!("crit.out_projs.{i}");
         let tied = tie_projs.get(i).copied().unwrap_or(false);
-        let emb_proj = if cfg.div_val == 1 {
-            &projections[0]
-        } else {
-            &projections[i]
-        };
-        if !projected(i) {
+        if !cfg.projected(i) {
             out.projections.push(None);
             if map.contains(&name) {
                 return Err(ImportError::Value {
@@ -687,12 +698,7 @@ fn adaptive_from(
                 });
             }
         } else if tied {
-            let to = format!(
-                "transformer.word_emb.emb_projs.{}",
-                if cfg.div_val == 1 { 0 } else { i }
-            );
-            let own = emb_proj.clone().expect("projected").transpose();
-            check_tied(map, &name, &to, &own, device)?;
+            // The embedding's projection; its copy was checked (`tied_copy_rules`).
             out.projections.push(None);
         } else {
             out.projections
@@ -703,39 +709,9 @@ fn adaptive_from(
     Ok((embedding, softmax))
 }
 
-/// Where the values of an HF-named map come from: the parameters themselves, or their
-/// gradients in `grads` (for parity tests).
-#[derive(Clone, Copy)]
-pub enum Source<'a> {
-    /// The parameters' values.
-    Values,
-    /// The parameters' gradients (a parameter without one is left out).
-    Gradients(&'a GradientsParams),
-}
-
-impl Source<'_> {
-    /// The value or gradient of `p` (`None`: a parameter without a gradient).
-    pub(crate) fn get<const D: usize>(&self, p: &Param<Tensor<D>>) -> Option<Tensor<D>> {
-        match self {
-            Source::Values => Some(p.val()),
-            Source::Gradients(g) => g.get::<D>(p.id),
-        }
-    }
-}
-
-/// HF names → host tensors, the inverse of the import mapping (the export direction); tied
-/// names appear under every name HF's `state_dict` gives them.
-pub type HfTensors = BTreeMap<String, TensorData>;
-
-fn put<const D: usize>(out: &mut HfTensors, name: String, t: Option<Tensor<D>>) {
-    if let Some(t) = t {
-        out.insert(name, t.into_data());
-    }
-}
-
 /// The layers' tensors under HF's names (`transformer.layers.*`, the `u`/`v` biases).
 fn layers_to_hf(
-    out: &mut HfTensors,
+    out: &mut PeerTensors,
     layers: &[XlLayer],
     shared: Option<&XlBiases>,
     src: Source<'_>,
@@ -783,34 +759,15 @@ fn layers_to_hf(
             put(out, format!("{p}dec_attn.r_w_bias"), src.get(&b.content));
             put(out, format!("{p}dec_attn.r_r_bias"), src.get(&b.position));
         }
-        let block = &layer.block;
-        for (name, norm) in [
-            ("dec_attn.layer_norm", &block.norm_attention),
-            ("pos_ff.layer_norm", &block.norm_ff),
-        ] {
-            put(out, format!("{p}{name}.weight"), src.get(&norm.gamma));
-            if let Some(beta) = &norm.beta {
-                put(out, format!("{p}{name}.bias"), src.get(beta));
-            }
-        }
-        for (i, lin) in [(0, &block.ff_in), (3, &block.ff_out)] {
-            put(
-                out,
-                format!("{p}pos_ff.CoreNet.{i}.weight"),
-                tr(src.get(&lin.weight)),
-            );
-            if let Some(b) = &lin.bias {
-                put(out, format!("{p}pos_ff.CoreNet.{i}.bias"), src.get(b));
-            }
-        }
+        block_names(l).put(out, &layer.block, src);
     }
 }
 
 /// A [`TransformerXl`]'s tensors (or gradients) under HF's names, tied copies included (as
 /// HF's `state_dict` names them: `crit.out_layers.i.weight` is the embedding's table when
 /// tied, and so on). Layers other than XL relative attention are left out.
-pub fn transformer_xl_to_hf(model: &TransformerXl, src: Source<'_>) -> HfTensors {
-    let mut out = HfTensors::new();
+pub fn transformer_xl_to_hf(model: &TransformerXl, src: Source<'_>) -> PeerTensors {
+    let mut out = PeerTensors::new();
     layers_to_hf(&mut out, &model.layers, model.shared_biases.as_ref(), src);
     match (&model.embedding, &model.output) {
         (InputEmbedding::Adaptive(emb), OutputLayer::Adaptive(sm)) => {
@@ -847,7 +804,7 @@ pub fn transformer_xl_to_hf(model: &TransformerXl, src: Source<'_>) -> HfTensors
 }
 
 fn adaptive_to_hf(
-    out: &mut HfTensors,
+    out: &mut PeerTensors,
     emb: &AdaptiveEmbedding,
     sm: &AdaptiveLogSoftmax,
     src: Source<'_>,
@@ -915,7 +872,7 @@ fn adaptive_to_hf(
 /// values without the tied copies (`crit.out_layers.i.weight` when tied, tied
 /// `crit.out_projs.i`, the layers' copies of shared `u`/`v`), plus the sinusoid's
 /// `transformer.pos_emb.inv_freq` buffer (`10000^(-2k/d_model)`).
-pub fn hf_state_dict(model: &TransformerXl, config: &HfTransfoXlConfig) -> HfTensors {
+pub fn hf_state_dict(model: &TransformerXl, config: &HfTransfoXlConfig) -> PeerTensors {
     let mut out = transformer_xl_to_hf(model, Source::Values);
     let n = config.cutoffs.len() + 1;
     let tie_projs = config.tie_projs();
@@ -945,18 +902,9 @@ pub fn hf_state_dict(model: &TransformerXl, config: &HfTransfoXlConfig) -> HfTen
     out
 }
 
-/// Writes an HF TransfoXL model directory: `config.json` and `model.safetensors` (f32, HF's
-/// names, as `save_pretrained` writes them), from a memzoo stack and its config.
+/// Writes an HF TransfoXL model directory ([`HfTransfoXl`]'s [`PeerFormat::write`]) from a
+/// memzoo stack and its config; the config must be HF-shaped
+/// ([`HfTransfoXlConfig::from_xl`]).
 pub fn export(model: &TransformerXl, xl: &XlConfig, dir: &Path) -> Result<(), ImportError> {
-    let config = HfTransfoXlConfig::from_xl(xl)?;
-    let tensors = hf_state_dict(model, &config);
-    let write_err = |path: &Path, message: String| ImportError::Read {
-        path: path.to_path_buf(),
-        message: format!("cannot write: {message}"),
-    };
-    std::fs::create_dir_all(dir).map_err(|e| write_err(dir, e.to_string()))?;
-    let config_path = dir.join("config.json");
-    std::fs::write(&config_path, config.to_json())
-        .map_err(|e| write_err(&config_path, e.to_string()))?;
-    crate::reader::write_safetensors(&dir.join("model.safetensors"), tensors)
+    crate::format::export(&HfTransfoXl, model, xl, dir)
 }

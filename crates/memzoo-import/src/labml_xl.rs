@@ -44,18 +44,16 @@
 //! | `transformer.norm` | the final norm |
 //! | `generator.weight` `[V, d]`, `generator.bias` | the linear output |
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use burn::module::Param;
-use burn::nn::{LayerNorm, Linear};
 use burn::tensor::{Device, Tensor};
-use memzoo_relative::{PositionConfig, PositionKind, PositionParams, RelativeMultiHeadAttention};
+use memzoo_relative::{PositionConfig, PositionKind, PositionParams};
 use memzoo_xl::{InputEmbedding, LayerKind, OutputLayer, TransformerXl, XlConfig, XlError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ImportError;
-use crate::hf_transfo_xl::{HfTensors, Source};
+use crate::format::PeerFormat;
+use crate::mapping::{self, BlockNames, Located, PeerTensors, Source, put, put_linear, put_norm};
 use crate::reader::TensorMap;
 
 /// labml's LayerNorm epsilon (`nn.LayerNorm`'s default).
@@ -278,9 +276,7 @@ impl LabmlXlConfig {
                 "d_head x n_heads other than d_model",
             ),
         ];
-        if let Some((_, what)) = checks.iter().find(|(bad, _)| *bad) {
-            return no(format!("{what}: labml's TransformerXL cannot express it"));
-        }
+        mapping::expressible(&checks, "labml's TransformerXL")?;
         Ok(Self {
             n_tokens: xl.vocab_size,
             d_model: xl.d_model,
@@ -294,111 +290,56 @@ impl LabmlXlConfig {
     }
 }
 
-/// The weight file of `src`: the file itself, or in a directory the first of
-/// [`WEIGHT_FILES`], else the directory's only weight file of any name (`state_dict.pt`); and
-/// the `config.json` beside it (which may be absent).
-pub fn locate(src: &Path) -> Result<(PathBuf, PathBuf), ImportError> {
-    if src.is_file() {
-        let dir = src.parent().unwrap_or(Path::new("."));
-        return Ok((src.to_path_buf(), dir.join("config.json")));
+/// labml-nn's Transformer-XL as a [`PeerFormat`] (`labml-xl`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LabmlXl;
+
+impl PeerFormat for LabmlXl {
+    type Config = LabmlXlConfig;
+    const NAME: &'static str = "labml-xl";
+
+    /// The file itself, or in a directory the first of [`WEIGHT_FILES`], else its only weight
+    /// file of any name (labml's experiments save `state_dict.pt`).
+    fn locate(&self, src: &Path) -> Result<Located, ImportError> {
+        mapping::locate(src, WEIGHT_FILES, "labml")
     }
-    if let Some(weights) = WEIGHT_FILES
-        .iter()
-        .map(|f| src.join(f))
-        .find(|p| p.is_file())
-    {
-        return Ok((weights, src.join("config.json")));
+
+    /// The shape from the tensors, `mem_len` and `dropout` from an optional `config.json`.
+    fn read_config(&self, at: &Located, tensors: &TensorMap) -> Result<LabmlXlConfig, ImportError> {
+        let path = at.beside("config.json");
+        let file: ConfigFile = mapping::read_json_or_default(&path)?;
+        LabmlXlConfig::infer(tensors, &file, &path)
     }
-    // Else the one weight file the directory holds, whatever its name (labml's experiment
-    // checkpoints save `state_dict.pt`, others `checkpoint.pth`, ...).
-    let mut found: Vec<PathBuf> = std::fs::read_dir(src)
-        .map_err(|e| ImportError::Read {
-            path: src.to_path_buf(),
-            message: e.to_string(),
-        })?
-        .filter_map(|e| Some(e.ok()?.path()))
-        .filter(|p| {
-            p.is_file()
-                && p.extension()
-                    .and_then(|e| e.to_str())
-                    .is_some_and(|e| matches!(e, "safetensors" | "pth" | "pt" | "bin" | "ckpt"))
-        })
-        .collect();
-    found.sort();
-    match found.as_slice() {
-        [one] => Ok((one.clone(), src.join("config.json"))),
-        [] => Err(ImportError::Read {
-            path: src.to_path_buf(),
-            message: format!(
-                "no labml checkpoint here: looked for {}, or any one *.safetensors, *.pth, \
-                 *.pt, *.bin or *.ckpt file",
-                WEIGHT_FILES.join(", ")
-            ),
-        }),
-        many => Err(ImportError::Read {
-            path: src.to_path_buf(),
-            message: format!(
-                "several weight files here ({}): give the one to import as the source",
-                many.iter()
-                    .filter_map(|p| p.file_name()?.to_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        }),
+
+    fn stack(&self, config: &LabmlXlConfig, _: &Located) -> Result<XlConfig, ImportError> {
+        config.xl_config()
+    }
+
+    fn map_in(
+        &self,
+        config: &LabmlXlConfig,
+        _: &Located,
+        tensors: &mut TensorMap,
+        model: &mut TransformerXl,
+        device: &Device,
+    ) -> Result<(), ImportError> {
+        map_in(config, tensors, model, device)
+    }
+
+    fn config_of(&self, stack: &XlConfig) -> Result<LabmlXlConfig, ImportError> {
+        LabmlXlConfig::from_xl(stack)
+    }
+
+    fn map_out(&self, model: &TransformerXl, src: Source<'_>) -> Result<PeerTensors, ImportError> {
+        Ok(transformer_xl_to_labml(model, src))
     }
 }
 
 /// Loads a labml Transformer-XL checkpoint (a weight file, or a directory holding one and
 /// perhaps `config.json`); every tensor is used. Returns labml's config too.
 pub fn load(src: &Path, device: &Device) -> Result<(TransformerXl, LabmlXlConfig), ImportError> {
-    let (weights, config_path) = locate(src)?;
-    let file = if config_path.is_file() {
-        let read_err = |message: String| ImportError::Read {
-            path: config_path.clone(),
-            message,
-        };
-        let text = crate::reader::read_config_text(&config_path)?;
-        serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?
-    } else {
-        ConfigFile::default()
-    };
-    let mut map = TensorMap::read(&weights)?;
-    let cfg = LabmlXlConfig::infer(&map, &file, &config_path)?;
-    let model = transformer_xl_from(&cfg, &mut map, device)?;
-    map.finish()?;
-    Ok((model, cfg))
-}
-
-fn set_linear(linear: &mut Linear, weight: Tensor<2>, bias: Option<Tensor<1>>) {
-    linear.weight = Param::from_tensor(weight);
-    linear.bias = bias.map(Param::from_tensor);
-}
-
-/// torch `[out, in]` → memzoo `[in, out]`.
-fn weight(
-    map: &mut TensorMap,
-    name: &str,
-    d_out: usize,
-    d_in: usize,
-    device: &Device,
-) -> Result<Tensor<2>, ImportError> {
-    Ok(map.float(name, [d_out, d_in], device)?.transpose())
-}
-
-fn norm(
-    map: &mut TensorMap,
-    prefix: &str,
-    into: &mut LayerNorm,
-    d: usize,
-    device: &Device,
-) -> Result<(), ImportError> {
-    into.gamma = Param::from_tensor(map.float(&format!("{prefix}.weight"), [d], device)?);
-    into.beta = Some(Param::from_tensor(map.float(
-        &format!("{prefix}.bias"),
-        [d],
-        device,
-    )?));
-    Ok(())
+    let imported = crate::format::import(&LabmlXl, src, device)?;
+    Ok((imported.model, imported.peer))
 }
 
 /// labml's table `[2P, ...]` (row `P - d` for distance `d`) as memzoo's `[2P + 1, ...]` (row
@@ -423,118 +364,92 @@ pub fn transformer_xl_from(
     map: &mut TensorMap,
     device: &Device,
 ) -> Result<TransformerXl, ImportError> {
-    let xl = cfg.xl_config()?;
-    let mut model = xl.init(device)?;
-    let (d, h, dk, dff, v, p) = (
-        cfg.d_model,
-        cfg.heads,
-        cfg.d_model / cfg.heads,
-        cfg.d_ff,
-        cfg.n_tokens,
-        cfg.p,
-    );
+    let mut model = cfg.xl_config()?.init(device)?;
+    map_in(cfg, map, &mut model, device)?;
+    Ok(model)
+}
+
+/// The names of a layer's block (norms and feed-forward) in labml's state dict.
+fn block_names(l: usize) -> BlockNames {
+    let pre = format!("transformer.layers.{l}.");
+    BlockNames {
+        norm_attention: format!("{pre}norm_self_attn"),
+        norm_ff: format!("{pre}norm_ff"),
+        ff_in: format!("{pre}feed_forward.layer1"),
+        ff_out: format!("{pre}feed_forward.layer2"),
+    }
+}
+
+/// labml's tensors into `model` (built from [`LabmlXlConfig::xl_config`]).
+fn map_in(
+    cfg: &LabmlXlConfig,
+    map: &mut TensorMap,
+    model: &mut TransformerXl,
+    device: &Device,
+) -> Result<(), ImportError> {
+    let (h, dk, p) = (cfg.heads, cfg.d_model / cfg.heads, cfg.p);
     for (l, layer) in model.layers.iter_mut().enumerate() {
-        let pre = format!("transformer.layers.{l}.");
-        let a = format!("{pre}self_attn.");
-        let att = relative_mut(&mut layer.attention, l)?;
-        let wq = weight(map, &format!("{a}query.linear.weight"), d, d, device)?;
-        set_linear(&mut att.query, wq, None);
-        let wk = weight(map, &format!("{a}key.linear.weight"), d, d, device)?;
-        let wv = weight(map, &format!("{a}value.linear.weight"), d, d, device)?;
-        set_linear(&mut att.key_value, Tensor::cat(vec![wk, wv], 1), None);
-        att.value_bias = Some(Param::from_tensor(map.float(
-            &format!("{a}value.linear.bias"),
-            [d],
+        let a = format!("transformer.layers.{l}.self_attn.");
+        let att = layer.attention.relative_mut().ok_or_else(|| {
+            XlError::Config(format!("layer {l} is not a relative-attention layer"))
+        })?;
+        mapping::linear(
+            map,
+            &format!("{a}query.linear"),
+            &mut att.query,
+            false,
             device,
-        )?));
-        let wo = weight(map, &format!("{a}output.weight"), d, d, device)?;
-        let bo = map.float(&format!("{a}output.bias"), [d], device)?;
-        set_linear(&mut att.output, wo, Some(bo));
+        )?;
+        let [d, _] = att.query.weight.dims();
+        let wk = map.float(&format!("{a}key.linear.weight"), [d, d], device)?;
+        let wv = map.float(&format!("{a}value.linear.weight"), [d, d], device)?;
+        let name = format!("{a}key.linear.weight");
+        let kv = mapping::from_torch(Tensor::cat(vec![wk, wv], 0));
+        mapping::set_linear(&mut att.key_value, kv, None, &name)?;
+        let value_bias = att
+            .value_bias
+            .as_mut()
+            .ok_or_else(|| XlError::Config(format!("layer {l}: no value bias")))?;
+        mapping::param(map, &format!("{a}value.linear.bias"), value_bias, device)?;
+        mapping::linear(map, &format!("{a}output"), &mut att.output, true, device)?;
         let PositionParams::Learned(lp) = &mut att.scheme else {
             return Err(XlError::Config(format!("layer {l}: not a learned-position layer")).into());
         };
-        let e = map.float::<3>(&format!("{a}key_pos_embeddings"), [2 * p, h, dk], device)?;
-        lp.embedding = Param::from_tensor(table_from_labml(e));
-        let kb = map.float::<2>(&format!("{a}key_pos_bias"), [2 * p, h], device)?;
-        lp.key_bias = Param::from_tensor(table_from_labml(kb));
-        lp.query_bias =
-            Param::from_tensor(map.float(&format!("{a}query_pos_bias"), [h, dk], device)?);
-        let block = &mut layer.block;
-        norm(
+        let name = format!("{a}key_pos_embeddings");
+        let e = map.float::<3>(&name, [2 * p, h, dk], device)?;
+        mapping::set(&mut lp.embedding, table_from_labml(e), &name)?;
+        let name = format!("{a}key_pos_bias");
+        let kb = map.float::<2>(&name, [2 * p, h], device)?;
+        mapping::set(&mut lp.key_bias, table_from_labml(kb), &name)?;
+        mapping::param(
             map,
-            &format!("{pre}norm_self_attn"),
-            &mut block.norm_attention,
-            d,
+            &format!("{a}query_pos_bias"),
+            &mut lp.query_bias,
             device,
         )?;
-        norm(map, &format!("{pre}norm_ff"), &mut block.norm_ff, d, device)?;
-        let f = format!("{pre}feed_forward.");
-        let w1 = weight(map, &format!("{f}layer1.weight"), dff, d, device)?;
-        let b1 = map.float(&format!("{f}layer1.bias"), [dff], device)?;
-        set_linear(&mut block.ff_in, w1, Some(b1));
-        let w2 = weight(map, &format!("{f}layer2.weight"), d, dff, device)?;
-        let b2 = map.float(&format!("{f}layer2.bias"), [d], device)?;
-        set_linear(&mut block.ff_out, w2, Some(b2));
+        block_names(l).take(map, &mut layer.block, device)?;
     }
     let final_norm = model
         .final_norm
         .as_mut()
         .ok_or_else(|| XlError::Config("a pre-LN stack without its final norm".into()))?;
-    norm(map, "transformer.norm", final_norm, d, device)?;
+    mapping::norm(map, "transformer.norm", final_norm, device)?;
     let InputEmbedding::Plain(embedding) = &mut model.embedding else {
         return Err(XlError::Config("labml's embedding is one table".into()).into());
     };
-    embedding.weight = Param::from_tensor(map.float("src_embed.weight", [v, d], device)?);
+    mapping::embedding(map, "src_embed.weight", embedding, device)?;
     let OutputLayer::Linear(output) = &mut model.output else {
         return Err(XlError::Config("labml's generator is a linear layer".into()).into());
     };
-    let w = weight(map, "generator.weight", v, d, device)?;
-    let b = map.float("generator.bias", [v], device)?;
-    set_linear(output, w, Some(b));
-    Ok(model)
-}
-
-fn relative_mut(
-    attention: &mut memzoo_xl::LayerAttention,
-    l: usize,
-) -> Result<&mut RelativeMultiHeadAttention, ImportError> {
-    match attention {
-        memzoo_xl::LayerAttention::Relative(a) => Ok(a),
-        _ => Err(XlError::Config(format!("layer {l} is not a relative-attention layer")).into()),
-    }
-}
-
-fn put<const D: usize>(out: &mut HfTensors, name: String, t: Option<Tensor<D>>) {
-    if let Some(t) = t {
-        out.insert(name, t.into_data());
-    }
-}
-
-fn put_linear(out: &mut HfTensors, prefix: &str, linear: &Linear, src: Source<'_>) {
-    put(
-        out,
-        format!("{prefix}.weight"),
-        src.get(&linear.weight).map(|w| w.transpose()),
-    );
-    if let Some(b) = &linear.bias {
-        put(out, format!("{prefix}.bias"), src.get(b));
-    }
-}
-
-fn put_norm(out: &mut HfTensors, prefix: &str, norm: &LayerNorm, src: Source<'_>) {
-    put(out, format!("{prefix}.weight"), src.get(&norm.gamma));
-    if let Some(b) = &norm.beta {
-        put(out, format!("{prefix}.bias"), src.get(b));
-    }
+    mapping::linear(map, "generator", output, true, device)
 }
 
 /// A labml-shaped [`TransformerXl`]'s tensors (or gradients) under labml's state-dict names
 /// (the inverse of the import mapping). Parts labml's model has no place for are left out.
-pub fn transformer_xl_to_labml(model: &TransformerXl, src: Source<'_>) -> HfTensors {
-    let mut out = HfTensors::new();
+pub fn transformer_xl_to_labml(model: &TransformerXl, src: Source<'_>) -> PeerTensors {
+    let mut out = PeerTensors::new();
     for (l, layer) in model.layers.iter().enumerate() {
-        let pre = format!("transformer.layers.{l}.");
-        let a = format!("{pre}self_attn.");
+        let a = format!("transformer.layers.{l}.self_attn.");
         if let Some(att) = layer.attention.relative() {
             put(
                 &mut out,
@@ -576,26 +491,7 @@ pub fn transformer_xl_to_labml(model: &TransformerXl, src: Source<'_>) -> HfTens
                 );
             }
         }
-        let block = &layer.block;
-        put_norm(
-            &mut out,
-            &format!("{pre}norm_self_attn"),
-            &block.norm_attention,
-            src,
-        );
-        put_norm(&mut out, &format!("{pre}norm_ff"), &block.norm_ff, src);
-        put_linear(
-            &mut out,
-            &format!("{pre}feed_forward.layer1"),
-            &block.ff_in,
-            src,
-        );
-        put_linear(
-            &mut out,
-            &format!("{pre}feed_forward.layer2"),
-            &block.ff_out,
-            src,
-        );
+        block_names(l).put(&mut out, &layer.block, src);
     }
     if let Some(n) = &model.final_norm {
         put_norm(&mut out, "transformer.norm", n, src);
@@ -609,22 +505,8 @@ pub fn transformer_xl_to_labml(model: &TransformerXl, src: Source<'_>) -> HfTens
     out
 }
 
-/// Writes a labml checkpoint directory: `model.safetensors` (labml's state-dict names; load it
-/// with `safetensors.torch.load_file` and `model.load_state_dict`) and `config.json` (labml's
-/// `Configs` fields, and `P`: set `RelativeMultiHeadAttention.P` to it when it is not labml's
-/// 4096). The config must be labml-shaped ([`LabmlXlConfig::from_xl`]).
+/// Writes a labml checkpoint directory ([`LabmlXl`]'s [`PeerFormat::write`]); the config must
+/// be labml-shaped ([`LabmlXlConfig::from_xl`]).
 pub fn export(model: &TransformerXl, xl: &XlConfig, dir: &Path) -> Result<(), ImportError> {
-    let config = LabmlXlConfig::from_xl(xl)?;
-    let tensors: BTreeMap<_, _> = transformer_xl_to_labml(model, Source::Values);
-    std::fs::create_dir_all(dir).map_err(|e| ImportError::Read {
-        path: dir.to_path_buf(),
-        message: format!("cannot create: {e}"),
-    })?;
-    let path = dir.join("config.json");
-    let json = serde_json::to_string_pretty(&config).expect("plain fields");
-    std::fs::write(&path, json).map_err(|e| ImportError::Read {
-        path: path.clone(),
-        message: format!("cannot write: {e}"),
-    })?;
-    crate::reader::write_safetensors(&dir.join("model.safetensors"), tensors)
+    crate::format::export(&LabmlXl, model, xl, dir)
 }

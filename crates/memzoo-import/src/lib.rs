@@ -17,104 +17,26 @@
 //!   back.
 //! - [`lucidrains_reformer`]: reformer-pytorch's `ReformerLM` (summed axial positions, LSH
 //!   layers, the mean of the two streams), optionally with the rotations of one pass; and back.
-//! - [`import_source`] / [`export_to`]: the two by the name `memzoo import --from` and
-//!   `memzoo export --to` take.
+//! - [`format`]: the one trait every peer implements ([`format::PeerFormat`]: its config
+//!   into a stack config, its tensors in, and back out), and the registry of formats by the
+//!   name `memzoo import --from` and `memzoo export --to` take ([`format::format`]).
+//! - [`mapping`]: the one mapping module the peers share (PyTorch's layers into memzoo's
+//!   modules and back, tied copies by name with burn-store's key remapping, the files).
 
 pub mod error;
+pub mod format;
 pub mod hf_reformer;
 pub mod hf_transfo_xl;
 pub mod labml_xl;
 pub mod lucidrains_memorizing;
 pub mod lucidrains_reformer;
+pub mod mapping;
 pub mod reader;
 
 pub use error::ImportError;
+pub use format::{FORMATS, Format, PeerFormat, format};
 pub use hf_reformer::HfReformerConfig;
 pub use hf_transfo_xl::HfTransfoXlConfig;
 pub use labml_xl::LabmlXlConfig;
 pub use lucidrains_memorizing::MemorizingPeerConfig;
 pub use reader::TensorMap;
-
-use std::path::Path;
-
-use burn::tensor::Device;
-use memzoo_xl::{TransformerXl, XlConfig};
-
-/// The sources [`import_source`] and [`export_to`] accept.
-pub const SOURCES: &[&str] = &[
-    "hf-transfo-xl",
-    "labml-xl",
-    "lucidrains-memorizing",
-    "hf-reformer",
-    "lucidrains-reformer",
-];
-
-/// The id of byte 0 that a model imported from `source` with config `xl` reads text with (a
-/// run's `data.byte_offset`): 2 for an `hf-reformer` of `google/reformer-enwik8`'s vocabulary
-/// of 258 ([`hf_reformer::byte_offset`]), else 0.
-pub fn byte_offset(source: &str, xl: &XlConfig) -> u16 {
-    match source {
-        "hf-reformer" => hf_reformer::byte_offset(xl.vocab_size),
-        _ => 0,
-    }
-}
-
-/// Imports the checkpoint `src` of `source` (one of [`SOURCES`]) into memzoo's stack and its
-/// config.
-pub fn import_source(
-    source: &str,
-    src: &Path,
-    device: &Device,
-) -> Result<(TransformerXl, XlConfig), ImportError> {
-    match source {
-        "hf-transfo-xl" => {
-            let (model, hf) = hf_transfo_xl::load_transformer_xl(src, device)?;
-            Ok((model, hf.xl_config()?))
-        }
-        "labml-xl" => {
-            let (model, labml) = labml_xl::load(src, device)?;
-            Ok((model, labml.xl_config()?))
-        }
-        "lucidrains-memorizing" => {
-            let (model, peer) = lucidrains_memorizing::load(src, device)?;
-            Ok((model, peer.xl_config()?))
-        }
-        "hf-reformer" => {
-            let (model, hf) = hf_reformer::load(src, device)?;
-            let fixed = src.join(hf_reformer::ROTATIONS_FILE).is_file();
-            Ok((model, hf.xl_config(fixed)?))
-        }
-        "lucidrains-reformer" => {
-            let (model, cfg) = lucidrains_reformer::load(src, device)?;
-            Ok((
-                model,
-                cfg.xl_config(lucidrains_reformer::fixed_buckets(src)?)?,
-            ))
-        }
-        other => Err(ImportError::Unsupported(format!(
-            "source `{other}`: supported are {}",
-            SOURCES.join(", ")
-        ))),
-    }
-}
-
-/// Writes `model` (with its config `xl`) into `dir` in the layout of `target` (one of
-/// [`SOURCES`]).
-pub fn export_to(
-    target: &str,
-    model: &TransformerXl,
-    xl: &XlConfig,
-    dir: &Path,
-) -> Result<(), ImportError> {
-    match target {
-        "hf-transfo-xl" => hf_transfo_xl::export(model, xl, dir),
-        "labml-xl" => labml_xl::export(model, xl, dir),
-        "lucidrains-memorizing" => lucidrains_memorizing::export(model, xl, dir),
-        "hf-reformer" => hf_reformer::export(model, xl, dir),
-        "lucidrains-reformer" => lucidrains_reformer::export(model, xl, dir),
-        other => Err(ImportError::Unsupported(format!(
-            "target `{other}`: supported are {}",
-            SOURCES.join(", ")
-        ))),
-    }
-}

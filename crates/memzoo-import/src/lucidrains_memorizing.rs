@@ -60,11 +60,8 @@
 //! | `layers.l.1.fn.net.0`, `layers.l.1.fn.net.3` | `block.ff_in`, `block.ff_out` |
 //! | `to_logits.0`, `to_logits.1` | the final norm, the linear output |
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use burn::module::Param;
-use burn::nn::{LayerNorm, Linear};
 use burn::tensor::{Device, Tensor};
 use memzoo_memory::WhenFull;
 use memzoo_relative::{KnnMixing, PositionConfig, PositionKind, PositionParams};
@@ -75,7 +72,8 @@ use memzoo_xl::{
 use serde::{Deserialize, Serialize};
 
 use crate::error::ImportError;
-use crate::hf_transfo_xl::{HfTensors, Source};
+use crate::format::PeerFormat;
+use crate::mapping::{self, BlockNames, Located, PeerTensors, Source, put, put_linear, put_norm};
 use crate::reader::TensorMap;
 
 /// The package's LayerNorm epsilon (`nn.LayerNorm`'s default).
@@ -467,11 +465,7 @@ impl MemorizingPeerConfig {
                 "d_inner not a multiple of d_model (ff_mult)",
             ),
         ];
-        if let Some((_, what)) = checks.iter().find(|(bad, _)| *bad) {
-            return no(format!(
-                "{what}: memorizing-transformers-pytorch cannot express it"
-            ));
-        }
+        mapping::expressible(&checks, "memorizing-transformers-pytorch")?;
         Ok(Self {
             num_tokens: xl.vocab_size,
             dim: xl.d_model,
@@ -494,25 +488,53 @@ impl MemorizingPeerConfig {
     }
 }
 
-/// The weight file of `src` (the file itself, or in a directory the first of
-/// [`WEIGHT_FILES`]) and the `config.json` beside it (which may be absent).
-pub fn locate(src: &Path) -> Result<(PathBuf, PathBuf), ImportError> {
-    if src.is_file() {
-        let dir = src.parent().unwrap_or(Path::new("."));
-        return Ok((src.to_path_buf(), dir.join("config.json")));
+/// memorizing-transformers-pytorch as a [`PeerFormat`] (`lucidrains-memorizing`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LucidrainsMemorizing;
+
+impl PeerFormat for LucidrainsMemorizing {
+    type Config = MemorizingPeerConfig;
+    const NAME: &'static str = "lucidrains-memorizing";
+
+    /// The file itself, or in a directory the first of [`WEIGHT_FILES`] (else its only weight
+    /// file).
+    fn locate(&self, src: &Path) -> Result<Located, ImportError> {
+        mapping::locate(src, WEIGHT_FILES, "MemorizingTransformer")
     }
-    let weights = WEIGHT_FILES
-        .iter()
-        .map(|f| src.join(f))
-        .find(|p| p.is_file())
-        .ok_or_else(|| ImportError::Read {
-            path: src.to_path_buf(),
-            message: format!(
-                "no MemorizingTransformer checkpoint here: looked for {}",
-                WEIGHT_FILES.join(", ")
-            ),
-        })?;
-    Ok((weights, src.join("config.json")))
+
+    /// The shape from the tensors, the rest from an optional `config.json`.
+    fn read_config(
+        &self,
+        at: &Located,
+        tensors: &TensorMap,
+    ) -> Result<MemorizingPeerConfig, ImportError> {
+        let path = at.beside("config.json");
+        let file: ConfigFile = mapping::read_json_or_default(&path)?;
+        MemorizingPeerConfig::infer(tensors, &file, &path)
+    }
+
+    fn stack(&self, config: &MemorizingPeerConfig, _: &Located) -> Result<XlConfig, ImportError> {
+        config.xl_config()
+    }
+
+    fn map_in(
+        &self,
+        config: &MemorizingPeerConfig,
+        _: &Located,
+        tensors: &mut TensorMap,
+        model: &mut TransformerXl,
+        device: &Device,
+    ) -> Result<(), ImportError> {
+        map_in(config, tensors, model, device)
+    }
+
+    fn config_of(&self, stack: &XlConfig) -> Result<MemorizingPeerConfig, ImportError> {
+        MemorizingPeerConfig::from_xl(stack)
+    }
+
+    fn map_out(&self, model: &TransformerXl, src: Source<'_>) -> Result<PeerTensors, ImportError> {
+        transformer_xl_to_peer(model, src)
+    }
 }
 
 /// Loads a `MemorizingTransformer` checkpoint (a weight file, or a directory holding one and
@@ -521,54 +543,8 @@ pub fn load(
     src: &Path,
     device: &Device,
 ) -> Result<(TransformerXl, MemorizingPeerConfig), ImportError> {
-    let (weights, config_path) = locate(src)?;
-    let file: ConfigFile = if config_path.is_file() {
-        let read_err = |message: String| ImportError::Read {
-            path: config_path.clone(),
-            message,
-        };
-        let text = crate::reader::read_config_text(&config_path)?;
-        serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))?
-    } else {
-        ConfigFile::default()
-    };
-    let mut map = TensorMap::read(&weights)?;
-    let cfg = MemorizingPeerConfig::infer(&map, &file, &config_path)?;
-    let model = transformer_xl_from(&cfg, &mut map, device)?;
-    map.finish()?;
-    Ok((model, cfg))
-}
-
-fn set_linear(linear: &mut Linear, weight: Tensor<2>, bias: Option<Tensor<1>>) {
-    linear.weight = Param::from_tensor(weight);
-    linear.bias = bias.map(Param::from_tensor);
-}
-
-/// torch `[out, in]` → memzoo `[in, out]`.
-fn weight(
-    map: &mut TensorMap,
-    name: &str,
-    d_out: usize,
-    d_in: usize,
-    device: &Device,
-) -> Result<Tensor<2>, ImportError> {
-    Ok(map.float(name, [d_out, d_in], device)?.transpose())
-}
-
-fn norm(
-    map: &mut TensorMap,
-    prefix: &str,
-    into: &mut LayerNorm,
-    d: usize,
-    device: &Device,
-) -> Result<(), ImportError> {
-    into.gamma = Param::from_tensor(map.float(&format!("{prefix}.weight"), [d], device)?);
-    into.beta = Some(Param::from_tensor(map.float(
-        &format!("{prefix}.bias"),
-        [d],
-        device,
-    )?));
-    Ok(())
+    let imported = crate::format::import(&LucidrainsMemorizing, src, device)?;
+    Ok((imported.model, imported.peer))
 }
 
 const T5_TABLE: &str = "rel_pos_bias.relative_attention_bias.weight";
@@ -593,36 +569,56 @@ pub fn transformer_xl_as(
     device: &Device,
 ) -> Result<TransformerXl, ImportError> {
     let mut model = xl.init(device)?;
-    let (d, h, dh, v) = (cfg.dim, cfg.heads, cfg.dim_head, cfg.num_tokens);
-    let inner = cfg.ff_mult * d;
+    map_in(cfg, map, &mut model, device)?;
+    Ok(model)
+}
+
+/// The names of a layer's block (`PreNormResidual` norms, the feed-forward `net`) in the
+/// package's state dict.
+fn block_names(l: usize) -> BlockNames {
+    BlockNames {
+        norm_attention: format!("layers.{l}.0.norm"),
+        norm_ff: format!("layers.{l}.1.norm"),
+        ff_in: format!("layers.{l}.1.fn.net.0"),
+        ff_out: format!("layers.{l}.1.fn.net.3"),
+    }
+}
+
+/// The package's tensors into `model` (a stack of [`MemorizingPeerConfig::xl_config`] or a
+/// variant of it).
+fn map_in(
+    cfg: &MemorizingPeerConfig,
+    map: &mut TensorMap,
+    model: &mut TransformerXl,
+    device: &Device,
+) -> Result<(), ImportError> {
+    let h = cfg.heads;
     let table = map.float::<2>(T5_TABLE, [NUM_BUCKETS, h], device)?;
     let knn_table = map.float::<2>(KNN_T5_TABLE, [NUM_BUCKETS, h], device)?;
     for (l, layer) in model.layers.iter_mut().enumerate() {
         let a = format!("layers.{l}.0.fn.");
-        let (att, t5) = match &mut layer.attention {
-            LayerAttention::Relative(att) => (att, table.clone()),
+        let (t5, t5_name) = match &mut layer.attention {
+            LayerAttention::Relative(_) => (&table, T5_TABLE),
             LayerAttention::Knn(knn) => {
-                let scale = map.float::<3>(&format!("{a}scale"), [h, 1, 1], device)?;
-                knn.log_scale = Param::from_tensor(scale.reshape([h]));
+                let name = format!("{a}scale");
+                let scale = map.float::<3>(&name, [h, 1, 1], device)?;
+                mapping::set(&mut knn.log_scale, scale.reshape([h]), &name)?;
                 // No gate in the package (`mixing = joint` leaves it unused).
-                knn.gate = Param::from_tensor(Tensor::zeros([h], device));
-                (&mut knn.attention, knn_table.clone())
+                mapping::set(&mut knn.gate, Tensor::zeros([h], device), &name)?;
+                (&knn_table, KNN_T5_TABLE)
             }
             LayerAttention::Hashed(_) => {
                 return Err(XlError::Config(format!("layer {l} is an LSH/local layer")).into());
             }
         };
-        let wq = weight(map, &format!("{a}to_q.weight"), h * dh, d, device)?;
-        set_linear(&mut att.query, wq, None);
-        let wkv = weight(map, &format!("{a}to_kv.weight"), 2 * dh, d, device)?;
-        set_linear(&mut att.key_value, wkv, None);
-        let wo = weight(map, &format!("{a}to_out.weight"), d, h * dh, device)?;
-        let bo = if att.output.bias.is_some() {
-            Some(map.float(&format!("{a}to_out.bias"), [d], device)?)
-        } else {
-            None
-        };
-        set_linear(&mut att.output, wo, bo);
+        let att = layer
+            .attention
+            .relative_mut()
+            .ok_or_else(|| XlError::Config(format!("layer {l}: no relative attention")))?;
+        mapping::linear(map, &format!("{a}to_q"), &mut att.query, false, device)?;
+        mapping::linear(map, &format!("{a}to_kv"), &mut att.key_value, false, device)?;
+        let bias = att.output.bias.is_some();
+        mapping::linear(map, &format!("{a}to_out"), &mut att.output, bias, device)?;
         // The layer's own table is unused under `shared_t5`: the same values, for a config
         // that turns sharing off.
         let PositionParams::T5(p) = &mut att.scheme else {
@@ -630,76 +626,28 @@ pub fn transformer_xl_as(
         };
         // A copy of its own, not a clone: parameters sharing one tensor would share one
         // autodiff node, and its gradient would go to whichever is visited first.
-        p.bias = Param::from_tensor(Tensor::from_data(t5.into_data(), device));
-        let block = &mut layer.block;
-        norm(
-            map,
-            &format!("layers.{l}.0.norm"),
-            &mut block.norm_attention,
-            d,
-            device,
-        )?;
-        norm(
-            map,
-            &format!("layers.{l}.1.norm"),
-            &mut block.norm_ff,
-            d,
-            device,
-        )?;
-        let f = format!("layers.{l}.1.fn.net.");
-        let w1 = weight(map, &format!("{f}0.weight"), inner, d, device)?;
-        let b1 = map.float(&format!("{f}0.bias"), [inner], device)?;
-        set_linear(&mut block.ff_in, w1, Some(b1));
-        let w2 = weight(map, &format!("{f}3.weight"), d, inner, device)?;
-        let b2 = map.float(&format!("{f}3.bias"), [d], device)?;
-        set_linear(&mut block.ff_out, w2, Some(b2));
+        let own = Tensor::from_data(t5.clone().into_data(), device);
+        mapping::set(&mut p.bias, own, t5_name)?;
+        block_names(l).take(map, &mut layer.block, device)?;
     }
     let shared = model
         .shared_t5
         .as_mut()
         .ok_or_else(|| XlError::Config("a stack without shared T5 tables".into()))?;
-    shared.plain = Some(Param::from_tensor(table));
-    shared.knn = Some(Param::from_tensor(knn_table));
+    shared.set_tables(table, knn_table);
     let final_norm = model
         .final_norm
         .as_mut()
         .ok_or_else(|| XlError::Config("a pre-LN stack without its final norm".into()))?;
-    norm(map, "to_logits.0", final_norm, d, device)?;
+    mapping::norm(map, "to_logits.0", final_norm, device)?;
     let InputEmbedding::Plain(embedding) = &mut model.embedding else {
         return Err(XlError::Config("the package's embedding is one table".into()).into());
     };
-    embedding.weight = Param::from_tensor(map.float("token_emb.weight", [v, d], device)?);
+    mapping::embedding(map, "token_emb.weight", embedding, device)?;
     let OutputLayer::Linear(output) = &mut model.output else {
         return Err(XlError::Config("the package's head is a linear layer".into()).into());
     };
-    let w = weight(map, "to_logits.1.weight", v, d, device)?;
-    let b = map.float("to_logits.1.bias", [v], device)?;
-    set_linear(output, w, Some(b));
-    Ok(model)
-}
-
-fn put<const D: usize>(out: &mut HfTensors, name: String, t: Option<Tensor<D>>) {
-    if let Some(t) = t {
-        out.insert(name, t.into_data());
-    }
-}
-
-fn put_linear(out: &mut HfTensors, prefix: &str, linear: &Linear, src: Source<'_>) {
-    put(
-        out,
-        format!("{prefix}.weight"),
-        src.get(&linear.weight).map(|w| w.transpose()),
-    );
-    if let Some(b) = &linear.bias {
-        put(out, format!("{prefix}.bias"), src.get(b));
-    }
-}
-
-fn put_norm(out: &mut HfTensors, prefix: &str, norm: &LayerNorm, src: Source<'_>) {
-    put(out, format!("{prefix}.weight"), src.get(&norm.gamma));
-    if let Some(b) = &norm.beta {
-        put(out, format!("{prefix}.bias"), src.get(b));
-    }
+    mapping::linear(map, "to_logits.1", output, true, device)
 }
 
 /// The T5 tables of the plain and of the kNN layers, each as the package's one shared table:
@@ -764,8 +712,8 @@ fn shared_tables(
 pub fn transformer_xl_to_peer(
     model: &TransformerXl,
     src: Source<'_>,
-) -> Result<HfTensors, ImportError> {
-    let mut out = HfTensors::new();
+) -> Result<PeerTensors, ImportError> {
+    let mut out = PeerTensors::new();
     for (l, layer) in model.layers.iter().enumerate() {
         let a = format!("layers.{l}.0.fn.");
         if let LayerAttention::Knn(knn) = &layer.attention {
@@ -791,26 +739,7 @@ pub fn transformer_xl_to_peer(
             );
             put_linear(&mut out, &format!("{a}to_out"), &att.output, src);
         }
-        let block = &layer.block;
-        put_norm(
-            &mut out,
-            &format!("layers.{l}.0.norm"),
-            &block.norm_attention,
-            src,
-        );
-        put_norm(&mut out, &format!("layers.{l}.1.norm"), &block.norm_ff, src);
-        put_linear(
-            &mut out,
-            &format!("layers.{l}.1.fn.net.0"),
-            &block.ff_in,
-            src,
-        );
-        put_linear(
-            &mut out,
-            &format!("layers.{l}.1.fn.net.3"),
-            &block.ff_out,
-            src,
-        );
+        block_names(l).put(&mut out, &layer.block, src);
     }
     let [plain, knn] = shared_tables(model, src)?;
     put(&mut out, T5_TABLE.into(), plain);
@@ -827,22 +756,8 @@ pub fn transformer_xl_to_peer(
     Ok(out)
 }
 
-/// Writes a checkpoint directory for the package: `model.safetensors` (its state-dict names;
-/// load with `safetensors.torch.load_file` and `model.load_state_dict`) and `config.json`
-/// (`MemorizingTransformer(**config)`; `memorizing_layers` must be passed as a tuple). The
-/// config must be expressible ([`MemorizingPeerConfig::from_xl`]).
+/// Writes a checkpoint directory for the package ([`LucidrainsMemorizing`]'s
+/// [`PeerFormat::write`]); the config must be expressible ([`MemorizingPeerConfig::from_xl`]).
 pub fn export(model: &TransformerXl, xl: &XlConfig, dir: &Path) -> Result<(), ImportError> {
-    let config = MemorizingPeerConfig::from_xl(xl)?;
-    let tensors: BTreeMap<_, _> = transformer_xl_to_peer(model, Source::Values)?;
-    std::fs::create_dir_all(dir).map_err(|e| ImportError::Read {
-        path: dir.to_path_buf(),
-        message: format!("cannot create: {e}"),
-    })?;
-    let path = dir.join("config.json");
-    let json = serde_json::to_string_pretty(&config).expect("plain fields");
-    std::fs::write(&path, json).map_err(|e| ImportError::Read {
-        path: path.clone(),
-        message: format!("cannot write: {e}"),
-    })?;
-    crate::reader::write_safetensors(&dir.join("model.safetensors"), tensors)
+    crate::format::export(&LucidrainsMemorizing, model, xl, dir)
 }

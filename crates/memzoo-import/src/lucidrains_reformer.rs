@@ -43,21 +43,19 @@
 //! | `reformer.layers.irrev_blocks.l.*` | the same tensors (checked equal) |
 //! | `norm`, `out.1` | the final norm, the linear output |
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use burn::module::Param;
-use burn::nn::{LayerNorm, Linear};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::Device;
 use memzoo_reformer::LshScores;
 use memzoo_xl::{
     Activation, AxialConfig, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer,
-    Randomness, ReformerConfig, Residual, TransformerXl, XlConfig, XlError,
+    ReformerConfig, TransformerXl, XlConfig, XlError,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::error::ImportError;
-use crate::hf_transfo_xl::{HfTensors, Source};
+use crate::format::PeerFormat;
+use crate::mapping::{self, BlockNames, Located, PeerTensors, Source, put, put_linear, put_norm};
 use crate::reader::TensorMap;
 
 /// The file of fixed LSH rotations read beside a checkpoint.
@@ -197,14 +195,9 @@ impl Default for LucidrainsReformerConfig {
 }
 
 impl LucidrainsReformerConfig {
-    /// Reads `config.json`.
+    /// Reads `config.json` (unknown arguments are errors naming them).
     pub fn read(path: &Path) -> Result<Self, ImportError> {
-        let read_err = |message: String| ImportError::Read {
-            path: path.to_path_buf(),
-            message,
-        };
-        let text = crate::reader::read_config_text(path)?;
-        serde_json::from_str(&text).map_err(|e| read_err(e.to_string()))
+        mapping::read_json(path)
     }
 
     /// The axial grid.
@@ -336,58 +329,40 @@ impl LucidrainsReformerConfig {
             );
         };
         let lsh = &xl.lsh;
-        let checks = [
-            (
-                xl.residual != Residual::Reversible,
-                "residual other than reversible",
-            ),
-            (
-                xl.head_input != HeadInput::Mean,
-                "head_input other than mean",
-            ),
-            (
-                !xl.pre_ln || !xl.final_norm,
-                "pre_ln and final_norm not both on",
-            ),
-            (
-                xl.tie_weights || xl.is_adaptive(),
-                "a tied or adaptive output",
-            ),
-            (xl.scale_embedding, "scale_embedding = true"),
-            (xl.mem_len > 0, "an XL memory"),
-            (!lsh.causal, "lsh.causal = false"),
-            (lsh.dedup_rounds, "lsh.dedup_rounds = true"),
-            (lsh.rotations_per_head, "lsh.rotations_per_head = true"),
-            (!lsh.bucket_factors.is_empty(), "lsh.bucket_factors"),
-            (
-                lsh.scores != LshScores::ScaledUnitKeys || lsh.key_eps != 0.0,
-                "LSH scores other than scaled unit keys",
-            ),
-            (!lsh.output_bias, "lsh.output_bias = false"),
-            (
-                lsh.n_chunks_before != 1 || lsh.n_chunks_after != 0,
-                "chunks other than one back",
-            ),
-            (
-                xl.ff_activation != Activation::Gelu,
-                "a feed-forward other than GELU",
-            ),
-            (
-                xl.layer_norm_epsilon != 1e-5,
-                "layer_norm_epsilon other than 1e-5",
-            ),
-            (
-                !xl.d_inner.is_multiple_of(xl.d_model),
-                "d_inner not a multiple of d_model",
-            ),
-            (
-                xl.randomness != Randomness::Seeded,
-                "randomness other than seeded",
-            ),
-        ];
-        if let Some((_, what)) = checks.iter().find(|(bad, _)| *bad) {
-            return no(format!("{what}: ReformerLM cannot express it"));
-        }
+        let peer = "ReformerLM";
+        mapping::expressible(
+            &[
+                (
+                    xl.head_input != HeadInput::Mean,
+                    "head_input other than mean",
+                ),
+                (lsh.rotations_per_head, "lsh.rotations_per_head = true"),
+                (!lsh.bucket_factors.is_empty(), "lsh.bucket_factors"),
+                (
+                    lsh.scores != LshScores::ScaledUnitKeys || lsh.key_eps != 0.0,
+                    "LSH scores other than scaled unit keys",
+                ),
+                (!lsh.output_bias, "lsh.output_bias = false"),
+                (
+                    lsh.n_chunks_before != 1 || lsh.n_chunks_after != 0,
+                    "chunks other than one back",
+                ),
+                (
+                    xl.ff_activation != Activation::Gelu,
+                    "a feed-forward other than GELU",
+                ),
+                (
+                    xl.layer_norm_epsilon != 1e-5,
+                    "layer_norm_epsilon other than 1e-5",
+                ),
+                (
+                    !xl.d_inner.is_multiple_of(xl.d_model),
+                    "d_inner not a multiple of d_model",
+                ),
+            ],
+            peer,
+        )?;
+        mapping::expressible(&mapping::reformer_checks(xl), peer)?;
         Ok(Self {
             num_tokens: xl.vocab_size,
             dim: xl.d_model,
@@ -407,37 +382,76 @@ impl LucidrainsReformerConfig {
     }
 }
 
-/// The weight file of `src` (the file itself, or the first of [`WEIGHT_FILES`] in a
-/// directory) and the directory beside it.
-fn locate(src: &Path) -> Result<(PathBuf, PathBuf), ImportError> {
-    if src.is_file() {
-        let dir = src.parent().unwrap_or(Path::new(".")).to_path_buf();
-        return Ok((src.to_path_buf(), dir));
+/// reformer-pytorch's `ReformerLM` as a [`PeerFormat`] (`lucidrains-reformer`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LucidrainsReformer;
+
+impl PeerFormat for LucidrainsReformer {
+    type Config = LucidrainsReformerConfig;
+    const NAME: &'static str = "lucidrains-reformer";
+
+    /// The file itself, or in a directory the first of [`WEIGHT_FILES`] (else its only weight
+    /// file); `config.json` and [`ROTATIONS_FILE`] beside it.
+    fn locate(&self, src: &Path) -> Result<Located, ImportError> {
+        mapping::locate(src, WEIGHT_FILES, "reformer-pytorch")
     }
-    let weights = WEIGHT_FILES
-        .iter()
-        .map(|f| src.join(f))
-        .find(|p| p.is_file())
-        .ok_or_else(|| ImportError::Read {
-            path: src.to_path_buf(),
-            message: format!(
-                "no reformer-pytorch checkpoint here: looked for {}",
-                WEIGHT_FILES.join(", ")
-            ),
-        })?;
-    Ok((weights, src.to_path_buf()))
+
+    fn read_config(
+        &self,
+        at: &Located,
+        _: &TensorMap,
+    ) -> Result<LucidrainsReformerConfig, ImportError> {
+        LucidrainsReformerConfig::read(&at.beside("config.json"))
+    }
+
+    /// With fixed rotations for the bucket count their shape gives, when [`ROTATIONS_FILE`] is
+    /// beside the weights.
+    fn stack(
+        &self,
+        config: &LucidrainsReformerConfig,
+        at: &Located,
+    ) -> Result<XlConfig, ImportError> {
+        config.xl_config(buckets_of(mapping::read_rotations(at)?.as_ref()))
+    }
+
+    fn map_in(
+        &self,
+        _: &LucidrainsReformerConfig,
+        at: &Located,
+        tensors: &mut TensorMap,
+        model: &mut TransformerXl,
+        device: &Device,
+    ) -> Result<(), ImportError> {
+        mapping::with_rotations(at, |rotations| map_in(tensors, rotations, model, device))
+    }
+
+    fn config_of(&self, stack: &XlConfig) -> Result<LucidrainsReformerConfig, ImportError> {
+        LucidrainsReformerConfig::from_xl(stack)
+    }
+
+    fn map_out(&self, model: &TransformerXl, src: Source<'_>) -> Result<PeerTensors, ImportError> {
+        Ok(reformer_to_lucidrains(model, src))
+    }
+
+    /// [`ROTATIONS_FILE`] when the layers hold fixed rotations. (`model.safetensors` holds
+    /// the state dict without the `irrev_blocks` copies: load it with
+    /// `load_state_dict(strict=False)`.)
+    fn side_files(&self, model: &TransformerXl) -> Vec<(&'static str, PeerTensors)> {
+        vec![(ROTATIONS_FILE, mapping::rotations_of(model))]
+    }
+}
+
+/// The bucket count fixed rotations are for (`2 x` their last axis), if any.
+fn buckets_of(rotations: Option<&TensorMap>) -> Option<usize> {
+    let map = rotations?;
+    let first = map.names().next()?;
+    map.get(first).map(|t| 2 * t.shape()[t.shape().len() - 1])
 }
 
 /// Whether `src` holds fixed rotations, and for how many buckets.
 pub fn fixed_buckets(src: &Path) -> Result<Option<usize>, ImportError> {
-    let (_, dir) = locate(src)?;
-    let path = dir.join(ROTATIONS_FILE);
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let map = TensorMap::read(&path)?;
-    let first = map.names().next().map(String::from);
-    Ok(first.and_then(|n| map.get(&n).map(|t| 2 * t.shape()[t.shape().len() - 1])))
+    let at = LucidrainsReformer.locate(src)?;
+    Ok(buckets_of(mapping::read_rotations(&at)?.as_ref()))
 }
 
 /// Loads a reformer-pytorch `ReformerLM` checkpoint (see the module docs); every tensor is
@@ -446,53 +460,17 @@ pub fn load(
     src: &Path,
     device: &Device,
 ) -> Result<(TransformerXl, LucidrainsReformerConfig), ImportError> {
-    let (weights, dir) = locate(src)?;
-    let cfg = LucidrainsReformerConfig::read(&dir.join("config.json"))?;
-    let mut map = TensorMap::read(&weights)?;
-    let rotations = dir.join(ROTATIONS_FILE);
-    let mut rotations = if rotations.is_file() {
-        Some(TensorMap::read(&rotations)?)
-    } else {
-        None
-    };
-    let model = reformer_from(
-        &cfg,
-        &mut map,
-        rotations.as_mut(),
-        fixed_buckets(src)?,
-        device,
-    )?;
-    map.finish()?;
-    if let Some(r) = rotations {
-        r.finish()?;
-    }
-    Ok((model, cfg))
+    let imported = crate::format::import(&LucidrainsReformer, src, device)?;
+    Ok((imported.model, imported.peer))
 }
 
-fn set_linear(linear: &mut Linear, weight: Tensor<2>, bias: Option<Tensor<1>>) {
-    linear.weight = Param::from_tensor(weight);
-    linear.bias = bias.map(Param::from_tensor);
-}
-
-/// Takes `name` (of `shape`), and checks the copy under
-/// `copy` (the irreversible block list) when the file has one.
-fn weight(
-    map: &mut TensorMap,
-    name: &str,
-    copy: &str,
-    shape: &[usize],
-) -> Result<TensorData, ImportError> {
-    let data = crate::reader::float_data(name, map.take(name, shape)?)?;
-    if let Some(c) = map.take_optional(copy, shape)?
-        && crate::reader::float_data(copy, c)? != data
-    {
-        return Err(ImportError::Value {
-            name: copy.into(),
-            message: format!("differs from {name}, which it shares storage with"),
-        });
-    }
-    Ok(data)
-}
+/// The irreversible block list (`irrev_blocks`, reformer-pytorch's copy of `blocks` without the
+/// reversible wrapper: `f.fn.…` for `f.net.fn.…`), names alone saying which tensor each
+/// duplicates.
+const IRREVERSIBLE_COPIES: [(&str, &str); 1] = [(
+    r"^reformer\.layers\.irrev_blocks\.(\d+)\.([fg])\.(.*)$",
+    "reformer.layers.blocks.$1.$2.net.$3",
+)];
 
 /// [`load`] from a config and tensors in hand; leaves unknown tensors in the maps.
 pub fn reformer_from(
@@ -502,143 +480,74 @@ pub fn reformer_from(
     fixed_buckets: Option<usize>,
     device: &Device,
 ) -> Result<TransformerXl, ImportError> {
-    let xl = cfg.xl_config(fixed_buckets)?;
-    let mut model = xl.init(device)?;
-    let (d, inner, dff, v) = (
-        cfg.dim,
-        cfg.heads * cfg.dim_head,
-        cfg.dim * cfg.ff_mult,
-        cfg.num_tokens,
-    );
+    let mut model = cfg.xl_config(fixed_buckets)?.init(device)?;
+    map_in(map, rotations, &mut model, device)?;
+    Ok(model)
+}
+
+/// The names of a layer's block (the reversible list's `f` and `g` wrappers) in
+/// reformer-pytorch's state dict.
+fn block_names(l: usize) -> BlockNames {
+    let p = format!("reformer.layers.blocks.{l}.");
+    BlockNames {
+        norm_attention: format!("{p}f.net.norm"),
+        norm_ff: format!("{p}g.net.norm"),
+        ff_in: format!("{p}g.net.fn.fn.w1"),
+        ff_out: format!("{p}g.net.fn.fn.w2"),
+    }
+}
+
+/// reformer-pytorch's tensors (and the fixed rotations, `layers.{l}`) into `model` (built from
+/// [`LucidrainsReformerConfig::xl_config`]).
+fn map_in(
+    map: &mut TensorMap,
+    rotations: Option<&mut TensorMap>,
+    model: &mut TransformerXl,
+    device: &Device,
+) -> Result<(), ImportError> {
+    mapping::tied_copies(map, &IRREVERSIBLE_COPIES)?;
     let mut rotations = rotations;
-    let t2 = |data: TensorData| Tensor::<2>::from_data(data, device).transpose();
-    let t1 = |data: TensorData| Tensor::<1>::from_data(data, device);
     for (l, layer) in model.layers.iter_mut().enumerate() {
-        let (rv, ir) = (
-            format!("reformer.layers.blocks.{l}."),
-            format!("reformer.layers.irrev_blocks.{l}."),
-        );
-        let mut take = |r: &str, i: &str, shape: &[usize]| {
-            weight(map, &format!("{rv}{r}"), &format!("{ir}{i}"), shape)
-        };
+        let p = format!("reformer.layers.blocks.{l}.f.net.fn.");
         let LayerAttention::Hashed(att) = &mut layer.attention else {
             return Err(XlError::Config(format!("layer {l} is not an LSH layer")).into());
         };
-        set_linear(
-            &mut att.query,
-            t2(take(
-                "f.net.fn.toqk.weight",
-                "f.fn.toqk.weight",
-                &[inner, d],
-            )?),
-            None,
-        );
-        set_linear(
-            &mut att.value,
-            t2(take("f.net.fn.tov.weight", "f.fn.tov.weight", &[inner, d])?),
-            None,
-        );
-        let wo = t2(take(
-            "f.net.fn.to_out.weight",
-            "f.fn.to_out.weight",
-            &[d, inner],
-        )?);
-        let bo = t1(take("f.net.fn.to_out.bias", "f.fn.to_out.bias", &[d])?);
-        set_linear(&mut att.output, wo, Some(bo));
+        mapping::linear(map, &format!("{p}toqk"), &mut att.query, false, device)?;
+        mapping::linear(map, &format!("{p}tov"), &mut att.value, false, device)?;
+        mapping::linear(map, &format!("{p}to_out"), &mut att.output, true, device)?;
         if let Some(r) = rotations.as_deref_mut() {
-            let shape = att
-                .fixed_rotations()
-                .map(|t| t.dims())
-                .ok_or_else(|| XlError::Config(format!("layer {l}: no fixed rotations")))?;
-            let t = r.float::<4>(&format!("layers.{l}"), shape, device)?;
-            att.set_fixed_rotations(t).map_err(XlError::from)?;
+            mapping::set_fixed_rotations(r, l, att, device)?;
         }
-        let block = &mut layer.block;
-        block.norm_attention.gamma =
-            Param::from_tensor(t1(take("f.net.norm.weight", "f.norm.weight", &[d])?));
-        block.norm_attention.beta = Some(Param::from_tensor(t1(take(
-            "f.net.norm.bias",
-            "f.norm.bias",
-            &[d],
-        )?)));
-        block.norm_ff.gamma =
-            Param::from_tensor(t1(take("g.net.norm.weight", "g.norm.weight", &[d])?));
-        block.norm_ff.beta = Some(Param::from_tensor(t1(take(
-            "g.net.norm.bias",
-            "g.norm.bias",
-            &[d],
-        )?)));
-        let w1 = t2(take(
-            "g.net.fn.fn.w1.weight",
-            "g.fn.fn.w1.weight",
-            &[dff, d],
-        )?);
-        let b1 = t1(take("g.net.fn.fn.w1.bias", "g.fn.fn.w1.bias", &[dff])?);
-        set_linear(&mut block.ff_in, w1, Some(b1));
-        let w2 = t2(take(
-            "g.net.fn.fn.w2.weight",
-            "g.fn.fn.w2.weight",
-            &[d, dff],
-        )?);
-        let b2 = t1(take("g.net.fn.fn.w2.bias", "g.fn.fn.w2.bias", &[d])?);
-        set_linear(&mut block.ff_out, w2, Some(b2));
+        block_names(l).take(map, &mut layer.block, device)?;
     }
-    let final_norm: &mut LayerNorm = model
+    let final_norm = model
         .final_norm
         .as_mut()
         .ok_or_else(|| XlError::Config("a pre-LN stack without its final norm".into()))?;
-    final_norm.gamma = Param::from_tensor(map.float("norm.weight", [d], device)?);
-    final_norm.beta = Some(Param::from_tensor(map.float("norm.bias", [d], device)?));
+    mapping::norm(map, "norm", final_norm, device)?;
     let InputEmbedding::Plain(embedding) = &mut model.embedding else {
         return Err(XlError::Config("ReformerLM's embedding is one table".into()).into());
     };
-    embedding.weight = Param::from_tensor(map.float("token_emb.weight", [v, d], device)?);
+    mapping::embedding(map, "token_emb.weight", embedding, device)?;
     let axial = model
         .axial
         .as_mut()
         .ok_or_else(|| XlError::Config("the stack has no axial positions".into()))?;
-    let ([a1, _], [a2, _]) = (axial.rows.dims(), axial.cols.dims());
+    let ([a1, d], [a2, _]) = (axial.rows.dims(), axial.cols.dims());
     let rows = map.float::<4>("pos_emb.weights.0", [1, a1, 1, d], device)?;
-    axial.rows = Param::from_tensor(rows.reshape([a1, d]));
     let cols = map.float::<4>("pos_emb.weights.1", [1, 1, a2, d], device)?;
-    axial.cols = Param::from_tensor(cols.reshape([a2, d]));
+    mapping::set(&mut axial.rows, rows.reshape([a1, d]), "pos_emb.weights.0")?;
+    mapping::set(&mut axial.cols, cols.reshape([a2, d]), "pos_emb.weights.1")?;
     let OutputLayer::Linear(output) = &mut model.output else {
         return Err(XlError::Config("ReformerLM's output is a linear layer".into()).into());
     };
-    let w = map.float::<2>("out.1.weight", [v, d], device)?.transpose();
-    let b = map.float("out.1.bias", [v], device)?;
-    set_linear(output, w, Some(b));
-    Ok(model)
-}
-
-fn put<const D: usize>(out: &mut HfTensors, name: String, t: Option<Tensor<D>>) {
-    if let Some(t) = t {
-        out.insert(name, t.into_data());
-    }
-}
-
-fn put_linear(out: &mut HfTensors, name: &str, linear: &Linear, src: Source<'_>) {
-    put(
-        out,
-        format!("{name}.weight"),
-        src.get(&linear.weight).map(|w| w.transpose()),
-    );
-    if let Some(b) = &linear.bias {
-        put(out, format!("{name}.bias"), src.get(b));
-    }
-}
-
-fn put_norm(out: &mut HfTensors, prefix: &str, norm: &LayerNorm, src: Source<'_>) {
-    put(out, format!("{prefix}.weight"), src.get(&norm.gamma));
-    if let Some(b) = &norm.beta {
-        put(out, format!("{prefix}.bias"), src.get(b));
-    }
+    mapping::linear(map, "out.1", output, true, device)
 }
 
 /// A ReformerLM-shaped stack's tensors (or gradients) under reformer-pytorch's names (the
 /// reversible block list's; `named_parameters` gives those), the inverse of the import.
-pub fn reformer_to_lucidrains(model: &TransformerXl, src: Source<'_>) -> HfTensors {
-    let mut out = HfTensors::new();
+pub fn reformer_to_lucidrains(model: &TransformerXl, src: Source<'_>) -> PeerTensors {
+    let mut out = PeerTensors::new();
     for (l, layer) in model.layers.iter().enumerate() {
         let p = format!("reformer.layers.blocks.{l}.");
         if let LayerAttention::Hashed(att) = &layer.attention {
@@ -646,16 +555,7 @@ pub fn reformer_to_lucidrains(model: &TransformerXl, src: Source<'_>) -> HfTenso
             put_linear(&mut out, &format!("{p}f.net.fn.tov"), &att.value, src);
             put_linear(&mut out, &format!("{p}f.net.fn.to_out"), &att.output, src);
         }
-        let block = &layer.block;
-        put_norm(
-            &mut out,
-            &format!("{p}f.net.norm"),
-            &block.norm_attention,
-            src,
-        );
-        put_norm(&mut out, &format!("{p}g.net.norm"), &block.norm_ff, src);
-        put_linear(&mut out, &format!("{p}g.net.fn.fn.w1"), &block.ff_in, src);
-        put_linear(&mut out, &format!("{p}g.net.fn.fn.w2"), &block.ff_out, src);
+        block_names(l).put(&mut out, &layer.block, src);
     }
     if let Some(n) = &model.final_norm {
         put_norm(&mut out, "norm", n, src);
@@ -682,27 +582,9 @@ pub fn reformer_to_lucidrains(model: &TransformerXl, src: Source<'_>) -> HfTenso
     out
 }
 
-/// Writes a reformer-pytorch checkpoint directory: `model.safetensors` (the state dict without
-/// the `irrev_blocks` copies: load with `safetensors.torch.load_file` and
-/// `load_state_dict(strict=False)`), `config.json` (`ReformerLM`'s arguments) and, when the
-/// layers hold fixed rotations, `rotations.safetensors`.
+/// Writes a reformer-pytorch checkpoint directory ([`LucidrainsReformer`]'s
+/// [`PeerFormat::write`]); the config must be expressible
+/// ([`LucidrainsReformerConfig::from_xl`]).
 pub fn export(model: &TransformerXl, xl: &XlConfig, dir: &Path) -> Result<(), ImportError> {
-    let config = LucidrainsReformerConfig::from_xl(xl)?;
-    let tensors: BTreeMap<_, _> = reformer_to_lucidrains(model, Source::Values);
-    std::fs::create_dir_all(dir).map_err(|e| ImportError::Read {
-        path: dir.to_path_buf(),
-        message: format!("cannot create: {e}"),
-    })?;
-    let path = dir.join("config.json");
-    let json = serde_json::to_string_pretty(&config).expect("plain fields");
-    std::fs::write(&path, json).map_err(|e| ImportError::Read {
-        path: path.clone(),
-        message: format!("cannot write: {e}"),
-    })?;
-    crate::reader::write_safetensors(&dir.join("model.safetensors"), tensors)?;
-    let rotations = crate::hf_reformer::rotations_of(model);
-    if !rotations.is_empty() {
-        crate::reader::write_safetensors(&dir.join(ROTATIONS_FILE), rotations)?;
-    }
-    Ok(())
+    crate::format::export(&LucidrainsReformer, model, xl, dir)
 }

@@ -70,6 +70,16 @@ impl TensorMap {
         &self.source
     }
 
+    /// Takes `name` out of the map as it is (no shape check): for renaming.
+    pub(crate) fn remove(&mut self, name: &str) -> Option<TensorData> {
+        self.tensors.remove(name)
+    }
+
+    /// Puts `data` in the map under `name` (a renamed tensor).
+    pub(crate) fn insert(&mut self, name: String, data: TensorData) {
+        self.tensors.insert(name, data);
+    }
+
     /// Whether `name` is (still) in the map.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
@@ -179,9 +189,9 @@ fn looks_like_safetensors(path: &Path) -> bool {
 /// The largest `config.json` read.
 const CONFIG_LIMIT: u64 = 16 << 20;
 
-/// The text of a checkpoint's small JSON file (`config.json`): a regular file (not a FIFO or
-/// a device such as `/dev/zero`) of at most 16 MiB, read with that bound.
-pub fn read_config_text(path: &Path) -> Result<String, ImportError> {
+/// Whether `path` can be a checkpoint's small JSON file: a regular file (not a FIFO or a device
+/// such as `/dev/zero`) of at most 16 MiB; the error names the file and what it is instead.
+pub fn check_config_file(path: &Path) -> Result<(), ImportError> {
     let err = |message: String| ImportError::Read {
         path: path.to_path_buf(),
         message,
@@ -192,14 +202,27 @@ pub fn read_config_text(path: &Path) -> Result<String, ImportError> {
             "not a regular file (a FIFO, a device or a directory): give a file".into(),
         ));
     }
+    if meta.len() > CONFIG_LIMIT {
+        return Err(err(format!(
+            "holds more than {CONFIG_LIMIT} bytes: not a config"
+        )));
+    }
+    Ok(())
+}
+
+/// The text of a checkpoint's small JSON file (`config.json`): a regular file (not a FIFO or
+/// a device such as `/dev/zero`) of at most 16 MiB, read with that bound.
+pub fn read_config_text(path: &Path) -> Result<String, ImportError> {
+    let err = |message: String| ImportError::Read {
+        path: path.to_path_buf(),
+        message,
+    };
+    check_config_file(path)?;
     let too_large = || {
         err(format!(
             "holds more than {CONFIG_LIMIT} bytes: not a config"
         ))
     };
-    if meta.len() > CONFIG_LIMIT {
-        return Err(too_large());
-    }
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(CONFIG_LIMIT + 1).read_to_end(&mut bytes))

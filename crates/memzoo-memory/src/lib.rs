@@ -22,8 +22,7 @@
 //! ## Measured (2 CPU cores shared with other builds, load 4-6: timings are rough)
 //!
 //! One segment = search top-32 for 512 tokens, then add them; 32-d unit keys drawn from 256
-//! clusters ([`bench::clustered_keys`]); `cargo test -p memzoo-memory -- --ignored crossover
-//! --nocapture` reproduces it.
+//! clusters ([`keys::clustered_keys`]); `cargo xtask bench memory-crossover` reproduces it.
 //!
 //! | stored / (row, head) | heads | exact | HNSW (M, ef) | HNSW recall@32 |
 //! |---|---|---|---|---|
@@ -67,12 +66,12 @@
 //! usearch index file per store; [`open`] checks all of it and fails with
 //! [`MemoryError::Corrupt`] naming the problem rather than returning an empty memory.
 
-pub mod bench;
 pub mod config;
 pub mod error;
 pub mod exact;
 pub mod hnsw;
 pub(crate) mod host;
+pub mod keys;
 pub mod persist;
 pub mod reset;
 

@@ -2,7 +2,7 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 
-use crate::bench::{clustered_keys, recall, retrieved_ids, segment_tensors};
+use crate::keys::{clustered_keys, recall, retrieved_ids, segment_tensors};
 use crate::*;
 
 fn device() -> Device {
@@ -293,7 +293,7 @@ fn hnsw_recall_at_defaults_on_random_and_clustered_keys() {
         let mut ids = Vec::new();
         for kind in KINDS {
             let mut index = config(kind, h, d, n).init(1, &dev).unwrap();
-            bench::fill(index.as_mut(), &keys, n, 2048, &dev).unwrap();
+            crate::keys::fill(index.as_mut(), &keys, n, 2048, &dev).unwrap();
             let (q, _) = segment_tensors(&queries, t, 0, t, 1, h, d, &dev);
             ids.push(retrieved_ids(&index.search(q, k).unwrap()));
         }
@@ -425,70 +425,6 @@ fn damaged_or_mismatched_files_are_errors() {
             );
             std::fs::remove_file(&p).unwrap();
             expect_err(dir.path(), &c, "missing index", "index-b0-h1.usearch");
-        }
-    }
-}
-
-/// The exact-vs-HNSW crossover (not a test: `cargo test -p memzoo-memory -- --ignored
-/// crossover --nocapture`). Env: `MEMZOO_BENCH_SIZES` (default `16384,65536,262144`),
-/// `MEMZOO_BENCH_HEADS` (default 8), `MEMZOO_BENCH_KV_HEADS` (default: one per head),
-/// `MEMZOO_BENCH_KINDS` (default `exact,hnsw`),
-/// `MEMZOO_BENCH_EF` (HNSW expansion_search), `MEMZOO_BENCH_M` (HNSW connectivity).
-#[test]
-#[ignore]
-fn crossover() {
-    let sizes: Vec<usize> = std::env::var("MEMZOO_BENCH_SIZES")
-        .unwrap_or_else(|_| "16384,65536,262144".into())
-        .split(',')
-        .map(|s| s.trim().parse().unwrap())
-        .collect();
-    let heads: usize = std::env::var("MEMZOO_BENCH_HEADS")
-        .map(|s| s.parse().unwrap())
-        .unwrap_or(8);
-    let kv_heads: Option<usize> = std::env::var("MEMZOO_BENCH_KV_HEADS")
-        .ok()
-        .map(|s| s.parse().unwrap());
-    let kinds: Vec<IndexKind> = std::env::var("MEMZOO_BENCH_KINDS")
-        .unwrap_or_else(|_| "exact,hnsw".into())
-        .split(',')
-        .map(|s| s.trim().parse().unwrap())
-        .collect();
-    let expansion: Option<usize> = std::env::var("MEMZOO_BENCH_EF")
-        .ok()
-        .map(|s| s.parse().unwrap());
-    let connectivity: Option<usize> = std::env::var("MEMZOO_BENCH_M")
-        .ok()
-        .map(|s| s.parse().unwrap());
-    let (d, t, k) = (32, 512, 32);
-    let dev = device();
-    for &n in &sizes {
-        let keys = clustered_keys(n + t, d, 256, 0.6, 20);
-        let queries = clustered_keys(t, d, 256, 0.6, 21);
-        let mut exact_ids = Vec::new();
-        for &kind in &kinds {
-            let mut c = config(kind, heads, d, n + t).with_n_kv_heads(kv_heads);
-            if let Some(ef) = expansion {
-                c.hnsw.expansion_search = Some(ef);
-            }
-            if let Some(m) = connectivity {
-                c.hnsw.connectivity = m;
-            }
-            let r = bench::time_segment(&c, 1, &keys, &queries, n, t, k, &dev).unwrap();
-            let rec = if kind == IndexKind::Exact {
-                exact_ids = r.ids.clone();
-                1.0
-            } else if exact_ids.is_empty() {
-                f64::NAN
-            } else {
-                recall(&r.ids, &exact_ids, k)
-            };
-            println!(
-                "{kind:?} stored {n} x {heads} heads ({kv_heads:?} kv): fill {:.1} s, segment add {:.3} s + search {:.3} s = {:.3} s, recall@{k} {rec:.4}",
-                r.fill_s,
-                r.add_s,
-                r.search_s,
-                r.add_s + r.search_s
-            );
         }
     }
 }
@@ -752,7 +688,7 @@ fn grouped_hnsw_recall_against_exact() {
     let mut ids = Vec::new();
     for kind in KINDS {
         let mut index = grouped(kind, h, kv, d, n).init(1, &dev).unwrap();
-        bench::fill(index.as_mut(), &keys, n, 2048, &dev).unwrap();
+        crate::keys::fill(index.as_mut(), &keys, n, 2048, &dev).unwrap();
         let (q, _) = segment_tensors(&queries, t, 0, t, 1, h, d, &dev);
         ids.push(retrieved_ids(&index.search(q, k).unwrap()));
     }

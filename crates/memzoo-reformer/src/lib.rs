@@ -13,7 +13,6 @@
 //!   `memzoo_data::tasks::duplication` and trained by `memzoo_train::tasks::duplication`.
 
 pub mod attention;
-pub mod bench;
 pub mod error;
 pub mod feedforward;
 pub mod reversible;

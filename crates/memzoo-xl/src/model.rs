@@ -83,6 +83,23 @@ impl LayerKind {
             PositionKind::Absolute => LayerKind::Absolute,
         }
     }
+
+    /// The model family a stack of these layers is (the label checkpoints carry): `memorizing`
+    /// with kNN layers, `reformer` with LSH or local attention layers (and no kNN ones), `xl`
+    /// otherwise. The one place the family is computed, for a config
+    /// ([`XlConfig::family`]) and a model ([`TransformerXl::stack_family`]) alike.
+    pub fn family_of(kinds: &[LayerKind]) -> &'static str {
+        if kinds.contains(&LayerKind::Knn) {
+            "memorizing"
+        } else if kinds
+            .iter()
+            .any(|k| matches!(k, LayerKind::Lsh | LayerKind::Local))
+        {
+            "reformer"
+        } else {
+            "xl"
+        }
+    }
 }
 
 /// How each layer arranges its two residual branches, the attention `F` and the feed-forward
@@ -922,6 +939,12 @@ impl XlConfig {
         }
     }
 
+    /// The model family of this stack, by its layers ([`LayerKind::family_of`]): what a model
+    /// built from it reports as [`TransformerXl::stack_family`].
+    pub fn family(&self) -> &'static str {
+        LayerKind::family_of(&self.layer_kinds())
+    }
+
     /// The configuration of every kNN layer's memory.
     pub fn knn_memory(&self) -> KnnMemoryConfig {
         KnnMemoryConfig::new(self.n_heads, self.head_width())
@@ -1376,6 +1399,16 @@ impl LayerAttention {
         }
     }
 
+    /// [`relative`](Self::relative), mutably (what an importer writes a checkpoint's weights
+    /// into).
+    pub fn relative_mut(&mut self) -> Option<&mut RelativeMultiHeadAttention> {
+        match self {
+            LayerAttention::Relative(a) => Some(a),
+            LayerAttention::Knn(a) => Some(&mut a.attention),
+            LayerAttention::Hashed(_) => None,
+        }
+    }
+
     /// [`relative`](Self::relative) of a layer known to have one.
     ///
     /// # Panics
@@ -1658,6 +1691,13 @@ impl SharedT5 {
             self.plain.as_ref()
         }
     }
+
+    /// Sets both tables (a checkpoint's, on import): `plain` for the `t5` layers, `knn` for
+    /// the `knn` layers.
+    pub fn set_tables(&mut self, plain: Tensor<2>, knn: Tensor<2>) {
+        self.plain = Some(Param::from_tensor(plain));
+        self.knn = Some(Param::from_tensor(knn));
+    }
 }
 
 /// What one layer reads besides its input and memory.
@@ -1898,17 +1938,7 @@ impl TransformerXl {
     /// otherwise. The randomness does not enter: an XL stack with `randomness = "seeded"` is
     /// still `xl`.
     pub fn stack_family(&self) -> &'static str {
-        let kinds = self.layer_kinds();
-        if kinds.contains(&LayerKind::Knn) {
-            "memorizing"
-        } else if kinds
-            .iter()
-            .any(|k| matches!(k, LayerKind::Lsh | LayerKind::Local))
-        {
-            "reformer"
-        } else {
-            "xl"
-        }
+        LayerKind::family_of(&self.layer_kinds())
     }
 
     /// The label checkpoints written before [`stack_family`](Self::stack_family) looked at the

@@ -6,10 +6,8 @@
 //! [`ReformerLm`] is the stack. The components (LSH attention, the chunking, axial embeddings,
 //! the reversible coupling and its backward) live in `memzoo_reformer`.
 
-use std::time::Instant;
-
 use burn::config::Config;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use memzoo_reformer::{LshScores, ReformerError};
 
 use crate::error::XlError;
@@ -333,75 +331,4 @@ impl ReformerConfig {
         self.validate()?;
         self.stack().init(device)
     }
-}
-
-/// One measurement of [`train_step_timing`].
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct StepTiming {
-    /// Layers of the model.
-    pub n_layers: usize,
-    /// Reversible layers.
-    pub reversible: bool,
-    /// Batch size.
-    pub batch: usize,
-    /// Sequence length.
-    pub len: usize,
-    /// Seconds per training step (loss + gradients), mean of the timed steps.
-    pub seconds: f64,
-    /// Tokens per second of training.
-    pub tokens_per_s: f64,
-    /// Resident set size after building the model and one warm-up step (KiB).
-    pub rss_baseline_kib: u64,
-    /// Peak resident set size at the end (KiB, `VmHWM`).
-    pub peak_rss_kib: u64,
-}
-
-/// Times `train_step` of a Reformer built from `config` on `device` (an autodiff device):
-/// one warm-up step on a short sequence, then `reps` steps on random tokens `[batch, len]`.
-/// Run one configuration per process: the peak is the whole process's `VmHWM`, so
-/// `peak_rss_kib - rss_baseline_kib` is the step's activation memory.
-pub fn train_step_timing(
-    config: &ReformerConfig,
-    batch: usize,
-    len: usize,
-    reps: usize,
-    device: &Device,
-) -> Result<StepTiming, XlError> {
-    let model = config.init(device)?;
-    let tokens = |l: usize, seed: u64| {
-        let v: Vec<i64> = memzoo_reformer::rng::normal_vec(batch * l, seed)
-            .into_iter()
-            .map(|x| ((x.abs() * 1000.0) as i64) % config.vocab_size as i64)
-            .collect();
-        Tensor::<2, Int>::from_data(TensorData::new(v, [batch, l]), device)
-    };
-    let warm = len.min(config.bucket_size * 2);
-    let _ = model.train_step(tokens(warm, 1), tokens(warm, 2))?;
-    let rss_baseline_kib = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0);
-    let reps = reps.max(1);
-    let start = Instant::now();
-    for r in 0..reps {
-        let (loss, grads) =
-            model.train_step(tokens(len, 10 + r as u64), tokens(len, 20 + r as u64))?;
-        let _: f32 = loss.into_scalar();
-        drop(grads);
-    }
-    let seconds = start.elapsed().as_secs_f64() / reps as f64;
-    Ok(StepTiming {
-        n_layers: config.n_layers,
-        reversible: config.reversible,
-        batch,
-        len,
-        seconds,
-        tokens_per_s: (batch * len) as f64 / seconds,
-        rss_baseline_kib,
-        peak_rss_kib: memzoo_reformer::bench::peak_rss_kib(),
-    })
 }

@@ -289,25 +289,15 @@ pub fn load_xl(run_dir: &Path, device: &Device) -> Result<(RunConfig, Transforme
     Ok((config, model))
 }
 
-/// The `[model]` stack of `config` with the latest checkpoint of `run_dir`.
+/// The stack the run trained ([`RunConfig::stack`]: `[model]`, or the Reformer's or the
+/// Memorizing Transformer's preset) with the latest checkpoint of `run_dir`, whose family must
+/// be the stack's.
 fn load_xl_config(
     run_dir: &Path,
     config: &RunConfig,
     device: &Device,
 ) -> Result<TransformerXl, CliError> {
-    let dir = latest_checkpoint(run_dir)?;
-    let trainer = checkpoint::read_trainer_state(&dir)?;
-    // The `[model]` stack is "xl", "memorizing" when its layers include kNN ones, or "reformer"
-    // when they include LSH or local ones (before: when its randomness was seeded).
-    if !matches!(trainer.family.as_str(), "xl" | "memorizing" | "reformer") {
-        return Err(CliError::Family {
-            dir,
-            found: trainer.family,
-            expected: "not a Transformer-XL stack".into(),
-        });
-    }
-    let model = config.model.init(device)?;
-    Ok(checkpoint::load_model(&dir, model)?)
+    load_checkpoint(run_dir, config.stack().init(device)?)
 }
 
 /// `memzoo eval`.
@@ -491,16 +481,25 @@ use memzoo_data::machine_memory;
 
 /// Refuses a Reformer whose LSH attention cannot fit in this machine's memory (the scores of
 /// one layer: batch x heads x rounds x padded length x chunk window, f32, about four live
-/// copies in the backward), naming the estimate, instead of being killed for memory.
+/// copies in the backward), naming the estimate, instead of being killed for memory. Every run
+/// whose stack is a Reformer ([`RunConfig::family`]) is checked, an imported one (its stack in
+/// `[model]`) as a native one (`[reformer]`); the message names the fields of its section.
 fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
     check_model_memory(config, true)?;
-    if config.model_kind != ModelKind::Reformer {
+    if config.family() != "reformer" {
         return Ok(());
     }
-    let (r, t) = (&config.reformer, &config.train);
-    let len = t.tgt_len.div_ceil(r.bucket_size) * r.bucket_size;
-    let window = r.bucket_size * (1 + r.n_chunks_before + r.n_chunks_after);
-    let bytes = [r.n_heads, r.n_rounds, len, window, 4 * 4]
+    let (stack, t) = (config.stack(), &config.train);
+    let lsh = &stack.lsh;
+    // The field as the run's config.toml names it.
+    let rounds = match config.model_kind {
+        ModelKind::Reformer => "reformer.n_rounds",
+        _ => "model.lsh.n_rounds",
+    };
+    let chunk = lsh.chunk_len.max(1);
+    let len = t.tgt_len.div_ceil(chunk) * chunk;
+    let window = chunk * (1 + lsh.n_chunks_before + lsh.n_chunks_after);
+    let bytes = [stack.n_heads, lsh.n_rounds, len, window, 4 * 4]
         .iter()
         .map(|&v| v as f64)
         .product::<f64>()
@@ -511,13 +510,13 @@ fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
     if bytes > total as f64 {
         return Err(CliError::TooLarge {
             what: format!(
-                "reformer.n_rounds = {} with train.batch {} x train.tgt_len {} ({} heads, chunk \
-                 window {window}): one LSH layer's attention",
-                r.n_rounds, t.batch, t.tgt_len, r.n_heads,
+                "{rounds} = {} with train.batch {} x train.tgt_len {} ({} heads, chunk window \
+                 {window}): one LSH layer's attention",
+                lsh.n_rounds, t.batch, t.tgt_len, stack.n_heads,
             ),
             need_gib: gib(bytes),
             have_gib: gib(total as f64),
-            advice: "; lower reformer.n_rounds, train.batch or train.tgt_len".into(),
+            advice: format!("; lower {rounds}, train.batch or train.tgt_len"),
         });
     }
     Ok(())

@@ -290,6 +290,26 @@ impl RunConfig {
         Ok(config)
     }
 
+    /// The layer stack this run trains: `[model]` for `model_kind = "xl"` (Transformer-XL, and
+    /// every imported peer), the Reformer's and the Memorizing Transformer's presets
+    /// (`[reformer]`, `[memorizing]`) otherwise. The one place a run's section is chosen:
+    /// whatever builds the run's model (`memzoo export`, [`crate::commands::load_xl`]) builds
+    /// this stack.
+    pub fn stack(&self) -> XlConfig {
+        match self.model_kind {
+            ModelKind::Xl => self.model.clone(),
+            ModelKind::Reformer => self.reformer.stack(),
+            ModelKind::Memorizing => self.memorizing.stack(),
+        }
+    }
+
+    /// The run's model family (`xl`, `reformer` or `memorizing`), computed from the layers of
+    /// its [`stack`](Self::stack) ([`XlConfig::family`]), the label its checkpoints carry: an
+    /// imported Reformer, whose stack lives in `[model]`, is a `reformer`.
+    pub fn family(&self) -> &'static str {
+        self.stack().family()
+    }
+
     /// The config as a run uses it on its data. On data made of documents
     /// ([`DataConfig::has_documents`]) every family clears a batch row's memory where a new
     /// document starts: Transformer-XL gets `model.document_resets = true` (the Memorizing

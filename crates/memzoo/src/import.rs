@@ -2,7 +2,10 @@
 //!
 //! An import writes a run directory like `memzoo train` does — `config.toml` (the whole
 //! `[model]` stack, `model_kind = "xl"`) and a step-0 checkpoint with a fresh optimizer — so
-//! that `memzoo eval`, `memzoo generate` and `memzoo train --resume` read it as any run.
+//! that `memzoo eval`, `memzoo generate` and `memzoo train --resume` read it as any run. Its
+//! family is the stack's ([`RunConfig::family`]: an imported Reformer is a `reformer`, checked
+//! as one, e.g. for the memory its LSH attention needs), and its checkpoint carries it. An
+//! export builds the stack the run trained ([`RunConfig::stack`]), whichever its family.
 
 use std::path::Path;
 
@@ -16,25 +19,13 @@ use crate::config::{ModelKind, RunConfig};
 use crate::data_setup::{batcher, load_splits};
 use crate::error::CliError;
 
-/// The sources `--from` / `--to` accept.
-pub const SOURCES: &[&str] = memzoo_import::SOURCES;
-
-/// Sources planned but not supported yet (named in the error, so nobody guesses): none now.
-const NOT_YET: &[&str] = &[];
-
-fn check_source(source: &str) -> Result<(), CliError> {
-    if SOURCES.contains(&source) {
-        return Ok(());
-    }
-    let planned = if NOT_YET.contains(&source) {
-        " (planned, not supported yet)"
-    } else {
-        ""
-    };
-    Err(CliError::UnknownFormat {
-        name: source.to_string(),
-        planned,
-        supported: SOURCES.join(", "),
+/// The format `--from` / `--to` names, from the registry ([`memzoo_import::FORMATS`]); an
+/// unknown name is refused (exit status 2), listing the known ones.
+fn format(name: &str) -> Result<&'static dyn memzoo_import::Format, CliError> {
+    memzoo_import::format(name).map_err(|_| CliError::UnknownFormat {
+        name: name.to_string(),
+        planned: "",
+        supported: memzoo_import::format::names().join(", "),
     })
 }
 
@@ -51,7 +42,7 @@ pub fn import(
     overwrite: bool,
     json_out: bool,
 ) -> Result<(), CliError> {
-    check_source(from)?;
+    let format = format(from)?;
     let refuse = |found: String| CliError::RunExists {
         dir: run_dir.to_path_buf(),
         found,
@@ -63,7 +54,7 @@ pub fn import(
         return Err(refuse(found));
     }
     let device = memzoo_backend::parse_device("flex")?;
-    let (model, xl) = memzoo_import::import_source(from, src, &device)?;
+    let (model, xl) = format.import(src, &device)?;
     let mut config = RunConfig {
         model_kind: ModelKind::Xl,
         model: xl,
@@ -71,7 +62,7 @@ pub fn import(
     };
     config.data.source = data;
     // Bytes at the ids the model was trained on (2 for google/reformer-enwik8).
-    config.data.byte_offset = memzoo_import::byte_offset(from, &config.model);
+    config.data.byte_offset = format.byte_offset(&config.model);
     config.validate()?;
     // A word vocabulary beside the checkpoint (HF's vocab.pkl converted once by
     // xtask/peers/transfo_xl_vocab.py) goes with the run: `memzoo generate` reads it.
@@ -156,7 +147,7 @@ pub fn import(
             "{}",
             json!({"run_dir": run_dir, "checkpoint": saved, "parameters": params,
                    "vocab_size": config.model.vocab_size, "adaptive": config.model.is_adaptive(),
-                   "data": splits.name, "data_fits_vocab": fits,
+                   "data": splits.name, "data_fits_vocab": fits, "family": config.family(),
                    "byte_offset": config.data.byte_offset})
         );
     } else {
@@ -196,7 +187,7 @@ pub fn export(
     device: &Device,
     json_out: bool,
 ) -> Result<(), CliError> {
-    check_source(to)?;
+    let format = format(to)?;
     for f in ["config.json", "model.safetensors"] {
         if out.join(f).exists() {
             return Err(CliError::Exists {
@@ -214,15 +205,10 @@ pub fn export(
         )?),
         false => None,
     };
+    // The stack the run trained, of any family (`RunConfig::stack`): the format says which it
+    // can express, naming the field it cannot.
     let (config, model) = crate::commands::load_xl(run_dir, device)?;
-    if config.model_kind != ModelKind::Xl {
-        return Err(CliError::Family {
-            dir: run_dir.to_path_buf(),
-            found: format!("{:?}", config.model_kind),
-            expected: format!("only Transformer-XL stacks export to {to}"),
-        });
-    }
-    memzoo_import::export_to(to, &model, &config.model, out)?;
+    format.export(&model, &config.stack(), out)?;
     if json_out {
         println!("{}", json!({"out": out, "to": to}));
     } else {

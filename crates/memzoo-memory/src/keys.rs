@@ -1,17 +1,15 @@
-//! Timing and recall helpers for the memory benchmark (`cargo xtask bench memory`).
+//! Keys and recall for the memory's tests and for the benchmarks (`cargo xtask bench memory`,
+//! which times them).
 //!
 //! Keys are drawn from [`clustered_keys`], a mixture of Gaussians around random unit
 //! centroids, normalised: attention keys cluster (by token type, position, head role) far more
 //! than isotropic random vectors, which are HNSW's worst case. Values carry each entry's id in
 //! their first component so that recall can be read off a [`Retrieved`].
 
-use std::time::Instant;
-
 use burn::tensor::{Device, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::config::KnnMemoryConfig;
 use crate::error::MemoryError;
 use crate::{KnnIndex, Retrieved};
 
@@ -151,62 +149,4 @@ pub fn recall(approx: &[i64], exact: &[i64], k: usize) -> f64 {
     } else {
         hit as f64 / total as f64
     }
-}
-
-/// One benchmark point: time per segment at a given memory size.
-#[derive(Debug, Clone)]
-pub struct SegmentTiming {
-    /// Backend measured.
-    pub kind: crate::IndexKind,
-    /// Entries per (row, head) before the segment.
-    pub stored: usize,
-    /// Seconds to fill the memory to `stored` (setup, not per segment).
-    pub fill_s: f64,
-    /// Seconds to add one segment.
-    pub add_s: f64,
-    /// Seconds to search top-k for one segment's queries.
-    pub search_s: f64,
-    /// The ids found for the segment's queries, `[batch, tokens, heads, k]`.
-    pub ids: Vec<i64>,
-}
-
-/// Fills a fresh memory built from `config` to `stored` entries per (row, head), then times
-/// one segment: search top-`k` for `tokens` queries (drawn from the same distribution as the
-/// keys), then add the segment's `tokens` pairs. `keys` is a pool of `[n, d_head]` vectors.
-#[allow(clippy::too_many_arguments)]
-pub fn time_segment(
-    config: &KnnMemoryConfig,
-    batch: usize,
-    keys: &[f32],
-    queries: &[f32],
-    stored: usize,
-    tokens: usize,
-    k: usize,
-    device: &Device,
-) -> Result<SegmentTiming, MemoryError> {
-    let mut index = config.init(batch, device)?;
-    let (h, hk, d) = (config.n_heads, config.kv_heads(), config.d_head);
-    let start = Instant::now();
-    fill(index.as_mut(), keys, stored, 4096, device)?;
-    device.sync().ok();
-    let fill_s = start.elapsed().as_secs_f64();
-    let nq = queries.len() / d;
-    let (q, _) = segment_tensors(queries, nq, 0, tokens, batch, h, d, device);
-    let start = Instant::now();
-    let found = index.search(q, k)?;
-    let ids = retrieved_ids(&found);
-    let search_s = start.elapsed().as_secs_f64();
-    let (nk, nv) = segment_tensors(keys, keys.len() / d, stored, tokens, batch, hk, d, device);
-    let start = Instant::now();
-    index.add(nk, nv)?;
-    device.sync().ok();
-    let add_s = start.elapsed().as_secs_f64();
-    Ok(SegmentTiming {
-        kind: index.kind(),
-        stored,
-        fill_s,
-        add_s,
-        search_s,
-        ids,
-    })
 }
