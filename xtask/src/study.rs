@@ -594,16 +594,22 @@ impl Study {
     }
 
     /// Trains `config` on `data` into `runs/<name>` unless a finished run of the same recipe
-    /// is there; returns the checkpoint directory and the training seconds.
+    /// is there (the recipe: model, training and, where given, `data_recipe`); returns the
+    /// checkpoint directory and the training seconds.
     fn train_run(
         &self,
         name: &str,
         config: &XlConfig,
         train: &TrainConfig,
         data: &mut dyn memzoo_train::SegmentSource,
+        data_recipe: Option<Value>,
     ) -> Result<(PathBuf, f64), String> {
         let dir = self.runs.join(name);
-        let recipe = json!({"model": config, "train": train}).to_string();
+        let mut recipe = json!({"model": config, "train": train});
+        if let (Some(d), Some(o)) = (data_recipe, recipe.as_object_mut()) {
+            o.insert("data".into(), d);
+        }
+        let recipe = recipe.to_string();
         let recipe_file = dir.join("study-recipe.json");
         let done = dir.join("study-seconds.txt");
         if std::fs::read_to_string(&recipe_file).ok().as_deref() == Some(recipe.as_str())
@@ -657,7 +663,7 @@ impl Study {
         let mut data =
             DocBatcher::named("the study's train documents", &docs, s.batch, s.tgt_len, 0)
                 .map_err(|e| e.to_string())?;
-        self.train_run(kind.name(), &config, &train, &mut data)
+        self.train_run(kind.name(), &config, &train, &mut data, None)
     }
 
     /// Trains (or reuses) `kind` on T6's training pieces: pieces of the train documents at
@@ -675,18 +681,30 @@ impl Study {
             let budget = s.train_bytes / s.copy_distances.len();
             pieces.push(repeated_pieces(&docs, d, budget)?.0);
         }
+        // Interleaved so that every distance has had the same share of tokens at any point
+        // of training: the next piece comes from the distance read least so far.
         let mut mixed = Vec::new();
-        let longest = pieces.iter().map(Vec::len).max().unwrap_or(0);
-        for i in 0..longest {
-            for p in &pieces {
-                if let Some(x) = p.get(i) {
-                    mixed.push(x.clone());
-                }
-            }
+        let mut read = vec![0usize; pieces.len()];
+        let mut next = vec![0usize; pieces.len()];
+        while let Some(k) = (0..pieces.len())
+            .filter(|&k| next[k] < pieces[k].len())
+            .min_by_key(|&k| read[k])
+        {
+            let piece = &pieces[k][next[k]];
+            read[k] += piece.len();
+            next[k] += 1;
+            mixed.push(piece.clone());
         }
         let mut data = DocBatcher::named("the study's train pieces", &mixed, s.batch, s.tgt_len, 0)
             .map_err(|e| e.to_string())?;
-        self.train_run(&format!("{}-copy", kind.name()), &config, &train, &mut data)
+        let recipe = json!({"pieces_read_twice": s.copy_distances, "interleaved": "by tokens"});
+        self.train_run(
+            &format!("{}-copy", kind.name()),
+            &config,
+            &train,
+            &mut data,
+            Some(recipe),
+        )
     }
 
     /// A code model's weights in `config` (the same parameters, other evaluation settings).
@@ -969,7 +987,7 @@ impl Study {
                 Duplication::new(batch, s.dup_len, 16, self.seed).map_err(|e| e.to_string())?,
             );
             let name = format!("dup-{}", rounds_name(train_rounds));
-            let (ckpt, secs) = self.train_run(&name, &config, &train, &mut data)?;
+            let (ckpt, secs) = self.train_run(&name, &config, &train, &mut data, None)?;
             for eval_rounds in [0, 1, 2, 4, 8] {
                 // One draw of rotations swings a one-layer model with 8 buckets by tens of
                 // points: LSH is evaluated with several rotation seeds, and their mean reported.
@@ -1046,7 +1064,7 @@ impl Study {
             )
             .map_err(|e| e.to_string())?;
             let name = format!("lsh-{}", rounds_name(rounds));
-            let (ckpt, secs) = self.train_run(&name, &config, &train, &mut data)?;
+            let (ckpt, secs) = self.train_run(&name, &config, &train, &mut data, None)?;
             let model = self.load(&ckpt, &config)?;
             let rows = batch.min(test_docs.len()).max(1);
             let mut test =
