@@ -738,7 +738,10 @@ const T6_MODELS: [(&str, &str); 8] = [
     ("memorizing-xl-cache", "kNN + XL cache"),
     ("memorizing-no-cache", "kNN, no XL cache"),
     ("xl-copy", "XL, memory M, trained to copy"),
-    ("memorizing-xl-cache-copy", "kNN + XL cache, trained to copy"),
+    (
+        "memorizing-xl-cache-copy",
+        "kNN + XL cache, trained to copy",
+    ),
 ];
 
 fn t6_section(md: &mut String, lines: &[Value], dir: &str) {
