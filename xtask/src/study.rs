@@ -87,6 +87,11 @@ pub struct StudyArgs {
     /// `--out` and `--runs`.
     #[arg(long = "set", value_name = "FIELD=VALUE")]
     pub set: Vec<String>,
+    /// T6 also reads this run of `memzoo train` (a run directory: its latest checkpoint; or
+    /// one of its checkpoint directories), so a user can test their own models' copying on
+    /// the study's pieces. Repeatable.
+    #[arg(long = "copy-run", value_name = "PATH")]
+    pub copy_runs: Vec<PathBuf>,
 }
 
 /// The sizes of one study run.
@@ -399,6 +404,42 @@ pub fn repeated_pieces(
     Ok((pieces, masks))
 }
 
+/// A run of `memzoo train` named by `path` (a run directory, or one of its checkpoint
+/// directories): its name (`<run>@<step>`), the stack it trains (on its data, as `memzoo
+/// eval` reads it) and the checkpoint.
+///
+/// # Errors
+/// A path that is neither, a config that does not read, or a run with no checkpoint, named.
+fn external_run(path: &Path) -> Result<(String, XlConfig, PathBuf), String> {
+    let (run, ckpt) = if path.join("trainer.json").is_file() {
+        let run = path
+            .parent()
+            .and_then(Path::parent)
+            .ok_or_else(|| format!("{}: a checkpoint outside a run directory", path.display()))?;
+        (run.to_path_buf(), path.to_path_buf())
+    } else {
+        let ckpt = checkpoint::latest(&path.join("checkpoints"))
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .ok_or_else(|| format!("{}: no checkpoint in this run", path.display()))?;
+        (path.to_path_buf(), ckpt)
+    };
+    let config = memzoo::config::RunConfig::from_run_dir(&run, &[])
+        .and_then(|c| c.on_data())
+        .map_err(|e| format!("{}: {e}", run.display()))?
+        .stack();
+    let step = ckpt
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("step-"))
+        .and_then(|n| n.parse::<u64>().ok())
+        .map_or_else(|| "latest".to_string(), |n| n.to_string());
+    let name = format!(
+        "{}@{step}",
+        run.file_name().and_then(|n| n.to_str()).unwrap_or("run")
+    );
+    Ok((name, config, ckpt))
+}
+
 /// The mean loss (nats) of T6's first and second readings: the selected targets are the
 /// second reading's, the rest the first's.
 fn readings(r: &EvalResult) -> (f64, f64) {
@@ -432,6 +473,8 @@ pub struct Study {
     data: Option<CodeData>,
     far_masks: HashMap<usize, Vec<Vec<bool>>>,
     quick: bool,
+    /// Runs of `memzoo train` that T6 reads besides the study's models (`--copy-run`).
+    copy_runs: Vec<PathBuf>,
 }
 
 /// Which code model (T1-T3) and how it is built.
@@ -499,6 +542,7 @@ impl Study {
             data: None,
             far_masks: HashMap::new(),
             quick: args.quick,
+            copy_runs: args.copy_runs.clone(),
         })
     }
 
@@ -1121,19 +1165,26 @@ impl Study {
         .map(|k| (k, false));
         // The mechanism check: the XL and the Memorizing stack trained on pieces read twice.
         let copying = [CodeModel::Xl, CodeModel::KnnCache].map(|k| (k, true));
+        let mut models = Vec::new();
         for (kind, trained_to_copy) in natural.into_iter().chain(copying) {
             let (ckpt, secs) = if trained_to_copy {
                 self.copy_model(kind)?
             } else {
                 self.code_model(kind)?
             };
-            let config = self.code_config(kind);
-            let model = self.load(&ckpt, &config)?;
             let name = if trained_to_copy {
                 format!("{}-copy", kind.name())
             } else {
                 kind.name().to_string()
             };
+            models.push((name, trained_to_copy, self.code_config(kind), ckpt, secs));
+        }
+        for path in &self.copy_runs {
+            let (name, config, ckpt) = external_run(path)?;
+            models.push((name, false, config, ckpt, f64::NAN));
+        }
+        for (name, trained_to_copy, config, ckpt, secs) in models {
+            let model = self.load(&ckpt, &config)?;
             // What the kNN layers' gates learnt: g = sigmoid(b_g) per head, the share of a
             // head's output taken from the retrieved pairs (0.5 at initialisation).
             let gates: Vec<Vec<f32>> = model
@@ -1471,6 +1522,16 @@ mod tests {
             readings(&all).0.is_nan(),
             "no first reading: NaN, not a division by zero"
         );
+    }
+
+    /// `--copy-run` names what it cannot read.
+    #[test]
+    fn external_runs_name_what_is_missing() {
+        let dir = std::env::temp_dir().join(format!("memzoo-copy-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = external_run(&dir).unwrap_err();
+        assert!(e.contains(&dir.display().to_string()), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// `--set` changes the named field only and names what it refuses.

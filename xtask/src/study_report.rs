@@ -772,7 +772,20 @@ fn t6_section(md: &mut String, lines: &[Value], dir: &str) {
         head.join(" | "),
         "---:|".repeat(distances.len())
     );
-    for (model, label) in T6_MODELS {
+    // The study's models, then any run read with `--copy-run`, under its own name.
+    let mut named: Vec<(String, String)> = T6_MODELS
+        .iter()
+        .map(|(m, l)| (m.to_string(), l.to_string()))
+        .collect();
+    for r in &t6 {
+        if let Some(m) = r["model"].as_str()
+            && !named.iter().any(|(n, _)| n == m)
+        {
+            named.push((m.to_string(), format!("`{m}` (`--copy-run`)")));
+        }
+    }
+    for (model, label) in &named {
+        let model = model.as_str();
         let cells: Vec<String> = distances
             .iter()
             .map(|&d| {

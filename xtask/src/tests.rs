@@ -274,6 +274,7 @@ mod study {
             threads: 2,
             seed: 0,
             set: vec![],
+            copy_runs: vec![],
         };
         run_tables(&args).unwrap();
         let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("study.jsonl"))
