@@ -494,6 +494,8 @@ pub enum CodeModel {
     KnnCache,
     /// Memorizing Transformer without the XL cache.
     KnnNone,
+    /// A kNN layer in the XL stack (XL positions in the other layers), XL cache `M`.
+    KnnXl,
 }
 
 impl CodeModel {
@@ -506,6 +508,7 @@ impl CodeModel {
             CodeModel::TFiveNone => "t5-no-memory",
             CodeModel::KnnCache => "memorizing-xl-cache",
             CodeModel::KnnNone => "memorizing-no-cache",
+            CodeModel::KnnXl => "knn-among-xl",
         }
     }
 }
@@ -582,25 +585,26 @@ impl Study {
             .with_kind(PositionKind::T5)
             .with_num_buckets(32)
             .with_max_distance(s.mem_len + s.tgt_len);
-        let knn_layers = || {
+        let knn_layers = |others: LayerKind| {
             (0..s.n_layers)
                 .map(|l| {
                     if l == s.n_layers / 2 {
                         LayerKind::Knn
                     } else {
-                        LayerKind::T5
+                        others
                     }
                 })
                 .collect::<Vec<_>>()
         };
-        let knn = |c: XlConfig| {
-            c.with_layers(knn_layers()).with_knn(
+        let knn_among = |c: XlConfig, others: LayerKind| {
+            c.with_layers(knn_layers(others)).with_knn(
                 memzoo_xl::KnnLayerConfig::new()
                     .with_top_k(32)
                     .with_max_memories(s.knn_train)
                     .with_attn_scale_init(20.0),
             )
         };
+        let knn = |c: XlConfig| knn_among(c, LayerKind::T5);
         // The memorizing stack: pre-LN as the paper's decoder and memzoo's preset.
         let t5 = |c: XlConfig| c.with_positions(t5.clone()).with_pre_ln(true);
         match kind {
@@ -613,6 +617,11 @@ impl Study {
             CodeModel::TFiveNone => t5(base.with_mem_len(0)),
             CodeModel::KnnCache => knn(t5(base.with_mem_len(s.mem_len))),
             CodeModel::KnnNone => knn(t5(base.with_mem_len(0))),
+            // The kNN layer among XL layers (XL positions elsewhere; pre-LN as the kNN stack).
+            CodeModel::KnnXl => knn_among(
+                base.with_mem_len(s.mem_len).with_pre_ln(true),
+                LayerKind::Xl,
+            ),
         }
     }
 
@@ -1164,7 +1173,7 @@ impl Study {
         ]
         .map(|k| (k, false));
         // The mechanism check: the XL and the Memorizing stack trained on pieces read twice.
-        let copying = [CodeModel::Xl, CodeModel::KnnCache].map(|k| (k, true));
+        let copying = [CodeModel::Xl, CodeModel::KnnCache, CodeModel::KnnXl].map(|k| (k, true));
         let mut models = Vec::new();
         for (kind, trained_to_copy) in natural.into_iter().chain(copying) {
             let (ckpt, secs) = if trained_to_copy {
