@@ -1295,8 +1295,13 @@ fn exact_resume_child() {
     if std::env::var("MEMZOO_EXACT_RESUME_CHILD").is_err() {
         return;
     }
-    // Transformer-XL with Burn's dropout (the device's generator).
+    // Transformer-XL with dropout on every site and on the attention probabilities, with one
+    // replica and with two (their threads run in any order).
     straight_equals_resumed("xl-dropout", &["model.dropout=0.1", "model.dropatt=0.1"]);
+    straight_equals_resumed(
+        "xl-dropout-2-replicas",
+        &["model.dropout=0.1", "model.dropatt=0.1", "train.replicas=2"],
+    );
     // The Reformer: seeded, replayable dropout and fresh LSH rotations every step, with one
     // replica and with two (their threads draw in any order).
     let reformer = [
@@ -1314,23 +1319,78 @@ fn exact_resume_child() {
     let mut two = reformer.to_vec();
     two.push("train.replicas=2");
     straight_equals_resumed("reformer-2-replicas", &two);
-    // The Memorizing Transformer (dropout from the device's generator, kNN memories in the
-    // checkpoint).
-    straight_equals_resumed(
-        "memorizing-dropout",
-        &[
-            "model_kind=\"memorizing\"",
-            "memorizing.xl.n_layers=2",
-            "memorizing.xl.d_model=16",
-            "memorizing.xl.n_heads=2",
-            "memorizing.xl.d_inner=32",
-            "memorizing.xl.mem_len=8",
-            "memorizing.xl.dropout=0.1",
-            "memorizing.knn_layers=[1]",
-            "memorizing.top_k=4",
-            "memorizing.max_memories=64",
-        ],
-    );
+    // The Memorizing Transformer (kNN memories in the checkpoint), with one replica and two.
+    let memorizing = [
+        "model_kind=\"memorizing\"",
+        "memorizing.xl.n_layers=2",
+        "memorizing.xl.d_model=16",
+        "memorizing.xl.n_heads=2",
+        "memorizing.xl.d_inner=32",
+        "memorizing.xl.mem_len=8",
+        "memorizing.xl.dropout=0.1",
+        "memorizing.knn_layers=[1]",
+        "memorizing.top_k=4",
+        "memorizing.max_memories=64",
+    ];
+    straight_equals_resumed("memorizing-dropout", &memorizing);
+    let mut two = memorizing.to_vec();
+    two.push("train.replicas=2");
+    straight_equals_resumed("memorizing-dropout-2-replicas", &two);
+}
+
+/// The step-1 training loss of a 1-step run with `sets`.
+fn first_loss(name: &str, sets: &[&str]) -> f64 {
+    let dir = scratch(&format!("first-loss-{name}"));
+    let mut sets = sets.to_vec();
+    sets.extend(["train.steps=1", "train.eval_every=0"]);
+    cli_train(&sets, &dir, false, false).unwrap();
+    let loss = train_records(&dir)
+        .into_iter()
+        .find(|(s, m, _)| *s == 1 && m == "train/loss")
+        .map(|(_, _, v)| v)
+        .unwrap_or_else(|| panic!("{name}: no step-1 loss"));
+    let _ = std::fs::remove_dir_all(dir);
+    loss
+}
+
+/// The runs `resume_with_randomness_is_exact` replays draw dropout masks: with two replicas,
+/// XL's and the Memorizing Transformer's step-1 losses with dropout 0.1 are not those with
+/// dropout 0 (the same weights, data and seed).
+#[test]
+fn the_exact_resume_runs_use_dropout() {
+    let xl = |p: &str| {
+        [
+            format!("model.dropout={p}"),
+            format!("model.dropatt={p}"),
+            "train.replicas=2".to_string(),
+        ]
+    };
+    let loss = |name: &str, sets: [String; 3]| {
+        first_loss(name, &sets.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (off, on) = (loss("xl-off", xl("0")), loss("xl-on", xl("0.1")));
+    assert!((on - off).abs() > 1e-4, "XL dropout changed nothing: {on} vs {off}");
+    let memorizing = |p: &str| {
+        vec![
+            "model_kind=\"memorizing\"".to_string(),
+            "memorizing.xl.n_layers=2".into(),
+            "memorizing.xl.d_model=16".into(),
+            "memorizing.xl.n_heads=2".into(),
+            "memorizing.xl.d_inner=32".into(),
+            "memorizing.xl.mem_len=8".into(),
+            format!("memorizing.xl.dropout={p}"),
+            "memorizing.knn_layers=[1]".into(),
+            "memorizing.top_k=4".into(),
+            "memorizing.max_memories=64".into(),
+            "train.replicas=2".into(),
+        ]
+    };
+    let m = |name: &str, p: &str| {
+        let sets = memorizing(p);
+        first_loss(name, &sets.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (off, on) = (m("mem-off", "0"), m("mem-on", "0.1"));
+    assert!((on - off).abs() > 1e-4, "Memorizing dropout changed nothing: {on} vs {off}");
 }
 
 /// 4 steps straight == 2 steps + `--resume` to 4, bit for bit, with randomness: XL and the
