@@ -1369,7 +1369,10 @@ fn the_exact_resume_runs_use_dropout() {
         first_loss(name, &sets.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let (off, on) = (loss("xl-off", xl("0")), loss("xl-on", xl("0.1")));
-    assert!((on - off).abs() > 1e-4, "XL dropout changed nothing: {on} vs {off}");
+    assert!(
+        (on - off).abs() > 1e-4,
+        "XL dropout changed nothing: {on} vs {off}"
+    );
     let memorizing = |p: &str| {
         vec![
             "model_kind=\"memorizing\"".to_string(),
@@ -1390,7 +1393,10 @@ fn the_exact_resume_runs_use_dropout() {
         first_loss(name, &sets.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let (off, on) = (m("mem-off", "0"), m("mem-on", "0.1"));
-    assert!((on - off).abs() > 1e-4, "Memorizing dropout changed nothing: {on} vs {off}");
+    assert!(
+        (on - off).abs() > 1e-4,
+        "Memorizing dropout changed nothing: {on} vs {off}"
+    );
 }
 
 /// 4 steps straight == 2 steps + `--resume` to 4, bit for bit, with randomness: XL and the

@@ -671,7 +671,10 @@ pub fn train_on_devices<M: SegmentModel>(
                 &placement,
                 &seg,
                 &mut states,
-                Some(stream),
+                Some(crate::parallel::TrainStream {
+                    seed: config.seed,
+                    stream,
+                }),
             )?;
             if !loss.is_finite() {
                 return Err(non_finite_loss(&model, loss, step + 1, step == 0));
