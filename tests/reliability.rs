@@ -1501,6 +1501,106 @@ fn overwrite_checks_the_new_inputs_before_removing_the_old_run() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// [`snapshot`] without the lock file (its holder's pid and command change with each process).
+fn run_snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = snapshot(dir);
+    files.retain(|(p, _)| p != Path::new(memzoo_train::lock::LOCK_FILE));
+    files
+}
+
+/// `--overwrite` sets the old run aside (`<run>/.replaced`) until the new one has written its
+/// first checkpoint: a new run that fails after its inputs were checked (a non-finite loss at
+/// step 1, before any checkpoint) leaves the old run as it was, byte for byte; a process that
+/// died in the middle of a replacement is undone (no new checkpoint) or finished (one) by the
+/// next process that locks the run; a good replacement leaves nothing aside. `import
+/// --overwrite` goes the same way.
+#[test]
+fn overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint() {
+    use memzoo_train::replace;
+    let dir = scratch("overwrite-aside");
+    cli_train(&[], &dir, false, false).unwrap();
+    let before = run_snapshot(&dir);
+    assert!(before.iter().any(|(p, _)| p.ends_with("model.bpk")));
+    let aside = dir.join(replace::REPLACED);
+
+    // A new run that fails at step 1 (inputs good, weights that overflow).
+    let err = cli_train(&["model.init_std=1e30"], &dir, false, true)
+        .expect_err("init_std 1e30")
+        .to_string();
+    assert_mentions(&err, &["step 1", "init_std"], "failing new run");
+    assert!(
+        run_snapshot(&dir) == before,
+        "a failed new run changed the old"
+    );
+    assert!(!aside.exists());
+
+    // A process that died after setting the old run aside, before its first checkpoint (its
+    // config and a metrics line written): the next train puts the old run back, then refuses
+    // to mix (no --overwrite).
+    assert!(replace::set_aside(&dir).unwrap());
+    std::fs::write(dir.join("config.toml"), "the new run's").unwrap();
+    std::fs::write(dir.join("metrics.jsonl"), "{\"step\":1}\n").unwrap();
+    let err = cli_train(&[], &dir, false, false).unwrap_err();
+    assert_mentions(&err, &["already holds a run"], "after a dead replacement");
+    assert!(
+        run_snapshot(&dir) == before,
+        "a dead replacement was not undone"
+    );
+
+    // A process that died while setting the old run aside (its checkpoints moved, nothing
+    // else): put back by `--resume`, which continues the old run.
+    let replacing = dir.join(".replacing");
+    std::fs::create_dir(&replacing).unwrap();
+    std::fs::rename(dir.join("checkpoints"), replacing.join("checkpoints")).unwrap();
+    assert_eq!(
+        cli_train(&["train.steps=3"], &dir, true, false).unwrap(),
+        None
+    );
+    assert!(!replacing.exists());
+    assert_eq!(loss_records(&dir), vec![1, 1, 1]);
+
+    // A process that died after the new run's first checkpoint: the new run is kept, the old
+    // one deleted.
+    assert!(replace::set_aside(&dir).unwrap());
+    copy_dir(&aside.join("checkpoints"), &dir.join("checkpoints"));
+    assert!(replace::recover(&dir).unwrap().is_some());
+    assert!(!aside.exists());
+    assert!(dir.join("checkpoints/step-00000003").is_dir());
+    assert!(!dir.join("metrics.jsonl").exists());
+
+    // A good replacement: the new run alone, nothing aside.
+    cli_train(&["train.steps=3"], &dir, false, true).unwrap();
+    assert_eq!(loss_records(&dir), vec![1, 1, 1]);
+    assert!(!aside.exists());
+
+    // import --overwrite onto a trained run: the imported run alone, nothing aside; and a
+    // dead replacement is undone by the next import before it refuses.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-transfo-xl/wt103");
+    let data = dir.with_extension("text.txt");
+    std::fs::write(&data, "the cat sat on the mat. ".repeat(400)).unwrap();
+    let data = Some(data.display().to_string());
+    memzoo::import::import("hf-transfo-xl", &src, &dir, data.clone(), true, true).unwrap();
+    assert!(!aside.exists());
+    assert!(!dir.join("metrics.jsonl").exists());
+    assert!(dir.join("checkpoints/step-00000000").is_dir());
+    let imported = run_snapshot(&dir);
+    assert!(replace::set_aside(&dir).unwrap());
+    std::fs::write(dir.join("config.toml"), "half written").unwrap();
+    let err = memzoo::import::import("hf-transfo-xl", &src, &dir, data, false, true)
+        .expect_err("no --overwrite")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["already holds a run"],
+        "import after a dead replacement",
+    );
+    assert!(
+        run_snapshot(&dir) == imported,
+        "import: a dead replacement was not undone"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The child side of `one_process_per_run_directory`: holds the lock of `MEMZOO_LOCK_RUN`
 /// until a `release` file appears there (or a minute passes). Does nothing when run on its own.
 #[test]

@@ -772,6 +772,8 @@ pub fn train_on_devices<M: SegmentModel>(
                 &trainer,
                 config.keep_checkpoints,
             )?;
+            // A run this one replaces (`--overwrite`) was kept aside until now.
+            crate::replace::drop_set_aside(&options.run_dir)?;
             window.3 = Instant::now();
         }
         if interrupted {
