@@ -98,6 +98,27 @@ pub fn import_source(
     }
 }
 
+/// The config of the model that the checkpoint `src` of `source` holds, read from its
+/// `config.json` alone, before any weight is read or parameter allocated: what `memzoo import`
+/// estimates the model's memory from. `None` for the sources whose sizes are read from the
+/// weights themselves (labml-xl, lucidrains-memorizing: the model is then the size of the
+/// tensors already read).
+pub fn source_config(source: &str, src: &Path) -> Result<Option<XlConfig>, ImportError> {
+    Ok(match source {
+        "hf-transfo-xl" => Some(hf_transfo_xl::HfTransfoXlConfig::read(src)?.xl_config()?),
+        "hf-reformer" => {
+            Some(hf_reformer::HfReformerConfig::read(&src.join("config.json"))?.xl_config(false)?)
+        }
+        "lucidrains-reformer" => {
+            let (_, dir) = lucidrains_reformer::locate(src)?;
+            let cfg =
+                lucidrains_reformer::LucidrainsReformerConfig::read(&dir.join("config.json"))?;
+            Some(cfg.xl_config(None)?)
+        }
+        _ => None,
+    })
+}
+
 /// Writes `model` (with its config `xl`) into `dir` in the layout of `target` (one of
 /// [`SOURCES`]).
 pub fn export_to(

@@ -409,7 +409,7 @@ impl LucidrainsReformerConfig {
 
 /// The weight file of `src` (the file itself, or the first of [`WEIGHT_FILES`] in a
 /// directory) and the directory beside it.
-fn locate(src: &Path) -> Result<(PathBuf, PathBuf), ImportError> {
+pub(crate) fn locate(src: &Path) -> Result<(PathBuf, PathBuf), ImportError> {
     if src.is_file() {
         let dir = src.parent().unwrap_or(Path::new(".")).to_path_buf();
         return Ok((src.to_path_buf(), dir));

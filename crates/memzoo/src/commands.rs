@@ -627,6 +627,29 @@ fn check_model_memory(config: &RunConfig, training: bool) -> Result<(), CliError
     Ok(())
 }
 
+/// Refuses an import whose model (`xl`, read from the source's config alone) cannot fit in this
+/// machine's memory: its weights twice (the tensors read and the model built from them,
+/// [`stack_bytes`] without activations), naming the sizes, before either is allocated.
+pub(crate) fn check_import_memory(from: &str, xl: &memzoo_xl::XlConfig) -> Result<(), CliError> {
+    let bytes = 2.0 * stack_bytes(xl, 0, 0, false);
+    let Some(total) = machine_memory() else {
+        return Ok(());
+    };
+    if bytes > total as f64 {
+        return Err(CliError::TooLarge {
+            what: format!(
+                "the {from} model of its config.json: n_layers {} x d_model {} (d_inner {}, \
+                 vocabulary {}), its weights read and built",
+                xl.n_layers, xl.d_model, xl.d_inner, xl.vocab_size
+            ),
+            need_gib: gib(bytes),
+            have_gib: gib(total as f64),
+            advice: String::new(),
+        });
+    }
+    Ok(())
+}
+
 /// The data a model reads in segments of `len`: documents per row (with resets) on data made
 /// of documents (the generated corpus, rust-code), for every family; the ordered stream
 /// otherwise.
@@ -792,8 +815,31 @@ pub fn recall(
     if !(lr.is_finite() && lr > 0.0) {
         return Err(CliError::flag("--lr", lr, "must be a positive number"));
     }
-    let device = device(device_name)?.autodiff();
     let task = RecallTask::reference();
+    // The larger of the two models (with its kNN memory) over --batch rows, estimated as
+    // `train` estimates a Memorizing run, before anything is allocated.
+    let mut estimate = RunConfig {
+        model_kind: ModelKind::Memorizing,
+        memorizing: reference_config(true, task.vocab()),
+        ..RunConfig::default()
+    };
+    estimate.train.batch = batch;
+    estimate.train.tgt_len = task.seg_len;
+    check_model_memory(&estimate, true).map_err(|e| match e {
+        CliError::TooLarge {
+            what,
+            need_gib,
+            have_gib,
+            ..
+        } => CliError::TooLarge {
+            what: format!("memzoo recall with --batch {batch}: {what}"),
+            need_gib,
+            have_gib,
+            advice: "; lower --batch".into(),
+        },
+        e => e,
+    })?;
+    let device = device(device_name)?.autodiff();
     if !json_out {
         println!(
             "task: passages of {} of {} tokens, repeated {}x; {:.0}% of documents recall across {}-{} filler tokens (XL reach: mem_len 32 + segment 32)",

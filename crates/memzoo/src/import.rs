@@ -70,6 +70,10 @@ pub fn import(
         return Err(refuse(found));
     }
     let device = memzoo_backend::parse_device("flex")?;
+    // A model too large for this machine is refused from its config, before it is built.
+    if let Some(xl) = memzoo_import::source_config(from, src)? {
+        crate::commands::check_import_memory(from, &xl)?;
+    }
     let (model, xl) = memzoo_import::import_source(from, src, &device)?;
     let mut config = RunConfig {
         model_kind: ModelKind::Xl,
