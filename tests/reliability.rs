@@ -1980,21 +1980,22 @@ fn sizes_beyond_the_machine_are_refused_with_an_estimate() {
         &["--batch 1000000000", "needs about", "lower --batch"],
         "recall",
     );
-    // memzoo import: a config.json of 10^9 layers is refused from the config alone (its
-    // weights file holds 2), before the weights are read or the model built; nothing written.
+    // memzoo import: a config.json of d_model 10^9 is refused from the config alone (its
+    // weights file holds d_model 64), before the weights are read or the model built; nothing
+    // written.
     let src = dir.with_extension("huge-src");
     copy_dir(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-transfo-xl/wt103"),
         &src,
     );
     edit_json(&src.join("config.json"), |c| {
-        c["n_layer"] = 1_000_000_000.into()
+        c["d_model"] = 1_000_000_000.into()
     });
     let run = dir.with_extension("huge-run");
     let err = memzoo::import::import("hf-transfo-xl", &src, &run, None, false, true)
-        .expect_err("import n_layer")
+        .expect_err("import d_model")
         .to_string();
-    assert_mentions(&err, &["n_layers 1000000000", "needs about"], "import");
+    assert_mentions(&err, &["d_model 1000000000", "needs about"], "import");
     assert!(!run.exists(), "import: nothing written");
     let _ = std::fs::remove_dir_all(src);
     let _ = std::fs::remove_dir_all(dir);
