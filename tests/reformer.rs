@@ -8,7 +8,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_reformer::ForwardOptions;
 use memzoo_reformer::rng::normal_vec;
 use memzoo_tests::*;
-use memzoo_xl::{LayerContext, LayerKind, ReformerConfig, Replay, XlState};
+use memzoo_xl::{LayerContext, LayerKind, Randomness, ReformerConfig, Replay, XlState};
 
 fn dev() -> Device {
     flex()
@@ -32,6 +32,7 @@ fn cx(opts: &ForwardOptions) -> LayerContext<'static> {
         knn: None,
         seed: 0,
         opts: Some(opts.clone()),
+        randomness: Randomness::Seeded,
     }
 }
 

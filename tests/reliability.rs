@@ -1295,8 +1295,13 @@ fn exact_resume_child() {
     if std::env::var("MEMZOO_EXACT_RESUME_CHILD").is_err() {
         return;
     }
-    // Transformer-XL with Burn's dropout (the device's generator).
+    // Transformer-XL with dropout on every site and on the attention probabilities, with one
+    // replica and with two (their threads run in any order).
     straight_equals_resumed("xl-dropout", &["model.dropout=0.1", "model.dropatt=0.1"]);
+    straight_equals_resumed(
+        "xl-dropout-2-replicas",
+        &["model.dropout=0.1", "model.dropatt=0.1", "train.replicas=2"],
+    );
     // The Reformer: seeded, replayable dropout and fresh LSH rotations every step, with one
     // replica and with two (their threads draw in any order).
     let reformer = [
@@ -1314,22 +1319,83 @@ fn exact_resume_child() {
     let mut two = reformer.to_vec();
     two.push("train.replicas=2");
     straight_equals_resumed("reformer-2-replicas", &two);
-    // The Memorizing Transformer (dropout from the device's generator, kNN memories in the
-    // checkpoint).
-    straight_equals_resumed(
-        "memorizing-dropout",
-        &[
-            "model_kind=\"memorizing\"",
-            "memorizing.xl.n_layers=2",
-            "memorizing.xl.d_model=16",
-            "memorizing.xl.n_heads=2",
-            "memorizing.xl.d_inner=32",
-            "memorizing.xl.mem_len=8",
-            "memorizing.xl.dropout=0.1",
-            "memorizing.knn_layers=[1]",
-            "memorizing.top_k=4",
-            "memorizing.max_memories=64",
-        ],
+    // The Memorizing Transformer (kNN memories in the checkpoint), with one replica and two.
+    let memorizing = [
+        "model_kind=\"memorizing\"",
+        "memorizing.xl.n_layers=2",
+        "memorizing.xl.d_model=16",
+        "memorizing.xl.n_heads=2",
+        "memorizing.xl.d_inner=32",
+        "memorizing.xl.mem_len=8",
+        "memorizing.xl.dropout=0.1",
+        "memorizing.knn_layers=[1]",
+        "memorizing.top_k=4",
+        "memorizing.max_memories=64",
+    ];
+    straight_equals_resumed("memorizing-dropout", &memorizing);
+    let mut two = memorizing.to_vec();
+    two.push("train.replicas=2");
+    straight_equals_resumed("memorizing-dropout-2-replicas", &two);
+}
+
+/// The step-1 training loss of a 1-step run with `sets`.
+fn first_loss(name: &str, sets: &[&str]) -> f64 {
+    let dir = scratch(&format!("first-loss-{name}"));
+    let mut sets = sets.to_vec();
+    sets.extend(["train.steps=1", "train.eval_every=0"]);
+    cli_train(&sets, &dir, false, false).unwrap();
+    let loss = train_records(&dir)
+        .into_iter()
+        .find(|(s, m, _)| *s == 1 && m == "train/loss")
+        .map(|(_, _, v)| v)
+        .unwrap_or_else(|| panic!("{name}: no step-1 loss"));
+    let _ = std::fs::remove_dir_all(dir);
+    loss
+}
+
+/// The runs `resume_with_randomness_is_exact` replays draw dropout masks: with two replicas,
+/// XL's and the Memorizing Transformer's step-1 losses with dropout 0.1 are not those with
+/// dropout 0 (the same weights, data and seed).
+#[test]
+fn the_exact_resume_runs_use_dropout() {
+    let xl = |p: &str| {
+        [
+            format!("model.dropout={p}"),
+            format!("model.dropatt={p}"),
+            "train.replicas=2".to_string(),
+        ]
+    };
+    let loss = |name: &str, sets: [String; 3]| {
+        first_loss(name, &sets.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (off, on) = (loss("xl-off", xl("0")), loss("xl-on", xl("0.1")));
+    assert!(
+        (on - off).abs() > 1e-4,
+        "XL dropout changed nothing: {on} vs {off}"
+    );
+    let memorizing = |p: &str| {
+        vec![
+            "model_kind=\"memorizing\"".to_string(),
+            "memorizing.xl.n_layers=2".into(),
+            "memorizing.xl.d_model=16".into(),
+            "memorizing.xl.n_heads=2".into(),
+            "memorizing.xl.d_inner=32".into(),
+            "memorizing.xl.mem_len=8".into(),
+            format!("memorizing.xl.dropout={p}"),
+            "memorizing.knn_layers=[1]".into(),
+            "memorizing.top_k=4".into(),
+            "memorizing.max_memories=64".into(),
+            "train.replicas=2".into(),
+        ]
+    };
+    let m = |name: &str, p: &str| {
+        let sets = memorizing(p);
+        first_loss(name, &sets.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (off, on) = (m("mem-off", "0"), m("mem-on", "0.1"));
+    assert!(
+        (on - off).abs() > 1e-4,
+        "Memorizing dropout changed nothing: {on} vs {off}"
     );
 }
 
@@ -1432,6 +1498,106 @@ fn overwrite_checks_the_new_inputs_before_removing_the_old_run() {
     std::fs::write(dir.join("vocab.json"), "[]").unwrap();
     cli_train(&[], &dir, false, true).unwrap();
     assert!(!dir.join("vocab.json").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// [`snapshot`] without the lock file (its holder's pid and command change with each process).
+fn run_snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = snapshot(dir);
+    files.retain(|(p, _)| p != Path::new(memzoo_train::lock::LOCK_FILE));
+    files
+}
+
+/// `--overwrite` sets the old run aside (`<run>/.replaced`) until the new one has written its
+/// first checkpoint: a new run that fails after its inputs were checked (a non-finite loss at
+/// step 1, before any checkpoint) leaves the old run as it was, byte for byte; a process that
+/// died in the middle of a replacement is undone (no new checkpoint) or finished (one) by the
+/// next process that locks the run; a good replacement leaves nothing aside. `import
+/// --overwrite` goes the same way.
+#[test]
+fn overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint() {
+    use memzoo_train::replace;
+    let dir = scratch("overwrite-aside");
+    cli_train(&[], &dir, false, false).unwrap();
+    let before = run_snapshot(&dir);
+    assert!(before.iter().any(|(p, _)| p.ends_with("model.bpk")));
+    let aside = dir.join(replace::REPLACED);
+
+    // A new run that fails at step 1 (inputs good, weights that overflow).
+    let err = cli_train(&["model.init_std=1e30"], &dir, false, true)
+        .expect_err("init_std 1e30")
+        .to_string();
+    assert_mentions(&err, &["step 1", "init_std"], "failing new run");
+    assert!(
+        run_snapshot(&dir) == before,
+        "a failed new run changed the old"
+    );
+    assert!(!aside.exists());
+
+    // A process that died after setting the old run aside, before its first checkpoint (its
+    // config and a metrics line written): the next train puts the old run back, then refuses
+    // to mix (no --overwrite).
+    assert!(replace::set_aside(&dir).unwrap());
+    std::fs::write(dir.join("config.toml"), "the new run's").unwrap();
+    std::fs::write(dir.join("metrics.jsonl"), "{\"step\":1}\n").unwrap();
+    let err = cli_train(&[], &dir, false, false).unwrap_err();
+    assert_mentions(&err, &["already holds a run"], "after a dead replacement");
+    assert!(
+        run_snapshot(&dir) == before,
+        "a dead replacement was not undone"
+    );
+
+    // A process that died while setting the old run aside (its checkpoints moved, nothing
+    // else): put back by `--resume`, which continues the old run.
+    let replacing = dir.join(".replacing");
+    std::fs::create_dir(&replacing).unwrap();
+    std::fs::rename(dir.join("checkpoints"), replacing.join("checkpoints")).unwrap();
+    assert_eq!(
+        cli_train(&["train.steps=3"], &dir, true, false).unwrap(),
+        None
+    );
+    assert!(!replacing.exists());
+    assert_eq!(loss_records(&dir), vec![1, 1, 1]);
+
+    // A process that died after the new run's first checkpoint: the new run is kept, the old
+    // one deleted.
+    assert!(replace::set_aside(&dir).unwrap());
+    copy_dir(&aside.join("checkpoints"), &dir.join("checkpoints"));
+    assert!(replace::recover(&dir).unwrap().is_some());
+    assert!(!aside.exists());
+    assert!(dir.join("checkpoints/step-00000003").is_dir());
+    assert!(!dir.join("metrics.jsonl").exists());
+
+    // A good replacement: the new run alone, nothing aside.
+    cli_train(&["train.steps=3"], &dir, false, true).unwrap();
+    assert_eq!(loss_records(&dir), vec![1, 1, 1]);
+    assert!(!aside.exists());
+
+    // import --overwrite onto a trained run: the imported run alone, nothing aside; and a
+    // dead replacement is undone by the next import before it refuses.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-transfo-xl/wt103");
+    let data = dir.with_extension("text.txt");
+    std::fs::write(&data, "the cat sat on the mat. ".repeat(400)).unwrap();
+    let data = Some(data.display().to_string());
+    memzoo::import::import("hf-transfo-xl", &src, &dir, data.clone(), true, true).unwrap();
+    assert!(!aside.exists());
+    assert!(!dir.join("metrics.jsonl").exists());
+    assert!(dir.join("checkpoints/step-00000000").is_dir());
+    let imported = run_snapshot(&dir);
+    assert!(replace::set_aside(&dir).unwrap());
+    std::fs::write(dir.join("config.toml"), "half written").unwrap();
+    let err = memzoo::import::import("hf-transfo-xl", &src, &dir, data, false, true)
+        .expect_err("no --overwrite")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["already holds a run"],
+        "import after a dead replacement",
+    );
+    assert!(
+        run_snapshot(&dir) == imported,
+        "import: a dead replacement was not undone"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -1805,6 +1971,33 @@ fn sizes_beyond_the_machine_are_refused_with_an_estimate() {
         &["--train-rounds 1000000000", "needs about"],
         "duplication",
     );
+    // memzoo recall: the Memorizing Transformer's kNN memories over --batch rows.
+    let err = commands::recall("flex", "both", 1, 1e-3, 1_000_000_000, 0, true)
+        .expect_err("recall batch")
+        .to_string();
+    assert_mentions(
+        &err,
+        &["--batch 1000000000", "needs about", "lower --batch"],
+        "recall",
+    );
+    // memzoo import: a config.json of d_model 10^9 is refused from the config alone (its
+    // weights file holds d_model 64), before the weights are read or the model built; nothing
+    // written.
+    let src = dir.with_extension("huge-src");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-transfo-xl/wt103"),
+        &src,
+    );
+    edit_json(&src.join("config.json"), |c| {
+        c["d_model"] = 1_000_000_000.into()
+    });
+    let run = dir.with_extension("huge-run");
+    let err = memzoo::import::import("hf-transfo-xl", &src, &run, None, false, true)
+        .expect_err("import d_model")
+        .to_string();
+    assert_mentions(&err, &["d_model 1000000000", "needs about"], "import");
+    assert!(!run.exists(), "import: nothing written");
+    let _ = std::fs::remove_dir_all(src);
     let _ = std::fs::remove_dir_all(dir);
 }
 

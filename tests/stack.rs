@@ -6,7 +6,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_knn::{MemorizingConfig, MemorizingState};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
 use memzoo_tests::*;
-use memzoo_xl::{LayerContext, LayerKind, XlConfig, XlMemory, XlState};
+use memzoo_xl::{LayerContext, LayerKind, Randomness, XlConfig, XlMemory, XlState};
 
 /// The fixture's token ids: `[2, 6]` per segment (as the program that wrote it).
 fn fixture_tokens(seg: usize, dev: &Device) -> Tensor<2, Int> {
@@ -169,6 +169,7 @@ fn a_mixed_stack_composes_its_layers_with_their_own_positions() {
             knn: None,
             seed: 0,
             opts: None,
+            randomness: Randomness::Device,
         };
         h = model.layers[l].forward(h, mem, cx).unwrap();
     }
@@ -299,6 +300,7 @@ fn invalid_stacks_say_why() {
         knn: None,
         seed: 0,
         opts: None,
+        randomness: Randomness::Device,
     };
     let err = model.layers[0]
         .forward(x, None, cx)
@@ -392,6 +394,7 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
         knn: None,
         seed: 0,
         opts: None,
+        randomness: Randomness::Device,
     };
     let x1 = model.layers[0]
         .forward(x0, first.memory.layer(0).cloned(), cx)

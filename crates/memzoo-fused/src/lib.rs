@@ -13,6 +13,8 @@
 //!   empty-slot mask, softmax and the read, optionally with the log-partition) as one
 //!   multi-threaded op. The maths is in [`knn`].
 //!
+//! - [`dropout::mask_values`]: seeded inverted-dropout masks, drawn on the host (replayable).
+//!
 //! The kernels run on the `flex` backend (with or without autodiff); [`supports`] says whether a
 //! device can run them. Callers keep their tensor-op path for every other backend and as the
 //! reference the kernels are tested against (`memzoo-reformer`'s `attention` tests).
@@ -20,6 +22,7 @@
 //! This crate is compiled at `opt-level = 3` in the dev profile (the workspace's own crates are
 //! at 1): its loops are the hot path.
 
+pub mod dropout;
 pub mod knn;
 pub mod lsh;
 pub mod relative;

@@ -105,6 +105,15 @@ pub trait PeerFormat: Sync {
         mapping::write_checkpoint(dir, &json, tensors, &self.side_files(model))
     }
 
+    /// The stack of the checkpoint `src`, from its config files alone, before any weight is
+    /// read or parameter allocated: what `memzoo import` estimates the model's memory from.
+    /// `None` (the default) for a peer whose sizes are read from the weights themselves (the
+    /// model is then the size of the tensors already read).
+    fn stack_from_config(&self, src: &Path) -> Result<Option<XlConfig>, ImportError> {
+        let _ = src;
+        Ok(None)
+    }
+
     /// The id of byte 0 a model of this stack reads text with (a run's `data.byte_offset`):
     /// 0, a byte is its own id, unless the peer's vocabulary says otherwise.
     fn byte_offset(&self, stack: &XlConfig) -> u16 {
@@ -169,6 +178,8 @@ pub trait Format: Sync {
     ) -> Result<(), ImportError>;
     /// [`PeerFormat::byte_offset`].
     fn byte_offset(&self, stack: &XlConfig) -> u16;
+    /// [`PeerFormat::stack_from_config`].
+    fn stack_from_config(&self, src: &Path) -> Result<Option<XlConfig>, ImportError>;
 }
 
 impl<F: PeerFormat> Format for F {
@@ -196,6 +207,10 @@ impl<F: PeerFormat> Format for F {
 
     fn byte_offset(&self, stack: &XlConfig) -> u16 {
         PeerFormat::byte_offset(self, stack)
+    }
+
+    fn stack_from_config(&self, src: &Path) -> Result<Option<XlConfig>, ImportError> {
+        PeerFormat::stack_from_config(self, src)
     }
 }
 

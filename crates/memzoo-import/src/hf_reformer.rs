@@ -456,6 +456,14 @@ impl PeerFormat for HfReformer {
         config.xl_config(at.beside(ROTATIONS_FILE).is_file())
     }
 
+    /// Without reading the rotations: they do not change the model's size.
+    fn stack_from_config(&self, src: &Path) -> Result<Option<XlConfig>, ImportError> {
+        let at = self.locate(src)?;
+        Ok(Some(
+            HfReformerConfig::read(&at.beside("config.json"))?.xl_config(false)?,
+        ))
+    }
+
     fn map_in(
         &self,
         _: &HfReformerConfig,

@@ -498,6 +498,11 @@ impl PeerFormat for HfTransfoXl {
         config.xl_config()
     }
 
+    fn stack_from_config(&self, src: &Path) -> Result<Option<XlConfig>, ImportError> {
+        let at = self.locate(src)?;
+        Ok(Some(HfTransfoXlConfig::read(&at.dir)?.xl_config()?))
+    }
+
     fn map_in(
         &self,
         config: &HfTransfoXlConfig,

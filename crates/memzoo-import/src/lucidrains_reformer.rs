@@ -414,6 +414,13 @@ impl PeerFormat for LucidrainsReformer {
         config.xl_config(buckets_of(mapping::read_rotations(at)?.as_ref()))
     }
 
+    /// Without reading the rotations: they do not change the model's size.
+    fn stack_from_config(&self, src: &Path) -> Result<Option<XlConfig>, ImportError> {
+        let at = self.locate(src)?;
+        let config = LucidrainsReformerConfig::read(&at.beside("config.json"))?;
+        Ok(Some(config.xl_config(None)?))
+    }
+
     fn map_in(
         &self,
         _: &LucidrainsReformerConfig,

@@ -84,6 +84,17 @@ impl UsearchIndex {
         format!("index-b{b}-h{h}.usearch")
     }
 
+    /// Replaces the graph of `index` by the one saved at `path`, with the search and add
+    /// breadths of `config`. What a loaded graph draws next is the same however it came to be
+    /// loaded: usearch restarts its level generators on every load (they are in no file), which
+    /// is why [`KnnIndex::save_extra`] reloads the graphs it saved.
+    fn load_graph(index: &Index, path: &str, config: &KnnMemoryConfig) -> Result<(), String> {
+        index.load(path).map_err(|e| e.to_string())?;
+        index.change_expansion_search(config.hnsw.expansion_search_for(config.max_memories));
+        index.change_expansion_add(config.hnsw.expansion_add);
+        Ok(())
+    }
+
     /// A memory holding `snap` (`[batch, kv_heads, slots, d]`), its graphs loaded from
     /// `dir` (from [`crate::open`]): kv head `g`'s from the file of saved head
     /// `g * file_stride` (1, or the group size for a memory saved with a copy per query head).
@@ -106,9 +117,7 @@ impl UsearchIndex {
                 let p = path
                     .to_str()
                     .ok_or_else(|| corrupt(format!("non-UTF-8 path {path:?}")))?;
-                store
-                    .index
-                    .load(p)
+                Self::load_graph(&store.index, p, config)
                     .map_err(|e| corrupt(format!("cannot load {}: {e}", path.display())))?;
                 if store.index.size() != row.len || store.index.dimensions() != d {
                     return Err(corrupt(format!(
@@ -119,10 +128,6 @@ impl UsearchIndex {
                         row.len
                     )));
                 }
-                store
-                    .index
-                    .change_expansion_search(config.hnsw.expansion_search_for(config.max_memories));
-                store.index.change_expansion_add(config.hnsw.expansion_add);
                 let at = (b * h + head) * slots * d;
                 let n = row.len * d;
                 let mut store = store;
@@ -301,6 +306,10 @@ impl KnnIndex for UsearchIndex {
         })
     }
 
+    /// Saves every store's graph, then reloads it from the file written: usearch draws each
+    /// new node's level from a generator that no file holds and no call sets, restarted by
+    /// every load. Reloaded, this memory draws from where a memory opened from `dir` (a
+    /// resumed run's) does, so the two add the same levels and build the same graphs.
     fn save_extra(&self, dir: &Path) -> Result<Vec<u32>, MemoryError> {
         let heads = self.config.kv_heads();
         let mut crcs = Vec::with_capacity(self.stores.len());
@@ -315,6 +324,8 @@ impl KnnIndex for UsearchIndex {
                 .map_err(|e| MemoryError::Index(format!("saving {}: {e}", path.display())))?;
             let bytes = std::fs::read(&path).map_err(|e| MemoryError::io(&path, e))?;
             crcs.push(crc32fast::hash(&bytes));
+            Self::load_graph(&store.index, p, &self.config)
+                .map_err(|e| MemoryError::Index(format!("reloading {}: {e}", path.display())))?;
         }
         Ok(crcs)
     }

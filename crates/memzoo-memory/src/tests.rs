@@ -829,3 +829,40 @@ fn version_1_memories_of_copies_open_grouped() {
         open(dir.path(), &config(kind, h, d, cap), &dev).unwrap();
     }
 }
+
+/// A memory saved and opened again draws the HNSW levels of its next additions as the memory
+/// it was saved from does: after the same further additions both save the same graph, byte for
+/// byte (a resumed run's kNN memory continues as the straight run's). usearch keeps its level
+/// generator in no file and has no way to set it, so saving reloads the live graph from the
+/// file it wrote: both continue from the loaded state.
+#[test]
+fn hnsw_levels_after_open_are_those_of_the_saved_memory() {
+    let (b, h, d, cap) = (1, 1, 8, 512);
+    let dev = device();
+    let c = config(IndexKind::Hnsw, h, d, cap);
+    let mut index = c.init(b, &dev).unwrap();
+    let keys = clustered_keys(600, d, 0, 0.0, 21);
+    let (kt, vt) = segment_tensors(&keys, 600, 0, 200, b, h, d, &dev);
+    index.add(kt, vt).unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    index.save(saved.path()).unwrap();
+    let mut opened = open(saved.path(), &c, &dev).unwrap();
+    for (at, n) in [(200, 150), (350, 250)] {
+        let (kt, vt) = segment_tensors(&keys, 600, at, n, b, h, d, &dev);
+        index.add(kt.clone(), vt.clone()).unwrap();
+        opened.add(kt, vt).unwrap();
+    }
+    let (a, o) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    index.save(a.path()).unwrap();
+    opened.save(o.path()).unwrap();
+    let graph = |dir: &std::path::Path| std::fs::read(dir.join("index-b0-h0.usearch")).unwrap();
+    assert!(
+        graph(a.path()) == graph(o.path()),
+        "the opened memory's graph differs from the saved memory's after the same additions"
+    );
+    let q = tensor4(clustered_keys(4 * h, d, 0, 0.0, 22), [b, 4, h, d]);
+    assert_eq!(
+        retrieved_ids(&index.search(q.clone(), 9).unwrap()),
+        retrieved_ids(&opened.search(q, 9).unwrap())
+    );
+}

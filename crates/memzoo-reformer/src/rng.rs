@@ -48,7 +48,8 @@ pub fn random_rotations(
     Tensor::from_data(TensorData::new(data, [d_head, n_rounds, half]), device)
 }
 
-/// An inverted-dropout mask (`0` or `1 / (1 - p)`) of `shape`, or `None` when `p == 0`.
+/// An inverted-dropout mask (`0` or `1 / (1 - p)`) of `shape` drawn from `seed`
+/// ([`memzoo_fused::dropout::mask_values`]), or `None` when `p == 0`.
 pub fn dropout_mask<const D: usize>(
     shape: [usize; D],
     p: f64,
@@ -59,10 +60,6 @@ pub fn dropout_mask<const D: usize>(
         return None;
     }
     let n: usize = shape.iter().product();
-    let mut rng = StdRng::seed_from_u64(seed);
-    let keep = (1.0 / (1.0 - p)) as f32;
-    let data: Vec<f32> = (0..n)
-        .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
-        .collect();
+    let data = memzoo_fused::dropout::mask_values(n, p, seed);
     Some(Tensor::from_data(TensorData::new(data, shape), device))
 }

@@ -5,10 +5,17 @@ use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::tensor::{Device, Tensor};
 
+use memzoo_reformer::rng::{dropout_mask, mix};
+
 use crate::error::RelativeError;
 use crate::positions::{PositionConfig, PositionIndex, PositionKind, RelativeContext};
 use crate::rows::linear_rows;
 use crate::shift::relative_shift;
+
+/// Seed tags of the attention's own dropout masks under a
+/// [`dropout_seed`](RelativeMultiHeadAttention::dropout_seed).
+const TAG_DROP_OUTPUT: u64 = 1;
+const TAG_DROP_PROBS: u64 = 2;
 
 /// Configuration of a [`RelativeMultiHeadAttention`] layer.
 #[derive(Config, Debug)]
@@ -194,6 +201,12 @@ pub struct RelativeMultiHeadAttention {
     /// Whether the memory holds cached keys/values instead of layer inputs (from the config).
     #[module(skip)]
     pub memory_keys_values: bool,
+    /// Seed of this pass's dropout masks ([`with_dropout_seed`](Self::with_dropout_seed)):
+    /// `Some`, the masks on the output and on the probabilities are drawn on the host from it
+    /// (the same seed, the same masks, whichever thread runs the pass and whatever it drew
+    /// before); `None`, Burn's `Dropout` draws them from the device's generator.
+    #[module(skip)]
+    pub dropout_seed: Option<u64>,
 }
 
 impl RelativeAttentionConfig {
@@ -280,6 +293,7 @@ impl RelativeAttentionConfig {
             n_kv_heads: hk,
             memory_gradients: self.memory_gradients,
             memory_keys_values: self.memory_keys_values,
+            dropout_seed: None,
         })
     }
 }
@@ -486,12 +500,45 @@ impl RelativeMultiHeadAttention {
 
     /// `Dropout(W_o c (+ b_o))` of the heads' concatenated context `c`, `[batch, qlen, heads * d_head]`.
     pub fn project_output(&self, context: Tensor<3>) -> Tensor<3> {
-        self.dropout.forward(linear_rows(&self.output, context))
+        self.drop(
+            &self.dropout,
+            linear_rows(&self.output, context),
+            TAG_DROP_OUTPUT,
+        )
     }
 
     /// Dropout on attention probabilities ("dropatt").
     pub fn drop_probs<const D: usize>(&self, probs: Tensor<D>) -> Tensor<D> {
-        self.dropatt.forward(probs)
+        self.drop(&self.dropatt, probs, TAG_DROP_PROBS)
+    }
+
+    /// The same attention drawing its dropout masks from `seed` (`None`: from the device's
+    /// generator); see [`dropout_seed`](Self::dropout_seed). A training pass that must replay
+    /// (a resumed run, replicas on threads) gives each layer and pass a seed of its own.
+    pub fn with_dropout_seed(mut self, seed: Option<u64>) -> Self {
+        self.dropout_seed = seed;
+        self
+    }
+
+    /// Whether the attention drops anything in training (output or probabilities).
+    pub fn has_dropout(&self) -> bool {
+        self.dropout.prob > 0.0 || self.dropatt.prob > 0.0
+    }
+
+    /// `dropout` applied to `x`: Burn's, or, with a [`dropout_seed`](Self::dropout_seed), an
+    /// inverted-dropout mask drawn from `mix(seed, tag)` (active where Burn's is: a training
+    /// layer on an autodiff device).
+    fn drop<const D: usize>(&self, dropout: &Dropout, x: Tensor<D>, tag: u64) -> Tensor<D> {
+        let Some(seed) = self.dropout_seed else {
+            return dropout.forward(x);
+        };
+        if !dropout.training.is_enabled() || !x.device().is_autodiff() {
+            return x;
+        }
+        match dropout_mask(x.dims(), dropout.prob, mix(seed, tag), &x.device()) {
+            Some(mask) => x * mask,
+            None => x,
+        }
     }
 
     /// The T5 bias table this layer reads, `bias_scale · β` (`[table_len, heads]`): the

@@ -202,6 +202,14 @@ pub fn l2_normalize<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 }
 
 impl KnnAttention {
+    /// The same layer drawing its dropout masks (on the output and on the local and retrieved
+    /// probabilities) from `seed` (`None`: the device's generator); see
+    /// [`RelativeMultiHeadAttention::dropout_seed`].
+    pub fn with_dropout_seed(mut self, seed: Option<u64>) -> Self {
+        self.attention = self.attention.with_dropout_seed(seed);
+        self
+    }
+
     /// Local + kNN attention of the segment `x` (see the type docs); `knn` is searched with
     /// the segment's queries for the `top_k` best pairs each.
     ///

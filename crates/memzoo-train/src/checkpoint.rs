@@ -483,23 +483,6 @@ pub fn existing_run(run_dir: &Path) -> Option<String> {
     (!found.is_empty()).then(|| found.join(", "))
 }
 
-/// Removes what a run wrote to `run_dir` (`checkpoints/`, `metrics.jsonl`, `config.toml`, an
-/// imported run's word vocabulary `vocab.json`), nothing else, so that a new run starts there
-/// (`memzoo train --overwrite`): nothing of the old run is read with the new one.
-pub fn clear_run(run_dir: &Path) -> Result<(), TrainError> {
-    let ckpt = run_dir.join("checkpoints");
-    if ckpt.exists() {
-        std::fs::remove_dir_all(&ckpt).map_err(io(format!("cannot remove {}", ckpt.display())))?;
-    }
-    for name in ["metrics.jsonl", "config.toml", memzoo_data::WORD_VOCAB_FILE] {
-        let path = run_dir.join(name);
-        if path.exists() {
-            std::fs::remove_file(&path).map_err(io(format!("cannot remove {}", path.display())))?;
-        }
-    }
-    Ok(())
-}
-
 /// Reads the trainer state of a checkpoint folder.
 pub fn read_trainer_state(dir: &Path) -> Result<TrainerState, TrainError> {
     Ok(read_trainer_file(dir)?.trainer)

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod model;
 pub mod parallel;
 pub mod recl;
+pub mod replace;
 pub mod schedule;
 pub mod segment;
 pub mod signals;

@@ -96,12 +96,14 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     }
 
     /// The model whose next [`Self::train_step`] draws its own randomness (replayable dropout
-    /// masks, LSH rotations) from `stream`, whatever steps it took before: the trainer passes
-    /// one stream per (step, micro-step, replica), so that a step draws the same whether the
-    /// run went straight to it or resumed from a checkpoint before it. Randomness from the
-    /// backend's generator is the trainer's to seed ([`crate::parallel::seed_devices`]). The
-    /// default ignores it (a model with no generator of its own).
-    fn with_train_stream(self, _stream: u64) -> Self {
+    /// masks, LSH rotations) from `stream` (and `seed`, `train.seed`), whatever steps it took
+    /// before: the trainer passes one stream per (step, micro-step, replica), so that a step
+    /// draws the same whether the run went straight to it or resumed from a checkpoint before
+    /// it, and whichever replica's thread ran first. Randomness from the backend's generator is
+    /// the trainer's to seed ([`crate::parallel::seed_devices`]); it is one per process on
+    /// `flex`, so replicas on threads draw from it in any order. The default ignores it (a
+    /// model with no generator of its own).
+    fn with_train_stream(self, _seed: u64, _stream: u64) -> Self {
         self
     }
 
@@ -189,13 +191,12 @@ impl SegmentModel for TransformerXl {
         reset: &[bool],
         weights: Option<Tensor<2>>,
     ) -> Result<(f64, GradientsParams), TrainError> {
-        if self.randomness != Randomness::Seeded {
+        let Some(opts) = self.train_options() else {
             let loss = segment_loss(self, inputs, targets, state, reset, weights)?;
             let value = loss.clone().into_scalar::<f64>();
             let grads = GradientsParams::from_grads(loss.backward(), self);
             return Ok((value, grads));
-        }
-        let opts = self.next_train_options();
+        };
         let (loss, grads) = self.train_step_state(inputs, targets, weights, state, reset, &opts)?;
         Ok((loss.into_scalar::<f64>(), grads))
     }
@@ -247,8 +248,15 @@ impl SegmentModel for TransformerXl {
         logits
     }
 
-    fn with_train_stream(self, stream: u64) -> Self {
-        self.with_step_count(stream)
+    /// A seeded stack's step counter at `stream`; a device stack's dropout masks from
+    /// `mix(seed, stream)` ([`TransformerXl::with_dropout_seed`]).
+    fn with_train_stream(self, seed: u64, stream: u64) -> Self {
+        match self.randomness {
+            Randomness::Seeded => self.with_step_count(stream),
+            Randomness::Device => {
+                self.with_dropout_seed(Some(memzoo_reformer::rng::mix(seed, stream)))
+            }
+        }
     }
 
     fn with_eval_mem_len(self, mem_len: usize) -> Self {

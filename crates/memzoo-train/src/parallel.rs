@@ -144,9 +144,10 @@ pub fn replica_stream(stream: u64, r: usize, replicas: usize) -> u64 {
 /// `mix(mix(seed, stream), i)`.
 ///
 /// Replicas on one device share its generator (`flex` has one per process), and their threads
-/// draw from it in whatever order they run: with several replicas on one device, Burn's
-/// dropout masks are not repeatable (seeded randomness, [`SegmentModel::with_train_stream`],
-/// is).
+/// draw from it in whatever order they run: with several replicas on one device, what they
+/// draw from it is not repeatable. The trainer's models do not draw from it in training: the
+/// layer stack draws its dropout masks from its stream
+/// ([`SegmentModel::with_train_stream`]).
 pub fn seed_devices(placement: &[Device], seed: u64, stream: u64) {
     let mut seeded: Vec<&Device> = Vec::new();
     for device in placement {
@@ -161,6 +162,16 @@ pub fn seed_devices(placement: &[Device], seed: u64, stream: u64) {
     }
 }
 
+/// What a training step's own randomness is drawn from: `train.seed` and the step's stream
+/// (one per step and micro-step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrainStream {
+    /// `train.seed`.
+    pub seed: u64,
+    /// The step's stream: `step · grad_accum + micro-step`.
+    pub stream: u64,
+}
+
 /// [`train_step_placed`] drawing from `stream` (`None`: from wherever the model's own
 /// generator stands): replica `r` draws its seeded randomness from
 /// [`replica_stream`]`(stream, r, R)` ([`SegmentModel::with_train_stream`]), so the step is one
@@ -171,7 +182,7 @@ pub fn train_step_streamed<M: SegmentModel>(
     placement: &[Device],
     segment: &Segment,
     states: &mut [M::State],
-    stream: Option<u64>,
+    stream: Option<TrainStream>,
 ) -> Result<(f64, GradientsParams), TrainError> {
     let replicas = states.len();
     check_replicas(replicas, segment.batch)?;
@@ -185,13 +196,10 @@ pub fn train_step_streamed<M: SegmentModel>(
         let (x, y) = tensors(segment, main);
         let w = loss_weights(segment, main);
         return match stream {
-            Some(s) => model.clone().with_train_stream(s).train_step(
-                x,
-                y,
-                &mut states[0],
-                &segment.reset,
-                w,
-            ),
+            Some(s) => model
+                .clone()
+                .with_train_stream(s.seed, s.stream)
+                .train_step(x, y, &mut states[0], &segment.reset, w),
             None => model.train_step(x, y, &mut states[0], &segment.reset, w),
         };
     }
@@ -217,7 +225,7 @@ pub fn train_step_streamed<M: SegmentModel>(
         .map(|(r, device)| {
             let replica = model.clone().fork(device);
             match stream {
-                Some(s) => replica.with_train_stream(replica_stream(s, r, replicas)),
+                Some(s) => replica.with_train_stream(s.seed, replica_stream(s.stream, r, replicas)),
                 None => replica,
             }
         })

@@ -671,7 +671,10 @@ pub fn train_on_devices<M: SegmentModel>(
                 &placement,
                 &seg,
                 &mut states,
-                Some(stream),
+                Some(crate::parallel::TrainStream {
+                    seed: config.seed,
+                    stream,
+                }),
             )?;
             if !loss.is_finite() {
                 return Err(non_finite_loss(&model, loss, step + 1, step == 0));
@@ -769,6 +772,8 @@ pub fn train_on_devices<M: SegmentModel>(
                 &trainer,
                 config.keep_checkpoints,
             )?;
+            // A run this one replaces (`--overwrite`) was kept aside until now.
+            crate::replace::drop_set_aside(&options.run_dir)?;
             window.3 = Instant::now();
         }
         if interrupted {

@@ -182,6 +182,9 @@ const TAG_ATTENTION: u64 = 1;
 const TAG_DROP_F: u64 = 2;
 const TAG_DROP_G: u64 = 3;
 const TAG_DROP_FF_INNER: u64 = 4;
+/// The relative or kNN attention's own dropout masks (its probabilities; in a device stack
+/// its output too), from `child(TAG_ATTENTION_DROPOUT)` of the layer's options.
+const TAG_ATTENTION_DROPOUT: u64 = 5;
 const TAG_LAYER: u64 = 1_000;
 const TAG_EMBED: u64 = 1_000_001;
 const TAG_FINAL: u64 = 1_000_002;
@@ -1058,6 +1061,7 @@ impl XlConfig {
             ff_chunk_len: self.ff_chunk_len,
             memory_gradients: self.memory_gradients,
             memory_keys_values: self.memory_keys_values,
+            drops_attention: self.randomness == Randomness::Seeded,
         }
     }
 
@@ -1167,6 +1171,7 @@ impl XlConfig {
             head_input: self.head_input,
             eval_rounds: None,
             steps: StepCounter::default(),
+            dropout_seed: None,
         })
     }
 }
@@ -1209,6 +1214,11 @@ pub struct XlBlock {
     /// The memory is cached keys/values, not normalised (`XlConfig::memory_keys_values`).
     #[module(skip)]
     pub memory_keys_values: bool,
+    /// The block drops the attention's output in a pass with options (a seeded stack, whose
+    /// relative and kNN attention have no output dropout of their own); `false` (a device
+    /// stack): relative and kNN attention drop their own output, LSH and local none.
+    #[module(skip)]
+    pub drops_attention: bool,
 }
 
 /// The dropout masks of one feed-forward pass in a seeded pass, `[batch, len, width]` each.
@@ -1281,12 +1291,13 @@ impl XlBlock {
         Ok(self.drop_attention(a, opts))
     }
 
-    /// In a seeded pass, the dropout on the attention's output (outside one, relative and kNN
-    /// attention apply their own and LSH / local attention none).
+    /// In a pass with options, the dropout on the attention's output where the block owns it
+    /// ([`drops_attention`](Self::drops_attention); otherwise relative and kNN attention apply
+    /// their own and LSH / local attention none).
     fn drop_attention(&self, a: Tensor<3>, opts: Option<&ForwardOptions>) -> Tensor<3> {
         match opts {
-            Some(o) => seeded_dropout(a, self.dropout.prob, o, TAG_DROP_F),
-            None => a,
+            Some(o) if self.drops_attention => seeded_dropout(a, self.dropout.prob, o, TAG_DROP_F),
+            _ => a,
         }
     }
 
@@ -1610,9 +1621,21 @@ impl XlLayer {
                 let ctx = cx
                     .positions
                     .ok_or_else(|| missing("its position context"))?;
-                Ok((a.forward(x, m, ctx, cx.shared)?, Replay::Nothing))
+                let out = match cx.attention_dropout_seed().filter(|_| a.has_dropout()) {
+                    Some(seed) => a
+                        .clone()
+                        .with_dropout_seed(Some(seed))
+                        .forward(x, m, ctx, cx.shared)?,
+                    None => a.forward(x, m, ctx, cx.shared)?,
+                };
+                Ok((out, Replay::Nothing))
             }
             LayerAttention::Knn(a) => {
+                let seeded = cx
+                    .attention_dropout_seed()
+                    .filter(|_| a.attention.has_dropout())
+                    .map(|seed| a.clone().with_dropout_seed(Some(seed)));
+                let a = seeded.as_ref().unwrap_or(a);
                 let ctx = cx
                     .positions
                     .ok_or_else(|| missing("its position context"))?;
@@ -1648,8 +1671,8 @@ impl XlLayer {
                 };
                 let len = seq.dims()[1];
                 let opts = match &cx.opts {
-                    Some(o) => o.child(TAG_ATTENTION),
-                    None => ForwardOptions {
+                    Some(o) if cx.randomness == Randomness::Seeded => o.child(TAG_ATTENTION),
+                    _ => ForwardOptions {
                         seed: cx.seed,
                         train: seq.device().is_autodiff(),
                         n_rounds: None,
@@ -1710,9 +1733,25 @@ pub struct LayerContext<'a> {
     pub knn: Option<(&'a mut (dyn KnnIndex + 'static), usize)>,
     /// Seed of the LSH rotations outside seeded passes (LSH layers).
     pub seed: u64,
-    /// The layer's options in a seeded pass ([`Randomness::Seeded`]): its dropout masks and
-    /// LSH rotations; `None`: the device's randomness.
+    /// The layer's options in a pass with options: a seeded stack's training or evaluation
+    /// pass ([`Randomness::Seeded`]: every dropout mask and LSH rotation), or a device stack's
+    /// training pass with a dropout seed ([`TransformerXl::with_dropout_seed`]: its dropout
+    /// masks); `None`: the device's randomness.
     pub opts: Option<ForwardOptions>,
+    /// The stack's randomness: with [`Randomness::Device`], LSH layers keep their fixed
+    /// rotations (`seed`) whatever `opts` say.
+    pub randomness: Randomness,
+}
+
+impl LayerContext<'_> {
+    /// The seed of a relative or kNN attention's own dropout masks in a pass with options
+    /// (`None`: the device's generator draws them).
+    pub fn attention_dropout_seed(&self) -> Option<u64> {
+        self.opts
+            .as_ref()
+            .filter(|o| o.train)
+            .map(|o| o.child(TAG_ATTENTION_DROPOUT).seed)
+    }
 }
 
 /// The output of a [`TransformerXl`] forward pass.
@@ -1801,6 +1840,10 @@ pub struct TransformerXl {
     /// Seeded training steps taken (each draws fresh rotations and masks).
     #[module(skip)]
     pub steps: StepCounter,
+    /// A device stack's training passes draw their dropout masks from this seed instead of
+    /// the device's generator ([`with_dropout_seed`](TransformerXl::with_dropout_seed)).
+    #[module(skip)]
+    pub dropout_seed: Option<u64>,
 }
 
 /// The input embedding of the stack.
@@ -1926,6 +1969,30 @@ impl TransformerXl {
     pub fn with_step_count(mut self, count: u64) -> Self {
         self.steps = StepCounter::at(count);
         self
+    }
+
+    /// The same model whose training passes, in a device stack ([`Randomness::Device`]), draw
+    /// every dropout mask from `seed` instead of the device's generator (`None`: from the
+    /// generator again): the masks of embeddings, attention (output and probabilities),
+    /// feed-forward and final output, at the sites and rates the generator would have drawn
+    /// them, each from `seed`, the layer and the site. A pass is then one function of its seed,
+    /// whichever thread runs it and whatever was drawn before (replicas on threads, a resumed
+    /// run). LSH layers keep their fixed rotations. A seeded stack ignores it (its step counter
+    /// seeds it, [`with_step_count`](Self::with_step_count)).
+    pub fn with_dropout_seed(mut self, seed: Option<u64>) -> Self {
+        self.dropout_seed = seed;
+        self
+    }
+
+    /// Options of the next training pass: a seeded stack's fresh ones
+    /// ([`next_train_options`](Self::next_train_options)), a device stack's from its dropout
+    /// seed ([`with_dropout_seed`](Self::with_dropout_seed)); `None`: the device's generator
+    /// draws (a device stack without a dropout seed).
+    pub fn train_options(&self) -> Option<ForwardOptions> {
+        match self.randomness {
+            Randomness::Seeded => Some(self.next_train_options()),
+            Randomness::Device => self.dropout_seed.map(ForwardOptions::train),
+        }
     }
 
     /// The kind of every layer, bottom to top.
@@ -2209,6 +2276,7 @@ impl TransformerXl {
             knn: knn.map(|s| (s, self.top_k)),
             seed: self.lsh_seed.wrapping_add(l as u64),
             opts: opts.map(|o| o.child(TAG_LAYER + l as u64)),
+            randomness: self.randomness,
         }
     }
 

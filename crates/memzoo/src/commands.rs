@@ -9,7 +9,8 @@ use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
 use memzoo_train::{
-    RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate_sharded, train_on_devices,
+    RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate_sharded, replace,
+    train_on_devices,
 };
 use memzoo_xl::TransformerXl;
 use serde_json::json;
@@ -27,8 +28,9 @@ const TRAIN_ELSEWHERE: &str =
     "continue it with --resume, train into a new --run-dir, or pass --overwrite to replace it";
 
 /// `memzoo train`: a new run in `run_dir` (refused where a run already is, unless
-/// `overwrite`, which removes that run's checkpoints, metrics and config once the new run's
-/// config, devices, data and vocabulary have been checked), or with
+/// `overwrite`, which replaces that run once the new run's config, devices, data and
+/// vocabulary have been checked: the old run is set aside until the new one writes its first
+/// checkpoint, and put back if it fails before, [`memzoo_train::replace`]), or with
 /// `resume` the continuation of the run there. Returns the signal (SIGINT 2, SIGTERM 15) that
 /// stopped the run, if one did: it finished its step and wrote a checkpoint first.
 pub fn train(
@@ -50,6 +52,15 @@ pub fn train(
              pass one of them"
                 .into(),
         ));
+    }
+    // A replacement that a process which died left unfinished, finished or undone before
+    // anything looks at the run (again under the lock below: another process may die there).
+    let what = match resume {
+        true => "memzoo train --resume",
+        false => "memzoo train",
+    };
+    if let Some(note) = replace::recover_locked(run_dir, what)? {
+        eprintln!("warning: {note}");
     }
     if resume {
         check_steps_left(config, run_dir)?;
@@ -84,14 +95,15 @@ pub fn train(
     let mut valid_data = source(config, &splits, Split::Valid, t.tgt_len)?;
 
     // One process per run directory, from here until the run ends (released on any exit).
-    let what = match resume {
-        true => "memzoo train --resume",
-        false => "memzoo train",
-    };
     let _lock = memzoo_train::lock::RunLock::acquire(run_dir, what)?;
+    // A replacement that a process which died left unfinished: finished or undone first.
+    if let Some(note) = replace::recover(run_dir)? {
+        eprintln!("warning: {note}");
+    }
     // Config, machine memory, devices, data and vocabulary are good: only now does the old run
-    // go (a bad new input leaves it as it was). Looked at again under the lock: another
+    // go aside (a bad new input leaves it as it was). Looked at again under the lock: another
     // process may have trained there since.
+    let mut set_aside = false;
     if !resume && let Some(found) = checkpoint::existing_run(run_dir) {
         if replaced.is_none() {
             return Err(CliError::RunExists {
@@ -100,96 +112,106 @@ pub fn train(
                 advice: TRAIN_ELSEWHERE,
             });
         }
-        checkpoint::clear_run(run_dir)?;
+        set_aside = replace::set_aside(run_dir)?;
         if !json_out {
             println!(
-                "--overwrite: removed the run in {} ({found})",
-                run_dir.display()
+                "--overwrite: the run in {} ({found}) is set aside in {} until the new run \
+                 writes its first checkpoint",
+                run_dir.display(),
+                run_dir.join(replace::REPLACED).display()
             );
         }
     }
-    std::fs::create_dir_all(run_dir).map_err(|e| {
-        CliError::io(
-            format!("cannot create run directory {}", run_dir.display()),
-            e,
-        )
-    })?;
-    if !resume {
-        std::fs::write(run_dir.join("config.toml"), config.to_toml()).map_err(|e| {
+    let start = Instant::now();
+    let mut without_memory = None;
+    let run = (|| -> Result<_, CliError> {
+        std::fs::create_dir_all(run_dir).map_err(|e| {
             CliError::io(
-                format!("cannot write to run directory {}", run_dir.display()),
+                format!("cannot create run directory {}", run_dir.display()),
                 e,
             )
         })?;
-    }
-    let options = RunOptions {
-        run_dir: run_dir.to_path_buf(),
-        resume,
-        quiet: quiet || json_out,
-    };
-    if !json_out {
-        println!(
-            "training {:?} on {} ({} train tokens) on {device_name}, run dir {}",
-            config.model_kind,
-            splits.name,
-            splits.train.len(),
-            run_dir.display()
-        );
-    }
-    let start = Instant::now();
-    let mut without_memory = None;
-    let outcome = match config.model_kind {
-        ModelKind::Xl => {
-            let model = config.model.init(&device)?;
-            let o = train_on_devices(
-                model,
-                t,
-                &devices,
-                &mut *train_data,
-                Some(&mut *valid_data),
-                &options,
-            )?;
-            // On text with recallable positions: the same weights reading no memory, to show
-            // what the memory bought.
-            if o.valid.is_some_and(|v| v.selected_loss.is_some()) && !o.interrupted {
-                let no_memory = o.model.clone().with_eval_mem_len(0);
-                let r = evaluate_sharded(
-                    &no_memory,
-                    &mut *valid_data,
-                    t.tgt_len,
-                    t.eval_segments,
-                    t.replicas,
+        if !resume {
+            std::fs::write(run_dir.join("config.toml"), config.to_toml()).map_err(|e| {
+                CliError::io(
+                    format!("cannot write to run directory {}", run_dir.display()),
+                    e,
+                )
+            })?;
+        }
+        let options = RunOptions {
+            run_dir: run_dir.to_path_buf(),
+            resume,
+            quiet: quiet || json_out,
+        };
+        if !json_out {
+            println!(
+                "training {:?} on {} ({} train tokens) on {device_name}, run dir {}",
+                config.model_kind,
+                splits.name,
+                splits.train.len(),
+                run_dir.display()
+            );
+        }
+        let outcome = match config.model_kind {
+            ModelKind::Xl => {
+                let model = config.model.init(&device)?;
+                let o = train_on_devices(
+                    model,
+                    t,
+                    &devices,
+                    &mut *train_data,
+                    Some(&mut *valid_data),
+                    &options,
                 )?;
-                without_memory = Some(r);
+                // On text with recallable positions: the same weights reading no memory, to show
+                // what the memory bought.
+                if o.valid.is_some_and(|v| v.selected_loss.is_some()) && !o.interrupted {
+                    let no_memory = o.model.clone().with_eval_mem_len(0);
+                    let r = evaluate_sharded(
+                        &no_memory,
+                        &mut *valid_data,
+                        t.tgt_len,
+                        t.eval_segments,
+                        t.replicas,
+                    )?;
+                    without_memory = Some(r);
+                }
+                (o.steps, o.valid, o.interrupted, o.signal)
             }
-            (o.steps, o.valid, o.interrupted, o.signal)
-        }
-        ModelKind::Reformer => {
-            let model = config.reformer.init(&device)?;
-            let o = train_on_devices(
-                model,
-                t,
-                &devices,
-                &mut *train_data,
-                Some(&mut *valid_data),
-                &options,
-            )?;
-            (o.steps, o.valid, o.interrupted, o.signal)
-        }
-        ModelKind::Memorizing => {
-            let model = config.memorizing.init(&device)?;
-            let o = train_on_devices(
-                model,
-                t,
-                &devices,
-                &mut *train_data,
-                Some(&mut *valid_data),
-                &options,
-            )?;
-            (o.steps, o.valid, o.interrupted, o.signal)
-        }
-    };
-    let (steps, valid, interrupted, signal) = outcome;
+            ModelKind::Reformer => {
+                let model = config.reformer.init(&device)?;
+                let o = train_on_devices(
+                    model,
+                    t,
+                    &devices,
+                    &mut *train_data,
+                    Some(&mut *valid_data),
+                    &options,
+                )?;
+                (o.steps, o.valid, o.interrupted, o.signal)
+            }
+            ModelKind::Memorizing => {
+                let model = config.memorizing.init(&device)?;
+                let o = train_on_devices(
+                    model,
+                    t,
+                    &devices,
+                    &mut *train_data,
+                    Some(&mut *valid_data),
+                    &options,
+                )?;
+                (o.steps, o.valid, o.interrupted, o.signal)
+            }
+        };
+        Ok(outcome)
+    })();
+    // The new run failed: before its first checkpoint, the old run goes back; after, it was
+    // deleted when that checkpoint was written (a no-op without a replacement).
+    if set_aside && let Some(note) = replace::recover(run_dir)? {
+        eprintln!("{note}");
+    }
+    let (steps, valid, interrupted, signal) = run?;
     let summary = json!({
         "run_dir": run_dir,
         "steps": steps,
@@ -604,6 +626,29 @@ fn check_model_memory(config: &RunConfig, training: bool) -> Result<(), CliError
     Ok(())
 }
 
+/// Refuses an import whose model (`xl`, read from the source's config alone) cannot fit in this
+/// machine's memory: its weights twice (the tensors read and the model built from them,
+/// [`stack_bytes`] without activations), naming the sizes, before either is allocated.
+pub(crate) fn check_import_memory(from: &str, xl: &memzoo_xl::XlConfig) -> Result<(), CliError> {
+    let bytes = 2.0 * stack_bytes(xl, 0, 0, false);
+    let Some(total) = machine_memory() else {
+        return Ok(());
+    };
+    if bytes > total as f64 {
+        return Err(CliError::TooLarge {
+            what: format!(
+                "the {from} model of its config.json: n_layers {} x d_model {} (d_inner {}, \
+                 vocabulary {}), its weights read and built",
+                xl.n_layers, xl.d_model, xl.d_inner, xl.vocab_size
+            ),
+            need_gib: gib(bytes),
+            have_gib: gib(total as f64),
+            advice: String::new(),
+        });
+    }
+    Ok(())
+}
+
 /// The data a model reads in segments of `len`: documents per row (with resets) on data made
 /// of documents (the generated corpus, rust-code), for every family; the ordered stream
 /// otherwise.
@@ -769,8 +814,31 @@ pub fn recall(
     if !(lr.is_finite() && lr > 0.0) {
         return Err(CliError::flag("--lr", lr, "must be a positive number"));
     }
-    let device = device(device_name)?.autodiff();
     let task = RecallTask::reference();
+    // The larger of the two models (with its kNN memory) over --batch rows, estimated as
+    // `train` estimates a Memorizing run, before anything is allocated.
+    let mut estimate = RunConfig {
+        model_kind: ModelKind::Memorizing,
+        memorizing: reference_config(true, task.vocab()),
+        ..RunConfig::default()
+    };
+    estimate.train.batch = batch;
+    estimate.train.tgt_len = task.seg_len;
+    check_model_memory(&estimate, true).map_err(|e| match e {
+        CliError::TooLarge {
+            what,
+            need_gib,
+            have_gib,
+            ..
+        } => CliError::TooLarge {
+            what: format!("memzoo recall with --batch {batch}: {what}"),
+            need_gib,
+            have_gib,
+            advice: "; lower --batch".into(),
+        },
+        e => e,
+    })?;
+    let device = device(device_name)?.autodiff();
     if !json_out {
         println!(
             "task: passages of {} of {} tokens, repeated {}x; {:.0}% of documents recall across {}-{} filler tokens (XL reach: mem_len 32 + segment 32)",

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use memzoo_data::Split;
-use memzoo_train::{SegmentModel, SegmentSource, TrainerState, checkpoint};
+use memzoo_train::{SegmentModel, SegmentSource, TrainerState, checkpoint, replace};
 use memzoo_xl::XlState;
 use serde_json::json;
 
@@ -33,7 +33,9 @@ fn format(name: &str) -> Result<&'static dyn memzoo_import::Format, CliError> {
 /// (`config.json` + `model.safetensors` or `pytorch_model.bin`; pickle is parsed, never run)
 /// and writes the run directory `run_dir`. `data`: the run's data (`[data] source`; default:
 /// the generated corpus). A directory that holds a run is refused unless `overwrite`, which
-/// removes that run only once the source, its config and the data have been read.
+/// replaces that run only once the source, its config and the data have been read: the old
+/// run is set aside while the new one is written and put back if that fails
+/// ([`memzoo_train::replace`]).
 pub fn import(
     from: &str,
     src: &Path,
@@ -48,12 +50,21 @@ pub fn import(
         found,
         advice: "import into a new --run-dir, or pass --overwrite to replace it",
     };
+    // A replacement that a process which died left unfinished, finished or undone before
+    // anything looks at the run (again under the lock below).
+    if let Some(note) = replace::recover_locked(run_dir, "memzoo import")? {
+        eprintln!("warning: {note}");
+    }
     if let Some(found) = checkpoint::existing_run(run_dir)
         && !overwrite
     {
         return Err(refuse(found));
     }
     let device = memzoo_backend::parse_device("flex")?;
+    // A model too large for this machine is refused from its config, before it is built.
+    if let Some(xl) = format.stack_from_config(src)? {
+        crate::commands::check_import_memory(from, &xl)?;
+    }
     let (model, xl) = format.import(src, &device)?;
     let mut config = RunConfig {
         model_kind: ModelKind::Xl,
@@ -108,39 +119,34 @@ pub fn import(
     };
     // One process per run directory, until the import is written.
     let _lock = memzoo_train::lock::RunLock::acquire(run_dir, "memzoo import")?;
+    // A replacement that a process which died left unfinished: finished or undone first.
+    if let Some(note) = replace::recover(run_dir)? {
+        eprintln!("warning: {note}");
+    }
     // The source, its config, vocabulary and the data are good: only now does the old run go
-    // (`--overwrite`; a failing import leaves it as it was). Looked at again under the lock:
-    // another process may have written a run there since.
+    // aside (`--overwrite`), to be deleted once the new run's checkpoint is written and put
+    // back if writing the new run fails. Looked at again under the lock: another process may
+    // have written a run there since.
+    let mut set_aside = false;
     if let Some(found) = checkpoint::existing_run(run_dir) {
         if !overwrite {
             return Err(refuse(found));
         }
-        checkpoint::clear_run(run_dir)?;
+        set_aside = replace::set_aside(run_dir)?;
     }
-    std::fs::create_dir_all(run_dir).map_err(|e| {
-        CliError::io(
-            format!("cannot create run directory {}", run_dir.display()),
-            e,
-        )
-    })?;
-    std::fs::write(run_dir.join("config.toml"), config.to_toml()).map_err(|e| {
-        CliError::io(
-            format!("cannot write to run directory {}", run_dir.display()),
-            e,
-        )
-    })?;
-    if let Some(vocab) = vocab {
-        std::fs::copy(&vocab, run_dir.join(memzoo_data::WORD_VOCAB_FILE))
-            .map_err(|e| CliError::io(format!("cannot copy {}", vocab.display()), e))?;
-    }
-    let saved = checkpoint::save(
-        &run_dir.join("checkpoints"),
-        &model,
-        &t.optimizer(),
-        &[XlState::default()],
-        &trainer,
-        t.keep_checkpoints.max(1),
-    )?;
+    let written = write_run(run_dir, &config, vocab.as_deref(), &model, &trainer);
+    let saved = match written {
+        Ok(saved) => {
+            replace::drop_set_aside(run_dir)?;
+            saved
+        }
+        Err(e) => {
+            if set_aside {
+                replace::restore(run_dir)?;
+            }
+            return Err(e);
+        }
+    };
     let params = burn::module::Module::num_params(&model);
     if json_out {
         println!(
@@ -175,6 +181,36 @@ pub fn import(
         }
     }
     Ok(())
+}
+
+/// Writes an imported run into `run_dir`: its config, the word vocabulary `vocab` (copied),
+/// and its one checkpoint (step 0, written atomically), whose folder it returns.
+fn write_run(
+    run_dir: &Path,
+    config: &RunConfig,
+    vocab: Option<&Path>,
+    model: &memzoo_xl::TransformerXl,
+    trainer: &TrainerState,
+) -> Result<std::path::PathBuf, CliError> {
+    let t = &config.train;
+    std::fs::write(run_dir.join("config.toml"), config.to_toml()).map_err(|e| {
+        CliError::io(
+            format!("cannot write to run directory {}", run_dir.display()),
+            e,
+        )
+    })?;
+    if let Some(vocab) = vocab {
+        std::fs::copy(vocab, run_dir.join(memzoo_data::WORD_VOCAB_FILE))
+            .map_err(|e| CliError::io(format!("cannot copy {}", vocab.display()), e))?;
+    }
+    Ok(checkpoint::save(
+        &run_dir.join("checkpoints"),
+        model,
+        &t.optimizer(),
+        &[XlState::default()],
+        trainer,
+        t.keep_checkpoints.max(1),
+    )?)
 }
 
 /// `memzoo export --to TARGET --run-dir DIR OUT`: the run's latest checkpoint as a checkpoint
