@@ -132,27 +132,36 @@ fn xl_starts_from_hf_transfo_xl_initialisation() {
     let config = XlConfig::new().with_n_layers(2).with_untie_rel_bias(true);
     let model = config.init(&dev).unwrap();
     let std = config.init_std;
-    let near = |(m, s): (f64, f64), mean: f64, what: &str| {
+    // Within 5 standard errors of the mean and the deviation (n draws: std / sqrt(n) and
+    // std / sqrt(2n)): a fixed 0.2 std on the 256 LayerNorm gains was only 3.2 standard errors,
+    // and the draws are not seeded here (other tests reseed the generator), so it failed about
+    // once in a few hundred runs.
+    let near = |v: Vec<f32>, mean: f64, what: &str| {
+        let n = v.len() as f64;
+        let (m, s) = stats(&v);
         assert!(
-            (m - mean).abs() < 0.2 * std,
-            "{what}: mean {m}, want {mean}"
+            (m - mean).abs() < 5.0 * std / n.sqrt(),
+            "{what}: mean {m}, want {mean} (n = {n})"
         );
-        assert!((s - std).abs() < 0.1 * std, "{what}: std {s}, want {std}");
+        assert!(
+            (s - std).abs() < 5.0 * std / (2.0 * n).sqrt(),
+            "{what}: std {s}, want {std} (n = {n})"
+        );
     };
     near(
-        stats(&host(model.embedding.plain().unwrap().weight.val())),
+        host(model.embedding.plain().unwrap().weight.val()),
         0.0,
         "embedding",
     );
     let layer = &model.layers[0];
     near(
-        stats(&host(layer.attention.local().query.weight.val())),
+        host(layer.attention.local().query.weight.val()),
         0.0,
         "query",
     );
-    near(stats(&host(layer.block.ff_in.weight.val())), 0.0, "ff_in");
+    near(host(layer.block.ff_in.weight.val()), 0.0, "ff_in");
     near(
-        stats(&host(layer.block.norm_ff.gamma.val())),
+        host(layer.block.norm_ff.gamma.val()),
         1.0,
         "LayerNorm gain",
     );
