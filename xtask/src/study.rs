@@ -372,6 +372,9 @@ pub fn far_mask(doc: &[Token], reach: usize) -> Vec<bool> {
     mask
 }
 
+/// One target mask per document (`mask[t]` about target `t`).
+type TargetMasks = Vec<Vec<bool>>;
+
 /// T6's documents: pieces of `d` tokens cut from `docs` in turn (the first piece of every
 /// document, then the second, ...), each read twice in a row (`x ++ x`), until `budget`
 /// tokens; with each piece's target mask, which selects the targets of the second reading
@@ -383,7 +386,7 @@ pub fn repeated_pieces(
     docs: &[Vec<Token>],
     d: usize,
     budget: usize,
-) -> Result<(Vec<Vec<Token>>, Vec<Vec<bool>>), String> {
+) -> Result<(Vec<Vec<Token>>, TargetMasks), String> {
     let mut pieces = Vec::new();
     let most = docs.iter().map(|x| x.len() / d.max(1)).max().unwrap_or(0);
     'fill: for k in 0..most {
