@@ -730,7 +730,7 @@ as the hash rounds increase, and at 8 rounds it almost matches full attention. F
 LSH attention's time per token stays flat.";
 
 /// T6's models and their labels, in the table's order.
-const T6_MODELS: [(&str, &str); 8] = [
+const T6_MODELS: [(&str, &str); 9] = [
     ("xl", "XL, memory M"),
     ("xl-no-recurrence", "XL, no recurrence"),
     ("vanilla", "vanilla"),
@@ -742,6 +742,7 @@ const T6_MODELS: [(&str, &str); 8] = [
         "memorizing-xl-cache-copy",
         "kNN + XL cache, trained to copy",
     ),
+    ("knn-among-xl-copy", "kNN among XL layers, trained to copy"),
 ];
 
 fn t6_section(md: &mut String, lines: &[Value], dir: &str) {
@@ -760,10 +761,11 @@ fn t6_section(md: &mut String, lines: &[Value], dir: &str) {
          first reading and of the second. A model that can copy from d bytes back reads the \
          second almost for free; one that cannot reads both alike. Each model reads with the \
          memory it trained with (XL cache M, kNN memory as in T3's training). The models of T1 \
-         and T3 learnt from the documents as they are; the last two rows are the XL and the \
-         Memorizing stack trained instead on train pieces read twice at the same distances, \
-         which rewards copying: a check that each memory can carry a copy as far as it \
-         reaches.\n"
+         and T3 learnt from the documents as they are; the rows trained to copy are the XL and the \
+         Memorizing stack (with T5 positions as in T3, and a kNN layer among XL layers) \
+         trained instead on train pieces read twice at the same distances, which rewards \
+         copying: a check that each memory can carry a copy as far as it reaches. Rows marked \
+         `--copy-run` are runs of `memzoo train` given to the study (see the notes).\n"
     );
     let head: Vec<String> = distances.iter().map(|d| format!("d = {d}")).collect();
     let _ = writeln!(
