@@ -160,11 +160,7 @@ fn xl_starts_from_hf_transfo_xl_initialisation() {
         "query",
     );
     near(host(layer.block.ff_in.weight.val()), 0.0, "ff_in");
-    near(
-        host(layer.block.norm_ff.gamma.val()),
-        1.0,
-        "LayerNorm gain",
-    );
+    near(host(layer.block.norm_ff.gamma.val()), 1.0, "LayerNorm gain");
     for (what, b) in [
         ("ff_in bias", layer.block.ff_in.bias.as_ref()),
         ("ff_out bias", layer.block.ff_out.bias.as_ref()),
