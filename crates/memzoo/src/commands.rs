@@ -179,20 +179,13 @@ pub fn train(
                 }
                 (o.steps, o.valid, o.interrupted, o.signal)
             }
-            ModelKind::Reformer => {
-                let model = config.reformer.init(&device)?;
-                let o = train_on_devices(
-                    model,
-                    t,
-                    &devices,
-                    &mut *train_data,
-                    Some(&mut *valid_data),
-                    &options,
-                )?;
-                (o.steps, o.valid, o.interrupted, o.signal)
-            }
-            ModelKind::Memorizing => {
-                let model = config.memorizing.init(&device)?;
+            ModelKind::Reformer | ModelKind::Memorizing => {
+                // Both presets are the layer stack; each validates its own section.
+                let model = if config.model_kind == ModelKind::Reformer {
+                    config.reformer.init(&device)?
+                } else {
+                    config.memorizing.init(&device)?
+                };
                 let o = train_on_devices(
                     model,
                     t,
