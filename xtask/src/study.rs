@@ -372,6 +372,10 @@ pub fn far_mask(doc: &[Token], reach: usize) -> Vec<bool> {
     mask
 }
 
+/// T6: the kNN memory of a model read beside its trained one, to show what that memory itself
+/// carries: no further back than the XL memory's reach (`tgt_len + mem_len` in the study).
+const KNN_CUT: usize = 64;
+
 /// One target mask per document (`mask[t]` about target `t`).
 type TargetMasks = Vec<Vec<bool>>;
 
@@ -1195,44 +1199,82 @@ impl Study {
             let (name, config, ckpt) = external_run(path)?;
             models.push((name, false, config, ckpt, f64::NAN));
         }
-        for (name, trained_to_copy, config, ckpt, secs) in models {
-            let model = self.load(&ckpt, &config)?;
-            // What the kNN layers' gates learnt: g = sigmoid(b_g) per head, the share of a
-            // head's output taken from the retrieved pairs (0.5 at initialisation).
-            let gates: Vec<Vec<f32>> = model
-                .knn_attentions()
-                .map(|a| {
-                    burn::tensor::activation::sigmoid(a.gate.val())
-                        .into_data()
-                        .try_to_vec::<f32>()
-                        .unwrap_or_default()
-                })
-                .collect();
-            for &d in &s.copy_distances {
-                let (docs, masks) = repeated_pieces(&test, d, s.copy_tokens)?;
-                let start = Instant::now();
-                let rows = s.batch.min(docs.len());
-                let mut data =
-                    DocBatcher::named("the study's repeated pieces", &docs, rows, s.tgt_len, 0)
-                        .and_then(|b| b.with_target_masks(&masks))
+        let external = models.len() - self.copy_runs.len();
+        let reach = s.tgt_len + s.mem_len;
+        for (i, (name, trained_to_copy, config, ckpt, secs)) in models.into_iter().enumerate() {
+            let is_external = i >= external;
+            // A kNN model reads with the memory it trained with, and beside it the same weights
+            // with the kNN memory cut to `KNN_CUT` pairs (no further back than the XL memory):
+            // what the kNN memory itself carries. A `--copy-run` also with 4x its memory.
+            let trained = config.knn.max_memories;
+            let sizes: Vec<Option<usize>> = if !config.layer_kinds().contains(&LayerKind::Knn) {
+                vec![None]
+            } else {
+                let mut v = vec![Some(trained)];
+                if trained > KNN_CUT {
+                    v.push(Some(KNN_CUT));
+                }
+                if is_external {
+                    v.push(Some(4 * trained));
+                }
+                v
+            };
+            for size in sizes {
+                let mut config = config.clone();
+                let mut label = name.clone();
+                if let Some(m) = size {
+                    config = config
+                        .clone()
+                        .with_knn(config.knn.clone().with_max_memories(m));
+                    if m != trained {
+                        label = format!("{name}, kNN memory {m}");
+                    }
+                }
+                let model = self.load(&ckpt, &config)?;
+                // What the kNN layers' gates learnt: g = sigmoid(b_g) per head, the share of a
+                // head's output taken from the retrieved pairs (0.5 at initialisation).
+                let gates: Vec<Vec<f32>> = model
+                    .knn_attentions()
+                    .map(|a| {
+                        burn::tensor::activation::sigmoid(a.gate.val())
+                            .into_data()
+                            .try_to_vec::<f32>()
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                // A user's run is also scored on the test documents as they are (the study's
+                // own models are in T1 and T3).
+                let test_bpc = if is_external {
+                    Some(self.evaluate_code(&model, reach)?.bpc)
+                } else {
+                    None
+                };
+                for &d in &s.copy_distances {
+                    let (docs, masks) = repeated_pieces(&test, d, s.copy_tokens)?;
+                    let start = Instant::now();
+                    let rows = s.batch.min(docs.len());
+                    let mut data =
+                        DocBatcher::named("the study's repeated pieces", &docs, rows, s.tgt_len, 0)
+                            .and_then(|b| b.with_target_masks(&masks))
+                            .map_err(|e| e.to_string())?;
+                    let r = evaluate_sharded(&model, &mut data, s.tgt_len, None, None)
                         .map_err(|e| e.to_string())?;
-                let r = evaluate_sharded(&model, &mut data, s.tgt_len, None, None)
-                    .map_err(|e| e.to_string())?;
-                let (first, second) = readings(&r);
-                let ln2 = std::f64::consts::LN_2;
-                let v = line(
-                    "t6",
-                    json!({"model": name, "trained_to_copy": trained_to_copy,
-                           "distance": d, "pieces": docs.len(),
-                           "xl_mem": config.mem_len,
-                           "knn_memory": config.layer_kinds().contains(&LayerKind::Knn).then_some(config.knn.max_memories),
-                           "knn_gates": gates,
-                           "first_bpc": first / ln2, "second_bpc": second / ln2,
-                           "second_tokens": r.selected_tokens, "train_seconds": secs,
-                           "eval_seconds": start.elapsed().as_secs_f64()}),
-                );
-                eprintln!("{v}");
-                out.push(v);
+                    let (first, second) = readings(&r);
+                    let ln2 = std::f64::consts::LN_2;
+                    let v = line(
+                        "t6",
+                        json!({"model": label, "run": name, "external": is_external,
+                               "trained_to_copy": trained_to_copy,
+                               "distance": d, "pieces": docs.len(),
+                               "xl_mem": config.mem_len, "knn_memory": size,
+                               "knn_gates": gates, "test_bpc": test_bpc,
+                               "first_bpc": first / ln2, "second_bpc": second / ln2,
+                               "second_tokens": r.selected_tokens, "train_seconds": secs,
+                               "eval_seconds": start.elapsed().as_secs_f64()}),
+                    );
+                    eprintln!("{v}");
+                    out.push(v);
+                }
             }
         }
         Ok(out)
