@@ -144,18 +144,18 @@ fn every_cli_error_kind_names_what_is_wrong() {
     );
 
     // Family: the run's config.toml names another family than its checkpoint holds.
-    edit_config(&run, "model_kind = \"xl\"", "model_kind = \"reformer\"");
+    // The family is the layers': LSH and local layers make a Reformer.
+    edit_config(&run, "layers = []", "layers = [\"lsh\"]");
+    edit_config(&run, "document_resets = true", "document_resets = false");
+    edit_config(&run, "randomness = \"device\"", "randomness = \"seeded\"");
     check(
         generate(&run),
         &["holds a `xl` model", "config.toml a `reformer` one"],
         1,
         "generate with the family edited",
     );
-    edit_config(
-        &run,
-        "model_kind = \"reformer\"",
-        "model_kind = \"memorizing\"",
-    );
+    edit_config(&run, "layers = [\"lsh\"]", "layers = [\"xl\", \"knn\"]");
+    edit_config(&run, "n_layers = 1", "n_layers = 2");
     check(
         memzoo::import::export("hf-transfo-xl", &run, &dir.join("export2"), &dev, true),
         &["holds a `xl` model", "config.toml a `memorizing` one"],

@@ -255,7 +255,7 @@ fn fake_rust_code(data_dir: &std::path::Path) {
 /// that prepares it.
 #[test]
 fn rust_code_is_read_as_documents_by_every_family() {
-    use memzoo::config::{ModelKind, RunConfig};
+    use memzoo::config::{Preset, RunConfig};
     use memzoo_data::Split;
     let dir = std::env::temp_dir().join(format!("memzoo-eval-{}-rust-code", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -305,14 +305,20 @@ fn rust_code_is_read_as_documents_by_every_family() {
     assert!(!on(&[&stream]).unwrap().model.document_resets);
     let generated = on(&["data.source=generated"]).unwrap();
     assert!(generated.model.document_resets);
-    let msg = on(&["model_kind=reformer", "reformer.mem_len=4"])
+    let family = |preset: Preset, extra: &[&str]| {
+        let mut s = sets.clone();
+        s.extend(extra.iter().map(|x| x.to_string()));
+        RunConfig::resolve_preset(Some(preset), None, &s)
+            .unwrap()
+            .on_data()
+    };
+    let msg = family(Preset::ReformerTiny, &["model.mem_len=4"])
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("reformer.mem_len = 4"), "{msg}");
-    assert_eq!(
-        on(&["model_kind=memorizing"]).unwrap().model_kind,
-        ModelKind::Memorizing
-    );
+    assert!(msg.contains("model.mem_len = 4"), "{msg}");
+    let memorizing = family(Preset::MemorizingTiny, &[]).unwrap();
+    assert_eq!(memorizing.family(), "memorizing");
+    assert!(memorizing.model.document_resets);
 
     // train and eval end to end on it
     let run = dir.join("run");

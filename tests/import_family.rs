@@ -1,5 +1,5 @@
 //! A run's family on both sides of `memzoo import` / `memzoo export`: an export builds the stack
-//! the run trained (`RunConfig::stack`: `[model]`, `[reformer]` or `[memorizing]`), and an
+//! the run trained (`RunConfig::stack`: `[model]`, whatever the family), and an
 //! imported run is the family of its stack (`RunConfig::family`), checked as one.
 
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ fn train(run: &Path, sets: &[&str]) {
     commands::train(&config, "flex", run, false, false, true, true).unwrap();
 }
 
-/// A natively trained Reformer (`model_kind = "reformer"`, its stack in `[reformer]`) exports
+/// A natively trained Reformer (the `reformer-tiny` preset's stack in `[model]`) exports
 /// to HF's layout: the export builds the Reformer the run trained, not `[model]`'s
 /// Transformer-XL (which failed with a shape mismatch). The export reads back into memzoo and
 /// exports again to the same bytes; the imported run is a `reformer` by its stack.
@@ -32,22 +32,22 @@ fn natively_trained_reformer_exports_and_round_trips() {
     train(
         &run,
         &[
-            "model_kind=\"reformer\"",
-            "reformer.n_layers=2",
-            "reformer.d_model=16",
-            "reformer.n_heads=2",
-            "reformer.d_head=8",
-            "reformer.d_ff=32",
-            "reformer.bucket_size=4",
-            "reformer.n_buckets=4",
-            "reformer.n_rounds=2",
-            "reformer.max_seq_len=16",
-            "reformer.axial_dims=[8, 8]",
+            "model.preset=reformer-tiny",
+            "model.n_layers=2",
+            "model.d_model=16",
+            "model.n_heads=2",
+            "model.d_head=8",
+            "model.d_inner=32",
+            "model.lsh.chunk_len=4",
+            "model.lsh.n_buckets=4",
+            "model.lsh.n_rounds=2",
+            r#"model.axial={"shape": [4, 4], "dims": [8, 8], "summed": false}"#,
+            "model.mem_len=0",
             // The options that make the preset HF's function.
-            "reformer.head_input=\"concat\"",
-            "reformer.dedup_rounds=false",
-            "reformer.rotations_per_head=true",
-            "reformer.key_eps=1e-6",
+            "model.head_input=\"concat\"",
+            "model.lsh.dedup_rounds=false",
+            "model.lsh.rotations_per_head=true",
+            "model.lsh.key_eps=1e-6",
         ],
     );
     let dev = flex();
@@ -76,15 +76,15 @@ fn natively_trained_memorizing_export_names_what_the_format_lacks() {
     train(
         &run,
         &[
-            "model_kind=\"memorizing\"",
-            "memorizing.xl.n_layers=2",
-            "memorizing.xl.d_model=16",
-            "memorizing.xl.n_heads=2",
-            "memorizing.xl.d_inner=32",
-            "memorizing.xl.mem_len=8",
-            "memorizing.knn_layers=[1]",
-            "memorizing.max_memories=64",
-            "memorizing.top_k=4",
+            "model.preset=memorizing-tiny",
+            "model.n_layers=2",
+            "model.d_model=16",
+            "model.n_heads=2",
+            "model.d_inner=32",
+            "model.mem_len=8",
+            "model.layers=[\"t5\", \"knn\"]",
+            "model.knn.max_memories=64",
+            "model.knn.top_k=4",
         ],
     );
     let dev = flex();
@@ -109,7 +109,7 @@ fn natively_trained_memorizing_export_names_what_the_format_lacks() {
     let _ = std::fs::remove_dir_all(tmp);
 }
 
-/// An imported Reformer (its stack in `[model]`, `model_kind = "xl"`) is a `reformer`, and gets
+/// An imported Reformer (its stack in `[model]`, from no preset) is a `reformer`, and gets
 /// the Reformer's machine-memory check: LSH rounds beyond this machine's memory are refused,
 /// naming `model.lsh.n_rounds`, before anything is built.
 #[test]

@@ -419,7 +419,7 @@ fn lucidrains_memorizing_run_dir_and_export_round_trip() {
     memzoo::commands::train(&resumed, "flex", &run, true, false, true, true).unwrap();
     let err = MemorizingPeerConfig::from_xl(&XlConfig::new()).unwrap_err();
     assert!(err.to_string().contains("T5 and kNN"), "{err}");
-    let err = MemorizingPeerConfig::from_xl(&config.model.clone().with_kv_heads(None)).unwrap_err();
+    let err = MemorizingPeerConfig::from_xl(&config.stack().with_kv_heads(None)).unwrap_err();
     assert!(err.to_string().contains("kv_heads"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
 }

@@ -2,6 +2,7 @@
 
 mod backend;
 mod cli;
+mod config;
 mod default_run;
 mod eval;
 mod fused_relative;

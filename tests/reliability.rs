@@ -649,14 +649,16 @@ fn bad_inputs_are_errors_naming_the_value() {
         commands::eval(&run_dir, "flex", split, None, tgt, max, true)
     };
     let reformer = [
-        "model_kind=\"reformer\"",
-        "reformer.n_layers=1",
-        "reformer.d_model=16",
-        "reformer.n_heads=2",
-        "reformer.d_head=8",
-        "reformer.d_ff=32",
-        "reformer.bucket_size=4",
-        "reformer.axial_positions=false",
+        "model.preset=reformer-tiny",
+        "model.n_layers=1",
+        "model.layers=[\"lsh\"]",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.d_head=8",
+        "model.d_inner=32",
+        "model.lsh.chunk_len=4",
+        "model.axial=none",
+        "model.mem_len=0",
         "train.tgt_len=10",
     ];
     let with = |base: &[&'static str], more: &[&'static str]| -> Vec<&'static str> {
@@ -670,34 +672,44 @@ fn bad_inputs_are_errors_naming_the_value() {
         ),
         (
             "memorizing vocab",
-            train_with(&["model_kind=\"memorizing\"", "memorizing.xl.vocab_size=32"]),
+            train_with(&[
+                "model.preset=memorizing-tiny",
+                "model.n_layers=2",
+                "model.layers=[\"t5\", \"knn\"]",
+                "model.vocab_size=32",
+            ]),
             &["vocab_size = 32", "token id"],
         ),
         (
             "Reformer beyond memory",
-            train_with(&with(&reformer, &["reformer.n_rounds=1000000000"])),
-            &["reformer.n_rounds = 1000000000", "GiB"],
+            train_with(&with(&reformer, &["model.lsh.n_rounds=1000000000"])),
+            &["model.lsh.n_rounds = 1000000000", "GiB"],
         ),
         (
             "Reformer 0 rounds",
-            train_with(&with(&reformer, &["reformer.n_rounds=0"])),
+            train_with(&with(&reformer, &["model.lsh.n_rounds=0"])),
             &["n_rounds must be positive, got 0"],
         ),
         (
             "Reformer odd buckets",
-            train_with(&with(&reformer, &["reformer.n_buckets=3"])),
+            train_with(&with(&reformer, &["model.lsh.n_buckets=3"])),
             &["n_buckets", "3"],
         ),
         (
-            "Reformer tgt_len > max_seq_len",
-            train_with(&with(&reformer, &["reformer.max_seq_len=8"])),
-            &["train.tgt_len (10)", "max_seq_len (8)"],
+            "Reformer tgt_len beyond its axial positions",
+            train_with(&with(
+                &reformer,
+                &[r#"model.axial={"shape": [2, 4], "dims": [8, 8], "summed": false}"#],
+            )),
+            &["train.tgt_len (10)", "model.axial.shape 2 x 4 = 8"],
         ),
         (
             "Memorizing same_length",
             train_with(&[
-                "model_kind=\"memorizing\"",
-                "memorizing.xl.same_length=true",
+                "model.preset=memorizing-tiny",
+                "model.n_layers=2",
+                "model.layers=[\"t5\", \"knn\"]",
+                "model.same_length=true",
             ]),
             &["same_length"],
         ),
@@ -907,14 +919,15 @@ fn bad_inputs_are_errors_naming_the_value() {
 fn reformer_trains_at_a_padded_length() {
     let dir = scratch("reformer-padded");
     let sets = [
-        "model_kind=\"reformer\"",
-        "reformer.n_layers=2",
-        "reformer.d_model=16",
-        "reformer.n_heads=2",
-        "reformer.d_head=8",
-        "reformer.d_ff=32",
-        "reformer.bucket_size=4",
-        "reformer.axial_positions=false",
+        "model.preset=reformer-tiny",
+        "model.n_layers=2",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.d_head=8",
+        "model.d_inner=32",
+        "model.lsh.chunk_len=4",
+        "model.axial=none",
+        "model.mem_len=0",
         "train.tgt_len=10",
         "train.steps=3",
         "train.log_every=1",
@@ -1305,15 +1318,16 @@ fn exact_resume_child() {
     // The Reformer: seeded, replayable dropout and fresh LSH rotations every step, with one
     // replica and with two (their threads draw in any order).
     let reformer = [
-        "model_kind=\"reformer\"",
-        "reformer.n_layers=2",
-        "reformer.d_model=16",
-        "reformer.n_heads=2",
-        "reformer.d_head=8",
-        "reformer.d_ff=32",
-        "reformer.bucket_size=4",
-        "reformer.axial_positions=false",
-        "reformer.dropout=0.1",
+        "model.preset=reformer-tiny",
+        "model.n_layers=2",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.d_head=8",
+        "model.d_inner=32",
+        "model.lsh.chunk_len=4",
+        "model.axial=none",
+        "model.mem_len=0",
+        "model.dropout=0.1",
     ];
     straight_equals_resumed("reformer", &reformer);
     let mut two = reformer.to_vec();
@@ -1321,16 +1335,16 @@ fn exact_resume_child() {
     straight_equals_resumed("reformer-2-replicas", &two);
     // The Memorizing Transformer (kNN memories in the checkpoint), with one replica and two.
     let memorizing = [
-        "model_kind=\"memorizing\"",
-        "memorizing.xl.n_layers=2",
-        "memorizing.xl.d_model=16",
-        "memorizing.xl.n_heads=2",
-        "memorizing.xl.d_inner=32",
-        "memorizing.xl.mem_len=8",
-        "memorizing.xl.dropout=0.1",
-        "memorizing.knn_layers=[1]",
-        "memorizing.top_k=4",
-        "memorizing.max_memories=64",
+        "model.preset=memorizing-tiny",
+        "model.n_layers=2",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.d_inner=32",
+        "model.mem_len=8",
+        "model.dropout=0.1",
+        "model.layers=[\"t5\", \"knn\"]",
+        "model.knn.top_k=4",
+        "model.knn.max_memories=64",
     ];
     straight_equals_resumed("memorizing-dropout", &memorizing);
     let mut two = memorizing.to_vec();
@@ -1375,16 +1389,16 @@ fn the_exact_resume_runs_use_dropout() {
     );
     let memorizing = |p: &str| {
         vec![
-            "model_kind=\"memorizing\"".to_string(),
-            "memorizing.xl.n_layers=2".into(),
-            "memorizing.xl.d_model=16".into(),
-            "memorizing.xl.n_heads=2".into(),
-            "memorizing.xl.d_inner=32".into(),
-            "memorizing.xl.mem_len=8".into(),
-            format!("memorizing.xl.dropout={p}"),
-            "memorizing.knn_layers=[1]".into(),
-            "memorizing.top_k=4".into(),
-            "memorizing.max_memories=64".into(),
+            "model.preset=memorizing-tiny".to_string(),
+            "model.n_layers=2".into(),
+            "model.d_model=16".into(),
+            "model.n_heads=2".into(),
+            "model.d_inner=32".into(),
+            "model.mem_len=8".into(),
+            format!("model.dropout={p}"),
+            "model.layers=[\"t5\", \"knn\"]".into(),
+            "model.knn.top_k=4".into(),
+            "model.knn.max_memories=64".into(),
             "train.replicas=2".into(),
         ]
     };
@@ -1798,21 +1812,23 @@ fn non_finite_imported_weights_are_named() {
 fn flags_a_command_cannot_honour_are_refused() {
     let dir = scratch("eval-mem-len");
     let reformer = [
-        "model_kind=\"reformer\"",
-        "reformer.n_layers=1",
-        "reformer.d_model=16",
-        "reformer.n_heads=2",
-        "reformer.d_head=8",
-        "reformer.d_ff=32",
-        "reformer.bucket_size=4",
-        "reformer.axial_positions=false",
+        "model.preset=reformer-tiny",
+        "model.n_layers=1",
+        "model.layers=[\"lsh\"]",
+        "model.d_model=16",
+        "model.n_heads=2",
+        "model.d_head=8",
+        "model.d_inner=32",
+        "model.lsh.chunk_len=4",
+        "model.axial=none",
+        "model.mem_len=0",
         "train.steps=1",
     ];
     cli_train(&reformer, &dir, false, false).unwrap();
     let err = commands::eval(&dir, "flex", "valid", Some(0), None, Some(1), true)
         .expect_err("--mem-len on a Reformer");
     assert_eq!(err.exit_code(), 2, "{err}");
-    assert_mentions(&err, &["--mem-len", "Reformer"], "eval --mem-len");
+    assert_mentions(&err, &["--mem-len", "reformer"], "eval --mem-len");
     for seconds in [f64::NAN, -5.0, f64::INFINITY] {
         let err = commands::duplication("flex", 1, 8, 1, seconds, true).expect_err("bad --seconds");
         assert_eq!(err.exit_code(), 2, "{err}");

@@ -1205,7 +1205,7 @@ impl Study {
             let is_external = i >= external;
             // A kNN model reads with the memory it trained with, and beside it the same weights
             // with the kNN memory cut to `KNN_CUT` pairs (no further back than the XL memory):
-            // what the kNN memory itself carries. A `--copy-run` also with 4x its memory.
+            // what the kNN memory itself carries. A `--copy-run` also with T3's memory sizes.
             let trained = config.knn.max_memories;
             let sizes: Vec<Option<usize>> = if !config.layer_kinds().contains(&LayerKind::Knn) {
                 vec![None]
@@ -1215,7 +1215,13 @@ impl Study {
                     v.push(Some(KNN_CUT));
                 }
                 if is_external {
-                    v.push(Some(4 * trained));
+                    // A user's run is also read with every memory size of T3 (Table 5:
+                    // larger memories at evaluation without retraining).
+                    for &m in &s.knn_eval {
+                        if !v.contains(&Some(m)) {
+                            v.push(Some(m));
+                        }
+                    }
                 }
                 v
             };

@@ -824,6 +824,8 @@ fn t6_section(md: &mut String, lines: &[Value], dir: &str) {
             }
         }
     }
+    // By run, then by memory size.
+    scored.sort_by_key(|(run, mem, _)| (*run, mem.parse::<u64>().unwrap_or(0)));
     if !scored.is_empty() {
         let _ = writeln!(
             md,

@@ -124,7 +124,7 @@ impl MemorizingConfig {
         if !self.xl.layers.is_empty() {
             return Err(KnnError::Config(format!(
                 "xl.layers ({:?}) is set by the preset from knn_layers: leave it empty, or \
-                 describe the whole stack with model_kind = \"xl\" and xl.layers",
+                 describe the whole stack in the stack config's layers",
                 self.xl.layers
             )));
         }

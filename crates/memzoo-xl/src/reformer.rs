@@ -2,7 +2,7 @@
 //! local attention layers ([`LayerKind::Lsh`], [`LayerKind::Local`]) with reversible residuals,
 //! a chunked GELU feed-forward, axial positions, pre-LN, a final LayerNorm over
 //! `(y_1 + y_2) / 2`, a linear head and seeded, replayable randomness. [`ReformerConfig`] (the
-//! `[reformer]` config section) builds the stack's [`XlConfig`] ([`ReformerConfig::stack`]);
+//! preset's parameters in the paper's terms) builds the stack's [`XlConfig`] ([`ReformerConfig::stack`]);
 //! [`ReformerLm`] is the stack. The components (LSH attention, the chunking, axial embeddings,
 //! the reversible coupling and its backward) live in `memzoo_reformer`.
 

@@ -15,7 +15,7 @@ use memzoo_train::{
 use memzoo_xl::TransformerXl;
 use serde_json::json;
 
-use crate::config::{ModelKind, RunConfig};
+use crate::config::RunConfig;
 use crate::data_setup::{batcher, load_corpus, load_splits};
 use crate::error::CliError;
 
@@ -146,57 +146,36 @@ pub fn train(
         };
         if !json_out {
             println!(
-                "training {:?} on {} ({} train tokens) on {device_name}, run dir {}",
-                config.model_kind,
+                "training {} on {} ({} train tokens) on {device_name}, run dir {}",
+                config.family(),
                 splits.name,
                 splits.train.len(),
                 run_dir.display()
             );
         }
-        let outcome = match config.model_kind {
-            ModelKind::Xl => {
-                let model = config.model.init(&device)?;
-                let o = train_on_devices(
-                    model,
-                    t,
-                    &devices,
-                    &mut *train_data,
-                    Some(&mut *valid_data),
-                    &options,
-                )?;
-                // On text with recallable positions: the same weights reading no memory, to show
-                // what the memory bought.
-                if o.valid.is_some_and(|v| v.selected_loss.is_some()) && !o.interrupted {
-                    let no_memory = o.model.clone().with_eval_mem_len(0);
-                    let r = evaluate_sharded(
-                        &no_memory,
-                        &mut *valid_data,
-                        t.tgt_len,
-                        t.eval_segments,
-                        t.replicas,
-                    )?;
-                    without_memory = Some(r);
-                }
-                (o.steps, o.valid, o.interrupted, o.signal)
-            }
-            ModelKind::Reformer | ModelKind::Memorizing => {
-                // Both presets are the layer stack; each validates its own section.
-                let model = if config.model_kind == ModelKind::Reformer {
-                    config.reformer.init(&device)?
-                } else {
-                    config.memorizing.init(&device)?
-                };
-                let o = train_on_devices(
-                    model,
-                    t,
-                    &devices,
-                    &mut *train_data,
-                    Some(&mut *valid_data),
-                    &options,
-                )?;
-                (o.steps, o.valid, o.interrupted, o.signal)
-            }
-        };
+        let model = config.model.init(&device)?;
+        let o = train_on_devices(
+            model,
+            t,
+            &devices,
+            &mut *train_data,
+            Some(&mut *valid_data),
+            &options,
+        )?;
+        // On text with recallable positions: the same weights reading no memory, to show what
+        // the memory bought.
+        if o.valid.is_some_and(|v| v.selected_loss.is_some()) && !o.interrupted {
+            let no_memory = o.model.clone().with_eval_mem_len(0);
+            let r = evaluate_sharded(
+                &no_memory,
+                &mut *valid_data,
+                t.tgt_len,
+                t.eval_segments,
+                t.replicas,
+            )?;
+            without_memory = Some(r);
+        }
+        let outcome = (o.steps, o.valid, o.interrupted, o.signal);
         Ok(outcome)
     })();
     // The new run failed: before its first checkpoint, the old run goes back; after, it was
@@ -360,34 +339,13 @@ pub fn eval(
     // Rows split over replicas as in training (`train.replicas`; unset: one per thread on flex).
     let replicas = config.train.replicas.map(|r| r.min(config.train.batch));
     let start = Instant::now();
-    let (r, eval_mem_len) = match config.model_kind {
-        ModelKind::Xl => {
-            let model = load_xl_config(run_dir, &config, &device)?;
-            let model = match mem_len {
-                Some(m) => model.with_mem_len(m),
-                None => model,
-            };
-            let m = model.mem_len;
-            (
-                evaluate_sharded(&model, data, len, max_segments, replicas),
-                Some(m),
-            )
-        }
-        ModelKind::Reformer => {
-            let model = load_checkpoint(run_dir, config.reformer.init(&device)?)?;
-            (
-                evaluate_sharded(&model, data, len, max_segments, replicas),
-                None,
-            )
-        }
-        ModelKind::Memorizing => {
-            let model = load_checkpoint(run_dir, config.memorizing.init(&device)?)?;
-            (
-                evaluate_sharded(&model, data, len, max_segments, replicas),
-                None,
-            )
-        }
+    let model = load_xl_config(run_dir, &config, &device)?;
+    let model = match mem_len {
+        Some(m) => model.with_mem_len(m),
+        None => model,
     };
+    let eval_mem_len = model.mem_len;
+    let r = evaluate_sharded(&model, data, len, max_segments, replicas);
     let r = r?;
     let secs = start.elapsed().as_secs_f64();
     if json_out {
@@ -405,7 +363,7 @@ pub fn eval(
             r.bpc,
             r.ppl,
             r.tokens,
-            eval_mem_len.map_or("-".to_string(), |m| m.to_string())
+            eval_mem_len
         );
         if let Some(sel) = r.selected_loss {
             println!(
@@ -425,11 +383,12 @@ fn check_mem_len_flag(
     config: &RunConfig,
     run_dir: &Path,
 ) -> Result<(), CliError> {
-    if mem_len.is_some() && config.model_kind != ModelKind::Xl {
+    if mem_len.is_some() && config.family() == "reformer" {
         return Err(CliError::Conflict(format!(
-            "--mem-len sets a Transformer-XL's memory, but {} holds a {:?} run",
+            "--mem-len sets the XL memory of relative-attention layers, but {} holds a {} run \
+             (LSH and local layers)",
             run_dir.display(),
-            config.model_kind
+            config.family()
         )));
     }
     Ok(())
@@ -437,11 +396,7 @@ fn check_mem_len_flag(
 
 /// The config field of the model's vocabulary size, and its value.
 fn model_vocab(config: &RunConfig) -> (&'static str, usize) {
-    match config.model_kind {
-        ModelKind::Xl => ("model.vocab_size", config.model.vocab_size),
-        ModelKind::Reformer => ("reformer.vocab_size", config.reformer.vocab_size),
-        ModelKind::Memorizing => ("memorizing.xl.vocab_size", config.memorizing.xl.vocab_size),
-    }
+    ("model.vocab_size", config.model.vocab_size)
 }
 
 /// Token ids must index the model's vocabulary: the largest one in the data is named rather
@@ -497,8 +452,8 @@ use memzoo_data::machine_memory;
 /// Refuses a Reformer whose LSH attention cannot fit in this machine's memory (the scores of
 /// one layer: batch x heads x rounds x padded length x chunk window, f32, about four live
 /// copies in the backward), naming the estimate, instead of being killed for memory. Every run
-/// whose stack is a Reformer ([`RunConfig::family`]) is checked, an imported one (its stack in
-/// `[model]`) as a native one (`[reformer]`); the message names the fields of its section.
+/// whose stack is a Reformer ([`RunConfig::family`]) is checked, imported or native; the
+/// message names the `[model]` fields.
 fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
     check_model_memory(config, true)?;
     if config.family() != "reformer" {
@@ -506,11 +461,7 @@ fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
     }
     let (stack, t) = (config.stack(), &config.train);
     let lsh = &stack.lsh;
-    // The field as the run's config.toml names it.
-    let rounds = match config.model_kind {
-        ModelKind::Reformer => "reformer.n_rounds",
-        _ => "model.lsh.n_rounds",
-    };
+    let rounds = "model.lsh.n_rounds";
     let chunk = lsh.chunk_len.max(1);
     let len = t.tgt_len.div_ceil(chunk) * chunk;
     let window = chunk * (1 + lsh.n_chunks_before + lsh.n_chunks_after);
@@ -568,24 +519,21 @@ fn stack_bytes(x: &memzoo_xl::XlConfig, batch: usize, len: usize, training: bool
 /// allocation. `training`: with gradients and optimizer moments.
 fn check_model_memory(config: &RunConfig, training: bool) -> Result<(), CliError> {
     let t = &config.train;
-    let (prefix, stack, knn) = match config.model_kind {
-        ModelKind::Xl => ("model", config.model.clone(), 0.0),
-        ModelKind::Reformer => ("reformer", config.reformer.stack(), 0.0),
-        ModelKind::Memorizing => {
-            let m = &config.memorizing;
-            let x = &m.xl;
-            let dh = x.d_head.unwrap_or(x.d_model / x.n_heads.max(1)) as f64;
-            // Keys and values, f32, per row, head and kNN layer.
-            let knn = [t.batch, m.max_memories, x.n_heads, m.knn_layers.len()]
-                .iter()
-                .map(|&v| v as f64)
-                .product::<f64>()
-                * dh
-                * 2.0
-                * 4.0;
-            ("memorizing.xl", x.clone(), knn)
-        }
-    };
+    let (prefix, stack) = ("model", config.stack());
+    // The kNN memories: keys and values, f32, per row, head and kNN layer.
+    let knn_layers = stack
+        .layer_kinds()
+        .iter()
+        .filter(|&&k| k == memzoo_xl::LayerKind::Knn)
+        .count();
+    let dh = stack.d_head.unwrap_or(stack.d_model / stack.n_heads.max(1)) as f64;
+    let knn = [t.batch, stack.knn.max_memories, stack.n_heads, knn_layers]
+        .iter()
+        .map(|&v| v as f64)
+        .product::<f64>()
+        * dh
+        * 2.0
+        * 4.0;
     let bytes = stack_bytes(&stack, t.batch, t.tgt_len, training) + knn;
     let Some(total) = machine_memory() else {
         return Ok(());
@@ -593,9 +541,9 @@ fn check_model_memory(config: &RunConfig, training: bool) -> Result<(), CliError
     if bytes > total as f64 {
         return Err(CliError::TooLarge {
             what: format!(
-                "a {:?} model of {prefix}.n_layers {} x {prefix}.d_model {} ({prefix}.d_inner {}, \
+                "a {} model of {prefix}.n_layers {} x {prefix}.d_model {} ({prefix}.d_inner {}, \
                  {prefix}.vocab_size {}) with train.batch {} x train.tgt_len {}{}",
-                config.model_kind,
+                config.family(),
                 stack.n_layers,
                 stack.d_model,
                 stack.d_inner,
@@ -810,11 +758,8 @@ pub fn recall(
     let task = RecallTask::reference();
     // The larger of the two models (with its kNN memory) over --batch rows, estimated as
     // `train` estimates a Memorizing run, before anything is allocated.
-    let mut estimate = RunConfig {
-        model_kind: ModelKind::Memorizing,
-        memorizing: reference_config(true, task.vocab()),
-        ..RunConfig::default()
-    };
+    let mut estimate = RunConfig::default();
+    estimate.model.stack = reference_config(true, task.vocab()).stack();
     estimate.train.batch = batch;
     estimate.train.tgt_len = task.seg_len;
     check_model_memory(&estimate, true).map_err(|e| match e {
@@ -949,27 +894,12 @@ pub fn generate(
     // (`vocab.json` in the run).
     let codec = TextCodec::for_dir_with_offset(run_dir, config.data.byte_offset)?;
     check_prompt_vocab(&config, &codec, &opts.prompt)?;
-    match config.model_kind {
-        ModelKind::Xl => {
-            let model = config.model.init(&device)?;
-            let model = load_checkpoint(run_dir, model)?;
-            let model = match opts.mem_len {
-                Some(m) => model.with_mem_len(m),
-                None => model,
-            };
-            generate_with(&model, &codec, segment_len, opts, &device, json_out)
-        }
-        ModelKind::Reformer => {
-            let model = config.reformer.init(&device)?;
-            let model = load_checkpoint(run_dir, model)?;
-            generate_with(&model, &codec, segment_len, opts, &device, json_out)
-        }
-        ModelKind::Memorizing => {
-            let model = config.memorizing.init(&device)?;
-            let model = load_checkpoint(run_dir, model)?;
-            generate_with(&model, &codec, segment_len, opts, &device, json_out)
-        }
-    }
+    let model = load_xl_config(run_dir, &config, &device)?;
+    let model = match opts.mem_len {
+        Some(m) => model.with_mem_len(m),
+        None => model,
+    };
+    generate_with(&model, &codec, segment_len, opts, &device, json_out)
 }
 
 fn generate_with<M: SegmentModel>(

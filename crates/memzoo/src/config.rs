@@ -6,72 +6,65 @@ use std::path::Path;
 use memzoo_data::LongRangeConfig;
 use memzoo_knn::MemorizingConfig;
 use memzoo_train::TrainConfig;
-use memzoo_xl::{ReformerConfig, XlConfig};
+use memzoo_xl::{LayerKind, ReformerConfig, XlConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::CliError;
+pub use crate::preset::Preset;
 
-/// Which model family a run trains.
+/// A model family, as `memzoo train --model FAMILY` names it: the family's tiny preset
+/// ([`Preset::tiny`]). A run stores no family: it is derived from the layers of `[model]`
+/// ([`RunConfig::family`]).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
-    /// Transformer-XL.
+    /// Transformer-XL (`xl-tiny`).
     #[default]
     Xl,
-    /// Reformer (LSH attention, reversible layers).
+    /// Reformer: LSH attention, reversible layers (`reformer-tiny`).
     Reformer,
-    /// Memorizing Transformer (XL + kNN attention over an external memory).
+    /// Memorizing Transformer: XL layers and kNN attention over an external memory
+    /// (`memorizing-tiny`).
     Memorizing,
 }
 
-/// A named model configuration from the papers (`memzoo train --preset NAME`); `--set`
-/// overrides its fields. Each sets `model_kind` and that family's section.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Preset {
-    /// XL-small (6 x 256), memzoo's CPU reference (`XlConfig::small`).
-    XlSmall,
-    /// Transformer-XL's enwik8 base (12 x 512, mem 512; `XlConfig::enwik8_base`).
-    XlEnwik8Base,
-    /// Transformer-XL's WikiText-103 base (16 x 410, mem 150; `XlConfig::wt103_base`).
-    XlWt103Base,
-    /// Reformer-small (6 x 256, LSH), memzoo's CPU reference (`ReformerConfig::small`).
-    ReformerSmall,
-    /// The Reformer's enwik8 configuration (12 x 1024, 64K tokens; `ReformerConfig::enwik8`).
-    ReformerEnwik8,
-    /// Memorizing-small (6 x 256, kNN layer 4), memzoo's CPU reference.
-    MemorizingSmall,
-    /// The Memorizing Transformer of Wu et al. 2022 (12 x 1024, kNN layer 9, 64K memories).
-    MemorizingPaper,
+/// `[model]`: the layer stack, and the preset it started from, if any.
+///
+/// In a TOML file, `preset = "NAME"` fills every field from that preset first, then the
+/// file's other fields apply on top; a run's `config.toml` names its preset and lists the
+/// fields the run uses.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct ModelSection {
+    /// The preset the model started from (a record of the recipe; the stack's fields are the
+    /// model). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<Preset>,
+    /// The layer stack.
+    #[serde(flatten)]
+    pub stack: XlConfig,
 }
 
-impl Preset {
-    /// The preset applied to `config`: its family and that family's model section.
-    pub fn apply(self, config: &mut RunConfig) {
-        match self {
-            Preset::XlSmall | Preset::XlEnwik8Base | Preset::XlWt103Base => {
-                config.model_kind = ModelKind::Xl;
-                config.model = match self {
-                    Preset::XlSmall => XlConfig::small(),
-                    Preset::XlEnwik8Base => XlConfig::enwik8_base(),
-                    _ => XlConfig::wt103_base(),
-                };
-            }
-            Preset::ReformerSmall | Preset::ReformerEnwik8 => {
-                config.model_kind = ModelKind::Reformer;
-                config.reformer = match self {
-                    Preset::ReformerSmall => ReformerConfig::small(),
-                    _ => ReformerConfig::enwik8(),
-                };
-            }
-            Preset::MemorizingSmall | Preset::MemorizingPaper => {
-                config.model_kind = ModelKind::Memorizing;
-                config.memorizing = match self {
-                    Preset::MemorizingSmall => MemorizingConfig::small(),
-                    _ => MemorizingConfig::paper(),
-                };
-            }
+impl ModelSection {
+    /// The stack of `preset`, naming it.
+    pub fn from_preset(preset: Preset) -> Self {
+        Self {
+            preset: Some(preset),
+            stack: preset.model(),
         }
+    }
+}
+
+impl std::ops::Deref for ModelSection {
+    type Target = XlConfig;
+    fn deref(&self) -> &XlConfig {
+        &self.stack
+    }
+}
+
+impl std::ops::DerefMut for ModelSection {
+    fn deref_mut(&mut self) -> &mut XlConfig {
+        &mut self.stack
     }
 }
 
@@ -148,17 +141,12 @@ impl Default for DataConfig {
     }
 }
 
-/// Everything a run needs besides the device.
+/// Everything a run needs besides the device: `[model]` (the layer stack), `[train]` and
+/// `[data]`. The family is not stored: [`RunConfig::family`] derives it from the layers.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct RunConfig {
-    /// The model family.
-    pub model_kind: ModelKind,
-    /// Transformer-XL configuration (`[model]`).
-    pub model: XlConfig,
-    /// Reformer configuration (`[reformer]`, used with `model_kind = "reformer"`).
-    pub reformer: ReformerConfig,
-    /// Memorizing Transformer configuration (`[memorizing]`, with `model_kind = "memorizing"`).
-    pub memorizing: MemorizingConfig,
+    /// The layer stack (`[model]`).
+    pub model: ModelSection,
     /// Training configuration (`[train]`).
     pub train: TrainConfig,
     /// Data (`[data]`).
@@ -166,81 +154,30 @@ pub struct RunConfig {
 }
 
 impl Default for RunConfig {
+    /// The default run ([`Preset::XlTiny`]): a tiny XL learning in about a minute on 2 cores to
+    /// copy text whose source lies 22 bytes back (the generated corpus of
+    /// `LongRangeConfig::near`): always beyond its segment of 8 bytes, always within its memory
+    /// of 24. Many cheap steps learn that copy (a head attending 21 positions back, into the
+    /// memory); the 4-layer, d_model 128 XL with segments of 64 bytes did not learn it in 1,000
+    /// steps. No dropout: the task has nothing to overfit.
     fn default() -> Self {
+        Self::with_preset(Preset::XlTiny)
+    }
+}
+
+impl RunConfig {
+    /// `preset`'s stack and recipe on the default data (the generated corpus).
+    pub fn with_preset(preset: Preset) -> Self {
         Self {
-            model_kind: ModelKind::Xl,
-            // The default run shows what the XL memory is for, in about a minute on 2 cores:
-            // a tiny XL (2 layers, d_model 64, 8 heads of 8) reading segments of 8 bytes with a
-            // memory of 24 learns to copy text whose source lies 22 bytes back (the generated
-            // corpus of `LongRangeConfig::near`, below): always beyond its segment, always within
-            // its memory. Many cheap steps learn that copy (a head attending 21 positions back,
-            // into the memory); the 4-layer, d_model 128 XL with segments of 64 bytes did not
-            // learn it in 1,000 steps (3 minutes). The embedding at N(0, 0.1): at d_model 64
-            // the default 0.02 gives the tied output's logits too small a start (see
-            // `XlConfig::embedding_std`). No dropout: the task has nothing to overfit.
-            model: XlConfig::new()
-                .with_n_layers(2)
-                .with_d_model(64)
-                .with_n_heads(8)
-                .with_d_inner(128)
-                .with_mem_len(24)
-                .with_dropout(0.0)
-                .with_embedding_std(Some(0.1)),
-            // A small Reformer: 2 layers (local + LSH), segments of up to 1024 tokens.
-            reformer: ReformerConfig::new()
-                .with_n_layers(2)
-                .with_d_model(128)
-                .with_n_heads(4)
-                .with_d_head(32)
-                .with_d_ff(512)
-                .with_max_seq_len(1024)
-                .with_axial_shape(Some([32, 32]))
-                .with_axial_dims(Some([64, 64]))
-                .with_attn_layers(vec![memzoo_xl::LayerKind::Local, memzoo_xl::LayerKind::Lsh]),
-            // A small Memorizing Transformer: the small XL with T5 positions, pre-LN and an
-            // untied output as the reference, and a kNN layer at depth 2 of 4 (top-32 over up
-            // to 16K memories per row and head).
-            memorizing: MemorizingConfig::new()
-                .with_xl(
-                    MemorizingConfig::new()
-                        .xl
-                        .with_n_layers(4)
-                        .with_d_model(128)
-                        .with_n_heads(4)
-                        .with_d_inner(512)
-                        .with_mem_len(64)
-                        .with_dropout(0.0)
-                        .with_positions(
-                            memzoo_relative::PositionConfig::new()
-                                .with_kind(memzoo_relative::PositionKind::T5),
-                        ),
-                )
-                .with_knn_layers(vec![2]),
-            // 5,000 steps of 16 rows x 8 bytes at lr 3e-3 (one replica: at this size a second
-            // costs more than it saves); evaluation on the whole validation split (the first
-            // segment of each row has no memory yet, so a partial evaluation over-weights it).
-            train: TrainConfig::new()
-                .with_steps(5000)
-                .with_batch(16)
-                .with_tgt_len(8)
-                .with_replicas(Some(1))
-                .with_log_every(100)
-                .with_eval_every(2500)
-                .with_checkpoint_every(2500)
-                .with_schedule(
-                    memzoo_train::ScheduleConfig::new()
-                        .with_lr(3e-3)
-                        .with_warmup(50),
-                ),
+            model: ModelSection::from_preset(preset),
+            train: preset.train(),
             data: DataConfig {
                 generated: LongRangeConfig::near(),
                 ..DataConfig::default()
             },
         }
     }
-}
 
-impl RunConfig {
     /// Defaults, then the TOML file (if any), then the `--set` overrides, in that order.
     ///
     /// Unknown sections or fields and ill-typed values are errors that name them.
@@ -254,26 +191,73 @@ impl RunConfig {
         file: Option<&Path>,
         sets: &[String],
     ) -> Result<Self, CliError> {
-        let mut base = RunConfig::default();
-        if let Some(p) = preset {
-            p.apply(&mut base);
+        // The file first: its `[model] preset` (or an old layout) decides what it starts from.
+        let (user, file_preset) = match file {
+            Some(path) => {
+                let (user, preset) = read_file(path)?;
+                (Some(user), preset)
+            }
+            None => (None, None),
+        };
+        // `--set model.preset=NAME` chooses the preset as `--preset NAME` does.
+        let mut set_preset = None;
+        for set in sets {
+            if let Some((key, raw)) = set.split_once('=')
+                && key.trim() == "model.preset"
+            {
+                let v = parse_scalar(raw.trim());
+                set_preset = Some(serde_json::from_value::<Preset>(v.clone()).map_err(|_| {
+                    CliError::Config(format!(
+                        "--set model.preset={v}: not a preset (memzoo train --help lists them)"
+                    ))
+                })?);
+            }
+        }
+        let mut preset = preset;
+        for (what, named) in [
+            ("--set model.preset", set_preset),
+            ("the config file's preset", file_preset),
+        ] {
+            match (preset, named) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(CliError::Conflict(format!(
+                        "preset {} but {what} names {}: give one",
+                        a.name(),
+                        b.name()
+                    )));
+                }
+                (None, b) => preset = b,
+                _ => {}
+            }
+        }
+        let mut base = RunConfig::with_preset(preset.unwrap_or(Preset::XlTiny));
+        // A file that describes its model without naming a preset started from none.
+        if file.is_some() && preset.is_none() {
+            base.model.preset = None;
         }
         let mut value = serde_json::to_value(base).expect("serialisable");
-        if let Some(path) = file {
-            let text = read_config(path)?;
-            let table: toml::Table = toml::from_str(&text).map_err(|e| {
-                CliError::Config(format!("config {} is not valid TOML: {e}", path.display()))
-            })?;
-            let user = serde_json::to_value(table).map_err(|e| {
-                CliError::Config(format!("config {} cannot be read: {e}", path.display()))
-            })?;
+        if let Some(user) = user {
             merge(&mut value, &user, "")?;
         }
         for set in sets {
             let (key, raw) = set.split_once('=').ok_or_else(|| {
                 CliError::Config(format!("--set `{set}`: expected section.field=value"))
             })?;
-            set_path(&mut value, key.trim(), parse_scalar(raw.trim()))?;
+            let key = key.trim();
+            if key == "model.preset" {
+                continue; // chosen above
+            }
+            if let Some(old) = OLD_SECTIONS
+                .iter()
+                .find(|o| key == **o || key.starts_with(&format!("{o}.")))
+            {
+                return Err(CliError::Config(format!(
+                    "--set {key}: `{old}` is an old layout; a run's model is the layer stack in \
+                     [model] (pick a family with --model or --preset, then set model.* fields, \
+                     e.g. model.lsh.n_rounds or model.knn.max_memories)"
+                )));
+            }
+            set_path(&mut value, key, parse_scalar(raw.trim()))?;
         }
         Self::from_value(value)
     }
@@ -290,74 +274,65 @@ impl RunConfig {
         Ok(config)
     }
 
-    /// The layer stack this run trains: `[model]` for `model_kind = "xl"` (Transformer-XL, and
-    /// every imported peer), the Reformer's and the Memorizing Transformer's presets
-    /// (`[reformer]`, `[memorizing]`) otherwise. The one place a run's section is chosen:
-    /// whatever builds the run's model (`memzoo export`, [`crate::commands::load_xl`]) builds
-    /// this stack.
+    /// The layer stack this run trains (`[model]`): whatever builds the run's model
+    /// (`memzoo train`, `eval`, `generate`, `export`, `recl`) builds this stack.
     pub fn stack(&self) -> XlConfig {
-        match self.model_kind {
-            ModelKind::Xl => self.model.clone(),
-            ModelKind::Reformer => self.reformer.stack(),
-            ModelKind::Memorizing => self.memorizing.stack(),
-        }
+        self.model.stack.clone()
     }
 
     /// The run's model family (`xl`, `reformer` or `memorizing`), computed from the layers of
-    /// its [`stack`](Self::stack) ([`XlConfig::family`]), the label its checkpoints carry: an
-    /// imported Reformer, whose stack lives in `[model]`, is a `reformer`.
+    /// its stack ([`XlConfig::family`]): the one place a run's family is decided, and the label
+    /// its checkpoints carry.
     pub fn family(&self) -> &'static str {
-        self.stack().family()
+        self.model.family()
     }
 
     /// The config as a run uses it on its data. On data made of documents
-    /// ([`DataConfig::has_documents`]) every family clears a batch row's memory where a new
-    /// document starts: Transformer-XL gets `model.document_resets = true` (the Memorizing
-    /// Transformer always has it); a Reformer carries no memory by default, and one that does
-    /// (`reformer.mem_len` > 0, or kNN layers) is refused, since its LSH and local layers cannot
-    /// hide a finished document's memory per row. On a stream, the config as it is.
+    /// ([`DataConfig::has_documents`]) every stack clears a batch row's memory where a new
+    /// document starts (`model.document_resets = true`); a stack with LSH or local layers
+    /// cannot hide a finished document's memory per row, so one that carries memory
+    /// (`model.mem_len` > 0, or kNN layers) is refused there. On a stream, the config as it is.
     pub fn on_data(mut self) -> Result<Self, CliError> {
         if !self.data.has_documents() {
             return Ok(self);
         }
-        match self.model_kind {
-            ModelKind::Xl => self.model.document_resets = true,
-            ModelKind::Memorizing => {}
-            ModelKind::Reformer => {
-                let r = &self.reformer;
-                if r.mem_len > 0 || r.attn_layers.contains(&memzoo_xl::LayerKind::Knn) {
-                    return Err(CliError::Config(format!(
-                        "reformer.mem_len = {} with reformer.attn_layers = {:?} on {}: its LSH \
-                         and local layers cannot clear a finished document's memory per row, and \
-                         data made of documents reset memory at every document start; set \
-                         reformer.mem_len = 0 without kNN layers, or train on a stream (a text \
-                         file or data set)",
-                        r.mem_len,
-                        r.attn_layers,
-                        self.data
-                            .source
-                            .as_deref()
-                            .unwrap_or("the generated corpus"),
-                    )));
-                }
-            }
+        let kinds = self.model.layer_kinds();
+        let hashed = kinds
+            .iter()
+            .any(|k| matches!(k, LayerKind::Lsh | LayerKind::Local));
+        if hashed && (self.model.mem_len > 0 || kinds.contains(&LayerKind::Knn)) {
+            return Err(CliError::Config(format!(
+                "model.mem_len = {} with model.layers = {:?} on {}: LSH and local layers cannot \
+                 clear a finished document's memory per row, and data made of documents reset \
+                 memory at every document start; set model.mem_len = 0 without kNN layers, or \
+                 train on a stream (a text file or data set)",
+                self.model.mem_len,
+                kinds,
+                self.data
+                    .source
+                    .as_deref()
+                    .unwrap_or("the generated corpus"),
+            )));
+        }
+        // A stack without memory has nothing to reset (and LSH layers refuse the flag).
+        if !hashed {
+            self.model.document_resets = true;
         }
         Ok(self)
     }
 
     /// Checks every section, naming the bad field.
     pub fn validate(&self) -> Result<(), CliError> {
-        match self.model_kind {
-            ModelKind::Xl => self.model.validate()?,
-            ModelKind::Memorizing => self.memorizing.validate()?,
-            ModelKind::Reformer => {
-                self.reformer.validate()?;
-                if self.train.tgt_len > self.reformer.max_seq_len {
-                    return Err(CliError::Config(format!(
-                        "train.tgt_len ({}) exceeds reformer.max_seq_len ({})",
-                        self.train.tgt_len, self.reformer.max_seq_len
-                    )));
-                }
+        self.model.validate()?;
+        if let Some(axial) = &self.model.axial {
+            let [a1, a2] = axial.shape;
+            if self.train.tgt_len > a1 * a2 {
+                return Err(CliError::Config(format!(
+                    "train.tgt_len ({}) exceeds the positions model.axial.shape {a1} x {a2} = {} \
+                     can number",
+                    self.train.tgt_len,
+                    a1 * a2
+                )));
             }
         }
         self.train.validate()?;
@@ -371,10 +346,37 @@ impl RunConfig {
         Ok(())
     }
 
-    /// The config as TOML (what a run directory keeps).
+    /// The config as TOML (what a run directory keeps): the fields the run uses. The kNN
+    /// settings only with kNN layers, the LSH ones only with LSH or local layers, the generated
+    /// corpus only when it is the data; what is left out reads back as the preset's.
     pub fn to_toml(&self) -> String {
-        let value = serde_json::to_value(self).expect("serialisable");
-        toml::to_string_pretty(&strip_nulls(value)).unwrap_or_default()
+        let mut value = serde_json::to_value(self).expect("serialisable");
+        let kinds = self.model.layer_kinds();
+        if let Some(model) = value.get_mut("model").and_then(Value::as_object_mut) {
+            if !kinds.contains(&LayerKind::Knn) {
+                model.remove("knn");
+            }
+            if !kinds
+                .iter()
+                .any(|k| matches!(k, LayerKind::Lsh | LayerKind::Local))
+            {
+                model.remove("lsh");
+            }
+        }
+        let generated = matches!(
+            self.data.source.as_deref(),
+            None | Some("") | Some("generated")
+        );
+        if !generated && let Some(data) = value.get_mut("data").and_then(Value::as_object_mut) {
+            data.remove("generated");
+        }
+        // TOML has no null: a `None` is left out where the reader's starting point (the named
+        // preset, else the default run) has none too, and written `"none"` where it has a value.
+        let base = serde_json::to_value(RunConfig::with_preset(
+            self.model.preset.unwrap_or(Preset::XlTiny),
+        ))
+        .expect("serialisable");
+        toml::to_string_pretty(&write_nulls(value, Some(&base))).unwrap_or_default()
     }
 
     /// Reads a run directory's `config.toml`, then applies `sets`.
@@ -388,6 +390,110 @@ impl RunConfig {
         // Saved configs are complete, but resolve() also fills fields added since.
         Self::resolve(Some(&path), sets)
     }
+}
+
+/// The sections and keys of the layout before the one model description (`model_kind`,
+/// `[reformer]`, `[memorizing]`), which old run directories hold.
+const OLD_SECTIONS: [&str; 3] = ["model_kind", "reformer", "memorizing"];
+
+/// A config file as a JSON value (an old layout converted, saying so on stderr), and the
+/// preset its `[model]` names.
+fn read_file(path: &Path) -> Result<(Value, Option<Preset>), CliError> {
+    let text = read_config(path)?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| {
+        CliError::Config(format!("config {} is not valid TOML: {e}", path.display()))
+    })?;
+    let mut user = serde_json::to_value(table)
+        .map_err(|e| CliError::Config(format!("config {} cannot be read: {e}", path.display())))?;
+    if let Some(note) = convert_old_layout(&mut user, path)? {
+        eprintln!("note: {note}");
+    }
+    let preset = match user.get("model").and_then(|m| m.get("preset")) {
+        None => None,
+        Some(v) => Some(serde_json::from_value::<Preset>(v.clone()).map_err(|_| {
+            CliError::Config(format!(
+                "config {}: model.preset = {v} is not a preset (memzoo train --help lists them)",
+                path.display()
+            ))
+        })?),
+    };
+    Ok((user, preset))
+}
+
+/// Converts the layout of runs written before the one model description: `model_kind`
+/// picked one of `[model]` (Transformer-XL), `[reformer]` and `[memorizing]` (the Reformer's
+/// and the Memorizing Transformer's preset configs). The chosen section becomes the layer
+/// stack in `[model]` (its fields filled from the old defaults, `reformer-tiny` and
+/// `memorizing-tiny`, where the file lacks them); the others are dropped. `None` for a file in
+/// today's layout.
+fn convert_old_layout(user: &mut Value, path: &Path) -> Result<Option<String>, CliError> {
+    let Some(table) = user.as_object_mut() else {
+        return Ok(None);
+    };
+    if !OLD_SECTIONS.iter().any(|k| table.contains_key(*k)) {
+        return Ok(None);
+    }
+    let shown = path.display();
+    let kind: ModelKind = match table.remove("model_kind") {
+        None => ModelKind::Xl,
+        Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
+            CliError::Config(format!(
+                "config {shown}: model_kind = {v} (an old layout) is not xl, reformer or \
+                 memorizing"
+            ))
+        })?,
+    };
+    let reformer = table.remove("reformer");
+    let memorizing = table.remove("memorizing");
+    let invalid = |section: &str, e: serde_json::Error| {
+        CliError::Config(format!(
+            "config {shown}: old section [{section}] is invalid: {e}"
+        ))
+    };
+    let stack = match kind {
+        ModelKind::Xl => None,
+        ModelKind::Reformer => {
+            let mut base = serde_json::to_value(Preset::reformer_tiny()).expect("serialisable");
+            if let Some(r) = &reformer {
+                merge(&mut base, r, "reformer")?;
+            }
+            let config: ReformerConfig =
+                serde_json::from_value(base).map_err(|e| invalid("reformer", e))?;
+            config.validate()?;
+            Some(config.stack())
+        }
+        ModelKind::Memorizing => {
+            let mut base = serde_json::to_value(Preset::memorizing_tiny()).expect("serialisable");
+            if let Some(m) = &memorizing {
+                merge(&mut base, m, "memorizing")?;
+            }
+            let config: MemorizingConfig =
+                serde_json::from_value(base).map_err(|e| invalid("memorizing", e))?;
+            config.validate()?;
+            Some(config.stack())
+        }
+    };
+    let section = match kind {
+        ModelKind::Xl => "[model]",
+        ModelKind::Reformer => "[reformer]",
+        ModelKind::Memorizing => "[memorizing]",
+    };
+    if let Some(stack) = stack {
+        table.insert(
+            "model".into(),
+            serde_json::to_value(stack).expect("serialisable"),
+        );
+    }
+    Ok(Some(format!(
+        "config {shown} has the old layout (model_kind = {kind:?}); its {section} section is \
+         read as the layer stack in [model] (a {} stack). A run written now keeps only [model], \
+         [train] and [data].",
+        match kind {
+            ModelKind::Xl => "xl",
+            ModelKind::Reformer => "reformer",
+            ModelKind::Memorizing => "memorizing",
+        }
+    )))
 }
 
 /// The largest config file read (a run's config.toml is a few KiB).
@@ -422,18 +528,30 @@ fn read_config(path: &Path) -> Result<String, CliError> {
         .map_err(|e| CliError::Config(format!("config {shown} is not UTF-8 text: {e}")))
 }
 
-/// TOML has no null: drop `None` fields.
-fn strip_nulls(v: Value) -> Value {
+/// TOML has no null: a `None` field is dropped where `base` (what a reader starts from) has
+/// none either, and written as the string `"none"` where `base` has a value (read back as
+/// `None` by [`merge`], as `--set field=none` is).
+fn write_nulls(v: Value, base: Option<&Value>) -> Value {
     match v {
         Value::Object(map) => Value::Object(
             map.into_iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (k, strip_nulls(v)))
+                .filter_map(|(k, v)| {
+                    let b = base.and_then(|b| b.get(&k));
+                    if v.is_null() {
+                        b.filter(|b| !b.is_null())
+                            .map(|_| (k, Value::String(NONE.into())))
+                    } else {
+                        Some((k.clone(), write_nulls(v, b)))
+                    }
+                })
                 .collect(),
         ),
         other => other,
     }
 }
+
+/// How a config file writes `None` where the starting point has a value.
+const NONE: &str = "none";
 
 fn parse_scalar(raw: &str) -> Value {
     if raw == "none" || raw == "null" {
@@ -453,6 +571,10 @@ fn merge(base: &mut Value, user: &Value, path: &str) -> Result<(), CliError> {
                 };
                 match b.get_mut(k) {
                     Some(slot) if slot.is_object() && v.is_object() => merge(slot, v, &p)?,
+                    // `"none"` for a field that is not a string: `None` (see `write_nulls`).
+                    Some(slot) if v.as_str() == Some(NONE) && !slot.is_string() => {
+                        *slot = Value::Null
+                    }
                     Some(slot) => *slot = v.clone(),
                     None => {
                         b.insert(k.clone(), v.clone());

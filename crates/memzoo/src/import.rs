@@ -1,7 +1,7 @@
 //! `memzoo import` and `memzoo export`: checkpoints from and to the PyTorch world.
 //!
 //! An import writes a run directory like `memzoo train` does — `config.toml` (the whole
-//! `[model]` stack, `model_kind = "xl"`) and a step-0 checkpoint with a fresh optimizer — so
+//! `[model]` stack, from no preset) and a step-0 checkpoint with a fresh optimizer — so
 //! that `memzoo eval`, `memzoo generate` and `memzoo train --resume` read it as any run. Its
 //! family is the stack's ([`RunConfig::family`]: an imported Reformer is a `reformer`, checked
 //! as one, e.g. for the memory its LSH attention needs), and its checkpoint carries it. An
@@ -15,7 +15,7 @@ use memzoo_train::{SegmentModel, SegmentSource, TrainerState, checkpoint, replac
 use memzoo_xl::XlState;
 use serde_json::json;
 
-use crate::config::{ModelKind, RunConfig};
+use crate::config::{ModelSection, RunConfig};
 use crate::data_setup::{batcher, load_splits};
 use crate::error::CliError;
 
@@ -66,9 +66,12 @@ pub fn import(
         crate::commands::check_import_memory(from, &xl)?;
     }
     let (model, xl) = format.import(src, &device)?;
+    // The imported peer's stack, from no preset; the default run's schedule.
     let mut config = RunConfig {
-        model_kind: ModelKind::Xl,
-        model: xl,
+        model: ModelSection {
+            preset: None,
+            stack: xl,
+        },
         ..RunConfig::default()
     };
     config.data.source = data;

@@ -33,6 +33,7 @@ pub mod data_setup;
 pub mod error;
 pub use error::CliError;
 pub mod import;
+pub mod preset;
 pub mod recl;
 
 /// The types most programs need.

@@ -46,11 +46,12 @@ enum Command {
         /// Override a config field, e.g. --set model.mem_len=256 (repeatable).
         #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
         sets: Vec<String>,
-        /// Model family.
-        #[arg(long, value_enum)]
+        /// Model family: its tiny preset (xl-tiny, reformer-tiny, memorizing-tiny).
+        #[arg(long, value_enum, conflicts_with = "resume")]
         model: Option<ModelKind>,
-        /// A model configuration from the papers (sets the family and its section; --config
-        /// and --set apply on top).
+        /// A recipe from the papers or memzoo's references: the layer stack in [model] and the
+        /// schedule in [train] (--config and --set apply on top; the run's config.toml names
+        /// it).
         #[arg(long, value_enum, conflicts_with_all = ["model", "resume"])]
         preset: Option<Preset>,
         /// Data: a text file (.txt, .gz, .zip), a known data set name, or rust-code (after
@@ -329,12 +330,8 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
             quiet,
         } => {
             let mut sets = sets;
-            if let Some(m) = model {
-                sets.insert(
-                    0,
-                    format!("model_kind={}", serde_json::to_string(&m).unwrap()),
-                );
-            }
+            // `--model FAMILY` is that family's tiny preset.
+            let preset = preset.or(model.map(Preset::tiny));
             if let Some(d) = data {
                 sets.insert(
                     0,

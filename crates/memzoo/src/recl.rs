@@ -9,7 +9,7 @@ use memzoo_xl::TransformerXl;
 use serde_json::json;
 
 use crate::commands::{device, load_checkpoint};
-use crate::config::{DataConfig, ModelKind, RunConfig};
+use crate::config::{DataConfig, RunConfig};
 use crate::data_setup::{document_texts, load_splits, tokenizer};
 use crate::error::CliError;
 
@@ -52,11 +52,7 @@ fn load_run(
     device: &burn::tensor::Device,
 ) -> Result<(RunConfig, TransformerXl), CliError> {
     let config = RunConfig::from_run_dir(dir, &[])?.on_data()?;
-    let model = match config.model_kind {
-        ModelKind::Xl => config.model.init(device)?,
-        ModelKind::Reformer => config.reformer.init(device)?,
-        ModelKind::Memorizing => config.memorizing.init(device)?,
-    };
+    let model = config.model.init(device)?;
     let model = load_checkpoint(dir, model)?;
     Ok((config, model))
 }

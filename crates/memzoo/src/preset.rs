@@ -1,0 +1,201 @@
+//! Named recipes: a layer stack and its training schedule (`memzoo train --preset NAME`).
+//!
+//! A preset is a starting point, not a family: it fills `[model]` (the layer stack, whose
+//! family is derived from its layers: [`memzoo_xl::XlConfig::family`]) and `[train]`, and the
+//! run's `config.toml` names it (`[model] preset = "..."`) beside the fields it set; `--config`
+//! and `--set` apply on top. No value in a preset is tuned to a size a user can change without
+//! it: the one value that was (the tiny XL's embedding at N(0, 0.1)) is gone, and every preset
+//! initialises its embedding from `init_std` unless the paper's recipe says otherwise.
+
+use memzoo_knn::MemorizingConfig;
+use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_train::{AdamConfig, ScheduleConfig, TrainConfig};
+use memzoo_xl::{LayerKind, ReformerConfig, XlConfig};
+use serde::{Deserialize, Serialize};
+
+/// A named recipe from the papers or memzoo's CPU references (`memzoo train --preset NAME`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    /// The default run: a tiny XL (2 layers, d_model 64, 8 heads of 8, memory 24) on segments
+    /// of 8 bytes, 5,000 steps at lr 3e-3: it learns in about a minute on 2 cores to copy
+    /// text from 22 bytes back, beyond its segment and within its memory.
+    XlTiny,
+    /// XL-small (6 x 256, memory 128; `XlConfig::small`), memzoo's CPU reference, with the
+    /// quality recipe of HF TransfoXL's comparison (batch 8 x 128, AdamW lr 1e-3, 50 warm-up
+    /// steps then cosine, clip 0.25).
+    XlSmall,
+    /// Transformer-XL's enwik8 base (12 x 512, memory 512; `XlConfig::enwik8_base`) with its
+    /// authors' schedule (batch 22 x 512, Adam lr 2.5e-4, cosine over 400K steps).
+    XlEnwik8Base,
+    /// Transformer-XL's WikiText-103 base (16 x 410, memory 150, adaptive softmax;
+    /// `XlConfig::wt103_base`) with its authors' schedule (batch 60 x 150, lr 2.5e-4, 200K
+    /// steps).
+    XlWt103Base,
+    /// A tiny Reformer (2 layers: local and LSH, d_model 128, axial positions up to 1,024) on
+    /// the default run's schedule (`memzoo train --model reformer`).
+    ReformerTiny,
+    /// Reformer-small (6 x 256, LSH; `ReformerConfig::small`), memzoo's CPU reference, on
+    /// batch 8 x 256 with the quality recipe.
+    ReformerSmall,
+    /// The Reformer's enwik8 configuration (12 x 1024, 64K tokens; `ReformerConfig::enwik8`),
+    /// one sequence of 65,536 bytes per step.
+    ReformerEnwik8,
+    /// A tiny Memorizing Transformer (4 x 128, T5 positions, pre-LN, a kNN layer at depth 2,
+    /// top-32 over 16K memories) on the default run's schedule (`memzoo train --model
+    /// memorizing`).
+    MemorizingTiny,
+    /// Memorizing-small (6 x 256, kNN layer 4; `MemorizingConfig::small`), memzoo's CPU
+    /// reference, on batch 8 x 128 with the quality recipe.
+    MemorizingSmall,
+    /// The Memorizing Transformer of Wu et al. 2022 (12 x 1024, kNN layer 9, 64K memories;
+    /// `MemorizingConfig::paper`) on batch 8 x 512.
+    MemorizingPaper,
+}
+
+impl Preset {
+    /// The preset's layer stack.
+    pub fn model(self) -> XlConfig {
+        match self {
+            Preset::XlTiny => XlConfig::new()
+                .with_n_layers(2)
+                .with_d_model(64)
+                .with_n_heads(8)
+                .with_d_inner(128)
+                .with_mem_len(24)
+                .with_dropout(0.0),
+            Preset::XlSmall => XlConfig::small(),
+            Preset::XlEnwik8Base => XlConfig::enwik8_base(),
+            Preset::XlWt103Base => XlConfig::wt103_base(),
+            Preset::ReformerTiny => Self::reformer_tiny().stack(),
+            Preset::ReformerSmall => ReformerConfig::small().stack(),
+            Preset::ReformerEnwik8 => ReformerConfig::enwik8().stack(),
+            Preset::MemorizingTiny => Self::memorizing_tiny().stack(),
+            Preset::MemorizingSmall => MemorizingConfig::small().stack(),
+            Preset::MemorizingPaper => MemorizingConfig::paper().stack(),
+        }
+    }
+
+    /// The tiny Memorizing Transformer as its preset config (also what an old run's
+    /// `[memorizing]` section was filled from).
+    pub(crate) fn memorizing_tiny() -> MemorizingConfig {
+        MemorizingConfig::new()
+            .with_xl(
+                MemorizingConfig::new()
+                    .xl
+                    .with_n_layers(4)
+                    .with_d_model(128)
+                    .with_n_heads(4)
+                    .with_d_inner(512)
+                    .with_mem_len(64)
+                    .with_dropout(0.0)
+                    .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
+            )
+            .with_knn_layers(vec![2])
+    }
+
+    /// The tiny Reformer as its preset config (also what an old run's `[reformer]` section was
+    /// filled from).
+    pub(crate) fn reformer_tiny() -> ReformerConfig {
+        ReformerConfig::new()
+            .with_n_layers(2)
+            .with_d_model(128)
+            .with_n_heads(4)
+            .with_d_head(32)
+            .with_d_ff(512)
+            .with_max_seq_len(1024)
+            .with_axial_shape(Some([32, 32]))
+            .with_axial_dims(Some([64, 64]))
+            .with_attn_layers(vec![LayerKind::Local, LayerKind::Lsh])
+    }
+
+    /// The preset's training recipe.
+    pub fn train(self) -> TrainConfig {
+        match self {
+            // 5,000 steps of 16 rows x 8 bytes at lr 3e-3 (one replica: at this size a second
+            // costs more than it saves); evaluation on the whole validation split (the first
+            // segment of each row has no memory yet, so a partial evaluation over-weights it).
+            Preset::XlTiny | Preset::ReformerTiny | Preset::MemorizingTiny => TrainConfig::new()
+                .with_steps(5000)
+                .with_batch(16)
+                .with_tgt_len(8)
+                .with_replicas(Some(1))
+                .with_log_every(100)
+                .with_eval_every(2500)
+                .with_checkpoint_every(2500)
+                .with_schedule(ScheduleConfig::new().with_lr(3e-3).with_warmup(50)),
+            Preset::XlSmall => quality(8, 128),
+            Preset::ReformerSmall => quality(8, 256),
+            Preset::MemorizingSmall => quality(8, 128),
+            // The authors' run_enwik8_base.sh: Adam lr 2.5e-4, no warm-up, cosine to 0 over
+            // 400K steps, clip 0.25.
+            Preset::XlEnwik8Base => paper(22, 512, 400_000),
+            // run_wt103_base.sh: batch 60 x 150, 200K steps.
+            Preset::XlWt103Base => paper(60, 150, 200_000),
+            Preset::ReformerEnwik8 => paper(1, 65_536, 100_000),
+            Preset::MemorizingPaper => paper(8, 512, 500_000),
+        }
+    }
+
+    /// The default preset of each family's `memzoo train --model FAMILY`.
+    pub fn tiny(family: crate::config::ModelKind) -> Self {
+        match family {
+            crate::config::ModelKind::Xl => Preset::XlTiny,
+            crate::config::ModelKind::Reformer => Preset::ReformerTiny,
+            crate::config::ModelKind::Memorizing => Preset::MemorizingTiny,
+        }
+    }
+
+    /// The name `--preset` and `config.toml` use.
+    pub fn name(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
+/// The quality recipe of `cargo xtask bench quality` (the peers' side by side): AdamW lr 1e-3
+/// with PyTorch's betas and epsilon, weight decay 0.01, 50 warm-up steps then cosine to 0 over
+/// 400 steps, clip 0.25, a checkpoint every 100 steps.
+fn quality(batch: usize, tgt_len: usize) -> TrainConfig {
+    TrainConfig::new()
+        .with_steps(400)
+        .with_batch(batch)
+        .with_tgt_len(tgt_len)
+        .with_schedule(
+            ScheduleConfig::new()
+                .with_lr(1e-3)
+                .with_warmup(50)
+                .with_min_ratio(0.0),
+        )
+        .with_weight_decay(0.01)
+        .with_adam(
+            AdamConfig::new()
+                .with_beta_1(0.9)
+                .with_beta_2(0.999)
+                .with_epsilon(1e-8),
+        )
+        .with_clip_norm(Some(0.25))
+        .with_log_every(50)
+        .with_eval_every(100)
+        .with_checkpoint_every(100)
+}
+
+/// A paper's schedule: Adam lr 2.5e-4, no warm-up, cosine to 0 over `steps`, clip 0.25.
+fn paper(batch: usize, tgt_len: usize, steps: usize) -> TrainConfig {
+    TrainConfig::new()
+        .with_steps(steps)
+        .with_batch(batch)
+        .with_tgt_len(tgt_len)
+        .with_schedule(
+            ScheduleConfig::new()
+                .with_lr(2.5e-4)
+                .with_warmup(0)
+                .with_min_ratio(0.0),
+        )
+        .with_clip_norm(Some(0.25))
+        .with_log_every(200)
+        .with_eval_every(4000)
+        .with_checkpoint_every(4000)
+}
