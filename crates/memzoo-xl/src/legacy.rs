@@ -24,7 +24,7 @@ use burn_pack::{Reader, Tensor as PackTensor, Writer};
 use memzoo_relative::PositionKind;
 
 use crate::error::XlError;
-use crate::model::{LayerKind, TransformerXl};
+use crate::stack::{LayerKind, TransformerXl};
 
 /// The new name of an old parameter path, for a stack whose layers are `kinds` (bottom to top). `None`: a path the stack no longer has a place
 /// for (e.g. shared `u`/`v` of a stack without XL layers, which old models created unused).

@@ -24,8 +24,8 @@ pub mod adaptive;
 pub mod error;
 pub mod legacy;
 pub mod memory;
-pub mod model;
 pub mod reformer;
+pub mod stack;
 
 pub use adaptive::{
     AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
@@ -33,10 +33,10 @@ pub use adaptive::{
 };
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
-pub use model::{
+pub use reformer::{ReformerConfig, ReformerLm};
+pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
     LayerAttention, LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay,
     Residual, SharedT5, StepCounter, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
     absolute_positions, weighted_nll,
 };
-pub use reformer::{ReformerConfig, ReformerLm};

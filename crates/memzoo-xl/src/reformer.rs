@@ -11,7 +11,7 @@ use burn::tensor::Device;
 use memzoo_reformer::{LshScores, ReformerError};
 
 use crate::error::XlError;
-use crate::model::{
+use crate::stack::{
     Activation, AxialConfig, HeadInput, KnnLayerConfig, LayerKind, LshLayerConfig, Randomness,
     Residual, TransformerXl, XlConfig,
 };

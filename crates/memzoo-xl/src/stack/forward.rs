@@ -1,0 +1,798 @@
+//! The stack ([`TransformerXl`]): embedding, layers and output, and how it reads a segment
+//! with its carried state.
+
+use burn::module::{Module, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Dropout, Embedding, LayerNorm, Linear};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_memory::{KnnIndex, KnnMemoryConfig};
+use memzoo_reformer::rng::mix;
+use memzoo_reformer::{AxialPositionalEmbedding, ForwardOptions};
+use memzoo_relative::{
+    AttentionMask, KnnAttention, PositionConfig, PositionKind, RelativeContext, XlBiases,
+    linear_rows,
+};
+
+use super::*;
+use crate::adaptive::{AdaptiveEmbedding, AdaptiveLogSoftmax};
+use crate::error::XlError;
+use crate::memory::{XlMemory, XlState};
+
+/// The output of a [`TransformerXl`] forward pass.
+#[derive(Debug, Clone)]
+pub struct XlOutput {
+    /// Final hidden states, `[batch, qlen, d_model]`.
+    pub hidden: Tensor<3>,
+    /// The memory to pass to the next segment (detached).
+    pub memory: XlMemory,
+}
+
+/// The layer stack's language model: Transformer-XL, and with `knn` layers the Memorizing
+/// Transformer.
+///
+/// `forward(tokens, memory)` reads one segment, attending over the memory of earlier segments,
+/// and returns the next memory: recurrence is explicit, nothing is hidden in the module. A
+/// stack with kNN layers reads with [`forward_state`](Self::forward_state), whose
+/// [`XlState`] also holds the kNN memories.
+///
+/// # Shapes
+/// - `tokens`: `[batch, qlen]`
+/// - hidden: `[batch, qlen, d_model]`, logits: `[batch, qlen, vocab]`
+#[derive(Module, Debug)]
+pub struct TransformerXl {
+    /// Token embedding: one table, or adaptive (scaled by `sqrt(d_model)` unless
+    /// `scale_embedding` is off).
+    pub embedding: InputEmbedding,
+    /// Axial position embeddings added to the token embedding (the Reformer's).
+    pub axial: Option<AxialPositionalEmbedding>,
+    /// The layers, bottom to top.
+    pub layers: Vec<XlLayer>,
+    /// `u`, `v` shared by all XL layers (unless untied).
+    pub shared_biases: Option<XlBiases>,
+    /// T5 tables shared across layers (`XlConfig::shared_t5`); the layers' own tables are then
+    /// unused.
+    pub shared_t5: Option<SharedT5>,
+    /// The XL memory caches keys/values (`XlConfig::memory_keys_values`).
+    #[module(skip)]
+    pub memory_keys_values: bool,
+    /// Final LayerNorm (pre-LN with `final_norm` only).
+    pub final_norm: Option<LayerNorm>,
+    /// The output distribution: tied, a linear layer, or an adaptive log-softmax.
+    pub output: OutputLayer,
+    /// Dropout on embeddings and final output.
+    pub dropout: Dropout,
+    /// Configuration of every kNN layer's memory.
+    #[module(skip)]
+    pub knn_memory: KnnMemoryConfig,
+    /// Model width.
+    pub d_model: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Positions kept as memory after each segment.
+    pub mem_len: usize,
+    /// Every query sees exactly `mem_len` keys.
+    pub same_length: bool,
+    /// Pairs each kNN layer retrieves per query.
+    pub top_k: usize,
+    /// Rows starting a document hide their XL memory and clear their kNN memories.
+    pub document_resets: bool,
+    /// Seed of the LSH layers' rotations (layer `l` uses `lsh_seed + l`).
+    pub lsh_seed: u64,
+    /// Factor of a plain embedding (`sqrt(d_model)` or 1; an adaptive one applies its own).
+    #[module(skip)]
+    pub scale: f64,
+    /// A sequence starts from `mem_len` zero vectors per layer (HF's `init_mems`).
+    pub zero_first_memory: bool,
+    /// One residual stream or two reversible ones.
+    #[module(skip)]
+    pub residual: Residual,
+    /// Dropout on the final hidden states.
+    pub final_dropout: bool,
+    /// Device or seeded randomness.
+    #[module(skip)]
+    pub randomness: Randomness,
+    /// Base seed of seeded training steps.
+    #[module(skip)]
+    pub train_seed: u64,
+    /// What the head reads from a reversible stack's two streams.
+    #[module(skip)]
+    pub head_input: HeadInput,
+    /// Hash rounds of every LSH layer in seeded evaluation passes (`None`: the configured
+    /// `n_rounds`); see [`TransformerXl::with_eval_rounds`].
+    #[module(skip)]
+    pub eval_rounds: Option<usize>,
+    /// Seeded training steps taken (each draws fresh rotations and masks).
+    #[module(skip)]
+    pub steps: StepCounter,
+    /// A device stack's training passes draw their dropout masks from this seed instead of
+    /// the device's generator ([`with_dropout_seed`](TransformerXl::with_dropout_seed)).
+    #[module(skip)]
+    pub dropout_seed: Option<u64>,
+}
+
+/// The input embedding of the stack.
+///
+/// # Shapes
+/// - `tokens`: `[batch, len]` → `[batch, len, d_model]`
+#[derive(Module, Debug)]
+pub enum InputEmbedding {
+    /// One `[vocab, d_model]` table.
+    Plain(Embedding),
+    /// Adaptive input embedding (Baevski & Auli 2019), its `sqrt(d_model)` scale inside.
+    Adaptive(AdaptiveEmbedding),
+}
+
+impl InputEmbedding {
+    /// The plain table, if the embedding is one.
+    pub fn plain(&self) -> Option<&Embedding> {
+        match self {
+            InputEmbedding::Plain(e) => Some(e),
+            InputEmbedding::Adaptive(_) => None,
+        }
+    }
+
+    /// The adaptive embedding, if the embedding is one.
+    pub fn adaptive(&self) -> Option<&AdaptiveEmbedding> {
+        match self {
+            InputEmbedding::Plain(_) => None,
+            InputEmbedding::Adaptive(e) => Some(e),
+        }
+    }
+
+    /// The device of the parameters.
+    pub fn device(&self) -> Device {
+        match self {
+            InputEmbedding::Plain(e) => e.weight.val().device(),
+            InputEmbedding::Adaptive(e) => e.tables()[0].val().device(),
+        }
+    }
+
+    /// `s · E[tokens]` for a plain table (`scale` = `s`: `sqrt(d_model)` or 1); the adaptive
+    /// embedding applies its own scale and ignores `scale`.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, len]` → `[batch, len, d_model]`
+    pub fn embed(&self, tokens: Tensor<2, Int>, scale: f64) -> Tensor<3> {
+        match self {
+            InputEmbedding::Plain(e) => {
+                let x = e.forward(tokens);
+                if scale == 1.0 { x } else { x.mul_scalar(scale) }
+            }
+            InputEmbedding::Adaptive(e) => e.forward(tokens),
+        }
+    }
+}
+
+/// Sinusoidal absolute position encodings of positions `0..len` (Vaswani et al. 2017, sec.
+/// 3.5: `PE(p, 2k) = sin(p / 10000^(2k/d))`, `PE(p, 2k+1) = cos(...)`, here laid out as the
+/// XL sinusoid is, sines in the first half and cosines in the second).
+///
+/// # Shapes
+/// - output: `[len, d_model]`
+pub fn absolute_positions(len: usize, d_model: usize, device: &Device) -> Tensor<2> {
+    let mut data = Vec::with_capacity(len * d_model);
+    for p in 0..len {
+        memzoo_relative::positions::sinusoid(p as i64, d_model, &mut data);
+    }
+    Tensor::from_data(TensorData::new(data, [len, d_model]), device)
+}
+
+/// The output distribution of the stack.
+#[derive(Module, Debug)]
+pub enum OutputLayer {
+    /// Logits `h Eᵀ + b` against the plain embedding table; holds `b`, `[vocab]`.
+    Tied(Param<Tensor<1>>),
+    /// A separate linear layer `d_model -> vocab`.
+    Linear(Linear),
+    /// Projected adaptive log-softmax (Grave et al. 2017), its tied tables and projections
+    /// read from the adaptive embedding.
+    Adaptive(AdaptiveLogSoftmax),
+}
+
+impl TransformerXl {
+    /// The same model with another memory length (e.g. longer for evaluation, as the paper).
+    pub fn with_mem_len(mut self, mem_len: usize) -> Self {
+        self.mem_len = mem_len;
+        // kNN layers fed from the XL memory's evictions follow its length.
+        for layer in self.layers.iter_mut() {
+            if let LayerAttention::Knn(a) = &mut layer.attention
+                && a.evicted_feed().is_some()
+            {
+                a.set_evicted_feed(Some(mem_len));
+            }
+        }
+        self
+    }
+
+    /// Options of a seeded evaluation pass: rotations fixed by `lsh.seed`, no dropout (and
+    /// [`with_eval_rounds`](Self::with_eval_rounds)'s hash rounds).
+    pub fn eval_options(&self) -> ForwardOptions {
+        let opts = ForwardOptions::eval(self.lsh_seed);
+        match self.eval_rounds {
+            Some(r) => opts.with_rounds(r),
+            None => opts,
+        }
+    }
+
+    /// The same model evaluated (seeded passes) with `n_rounds` hash rounds in every LSH layer
+    /// (more rounds: fewer (query, key) pairs missed by the hashing; the Reformer paper
+    /// evaluates a model trained with few rounds with more).
+    pub fn with_eval_rounds(mut self, n_rounds: usize) -> Self {
+        self.eval_rounds = Some(n_rounds);
+        self
+    }
+
+    /// Options of the next seeded training step: a fresh seed (from `train_seed` and a step
+    /// counter) for rotations and dropout masks.
+    pub fn next_train_options(&self) -> ForwardOptions {
+        ForwardOptions::train(mix(self.train_seed, self.steps.next()))
+    }
+
+    /// The same model with a step counter of its own at `count`: its next seeded training
+    /// step draws from `mix(train_seed, count)` (see [`StepCounter`]).
+    pub fn with_step_count(mut self, count: u64) -> Self {
+        self.steps = StepCounter::at(count);
+        self
+    }
+
+    /// The same model whose training passes, in a device stack ([`Randomness::Device`]), draw
+    /// every dropout mask from `seed` instead of the device's generator (`None`: from the
+    /// generator again): the masks of embeddings, attention (output and probabilities),
+    /// feed-forward and final output, at the sites and rates the generator would have drawn
+    /// them, each from `seed`, the layer and the site. A pass is then one function of its seed,
+    /// whichever thread runs it and whatever was drawn before (replicas on threads, a resumed
+    /// run). LSH layers keep their fixed rotations. A seeded stack ignores it (its step counter
+    /// seeds it, [`with_step_count`](Self::with_step_count)).
+    pub fn with_dropout_seed(mut self, seed: Option<u64>) -> Self {
+        self.dropout_seed = seed;
+        self
+    }
+
+    /// Options of the next training pass: a seeded stack's fresh ones
+    /// ([`next_train_options`](Self::next_train_options)), a device stack's from its dropout
+    /// seed ([`with_dropout_seed`](Self::with_dropout_seed)); `None`: the device's generator
+    /// draws (a device stack without a dropout seed).
+    pub fn train_options(&self) -> Option<ForwardOptions> {
+        match self.randomness {
+            Randomness::Seeded => Some(self.next_train_options()),
+            Randomness::Device => self.dropout_seed.map(ForwardOptions::train),
+        }
+    }
+
+    /// The kind of every layer, bottom to top.
+    pub fn layer_kinds(&self) -> Vec<LayerKind> {
+        self.layers.iter().map(|l| l.attention.kind()).collect()
+    }
+
+    /// The model family the stack is, by its layers (the label checkpoints carry): `memorizing`
+    /// with kNN layers, `reformer` with LSH or local attention layers (and no kNN ones), `xl`
+    /// otherwise. The randomness does not enter: an XL stack with `randomness = "seeded"` is
+    /// still `xl`.
+    pub fn stack_family(&self) -> &'static str {
+        LayerKind::family_of(&self.layer_kinds())
+    }
+
+    /// The label checkpoints written before [`stack_family`](Self::stack_family) looked at the
+    /// layers gave this stack: `memorizing` with kNN layers, else `reformer` with seeded
+    /// randomness, else `xl`. Loading accepts it beside the current one, so older runs still
+    /// resume and generate.
+    pub fn legacy_family(&self) -> &'static str {
+        if self.n_knn_layers() > 0 {
+            "memorizing"
+        } else if self.randomness == Randomness::Seeded {
+            "reformer"
+        } else {
+            "xl"
+        }
+    }
+
+    /// Number of kNN layers.
+    pub fn n_knn_layers(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| matches!(l.attention, LayerAttention::Knn(_)))
+            .count()
+    }
+
+    /// The kNN attention of every kNN layer, bottom to top.
+    pub fn knn_attentions(&self) -> impl Iterator<Item = &KnnAttention> {
+        self.layers.iter().filter_map(|l| match &l.attention {
+            LayerAttention::Knn(a) => Some(a),
+            _ => None,
+        })
+    }
+
+    /// The attention mask the model uses by default: causal, and with `same_length` a window
+    /// of `mem_len` keys.
+    pub fn default_mask(&self) -> AttentionMask {
+        AttentionMask::Causal {
+            window: self.same_length.then_some(self.mem_len),
+        }
+    }
+
+    /// Empty kNN memories (one per kNN layer) for `batch` rows, and no XL memory.
+    pub fn new_state(&self, batch: usize, device: &Device) -> Result<XlState, XlError> {
+        let knn = (0..self.n_knn_layers())
+            .map(|_| self.knn_memory.init(batch, device))
+            .collect::<Result<_, _>>()?;
+        Ok(XlState {
+            xl: XlMemory::empty(),
+            knn,
+            xl_valid: Vec::new(),
+        })
+    }
+
+    /// With `zero_first_memory`, the memory a sequence starts from when `memory` is empty:
+    /// `mem_len` zero vectors per layer (HF's `init_mems`); `None` otherwise.
+    pub(crate) fn first_memory(
+        &self,
+        memory: &XlMemory,
+        batch: usize,
+        device: &Device,
+    ) -> Option<XlMemory> {
+        (self.zero_first_memory && memory.is_empty() && self.mem_len > 0)
+            .then(|| XlMemory::zeros(self.layers.len(), batch, self.mem_len, self.d_model, device))
+    }
+
+    /// Reads one segment with the model's default (causal) mask.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]`; every `memory` layer `[batch, mlen, d_model]`
+    pub fn forward(&self, tokens: Tensor<2, Int>, memory: &XlMemory) -> Result<XlOutput, XlError> {
+        self.forward_masked(tokens, memory, &self.default_mask())
+    }
+
+    /// Reads one segment with an explicit mask over its `mlen + qlen` keys (a stack without
+    /// kNN layers; see [`forward_state`](Self::forward_state) for those).
+    pub fn forward_masked(
+        &self,
+        tokens: Tensor<2, Int>,
+        memory: &XlMemory,
+        mask: &AttentionMask,
+    ) -> Result<XlOutput, XlError> {
+        if self.n_knn_layers() > 0 {
+            return Err(XlError::Input(format!(
+                "this stack has kNN layers ({:?}): read it with forward_state and an XlState",
+                self.layer_kinds()
+            )));
+        }
+        let first = self.first_memory(memory, tokens.dims()[0], &tokens.device());
+        let memory = first.as_ref().unwrap_or(memory);
+        let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
+        let (hidden, inputs) = self.run(tokens, memory, mask, &mut [], opts.as_ref())?;
+        Ok(XlOutput {
+            hidden,
+            memory: memory.update(&inputs, self.mem_len),
+        })
+    }
+
+    /// Reads one segment; returns the final hidden states and updates `state` (the XL memory
+    /// and, in kNN layers, retrieval from and then addition to their kNN memories).
+    /// `reset[b]`: row `b` starts a new document here (with `document_resets`: its kNN
+    /// memories are cleared and its XL memory hidden). A seeded stack reads with its
+    /// evaluation options ([`eval_options`](Self::eval_options): fixed rotations, no dropout).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]`, `reset`: `batch` flags → `[batch, qlen, d_model]`
+    pub fn forward_state(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<Tensor<3>, XlError> {
+        let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
+        self.forward_state_with(tokens, state, reset, opts.as_ref())
+    }
+
+    /// [`forward_state`](Self::forward_state) under explicit seeded options (`None`: the
+    /// device's randomness), with a graph for plain autodiff.
+    pub fn forward_state_with(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        opts: Option<&ForwardOptions>,
+    ) -> Result<Tensor<3>, XlError> {
+        let qlen = tokens.dims()[1];
+        let mask = self.prepare(&tokens, state, reset)?;
+        let (hidden, inputs) = self.run(tokens, &state.xl, &mask, &mut state.knn, opts)?;
+        self.advance(state, &inputs, qlen);
+        Ok(hidden)
+    }
+
+    /// Checks `state` against the segment, clears the rows that start a document, and returns
+    /// the attention mask over `mlen + qlen` keys.
+    pub(crate) fn prepare(
+        &self,
+        tokens: &Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<AttentionMask, XlError> {
+        let [batch, qlen] = tokens.dims();
+        let device = tokens.device();
+        if reset.len() != batch {
+            return Err(XlError::Input(format!(
+                "reset has {} flags for a batch of {batch}",
+                reset.len()
+            )));
+        }
+        let n_knn = self.n_knn_layers();
+        if state.knn.is_empty() && n_knn > 0 {
+            state.knn = self.new_state(batch, &device)?.knn;
+        }
+        if state.knn.len() != n_knn {
+            return Err(XlError::Input(format!(
+                "state has {} kNN memories, the model {n_knn} kNN layers",
+                state.knn.len()
+            )));
+        }
+        if let Some(m) = state.knn.iter().find(|m| m.batch() != batch) {
+            return Err(XlError::Input(format!(
+                "kNN memory has {} rows, tokens have batch {batch}",
+                m.batch()
+            )));
+        }
+        if let Some(zeros) = self.first_memory(&state.xl, batch, &device) {
+            state.xl = zeros;
+        }
+        let mlen = state.xl.len();
+        Ok(if self.document_resets {
+            let rows: Vec<usize> = (0..batch).filter(|&b| reset[b]).collect();
+            for m in state.knn.iter_mut() {
+                m.clear(&rows)?;
+            }
+            if state.xl_valid.len() != batch {
+                state.xl_valid = vec![mlen; batch];
+            }
+            for (v, &r) in state.xl_valid.iter_mut().zip(reset) {
+                if r {
+                    *v = 0;
+                }
+            }
+            document_mask(
+                &state.xl_valid,
+                qlen,
+                mlen,
+                self.same_length.then_some(self.mem_len),
+                &device,
+            )
+        } else {
+            self.default_mask()
+        })
+    }
+
+    /// Moves the XL memory on past a segment of `qlen` whose layers read `inputs`.
+    pub(crate) fn advance(&self, state: &mut XlState, inputs: &[Tensor<3>], qlen: usize) {
+        state.xl = state.xl.update(inputs, self.mem_len);
+        if self.document_resets {
+            let new_mlen = state.xl.len();
+            for v in state.xl_valid.iter_mut() {
+                *v = (*v + qlen).min(new_mlen);
+            }
+        }
+    }
+
+    /// One position context per position scheme in use (most stacks use one), checked
+    /// against the mask.
+    pub(crate) fn contexts(
+        &self,
+        batch: usize,
+        qlen: usize,
+        mlen: usize,
+        mask: &AttentionMask,
+        device: &Device,
+    ) -> Result<Vec<ContextEntry<'_>>, XlError> {
+        let mut contexts: Vec<ContextEntry<'_>> = Vec::new();
+        for (layer, p) in self
+            .layers
+            .iter()
+            .filter_map(|l| Some((l, l.attention.positions()?)))
+        {
+            let key = self.shared_t5_key(layer, p);
+            if !contexts.iter().any(|(q, k, _)| *q == p && *k == key) {
+                let ctx = RelativeContext::new(p, self.d_model, qlen, mlen, mask, device);
+                // With `shared_t5`: the model's table of this kind of layer.
+                let ctx = match (key, &self.shared_t5) {
+                    (Some(knn), Some(t)) => match t.table(knn) {
+                        Some(table) => ctx.with_t5_table(table.val()),
+                        None => ctx,
+                    },
+                    _ => ctx,
+                };
+                contexts.push((p, key, ctx));
+            }
+        }
+        if let Some(m) = contexts.first().and_then(|(_, _, c)| c.mask.as_ref()) {
+            let [mb, mq, mk] = m.dims();
+            if (mb != 1 && mb != batch) || mq != qlen || mk != qlen + mlen {
+                return Err(XlError::Input(format!(
+                    "mask has shape [{mb}, {mq}, {mk}], expected [1 or {batch}, {qlen}, {}]",
+                    qlen + mlen
+                )));
+            }
+        }
+        Ok(contexts)
+    }
+
+    /// Which shared T5 table a layer with positions `p` reads (`shared_t5`): `Some(true)` the
+    /// kNN layers', `Some(false)` the T5 layers'; `None`: its own (no sharing, or not T5).
+    pub(crate) fn shared_t5_key(&self, layer: &XlLayer, p: &PositionConfig) -> Option<bool> {
+        (self.shared_t5.is_some() && p.kind == PositionKind::T5)
+            .then_some(matches!(layer.attention, LayerAttention::Knn(_)))
+    }
+
+    /// What layer `l` reads besides its input: its position context, the shared biases, its
+    /// kNN memory (`knn`) and its seeded options.
+    pub(crate) fn layer_context<'a>(
+        &'a self,
+        l: usize,
+        contexts: &'a [ContextEntry<'a>],
+        knn: Option<&'a mut (dyn KnnIndex + 'static)>,
+        opts: Option<&ForwardOptions>,
+    ) -> LayerContext<'a> {
+        let layer = &self.layers[l];
+        let positions = layer
+            .attention
+            .positions()
+            .and_then(|p| {
+                let key = self.shared_t5_key(layer, p);
+                contexts.iter().find(|(q, k, _)| *q == p && *k == key)
+            })
+            .map(|(_, _, ctx)| ctx);
+        LayerContext {
+            positions,
+            shared: self.shared_biases.as_ref(),
+            knn: knn.map(|s| (s, self.top_k)),
+            seed: self.lsh_seed.wrapping_add(l as u64),
+            opts: opts.map(|o| o.child(TAG_LAYER + l as u64)),
+            randomness: self.randomness,
+        }
+    }
+
+    /// `h_0`: the token embedding (times `sqrt(d_model)` unless off; adaptive:
+    /// `Σ_i 1[t in cluster i] E_i P_i · sqrt(d_model)`), plus axial positions, with dropout.
+    pub(crate) fn embed(
+        &self,
+        tokens: Tensor<2, Int>,
+        opts: Option<&ForwardOptions>,
+    ) -> Result<Tensor<3>, XlError> {
+        let qlen = tokens.dims()[1];
+        let device = tokens.device();
+        let mut h = self.embedding.embed(tokens, self.scale);
+        if let Some(axial) = &self.axial {
+            h = h + axial.forward(qlen)?;
+        }
+        if self.absolute_positions() {
+            h = h + absolute_positions(qlen, self.d_model, &device).unsqueeze_dim::<3>(0);
+        }
+        Ok(match opts {
+            Some(o) => seeded_dropout(h, self.dropout.prob, o, TAG_EMBED),
+            None => self.dropout.forward(h),
+        })
+    }
+
+    /// The head's input from the last layer's output(s): the final norm (where there is one)
+    /// and dropout.
+    pub(crate) fn finish(&self, h: Tensor<3>, opts: Option<&ForwardOptions>) -> Tensor<3> {
+        let h = match &self.final_norm {
+            Some(norm) => norm.forward(h),
+            None => h,
+        };
+        if !self.final_dropout {
+            return h;
+        }
+        match opts {
+            Some(o) => seeded_dropout(h, self.dropout.prob, o, TAG_FINAL),
+            None => self.dropout.forward(h),
+        }
+    }
+
+    /// The layers over one segment: final hidden states (after the final norm and dropout)
+    /// and every layer's memory material (its input; reversible: its `x_2` stream). `knn`:
+    /// one memory per kNN layer.
+    pub(crate) fn run(
+        &self,
+        tokens: Tensor<2, Int>,
+        memory: &XlMemory,
+        mask: &AttentionMask,
+        knn: &mut [Box<dyn KnnIndex>],
+        opts: Option<&ForwardOptions>,
+    ) -> Result<(Tensor<3>, Vec<Tensor<3>>), XlError> {
+        let [batch, qlen] = tokens.dims();
+        self.check_memory(batch, memory)?;
+        let device = tokens.device();
+        let contexts = self.contexts(batch, qlen, memory.len(), mask, &device)?;
+        let h = self.embed(tokens, opts)?;
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut stores = knn.iter_mut();
+        let mut next_store = |layer: &XlLayer| match layer.attention {
+            LayerAttention::Knn(_) => stores
+                .next()
+                .map(|s| Some(s.as_mut()))
+                .ok_or_else(|| XlError::Input("fewer kNN memories than kNN layers".into())),
+            _ => Ok(None),
+        };
+        let h = match self.residual {
+            Residual::Sequential => {
+                let mut h = h;
+                for (l, layer) in self.layers.iter().enumerate() {
+                    // The layer's input, or its keys/values (`memory_keys_values`).
+                    let cached = match self.memory_keys_values {
+                        true => layer.cache_entry(h.clone()).ok_or_else(|| {
+                            XlError::Input(format!("layer {l} caches no keys/values"))
+                        })?,
+                        false => h.clone(),
+                    };
+                    inputs.push(cached);
+                    let cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
+                    h = layer.forward(h, memory.layer(l).cloned(), cx)?;
+                }
+                h
+            }
+            Residual::Reversible => {
+                let (mut x1, mut x2) = (h.clone(), h);
+                for (l, layer) in self.layers.iter().enumerate() {
+                    inputs.push(x2.clone());
+                    let cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
+                    let (y1, y2, _) =
+                        layer.forward_reversible(x1, x2, memory.layer(l).cloned(), cx)?;
+                    (x1, x2) = (y1, y2);
+                }
+                self.merge_streams(x1, x2)
+            }
+        };
+        Ok((self.finish(h, opts), inputs))
+    }
+
+    /// The head's input from a reversible stack's streams: `(y_1 + y_2) / 2`, or
+    /// `cat(y_1, y_2)` (`[batch, len, 2 d_model]`) with a `concat` head.
+    pub(crate) fn merge_streams(&self, y1: Tensor<3>, y2: Tensor<3>) -> Tensor<3> {
+        match self.head_input {
+            HeadInput::Mean => (y1 + y2).mul_scalar(0.5),
+            HeadInput::Concat => Tensor::cat(vec![y1, y2], 2),
+        }
+    }
+
+    /// Whether the stack's layers are absolute ([`LayerKind::Absolute`]): its embeddings then
+    /// carry sinusoidal positions of the segment.
+    pub fn absolute_positions(&self) -> bool {
+        self.layers
+            .first()
+            .is_some_and(|l| l.attention.kind() == LayerKind::Absolute)
+    }
+
+    pub(crate) fn check_memory(&self, batch: usize, memory: &XlMemory) -> Result<(), XlError> {
+        if memory.is_empty() {
+            return Ok(());
+        }
+        if self.absolute_positions() {
+            return Err(XlError::Input(format!(
+                "a memory of {} positions reaches a stack with absolute positions, which index \
+                 one segment (the memory's keys would share the segment's positions): read it \
+                 with mem_len 0",
+                memory.len()
+            )));
+        }
+        if self.axial.is_some() {
+            return Err(XlError::Input(format!(
+                "a memory of {} positions reaches a stack with axial positions, which index one \
+                 segment (the memory's keys would share the segment's positions): read it with \
+                 mem_len 0",
+                memory.len()
+            )));
+        }
+        if memory.n_layers() != self.layers.len() {
+            return Err(XlError::Input(format!(
+                "memory has {} layers, the model {}",
+                memory.n_layers(),
+                self.layers.len()
+            )));
+        }
+        let [mb, _, md] = memory.layer(0).expect("non-empty").dims();
+        // Layer inputs, or cached keys/values of 2 kv heads x d_head.
+        let width = match (self.memory_keys_values, self.layers[0].attention.relative()) {
+            (true, Some(a)) => 2 * a.n_kv_heads * a.d_head,
+            _ => self.d_model,
+        };
+        if mb != batch || md != width {
+            return Err(XlError::Input(format!(
+                "memory is [{mb}, _, {md}], tokens need [{batch}, _, {width}]"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Output logits from hidden states: `h Eᵀ + b` (tied) or a separate linear layer; for an
+    /// adaptive output the full log-probabilities (which are their own logits:
+    /// `log_softmax(log p) = log p`).
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, qlen, d_model]` → `[batch, qlen, vocab]`
+    ///
+    /// # Panics
+    /// If `hidden` is not `d_model` wide, or the output is tied to an embedding it does not
+    /// fit (a hand-assembled model; [`XlConfig::init`] and the importer build matching ones).
+    pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
+        let [b, q, d] = hidden.dims();
+        match (&self.output, &self.embedding) {
+            (OutputLayer::Linear(output), _) => linear_rows(output, hidden),
+            (OutputLayer::Tied(bias), InputEmbedding::Plain(embedding)) => {
+                let w = embedding.weight.val(); // [vocab, d]
+                let logits = hidden.reshape([b * q, d]).matmul(w.transpose());
+                let logits = logits + bias.val().unsqueeze_dim(0);
+                logits.reshape([b, q, self.vocab_size])
+            }
+            (OutputLayer::Adaptive(softmax), InputEmbedding::Adaptive(embedding)) => softmax
+                .log_probs(hidden.reshape([b * q, d]), embedding)
+                .expect("the adaptive softmax is built for its embedding and d_model")
+                .reshape([b, q, self.vocab_size]),
+            (OutputLayer::Tied(_), InputEmbedding::Adaptive(_))
+            | (OutputLayer::Adaptive(_), InputEmbedding::Plain(_)) => {
+                panic!("the output is tied to another kind of embedding")
+            }
+        }
+    }
+
+    /// The device of the parameters.
+    pub fn device(&self) -> Device {
+        self.embedding.device()
+    }
+
+    /// Mean next-token cross-entropy (nats) of one segment, and the next memory.
+    ///
+    /// # Shapes
+    /// - `tokens`, `targets`: `[batch, qlen]`; loss: `[1]`
+    pub fn forward_loss(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        memory: &XlMemory,
+    ) -> Result<(Tensor<1>, XlMemory), XlError> {
+        check_targets(&tokens, &targets)?;
+        let out = self.forward(tokens, memory)?;
+        Ok((self.loss(out.hidden, targets)?, out.memory))
+    }
+
+    /// Mean next-token cross-entropy (nats) of one segment read with
+    /// [`forward_state`](Self::forward_state); updates `state`.
+    ///
+    /// # Shapes
+    /// - `tokens`, `targets`: `[batch, qlen]`; loss: `[1]`
+    pub fn forward_loss_state(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<Tensor<1>, XlError> {
+        check_targets(&tokens, &targets)?;
+        let hidden = self.forward_state(tokens, state, reset)?;
+        self.loss(hidden, targets)
+    }
+
+    /// Mean cross-entropy; an adaptive output computes each tail cluster only for the targets
+    /// in it (`AdaptiveLogSoftmax::nll`), never the `[n, vocab]` log-probabilities.
+    pub(crate) fn loss(
+        &self,
+        hidden: Tensor<3>,
+        targets: Tensor<2, Int>,
+    ) -> Result<Tensor<1>, XlError> {
+        let device = targets.device();
+        let [b, q] = targets.dims();
+        if let (OutputLayer::Adaptive(softmax), InputEmbedding::Adaptive(embedding)) =
+            (&self.output, &self.embedding)
+        {
+            let d = hidden.dims()[2];
+            let nll = softmax.nll(
+                hidden.reshape([b * q, d]),
+                targets.reshape([b * q]),
+                embedding,
+            )?;
+            return Ok(nll.mean());
+        }
+        let logits = self.logits(hidden).reshape([b * q, self.vocab_size]);
+        Ok(CrossEntropyLossConfig::new()
+            .init(&device)
+            .forward(logits, targets.reshape([b * q])))
+    }
+}

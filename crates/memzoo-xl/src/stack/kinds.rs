@@ -1,0 +1,271 @@
+//! The attention kind of each layer, the stack's residual and head options, and the settings
+//! of its LSH, local and kNN layers.
+
+use burn::config::Config;
+use memzoo_memory::{HnswConfig, IndexKind, WhenFull};
+use memzoo_reformer::LshScores;
+use memzoo_relative::{KnnMixing, PositionKind};
+use serde::{Deserialize, Serialize};
+
+/// The attention of one layer of the stack.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerKind {
+    /// Relative attention with Transformer-XL's sinusoids and `u`/`v` biases (Dai et al. 2019).
+    Xl,
+    /// Relative attention with learned relative embeddings (labml).
+    Learned,
+    /// Relative attention with T5's bucketed biases (Raffel et al. 2020).
+    T5,
+    /// kNN-augmented attention (Wu et al. 2022): T5 local attention plus the top-k pairs
+    /// retrieved from the layer's kNN memory of everything read before.
+    Knn,
+    /// The Reformer's LSH attention (Kitaev et al. 2020), shared-QK, over `cat(memory, x)`.
+    Lsh,
+    /// The Reformer's chunked local attention over `cat(memory, x)`.
+    Local,
+    /// Content-only attention `s q·k` (no relative term), the stack adding sinusoidal
+    /// absolute positions to its embeddings: the vanilla Transformer (Al-Rfou et al. 2018),
+    /// Transformer-XL's baseline. Needs `mem_len = 0` and every layer of this kind.
+    Absolute,
+}
+
+impl LayerKind {
+    /// The relative position scheme of a relative kind (`None` for `knn`, `lsh`, `local`).
+    pub fn positions(self) -> Option<PositionKind> {
+        match self {
+            LayerKind::Xl => Some(PositionKind::Xl),
+            LayerKind::Learned => Some(PositionKind::Learned),
+            LayerKind::T5 => Some(PositionKind::T5),
+            LayerKind::Absolute => Some(PositionKind::Absolute),
+            LayerKind::Knn | LayerKind::Lsh | LayerKind::Local => None,
+        }
+    }
+
+    /// The relative kind of a position scheme.
+    pub fn of_positions(kind: PositionKind) -> Self {
+        match kind {
+            PositionKind::Xl => LayerKind::Xl,
+            PositionKind::Learned => LayerKind::Learned,
+            PositionKind::T5 => LayerKind::T5,
+            PositionKind::Absolute => LayerKind::Absolute,
+        }
+    }
+
+    /// The model family a stack of these layers is (the label checkpoints carry): `memorizing`
+    /// with kNN layers, `reformer` with LSH or local attention layers (and no kNN ones), `xl`
+    /// otherwise. The one place the family is computed, for a config
+    /// ([`XlConfig::family`]) and a model ([`TransformerXl::stack_family`]) alike.
+    pub fn family_of(kinds: &[LayerKind]) -> &'static str {
+        if kinds.contains(&LayerKind::Knn) {
+            "memorizing"
+        } else if kinds
+            .iter()
+            .any(|k| matches!(k, LayerKind::Lsh | LayerKind::Local))
+        {
+            "reformer"
+        } else {
+            "xl"
+        }
+    }
+}
+
+/// How each layer arranges its two residual branches, the attention `F` and the feed-forward
+/// `G` (`[model] residual = "sequential"` or `"reversible"`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Residual {
+    /// One stream: `h = x + F(x)`, `out = h + G(h)` (post-LN: a LayerNorm after each sum).
+    #[default]
+    Sequential,
+    /// Two streams (RevNet; Kitaev et al. 2020, sec. 3): the embedding starts both,
+    /// `y_1 = x_1 + F(x_2)`, `y_2 = x_2 + G(y_1)`, and the head reads `(y_1 + y_2) / 2`. A
+    /// layer's inputs can be rebuilt from its outputs, so the training step
+    /// ([`TransformerXl::train_step_state`]) keeps no activations per layer.
+    Reversible,
+}
+
+/// The feed-forward's activation.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// `max(0, x)` (Transformer-XL).
+    #[default]
+    Relu,
+    /// `x Φ(x)` (the Reformer).
+    Gelu,
+}
+
+/// Where dropout masks and LSH rotations come from.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Randomness {
+    /// The backend's random generator (Burn's `Dropout`); LSH layers keep one fixed set of
+    /// rotations each (`lsh.seed + layer`).
+    #[default]
+    Device,
+    /// Every dropout mask and LSH rotation is drawn on the host from a seed per pass, layer
+    /// and site (the Reformer's `ForwardOptions`), so a pass can be replayed exactly, as the
+    /// reversible backward needs. Evaluation passes use the seed `lsh.seed` and no dropout;
+    /// each training step draws a fresh seed from `train_seed` (new rotations every step, as
+    /// the Reformer).
+    Seeded,
+}
+
+/// What the head of a reversible stack reads from the last layer's two streams `y_1`, `y_2`
+/// (`[model] head_input = "mean"` or `"concat"`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HeadInput {
+    /// `(y_1 + y_2) / 2`, `d_model` wide (reformer-pytorch's mean, memzoo's Reformer).
+    #[default]
+    Mean,
+    /// `cat(y_1, y_2)`, `2 d_model` wide: the final LayerNorm and the linear output are that
+    /// wide (HF's `ReformerModelWithLMHead`: `LayerNorm(2 d_model)`, decoder from `2 d_model`).
+    Concat,
+}
+
+/// Axial position embeddings added to the token embedding (Kitaev et al. 2020; trax's
+/// `AxialPositionalEncoding`): position `p = i a_2 + j` gets `cat(E_1[i], E_2[j])`.
+#[derive(Config, Debug)]
+pub struct AxialConfig {
+    /// The grid `(a_1, a_2)`; `a_1 a_2` bounds the segment length.
+    pub shape: [usize; 2],
+    /// The two tables' widths `(d_1, d_2)`, `d_1 + d_2 = d_model`.
+    pub dims: [usize; 2],
+    /// Standard deviation of the tables' normal initialiser; `None`: the token embedding's
+    /// (`embedding_std`, else `init_std`). Default: none.
+    #[config(default = "None")]
+    pub std: Option<f64>,
+    /// `E_1[i] + E_2[j]` with both tables `d_model` wide (`dims = [d_model, d_model]`,
+    /// reformer-pytorch's default) instead of their concatenation. Default: false.
+    #[config(default = false)]
+    pub summed: bool,
+}
+
+/// Settings of the stack's LSH and local layers (used where [`XlConfig::layers`] lists `lsh` or
+/// `local`). Such a layer attends over `cat(memory, x)` as one causal sequence (the memory's
+/// positions are keys for the segment's queries, as in an XL layer) and has no position
+/// scheme of its own: positions reach it through the stack's relative layers.
+#[derive(Config, Debug)]
+pub struct LshLayerConfig {
+    /// Chunk length (= LSH bucket size). Default: 32.
+    #[config(default = 32)]
+    pub chunk_len: usize,
+    /// LSH hash rounds. Default: 2.
+    #[config(default = 2)]
+    pub n_rounds: usize,
+    /// LSH buckets per round (even); `None`: from the sequence length. Default: none.
+    #[config(default = "None")]
+    pub n_buckets: Option<usize>,
+    /// Chunks before its own a chunk attends to. Default: 1.
+    #[config(default = 1)]
+    pub n_chunks_before: usize,
+    /// Chunks after its own a chunk attends to (non-causal layers only). Default: 0.
+    #[config(default = 0)]
+    pub n_chunks_after: usize,
+    /// Causal masking by position; false lets every position see the whole sequence (an
+    /// encoder, not a language model). Default: true.
+    #[config(default = true)]
+    pub causal: bool,
+    /// How a query scores its shared-QK keys. Default: unit keys (trax, HF).
+    #[config(default = "LshScores::UnitKeys")]
+    pub scores: LshScores,
+    /// Seed of the LSH rotations. With `randomness = "device"` they are drawn once per
+    /// (layer, seed) and kept, so that a stack is one function of its parameters; with
+    /// `"seeded"` it is the seed of evaluation passes (training draws fresh ones every step,
+    /// as the Reformer). Default: 0.
+    #[config(default = 0)]
+    pub seed: u64,
+    /// LSH: count a (query, key) pair found in several hash rounds once (see
+    /// `memzoo_reformer::ChunkParams::dedup_rounds`); HF's and reformer-pytorch's default
+    /// attention do not. Default: true.
+    #[config(default = true)]
+    pub dedup_rounds: bool,
+    /// LSH: a factorised bucket count `[f_1, .., f_k]` (HF's `num_buckets` as a list, e.g.
+    /// `[64, 128]` for `google/reformer-enwik8`); `n_buckets` is then their product. Empty: not
+    /// factorised. Default: empty.
+    #[config(default = "Vec::new()")]
+    pub bucket_factors: Vec<usize>,
+    /// LSH: each head hashes with its own rotations (HF draws `[heads, d_head, rounds, n/2]`);
+    /// false: one set shared by the heads. Default: false.
+    #[config(default = false)]
+    pub rotations_per_head: bool,
+    /// LSH: epsilon of the key normalisation, `k̂ = q / sqrt(|q|² + d_head ε)` (trax's and HF's
+    /// `q rsqrt(mean(q²) + 1e-6) / sqrt(d_head)`: `1e-6`); 0: `q / |q|`. Default: 0.
+    #[config(default = 0.0)]
+    pub key_eps: f64,
+    /// LSH: every LSH layer holds one set of rotations as a never-trained parameter, saved in
+    /// checkpoints and used in every pass that is not a training step (evaluation, generation),
+    /// instead of rotations drawn from the seed; training steps still draw fresh ones. Set them
+    /// with `ReformerAttention::set_fixed_rotations` (the importer reads them from
+    /// `rotations.safetensors`, e.g. the rotations a PyTorch Reformer drew in one pass). Needs
+    /// `n_buckets` or `bucket_factors`. Default: false.
+    #[config(default = false)]
+    pub fixed_rotations: bool,
+    /// Chunk length of the local layers; `None`: `chunk_len` (HF has `local_attn_chunk_length`
+    /// beside `lsh_attn_chunk_length`). Default: none.
+    #[config(default = "None")]
+    pub local_chunk_len: Option<usize>,
+    /// Chunks before its own a local layer's chunk attends to; `None`: `n_chunks_before`.
+    /// Default: none.
+    #[config(default = "None")]
+    pub local_n_chunks_before: Option<usize>,
+    /// Chunks after its own a local layer's chunk attends to; `None`: `n_chunks_after`.
+    /// Default: none.
+    #[config(default = "None")]
+    pub local_n_chunks_after: Option<usize>,
+    /// The output projection of LSH and local layers has a bias (reformer-pytorch's `to_out`).
+    /// Default: false.
+    #[config(default = false)]
+    pub output_bias: bool,
+}
+
+/// Which pairs a kNN layer adds to its kNN memory after a segment.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum KnnFeed {
+    /// The segment's own pairs, right after it is read (memzoo).
+    #[default]
+    Segment,
+    /// The pairs that leave the layer's XL memory: of `cat(memory, segment)`, all but the
+    /// last `mem_len` (with `mem_len = 0`, the segment's), so a position reaches the kNN
+    /// memory once the XL memory drops it (memorizing-transformers-pytorch).
+    Evicted,
+}
+
+/// Settings of the stack's kNN layers (used where [`XlConfig::layers`] lists `knn`).
+#[derive(Config, Debug)]
+pub struct KnnLayerConfig {
+    /// Retrieved pairs per query. Default: 32 (Wu et al. 2022).
+    #[config(default = 32)]
+    pub top_k: usize,
+    /// kNN memories per (batch row, kv head), oldest evicted first. Default: 16,384.
+    #[config(default = 16384)]
+    pub max_memories: usize,
+    /// kNN search structure. Default: `auto` (exact up to `auto_crossover`, then HNSW).
+    #[config(default = "IndexKind::Auto")]
+    pub index: IndexKind,
+    /// Where `auto` switches to HNSW. Default: 262,144 (see `KnnMemoryConfig`).
+    #[config(default = 262144)]
+    pub auto_crossover: usize,
+    /// HNSW parameters. Default: connectivity 32, expansion_add 64, expansion_search by size.
+    #[config(default = "HnswConfig::new()")]
+    pub hnsw: HnswConfig,
+    /// Initial temperature of the normalised scores. Default: 20.
+    #[config(default = 20.0)]
+    pub attn_scale_init: f64,
+    /// How local and retrieved attention combine: `gate` (two softmaxes and a learned gate,
+    /// the paper) or `joint` (one softmax over both, no gate, memorizing-transformers-pytorch).
+    /// Default: gate.
+    #[config(default = "KnnMixing::Gate")]
+    pub mixing: KnnMixing,
+    /// What the kNN memory receives: the segment's pairs (`segment`) or those leaving the XL
+    /// memory (`evicted`, memorizing-transformers-pytorch). Default: segment.
+    #[config(default = "KnnFeed::Segment")]
+    pub feed: KnnFeed,
+    /// A full row evicts its oldest pairs (`evict`) or is emptied (`reset`,
+    /// memorizing-transformers-pytorch; see `memzoo_memory::reset`). Default: evict.
+    #[config(default = "WhenFull::Evict")]
+    pub when_full: WhenFull,
+}

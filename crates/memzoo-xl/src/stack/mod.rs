@@ -1,0 +1,37 @@
+//! The layer stack: Transformer-XL (Dai et al. 2019) with any attention kind per layer.
+//!
+//! One embedding, a list of layers — each one attention kind ([`LayerKind`]: XL-relative,
+//! learned-relative, T5, kNN) inside one residual block ([`XlBlock`]) — and one output.
+//! Transformer-XL is the stack of `xl` layers; the Memorizing Transformer
+//! (`memzoo_knn::MemorizingConfig`) is the same stack with `knn` layers at chosen depths; the
+//! Reformer ([`crate::reformer::ReformerConfig`]) is the stack of `lsh` / `local` layers with
+//! reversible residuals ([`Residual`]), axial positions ([`AxialConfig`]), a chunked GELU
+//! feed-forward and seeded, replayable randomness ([`Randomness`]).
+//!
+//! | file | holds |
+//! |---|---|
+//! | `kinds.rs` | [`LayerKind`], residual / activation / randomness / head options, the LSH and kNN layer settings |
+//! | `config.rs` | [`XlConfig`] and the presets of the papers |
+//! | `validate.rs` | [`XlConfig::validate`] |
+//! | `random.rs` | seeded randomness: tags, masks, [`StepCounter`] |
+//! | `block.rs` | the residual block [`XlBlock`] |
+//! | `layer.rs` | one layer [`XlLayer`] and what it reads ([`LayerContext`]) |
+//! | `forward.rs` | the stack [`TransformerXl`] and its forward pass |
+//! | `train.rs` | training and evaluation steps, the one loss path |
+
+mod block;
+mod config;
+mod forward;
+mod kinds;
+mod layer;
+mod random;
+mod train;
+mod validate;
+
+pub use block::*;
+pub use config::*;
+pub use forward::*;
+pub use kinds::*;
+pub use layer::*;
+pub use random::*;
+pub use train::*;

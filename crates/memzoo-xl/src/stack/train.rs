@@ -1,0 +1,264 @@
+//! Training and evaluation steps of the stack: the loss path, the reversible driver, and the
+//! masks of documents and targets.
+
+use burn::module::Module;
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use memzoo_reformer::ForwardOptions;
+use memzoo_relative::AttentionMask;
+
+use super::*;
+use crate::error::XlError;
+use crate::memory::{XlMemory, XlState};
+
+impl TransformerXl {
+    /// Logits of one segment read on its own (no memory; seeded stacks: evaluation options),
+    /// as the Reformer reads a window. For stacks with kNN layers use
+    /// [`forward_state`](Self::forward_state).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, len]` → `[batch, len, vocab]`
+    pub fn forward_window(&self, tokens: Tensor<2, Int>) -> Result<Tensor<3>, XlError> {
+        let out = self.forward(tokens, &XlMemory::empty())?;
+        Ok(self.logits(out.hidden))
+    }
+
+    /// Cross-entropy of one segment read on its own under explicit seeded options, with a
+    /// graph (plain autodiff), weighted per position when `weights` are given.
+    ///
+    /// # Shapes
+    /// - `tokens`, `targets`, `weights`: `[batch, len]`; loss: `[1]`
+    pub fn forward_loss_with(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        weights: Option<Tensor<2>>,
+        opts: &ForwardOptions,
+    ) -> Result<Tensor<1>, XlError> {
+        check_targets(&tokens, &targets)?;
+        let batch = tokens.dims()[0];
+        let mut state = self.new_state(batch, &tokens.device())?;
+        let hidden =
+            self.forward_state_with(tokens, &mut state, &vec![false; batch], Some(opts))?;
+        Ok(weighted_nll(self.logits(hidden), targets, weights))
+    }
+
+    /// One seeded training step on a segment read on its own: loss and parameter gradients
+    /// under `opts` (see [`train_step_state`](Self::train_step_state)).
+    pub fn train_step_with(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        weights: Option<Tensor<2>>,
+        opts: &ForwardOptions,
+    ) -> Result<(Tensor<1>, GradientsParams), XlError> {
+        let batch = tokens.dims()[0];
+        let mut state = self.new_state(batch, &tokens.device())?;
+        self.train_step_state(
+            tokens,
+            targets,
+            weights,
+            &mut state,
+            &vec![false; batch],
+            opts,
+        )
+    }
+
+    /// [`train_step_with`](Self::train_step_with) with fresh options
+    /// ([`next_train_options`](Self::next_train_options)).
+    pub fn train_step(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+    ) -> Result<(Tensor<1>, GradientsParams), XlError> {
+        let opts = self.next_train_options();
+        self.train_step_with(tokens, targets, None, &opts)
+    }
+
+    /// Loss and parameter gradients of one segment under seeded options `opts`, updating
+    /// `state` as [`forward_state`](Self::forward_state) does; the loss is weighted per
+    /// position when `weights` are given, and returned detached.
+    ///
+    /// A reversible stack runs its layers forward on a `valid()` copy (no graph), keeping only
+    /// the top activations and what each layer drew (LSH buckets, retrieved kNN pairs), then
+    /// walks back layer by layer ([`XlLayer::reverse`]), rebuilding each layer's inputs from
+    /// its outputs: activation memory does not grow with depth (the replayed bucket ids do, by
+    /// `batch x heads x rounds x len` integers per LSH layer). A sequential stack uses one
+    /// `backward()`. The model must live on an autodiff device.
+    ///
+    /// # Shapes
+    /// - `tokens`, `targets`, `weights`: `[batch, qlen]`
+    #[allow(clippy::too_many_arguments)]
+    pub fn train_step_state(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        weights: Option<Tensor<2>>,
+        state: &mut XlState,
+        reset: &[bool],
+        opts: &ForwardOptions,
+    ) -> Result<(Tensor<1>, GradientsParams), XlError> {
+        if !self.device().is_autodiff() {
+            return Err(XlError::Input(
+                "train_step needs the model on an autodiff device (device.autodiff())".into(),
+            ));
+        }
+        check_targets(&tokens, &targets)?;
+        if let Some(w) = &weights
+            && w.dims() != targets.dims()
+        {
+            return Err(XlError::Input(format!(
+                "weights {:?} do not match targets {:?}",
+                w.dims(),
+                targets.dims()
+            )));
+        }
+        if self.residual == Residual::Sequential {
+            let hidden = self.forward_state_with(tokens, state, reset, Some(opts))?;
+            let loss = weighted_nll(self.logits(hidden), targets, weights);
+            let grads = GradientsParams::from_grads(loss.backward(), self);
+            return Ok((loss.inner(), grads));
+        }
+        let [batch, qlen] = tokens.dims();
+        let mask = self.prepare(&tokens, state, reset)?;
+        self.check_memory(batch, &state.xl)?;
+        let mlen = state.xl.len();
+        let device = tokens.device();
+        let mut acc = GradientsAccumulator::<TransformerXl>::new();
+        let mut collect = |g: &mut burn::tensor::Gradients| {
+            acc.accumulate(self, GradientsParams::from_module(g, self));
+        };
+        // 1. Embeddings with a (small) graph.
+        let e = self.embed(tokens, Some(opts))?;
+        // 2. The layers without a graph; only the top activations are kept, with each layer's
+        //    memory material and what its attention drew.
+        let valid = self.valid();
+        let contexts = valid.contexts(batch, qlen, mlen, &mask, &device.clone().inner())?;
+        let memory = |l: usize| state.xl.layer(l).cloned();
+        let (mut y1, mut y2) = (e.clone().inner(), e.clone().inner());
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut replays = Vec::with_capacity(self.layers.len());
+        let memories: Vec<Option<Tensor<3>>> = (0..self.layers.len())
+            .map(|l| memory(l).map(|m| m.inner()))
+            .collect();
+        {
+            let mut stores = state.knn.iter_mut();
+            for (l, layer) in valid.layers.iter().enumerate() {
+                inputs.push(y2.clone());
+                let store = match layer.attention {
+                    LayerAttention::Knn(_) => Some(
+                        stores
+                            .next()
+                            .ok_or_else(|| {
+                                XlError::Input("fewer kNN memories than kNN layers".into())
+                            })?
+                            .as_mut(),
+                    ),
+                    _ => None,
+                };
+                let cx = valid.layer_context(l, &contexts, store, Some(opts));
+                let (a, b, replay) = layer.forward_reversible(y1, y2, memories[l].clone(), cx)?;
+                (y1, y2) = (a.inner(), b.inner());
+                replays.push(replay);
+            }
+        }
+        drop(contexts);
+        drop(valid);
+        // 3. Head and loss on fresh leaves.
+        let y1t = y1.clone().autodiff().require_grad();
+        let y2t = y2.clone().autodiff().require_grad();
+        let h = self.finish(self.merge_streams(y1t.clone(), y2t.clone()), Some(opts));
+        let loss = weighted_nll(self.logits(h), targets, weights);
+        let mut g = loss.clone().backward();
+        let mut dy1 = y1t.grad(&g).expect("leaf requires grad").inner();
+        let mut dy2 = y2t.grad(&g).expect("leaf requires grad").inner();
+        collect(&mut g);
+        // 4. Walk back through the layers, rebuilding inputs from outputs.
+        let contexts = self.contexts(batch, qlen, mlen, &mask, &device)?;
+        for (l, layer) in self.layers.iter().enumerate().rev() {
+            let replay = replays.pop().unwrap_or_default();
+            let cx = self.layer_context(l, &contexts, None, Some(opts));
+            (y1, y2, dy1, dy2) = layer.reverse(
+                y1,
+                y2,
+                dy1,
+                dy2,
+                memories[l].clone(),
+                cx,
+                replay,
+                &mut collect,
+            )?;
+        }
+        // 5. Into the embeddings.
+        let mut g = (e * (dy1 + dy2)).sum().backward();
+        collect(&mut g);
+        self.advance(state, &inputs, qlen);
+        Ok((loss.inner(), acc.grads()))
+    }
+}
+
+/// Mean next-token cross-entropy from logits, weighted per position when `weights` are given:
+/// `Σ_i w_i (-log p(y_i)) / Σ_i w_i`.
+///
+/// # Shapes
+/// - `logits`: `[batch, len, vocab]`; `targets`, `weights`: `[batch, len]`
+pub fn weighted_nll(
+    logits: Tensor<3>,
+    targets: Tensor<2, Int>,
+    weights: Option<Tensor<2>>,
+) -> Tensor<1> {
+    let [b, l, _] = logits.dims();
+    let picked = log_softmax(logits, 2)
+        .gather(2, targets.unsqueeze_dim::<3>(2))
+        .reshape([b, l]);
+    match weights {
+        None => picked.mean().neg(),
+        Some(w) => (picked * w.clone()).sum().neg() / w.sum().clamp_min(1e-9),
+    }
+}
+
+pub(crate) fn check_targets(
+    tokens: &Tensor<2, Int>,
+    targets: &Tensor<2, Int>,
+) -> Result<(), XlError> {
+    if tokens.dims() != targets.dims() {
+        return Err(XlError::Input(format!(
+            "tokens {:?} and targets {:?} differ in shape",
+            tokens.dims(),
+            targets.dims()
+        )));
+    }
+    Ok(())
+}
+
+/// The causal mask over `mlen + qlen` keys that also hides, per row, the XL memory positions
+/// older than the row's document (`valid[b]` most recent ones are kept), and with a `window`
+/// (`same_length`) every key but the `window` most recent of each query (`j > mlen + i - w`).
+pub(crate) fn document_mask(
+    valid: &[usize],
+    qlen: usize,
+    mlen: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> AttentionMask {
+    if valid.iter().all(|&v| v >= mlen) {
+        return AttentionMask::Causal { window };
+    }
+    let klen = qlen + mlen;
+    let mut hidden = Vec::with_capacity(valid.len() * qlen * klen);
+    for &v in valid {
+        let first = mlen - v.min(mlen);
+        for i in 0..qlen {
+            hidden.extend(
+                (0..klen).map(|j| {
+                    j > mlen + i || j < first || window.is_some_and(|w| j + w <= mlen + i)
+                }),
+            );
+        }
+    }
+    AttentionMask::Explicit(Tensor::<3, Bool>::from_data(
+        TensorData::new(hidden, [valid.len(), qlen, klen]),
+        device,
+    ))
+}
