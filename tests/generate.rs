@@ -426,19 +426,7 @@ fn cli_generates_from_a_run_of_every_family() {
                 "model.knn.max_memories=64",
             ],
         ),
-        (
-            "reformer",
-            &[
-                "model.n_layers=2",
-                "model.d_model=16",
-                "model.n_heads=2",
-                "model.d_head=8",
-                "model.d_inner=32",
-                "model.lsh.chunk_len=4",
-                "model.axial=none",
-                "model.mem_len=0",
-            ],
-        ),
+        ("reformer", &TINY_REFORMER[1..]),
     ];
     let opts = |sampler: SampleConfig, mem_len| GenerateOptions {
         prompt: "ab".into(),

@@ -48,6 +48,31 @@ pub fn small_corpus() -> Vec<Token> {
     ByteTokenizer::new().encode(&generate_corpus(&cfg).unwrap().train)
 }
 
+/// `memzoo train --set` overrides (with [`tiny_cli`]'s) for a tiny Reformer: the
+/// `reformer-tiny` stack (a local and an LSH layer) at d_model 16, 2 heads of 8, chunks of 4,
+/// no axial positions, no memory.
+pub const TINY_REFORMER: [&str; 9] = [
+    "model.preset=reformer-tiny",
+    "model.n_layers=2",
+    "model.d_model=16",
+    "model.n_heads=2",
+    "model.d_head=8",
+    "model.d_inner=32",
+    "model.lsh.chunk_len=4",
+    "model.axial=none",
+    "model.mem_len=0",
+];
+
+/// [`TINY_REFORMER`] with one LSH layer, then `extra`.
+pub fn tiny_lsh_layer(extra: &[&'static str]) -> Vec<&'static str> {
+    TINY_REFORMER
+        .iter()
+        .copied()
+        .chain(["model.n_layers=1", "model.layers=[\"lsh\"]"])
+        .chain(extra.iter().copied())
+        .collect()
+}
+
 /// `memzoo train --set` overrides for a tiny XL run of 2 steps on the generated corpus, then
 /// `extra`.
 pub fn tiny_cli(extra: &[&str]) -> Vec<String> {

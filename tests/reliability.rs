@@ -648,19 +648,7 @@ fn bad_inputs_are_errors_naming_the_value() {
     let eval = |split: &str, tgt: Option<usize>, max: Option<usize>| {
         commands::eval(&run_dir, "flex", split, None, tgt, max, true)
     };
-    let reformer = [
-        "model.preset=reformer-tiny",
-        "model.n_layers=1",
-        "model.layers=[\"lsh\"]",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "model.d_head=8",
-        "model.d_inner=32",
-        "model.lsh.chunk_len=4",
-        "model.axial=none",
-        "model.mem_len=0",
-        "train.tgt_len=10",
-    ];
+    let reformer = tiny_lsh_layer(&["train.tgt_len=10"]);
     let with = |base: &[&'static str], more: &[&'static str]| -> Vec<&'static str> {
         base.iter().chain(more).copied().collect()
     };
@@ -919,19 +907,10 @@ fn bad_inputs_are_errors_naming_the_value() {
 fn reformer_trains_at_a_padded_length() {
     let dir = scratch("reformer-padded");
     let sets = [
-        "model.preset=reformer-tiny",
-        "model.n_layers=2",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "model.d_head=8",
-        "model.d_inner=32",
-        "model.lsh.chunk_len=4",
-        "model.axial=none",
-        "model.mem_len=0",
-        "train.tgt_len=10",
-        "train.steps=3",
-        "train.log_every=1",
-    ];
+        &TINY_REFORMER[..],
+        &["train.tgt_len=10", "train.steps=3", "train.log_every=1"],
+    ]
+    .concat();
     cli_train(&sets, &dir, false, false).unwrap();
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     let norms: Vec<f64> = text
@@ -1317,18 +1296,7 @@ fn exact_resume_child() {
     );
     // The Reformer: seeded, replayable dropout and fresh LSH rotations every step, with one
     // replica and with two (their threads draw in any order).
-    let reformer = [
-        "model.preset=reformer-tiny",
-        "model.n_layers=2",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "model.d_head=8",
-        "model.d_inner=32",
-        "model.lsh.chunk_len=4",
-        "model.axial=none",
-        "model.mem_len=0",
-        "model.dropout=0.1",
-    ];
+    let reformer = [&TINY_REFORMER[..], &["model.dropout=0.1"]].concat();
     straight_equals_resumed("reformer", &reformer);
     let mut two = reformer.to_vec();
     two.push("train.replicas=2");
@@ -1811,19 +1779,7 @@ fn non_finite_imported_weights_are_named() {
 #[test]
 fn flags_a_command_cannot_honour_are_refused() {
     let dir = scratch("eval-mem-len");
-    let reformer = [
-        "model.preset=reformer-tiny",
-        "model.n_layers=1",
-        "model.layers=[\"lsh\"]",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "model.d_head=8",
-        "model.d_inner=32",
-        "model.lsh.chunk_len=4",
-        "model.axial=none",
-        "model.mem_len=0",
-        "train.steps=1",
-    ];
+    let reformer = tiny_lsh_layer(&["train.steps=1"]);
     cli_train(&reformer, &dir, false, false).unwrap();
     let err = commands::eval(&dir, "flex", "valid", Some(0), None, Some(1), true)
         .expect_err("--mem-len on a Reformer");

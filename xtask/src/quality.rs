@@ -287,24 +287,10 @@ pub fn train_config(
     log_every: usize,
     checkpoint_every: usize,
 ) -> TrainConfig {
-    TrainConfig::new()
+    // The presets' quality recipe (`memzoo::preset::quality`): the same for memzoo's
+    // `--preset *-small` runs and for this comparison.
+    memzoo::preset::quality(batch, tgt_len)
         .with_steps(steps)
-        .with_batch(batch)
-        .with_tgt_len(tgt_len)
-        .with_schedule(
-            ScheduleConfig::new()
-                .with_lr(1e-3)
-                .with_warmup(50)
-                .with_min_ratio(0.0),
-        )
-        .with_weight_decay(0.01)
-        .with_adam(
-            AdamConfig::new()
-                .with_beta_1(0.9)
-                .with_beta_2(0.999)
-                .with_epsilon(1e-8),
-        )
-        .with_clip_norm(Some(0.25))
         .with_grad_accum(1)
         .with_seed(seed)
         .with_log_every(log_every)

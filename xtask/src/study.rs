@@ -52,7 +52,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// The tables, in the order they run.
-pub const TABLES: [&str; 6] = ["t1", "t2", "t3", "t4", "t5", "t6"];
+pub const TABLES: [&str; 7] = ["t1", "t1b", "t2", "t3", "t4", "t5", "t6"];
 
 /// `cargo xtask study` options.
 #[derive(Args, Clone, Debug)]
@@ -87,6 +87,10 @@ pub struct StudyArgs {
     /// `--out` and `--runs`.
     #[arg(long = "set", value_name = "FIELD=VALUE")]
     pub set: Vec<String>,
+    /// The book of table T1b (`t1b`: T1 on a book): a text file, default
+    /// `$MEMZOO_TINY_SHAKESPEARE` or `../shared/data/tinyshakespeare.txt` beside the workspace.
+    #[arg(long)]
+    pub books: Option<PathBuf>,
     /// T6 also reads this run of `memzoo train` (a run directory: its latest checkpoint; or
     /// one of its checkpoint directories), so a user can test their own models' copying on
     /// the study's pieces. Repeatable.
@@ -123,6 +127,8 @@ pub struct Scale {
     pub steps: usize,
     /// Training steps of each code model of T3 (the memorizing stacks).
     pub steps_memorizing: usize,
+    /// Training steps of each model of T1b (T1 on the book).
+    pub steps_books: usize,
     /// Peak learning rate.
     pub lr: f64,
     /// kNN memory per row and head in training (T3).
@@ -172,6 +178,7 @@ impl Scale {
             batch: 16,
             steps: 3000,
             steps_memorizing: 2000,
+            steps_books: 1500,
             lr: 1e-3,
             knn_train: 8192,
             knn_eval: vec![1536, 8192, 32768, 65536],
@@ -206,6 +213,7 @@ impl Scale {
             batch: 2,
             steps: 4,
             steps_memorizing: 3,
+            steps_books: 3,
             lr: 1e-3,
             knn_train: 64,
             knn_eval: vec![32, 64, 128],
@@ -350,9 +358,64 @@ impl CodeData {
         })
     }
 
+    /// A book's splits as `memzoo train --data FILE` makes them (the last 5% validation, the 5%
+    /// before it test), each cut into `scale.batch` contiguous documents: one per batch row,
+    /// its memory carried through its part (as a book is read in the papers), reset at the
+    /// next. `quick`: the first 64 KB of the book.
+    pub fn book(path: &Path, scale: &Scale, quick: bool) -> Result<Self, String> {
+        if !path.is_file() {
+            return Err(format!(
+                "the study's book {} is missing: give one with --books FILE (or set \
+                 MEMZOO_TINY_SHAKESPEARE)",
+                path.display()
+            ));
+        }
+        let mut text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if quick {
+            text.truncate(64 * 1024);
+        }
+        let n = text.len();
+        let test_start = n - n / 10;
+        let valid_start = n - n / 20;
+        let name = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let cut = |bytes: &[u8], split: &str| -> (Vec<Vec<Token>>, Vec<String>) {
+            let parts = scale.batch.max(1);
+            let len = bytes.len().div_ceil(parts).max(1);
+            bytes
+                .chunks(len)
+                .enumerate()
+                .map(|(i, c)| {
+                    (
+                        c.iter().map(|&b| Token::from(b)).collect(),
+                        format!("{name} {split} {}/{parts}", i + 1),
+                    )
+                })
+                .unzip()
+        };
+        let (train, train_names) = cut(&text[..test_start], "train");
+        let (test, test_names) = cut(&text[test_start..valid_start], "test");
+        Ok(Self {
+            train,
+            test,
+            test_names,
+            train_names,
+        })
+    }
+
     fn bytes(docs: &[Vec<Token>]) -> usize {
         docs.iter().map(Vec::len).sum()
     }
+}
+
+/// The default book of T1b: `$MEMZOO_TINY_SHAKESPEARE`, else tiny Shakespeare beside the
+/// workspace (`../shared/data/tinyshakespeare.txt`).
+fn default_book() -> PathBuf {
+    std::env::var_os("MEMZOO_TINY_SHAKESPEARE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/data/tinyshakespeare.txt"))
 }
 
 /// Positions whose byte only a memory reaching further than `reach` tokens can copy: the
@@ -482,6 +545,19 @@ pub struct Study {
     quick: bool,
     /// Runs of `memzoo train` that T6 reads besides the study's models (`--copy-run`).
     copy_runs: Vec<PathBuf>,
+    /// The documents the tables read now: the rust-code crates, or the book of T1b.
+    corpus: Corpus,
+    /// The book of T1b.
+    books: PathBuf,
+}
+
+/// The documents a table reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Corpus {
+    /// The rust-code crates (T1-T6).
+    RustCode,
+    /// A book (T1b), cut into `batch` contiguous parts per split.
+    Books,
 }
 
 /// Which code model (T1-T3) and how it is built.
@@ -553,15 +629,29 @@ impl Study {
             far_masks: HashMap::new(),
             quick: args.quick,
             copy_runs: args.copy_runs.clone(),
+            corpus: Corpus::RustCode,
+            books: args.books.clone().unwrap_or_else(default_book),
         })
+    }
+
+    /// Reads `corpus` from now on (its documents loaded when a table first asks).
+    fn set_corpus(&mut self, corpus: Corpus) {
+        if self.corpus != corpus {
+            self.corpus = corpus;
+            self.data = None;
+            self.far_masks.clear();
+        }
     }
 
     fn data(&mut self) -> Result<&CodeData, String> {
         if self.data.is_none() {
             let start = Instant::now();
-            let d = CodeData::load(&self.scale, self.seed, self.quick)?;
+            let d = match self.corpus {
+                Corpus::RustCode => CodeData::load(&self.scale, self.seed, self.quick)?,
+                Corpus::Books => CodeData::book(&self.books, &self.scale, self.quick)?,
+            };
             eprintln!(
-                "study: {} train crates ({} bytes), {} test crates ({} bytes) read in {:.1}s",
+                "study: {} train documents ({} bytes), {} test documents ({} bytes) read in {:.1}s",
                 d.train.len(),
                 CodeData::bytes(&d.train),
                 d.test.len(),
@@ -714,8 +804,9 @@ impl Study {
     fn code_model(&mut self, kind: CodeModel) -> Result<(PathBuf, f64), String> {
         let config = self.code_config(kind);
         let s = self.scale.clone();
-        let steps = match kind {
-            CodeModel::Xl | CodeModel::XlNoRecurrence | CodeModel::Vanilla => s.steps,
+        let steps = match (self.corpus, kind) {
+            (Corpus::Books, _) => s.steps_books,
+            (_, CodeModel::Xl | CodeModel::XlNoRecurrence | CodeModel::Vanilla) => s.steps,
             _ => s.steps_memorizing,
         };
         let train = self.train_config(steps, s.batch, s.tgt_len, s.lr);
@@ -723,7 +814,11 @@ impl Study {
         let mut data =
             DocBatcher::named("the study's train documents", &docs, s.batch, s.tgt_len, 0)
                 .map_err(|e| e.to_string())?;
-        self.train_run(kind.name(), &config, &train, &mut data, None)
+        let name = match self.corpus {
+            Corpus::RustCode => kind.name().to_string(),
+            Corpus::Books => format!("{}-books", kind.name()),
+        };
+        self.train_run(&name, &config, &train, &mut data, None)
     }
 
     /// Trains (or reuses) `kind` on T6's training pieces: pieces of the train documents at
@@ -832,7 +927,7 @@ impl Study {
     // ------------------------------------------------------------------------------------
     // T1
 
-    fn t1(&mut self) -> Result<Vec<Value>, String> {
+    fn t1(&mut self, table: &str) -> Result<Vec<Value>, String> {
         let s = self.scale.clone();
         let m = s.mem_len;
         let reach = s.tgt_len + m;
@@ -864,7 +959,7 @@ impl Study {
                     c = c.with_same_length(true).with_positions(clamped);
                 }
                 let v = self.score_code(
-                    "t1",
+                    table,
                     &ckpt,
                     &c,
                     reach,
@@ -1295,8 +1390,21 @@ impl Study {
         let mut lines: Vec<Value> = read_lines(&jsonl);
         for table in tables {
             let start = Instant::now();
+            let mut book_names = None;
             let new = match table.as_str() {
-                "t1" => self.t1()?,
+                "t1" => self.t1("t1")?,
+                // T1 on a book: the same models and evaluation on the book's documents.
+                "t1b" => {
+                    self.set_corpus(Corpus::Books);
+                    let r = self.t1("t1b");
+                    let names = self
+                        .data
+                        .as_ref()
+                        .map(|d| (d.train_names.len(), d.test_names.clone()));
+                    self.set_corpus(Corpus::RustCode);
+                    book_names = names;
+                    r?
+                }
                 "t2" => self.t2()?,
                 "t3" => self.t3()?,
                 "t4" => self.t4()?,
@@ -1316,8 +1424,10 @@ impl Study {
                 json!({"kind": "meta", "scale": self.scale, "seed": self.seed,
                        "quick": self.quick, "seconds": start.elapsed().as_secs_f64(),
                        "machine": machine(), "date": today(),
-                       "train_crates": self.data.as_ref().map(|d| d.train_names.len()),
-                       "test_crates": self.data.as_ref().map(|d| d.test_names.clone())}),
+                       "train_crates": book_names.as_ref().map(|b| b.0)
+                           .or_else(|| self.data.as_ref().map(|d| d.train_names.len())),
+                       "test_crates": book_names.map(|b| b.1)
+                           .or_else(|| self.data.as_ref().map(|d| d.test_names.clone()))}),
             );
             if let Some(o) = meta.as_object_mut() {
                 o.insert("kind".into(), "meta".into());

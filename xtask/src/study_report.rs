@@ -39,9 +39,9 @@ fn verdict(ok: bool) -> &'static str {
     if ok { "**met**" } else { "**missed**" }
 }
 
-/// T1's bpc of `model` at `(eval_mem, same_length)`.
-fn t1_bpc(lines: &[Value], model: &str, mem: usize, same: bool) -> Option<f64> {
-    rows(lines, "t1")
+/// T1's (or T1b's: `table`) bpc of `model` at `(eval_mem, same_length)`.
+fn t1_bpc(lines: &[Value], table: &str, model: &str, mem: usize, same: bool) -> Option<f64> {
+    rows(lines, table)
         .into_iter()
         .find(|r| r["model"] == model && u(&r["eval_mem"]) == mem && r["same_length"] == same)
         .and_then(|r| f(&r["test_bpc"]))
@@ -50,51 +50,57 @@ fn t1_bpc(lines: &[Value], model: &str, mem: usize, same: bool) -> Option<f64> {
 /// The charts the lines allow: `(file name, SVG)`.
 pub fn charts(lines: &[Value]) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    let t1 = rows(lines, "t1");
-    if !t1.is_empty() {
-        let mut series = Vec::new();
-        for (model, label) in [("xl", "XL"), ("xl-no-recurrence", "XL, no recurrence")] {
-            for (same, how) in [(false, "memory m"), (true, "same_length, clamp_len")] {
-                let mut points: Vec<(f64, f64)> = t1
-                    .iter()
-                    .filter(|r| {
-                        r["model"] == model && (r["same_length"] == same || u(&r["eval_mem"]) == 0)
-                    })
-                    .filter_map(|r| Some((u(&r["eval_mem"]) as f64, f(&r["test_bpc"])?)))
-                    .collect();
-                points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                if !points.is_empty() {
+    for (table, data) in [("t1", "rust-code test"), ("t1b", "book test")] {
+        let t1 = rows(lines, table);
+        if !t1.is_empty() {
+            let mut series = Vec::new();
+            for (model, label) in [("xl", "XL"), ("xl-no-recurrence", "XL, no recurrence")] {
+                for (same, how) in [(false, "memory m"), (true, "same_length, clamp_len")] {
+                    let mut points: Vec<(f64, f64)> = t1
+                        .iter()
+                        .filter(|r| {
+                            r["model"] == model
+                                && (r["same_length"] == same || u(&r["eval_mem"]) == 0)
+                        })
+                        .filter_map(|r| Some((u(&r["eval_mem"]) as f64, f(&r["test_bpc"])?)))
+                        .collect();
+                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    if !points.is_empty() {
+                        series.push(Series {
+                            name: format!("{label} ({how})"),
+                            points,
+                        });
+                    }
+                }
+            }
+            let xs: Vec<f64> = series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.0))
+                .collect();
+            if let Some(v) = t1_bpc(lines, table, "vanilla", 0, false) {
+                let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = xs.iter().copied().fold(0.0, f64::max);
+                if lo.is_finite() {
                     series.push(Series {
-                        name: format!("{label} ({how})"),
-                        points,
+                        name: "vanilla (absolute positions)".into(),
+                        points: vec![(lo, v), (hi, v)],
                     });
                 }
             }
+            out.push((
+                format!("{table}.svg"),
+                chart(
+                    &format!(
+                        "{}: Transformer-XL, memory at evaluation ({data})",
+                        table.to_uppercase()
+                    ),
+                    "evaluation memory (tokens)",
+                    "test bpc",
+                    &series,
+                    Axes::Linear,
+                ),
+            ));
         }
-        let xs: Vec<f64> = series
-            .iter()
-            .flat_map(|s| s.points.iter().map(|p| p.0))
-            .collect();
-        if let Some(v) = t1_bpc(lines, "vanilla", 0, false) {
-            let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = xs.iter().copied().fold(0.0, f64::max);
-            if lo.is_finite() {
-                series.push(Series {
-                    name: "vanilla (absolute positions)".into(),
-                    points: vec![(lo, v), (hi, v)],
-                });
-            }
-        }
-        out.push((
-            "t1.svg".into(),
-            chart(
-                "T1: Transformer-XL, memory at evaluation (rust-code test)",
-                "evaluation memory (tokens)",
-                "test bpc",
-                &series,
-                Axes::Linear,
-            ),
-        ));
     }
     let curves: Vec<&Value> = rows(lines, "t2")
         .into_iter()
@@ -280,7 +286,8 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
          (`--table t1,...` for some tables, `--quick` for a smoke run that checks the pipeline,\n\
          not the numbers). The documents are the `rust-code` corpus: the sources of the crates\n\
          pinned in memzoo's `Cargo.lock`, one crate a document, split by crate\n\
-         (`datasets/rust-code.toml`, `memzoo data prepare rust-code`). Every model reads whole\n\
+         (`datasets/rust-code.toml`, `memzoo data prepare rust-code`); T1B repeats T1 on a book\n\
+         (tiny Shakespeare, `--books FILE` for another). Every model reads whole\n\
          documents, its memories reset where one starts. The scale is reduced (see each table's\n\
          recipe) but the tables are the papers'. The analysis of what the numbers mean and what\n\
          was tried is in [study-notes.md](study-notes.md).\n"
@@ -298,7 +305,8 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
             }
         );
     }
-    t1_section(&mut md, lines, dir);
+    t1_section(&mut md, lines, dir, "t1");
+    t1_section(&mut md, lines, dir, "t1b");
     t2_section(&mut md, lines, dir);
     t3_section(&mut md, lines, dir);
     t4_section(&mut md, lines, dir);
@@ -307,17 +315,47 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
     md
 }
 
-const TABLE_NAMES: [&str; 6] = ["t1", "t2", "t3", "t4", "t5", "t6"];
+const TABLE_NAMES: [&str; 7] = ["t1", "t1b", "t2", "t3", "t4", "t5", "t6"];
 
 fn scale_line(md: &mut String, lines: &[Value], table: &str) {
     if let Some(m) = meta(lines, table) {
         let s = &m["scale"];
+        let steps = if table == "t1b" {
+            format!("{} steps", s["steps_books"])
+        } else {
+            format!(
+                "{} steps (T3's memorizing stacks {})",
+                s["steps"], s["steps_memorizing"]
+            )
+        };
+        let test = m["test_crates"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let data = if table == "t1b" {
+            let parts = m["test_crates"].as_array().map_or(0, Vec::len);
+            let book = m["test_crates"][0]
+                .as_str()
+                .and_then(|n| n.split(' ').next())
+                .unwrap_or("?")
+                .to_string();
+            format!(
+                "{book}: {} train parts, {parts} test parts",
+                m["train_crates"]
+            )
+        } else {
+            format!("{} train crates, test crates {test}", m["train_crates"])
+        };
         let _ = writeln!(
             md,
             "Recipe: {} layers, d_model {}, {} heads, d_inner {}, segments of {}, XL memory {} in \
-             training, batch {}, {} steps (T3's memorizing stacks {}; AdamW, lr {}, warm-up then \
-             cosine, clip 0.25, no dropout), bytes; {} train crates, test crates {}. The table \
-             took {:.0} s.\n",
+             training, batch {}, {steps}; AdamW, lr {}, warm-up then cosine, clip 0.25, no \
+             dropout; bytes; {data}. The table took {:.0} s.\n",
             s["n_layers"],
             s["d_model"],
             s["n_heads"],
@@ -325,32 +363,39 @@ fn scale_line(md: &mut String, lines: &[Value], table: &str) {
             s["tgt_len"],
             s["mem_len"],
             s["batch"],
-            s["steps"],
-            s["steps_memorizing"],
             s["lr"],
-            m["train_crates"],
-            m["test_crates"]
-                .as_array()
-                .map(|a| a
-                    .iter()
-                    .filter_map(|x| x.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "))
-                .unwrap_or_default(),
             m["seconds"].as_f64().unwrap_or(0.0)
         );
     }
 }
 
-fn t1_section(md: &mut String, lines: &[Value], dir: &str) {
-    let t1 = rows(lines, "t1");
+fn t1_section(md: &mut String, lines: &[Value], dir: &str, table: &str) {
+    let t1 = rows(lines, table);
     if t1.is_empty() {
         return;
     }
+    let (heading, paper) = if table == "t1" {
+        (
+            "## T1: Transformer-XL, memory at evaluation".to_string(),
+            format!("**Paper** (Dai et al. 2019): {PAPER_T1}"),
+        )
+    } else {
+        (
+            "## T1B: Transformer-XL on a book, memory at evaluation".to_string(),
+            "**Paper**: as T1 (the XL paper's Table 6 directions), on a book: the books of \
+             PG-19 are the setting of the Compressive and Memorizing Transformers; tiny \
+             Shakespeare is the book every machine building memzoo has (`pg19-sample` needs a \
+             network). The book's splits are `memzoo train --data FILE`'s (the last 5% \
+             validation, the 5% before it test), each cut into one contiguous part per batch row \
+             (a document: memory carried through it, reset at the next); the models are T1's, \
+             trained for fewer steps (the book is 1 MB)."
+                .to_string(),
+        )
+    };
     let _ = writeln!(
         md,
-        "## T1: Transformer-XL, memory at evaluation\n\n\
-         **Paper** (Dai et al. 2019): {PAPER_T1}\n\n\
+        "{heading}\n\n\
+         {paper}\n\n\
          **Here**: an XL trained with memory M, evaluated with memory 0 .. 8M (`memory m`: \
          query i of a segment sees m + i earlier tokens; `same_length`: every query sees \
          exactly m keys, distances clamped at the training span, as the paper evaluates); the \
@@ -358,7 +403,7 @@ fn t1_section(md: &mut String, lines: &[Value], dir: &str) {
          positions, no memory). *far bpc*: the bytes whose 8-byte string last occurred further \
          back than the segment plus M, the ones only a longer memory can copy.\n"
     );
-    scale_line(md, lines, "t1");
+    scale_line(md, lines, table);
     let _ = writeln!(
         md,
         "| model | eval memory | same_length | test bpc | far bpc (tokens) |\n|---|---:|---|---:|---:|"
@@ -375,20 +420,20 @@ fn t1_section(md: &mut String, lines: &[Value], dir: &str) {
             u(&r["far_tokens"])
         );
     }
-    let _ = writeln!(md, "\n![T1]({dir}/t1.svg)\n");
-    let m = meta(lines, "t1").map_or(0, |m| u(&m["scale"]["mem_len"]));
+    let _ = writeln!(md, "\n![{}]({dir}/{table}.svg)\n", table.to_uppercase());
+    let m = meta(lines, table).map_or(0, |m| u(&m["scale"]["mem_len"]));
     if m > 0 {
         let steps = [m / 2, m, 2 * m, 4 * m];
         let falls = |same: bool| {
             let b: Vec<Option<f64>> = steps
                 .iter()
-                .map(|&s| t1_bpc(lines, "xl", s, same))
+                .map(|&s| t1_bpc(lines, table, "xl", s, same))
                 .collect();
             b.windows(2)
                 .all(|w| matches!((w[0], w[1]), (Some(a), Some(c)) if c < a))
         };
         let best = |model: &str| {
-            rows(lines, "t1")
+            rows(lines, table)
                 .iter()
                 .filter(|r| r["model"] == model)
                 .filter_map(|r| f(&r["test_bpc"]))

@@ -275,6 +275,7 @@ mod study {
             seed: 0,
             set: vec![],
             copy_runs: vec![],
+            books: None,
         };
         run_tables(&args).unwrap();
         let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("study.jsonl"))

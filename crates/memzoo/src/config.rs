@@ -445,30 +445,42 @@ fn convert_old_layout(user: &mut Value, path: &Path) -> Result<Option<String>, C
     };
     let reformer = table.remove("reformer");
     let memorizing = table.remove("memorizing");
-    let invalid = |section: &str, e: serde_json::Error| {
-        CliError::Config(format!(
-            "config {shown}: old section [{section}] is invalid: {e}"
-        ))
-    };
+    // The old section over the old defaults, read as the preset config it was.
+    fn section<C: Serialize + serde::de::DeserializeOwned>(
+        defaults: &C,
+        old: Option<&Value>,
+        name: &str,
+        shown: &std::path::Display<'_>,
+    ) -> Result<C, CliError> {
+        let mut base = serde_json::to_value(defaults).expect("serialisable");
+        if let Some(old) = old {
+            merge(&mut base, old, name)?;
+        }
+        serde_json::from_value(base).map_err(|e| {
+            CliError::Config(format!(
+                "config {shown}: old section [{name}] is invalid: {e}"
+            ))
+        })
+    }
     let stack = match kind {
         ModelKind::Xl => None,
         ModelKind::Reformer => {
-            let mut base = serde_json::to_value(Preset::reformer_tiny()).expect("serialisable");
-            if let Some(r) = &reformer {
-                merge(&mut base, r, "reformer")?;
-            }
-            let config: ReformerConfig =
-                serde_json::from_value(base).map_err(|e| invalid("reformer", e))?;
+            let config: ReformerConfig = section(
+                &Preset::reformer_tiny(),
+                reformer.as_ref(),
+                "reformer",
+                &shown,
+            )?;
             config.validate()?;
             Some(config.stack())
         }
         ModelKind::Memorizing => {
-            let mut base = serde_json::to_value(Preset::memorizing_tiny()).expect("serialisable");
-            if let Some(m) = &memorizing {
-                merge(&mut base, m, "memorizing")?;
-            }
-            let config: MemorizingConfig =
-                serde_json::from_value(base).map_err(|e| invalid("memorizing", e))?;
+            let config: MemorizingConfig = section(
+                &Preset::memorizing_tiny(),
+                memorizing.as_ref(),
+                "memorizing",
+                &shown,
+            )?;
             config.validate()?;
             Some(config.stack())
         }

@@ -158,7 +158,7 @@ impl Preset {
 /// The quality recipe of `cargo xtask bench quality` (the peers' side by side): AdamW lr 1e-3
 /// with PyTorch's betas and epsilon, weight decay 0.01, 50 warm-up steps then cosine to 0 over
 /// 400 steps, clip 0.25, a checkpoint every 100 steps.
-fn quality(batch: usize, tgt_len: usize) -> TrainConfig {
+pub fn quality(batch: usize, tgt_len: usize) -> TrainConfig {
     TrainConfig::new()
         .with_steps(400)
         .with_batch(batch)
