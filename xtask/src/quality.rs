@@ -26,9 +26,7 @@ use burn::tensor::Device;
 use memzoo_data::{ByteTokenizer, Corpus, OrderedBatcher, SplitRule, Token};
 use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_train::{
-    AdamConfig, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, checkpoint, evaluate,
-};
+use memzoo_train::{RunOptions, SegmentModel, TrainConfig, checkpoint, evaluate};
 use memzoo_xl::ReformerConfig;
 use memzoo_xl::XlConfig;
 use serde::{Deserialize, Serialize};
