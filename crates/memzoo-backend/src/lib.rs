@@ -22,6 +22,8 @@
 //! Training also takes a list of devices of one backend, `cuda:0,cuda:1` ([`parse_device_list`]):
 //! each device trains its share of the batch's rows.
 
+#![warn(missing_docs)]
+
 mod allocator;
 
 pub use allocator::tune_allocator;
@@ -51,35 +53,57 @@ pub enum DeviceError {
     #[error(
         "unknown device `{name}`: expected one of flex, wgpu[:N|:cpu], wgpu-gl[...], wgpu-vulkan[...], cuda[:N], tch, tch-cuda[:N] (training: a comma-separated list of one backend)"
     )]
-    Unknown { name: String },
+    Unknown {
+        /// The device string as given.
+        name: String,
+    },
     /// The backend exists but this binary was built without its cargo feature.
     #[error(
         "device `{name}` needs the cargo feature `{feature}`, which this binary was built without; \
          rebuild with `--features {feature}` (compiled in: {compiled})"
     )]
     NotCompiled {
+        /// The device string as given.
         name: String,
+        /// The cargo feature that compiles the backend in.
         feature: &'static str,
+        /// The backends this binary has.
         compiled: String,
     },
     /// A malformed index, e.g. `cuda:x`.
     #[error("bad device index in `{name}`: `{index}` is not a non-negative integer")]
-    BadIndex { name: String, index: String },
+    BadIndex {
+        /// The device string as given.
+        name: String,
+        /// The index as given.
+        index: String,
+    },
     /// The backend is compiled in but could not start (no adapter, driver error, ...).
     #[error("device `{name}` could not be initialised: {message}")]
-    Init { name: String, message: String },
+    Init {
+        /// The device string as given.
+        name: String,
+        /// The backend's own error.
+        message: String,
+    },
     /// A device list (`cuda:0,cuda:1`) where one device is expected.
     #[error(
         "`{name}` is a list of devices, but this runs on one device (only training takes a list)"
     )]
-    List { name: String },
+    List {
+        /// The device string as given.
+        name: String,
+    },
     /// An entry of a device list is not a device.
     #[error("device list `{list}`: entry {position} (`{entry}`): {source}")]
     ListEntry {
+        /// The device list as given.
         list: String,
         /// 1-based position of the bad entry.
         position: usize,
+        /// The offending entry.
         entry: String,
+        /// Why the entry is not a device.
         #[source]
         source: Box<DeviceError>,
     },
@@ -90,10 +114,15 @@ pub enum DeviceError {
          summed, so they must run the same backend's kernels: list devices of one backend"
     )]
     MixedBackends {
+        /// The device list as given.
         list: String,
+        /// The first device of the list.
         first: String,
+        /// The first device's backend.
         first_backend: &'static str,
+        /// The device that differs from the first.
         other: String,
+        /// That device's backend.
         other_backend: &'static str,
     },
     /// Two OpenGL devices in one list.
@@ -104,8 +133,11 @@ pub enum DeviceError {
          devices"
     )]
     SharedGlContext {
+        /// The device list as given.
         list: String,
+        /// The first device of the list.
         first: String,
+        /// The device that differs from the first.
         other: String,
     },
     /// A device listed twice.
@@ -113,7 +145,12 @@ pub enum DeviceError {
         "device list `{list}` names `{entry}` twice: each device trains its own share of the \
          batch's rows (several replicas on one device: set train.replicas instead)"
     )]
-    Duplicate { list: String, entry: String },
+    Duplicate {
+        /// The device list as given.
+        list: String,
+        /// The offending entry.
+        entry: String,
+    },
 }
 
 /// A parsed device string; [`DeviceSpec::init`] turns it into a Burn [`Device`].

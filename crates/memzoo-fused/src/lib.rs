@@ -22,6 +22,8 @@
 //! This crate is compiled at `opt-level = 3` in the dev profile (the workspace's own crates are
 //! at 1): its loops are the hot path.
 
+#![warn(missing_docs)]
+
 pub mod dropout;
 pub mod knn;
 pub mod lsh;

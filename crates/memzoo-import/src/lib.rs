@@ -23,6 +23,8 @@
 //! - [`mapping`]: the one mapping module the peers share (PyTorch's layers into memzoo's
 //!   modules and back, tied copies by name with burn-store's key remapping, the files).
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod format;
 pub mod hf_reformer;

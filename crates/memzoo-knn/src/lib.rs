@@ -24,6 +24,8 @@
 //! }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod model;
 pub mod recall_task;

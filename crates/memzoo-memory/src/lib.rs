@@ -66,6 +66,8 @@
 //! usearch index file per store; [`open`] checks all of it and fails with
 //! [`MemoryError::Corrupt`] naming the problem rather than returning an empty memory.
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod error;
 pub mod exact;

@@ -13,7 +13,10 @@
 //! local attention plus attention over the top-k pairs retrieved from a
 //! [`memzoo_memory::KnnIndex`]. The layer stack (`memzoo-xl`) holds any of them per layer.
 
+#![warn(missing_docs)]
+
 pub mod attention;
+/// The errors of relative attention.
 pub mod error;
 pub mod fused;
 pub mod knn;

@@ -231,7 +231,10 @@ pub enum AttentionMask {
     /// Query `i` (absolute position `mlen + i`) sees keys `j <= mlen + i`; with a window `w`,
     /// only the `w` most recent of those (`j > mlen + i - w`), so that every query sees the
     /// same number of keys (Transformer-XL's `same_length`).
-    Causal { window: Option<usize> },
+    Causal {
+        /// The number of keys every query sees (`None`: all its causal keys).
+        window: Option<usize>,
+    },
     /// An explicit mask, `[1 or batch, qlen, klen]`, `true` = hidden.
     Explicit(Tensor<3, Bool>),
 }

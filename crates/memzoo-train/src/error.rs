@@ -47,7 +47,9 @@ pub enum TrainError {
     /// File-system trouble (unwritable run directory, ...).
     #[error("{context}: {source}")]
     Io {
+        /// What was being done, naming the path.
         context: String,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },

@@ -10,8 +10,11 @@
 //! accuracy on the targets the data selects. [`tasks`] trains the generated tasks
 //! (duplication, long-range recall) with it.
 
+#![warn(missing_docs)]
+
 pub mod checkpoint;
 pub mod data;
+/// The errors of training, checkpoints and generation.
 pub mod error;
 pub mod generate;
 pub mod grads;

@@ -20,7 +20,10 @@
 //! }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod adaptive;
+/// The errors of the layer stack.
 pub mod error;
 pub mod legacy;
 pub mod memory;

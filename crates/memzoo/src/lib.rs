@@ -15,6 +15,8 @@
 //!
 //! and holds the `memzoo` command line ([`commands`], [`config`]).
 
+#![warn(missing_docs)]
+
 pub use memzoo_backend as backend;
 pub use memzoo_data as data;
 pub use memzoo_fused as fused;
