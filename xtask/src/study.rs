@@ -87,6 +87,9 @@ pub struct StudyArgs {
     /// `--out` and `--runs`.
     #[arg(long = "set", value_name = "FIELD=VALUE")]
     pub set: Vec<String>,
+    /// Rewrite the report and charts from the JSON lines already measured; run nothing.
+    #[arg(long)]
+    pub report_only: bool,
     /// The book of table T1b (`t1b`: T1 on a book): a text file, default
     /// `$MEMZOO_TINY_SHAKESPEARE` or `../shared/data/tinyshakespeare.txt` beside the workspace.
     #[arg(long)]
@@ -1627,6 +1630,16 @@ pub fn run_tables(args: &StudyArgs) -> Result<(), String> {
         ));
     }
     let mut study = Study::new(args)?;
+    if args.report_only {
+        let lines = read_lines(&study.out.join("study.jsonl"));
+        if lines.is_empty() {
+            return Err(format!(
+                "--report-only: {} holds no results; run the study first",
+                study.out.join("study.jsonl").display()
+            ));
+        }
+        return study.write_report(&lines);
+    }
     study.run(&tables)
 }
 

@@ -369,6 +369,9 @@ fn scale_line(md: &mut String, lines: &[Value], table: &str) {
     }
 }
 
+/// The smallest relative fall of bpc that counts as a gain in a target.
+const FALL: f64 = 0.001;
+
 fn t1_section(md: &mut String, lines: &[Value], dir: &str, table: &str) {
     let t1 = rows(lines, table);
     if t1.is_empty() {
@@ -430,7 +433,8 @@ fn t1_section(md: &mut String, lines: &[Value], dir: &str, table: &str) {
                 .map(|&s| t1_bpc(lines, table, "xl", s, same))
                 .collect();
             b.windows(2)
-                .all(|w| matches!((w[0], w[1]), (Some(a), Some(c)) if c < a))
+                // A fall smaller than 0.1% (0.002 bpc at 2 bpc) is noise, not a gain.
+                .all(|w| matches!((w[0], w[1]), (Some(a), Some(c)) if c < a * (1.0 - FALL)))
         };
         let best = |model: &str| {
             rows(lines, table)
@@ -442,7 +446,8 @@ fn t1_section(md: &mut String, lines: &[Value], dir: &str, table: &str) {
         let (xl, norec, van) = (best("xl"), best("xl-no-recurrence"), best("vanilla"));
         let _ = writeln!(
             md,
-            "Targets: bpc falls with every step of the evaluation memory from M/2 to 4M — with \
+            "Targets: bpc falls (by at least 0.1%) with every step of the evaluation memory from \
+             M/2 to 4M — with \
              `same_length` {}, with memory m {}; XL < no recurrence < vanilla (best of each: \
              {xl:.3} / {norec:.3} / {van:.3}) {}.\n",
             verdict(falls(true)),
@@ -581,16 +586,17 @@ fn t3_section(md: &mut String, lines: &[Value], dir: &str) {
         let (s, b) = series(model, base);
         let mut all: Vec<f64> = b.into_iter().collect();
         all.extend(s.iter().map(|p| p.1));
-        let falls = all.len() > 1 && all.windows(2).all(|w| w[1] < w[0]);
+        let falls = all.len() > 1 && all.windows(2).all(|w| w[1] < w[0] * (1.0 - FALL));
         let trained = meta(lines, "t3").map_or(0, |m| u(&m["scale"]["knn_train"]));
         let at = |n: usize| s.iter().find(|p| p.0 == n).map(|p| p.1);
         let larger = s
             .iter()
             .filter(|p| p.0 > trained)
-            .any(|p| at(trained).is_some_and(|t| p.1 < t));
+            .any(|p| at(trained).is_some_and(|t| p.1 < t * (1.0 - FALL)));
         let _ = writeln!(
             md,
-            "Targets {label}: bpc falls with every memory-size step (no kNN, then each size) {}; \
+            "Targets {label}: bpc falls (by at least 0.1%) with every memory-size step (no kNN, \
+             then each size) {}; \
              the model trained with {trained} gains from a larger memory at evaluation {}.\n",
             verdict(falls),
             verdict(larger)

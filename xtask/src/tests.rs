@@ -276,6 +276,7 @@ mod study {
             set: vec![],
             copy_runs: vec![],
             books: None,
+            report_only: false,
         };
         run_tables(&args).unwrap();
         let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("study.jsonl"))
