@@ -215,7 +215,7 @@ fn hf_transfo_xl_wt103_shaped_matches_hf() {
             &r.floats(&format!("losses.{s}")),
             &format!("losses {s}"),
         );
-        let (loss, next) = model.forward_loss(x, y, &memory).unwrap();
+        let (loss, next) = memory_loss(&model, x, y, &memory).unwrap();
         check(
             &host(loss.clone()),
             &r.floats(&format!("loss.{s}")),
@@ -669,7 +669,7 @@ fn hf_reads_memzoo_export() {
                 &r.floats(&format!("log_probs{suffix}.{s}")),
                 &format!("log-probs{suffix} {s}"),
             );
-            let (loss, next) = model.forward_loss(x, y, &memory).unwrap();
+            let (loss, next) = memory_loss(&model, x, y, &memory).unwrap();
             check(
                 &host(loss),
                 &r.floats(&format!("loss{suffix}.{s}")),

@@ -6,7 +6,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_knn::{MemorizingConfig, MemorizingState};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
 use memzoo_tests::*;
-use memzoo_xl::{LayerContext, LayerKind, Randomness, XlConfig, XlMemory, XlState};
+use memzoo_xl::{LayerContext, LayerKind, Randomness, Step, XlConfig, XlMemory, XlState};
 
 /// The fixture's token ids: `[2, 6]` per segment (as the program that wrote it).
 fn fixture_tokens(seg: usize, dev: &Device) -> Tensor<2, Int> {
@@ -212,7 +212,13 @@ fn a_knn_layer_between_xl_and_learned_layers_trains() {
             .unwrap();
         assert_eq!(state.knn_len(0, 0), 6);
         let loss = model
-            .forward_loss_state(inputs.clone(), targets.clone(), &mut state, &[false, false])
+            .eval_step(
+                inputs.clone(),
+                targets.clone(),
+                &mut state,
+                &Step::default(),
+            )
+            .map(|s| s.nll.mean())
             .unwrap();
         last = loss.clone().into_scalar::<f64>();
         first.get_or_insert(last);
@@ -431,7 +437,13 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
             .forward_state(inputs.clone(), &mut state, &[true, true])
             .unwrap();
         let loss = model
-            .forward_loss_state(inputs.clone(), targets.clone(), &mut state, &[false, false])
+            .eval_step(
+                inputs.clone(),
+                targets.clone(),
+                &mut state,
+                &Step::default(),
+            )
+            .map(|s| s.nll.mean())
             .unwrap();
         losses.push(loss.clone().into_scalar::<f64>());
         let grads = GradientsParams::from_grads(loss.backward(), &model);

@@ -1,13 +1,17 @@
 //! What the trainer needs from a model: a loss per segment, with state carried across segments.
+//!
+//! Every loss the trainer, the evaluation, RECL and the study compute comes from
+//! [`SegmentModel::segment_nll`] (for the layer stack: [`TransformerXl::eval_step`], the one loss
+//! path of `memzoo_xl::stack::loss`); logits are read only where a distribution is the point
+//! (generation: [`SegmentModel::segment_logits`]).
 
 use std::path::Path;
 
 use burn::module::Module;
 use burn::optim::GradientsParams;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_memory::{IndexKind, KnnIndex, KnnMemoryConfig, MemoryError, Retrieved, RowState};
-use memzoo_xl::{Randomness, TransformerXl, XlMemory, XlState};
+use memzoo_xl::{Randomness, Step, TargetScores, TransformerXl, XlMemory, XlState, mean_nll};
 
 use crate::error::TrainError;
 
@@ -31,11 +35,12 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     /// Vocabulary size (targets must be below it).
     fn vocab_size(&self) -> usize;
 
-    /// Reads one segment: returns logits `[batch, len, vocab]` and updates `state`
+    /// Generation step: reads one segment and returns its logits `[batch, len, vocab]` (the
+    /// whole distribution; losses come from [`Self::segment_nll`]), updating `state`
     /// (detached from the graph). `reset[r]`: row `r` starts a new document here.
     ///
     /// # Shapes
-    /// - `inputs`: `[batch, len]`
+    /// - `inputs`: `[batch, len]` → `[batch, len, vocab]`
     fn segment_logits(
         &self,
         inputs: Tensor<2, Int>,
@@ -43,9 +48,31 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
         reset: &[bool],
     ) -> Result<Tensor<3>, TrainError>;
 
-    /// One training step's loss and gradients: the mean cross-entropy over the targets whose
-    /// `weights` are 1 (`None`: every target). The default is plain autodiff of
-    /// [`segment_loss`]; models with their own backward (reversible layers) override it.
+    /// Evaluation step: reads one segment as [`Self::segment_logits`] does and scores its
+    /// targets, `-log p(y)` per target (with the graph on an autodiff device), and, when `hits`
+    /// asks, which targets are the most likely token. The default scores the segment's logits
+    /// ([`TargetScores::from_logits`]); the layer stack overrides it with its own loss path (an
+    /// adaptive softmax computes only the clusters its targets fall in).
+    ///
+    /// # Shapes
+    /// - `inputs`, `targets`: `[batch, len]` → nll (and hits) `[batch, len]`
+    fn segment_nll(
+        &self,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut Self::State,
+        reset: &[bool],
+        hits: bool,
+    ) -> Result<TargetScores, TrainError> {
+        check_shapes(&inputs, &targets, None)?;
+        let logits = self.segment_logits(inputs, state, reset)?;
+        Ok(TargetScores::from_logits(logits, targets, hits))
+    }
+
+    /// Training step: the loss and gradients of one segment, the mean of
+    /// [`Self::segment_nll`] over the targets whose `weights` are 1 (`None`: every target),
+    /// [`memzoo_xl::mean_nll`]. The default is plain autodiff; models with their own backward
+    /// (reversible layers) or randomness override it.
     ///
     /// # Shapes
     /// - `inputs`, `targets`, `weights`: `[batch, len]`
@@ -57,7 +84,9 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
         reset: &[bool],
         weights: Option<Tensor<2>>,
     ) -> Result<(f64, GradientsParams), TrainError> {
-        let loss = segment_loss(self, inputs, targets, state, reset, weights)?;
+        check_shapes(&inputs, &targets, weights.as_ref())?;
+        let nll = self.segment_nll(inputs, targets, state, reset, false)?.nll;
+        let loss = mean_nll(nll, weights);
         let value = loss.clone().into_scalar::<f64>();
         let grads = GradientsParams::from_grads(loss.backward(), self);
         Ok((value, grads))
@@ -126,37 +155,22 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     fn load_state(&self, dir: &Path, device: &Device) -> Result<Self::State, TrainError>;
 }
 
-/// Mean cross-entropy (nats) of one segment over the targets `weights` selects:
-/// `Σ_i w_i (-log p(y_i)) / Σ_i w_i` (every target when `weights` is `None`).
-///
-/// # Shapes
-/// - `inputs`, `targets`, `weights`: `[batch, len]`
-pub fn segment_loss<M: SegmentModel>(
-    model: &M,
-    inputs: Tensor<2, Int>,
-    targets: Tensor<2, Int>,
-    state: &mut M::State,
-    reset: &[bool],
-    weights: Option<Tensor<2>>,
-) -> Result<Tensor<1>, TrainError> {
-    let [b, l] = targets.dims();
-    if inputs.dims() != [b, l] || weights.as_ref().is_some_and(|w| w.dims() != [b, l]) {
+/// Inputs, targets and weights must have one shape.
+fn check_shapes(
+    inputs: &Tensor<2, Int>,
+    targets: &Tensor<2, Int>,
+    weights: Option<&Tensor<2>>,
+) -> Result<(), TrainError> {
+    let shape = targets.dims();
+    if inputs.dims() != shape || weights.is_some_and(|w| w.dims() != shape) {
         return Err(TrainError::Shape(format!(
             "inputs {:?}, targets {:?} and weights {:?} differ",
             inputs.dims(),
-            targets.dims(),
-            weights.as_ref().map(|w| w.dims())
+            shape,
+            weights.map(|w| w.dims())
         )));
     }
-    let logits = model.segment_logits(inputs, state, reset)?;
-    let nll = log_softmax(logits, 2)
-        .gather(2, targets.reshape([b, l, 1]))
-        .reshape([b, l])
-        .neg();
-    Ok(match weights {
-        None => nll.mean(),
-        Some(w) => (nll * w.clone()).sum() / w.sum().clamp_min(1e-9),
-    })
+    Ok(())
 }
 
 /// The layer stack (Transformer-XL; with kNN layers the Memorizing Transformer; with LSH or
@@ -164,9 +178,9 @@ pub fn segment_loss<M: SegmentModel>(
 /// memories (host side). Without `document_resets` (Transformer-XL, as the paper) it reads
 /// documents as one stream; with them (the Memorizing preset) rows are cleared where the data
 /// marks a new document. A stack with neither memory (the Reformer) reads each segment on its
-/// own. Seeded stacks train with their
-/// own step ([`TransformerXl::train_step_state`]: fresh rotations and masks every step, and the
-/// reversible backward where the residuals are reversible).
+/// own. Training and evaluation go through the stack's own steps ([`TransformerXl::train_step`]:
+/// fresh rotations and masks every step, the reversible backward where the residuals are
+/// reversible; [`TransformerXl::eval_step`]: the one loss path).
 impl SegmentModel for TransformerXl {
     type State = XlState;
 
@@ -191,14 +205,23 @@ impl SegmentModel for TransformerXl {
         reset: &[bool],
         weights: Option<Tensor<2>>,
     ) -> Result<(f64, GradientsParams), TrainError> {
-        let Some(opts) = self.train_options() else {
-            let loss = segment_loss(self, inputs, targets, state, reset, weights)?;
-            let value = loss.clone().into_scalar::<f64>();
-            let grads = GradientsParams::from_grads(loss.backward(), self);
-            return Ok((value, grads));
-        };
-        let (loss, grads) = self.train_step_state(inputs, targets, weights, state, reset, &opts)?;
+        check_shapes(&inputs, &targets, weights.as_ref())?;
+        let step = Step::reset(reset).with_weights(weights);
+        let (loss, grads) = TransformerXl::train_step(self, inputs, targets, state, &step)?;
         Ok((loss.into_scalar::<f64>(), grads))
+    }
+
+    fn segment_nll(
+        &self,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        hits: bool,
+    ) -> Result<TargetScores, TrainError> {
+        check_shapes(&inputs, &targets, None)?;
+        let step = Step::reset(reset).with_hits(hits);
+        Ok(self.eval_step(inputs, targets, state, &step)?)
     }
 
     fn vocab_size(&self) -> usize {

@@ -52,7 +52,6 @@ use std::ops::{Add, Range};
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
-use burn::tensor::activation::log_softmax;
 use rayon::prelude::*;
 
 use crate::error::TrainError;
@@ -317,13 +316,9 @@ pub fn eval_segment<M: SegmentModel>(
 ) -> Result<EvalSums, TrainError> {
     let (x, y) = tensors(segment, device);
     let shape = segment.shape();
-    let logp = log_softmax(model.segment_logits(x, state, &segment.reset)?, 2);
-    // ℓ_i = -log p(y_i)
-    let nll = logp
-        .clone()
-        .gather(2, y.clone().reshape([shape[0], shape[1], 1]))
-        .reshape(shape)
-        .neg();
+    // ℓ_i = -log p(y_i), and the hits only where the data selects targets to score.
+    let scores = model.segment_nll(x, y, state, &segment.reset, segment.target_mask.is_some())?;
+    let nll = scores.nll;
     // Weights: 1 for counted targets (not padding, selected by `counted`).
     let keep = segment.loss_mask();
     let mut sums = EvalSums {
@@ -332,12 +327,11 @@ pub fn eval_segment<M: SegmentModel>(
     };
     let w = mask_tensor(&keep, shape, device);
     sums.nats = (nll.clone() * w).sum().into_scalar::<f64>();
-    if let Some(mask) = &segment.target_mask {
+    if let (Some(mask), Some(hits)) = (&segment.target_mask, scores.hits) {
         let sel: Vec<bool> = mask.iter().zip(&keep).map(|(&m, &k)| m && k).collect();
         sums.selected_tokens = sel.iter().filter(|&&k| k).count() as u64;
         let w = mask_tensor(&sel, shape, device);
         sums.selected_nats = (nll * w.clone()).sum().into_scalar::<f64>();
-        let hits = logp.argmax(2).reshape(shape).equal(y).float();
         sums.selected_hits = (hits * w).sum().into_scalar::<f64>();
     }
     Ok(sums)

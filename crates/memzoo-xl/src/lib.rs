@@ -37,6 +37,6 @@ pub use reformer::{ReformerConfig, ReformerLm};
 pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
     LayerAttention, LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay,
-    Residual, SharedT5, StepCounter, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
-    absolute_positions, weighted_nll,
+    Residual, SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer,
+    XlOutput, absolute_positions, mean_nll, target_nll,
 };
