@@ -34,6 +34,18 @@ pub struct XlOutput {
 /// stack with kNN layers reads with [`forward_state`](Self::forward_state), whose
 /// [`XlState`] also holds the kNN memories.
 ///
+/// The ways to run it:
+///
+/// | step | method | returns |
+/// |---|---|---|
+/// | plain forward | [`forward`](Self::forward) (XL memory), [`forward_state`](Self::forward_state) (whole state), [`forward_masked`](Self::forward_masked) (explicit mask) | hidden states |
+/// | training | [`train_step`](Self::train_step) | mean loss, gradients |
+/// | evaluation | [`eval_step`](Self::eval_step) | per-target losses (and hits) |
+/// | generation | [`logits`](Self::logits) of the hidden states | the distribution |
+///
+/// Training and evaluation share one loss path (`stack/loss.rs`), the only place hidden states
+/// become losses; [`Step`] says which rows start a document, the weights and the randomness.
+///
 /// # Shapes
 /// - `tokens`: `[batch, qlen]`
 /// - hidden: `[batch, qlen, d_model]`, logits: `[batch, qlen, vocab]`
