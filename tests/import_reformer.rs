@@ -324,7 +324,7 @@ fn fixed_rotations_serve_evaluation_and_are_never_trained() {
     let [b, l] = x.dims();
     let (inp, tgt) = (x.clone().slice([0..b, 0..l - 1]), x.slice([0..b, 1..l]));
     let eval = |m: &memzoo_xl::TransformerXl| -> f32 {
-        let lp = log_softmax(window_logits(&m, inp.clone()).unwrap(), 2);
+        let lp = log_softmax(window_logits(m, inp.clone()).unwrap(), 2);
         lp.gather(2, tgt.clone().reshape([b, l - 1, 1]))
             .neg()
             .mean()
@@ -421,7 +421,7 @@ fn naive_loss(model: &memzoo_xl::TransformerXl, ids: &[i64], len: usize) -> f64 
             TensorData::new(ids[w * len..(w + 1) * len].to_vec(), [1, len]),
             &dev,
         );
-        let lp = host(log_softmax(window_logits(&model, x).unwrap(), 2));
+        let lp = host(log_softmax(window_logits(model, x).unwrap(), 2));
         let v = lp.len() / len;
         for i in 0..len {
             total -= lp[i * v + ids[w * len + i + 1] as usize] as f64;

@@ -326,7 +326,7 @@ fn run_xl(model: &TransformerXl, dev: &Device, ad: &Device) -> XlRun {
     let forward_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let (loss, _) = memory_loss(
-        &model,
+        model,
         tokens(XL_QLEN, 2, ad),
         tokens(XL_QLEN, 3, ad),
         &memory.to_device(ad),
