@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_tests::*;
-use memzoo_train::SegmentModel;
+use memzoo_train::RecurrentModel;
 use memzoo_xl::{
     AdaptiveLogSoftmax, OutputLayer, Step, TransformerXl, XlConfig, XlMemory, XlState, target_nll,
 };
@@ -69,7 +69,7 @@ fn adaptive_loss_computes_only_the_target_clusters() {
     );
     // The trainer's contract: its training and evaluation steps.
     let reset = [false, false];
-    let (loss, _grads) = SegmentModel::train_step(
+    let (loss, _grads) = RecurrentModel::train_step(
         &model,
         x.clone(),
         y.clone(),
@@ -84,7 +84,7 @@ fn adaptive_loss_computes_only_the_target_clusters() {
         67_735,
         "train step"
     );
-    SegmentModel::segment_nll(
+    RecurrentModel::segment_nll(
         &model,
         x.clone(),
         y.clone(),

@@ -9,7 +9,7 @@ use memzoo_data::{CopyTask, CopyText, Duplication, RecallTask, Task, TaskStream}
 use memzoo_knn::recall_task::reference_config;
 use memzoo_tests::*;
 use memzoo_train::tasks::{DuplicationConfig, RecallConfig, duplication_from, recall_from};
-use memzoo_train::{RunOptions, SegmentModel, evaluate};
+use memzoo_train::{RecurrentModel, RunOptions, evaluate};
 use memzoo_xl::ReformerConfig;
 use memzoo_xl::{Step, XlConfig, XlState};
 

@@ -34,7 +34,7 @@ pub use generate::{
     generate_recompute,
 };
 pub use memzoo_xl::{Step, TargetScores};
-pub use model::SegmentModel;
+pub use model::{RecurrentModel, SegmentModel};
 pub use schedule::ScheduleConfig;
 pub use segment::{Segment, SegmentSource};
 pub use trainer::{

@@ -105,7 +105,7 @@ pub fn check_replicas(replicas: usize, batch: usize) -> Result<(), TrainError> {
 /// gradients.
 ///
 /// `states[r]` is the carried state of shard `r` (rows [`shard_rows`]`(batch, R)[r]`); with
-/// one state this is exactly [`SegmentModel::train_step`].
+/// one state this is exactly [`RecurrentModel::train_step`].
 pub fn train_step_sharded<M: SegmentModel>(
     model: &M,
     device: &Device,
@@ -146,7 +146,7 @@ pub fn replica_stream(stream: u64, r: usize, replicas: usize) -> u64 {
 /// draw from it in whatever order they run: with several replicas on one device, what they
 /// draw from it is not repeatable. The trainer's models do not draw from it in training: the
 /// layer stack draws its dropout masks from its stream
-/// ([`SegmentModel::with_train_stream`]).
+/// ([`RecurrentModel::with_train_stream`]).
 pub fn seed_devices(placement: &[Device], seed: u64, stream: u64) {
     let mut seeded: Vec<&Device> = Vec::new();
     for device in placement {
@@ -173,7 +173,7 @@ pub struct TrainStream {
 
 /// [`train_step_placed`] drawing from `stream` (`None`: from wherever the model's own
 /// generator stands): replica `r` draws its seeded randomness from
-/// [`replica_stream`]`(stream, r, R)` ([`SegmentModel::with_train_stream`]), so the step is one
+/// [`replica_stream`]`(stream, r, R)` ([`RecurrentModel::with_train_stream`]), so the step is one
 /// function of its stream whatever order the replicas' threads run in.
 pub fn train_step_streamed<M: SegmentModel>(
     model: &M,
@@ -194,13 +194,13 @@ pub fn train_step_streamed<M: SegmentModel>(
     if replicas == 1 && placement[0] == *main {
         let (x, y) = tensors(segment, main);
         let w = loss_weights(segment, main);
-        return match stream {
+        return Ok(match stream {
             Some(s) => model
                 .clone()
                 .with_train_stream(s.seed, s.stream)
-                .train_step(x, y, &mut states[0], &segment.reset, w),
-            None => model.train_step(x, y, &mut states[0], &segment.reset, w),
-        };
+                .train_step(x, y, &mut states[0], &segment.reset, w)?,
+            None => model.train_step(x, y, &mut states[0], &segment.reset, w)?,
+        });
     }
     let shards: Vec<Segment> = shard_rows(segment.batch, replicas)
         .into_iter()

@@ -24,6 +24,7 @@ pub mod adaptive;
 pub mod error;
 pub mod legacy;
 pub mod memory;
+pub mod recurrent;
 pub mod reformer;
 pub mod stack;
 
@@ -33,6 +34,7 @@ pub use adaptive::{
 };
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
+pub use recurrent::RecurrentModel;
 pub use reformer::{ReformerConfig, ReformerLm};
 pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
