@@ -105,7 +105,7 @@ pub fn check_replicas(replicas: usize, batch: usize) -> Result<(), TrainError> {
 /// gradients.
 ///
 /// `states[r]` is the carried state of shard `r` (rows [`shard_rows`]`(batch, R)[r]`); with
-/// one state this is exactly [`RecurrentModel::train_step`].
+/// one state this is exactly [`crate::RecurrentModel::train_step`].
 pub fn train_step_sharded<M: SegmentModel>(
     model: &M,
     device: &Device,
@@ -146,7 +146,7 @@ pub fn replica_stream(stream: u64, r: usize, replicas: usize) -> u64 {
 /// draw from it in whatever order they run: with several replicas on one device, what they
 /// draw from it is not repeatable. The trainer's models do not draw from it in training: the
 /// layer stack draws its dropout masks from its stream
-/// ([`RecurrentModel::with_train_stream`]).
+/// ([`crate::RecurrentModel::with_train_stream`]).
 pub fn seed_devices(placement: &[Device], seed: u64, stream: u64) {
     let mut seeded: Vec<&Device> = Vec::new();
     for device in placement {
@@ -173,8 +173,8 @@ pub struct TrainStream {
 
 /// [`train_step_placed`] drawing from `stream` (`None`: from wherever the model's own
 /// generator stands): replica `r` draws its seeded randomness from
-/// [`replica_stream`]`(stream, r, R)` ([`RecurrentModel::with_train_stream`]), so the step is one
-/// function of its stream whatever order the replicas' threads run in.
+/// [`replica_stream`]`(stream, r, R)` ([`crate::RecurrentModel::with_train_stream`]), so the
+/// step is one function of its stream whatever order the replicas' threads run in.
 pub fn train_step_streamed<M: SegmentModel>(
     model: &M,
     main: &Device,

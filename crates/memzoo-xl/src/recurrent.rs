@@ -74,7 +74,7 @@ pub trait RecurrentModel: Module + Clone + core::fmt::Debug + Send + 'static {
 
     /// Training step: the loss and gradients of one segment, the mean of
     /// [`Self::segment_nll`] over the targets whose `weights` are 1 (`None`: every target),
-    /// [`memzoo_xl::mean_nll`]. The default is plain autodiff; models with their own backward
+    /// [`mean_nll`]. The default is plain autodiff; models with their own backward
     /// (reversible layers) or randomness override it.
     ///
     /// # Shapes
