@@ -172,7 +172,7 @@ fn every_cli_error_kind_names_what_is_wrong() {
 /// were) still generates and resumes; the label of another family is refused.
 #[test]
 fn the_family_label_follows_the_layers_and_old_labels_still_load() {
-    use memzoo_train::SegmentModel;
+    use memzoo_train::RecurrentModel;
     use memzoo_train::checkpoint::{latest, read_trainer_state};
     use memzoo_xl::{LayerKind, Randomness, TransformerXl};
 
@@ -181,7 +181,7 @@ fn the_family_label_follows_the_layers_and_old_labels_still_load() {
         let cfg = memzoo_tests::tiny_xl().with_randomness(randomness);
         cfg.with_layers(layers).init(&dev).unwrap()
     };
-    let label = |m: &TransformerXl| (SegmentModel::family(m), m.legacy_family());
+    let label = |m: &TransformerXl| (RecurrentModel::family(m), m.legacy_family());
     assert_eq!(label(&stack(Randomness::Device, vec![])), ("xl", "xl"));
     assert_eq!(
         label(&stack(Randomness::Seeded, vec![])),
@@ -201,7 +201,7 @@ fn the_family_label_follows_the_layers_and_old_labels_still_load() {
         .unwrap();
     assert_eq!(label(&reformer), ("reformer", "reformer"));
     let memorizing = memzoo_tests::tiny_memorizing().init(&dev).unwrap();
-    assert_eq!(SegmentModel::family(&memorizing), "memorizing");
+    assert_eq!(RecurrentModel::family(&memorizing), "memorizing");
 
     let seeded = stack(Randomness::Seeded, vec![]);
     for (found, ok) in [("xl", true), ("reformer", true), ("memorizing", false)] {

@@ -8,7 +8,7 @@ use memzoo::config::RunConfig;
 use memzoo::data_setup::{doc_batcher, load_corpus};
 use memzoo_data::{Split, recallable_mask};
 use memzoo_tests::*;
-use memzoo_train::{RunOptions, SegmentModel, evaluate, train};
+use memzoo_train::{RecurrentModel, RunOptions, evaluate, train};
 
 /// Steps of the test run (the default takes 5,000; the seeds tried learn the copy by ~2,500
 /// with the schedule of 5,000 and by 3,000 with one of 3,000).

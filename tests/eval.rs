@@ -5,7 +5,9 @@
 //! padded; a target mask selects every fourth target.
 
 use memzoo_tests::*;
-use memzoo_train::{Segment, SegmentModel, SegmentSource, TrainError, evaluate_sharded};
+use memzoo_train::{
+    RecurrentModel, Segment, SegmentModel, SegmentSource, TrainError, evaluate_sharded,
+};
 
 const PAD: i64 = 0;
 const ROWS: usize = 5;

@@ -12,11 +12,11 @@ use memzoo_knn::MemorizingConfig;
 use memzoo_memory::IndexKind;
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_tests::*;
-use memzoo_train::SegmentModel;
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, Generator, SampleConfig, generate, generate_recompute,
     recompute_logits,
 };
+use memzoo_train::{RecurrentModel, SegmentModel};
 use memzoo_xl::ReformerConfig;
 use memzoo_xl::{XlConfig, XlMemory};
 use rand::{Rng, SeedableRng, rngs::StdRng};

@@ -18,7 +18,7 @@ use memzoo_import::hf_transfo_xl::{load_transformer_xl, transformer_xl_to_hf};
 use memzoo_import::mapping::Source;
 use memzoo_import::{HfTransfoXlConfig, ImportError, TensorMap};
 use memzoo_tests::*;
-use memzoo_xl::{OutputLayer, TransformerXl, XlMemory};
+use memzoo_xl::{AdaptiveLogSoftmax, OutputLayer, Step, TransformerXl, XlMemory, XlState};
 
 const TOL: f32 = 1e-4;
 
@@ -187,7 +187,7 @@ fn hf_transfo_xl_plain_pytorch_bin_matches_hf() {
 }
 
 /// The adaptive model in memzoo's stack: `logits` gives the full log-probabilities, and
-/// `forward_loss` (the cluster-by-cluster NLL, never `[n, vocab]`) the loss and its gradients.
+/// `eval_step` (the cluster-by-cluster NLL, never `[n, vocab]`) the losses and their gradients.
 #[test]
 fn hf_transfo_xl_wt103_shaped_matches_hf() {
     let dev = flex().autodiff();
@@ -215,7 +215,27 @@ fn hf_transfo_xl_wt103_shaped_matches_hf() {
             &r.floats(&format!("losses.{s}")),
             &format!("losses {s}"),
         );
-        let (loss, next) = model.forward_loss(x, y, &memory).unwrap();
+        // The loss path: the head and the targets' clusters only, never [tokens, vocab].
+        AdaptiveLogSoftmax::take_widest_output();
+        let mut state = XlState {
+            xl: memory.clone(),
+            ..Default::default()
+        };
+        let nll = model
+            .eval_step(x, y, &mut state, &Step::default())
+            .unwrap()
+            .nll;
+        let widest = AdaptiveLogSoftmax::take_widest_output();
+        assert!(
+            widest < model.vocab_size,
+            "the loss computed {widest} columns"
+        );
+        check(
+            &host(nll.clone()),
+            &r.floats(&format!("losses.{s}")),
+            &format!("target-only losses {s}"),
+        );
+        let (loss, next) = (nll.mean(), state.xl);
         check(
             &host(loss.clone()),
             &r.floats(&format!("loss.{s}")),
@@ -669,7 +689,7 @@ fn hf_reads_memzoo_export() {
                 &r.floats(&format!("log_probs{suffix}.{s}")),
                 &format!("log-probs{suffix} {s}"),
             );
-            let (loss, next) = model.forward_loss(x, y, &memory).unwrap();
+            let (loss, next) = memory_loss(&model, x, y, &memory).unwrap();
             check(
                 &host(loss),
                 &r.floats(&format!("loss{suffix}.{s}")),

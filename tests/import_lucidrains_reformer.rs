@@ -39,7 +39,7 @@ fn lucidrains_reformer_matches_reformer_pytorch() {
     for s in 0..1 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let [b, l] = x.dims();
-        let lp = log_softmax(model.forward_window(x.clone()).unwrap(), 2);
+        let lp = log_softmax(window_logits(&model, x.clone()).unwrap(), 2);
         check(
             &host(lp.clone()),
             &r.floats(&format!("log_probs.{s}")),
@@ -192,7 +192,7 @@ fn lucidrains_reformer_run_dir_and_export_round_trip() {
     for s in 0..1 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         check(
-            &host(log_softmax(model.forward_window(x).unwrap(), 2)),
+            &host(log_softmax(window_logits(&model, x).unwrap(), 2)),
             &r.floats(&format!("log_probs.{s}")),
             &format!("run dir: log-probs {s}"),
         );

@@ -19,7 +19,7 @@ use memzoo_import::hf_reformer::{self, HfReformerConfig, reformer_to_hf};
 use memzoo_import::mapping::Source;
 use memzoo_import::{ImportError, TensorMap};
 use memzoo_tests::*;
-use memzoo_xl::{LayerAttention, XlConfig};
+use memzoo_xl::{LayerAttention, Step, XlConfig, XlState};
 
 use crate::import::{Reference, check, check_gradients, scratch};
 
@@ -40,7 +40,7 @@ fn hf_parity(name: &str, grads: bool) {
     for s in 0..2 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let [b, l] = x.dims();
-        let lp = log_softmax(model.forward_window(x.clone()).unwrap(), 2);
+        let lp = log_softmax(window_logits(&model, x.clone()).unwrap(), 2);
         check(
             &host(lp.clone()),
             &r.floats(&format!("log_probs.{s}")),
@@ -114,7 +114,7 @@ fn hf_float32_round_weights_are_off() {
     let dev = flex();
     let (model, _) = hf_reformer::load(&fixture("enwik8"), &dev).unwrap();
     let x = r.tokens::<2>("input_ids.0", &dev);
-    let ours = host(log_softmax(model.forward_window(x).unwrap(), 2));
+    let ours = host(log_softmax(window_logits(&model, x).unwrap(), 2));
     let exact = r.floats("log_probs.0");
     let hf32 = r.floats("log_probs_f32.0");
     let (d_ours, d_hf) = (max_abs_diff(&ours, &exact), max_abs_diff(&hf32, &exact));
@@ -140,7 +140,7 @@ fn hf_reformer_without_rotations_uses_its_own() {
     }));
     let r = Reference::at(&fixture("enwik8"));
     let x = r.tokens::<2>("input_ids.0", &dev);
-    let ours = host(log_softmax(model.forward_window(x).unwrap(), 2));
+    let ours = host(log_softmax(window_logits(&model, x).unwrap(), 2));
     let d = max_abs_diff(&ours, &r.floats("log_probs.0"));
     assert!(
         d.is_finite() && d > 1e-4,
@@ -278,7 +278,7 @@ fn hf_reformer_run_dir_and_export_round_trip() {
     for s in 0..2 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         check(
-            &host(log_softmax(model.forward_window(x).unwrap(), 2)),
+            &host(log_softmax(window_logits(&model, x).unwrap(), 2)),
             &r.floats(&format!("log_probs.{s}")),
             &format!("run dir: log-probs {s}"),
         );
@@ -324,7 +324,7 @@ fn fixed_rotations_serve_evaluation_and_are_never_trained() {
     let [b, l] = x.dims();
     let (inp, tgt) = (x.clone().slice([0..b, 0..l - 1]), x.slice([0..b, 1..l]));
     let eval = |m: &memzoo_xl::TransformerXl| -> f32 {
-        let lp = log_softmax(m.forward_window(inp.clone()).unwrap(), 2);
+        let lp = log_softmax(window_logits(m, inp.clone()).unwrap(), 2);
         lp.gather(2, tgt.clone().reshape([b, l - 1, 1]))
             .neg()
             .mean()
@@ -332,8 +332,22 @@ fn fixed_rotations_serve_evaluation_and_are_never_trained() {
     };
     let e = eval(&model);
     assert_eq!(e, eval(&model), "evaluation is one function");
-    let (l1, grads) = model.train_step(inp.clone(), tgt.clone()).unwrap();
-    let (l2, _) = model.train_step(inp.clone(), tgt.clone()).unwrap();
+    let (l1, grads) = model
+        .train_step(
+            inp.clone(),
+            tgt.clone(),
+            &mut XlState::new(),
+            &Step::default(),
+        )
+        .unwrap();
+    let (l2, _) = model
+        .train_step(
+            inp.clone(),
+            tgt.clone(),
+            &mut XlState::new(),
+            &Step::default(),
+        )
+        .unwrap();
     let (l1, l2): (f32, f32) = (l1.into_scalar(), l2.into_scalar());
     assert!(
         l1 != l2 && l1 != e,
@@ -407,7 +421,7 @@ fn naive_loss(model: &memzoo_xl::TransformerXl, ids: &[i64], len: usize) -> f64 
             TensorData::new(ids[w * len..(w + 1) * len].to_vec(), [1, len]),
             &dev,
         );
-        let lp = host(log_softmax(model.forward_window(x).unwrap(), 2));
+        let lp = host(log_softmax(window_logits(model, x).unwrap(), 2));
         let v = lp.len() / len;
         for i in 0..len {
             total -= lp[i * v + ids[w * len + i + 1] as usize] as f64;

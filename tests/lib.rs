@@ -300,3 +300,52 @@ pub fn masked_softmax(scores: &[Option<f64>]) -> Vec<f64> {
     let sum: f64 = exps.iter().sum();
     exps.into_iter().map(|e| e / sum).collect()
 }
+
+/// Logits of one segment read on its own (no memory): the stack's plain forward and its head.
+///
+/// # Shapes
+/// - `tokens`: `[batch, len]` → `[batch, len, vocab]`
+pub fn window_logits(
+    model: &memzoo_xl::TransformerXl,
+    tokens: burn::tensor::Tensor<2, burn::tensor::Int>,
+) -> Result<Tensor<3>, memzoo_xl::XlError> {
+    let out = model.forward(tokens, &memzoo_xl::XlMemory::empty())?;
+    Ok(model.logits(out.hidden))
+}
+
+/// Mean loss (nats) of one segment read on top of `memory`, and the next memory: the stack's
+/// evaluation step ([`memzoo_xl::TransformerXl::eval_step`]) on an XL memory alone.
+///
+/// # Shapes
+/// - `tokens`, `targets`: `[batch, len]`; loss: `[1]`
+pub fn memory_loss(
+    model: &memzoo_xl::TransformerXl,
+    tokens: burn::tensor::Tensor<2, burn::tensor::Int>,
+    targets: burn::tensor::Tensor<2, burn::tensor::Int>,
+    memory: &memzoo_xl::XlMemory,
+) -> Result<(Tensor<1>, memzoo_xl::XlMemory), memzoo_xl::XlError> {
+    let mut state = memzoo_xl::XlState {
+        xl: memory.clone(),
+        ..Default::default()
+    };
+    let scores = model.eval_step(tokens, targets, &mut state, &memzoo_xl::Step::default())?;
+    Ok((scores.nll.mean(), state.xl))
+}
+
+/// Mean loss of one segment read on its own under explicit seeded options, weighted per target
+/// when `weights` are given, with the graph (plain autodiff: the reference of the reversible
+/// training step).
+///
+/// # Shapes
+/// - `tokens`, `targets`, `weights`: `[batch, len]`; loss: `[1]`
+pub fn seeded_loss(
+    model: &memzoo_xl::TransformerXl,
+    tokens: burn::tensor::Tensor<2, burn::tensor::Int>,
+    targets: burn::tensor::Tensor<2, burn::tensor::Int>,
+    weights: Option<Tensor<2>>,
+    opts: &memzoo_reformer::ForwardOptions,
+) -> Result<Tensor<1>, memzoo_xl::XlError> {
+    let step = memzoo_xl::Step::default().with_options(opts.clone());
+    let scores = model.eval_step(tokens, targets, &mut memzoo_xl::XlState::new(), &step)?;
+    Ok(memzoo_xl::mean_nll(scores.nll, weights))
+}

@@ -1,5 +1,6 @@
 //! memzoo's integration tests, in one binary so that Burn is linked once.
 
+mod adaptive;
 mod backend;
 mod cli;
 mod config;

@@ -5,7 +5,7 @@
 //! backend with `Module::fork`; inputs, LSH rotations and dropout masks are generated on the
 //! host. Compared: forward outputs (hidden states, logits, XL / kNN memories), LSH bucket ids
 //! (exactly), the loss and every parameter's gradient of one autodiff step (for the Reformer:
-//! the reversible backward of `train_step_with`, dropout on).
+//! the reversible backward of `train_step`, dropout on).
 //!
 //! Which backends run: [`memzoo_backend::test_devices`] (build with `--features wgpu,tch`;
 //! `MEMZOO_WGPU_API` picks the wgpu graphics API, `gl` by default). With only flex compiled in,
@@ -38,7 +38,7 @@ use memzoo_reformer::{ForwardOptions, hash_buckets};
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_tests::*;
 use memzoo_xl::{ReformerConfig, ReformerLm};
-use memzoo_xl::{TransformerXl, XlConfig, XlMemory};
+use memzoo_xl::{Step, TransformerXl, XlConfig, XlMemory, XlState};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// Relative tolerance of every float comparison (see the module docs).
@@ -325,13 +325,13 @@ fn run_xl(model: &TransformerXl, dev: &Device, ad: &Device) -> XlRun {
     let _ = host(out.hidden);
     let forward_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    let (loss, _) = model
-        .forward_loss(
-            tokens(XL_QLEN, 2, ad),
-            tokens(XL_QLEN, 3, ad),
-            &memory.to_device(ad),
-        )
-        .unwrap();
+    let (loss, _) = memory_loss(
+        model,
+        tokens(XL_QLEN, 2, ad),
+        tokens(XL_QLEN, 3, ad),
+        &memory.to_device(ad),
+    )
+    .unwrap();
     let loss_v = host_scalar(loss.clone());
     let grads = GradientsParams::from_grads(loss.backward(), model);
     XlRun {
@@ -381,18 +381,18 @@ fn run_reformer(model: &ReformerLm, dev: &Device, ad: &Device) -> ReformerRun {
     let buckets = host_int(hash_buckets(x, rotations));
 
     let valid = forward_model(model, !dev.is_autodiff());
-    let logits = host(valid.forward_window(tokens(REFORMER_LEN, 4, dev)).unwrap());
+    let logits = host(window_logits(&valid, tokens(REFORMER_LEN, 4, dev)).unwrap());
     let t0 = Instant::now();
-    let _ = host(valid.forward_window(tokens(REFORMER_LEN, 5, dev)).unwrap());
+    let _ = host(window_logits(&valid, tokens(REFORMER_LEN, 5, dev)).unwrap());
     let forward_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     // One reversible training step: dropout masks and rotations replayed from the seed.
     let (loss, grads) = model
-        .train_step_with(
+        .train_step(
             tokens(REFORMER_LEN, 6, ad),
             tokens(REFORMER_LEN, 7, ad),
-            None,
-            &ForwardOptions::train(42),
+            &mut XlState::new(),
+            &Step::default().with_options(ForwardOptions::train(42)),
         )
         .unwrap();
     ReformerRun {
@@ -455,13 +455,15 @@ fn run_memorizing(model: &MemorizingTransformer, dev: &Device, ad: &Device) -> M
             .unwrap();
     }
     let loss = model
-        .forward_loss_state(
+        .eval_step(
             tokens(KNN_QLEN, 30, ad),
             tokens(KNN_QLEN, 31, ad),
             &mut state,
-            &[false; BATCH],
+            &Step::reset(&[false; BATCH]),
         )
-        .unwrap();
+        .unwrap()
+        .nll
+        .mean();
     let loss_v = host_scalar(loss.clone());
     let grads = GradientsParams::from_grads(loss.backward(), model);
     MemorizingRun {

@@ -8,7 +8,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_reformer::ForwardOptions;
 use memzoo_reformer::rng::normal_vec;
 use memzoo_tests::*;
-use memzoo_xl::{LayerContext, LayerKind, Randomness, ReformerConfig, Replay, XlState};
+use memzoo_xl::{LayerContext, LayerKind, Randomness, ReformerConfig, Replay, Step, XlState};
 
 fn dev() -> Device {
     flex()
@@ -126,12 +126,19 @@ fn reversible_gradients_equal_plain_autodiff() {
     let (x, y) = (tokens(2, 10, 11, 1, &device), tokens(2, 10, 11, 2, &device));
     let weights = rand_tensor([2, 10], 3, &device).abs();
     let opts = ForwardOptions::train(42);
-    let loss_ref = model
-        .forward_loss_with(x.clone(), y.clone(), Some(weights.clone()), &opts)
-        .unwrap();
+    let loss_ref = seeded_loss(&model, x.clone(), y.clone(), Some(weights.clone()), &opts).unwrap();
     let loss_ref_v: f32 = loss_ref.clone().inner().into_scalar();
     let grads_ref = GradientsParams::from_grads(loss_ref.backward(), &model);
-    let (loss, grads) = model.train_step_with(x, y, Some(weights), &opts).unwrap();
+    let (loss, grads) = model
+        .train_step(
+            x,
+            y,
+            &mut XlState::new(),
+            &Step::default()
+                .with_weights(Some(weights))
+                .with_options(opts),
+        )
+        .unwrap();
     let loss_v: f32 = loss.into_scalar();
     assert!(
         (loss_v - loss_ref_v).abs() < 1e-5,
@@ -164,24 +171,24 @@ fn reversible_gradients_equal_plain_autodiff() {
         max_ref
     );
     // dropout really is on: another seed gives another loss
-    let other = model
-        .forward_loss_with(
-            tokens(2, 10, 11, 1, &device),
-            tokens(2, 10, 11, 2, &device),
-            None,
-            &ForwardOptions::train(43),
-        )
-        .unwrap()
-        .into_scalar::<f32>();
-    let same = model
-        .forward_loss_with(
-            tokens(2, 10, 11, 1, &device),
-            tokens(2, 10, 11, 2, &device),
-            None,
-            &ForwardOptions::train(42),
-        )
-        .unwrap()
-        .into_scalar::<f32>();
+    let other = seeded_loss(
+        &model,
+        tokens(2, 10, 11, 1, &device),
+        tokens(2, 10, 11, 2, &device),
+        None,
+        &ForwardOptions::train(43),
+    )
+    .unwrap()
+    .into_scalar::<f32>();
+    let same = seeded_loss(
+        &model,
+        tokens(2, 10, 11, 1, &device),
+        tokens(2, 10, 11, 2, &device),
+        None,
+        &ForwardOptions::train(42),
+    )
+    .unwrap()
+    .into_scalar::<f32>();
     assert!(
         (other - same).abs() > 1e-6,
         "seed must change dropout / rotations"
@@ -211,18 +218,22 @@ fn lm_forward_shapes_and_errors() {
     let device = dev();
     let cfg = small_config().with_reversible(false);
     let model = cfg.init(&device).unwrap();
-    let logits = model.forward_window(tokens(3, 7, 11, 0, &device)).unwrap();
+    let logits = window_logits(&model, tokens(3, 7, 11, 0, &device)).unwrap();
     assert_eq!(logits.dims(), [3, 7, 11]);
     // evaluation is deterministic
-    let again = model.forward_window(tokens(3, 7, 11, 0, &device)).unwrap();
+    let again = window_logits(&model, tokens(3, 7, 11, 0, &device)).unwrap();
     assert_eq!(to_vec(logits), to_vec(again));
-    let err = model
-        .forward_window(tokens(1, 17, 11, 0, &device))
+    let err = window_logits(&model, tokens(1, 17, 11, 0, &device))
         .unwrap_err()
         .to_string();
     assert!(err.contains("17"), "{err}");
     let err = model
-        .train_step(tokens(1, 5, 11, 0, &device), tokens(1, 5, 11, 0, &device))
+        .train_step(
+            tokens(1, 5, 11, 0, &device),
+            tokens(1, 5, 11, 0, &device),
+            &mut XlState::new(),
+            &Step::default(),
+        )
         .unwrap_err()
         .to_string();
     assert!(err.contains("autodiff"), "{err}");
@@ -276,16 +287,16 @@ fn train_steps_reduce_the_loss() {
         .unwrap();
     let mut optim = AdamWConfig::new().init();
     let (x, y) = (tokens(2, 12, 11, 4, &device), tokens(2, 12, 11, 5, &device));
-    let first: f32 = model
-        .forward_loss_with(x.clone(), y.clone(), None, &model.eval_options())
+    let first: f32 = seeded_loss(&model, x.clone(), y.clone(), None, &model.eval_options())
         .unwrap()
         .into_scalar();
     for _ in 0..15 {
-        let (_, grads) = model.train_step(x.clone(), y.clone()).unwrap();
+        let (_, grads) = model
+            .train_step(x.clone(), y.clone(), &mut XlState::new(), &Step::default())
+            .unwrap();
         model = optim.step(3e-3, model, grads);
     }
-    let last: f32 = model
-        .forward_loss_with(x, y, None, &model.eval_options())
+    let last: f32 = seeded_loss(&model, x, y, None, &model.eval_options())
         .unwrap()
         .into_scalar();
     assert!(last < first - 0.1, "loss {first} -> {last}");
@@ -328,7 +339,12 @@ fn padded_lsh_length_has_finite_gradients() {
         // 10 tokens, buckets of 4: padded to 12 inside the attention.
         let (x, y) = (tokens(2, 10, 11, 1, &device), tokens(2, 10, 11, 2, &device));
         let (loss, grads) = model
-            .train_step_with(x, y, None, &ForwardOptions::train(5))
+            .train_step(
+                x,
+                y,
+                &mut XlState::new(),
+                &Step::default().with_options(ForwardOptions::train(5)),
+            )
             .unwrap();
         assert!(loss.into_scalar::<f32>().is_finite());
         let (_, max_ref, n, missing, non_finite) = compare(&model, &grads, &grads);
@@ -508,7 +524,7 @@ fn reformer_checkpoints_from_before_the_stack_load_and_compute_the_same() {
         );
         let (model, converted) = memzoo_xl::legacy::load_any(fresh, &path).unwrap();
         assert!(converted, "{name}: read as the old layout");
-        let got = host(model.forward_window(tokens.clone()).unwrap());
+        let got = host(window_logits(&model, tokens.clone()).unwrap());
         let want: Vec<f64> = expected[name]
             .as_array()
             .unwrap()
@@ -569,15 +585,15 @@ fn reversible_stack_with_knn_layer_and_xl_memory_has_exact_gradients_and_trains(
     assert_eq!(plain.xl.len(), 6);
     let (x, y) = (tokens(2, 8, 11, 1, &device), tokens(2, 8, 11, 2, &device));
     let opts = ForwardOptions::train(42);
-    let hidden = model
-        .forward_state_with(x.clone(), &mut plain, &reset, Some(&opts))
-        .unwrap();
-    let loss_ref = memzoo_xl::weighted_nll(model.logits(hidden), y.clone(), None);
+    let step = Step::reset(&reset).with_options(opts);
+    let nll = model
+        .eval_step(x.clone(), y.clone(), &mut plain, &step)
+        .unwrap()
+        .nll;
+    let loss_ref = memzoo_xl::mean_nll(nll, None);
     let loss_ref_v: f32 = loss_ref.clone().inner().into_scalar();
     let grads_ref = GradientsParams::from_grads(loss_ref.backward(), &model);
-    let (loss, grads) = model
-        .train_step_state(x, y, None, &mut rev, &reset, &opts)
-        .unwrap();
+    let (loss, grads) = model.train_step(x, y, &mut rev, &step).unwrap();
     let loss_v: f32 = loss.into_scalar();
     assert!(
         (loss_v - loss_ref_v).abs() < 1e-5,
@@ -613,7 +629,12 @@ fn reversible_stack_with_knn_layer_and_xl_memory_has_exact_gradients_and_trains(
         fill(&mut state);
         let opts = model.next_train_options();
         let (loss, grads) = model
-            .train_step_state(x.clone(), y.clone(), None, &mut state, &reset, &opts)
+            .train_step(
+                x.clone(),
+                y.clone(),
+                &mut state,
+                &Step::reset(&reset).with_options(opts),
+            )
             .unwrap();
         losses.push(loss.into_scalar::<f32>());
         model = optim.step(3e-3, model, grads);

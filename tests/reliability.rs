@@ -975,7 +975,7 @@ struct NanGradient {
     zero: Param<Tensor<1>>,
 }
 
-impl memzoo_train::SegmentModel for NanGradient {
+impl memzoo_train::RecurrentModel for NanGradient {
     type State = memzoo_xl::XlState;
 
     fn family(&self) -> &'static str {
@@ -991,11 +991,13 @@ impl memzoo_train::SegmentModel for NanGradient {
         inputs: burn::tensor::Tensor<2, burn::tensor::Int>,
         state: &mut Self::State,
         reset: &[bool],
-    ) -> Result<Tensor<3>, TrainError> {
+    ) -> Result<Tensor<3>, memzoo_xl::XlError> {
         let logits = self.xl.segment_logits(inputs, state, reset)?;
         Ok(logits + self.zero.val().sqrt().reshape([1, 1, 1]))
     }
+}
 
+impl memzoo_train::SegmentModel for NanGradient {
     fn save_state(state: &Self::State, dir: &Path) -> Result<(), TrainError> {
         TransformerXl::save_state(state, dir)
     }
@@ -1013,7 +1015,7 @@ impl memzoo_train::SegmentModel for NanGradient {
 /// parameter, leaves no checkpoint behind; the loss was finite, so it does not blame the lr.
 #[test]
 fn a_non_finite_gradient_stops_the_run_naming_the_parameter() {
-    use memzoo_train::SegmentModel;
+    use memzoo_train::RecurrentModel;
     let dev = flex().autodiff();
     let model = NanGradient {
         xl: tiny_xl().init(&dev).unwrap(),

@@ -6,7 +6,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_knn::{MemorizingConfig, MemorizingState};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
 use memzoo_tests::*;
-use memzoo_xl::{LayerContext, LayerKind, Randomness, XlConfig, XlMemory, XlState};
+use memzoo_xl::{LayerContext, LayerKind, Randomness, Step, XlConfig, XlMemory, XlState};
 
 /// The fixture's token ids: `[2, 6]` per segment (as the program that wrote it).
 fn fixture_tokens(seg: usize, dev: &Device) -> Tensor<2, Int> {
@@ -212,7 +212,13 @@ fn a_knn_layer_between_xl_and_learned_layers_trains() {
             .unwrap();
         assert_eq!(state.knn_len(0, 0), 6);
         let loss = model
-            .forward_loss_state(inputs.clone(), targets.clone(), &mut state, &[false, false])
+            .eval_step(
+                inputs.clone(),
+                targets.clone(),
+                &mut state,
+                &Step::default(),
+            )
+            .map(|s| s.nll.mean())
             .unwrap();
         last = loss.clone().into_scalar::<f64>();
         first.get_or_insert(last);
@@ -431,7 +437,13 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
             .forward_state(inputs.clone(), &mut state, &[true, true])
             .unwrap();
         let loss = model
-            .forward_loss_state(inputs.clone(), targets.clone(), &mut state, &[false, false])
+            .eval_step(
+                inputs.clone(),
+                targets.clone(),
+                &mut state,
+                &Step::default(),
+            )
+            .map(|s| s.nll.mean())
             .unwrap();
         losses.push(loss.clone().into_scalar::<f64>());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -513,7 +525,7 @@ fn checkpoints_from_before_the_output_enums_load() {
 /// a memory or other layer kinds.
 #[test]
 fn absolute_positions_are_sinusoids_added_to_the_embedding() {
-    use memzoo_train::SegmentModel;
+    use memzoo_train::RecurrentModel;
     let dev = flex();
     let pe = host(memzoo_xl::absolute_positions(5, 8, &dev));
     for p in 0..5 {
@@ -537,7 +549,7 @@ fn absolute_positions_are_sinusoids_added_to_the_embedding() {
         dev.seed(5);
         let model = cfg.init(&dev).unwrap();
         let mut state = Default::default();
-        host(SegmentModel::segment_logits(&model, tokens(), &mut state, &[false]).unwrap())
+        host(RecurrentModel::segment_logits(&model, tokens(), &mut state, &[false]).unwrap())
     };
     let spread = |l: &[f32]| {
         (1..6)
@@ -572,7 +584,7 @@ fn absolute_positions_are_sinusoids_added_to_the_embedding() {
 #[test]
 fn same_length_holds_with_document_resets() {
     use burn::tensor::s;
-    use memzoo_train::SegmentModel;
+    use memzoo_train::RecurrentModel;
     let dev = flex();
     dev.seed(3);
     let stream = tiny().with_same_length(true).init(&dev).unwrap();
@@ -585,11 +597,12 @@ fn same_length_holds_with_document_resets() {
         // Row 1 starts a new document at segment 1.
         let reset = [seg == 0, seg <= 1];
         let a = host(
-            SegmentModel::segment_logits(&stream, tokens.clone(), &mut s_stream, &[false, false])
+            RecurrentModel::segment_logits(&stream, tokens.clone(), &mut s_stream, &[false, false])
                 .unwrap(),
         );
-        let b =
-            host(SegmentModel::segment_logits(&docs, tokens.clone(), &mut s_docs, &reset).unwrap());
+        let b = host(
+            RecurrentModel::segment_logits(&docs, tokens.clone(), &mut s_docs, &reset).unwrap(),
+        );
         let row = 6 * 32;
         let d0: Vec<f64> = a[..row].iter().map(|&x| x as f64).collect();
         assert!(
@@ -599,7 +612,7 @@ fn same_length_holds_with_document_resets() {
         if seg >= 1 {
             let alone = tokens.slice(s![1..2, 0..6]);
             let f = host(
-                SegmentModel::segment_logits(&stream, alone, &mut s_fresh, &[seg == 1]).unwrap(),
+                RecurrentModel::segment_logits(&stream, alone, &mut s_fresh, &[seg == 1]).unwrap(),
             );
             let f: Vec<f64> = f.iter().map(|&x| x as f64).collect();
             assert!(

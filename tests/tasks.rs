@@ -9,9 +9,9 @@ use memzoo_data::{CopyTask, CopyText, Duplication, RecallTask, Task, TaskStream}
 use memzoo_knn::recall_task::reference_config;
 use memzoo_tests::*;
 use memzoo_train::tasks::{DuplicationConfig, RecallConfig, duplication_from, recall_from};
-use memzoo_train::{RunOptions, SegmentModel, evaluate};
+use memzoo_train::{RecurrentModel, RunOptions, evaluate};
 use memzoo_xl::ReformerConfig;
-use memzoo_xl::XlConfig;
+use memzoo_xl::{Step, XlConfig, XlState};
 
 fn options(name: &str) -> (PathBuf, RunOptions) {
     let dir = std::env::temp_dir().join(format!("memzoo-tasks-{}-{name}", std::process::id()));
@@ -127,7 +127,14 @@ fn duplication_loss_counts_the_second_copy_only() {
             .inner(),
     );
     let (loss, _) = model
-        .train_step_with(x, y, w, &model.eval_options())
+        .train_step(
+            x,
+            y,
+            &mut XlState::new(),
+            &Step::default()
+                .with_weights(w)
+                .with_options(model.eval_options()),
+        )
         .unwrap();
     let mask = seg.loss_mask();
     let nll: Vec<f64> = (0..seg.targets.len())
@@ -270,15 +277,13 @@ fn eval_rounds_reach_the_evaluation_pass() {
     let model = seeded_weights(model, 2, |_| 0.02);
     let ids: Vec<i64> = (0..32).map(|i| (i * 5 % 8) as i64).collect();
     let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, 16]), &flex());
-    let logits = |m: &memzoo_xl::ReformerLm| host(m.forward_window(tokens.clone()).unwrap());
+    let logits = |m: &memzoo_xl::ReformerLm| host(window_logits(m, tokens.clone()).unwrap());
     let one = logits(&model.clone().with_eval_rounds(1).valid());
     let four = logits(&model.clone().with_eval_rounds(4).valid());
     assert!(max_abs_diff(&one, &four) > 1e-4, "4 rounds changed nothing");
     let tokens_ad = Tensor::<2, Int>::from_data(tokens.to_data(), &dev);
     let four_ad = host(
-        model
-            .with_eval_rounds(4)
-            .forward_window(tokens_ad)
+        window_logits(&model.with_eval_rounds(4), tokens_ad)
             .unwrap()
             .inner(),
     );

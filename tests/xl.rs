@@ -141,9 +141,7 @@ fn memory_is_detached_from_the_previous_segment() {
     for t in out1.memory.layers() {
         assert!(!t.is_require_grad(), "memory still tracks gradients");
     }
-    let (loss, _) = model
-        .forward_loss(seg2.clone(), targets.clone(), &out1.memory)
-        .unwrap();
+    let (loss, _) = memory_loss(&model, seg2.clone(), targets.clone(), &out1.memory).unwrap();
     let grads = loss.backward();
 
     // The same memory computed with no graph at all (inference copy of the model).
@@ -153,7 +151,7 @@ fn memory_is_detached_from_the_previous_segment() {
         .unwrap()
         .memory
         .to_device(&dev);
-    let (loss2, _) = model.forward_loss(seg2, targets, &mem_const).unwrap();
+    let (loss2, _) = memory_loss(&model, seg2, targets, &mem_const).unwrap();
     let grads2 = loss2.backward();
 
     // If segment 2's backward reached segment 1's graph, the parameters used in both
@@ -218,7 +216,7 @@ fn rss_probe() {
     for step in 0..60 {
         let seg = data.clone().narrow(1, 32 * step, 32);
         let tgt = data.clone().narrow(1, 32 * step + 1, 32);
-        let (loss, next) = model.forward_loss(seg, tgt, &memory).unwrap();
+        let (loss, next) = memory_loss(&model, seg, tgt, &memory).unwrap();
         memory = next;
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(1e-3, model, grads);
@@ -282,9 +280,7 @@ fn small_xl_overfits_a_fixed_batch() {
     let (x, y) = (data.clone().narrow(1, 0, 16), data.narrow(1, 1, 16));
     let mut losses = vec![];
     for _ in 0..80 {
-        let (loss, _) = model
-            .forward_loss(x.clone(), y.clone(), &XlMemory::empty())
-            .unwrap();
+        let (loss, _) = memory_loss(&model, x.clone(), y.clone(), &XlMemory::empty()).unwrap();
         losses.push(loss.clone().into_scalar::<f32>());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(3e-3, model, grads);
@@ -339,10 +335,14 @@ fn bad_configs_and_inputs_are_errors() {
         err.contains("[2, _, 32]") && err.contains("[3, _, 32]"),
         "{err}"
     );
-    let err = model
-        .forward_loss(tokens(2, 4, 40, 1, &dev), tokens(2, 5, 40, 1, &dev), &mem)
-        .unwrap_err()
-        .to_string();
+    let err = memory_loss(
+        &model,
+        tokens(2, 4, 40, 1, &dev),
+        tokens(2, 5, 40, 1, &dev),
+        &mem,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("[2, 5]"), "{err}");
 }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
 use memzoo_train::{Segment, TrainConfig};
-use memzoo_xl::{ReformerConfig, XlConfig, XlState};
+use memzoo_xl::{ReformerConfig, Step, XlConfig, XlState};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::BenchArgs;
@@ -312,14 +312,24 @@ pub fn train_step_timing(
     };
     let warm = len.min(config.bucket_size * 2);
     let _ = model
-        .train_step(tokens(warm, 1), tokens(warm, 2))
+        .train_step(
+            tokens(warm, 1),
+            tokens(warm, 2),
+            &mut XlState::new(),
+            &Step::default(),
+        )
         .map_err(|e| e.to_string())?;
     let rss_baseline_kib = rss_kib();
     let reps = reps.max(1);
     let start = Instant::now();
     for r in 0..reps {
         let (loss, grads) = model
-            .train_step(tokens(len, 10 + r as u64), tokens(len, 20 + r as u64))
+            .train_step(
+                tokens(len, 10 + r as u64),
+                tokens(len, 20 + r as u64),
+                &mut XlState::new(),
+                &Step::default(),
+            )
             .map_err(|e| e.to_string())?;
         let _: f32 = loss.into_scalar();
         drop(grads);

@@ -42,7 +42,7 @@ use memzoo_data::{DocBatcher, Duplication, Split, TaskStream, Token};
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_train::recl;
 use memzoo_train::{
-    AdamConfig, EvalResult, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, checkpoint,
+    AdamConfig, EvalResult, RecurrentModel, RunOptions, ScheduleConfig, TrainConfig, checkpoint,
     evaluate_sharded,
 };
 use memzoo_xl::{LayerKind, TransformerXl, XlConfig};
@@ -1545,7 +1545,7 @@ fn time_train_step(
     for i in 0..=n {
         let mut state = Default::default();
         let start = Instant::now();
-        let (_, grads) = SegmentModel::train_step(&model, x(), x(), &mut state, &[false], None)
+        let (_, grads) = RecurrentModel::train_step(&model, x(), x(), &mut state, &[false], None)
             .map_err(|e| e.to_string())?;
         drop(grads);
         if i > 0 {

@@ -7,7 +7,7 @@ use burn::module::Param;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_memory::{IndexKind, KnnMemoryConfig};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext, t5_bucket};
-use memzoo_xl::XlConfig;
+use memzoo_xl::{Step, XlConfig};
 
 use crate::*;
 
@@ -411,21 +411,23 @@ fn loss_backpropagates_into_gate_temperature_and_projections() {
     let mut state = MemorizingState::new();
     // First segment fills the memory; the second retrieves from it.
     let _ = model
-        .forward_loss_state(
+        .eval_step(
             tokens(2, 8, 21, &dev),
             tokens(2, 8, 22, &dev),
             &mut state,
-            &[true, true],
+            &Step::reset(&[true, true]),
         )
         .unwrap();
     let loss = model
-        .forward_loss_state(
+        .eval_step(
             tokens(2, 8, 23, &dev),
             tokens(2, 8, 24, &dev),
             &mut state,
-            &[false, false],
+            &Step::reset(&[false, false]),
         )
-        .unwrap();
+        .unwrap()
+        .nll
+        .mean();
     let value = loss.clone().into_scalar::<f32>();
     assert!(
         value.is_finite() && value > 2.0,

@@ -4,15 +4,16 @@
 //!
 //! # What "cached" means
 //!
-//! A model that carries state across segments ([`SegmentModel::carries_state`]: the
+//! A model that carries state across segments ([`crate::RecurrentModel::carries_state`]: the
 //! Transformer-XL's memory; the Memorizing Transformer's XL memory and kNN memory) reads the
 //! prompt and the generated text in segments of `segment_len` tokens, as in training and
 //! evaluation. The state is carried across *completed* segments only. The current, unfinished
 //! segment is read again on top of that state for every new token
-//! ([`SegmentModel::peek_logits`], which leaves the state as it was); when it is complete it is
-//! read once more for good ([`SegmentModel::segment_logits`]), which moves the state on: the XL
-//! memory keeps the last `mem_len` layer inputs, the kNN memory stores the segment's keys and
-//! values. Each new token costs one pass over at most `segment_len` tokens on top of the state.
+//! ([`crate::RecurrentModel::peek_logits`], which leaves the state as it was); when it is
+//! complete it is read once more for good ([`crate::RecurrentModel::segment_logits`]), which
+//! moves the state on: the XL memory keeps the last `mem_len` layer inputs, the kNN memory
+//! stores the segment's keys and values. Each new token costs one pass over at most
+//! `segment_len` tokens on top of the state.
 //!
 //! Recomputing ([`recompute_logits`], [`generate_recompute`]) reads the whole context from a
 //! fresh state for every token, in the same segments. Attention inside a segment is causal,
@@ -84,6 +85,12 @@ pub enum GenerateError {
     /// The model refused its input.
     #[error(transparent)]
     Model(#[from] TrainError),
+}
+
+impl From<memzoo_xl::XlError> for GenerateError {
+    fn from(e: memzoo_xl::XlError) -> Self {
+        GenerateError::Model(e.into())
+    }
 }
 
 /// Settings of a [`Sampler`]. The next token is drawn from `softmax(logits / temperature)`

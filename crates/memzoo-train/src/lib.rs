@@ -36,7 +36,8 @@ pub use generate::{
     GenerateConfig, GenerateError, Generation, Generator, SampleConfig, Sampler, generate,
     generate_recompute,
 };
-pub use model::{SegmentModel, segment_loss};
+pub use memzoo_xl::{Step, TargetScores};
+pub use model::{RecurrentModel, SegmentModel};
 pub use schedule::ScheduleConfig;
 pub use segment::{Segment, SegmentSource};
 pub use trainer::{

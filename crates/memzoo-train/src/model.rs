@@ -1,112 +1,19 @@
-//! What the trainer needs from a model: a loss per segment, with state carried across segments.
+//! What the trainer needs from a model: the recurrent-model contract
+//! ([`memzoo_xl::RecurrentModel`]: a loss per segment, with state carried across segments) and
+//! checkpoints of the model and its state ([`SegmentModel`]).
 
 use std::path::Path;
 
-use burn::module::Module;
-use burn::optim::GradientsParams;
-use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, Int, Tensor, TensorData};
-use memzoo_memory::{IndexKind, KnnIndex, KnnMemoryConfig, MemoryError, Retrieved, RowState};
-use memzoo_xl::{Randomness, TransformerXl, XlMemory, XlState};
+use burn::tensor::{Device, Tensor, TensorData};
+pub use memzoo_xl::RecurrentModel;
+use memzoo_xl::{TransformerXl, XlMemory, XlState};
 
 use crate::error::TrainError;
 
-/// A language model trained segment by segment, carrying state (memories) between segments.
-///
-/// The trainer never looks inside the state: it hands it back on the next call for the same
-/// rows, saves it in checkpoints and restores it on `--resume`.
-pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
-    /// State carried from one segment to the next (e.g. [`XlMemory`]); `Default` = no memory.
-    type State: Default + Send;
-
-    /// Short name of the model family, stored in checkpoints.
-    fn family(&self) -> &'static str;
-
-    /// Whether a checkpoint labelled `found` holds a model of this family. Default: the label
-    /// is [`Self::family`]; families whose label changed override it to accept their older one.
-    fn accepts_family(&self, found: &str) -> bool {
-        found == self.family()
-    }
-
-    /// Vocabulary size (targets must be below it).
-    fn vocab_size(&self) -> usize;
-
-    /// Reads one segment: returns logits `[batch, len, vocab]` and updates `state`
-    /// (detached from the graph). `reset[r]`: row `r` starts a new document here.
-    ///
-    /// # Shapes
-    /// - `inputs`: `[batch, len]`
-    fn segment_logits(
-        &self,
-        inputs: Tensor<2, Int>,
-        state: &mut Self::State,
-        reset: &[bool],
-    ) -> Result<Tensor<3>, TrainError>;
-
-    /// One training step's loss and gradients: the mean cross-entropy over the targets whose
-    /// `weights` are 1 (`None`: every target). The default is plain autodiff of
-    /// [`segment_loss`]; models with their own backward (reversible layers) override it.
-    ///
-    /// # Shapes
-    /// - `inputs`, `targets`, `weights`: `[batch, len]`
-    fn train_step(
-        &self,
-        inputs: Tensor<2, Int>,
-        targets: Tensor<2, Int>,
-        state: &mut Self::State,
-        reset: &[bool],
-        weights: Option<Tensor<2>>,
-    ) -> Result<(f64, GradientsParams), TrainError> {
-        let loss = segment_loss(self, inputs, targets, state, reset, weights)?;
-        let value = loss.clone().into_scalar::<f64>();
-        let grads = GradientsParams::from_grads(loss.backward(), self);
-        Ok((value, grads))
-    }
-
-    /// Whether the model carries state from one segment to the next. Generation
-    /// ([`crate::generate`]) reads a model that does in segments, the state carried across
-    /// them, and one that does not through a sliding window. Default: true.
-    fn carries_state(&self) -> bool {
-        true
-    }
-
-    /// Reads a segment on top of `state` as [`Self::segment_logits`] does, and leaves `state` as
-    /// it was: generation reads the current, unfinished segment again for every new token (see
-    /// [`crate::generate`]). The default refuses, naming the family (a model that only trains
-    /// need not have it).
-    ///
-    /// # Shapes
-    /// - `inputs`: `[batch, len]` → `[batch, len, vocab]`
-    fn peek_logits(
-        &self,
-        _inputs: Tensor<2, Int>,
-        _state: &mut Self::State,
-        _reset: &[bool],
-    ) -> Result<Tensor<3>, TrainError> {
-        Err(TrainError::Model(format!(
-            "the `{}` model cannot read a segment without moving its state on \
-             (SegmentModel::peek_logits), so it cannot generate",
-            self.family()
-        )))
-    }
-
-    /// The model for evaluation with another memory length (where it has one).
-    fn with_eval_mem_len(self, _mem_len: usize) -> Self {
-        self
-    }
-
-    /// The model whose next [`Self::train_step`] draws its own randomness (replayable dropout
-    /// masks, LSH rotations) from `stream` (and `seed`, `train.seed`), whatever steps it took
-    /// before: the trainer passes one stream per (step, micro-step, replica), so that a step
-    /// draws the same whether the run went straight to it or resumed from a checkpoint before
-    /// it, and whichever replica's thread ran first. Randomness from the backend's generator is
-    /// the trainer's to seed ([`crate::parallel::seed_devices`]); it is one per process on
-    /// `flex`, so replicas on threads draw from it in any order. The default ignores it (a
-    /// model with no generator of its own).
-    fn with_train_stream(self, _seed: u64, _stream: u64) -> Self {
-        self
-    }
-
+/// A [`RecurrentModel`] the trainer can checkpoint: its parameters and its carried state
+/// written to and read from a run directory. Everything else of the contract (reading a
+/// segment, its losses and steps) is [`RecurrentModel`], next to the model in `memzoo_xl`.
+pub trait SegmentModel: RecurrentModel {
     /// Loads the parameters of a checkpoint's model file into `self` (which fixes the
     /// architecture). Families whose parameter layout changed override this to read their
     /// older layouts too.
@@ -126,143 +33,9 @@ pub trait SegmentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     fn load_state(&self, dir: &Path, device: &Device) -> Result<Self::State, TrainError>;
 }
 
-/// Mean cross-entropy (nats) of one segment over the targets `weights` selects:
-/// `Σ_i w_i (-log p(y_i)) / Σ_i w_i` (every target when `weights` is `None`).
-///
-/// # Shapes
-/// - `inputs`, `targets`, `weights`: `[batch, len]`
-pub fn segment_loss<M: SegmentModel>(
-    model: &M,
-    inputs: Tensor<2, Int>,
-    targets: Tensor<2, Int>,
-    state: &mut M::State,
-    reset: &[bool],
-    weights: Option<Tensor<2>>,
-) -> Result<Tensor<1>, TrainError> {
-    let [b, l] = targets.dims();
-    if inputs.dims() != [b, l] || weights.as_ref().is_some_and(|w| w.dims() != [b, l]) {
-        return Err(TrainError::Shape(format!(
-            "inputs {:?}, targets {:?} and weights {:?} differ",
-            inputs.dims(),
-            targets.dims(),
-            weights.as_ref().map(|w| w.dims())
-        )));
-    }
-    let logits = model.segment_logits(inputs, state, reset)?;
-    let nll = log_softmax(logits, 2)
-        .gather(2, targets.reshape([b, l, 1]))
-        .reshape([b, l])
-        .neg();
-    Ok(match weights {
-        None => nll.mean(),
-        Some(w) => (nll * w.clone()).sum() / w.sum().clamp_min(1e-9),
-    })
-}
-
-/// The layer stack (Transformer-XL; with kNN layers the Memorizing Transformer; with LSH or
-/// local layers the Reformer, [`TransformerXl::stack_family`]) carries its XL memory and its kNN
-/// memories (host side). Without `document_resets` (Transformer-XL, as the paper) it reads
-/// documents as one stream; with them (the Memorizing preset) rows are cleared where the data
-/// marks a new document. A stack with neither memory (the Reformer) reads each segment on its
-/// own. Seeded stacks train with their
-/// own step ([`TransformerXl::train_step_state`]: fresh rotations and masks every step, and the
-/// reversible backward where the residuals are reversible).
+/// The layer stack's checkpoints: its parameters (older layouts converted), its XL memory as
+/// safetensors, its kNN memories, and each row's document position.
 impl SegmentModel for TransformerXl {
-    type State = XlState;
-
-    fn family(&self) -> &'static str {
-        self.stack_family()
-    }
-
-    /// The current label, or the one checkpoints written before it carried.
-    fn accepts_family(&self, found: &str) -> bool {
-        found == self.stack_family() || found == self.legacy_family()
-    }
-
-    fn carries_state(&self) -> bool {
-        self.mem_len > 0 || self.n_knn_layers() > 0
-    }
-
-    fn train_step(
-        &self,
-        inputs: Tensor<2, Int>,
-        targets: Tensor<2, Int>,
-        state: &mut XlState,
-        reset: &[bool],
-        weights: Option<Tensor<2>>,
-    ) -> Result<(f64, GradientsParams), TrainError> {
-        let Some(opts) = self.train_options() else {
-            let loss = segment_loss(self, inputs, targets, state, reset, weights)?;
-            let value = loss.clone().into_scalar::<f64>();
-            let grads = GradientsParams::from_grads(loss.backward(), self);
-            return Ok((value, grads));
-        };
-        let (loss, grads) = self.train_step_state(inputs, targets, weights, state, reset, &opts)?;
-        Ok((loss.into_scalar::<f64>(), grads))
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn segment_logits(
-        &self,
-        inputs: Tensor<2, Int>,
-        state: &mut XlState,
-        reset: &[bool],
-    ) -> Result<Tensor<3>, TrainError> {
-        let hidden = self.forward_state(inputs, state, reset)?;
-        Ok(self.logits(hidden))
-    }
-
-    /// The segment is read with the committed XL memory and read-only views of the kNN
-    /// memories: it retrieves from them as [`Self::segment_logits`] does (a kNN layer searches
-    /// before it adds), and adds nothing.
-    fn peek_logits(
-        &self,
-        inputs: Tensor<2, Int>,
-        state: &mut XlState,
-        reset: &[bool],
-    ) -> Result<Tensor<3>, TrainError> {
-        use std::sync::Arc;
-        let stores: Vec<Arc<Box<dyn KnnIndex>>> = std::mem::take(&mut state.knn)
-            .into_iter()
-            .map(Arc::new)
-            .collect();
-        let mut view = XlState {
-            xl: state.xl.clone(),
-            knn: stores
-                .iter()
-                .map(|s| Box::new(ReadOnlyIndex(Arc::clone(s))) as Box<dyn KnnIndex>)
-                .collect(),
-            xl_valid: state.xl_valid.clone(),
-        };
-        let logits = self.segment_logits(inputs, &mut view, reset);
-        drop(view);
-        for store in stores {
-            let store = Arc::try_unwrap(store).map_err(|_| {
-                TrainError::Model("a read-only view of the kNN memory outlived its read".into())
-            })?;
-            state.knn.push(store);
-        }
-        logits
-    }
-
-    /// A seeded stack's step counter at `stream`; a device stack's dropout masks from
-    /// `mix(seed, stream)` ([`TransformerXl::with_dropout_seed`]).
-    fn with_train_stream(self, seed: u64, stream: u64) -> Self {
-        match self.randomness {
-            Randomness::Seeded => self.with_step_count(stream),
-            Randomness::Device => {
-                self.with_dropout_seed(Some(memzoo_reformer::rng::mix(seed, stream)))
-            }
-        }
-    }
-
-    fn with_eval_mem_len(self, mem_len: usize) -> Self {
-        self.with_mem_len(mem_len)
-    }
-
     /// Also reads checkpoints written before the layer stack (converted on load, with a
     /// warning on stderr).
     fn load_params(self, path: &Path) -> Result<Self, TrainError> {
@@ -370,52 +143,4 @@ pub fn load_tensors(path: &Path, device: &Device) -> Result<Vec<Tensor<3>>, Trai
         out.push(Tensor::from_data(TensorData::new(values, shape), device));
     }
     Ok(out)
-}
-
-/// A kNN memory that is searched but not written: [`KnnIndex::add`] stores nothing. Generation
-/// reads the unfinished segment through it (see `peek_logits` of the Memorizing Transformer).
-#[derive(Debug)]
-struct ReadOnlyIndex(std::sync::Arc<Box<dyn KnnIndex>>);
-
-impl KnnIndex for ReadOnlyIndex {
-    fn kind(&self) -> IndexKind {
-        self.0.kind()
-    }
-
-    fn config(&self) -> &KnnMemoryConfig {
-        self.0.config()
-    }
-
-    fn batch(&self) -> usize {
-        self.0.batch()
-    }
-
-    fn add(&mut self, _keys: Tensor<4>, _values: Tensor<4>) -> Result<(), MemoryError> {
-        Ok(())
-    }
-
-    fn search(&self, queries: Tensor<4>, k: usize) -> Result<Retrieved, MemoryError> {
-        self.0.search(queries, k)
-    }
-
-    fn clear(&mut self, rows: &[usize]) -> Result<(), MemoryError> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        Err(MemoryError::Input(format!(
-            "rows {rows:?} cannot be cleared through a read-only view of the kNN memory"
-        )))
-    }
-
-    fn rows(&self) -> &[RowState] {
-        self.0.rows()
-    }
-
-    fn snapshot(&self) -> Result<memzoo_memory::persist::Snapshot, MemoryError> {
-        self.0.snapshot()
-    }
-
-    fn save_extra(&self, dir: &Path) -> Result<Vec<u32>, MemoryError> {
-        self.0.save_extra(dir)
-    }
 }

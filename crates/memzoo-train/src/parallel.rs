@@ -52,7 +52,6 @@ use std::ops::{Add, Range};
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::Device;
-use burn::tensor::activation::log_softmax;
 use rayon::prelude::*;
 
 use crate::error::TrainError;
@@ -106,7 +105,7 @@ pub fn check_replicas(replicas: usize, batch: usize) -> Result<(), TrainError> {
 /// gradients.
 ///
 /// `states[r]` is the carried state of shard `r` (rows [`shard_rows`]`(batch, R)[r]`); with
-/// one state this is exactly [`SegmentModel::train_step`].
+/// one state this is exactly [`crate::RecurrentModel::train_step`].
 pub fn train_step_sharded<M: SegmentModel>(
     model: &M,
     device: &Device,
@@ -147,7 +146,7 @@ pub fn replica_stream(stream: u64, r: usize, replicas: usize) -> u64 {
 /// draw from it in whatever order they run: with several replicas on one device, what they
 /// draw from it is not repeatable. The trainer's models do not draw from it in training: the
 /// layer stack draws its dropout masks from its stream
-/// ([`SegmentModel::with_train_stream`]).
+/// ([`crate::RecurrentModel::with_train_stream`]).
 pub fn seed_devices(placement: &[Device], seed: u64, stream: u64) {
     let mut seeded: Vec<&Device> = Vec::new();
     for device in placement {
@@ -174,8 +173,8 @@ pub struct TrainStream {
 
 /// [`train_step_placed`] drawing from `stream` (`None`: from wherever the model's own
 /// generator stands): replica `r` draws its seeded randomness from
-/// [`replica_stream`]`(stream, r, R)` ([`SegmentModel::with_train_stream`]), so the step is one
-/// function of its stream whatever order the replicas' threads run in.
+/// [`replica_stream`]`(stream, r, R)` ([`crate::RecurrentModel::with_train_stream`]), so the
+/// step is one function of its stream whatever order the replicas' threads run in.
 pub fn train_step_streamed<M: SegmentModel>(
     model: &M,
     main: &Device,
@@ -195,13 +194,13 @@ pub fn train_step_streamed<M: SegmentModel>(
     if replicas == 1 && placement[0] == *main {
         let (x, y) = tensors(segment, main);
         let w = loss_weights(segment, main);
-        return match stream {
+        return Ok(match stream {
             Some(s) => model
                 .clone()
                 .with_train_stream(s.seed, s.stream)
-                .train_step(x, y, &mut states[0], &segment.reset, w),
-            None => model.train_step(x, y, &mut states[0], &segment.reset, w),
-        };
+                .train_step(x, y, &mut states[0], &segment.reset, w)?,
+            None => model.train_step(x, y, &mut states[0], &segment.reset, w)?,
+        });
     }
     let shards: Vec<Segment> = shard_rows(segment.batch, replicas)
         .into_iter()
@@ -317,13 +316,9 @@ pub fn eval_segment<M: SegmentModel>(
 ) -> Result<EvalSums, TrainError> {
     let (x, y) = tensors(segment, device);
     let shape = segment.shape();
-    let logp = log_softmax(model.segment_logits(x, state, &segment.reset)?, 2);
-    // ℓ_i = -log p(y_i)
-    let nll = logp
-        .clone()
-        .gather(2, y.clone().reshape([shape[0], shape[1], 1]))
-        .reshape(shape)
-        .neg();
+    // ℓ_i = -log p(y_i), and the hits only where the data selects targets to score.
+    let scores = model.segment_nll(x, y, state, &segment.reset, segment.target_mask.is_some())?;
+    let nll = scores.nll;
     // Weights: 1 for counted targets (not padding, selected by `counted`).
     let keep = segment.loss_mask();
     let mut sums = EvalSums {
@@ -332,12 +327,11 @@ pub fn eval_segment<M: SegmentModel>(
     };
     let w = mask_tensor(&keep, shape, device);
     sums.nats = (nll.clone() * w).sum().into_scalar::<f64>();
-    if let Some(mask) = &segment.target_mask {
+    if let (Some(mask), Some(hits)) = (&segment.target_mask, scores.hits) {
         let sel: Vec<bool> = mask.iter().zip(&keep).map(|(&m, &k)| m && k).collect();
         sums.selected_tokens = sel.iter().filter(|&&k| k).count() as u64;
         let w = mask_tensor(&sel, shape, device);
         sums.selected_nats = (nll * w.clone()).sum().into_scalar::<f64>();
-        let hits = logp.argmax(2).reshape(shape).equal(y).float();
         sums.selected_hits = (hits * w).sum().into_scalar::<f64>();
     }
     Ok(sums)

@@ -23,7 +23,6 @@
 //! than the threshold (the paper: 0.01): `g_i(c, c + Δ) < 0.01`. A model still gaining at
 //! the last context has a RECL of at least that context ([`Recl::at_least`]).
 
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_data::Token;
 use rayon::prelude::*;
@@ -278,16 +277,20 @@ fn window_losses<M: SegmentModel>(
     let within = vec![false; rows];
     for k in 0..n_seg - 1 {
         let reset = if k == 0 { &starts } else { &within };
-        model.segment_logits(segment(0, k), &mut state, reset)?;
+        model.segment_nll(segment(0, k), segment(1, k), &mut state, reset, false)?;
     }
     let reset = if n_seg == 1 { &starts } else { &within };
-    let logits = model.segment_logits(segment(0, n_seg - 1), &mut state, reset)?;
-    let targets = segment(1, n_seg - 1);
     // ℓ_t = -log p(y_t)
-    let nll = log_softmax(logits, 2)
-        .gather(2, targets.reshape([rows, seg_len, 1]))
-        .reshape([rows * seg_len])
-        .neg();
+    let nll = model
+        .segment_nll(
+            segment(0, n_seg - 1),
+            segment(1, n_seg - 1),
+            &mut state,
+            reset,
+            false,
+        )?
+        .nll
+        .reshape([rows * seg_len]);
     let values = nll
         .into_data()
         .convert::<f64>()

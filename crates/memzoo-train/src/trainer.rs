@@ -53,8 +53,8 @@ pub struct TrainConfig {
     /// Seed of every random choice (initialisation, dropout). Before each training step the
     /// trainer reseeds the devices' generators from (seed, step) and sets the model's own
     /// seeded stream from the step ([`crate::parallel::seed_devices`],
-    /// [`SegmentModel::with_train_stream`]): what a step draws depends on nothing before it,
-    /// so a resumed run is the straight one. Default: 42.
+    /// [`crate::RecurrentModel::with_train_stream`]): what a step draws depends on nothing
+    /// before it, so a resumed run is the straight one. Default: 42.
     #[config(default = 42)]
     pub seed: u64,
     /// Log training metrics every N steps. Default: 10.

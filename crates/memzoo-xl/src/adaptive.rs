@@ -26,6 +26,16 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::error::XlError;
 
+thread_local! {
+    /// The widest output (columns per token) an [`AdaptiveLogSoftmax`] computed on this thread
+    /// since [`AdaptiveLogSoftmax::take_widest_output`] last read it.
+    static WIDEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn record_width(columns: usize) {
+    WIDEST.with(|w| w.set(w.get().max(columns)));
+}
+
 /// The cluster bounds `[0, cutoffs..., vocab_size]`, checked: strictly increasing, every cluster
 /// non-empty, and with `div_val > 1` every cluster's width `d_embed / div_val^i` positive.
 fn cluster_bounds(
@@ -645,6 +655,15 @@ impl AdaptiveLogSoftmax {
         Ok(())
     }
 
+    /// The widest output, in columns per token, that any adaptive softmax computed on the
+    /// calling thread since the last call (and resets it to 0): `vocab` once
+    /// [`log_probs`](Self::log_probs) ran, the widest of the head (`c_1 + n_clusters`) and the
+    /// target-holding clusters when only [`nll`](Self::nll) did. What shows that a loss never
+    /// built the `[tokens, vocab]` log-probabilities.
+    pub fn take_widest_output() -> usize {
+        WIDEST.with(|w| w.replace(0))
+    }
+
     /// `z_i W_iᵀ + b_i` for cluster `i` (`i = 0`: with the cluster logits appended).
     ///
     /// # Shapes
@@ -673,6 +692,7 @@ impl AdaptiveLogSoftmax {
             }
             _ => table,
         };
+        record_width(weight.dims()[0]);
         z.matmul(weight.transpose()) + bias.unsqueeze_dim(0)
     }
 
@@ -692,6 +712,7 @@ impl AdaptiveLogSoftmax {
         // log p_head = log_softmax([z_0 W_0ᵀ + b_0 ; z_0 W_cᵀ + b_c])
         let head = log_softmax(self.cluster_logits(0, hidden.clone(), embedding), 1);
         let n_clusters = self.biases.len();
+        record_width(self.vocab_size());
         if n_clusters == 1 {
             return Ok(head);
         }

@@ -27,6 +27,7 @@ pub mod adaptive;
 pub mod error;
 pub mod legacy;
 pub mod memory;
+pub mod recurrent;
 pub mod reformer;
 pub mod stack;
 
@@ -36,10 +37,11 @@ pub use adaptive::{
 };
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
+pub use recurrent::RecurrentModel;
 pub use reformer::{ReformerConfig, ReformerLm};
 pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
     LayerAttention, LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay,
-    Residual, SharedT5, StepCounter, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
-    absolute_positions, weighted_nll,
+    Residual, SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer,
+    XlOutput, absolute_positions, mean_nll, target_nll,
 };

@@ -9,7 +9,7 @@ use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
 use memzoo_train::{
-    RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate_sharded, replace,
+    RecurrentModel, RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate_sharded, replace,
     train_on_devices,
 };
 use memzoo_xl::TransformerXl;

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use memzoo_data::Split;
-use memzoo_train::{SegmentModel, SegmentSource, TrainerState, checkpoint, replace};
+use memzoo_train::{RecurrentModel, SegmentSource, TrainerState, checkpoint, replace};
 use memzoo_xl::XlState;
 use serde_json::json;
 

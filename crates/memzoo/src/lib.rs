@@ -42,5 +42,5 @@ pub mod recl;
 pub mod prelude {
     pub use memzoo_backend::{Device, parse_device};
     pub use memzoo_train::{GenerateConfig, SampleConfig, generate};
-    pub use memzoo_xl::{LayerKind, TransformerXl, XlConfig, XlMemory, XlState};
+    pub use memzoo_xl::{LayerKind, Step, TransformerXl, XlConfig, XlMemory, XlState};
 }

@@ -2,7 +2,6 @@
 //! with its carried state.
 
 use burn::module::{Module, Param};
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Dropout, Embedding, LayerNorm, Linear};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_memory::{KnnIndex, KnnMemoryConfig};
@@ -34,6 +33,18 @@ pub struct XlOutput {
 /// and returns the next memory: recurrence is explicit, nothing is hidden in the module. A
 /// stack with kNN layers reads with [`forward_state`](Self::forward_state), whose
 /// [`XlState`] also holds the kNN memories.
+///
+/// The ways to run it:
+///
+/// | step | method | returns |
+/// |---|---|---|
+/// | plain forward | [`forward`](Self::forward) (XL memory), [`forward_state`](Self::forward_state) (whole state), [`forward_masked`](Self::forward_masked) (explicit mask) | hidden states |
+/// | training | [`train_step`](Self::train_step) | mean loss, gradients |
+/// | evaluation | [`eval_step`](Self::eval_step) | per-target losses (and hits) |
+/// | generation | [`logits`](Self::logits) of the hidden states | the distribution |
+///
+/// Training and evaluation share one loss path (`stack/loss.rs`), the only place hidden states
+/// become losses; [`Step`] says which rows start a document, the weights and the randomness.
 ///
 /// # Shapes
 /// - `tokens`: `[batch, qlen]`
@@ -386,7 +397,7 @@ impl TransformerXl {
 
     /// [`forward_state`](Self::forward_state) under explicit seeded options (`None`: the
     /// device's randomness), with a graph for plain autodiff.
-    pub fn forward_state_with(
+    pub(crate) fn forward_state_with(
         &self,
         tokens: Tensor<2, Int>,
         state: &mut XlState,
@@ -702,9 +713,11 @@ impl TransformerXl {
         Ok(())
     }
 
-    /// Output logits from hidden states: `h Eᵀ + b` (tied) or a separate linear layer; for an
-    /// adaptive output the full log-probabilities (which are their own logits:
-    /// `log_softmax(log p) = log p`).
+    /// Generation step's head: the output distribution of hidden states as logits, `h Eᵀ + b`
+    /// (tied) or a separate linear layer; for an adaptive output the full log-probabilities
+    /// (which are their own logits: `log_softmax(log p) = log p`). Losses do not go through
+    /// here but through [`eval_step`](Self::eval_step) / [`train_step`](Self::train_step),
+    /// which score only the targets (an adaptive output never builds `[tokens, vocab]` there).
     ///
     /// # Shapes
     /// - `hidden`: `[batch, qlen, d_model]` → `[batch, qlen, vocab]`
@@ -736,63 +749,5 @@ impl TransformerXl {
     /// The device of the parameters.
     pub fn device(&self) -> Device {
         self.embedding.device()
-    }
-
-    /// Mean next-token cross-entropy (nats) of one segment, and the next memory.
-    ///
-    /// # Shapes
-    /// - `tokens`, `targets`: `[batch, qlen]`; loss: `[1]`
-    pub fn forward_loss(
-        &self,
-        tokens: Tensor<2, Int>,
-        targets: Tensor<2, Int>,
-        memory: &XlMemory,
-    ) -> Result<(Tensor<1>, XlMemory), XlError> {
-        check_targets(&tokens, &targets)?;
-        let out = self.forward(tokens, memory)?;
-        Ok((self.loss(out.hidden, targets)?, out.memory))
-    }
-
-    /// Mean next-token cross-entropy (nats) of one segment read with
-    /// [`forward_state`](Self::forward_state); updates `state`.
-    ///
-    /// # Shapes
-    /// - `tokens`, `targets`: `[batch, qlen]`; loss: `[1]`
-    pub fn forward_loss_state(
-        &self,
-        tokens: Tensor<2, Int>,
-        targets: Tensor<2, Int>,
-        state: &mut XlState,
-        reset: &[bool],
-    ) -> Result<Tensor<1>, XlError> {
-        check_targets(&tokens, &targets)?;
-        let hidden = self.forward_state(tokens, state, reset)?;
-        self.loss(hidden, targets)
-    }
-
-    /// Mean cross-entropy; an adaptive output computes each tail cluster only for the targets
-    /// in it (`AdaptiveLogSoftmax::nll`), never the `[n, vocab]` log-probabilities.
-    pub(crate) fn loss(
-        &self,
-        hidden: Tensor<3>,
-        targets: Tensor<2, Int>,
-    ) -> Result<Tensor<1>, XlError> {
-        let device = targets.device();
-        let [b, q] = targets.dims();
-        if let (OutputLayer::Adaptive(softmax), InputEmbedding::Adaptive(embedding)) =
-            (&self.output, &self.embedding)
-        {
-            let d = hidden.dims()[2];
-            let nll = softmax.nll(
-                hidden.reshape([b * q, d]),
-                targets.reshape([b * q]),
-                embedding,
-            )?;
-            return Ok(nll.mean());
-        }
-        let logits = self.logits(hidden).reshape([b * q, self.vocab_size]);
-        Ok(CrossEntropyLossConfig::new()
-            .init(&device)
-            .forward(logits, targets.reshape([b * q])))
     }
 }

@@ -81,7 +81,7 @@ pub enum Residual {
     /// Two streams (RevNet; Kitaev et al. 2020, sec. 3): the embedding starts both,
     /// `y_1 = x_1 + F(x_2)`, `y_2 = x_2 + G(y_1)`, and the head reads `(y_1 + y_2) / 2`. A
     /// layer's inputs can be rebuilt from its outputs, so the training step
-    /// ([`TransformerXl::train_step_state`]) keeps no activations per layer.
+    /// ([`TransformerXl::train_step`]) keeps no activations per layer.
     Reversible,
 }
 

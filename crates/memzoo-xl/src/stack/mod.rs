@@ -17,13 +17,15 @@
 //! | `block.rs` | the residual block [`XlBlock`] |
 //! | `layer.rs` | one layer [`XlLayer`] and what it reads ([`LayerContext`]) |
 //! | `forward.rs` | the stack [`TransformerXl`] and its forward pass |
-//! | `train.rs` | training and evaluation steps, the one loss path |
+//! | `loss.rs` | the one loss path ([`Step`], [`TargetScores`]) and the evaluation step |
+//! | `train.rs` | the training step and the reversible driver |
 
 mod block;
 mod config;
 mod forward;
 mod kinds;
 mod layer;
+mod loss;
 mod random;
 mod train;
 mod validate;
@@ -33,5 +35,6 @@ pub use config::*;
 pub use forward::*;
 pub use kinds::*;
 pub use layer::*;
+pub use loss::*;
 pub use random::*;
-pub use train::*;
+pub(crate) use train::*;

@@ -48,9 +48,10 @@ pub(crate) fn seeded_mask(
 /// Counts training steps so each draws fresh rotations and dropout masks (seeded passes).
 ///
 /// Clones share the count. The trainer does not rely on it: it sets a fresh counter at the
-/// stream of every step and replica ([`StepCounter::at`], `SegmentModel::with_train_stream`),
-/// so that what a step draws is a function of its step number, not of the process's history
-/// (a resumed run draws what the straight one did) or of which replica's thread ran first.
+/// stream of every step and replica ([`StepCounter::at`],
+/// [`crate::RecurrentModel::with_train_stream`]), so that what a step draws is a function of
+/// its step number, not of the process's history (a resumed run draws what the straight one
+/// did) or of which replica's thread ran first.
 #[derive(Debug, Clone, Default)]
 pub struct StepCounter(Arc<AtomicU64>);
 

@@ -1,84 +1,22 @@
-//! Training and evaluation steps of the stack: the loss path, the reversible driver, and the
-//! masks of documents and targets.
+//! The training step of the stack (with the reversible driver), and the masks of documents
+//! and targets.
 
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
-use memzoo_reformer::ForwardOptions;
 use memzoo_relative::AttentionMask;
 
 use super::*;
 use crate::error::XlError;
-use crate::memory::{XlMemory, XlState};
+use crate::memory::XlState;
 
 impl TransformerXl {
-    /// Logits of one segment read on its own (no memory; seeded stacks: evaluation options),
-    /// as the Reformer reads a window. For stacks with kNN layers use
-    /// [`forward_state`](Self::forward_state).
-    ///
-    /// # Shapes
-    /// - `tokens`: `[batch, len]` → `[batch, len, vocab]`
-    pub fn forward_window(&self, tokens: Tensor<2, Int>) -> Result<Tensor<3>, XlError> {
-        let out = self.forward(tokens, &XlMemory::empty())?;
-        Ok(self.logits(out.hidden))
-    }
-
-    /// Cross-entropy of one segment read on its own under explicit seeded options, with a
-    /// graph (plain autodiff), weighted per position when `weights` are given.
-    ///
-    /// # Shapes
-    /// - `tokens`, `targets`, `weights`: `[batch, len]`; loss: `[1]`
-    pub fn forward_loss_with(
-        &self,
-        tokens: Tensor<2, Int>,
-        targets: Tensor<2, Int>,
-        weights: Option<Tensor<2>>,
-        opts: &ForwardOptions,
-    ) -> Result<Tensor<1>, XlError> {
-        check_targets(&tokens, &targets)?;
-        let batch = tokens.dims()[0];
-        let mut state = self.new_state(batch, &tokens.device())?;
-        let hidden =
-            self.forward_state_with(tokens, &mut state, &vec![false; batch], Some(opts))?;
-        Ok(weighted_nll(self.logits(hidden), targets, weights))
-    }
-
-    /// One seeded training step on a segment read on its own: loss and parameter gradients
-    /// under `opts` (see [`train_step_state`](Self::train_step_state)).
-    pub fn train_step_with(
-        &self,
-        tokens: Tensor<2, Int>,
-        targets: Tensor<2, Int>,
-        weights: Option<Tensor<2>>,
-        opts: &ForwardOptions,
-    ) -> Result<(Tensor<1>, GradientsParams), XlError> {
-        let batch = tokens.dims()[0];
-        let mut state = self.new_state(batch, &tokens.device())?;
-        self.train_step_state(
-            tokens,
-            targets,
-            weights,
-            &mut state,
-            &vec![false; batch],
-            opts,
-        )
-    }
-
-    /// [`train_step_with`](Self::train_step_with) with fresh options
-    /// ([`next_train_options`](Self::next_train_options)).
-    pub fn train_step(
-        &self,
-        tokens: Tensor<2, Int>,
-        targets: Tensor<2, Int>,
-    ) -> Result<(Tensor<1>, GradientsParams), XlError> {
-        let opts = self.next_train_options();
-        self.train_step_with(tokens, targets, None, &opts)
-    }
-
-    /// Loss and parameter gradients of one segment under seeded options `opts`, updating
-    /// `state` as [`forward_state`](Self::forward_state) does; the loss is weighted per
-    /// position when `weights` are given, and returned detached.
+    /// Training step: the mean loss of one segment ([`mean_nll`] of
+    /// [`eval_step`](Self::eval_step)'s losses, weighted by `step.weights`) and the parameter
+    /// gradients, updating `state` as [`forward_state`](Self::forward_state) does. The pass
+    /// draws its randomness from `step.options`, or else the model's next
+    /// ([`train_options`](Self::train_options)); the loss is returned detached. An adaptive
+    /// output computes only the clusters the targets fall in.
     ///
     /// A reversible stack runs its layers forward on a `valid()` copy (no graph), keeping only
     /// the top activations and what each layer drew (LSH buckets, retrieved kNN pairs), then
@@ -88,17 +26,18 @@ impl TransformerXl {
     /// `backward()`. The model must live on an autodiff device.
     ///
     /// # Shapes
-    /// - `tokens`, `targets`, `weights`: `[batch, qlen]`
-    #[allow(clippy::too_many_arguments)]
-    pub fn train_step_state(
+    /// - `tokens`, `targets`, `step.weights`: `[batch, qlen]`; loss: `[1]`
+    pub fn train_step(
         &self,
         tokens: Tensor<2, Int>,
         targets: Tensor<2, Int>,
-        weights: Option<Tensor<2>>,
         state: &mut XlState,
-        reset: &[bool],
-        opts: &ForwardOptions,
+        step: &Step,
     ) -> Result<(Tensor<1>, GradientsParams), XlError> {
+        let reset = step.resets(tokens.dims()[0]);
+        let reset = reset.as_slice();
+        let weights = step.weights.clone();
+        let opts = step.options.clone().or_else(|| self.train_options());
         if !self.device().is_autodiff() {
             return Err(XlError::Input(
                 "train_step needs the model on an autodiff device (device.autodiff())".into(),
@@ -115,11 +54,16 @@ impl TransformerXl {
             )));
         }
         if self.residual == Residual::Sequential {
-            let hidden = self.forward_state_with(tokens, state, reset, Some(opts))?;
-            let loss = weighted_nll(self.logits(hidden), targets, weights);
+            let hidden = self.forward_state_with(tokens, state, reset, opts.as_ref())?;
+            let loss = mean_nll(self.score(hidden, targets, false)?.nll, weights);
             let grads = GradientsParams::from_grads(loss.backward(), self);
             return Ok((loss.inner(), grads));
         }
+        let Some(opts) = opts.as_ref() else {
+            return Err(XlError::Input(
+                "a reversible stack trains with seeded randomness (randomness = \"seeded\")".into(),
+            ));
+        };
         let [batch, qlen] = tokens.dims();
         let mask = self.prepare(&tokens, state, reset)?;
         self.check_memory(batch, &state.xl)?;
@@ -169,7 +113,7 @@ impl TransformerXl {
         let y1t = y1.clone().autodiff().require_grad();
         let y2t = y2.clone().autodiff().require_grad();
         let h = self.finish(self.merge_streams(y1t.clone(), y2t.clone()), Some(opts));
-        let loss = weighted_nll(self.logits(h), targets, weights);
+        let loss = mean_nll(self.score(h, targets, false)?.nll, weights);
         let mut g = loss.clone().backward();
         let mut dy1 = y1t.grad(&g).expect("leaf requires grad").inner();
         let mut dy2 = y2t.grad(&g).expect("leaf requires grad").inner();
@@ -195,26 +139,6 @@ impl TransformerXl {
         collect(&mut g);
         self.advance(state, &inputs, qlen);
         Ok((loss.inner(), acc.grads()))
-    }
-}
-
-/// Mean next-token cross-entropy from logits, weighted per position when `weights` are given:
-/// `Σ_i w_i (-log p(y_i)) / Σ_i w_i`.
-///
-/// # Shapes
-/// - `logits`: `[batch, len, vocab]`; `targets`, `weights`: `[batch, len]`
-pub fn weighted_nll(
-    logits: Tensor<3>,
-    targets: Tensor<2, Int>,
-    weights: Option<Tensor<2>>,
-) -> Tensor<1> {
-    let [b, l, _] = logits.dims();
-    let picked = log_softmax(logits, 2)
-        .gather(2, targets.unsqueeze_dim::<3>(2))
-        .reshape([b, l]);
-    match weights {
-        None => picked.mean().neg(),
-        Some(w) => (picked * w.clone()).sum().neg() / w.sum().clamp_min(1e-9),
     }
 }
 

@@ -1,0 +1,319 @@
+//! The recurrent-model contract ([`RecurrentModel`]): how the trainer, the evaluation, RECL and
+//! generation read a model segment by segment, with its state carried by the caller; and the
+//! layer stack's implementation of it.
+//!
+//! Every loss comes from [`RecurrentModel::segment_nll`] (for the layer stack:
+//! [`TransformerXl::eval_step`], the one loss path of [`crate::stack`]); logits are read only
+//! where a distribution is the point (generation: [`RecurrentModel::segment_logits`]).
+
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use burn::tensor::{Int, Tensor};
+use memzoo_memory::{IndexKind, KnnIndex, KnnMemoryConfig, MemoryError, Retrieved, RowState};
+use memzoo_reformer::rng::mix;
+
+use crate::error::XlError;
+use crate::memory::XlState;
+use crate::stack::{Randomness, Step, TargetScores, TransformerXl, mean_nll};
+
+/// A language model read segment by segment, carrying state (memories) between segments: the
+/// contract the trainer (`memzoo_train::SegmentModel` adds checkpoints to it), the evaluation,
+/// RECL and generation read a model through.
+///
+/// The caller owns the state and never looks inside it: it hands it back on the next call for
+/// the same rows (the trainer also saves it in checkpoints and restores it on `--resume`).
+pub trait RecurrentModel: Module + Clone + core::fmt::Debug + Send + 'static {
+    /// State carried from one segment to the next (e.g. [`crate::XlState`]); `Default` = no memory.
+    type State: Default + Send;
+
+    /// Short name of the model family, stored in checkpoints.
+    fn family(&self) -> &'static str;
+
+    /// Whether a checkpoint labelled `found` holds a model of this family. Default: the label
+    /// is [`Self::family`]; families whose label changed override it to accept their older one.
+    fn accepts_family(&self, found: &str) -> bool {
+        found == self.family()
+    }
+
+    /// Vocabulary size (targets must be below it).
+    fn vocab_size(&self) -> usize;
+
+    /// Generation step: reads one segment and returns its logits `[batch, len, vocab]` (the
+    /// whole distribution; losses come from [`Self::segment_nll`]), updating `state`
+    /// (detached from the graph). `reset[r]`: row `r` starts a new document here.
+    ///
+    /// # Shapes
+    /// - `inputs`: `[batch, len]` → `[batch, len, vocab]`
+    fn segment_logits(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut Self::State,
+        reset: &[bool],
+    ) -> Result<Tensor<3>, XlError>;
+
+    /// Evaluation step: reads one segment as [`Self::segment_logits`] does and scores its
+    /// targets, `-log p(y)` per target (with the graph on an autodiff device), and, when `hits`
+    /// asks, which targets are the most likely token. The default scores the segment's logits
+    /// ([`TargetScores::from_logits`]); the layer stack overrides it with its own loss path (an
+    /// adaptive softmax computes only the clusters its targets fall in).
+    ///
+    /// # Shapes
+    /// - `inputs`, `targets`: `[batch, len]` → nll (and hits) `[batch, len]`
+    fn segment_nll(
+        &self,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut Self::State,
+        reset: &[bool],
+        hits: bool,
+    ) -> Result<TargetScores, XlError> {
+        check_shapes(&inputs, &targets, None)?;
+        let logits = self.segment_logits(inputs, state, reset)?;
+        Ok(TargetScores::from_logits(logits, targets, hits))
+    }
+
+    /// Training step: the loss and gradients of one segment, the mean of
+    /// [`Self::segment_nll`] over the targets whose `weights` are 1 (`None`: every target),
+    /// [`mean_nll`]. The default is plain autodiff; models with their own backward
+    /// (reversible layers) or randomness override it.
+    ///
+    /// # Shapes
+    /// - `inputs`, `targets`, `weights`: `[batch, len]`
+    fn train_step(
+        &self,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut Self::State,
+        reset: &[bool],
+        weights: Option<Tensor<2>>,
+    ) -> Result<(f64, GradientsParams), XlError> {
+        check_shapes(&inputs, &targets, weights.as_ref())?;
+        let nll = self.segment_nll(inputs, targets, state, reset, false)?.nll;
+        let loss = mean_nll(nll, weights);
+        let value = loss.clone().into_scalar::<f64>();
+        let grads = GradientsParams::from_grads(loss.backward(), self);
+        Ok((value, grads))
+    }
+
+    /// Whether the model carries state from one segment to the next. Generation
+    /// (`memzoo_train::generate`) reads a model that does in segments, the state carried across
+    /// them, and one that does not through a sliding window. Default: true.
+    fn carries_state(&self) -> bool {
+        true
+    }
+
+    /// Reads a segment on top of `state` as [`Self::segment_logits`] does, and leaves `state` as
+    /// it was: generation reads the current, unfinished segment again for every new token (see
+    /// `memzoo_train::generate`). The default refuses, naming the family (a model that only trains
+    /// need not have it).
+    ///
+    /// # Shapes
+    /// - `inputs`: `[batch, len]` → `[batch, len, vocab]`
+    fn peek_logits(
+        &self,
+        _inputs: Tensor<2, Int>,
+        _state: &mut Self::State,
+        _reset: &[bool],
+    ) -> Result<Tensor<3>, XlError> {
+        Err(XlError::Input(format!(
+            "the `{}` model cannot read a segment without moving its state on \
+             (RecurrentModel::peek_logits), so it cannot generate",
+            self.family()
+        )))
+    }
+
+    /// The model for evaluation with another memory length (where it has one).
+    fn with_eval_mem_len(self, _mem_len: usize) -> Self {
+        self
+    }
+
+    /// The model whose next [`Self::train_step`] draws its own randomness (replayable dropout
+    /// masks, LSH rotations) from `stream` (and `seed`, `train.seed`), whatever steps it took
+    /// before: the trainer passes one stream per (step, micro-step, replica), so that a step
+    /// draws the same whether the run went straight to it or resumed from a checkpoint before
+    /// it, and whichever replica's thread ran first. Randomness from the backend's generator is
+    /// the trainer's to seed (`memzoo_train::parallel::seed_devices`); it is one per process on
+    /// `flex`, so replicas on threads draw from it in any order. The default ignores it (a
+    /// model with no generator of its own).
+    fn with_train_stream(self, _seed: u64, _stream: u64) -> Self {
+        self
+    }
+}
+
+/// Inputs, targets and weights must have one shape.
+fn check_shapes(
+    inputs: &Tensor<2, Int>,
+    targets: &Tensor<2, Int>,
+    weights: Option<&Tensor<2>>,
+) -> Result<(), XlError> {
+    let shape = targets.dims();
+    if inputs.dims() != shape || weights.is_some_and(|w| w.dims() != shape) {
+        return Err(XlError::Input(format!(
+            "inputs {:?}, targets {:?} and weights {:?} differ",
+            inputs.dims(),
+            shape,
+            weights.map(|w| w.dims())
+        )));
+    }
+    Ok(())
+}
+
+/// The layer stack (Transformer-XL; with kNN layers the Memorizing Transformer; with LSH or
+/// local layers the Reformer, [`TransformerXl::stack_family`]) carries its XL memory and its kNN
+/// memories (host side). Without `document_resets` (Transformer-XL, as the paper) it reads
+/// documents as one stream; with them (the Memorizing preset) rows are cleared where the data
+/// marks a new document. A stack with neither memory (the Reformer) reads each segment on its
+/// own. Training and evaluation go through the stack's own steps ([`TransformerXl::train_step`]:
+/// fresh rotations and masks every step, the reversible backward where the residuals are
+/// reversible; [`TransformerXl::eval_step`]: the one loss path).
+impl RecurrentModel for TransformerXl {
+    type State = XlState;
+
+    fn family(&self) -> &'static str {
+        self.stack_family()
+    }
+
+    /// The current label, or the one checkpoints written before it carried.
+    fn accepts_family(&self, found: &str) -> bool {
+        found == self.stack_family() || found == self.legacy_family()
+    }
+
+    fn carries_state(&self) -> bool {
+        self.mem_len > 0 || self.n_knn_layers() > 0
+    }
+
+    fn train_step(
+        &self,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        weights: Option<Tensor<2>>,
+    ) -> Result<(f64, GradientsParams), XlError> {
+        check_shapes(&inputs, &targets, weights.as_ref())?;
+        let step = Step::reset(reset).with_weights(weights);
+        let (loss, grads) = TransformerXl::train_step(self, inputs, targets, state, &step)?;
+        Ok((loss.into_scalar::<f64>(), grads))
+    }
+
+    fn segment_nll(
+        &self,
+        inputs: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        hits: bool,
+    ) -> Result<TargetScores, XlError> {
+        check_shapes(&inputs, &targets, None)?;
+        let step = Step::reset(reset).with_hits(hits);
+        self.eval_step(inputs, targets, state, &step)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn segment_logits(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<Tensor<3>, XlError> {
+        let hidden = self.forward_state(inputs, state, reset)?;
+        Ok(self.logits(hidden))
+    }
+
+    /// The segment is read with the committed XL memory and read-only views of the kNN
+    /// memories: it retrieves from them as [`Self::segment_logits`] does (a kNN layer searches
+    /// before it adds), and adds nothing.
+    fn peek_logits(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<Tensor<3>, XlError> {
+        use std::sync::Arc;
+        let stores: Vec<Arc<Box<dyn KnnIndex>>> = std::mem::take(&mut state.knn)
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let mut view = XlState {
+            xl: state.xl.clone(),
+            knn: stores
+                .iter()
+                .map(|s| Box::new(ReadOnlyIndex(Arc::clone(s))) as Box<dyn KnnIndex>)
+                .collect(),
+            xl_valid: state.xl_valid.clone(),
+        };
+        let logits = self.segment_logits(inputs, &mut view, reset);
+        drop(view);
+        for store in stores {
+            let store = Arc::try_unwrap(store).map_err(|_| {
+                XlError::Input("a read-only view of the kNN memory outlived its read".into())
+            })?;
+            state.knn.push(store);
+        }
+        logits
+    }
+
+    /// A seeded stack's step counter at `stream`; a device stack's dropout masks from
+    /// `mix(seed, stream)` ([`TransformerXl::with_dropout_seed`]).
+    fn with_train_stream(self, seed: u64, stream: u64) -> Self {
+        match self.randomness {
+            Randomness::Seeded => self.with_step_count(stream),
+            Randomness::Device => self.with_dropout_seed(Some(mix(seed, stream))),
+        }
+    }
+
+    fn with_eval_mem_len(self, mem_len: usize) -> Self {
+        self.with_mem_len(mem_len)
+    }
+}
+
+/// A kNN memory that is searched but not written: [`KnnIndex::add`] stores nothing. Generation
+/// reads the unfinished segment through it (see `peek_logits` of the Memorizing Transformer).
+#[derive(Debug)]
+struct ReadOnlyIndex(std::sync::Arc<Box<dyn KnnIndex>>);
+
+impl KnnIndex for ReadOnlyIndex {
+    fn kind(&self) -> IndexKind {
+        self.0.kind()
+    }
+
+    fn config(&self) -> &KnnMemoryConfig {
+        self.0.config()
+    }
+
+    fn batch(&self) -> usize {
+        self.0.batch()
+    }
+
+    fn add(&mut self, _keys: Tensor<4>, _values: Tensor<4>) -> Result<(), MemoryError> {
+        Ok(())
+    }
+
+    fn search(&self, queries: Tensor<4>, k: usize) -> Result<Retrieved, MemoryError> {
+        self.0.search(queries, k)
+    }
+
+    fn clear(&mut self, rows: &[usize]) -> Result<(), MemoryError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        Err(MemoryError::Input(format!(
+            "rows {rows:?} cannot be cleared through a read-only view of the kNN memory"
+        )))
+    }
+
+    fn rows(&self) -> &[RowState] {
+        self.0.rows()
+    }
+
+    fn snapshot(&self) -> Result<memzoo_memory::persist::Snapshot, MemoryError> {
+        self.0.snapshot()
+    }
+
+    fn save_extra(&self, dir: &std::path::Path) -> Result<Vec<u32>, MemoryError> {
+        self.0.save_extra(dir)
+    }
+}
