@@ -338,6 +338,22 @@ impl TextCodec {
         })
     }
 
+    /// The ids of a corpus (training or evaluation text): as [`encode_text`](Self::encode_text),
+    /// except that words are read line by line with `<eos>` after each line, as HF's
+    /// TransfoXL corpora are (`encode_file(..., add_eos=True)`).
+    pub fn encode_corpus(&self, text: &str) -> Result<Vec<i64>, DataError> {
+        let TextCodec::Words(v) = self else {
+            return self.encode_text(text);
+        };
+        let eos = v.sym2idx.get("<eos>").copied();
+        let mut ids = Vec::with_capacity(text.len() / 4);
+        for line in text.lines() {
+            ids.extend(v.encode(line)?.iter().map(|&t| t as i64));
+            ids.extend(eos.map(|e| e as i64));
+        }
+        Ok(ids)
+    }
+
     /// The ids of a prompt; an empty one starts from a newline byte (bytes) or `<eos>`, else
     /// id 0 (words: TransfoXL separates lines with `<eos>`).
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<i64>, DataError> {

@@ -34,6 +34,7 @@ pub mod error;
 pub use error::CliError;
 pub mod import;
 pub mod recl;
+pub mod tokenizer_import;
 
 /// The types most programs need.
 pub mod prelude {
