@@ -423,10 +423,15 @@ fn hub_404_names_the_repo_revision_and_file() {
     let err = hub::snapshot("tiny/missing", &server.options(&cache)).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, HubError::Status { status: 404, .. }), "{msg}");
-    assert!(
-        msg.contains("tiny/missing") && msg.contains("main") && msg.contains("file list"),
-        "{msg}"
-    );
+    for part in [
+        "tiny/missing",
+        "main",
+        "file list",
+        "HF_TOKEN",
+        "nor is it a directory",
+    ] {
+        assert!(msg.contains(part), "{part}: {msg}");
+    }
     drop(server);
 
     // config.json listed but not served.

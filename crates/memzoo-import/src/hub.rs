@@ -29,6 +29,7 @@ pub const CHECKPOINT_FILES: &[&str] = &[
     "vocab.json",
     "vocab.pkl",
     "spiece.model",
+    "tokenizer_config.json",
 ];
 
 /// Weight files in order of preference: only the first the repository has is fetched.
@@ -38,6 +39,9 @@ pub const WEIGHT_FILES: &[&str] = &[
     "model.pth",
     "model.pt",
 ];
+
+/// What the first request of a snapshot fetches, for messages.
+const FILE_LIST: &str = "the file list";
 
 /// The Hub's default endpoint.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -118,7 +122,9 @@ pub enum HubError {
     /// The Hub answered with an error status (404: no such repository, revision or file; 401 /
     /// 403: private or gated, which needs `HF_TOKEN`).
     #[error(
-        "the Hub ({endpoint}) answered HTTP {status} for {what} of {repo} at revision {revision}{hint}"
+        "the Hub ({endpoint}) answered HTTP {status} for {what} of {repo} at revision \
+         {revision}{}",
+        status_hint(*status, what)
     )]
     Status {
         /// The repository id.
@@ -131,8 +137,6 @@ pub enum HubError {
         endpoint: String,
         /// The HTTP status.
         status: u16,
-        /// Advice for the status.
-        hint: &'static str,
     },
     /// The request failed for another reason (network, a malformed answer, the cache).
     #[error("cannot fetch {what} of {repo} at revision {revision} from {endpoint}: {message}")]
@@ -233,7 +237,7 @@ pub fn snapshot(repo: &str, options: &HubOptions) -> Result<PathBuf, HubError> {
         .api
         .repo(hub.at(&options.revision))
         .info()
-        .map_err(|e| hub.error("the file list", e))?;
+        .map_err(|e| hub.error(FILE_LIST, e))?;
     let listed: Vec<&str> = info.siblings.iter().map(|s| s.rfilename.as_str()).collect();
     if !listed.contains(&"config.json") {
         return Err(HubError::NoConfig {
@@ -343,21 +347,12 @@ fn hub_error(repo: &str, options: &HubOptions, what: &str, e: ApiError) -> HubEr
     if let ApiError::RequestError(inner) = &e
         && let ureq::Error::StatusCode(status) = **inner
     {
-        let hint = match status {
-            401 | 403 => {
-                " (a private or gated repository needs an access token: set HF_TOKEN; the Hub \
-                 also answers 401 for a repository that does not exist)"
-            }
-            404 => " (no such repository, revision or file)",
-            _ => "",
-        };
         return HubError::Status {
             repo,
             revision,
             what: what.into(),
             endpoint,
             status,
-            hint,
         };
     }
     HubError::Request {
@@ -366,6 +361,23 @@ fn hub_error(repo: &str, options: &HubOptions, what: &str, e: ApiError) -> HubEr
         what: what.into(),
         endpoint,
         message: e.to_string(),
+    }
+}
+
+/// Advice for an HTTP error status met fetching `what`.
+fn status_hint(status: u16, what: &str) -> &'static str {
+    match status {
+        // The first request: the id may be a mistyped local path too.
+        401 | 404 if what == FILE_LIST => {
+            " (no such repository or revision, or a private or gated one, which needs an access \
+             token: set HF_TOKEN; nor is it a directory here)"
+        }
+        401 | 403 => {
+            " (a private or gated repository needs an access token: set HF_TOKEN; the Hub also \
+             answers 401 for a repository that does not exist)"
+        }
+        404 => " (no such repository, revision or file)",
+        _ => "",
     }
 }
 

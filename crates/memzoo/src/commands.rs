@@ -86,8 +86,13 @@ pub fn train(
         .collect::<Result<Vec<Device>, CliError>>()?;
     devices.iter().for_each(|d| d.seed(config.train.seed));
     let device = devices[0].clone();
-    // Bytes, or the run's own tokenizer (words, SentencePiece) when its directory has one.
-    let codec = crate::data_setup::run_codec(&config.data, run_dir)?;
+    // Bytes, or the run's own tokenizer (words, SentencePiece) when its directory has one: the
+    // run resumed, or a new run in a directory where it was put. A run that `--overwrite`
+    // replaces takes its tokenizer away with it.
+    let codec = match replaced {
+        Some(_) => None,
+        None => crate::data_setup::run_codec(&config.data, run_dir)?,
+    };
     let splits = crate::data_setup::load_splits_with(&config.data, codec)?;
     check_vocab(config, &splits)?;
     let t = &config.train;

@@ -21,11 +21,16 @@ fn json_vocab() -> TransfoXlVocabFile {
     serde_json::from_str(&std::fs::read_to_string(fixture("vocab.json")).unwrap()).unwrap()
 }
 
-/// Every variant (protocol 4, protocol 2, legacy torch.save) gives vocab.json's fields.
+/// Every variant (protocol 4, protocol 2, legacy and zip torch.save) gives vocab.json's fields.
 #[test]
 fn vocab_pkl_reads_as_vocab_json() {
     let want = json_vocab();
-    for name in ["vocab.pkl", "vocab-p2.pkl", "vocab-torch.pkl"] {
+    for name in [
+        "vocab.pkl",
+        "vocab-p2.pkl",
+        "vocab-torch.pkl",
+        "vocab-torchzip.pkl",
+    ] {
         let got = transfo_xl_vocab_from_pickle(&fixture(name)).unwrap();
         assert_eq!(got.idx2sym, want.idx2sym, "{name}");
         assert_eq!(got.unk_idx, want.unk_idx, "{name}");

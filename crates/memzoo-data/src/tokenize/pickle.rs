@@ -9,8 +9,10 @@
 //! anything. Any other global is refused with [`PickleError::Refused`] naming it, as are
 //! persistent ids, extension codes, `INST` / `OBJ` and out-of-band buffers.
 //!
-//! A file written by PyTorch's legacy `torch.save` (a magic number, the protocol version and
-//! the system info pickled before the object) is read too: [`read_file`] returns the object.
+//! A file written by PyTorch's `torch.save` is read too, [`read_file`] returning the object: the
+//! legacy format (a magic number, the protocol version and the system info pickled before the
+//! object) and the zip archive (its `data.pkl`), as long as it holds no tensors (their storages
+//! are persistent ids, refused).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -148,8 +150,13 @@ pub fn read_file(path: &Path) -> Result<PyValue, PickleError> {
     read_bytes(&bytes, path)
 }
 
-/// Reads the object pickled in `bytes`; `path` names them in errors.
+/// Reads the object pickled in `bytes`; `path` names them in errors. A zip archive (PyTorch's
+/// `torch.save` since 1.6) is read through its `data.pkl` member.
 pub fn read_bytes(bytes: &[u8], path: &Path) -> Result<PyValue, PickleError> {
+    if bytes.starts_with(b"PK\x03\x04") {
+        let data = torch_zip_data(bytes, path)?;
+        return read_bytes(&data, path);
+    }
     let mut m = Machine::new(bytes, path);
     let first = m.load()?;
     if first != PyValue::Int(TORCH_MAGIC) {
@@ -159,6 +166,39 @@ pub fn read_bytes(bytes: &[u8], path: &Path) -> Result<PyValue, PickleError> {
     let _protocol = m.load()?;
     let _sys_info = m.load()?;
     m.load()
+}
+
+/// The `data.pkl` member of a `torch.save` zip archive (`<name>/data.pkl`).
+fn torch_zip_data(bytes: &[u8], path: &Path) -> Result<Vec<u8>, PickleError> {
+    use std::io::Read;
+    let bad = |message: String| PickleError::Malformed {
+        path: path.to_path_buf(),
+        offset: 0,
+        message,
+    };
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
+        .map_err(|e| bad(format!("a zip archive that cannot be read: {e}")))?;
+    let mut found = None;
+    for name in zip.file_names() {
+        let name = name.map_err(|e| bad(format!("a bad member name: {e}")))?;
+        if name == "data.pkl" || name.ends_with("/data.pkl") {
+            found = Some(name.into_owned());
+            break;
+        }
+    }
+    let name = found
+        .ok_or_else(|| bad("a zip archive without data.pkl (not a torch.save file)".into()))?;
+    let mut member = zip
+        .by_name(&name)
+        .map_err(|e| bad(format!("{name}: {e}")))?;
+    let mut data = Vec::new();
+    member
+        .read_to_end(&mut data)
+        .map_err(|e| bad(format!("{name}: {e}")))?;
+    if data.starts_with(b"PK\x03\x04") {
+        return Err(bad(format!("{name} is itself a zip archive")));
+    }
+    Ok(data)
 }
 
 type Ref = Rc<RefCell<Obj>>;
@@ -324,7 +364,7 @@ impl<'a> Machine<'a> {
 
     /// Key-value pairs into the mapping `target`.
     fn set_items(&self, target: &Ref, items: Vec<Ref>) -> Result<(), PickleError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.bad("an odd number of items for a mapping"));
         }
         let mut t = target.borrow_mut();

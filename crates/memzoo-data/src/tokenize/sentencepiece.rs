@@ -78,7 +78,8 @@ pub struct SentencePiece {
     unk_score: f32,
     max_score: f32,
     byte_fallback: bool,
-    byte_ids: [Option<u32>; 256],
+    /// The piece of each byte (`<0x41>`), by byte.
+    byte_ids: Vec<Option<u32>>,
     normalizer: Normalizer,
 }
 
@@ -188,7 +189,7 @@ impl SentencePiece {
             )));
         }
         let mut index = HashMap::new();
-        let mut byte_ids = [None; 256];
+        let mut byte_ids = vec![None; 256];
         let (mut min_score, mut max_score) = (f32::INFINITY, f32::NEG_INFINITY);
         let mut max_chars = 1;
         for (i, p) in pieces.iter().enumerate() {
