@@ -454,8 +454,9 @@ fn hub_404_names_the_repo_revision_and_file() {
     std::fs::remove_dir_all(&tmp).ok();
 }
 
-/// A download cut short: an error naming the file, no blob of it in the cache; the next import
-/// (the server mended) completes it.
+/// A download cut short: an error naming the file, no blob of it in the cache (what arrived
+/// kept as the blob's `.part`); the next import (the server mended) asks for the rest only and
+/// completes it.
 #[test]
 fn hub_truncated_download_is_an_error_and_leaves_no_blob() {
     let tmp = scratch("hub-truncated");
@@ -487,12 +488,31 @@ fn hub_truncated_download_is_an_error_and_leaves_no_blob() {
             .exists()
     );
 
+    // What arrived waits as `<etag>.part`: the next import asks for the rest only.
+    let full = files["model.safetensors"].len();
+    let part = blob.with_extension("part");
+    let part_len = std::fs::metadata(&part)
+        .map(|m| m.len() as usize)
+        .unwrap_or(0);
+    assert!(part_len < full, "{part_len} of {full}");
+    eprintln!("truncated: {msg} ({part_len} of {full} bytes kept)");
+
     server.truncate.lock().unwrap().clear();
+    let before = server.seen().len();
     let dir = hub::snapshot(repo, &options).unwrap();
     assert_eq!(
         std::fs::read(dir.join("model.safetensors")).unwrap(),
         files["model.safetensors"]
     );
+    let rest: Vec<Option<String>> = server.seen()[before..]
+        .iter()
+        .filter(|s| {
+            s.path.ends_with("/model.safetensors") && s.range.as_deref() != Some("bytes=0-0")
+        })
+        .map(|s| s.range.clone())
+        .collect();
+    assert_eq!(rest, [Some(format!("bytes={part_len}-"))]);
+    assert!(!part.exists());
     std::fs::remove_dir_all(&tmp).ok();
 }
 
