@@ -112,3 +112,72 @@ fn word_runs_read_lines_with_eos() {
     assert!(err.contains("70000") && err.contains("16-bit"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+/// `memzoo import` of a local directory with HF's `vocab.pkl` (and no `vocab.json`) writes the
+/// pickle's words into the run as `vocab.json`; a pickle that would run code is refused,
+/// naming the global, before anything is written; a `spiece.model` whose pieces are not the
+/// model's vocabulary is refused, naming both sizes.
+#[test]
+fn import_reads_vocab_pkl_and_checks_spiece_model() {
+    let tmp = scratch("import-tokenizers");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let with = |name: &str, extra: &[(&str, &str)]| {
+        let src = tmp.join(name);
+        std::fs::create_dir_all(&src).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(fixtures.join("hf-transfo-xl/plain").join(f), src.join(f)).unwrap();
+        }
+        for (from, to) in extra {
+            std::fs::copy(fixtures.join(from), src.join(to)).unwrap();
+        }
+        src
+    };
+    let src = with("pkl", &[("transfo-xl-tokenizer/vocab-48.pkl", "vocab.pkl")]);
+    let run = tmp.join("run-pkl");
+    memzoo::import::import("hf-transfo-xl", &src, &run, None, false, true).unwrap();
+    let got: memzoo_data::word_vocab::TransfoXlVocabFile =
+        serde_json::from_str(&std::fs::read_to_string(run.join("vocab.json")).unwrap()).unwrap();
+    let mut want: memzoo_data::word_vocab::TransfoXlVocabFile = serde_json::from_str(
+        &std::fs::read_to_string(fixtures.join("transfo-xl-tokenizer/vocab.json")).unwrap(),
+    )
+    .unwrap();
+    want.idx2sym.truncate(48);
+    assert_eq!(
+        serde_json::to_value(&got).unwrap(),
+        serde_json::to_value(&want).unwrap()
+    );
+
+    let src = with(
+        "evil",
+        &[("transfo-xl-tokenizer/malicious.pkl", "vocab.pkl")],
+    );
+    let run = tmp.join("run-evil");
+    let err = memzoo::import::import("hf-transfo-xl", &src, &run, None, false, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("system") && err.contains("refused global"),
+        "{err}"
+    );
+    assert!(!run.join("config.toml").exists());
+
+    let src = with("spm", &[("sentencepiece/tiny.model", "spiece.model")]);
+    let pieces = SentencePiece::read(&src.join("spiece.model"))
+        .unwrap()
+        .len();
+    let err = memzoo::import::import(
+        "hf-transfo-xl",
+        &src,
+        &tmp.join("run-spm"),
+        None,
+        false,
+        true,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(&format!("{pieces} pieces")) && err.contains("48"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+}

@@ -185,7 +185,8 @@ pub fn import(
             json!({"run_dir": run_dir, "checkpoint": saved, "parameters": params,
                    "vocab_size": config.model.vocab_size, "adaptive": config.model.is_adaptive(),
                    "data": splits.name, "data_fits_vocab": fits, "family": config.family(),
-                   "byte_offset": config.data.byte_offset})
+                   "byte_offset": config.data.byte_offset,
+                   "tokenizer": vocab.as_ref().map(|v| v.describe())})
         );
     } else {
         println!(
@@ -199,6 +200,9 @@ pub fn import(
             },
             saved.display()
         );
+        if let Some(v) = &vocab {
+            println!("text is read and written as {}", v.describe());
+        }
         if !fits {
             println!(
                 "note: the run's data ({}) has token id {largest}, beyond the model's vocabulary \

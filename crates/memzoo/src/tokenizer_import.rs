@@ -64,6 +64,15 @@ pub fn checkpoint_tokenizer(
 }
 
 impl CheckpointTokenizer {
+    /// What the run reads text with, for messages: `words (vocab.pkl)` and the like.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            CheckpointTokenizer::WordsJson(_) => "words (vocab.json)",
+            CheckpointTokenizer::WordsPickle(..) => "words (vocab.pkl, written as vocab.json)",
+            CheckpointTokenizer::Pieces(_) => "SentencePiece (spiece.model)",
+        }
+    }
+
     /// The codec that reads and writes text with this tokenizer.
     pub fn codec(&self) -> Result<TextCodec, CliError> {
         Ok(match self {
