@@ -34,6 +34,8 @@ struct FakeHub {
     truncate: Arc<Mutex<Vec<String>>>,
     /// Files listed in the file list but not served (404).
     hidden: Arc<Mutex<Vec<String>>>,
+    /// An ETag to send instead of the content's hash (a hostile server's).
+    etag: Arc<Mutex<Option<String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -46,8 +48,10 @@ impl FakeHub {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let truncate = Arc::new(Mutex::new(Vec::new()));
         let hidden = Arc::new(Mutex::new(Vec::new()));
+        let etag = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
         let (s, t, h, st) = (seen.clone(), truncate.clone(), hidden.clone(), stop.clone());
+        let e = etag.clone();
         let repo = repo.to_string();
         let thread = std::thread::spawn(move || {
             for stream in listener.incoming() {
@@ -55,7 +59,7 @@ impl FakeHub {
                     break;
                 }
                 if let Ok(stream) = stream {
-                    let _ = serve(stream, &repo, &files, &s, &t, &h);
+                    let _ = serve(stream, &repo, &files, &s, &t, &h, &e);
                 }
             }
         });
@@ -64,6 +68,7 @@ impl FakeHub {
             seen,
             truncate,
             hidden,
+            etag,
             stop,
             thread: Some(thread),
         }
@@ -122,6 +127,7 @@ fn serve(
     seen: &Mutex<Vec<Seen>>,
     truncate: &Mutex<Vec<String>>,
     hidden: &Mutex<Vec<String>>,
+    etag_override: &Mutex<Option<String>>,
 ) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
@@ -192,7 +198,11 @@ fn serve(
         "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{end}/{n}\r\n\
          ETag: \"{}\"\r\nX-Repo-Commit: {COMMIT}\r\nConnection: close\r\n\r\n",
         body.len(),
-        etag(bytes)
+        etag_override
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or_else(|| etag(bytes))
     )?;
     if cut {
         stream.write_all(&body[..body.len() / 2])?;
@@ -395,6 +405,15 @@ fn hub_offline_without_a_cached_copy_is_an_error() {
     };
     let err = hub::snapshot("tiny/transfo-xl", &options).unwrap_err();
     assert!(matches!(err, HubError::NotCached { .. }), "{err}");
+    // A revision that would leave the cache is refused before anything is read.
+    for bad in ["../../etc", "a/../b", "", "main/"] {
+        let o = HubOptions {
+            revision: bad.into(),
+            ..options.clone()
+        };
+        let err = hub::snapshot("tiny/transfo-xl", &o).unwrap_err();
+        assert!(matches!(err, HubError::UnsafeName { .. }), "{bad}: {err}");
+    }
     let msg = err.to_string();
     for part in [
         "tiny/transfo-xl",
@@ -451,6 +470,14 @@ fn hub_404_names_the_repo_revision_and_file() {
     // And as the import's error.
     let err: ImportError = err.into();
     assert!(err.to_string().contains("HTTP 404"), "{err}");
+
+    // A server whose ETag would name a path outside the cache.
+    server.hidden.lock().unwrap().clear();
+    *server.etag.lock().unwrap() = Some("../../../escaped".into());
+    let err = hub::snapshot("tiny/transfo-xl", &server.options(&cache)).unwrap_err();
+    assert!(matches!(err, HubError::UnsafeName { .. }), "{err}");
+    assert!(err.to_string().contains("ETag of config.json"), "{err}");
+    assert!(!tmp.join("escaped").exists() && !cache.join("escaped").exists());
     std::fs::remove_dir_all(&tmp).ok();
 }
 

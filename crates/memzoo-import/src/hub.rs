@@ -179,6 +179,20 @@ pub enum HubError {
         /// The files it lists.
         files: String,
     },
+    /// A name that would become a path in the cache and is not a safe one: a revision with a
+    /// `..` component, or an ETag or commit from the server with other than letters, digits,
+    /// `-`, `_`, `.`.
+    #[error("{what} {value:?} of {repo} at revision {revision} cannot name a file in the cache")]
+    UnsafeName {
+        /// The repository id.
+        repo: String,
+        /// The revision asked for.
+        revision: String,
+        /// `the revision`, `the ETag of X`, `the commit`.
+        what: String,
+        /// The name.
+        value: String,
+    },
     /// Offline, and the cache does not hold the revision or a file of it.
     #[error(
         "offline (HF_HUB_OFFLINE or --offline) and the cache {cache} holds no {what} of {repo} at \
@@ -229,6 +243,16 @@ pub fn resolve(source: &Path, options: &HubOptions) -> Option<Result<PathBuf, Hu
 /// checkpoint's files in it: downloaded where the cache lacks them (online), or the cache
 /// alone (`options.offline`).
 pub fn snapshot(repo: &str, options: &HubOptions) -> Result<PathBuf, HubError> {
+    let unsafe_name = |what: &str, value: &str| HubError::UnsafeName {
+        repo: repo.into(),
+        revision: options.revision.clone(),
+        what: what.into(),
+        value: value.into(),
+    };
+    // A branch may hold `/` (`refs/pr/1`), never an empty or `..` part.
+    if !options.revision.split('/').all(safe_name) {
+        return Err(unsafe_name("the revision", &options.revision));
+    }
     if options.offline {
         return cached_snapshot(repo, options);
     }
@@ -252,6 +276,9 @@ pub fn snapshot(repo: &str, options: &HubOptions) -> Result<PathBuf, HubError> {
         .filter(|f| listed.contains(f))
         .collect();
     files.extend(WEIGHT_FILES.iter().copied().find(|f| listed.contains(f)));
+    if !safe_name(&info.sha) {
+        return Err(unsafe_name("the commit", &info.sha));
+    }
     // Every file from the one commit the file list named, even if the branch moves meanwhile.
     let pinned = hub.at(&info.sha);
     let cache = Cache::new(options.cache_dir.clone());
@@ -303,6 +330,16 @@ impl<'a> Hub<'a> {
             .api
             .metadata(&api.url(file))
             .map_err(|e| self.error(&what, e))?;
+        for (name, value) in [("ETag", meta.etag()), ("commit", meta.commit_hash())] {
+            if !safe_name(value) {
+                return Err(HubError::UnsafeName {
+                    repo: self.repo.into(),
+                    revision: self.options.revision.clone(),
+                    what: format!("the {name} of {file}"),
+                    value: value.into(),
+                });
+            }
+        }
         let cache = Cache::new(self.options.cache_dir.clone()).repo(pinned.clone());
         let blob = cache.blob_path(meta.etag());
         let pointer = cache.pointer_path(meta.commit_hash()).join(file);
@@ -362,6 +399,17 @@ fn hub_error(repo: &str, options: &HubOptions, what: &str, e: ApiError) -> HubEr
         endpoint,
         message: e.to_string(),
     }
+}
+
+/// Whether `name` can be one component of a path in the cache: not empty, not `.` or `..`,
+/// only letters, digits, `-`, `_` and `.`.
+fn safe_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// Advice for an HTTP error status met fetching `what`.
