@@ -99,6 +99,9 @@ pub enum DataError {
         /// The vocabulary size.
         vocab_size: usize,
     },
+    /// A pickle refused or not readable ([`crate::tokenize::pickle`]).
+    #[error(transparent)]
+    Pickle(#[from] crate::tokenize::pickle::PickleError),
     /// A word vocabulary file that cannot be used (the message names the field).
     #[error("vocabulary {}: {message}", path.display())]
     Vocab {

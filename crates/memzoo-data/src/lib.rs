@@ -36,6 +36,7 @@ pub mod rust_code;
 pub mod stats;
 pub mod synthetic;
 pub mod tasks;
+pub mod tokenize;
 pub mod tokenizer;
 pub mod word_vocab;
 

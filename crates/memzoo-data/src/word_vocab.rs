@@ -1,5 +1,6 @@
 //! TransfoXL's word-level vocabulary and tokenizer (HF's `TransfoXLTokenizer`, transformers
-//! 4.x), read from a JSON file instead of HF's pickle.
+//! 4.x), read from a JSON file (or from HF's `vocab.pkl` by the data-only reader of
+//! [`crate::tokenize`], which `memzoo import` converts into this JSON).
 //!
 //! HF ships `transfo-xl-wt103`'s vocabulary only as `vocab.pkl`, a pickled Python `__dict__`
 //! that `pickle.load` runs as code. `xtask/peers/transfo_xl_vocab.py` converts it once, on a
@@ -278,18 +279,21 @@ pub fn clean_up_tokenization(text: &str) -> String {
 /// and writes words with it.
 pub const WORD_VOCAB_FILE: &str = "vocab.json";
 
-/// How text becomes token ids and back: bytes (memzoo's default), or a TransfoXL word
-/// vocabulary.
+/// How text becomes token ids and back: bytes (memzoo's default), a TransfoXL word
+/// vocabulary, or a SentencePiece model.
 #[derive(Debug, Clone)]
 pub enum TextCodec {
     /// One token per byte ([`crate::ByteTokenizer`]).
     Bytes(crate::ByteTokenizer),
     /// TransfoXL's words.
     Words(TransfoXlVocab),
+    /// SentencePiece pieces (`spiece.model`).
+    Pieces(crate::tokenize::sentencepiece::SentencePiece),
 }
 
 impl TextCodec {
-    /// The word vocabulary `dir/vocab.json` when there is one, else bytes.
+    /// The word vocabulary `dir/vocab.json` when there is one, else the SentencePiece model
+    /// `dir/spiece.model` when there is one, else bytes.
     pub fn for_dir(dir: &Path) -> Result<Self, DataError> {
         Self::for_dir_with_offset(dir, 0)
     }
@@ -298,8 +302,13 @@ impl TextCodec {
     /// ([`crate::ByteTokenizer::with_offset`]; a run's `data.byte_offset`).
     pub fn for_dir_with_offset(dir: &Path, byte_offset: crate::Token) -> Result<Self, DataError> {
         let path = dir.join(WORD_VOCAB_FILE);
+        let pieces = crate::tokenize::sentencepiece::model_path(dir);
         if path.is_file() {
             Ok(TextCodec::Words(TransfoXlVocab::read(&path)?))
+        } else if pieces.is_file() {
+            Ok(TextCodec::Pieces(
+                crate::tokenize::sentencepiece::SentencePiece::read(&pieces)?,
+            ))
         } else {
             Ok(TextCodec::Bytes(
                 crate::ByteTokenizer::new().with_offset(byte_offset)?,
@@ -312,24 +321,51 @@ impl TextCodec {
         match self {
             TextCodec::Bytes(t) => t.vocab_size(),
             TextCodec::Words(v) => v.len(),
+            TextCodec::Pieces(p) => p.len(),
         }
     }
 
-    /// The ids of a prompt; an empty one starts from a newline byte (bytes) or `<eos>`, else
-    /// id 0 (words: TransfoXL separates lines with `<eos>`).
-    pub fn encode_prompt(&self, text: &str) -> Result<Vec<i64>, DataError> {
-        let mut ids: Vec<i64> = match self {
+    /// The ids of a text (a corpus, a prompt), as the codec writes them.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<i64>, DataError> {
+        Ok(match self {
             TextCodec::Bytes(t) => t
                 .encode(text.as_bytes())
                 .iter()
                 .map(|&t| t as i64)
                 .collect(),
             TextCodec::Words(v) => v.encode(text)?.iter().map(|&t| t as i64).collect(),
+            TextCodec::Pieces(p) => p.encode(text).iter().map(|&t| t as i64).collect(),
+        })
+    }
+
+    /// The ids of a corpus (training or evaluation text): as [`encode_text`](Self::encode_text),
+    /// except that words are read line by line with `<eos>` after each line, as HF's
+    /// TransfoXL corpora are (`encode_file(..., add_eos=True)`).
+    pub fn encode_corpus(&self, text: &str) -> Result<Vec<i64>, DataError> {
+        let TextCodec::Words(v) = self else {
+            return self.encode_text(text);
         };
+        let eos = v.sym2idx.get("<eos>").copied();
+        let mut ids = Vec::with_capacity(text.len() / 4);
+        for line in text.lines() {
+            ids.extend(v.encode(line)?.iter().map(|&t| t as i64));
+            ids.extend(eos.map(|e| e as i64));
+        }
+        Ok(ids)
+    }
+
+    /// The ids of a prompt; an empty one starts from a newline byte (bytes) or `<eos>`, else
+    /// id 0 (words: TransfoXL separates lines with `<eos>`).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<i64>, DataError> {
+        let mut ids = self.encode_text(text)?;
         if ids.is_empty() {
             ids.push(match self {
                 TextCodec::Bytes(t) => t.byte_id(b'\n') as i64,
                 TextCodec::Words(v) => v.sym2idx.get("<eos>").copied().unwrap_or(0) as i64,
+                // A word boundary.
+                TextCodec::Pieces(p) => p
+                    .piece_id(&crate::tokenize::sentencepiece::SPACE.to_string())
+                    .unwrap_or(p.unk_id()) as i64,
             });
         }
         Ok(ids)
@@ -363,6 +399,13 @@ impl TextCodec {
                 } else {
                     format!(" {text}")
                 })
+            }
+            TextCodec::Pieces(p) => {
+                let ids = ids
+                    .iter()
+                    .map(|&i| u32::try_from(i).map_err(|_| out_of_range(i, p.len())))
+                    .collect::<Result<Vec<_>, _>>()?;
+                p.decode_continuation(&ids)
             }
         }
     }

@@ -65,6 +65,10 @@ pub enum ImportError {
     /// The config asks for something memzoo cannot express (yet); the message names the field.
     #[error("unsupported config: {0}")]
     Unsupported(String),
+    /// A Hub checkpoint could not be downloaded or found in the cache.
+    #[cfg(feature = "hub")]
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
     /// The model rejected the config or the tensors.
     #[error(transparent)]
     Model(#[from] XlError),

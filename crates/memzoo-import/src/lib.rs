@@ -20,6 +20,8 @@
 //! - [`format`]: the one trait every peer implements ([`format::PeerFormat`]: its config
 //!   into a stack config, its tensors in, and back out), and the registry of formats by the
 //!   name `memzoo import --from` and `memzoo export --to` take ([`format::format`]).
+//! - [`hub`] (cargo feature `hub`, on by default): a Hugging Face Hub model id where a
+//!   checkpoint directory is accepted, downloaded into the Hugging Face cache shared with Python.
 //! - [`mapping`]: the one mapping module the peers share (PyTorch's layers into memzoo's
 //!   modules and back, tied copies by name with burn-store's key remapping, the files).
 
@@ -29,6 +31,8 @@ pub mod error;
 pub mod format;
 pub mod hf_reformer;
 pub mod hf_transfo_xl;
+#[cfg(feature = "hub")]
+pub mod hub;
 pub mod labml_xl;
 pub mod lucidrains_memorizing;
 pub mod lucidrains_reformer;

@@ -16,7 +16,7 @@ use memzoo_xl::TransformerXl;
 use serde_json::json;
 
 use crate::config::RunConfig;
-use crate::data_setup::{batcher, load_corpus, load_splits};
+use crate::data_setup::{batcher, load_corpus};
 use crate::error::CliError;
 
 pub(crate) fn device(name: &str) -> Result<Device, CliError> {
@@ -86,7 +86,14 @@ pub fn train(
         .collect::<Result<Vec<Device>, CliError>>()?;
     devices.iter().for_each(|d| d.seed(config.train.seed));
     let device = devices[0].clone();
-    let splits = load_splits(&config.data)?;
+    // Bytes, or the run's own tokenizer (words, SentencePiece) when its directory has one: the
+    // run resumed, or a new run in a directory where it was put. A run that `--overwrite`
+    // replaces takes its tokenizer away with it.
+    let codec = match replaced {
+        Some(_) => None,
+        None => crate::data_setup::run_codec(&config.data, run_dir)?,
+    };
+    let splits = crate::data_setup::load_splits_with(&config.data, codec)?;
     check_vocab(config, &splits)?;
     let t = &config.train;
     // Data made of documents (the generated corpus, rust-code) are read as documents laid out
@@ -332,7 +339,8 @@ pub fn eval(
     check_mem_len_flag(mem_len, &config, run_dir)?;
     check_model_memory(&config, false)?;
     let len = tgt_len.unwrap_or(config.train.tgt_len);
-    let splits = load_splits(&config.data)?;
+    let codec = crate::data_setup::run_codec(&config.data, run_dir)?;
+    let splits = crate::data_setup::load_splits_with(&config.data, codec)?;
     check_vocab(&config, &splits)?;
     let mut data = source(&config, &splits, split, len)?;
     let data = &mut *data;
@@ -600,7 +608,10 @@ fn source(
     len: usize,
 ) -> Result<Box<dyn SegmentSource>, CliError> {
     let batch = config.train.batch;
-    if let Some(d) = crate::data_setup::doc_batcher(&config.data, split, batch, len)? {
+    // Text read with the run's own tokenizer is one stream.
+    if splits.codec.is_none()
+        && let Some(d) = crate::data_setup::doc_batcher(&config.data, split, batch, len)?
+    {
         return Ok(Box::new(d));
     }
     Ok(Box::new(batcher(splits, split, batch, len)?))

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use memzoo_data::{
-    ByteTokenizer, Corpus, Manifest, OrderedBatcher, Split, SplitRule, Token, rust_code,
+    ByteTokenizer, Corpus, Manifest, OrderedBatcher, Split, SplitRule, TextCodec, Token, rust_code,
 };
 
 use crate::config::DataConfig;
@@ -19,8 +19,11 @@ pub struct Splits {
     pub valid: Vec<Token>,
     /// Test tokens.
     pub test: Vec<Token>,
-    /// The tokenizer that made them (bytes at `data.byte_offset`).
+    /// The byte tokenizer of the data (bytes at `data.byte_offset`).
     pub tokenizer: ByteTokenizer,
+    /// The run's own tokenizer (words or SentencePiece) when it made the tokens instead
+    /// ([`load_splits_with`]); `None`: bytes.
+    pub codec: Option<TextCodec>,
 }
 
 impl Splits {
@@ -103,7 +106,66 @@ pub fn load_splits(cfg: &DataConfig) -> Result<Splits, CliError> {
         valid: tok.encode(&corpus.valid),
         test: tok.encode(&corpus.test),
         tokenizer: tok,
+        codec: None,
     })
+}
+
+/// The tokenizer a run directory holds ([`TextCodec::for_dir_with_offset`]: `vocab.json`
+/// words or a `spiece.model`, which `memzoo import` puts there, or which a user puts in a new
+/// run directory before `memzoo train`); `None` for bytes.
+pub fn run_codec(cfg: &DataConfig, run_dir: &Path) -> Result<Option<TextCodec>, CliError> {
+    match TextCodec::for_dir_with_offset(run_dir, cfg.byte_offset)? {
+        TextCodec::Bytes(_) => Ok(None),
+        codec => Ok(Some(codec)),
+    }
+}
+
+/// [`load_splits`], the text tokenised by `codec` when there is one
+/// ([`TextCodec::encode_corpus`]; the bytes read as UTF-8, invalid sequences replaced). Data
+/// made of documents is then read as one stream. A codec with more ids than memzoo's data
+/// pipeline holds ([`Token`]: 16 bits) is refused, naming its size.
+pub fn load_splits_with(cfg: &DataConfig, codec: Option<TextCodec>) -> Result<Splits, CliError> {
+    let Some(codec) = codec else {
+        return load_splits(cfg);
+    };
+    check_codec_fits(&codec)?;
+    let (name, corpus) = load_corpus(cfg)?;
+    let encode = |bytes: &[u8]| -> Result<Vec<Token>, CliError> {
+        let ids = codec.encode_corpus(&String::from_utf8_lossy(bytes))?;
+        // Fits: every id is below the codec's size, checked above.
+        Ok(ids.into_iter().map(|i| i as Token).collect())
+    };
+    Ok(Splits {
+        name: format!("{name}, {}", codec_name(&codec)),
+        train: encode(&corpus.train)?,
+        valid: encode(&corpus.valid)?,
+        test: encode(&corpus.test)?,
+        tokenizer: tokenizer(cfg)?,
+        codec: Some(codec),
+    })
+}
+
+/// Refuses a codec whose ids do not fit a [`Token`].
+pub fn check_codec_fits(codec: &TextCodec) -> Result<(), CliError> {
+    let most = Token::MAX as usize + 1;
+    if codec.vocab_size() > most {
+        return Err(CliError::Config(format!(
+            "the run's tokenizer ({}) has {} ids, more than the {most} memzoo's data pipeline \
+             holds (16-bit token ids): train and eval cannot read text with it yet; generate can",
+            codec_name(codec),
+            codec.vocab_size()
+        )));
+    }
+    Ok(())
+}
+
+/// The codec, for messages.
+fn codec_name(codec: &TextCodec) -> &'static str {
+    match codec {
+        TextCodec::Bytes(_) => "bytes",
+        TextCodec::Words(_) => "words of vocab.json",
+        TextCodec::Pieces(_) => "pieces of spiece.model",
+    }
 }
 
 /// An ordered batcher over one split (full-length segments only).
@@ -118,7 +180,8 @@ pub fn batcher(
 ) -> Result<OrderedBatcher, CliError> {
     let label = format!("the {} split of {}", split.as_str(), splits.name);
     let tokens = splits.get(split).to_vec();
-    let mask = (split != Split::Train).then(|| {
+    // Recallable positions are a property of bytes: none for a run's own tokenizer.
+    let mask = (split != Split::Train && splits.codec.is_none()).then(|| {
         // Back to the bytes (reserved ids, below the offset, as byte 0: never recallable).
         let tok = &splits.tokenizer;
         let bytes: Vec<u8> = tokens

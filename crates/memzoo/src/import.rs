@@ -16,7 +16,7 @@ use memzoo_xl::XlState;
 use serde_json::json;
 
 use crate::config::{ModelSection, RunConfig};
-use crate::data_setup::{batcher, load_splits};
+use crate::data_setup::batcher;
 use crate::error::CliError;
 
 /// The format `--from` / `--to` names, from the registry ([`memzoo_import::FORMATS`]); an
@@ -27,6 +27,44 @@ fn format(name: &str) -> Result<&'static dyn memzoo_import::Format, CliError> {
         planned: "",
         supported: memzoo_import::format::names().join(", "),
     })
+}
+
+/// The checkpoint directory `memzoo import` reads for its `SRC`: `src` itself when it exists
+/// on disk; else, when it reads as a Hugging Face Hub model id (`owner/name`), its snapshot in
+/// the Hugging Face cache at `revision`, downloaded unless `offline` (or `HF_HUB_OFFLINE`), with
+/// the endpoint, cache and token of Python's environment variables
+/// ([`memzoo_import::hub::HubOptions::from_env`]). Anything else is returned as it is, for the
+/// importer's own error.
+#[cfg(feature = "hub")]
+pub fn source_dir(
+    src: &Path,
+    revision: &str,
+    offline: bool,
+) -> Result<std::path::PathBuf, CliError> {
+    let mut options = memzoo_import::hub::HubOptions::from_env();
+    options.revision = revision.to_string();
+    options.offline |= offline;
+    match memzoo_import::hub::resolve(src, &options) {
+        Some(dir) => Ok(dir.map_err(memzoo_import::ImportError::from)?),
+        None => Ok(src.to_path_buf()),
+    }
+}
+
+/// Without the `hub` feature: `src` as it is; a Hub model id is refused, naming the feature.
+#[cfg(not(feature = "hub"))]
+pub fn source_dir(
+    src: &Path,
+    _revision: &str,
+    _offline: bool,
+) -> Result<std::path::PathBuf, CliError> {
+    if !src.exists() && src.to_str().is_some_and(|s| s.split('/').count() == 2) {
+        return Err(CliError::Config(format!(
+            "{} is no directory here, and this memzoo was built without the `hub` feature that \
+             reads Hugging Face Hub ids",
+            src.display()
+        )));
+    }
+    Ok(src.to_path_buf())
 }
 
 /// `memzoo import --from SOURCE SRC --run-dir DIR`: reads the checkpoint directory `src`
@@ -78,26 +116,19 @@ pub fn import(
     // Bytes at the ids the model was trained on (2 for google/reformer-enwik8).
     config.data.byte_offset = format.byte_offset(&config.model);
     config.validate()?;
-    // A word vocabulary beside the checkpoint (HF's vocab.pkl converted once by
-    // xtask/peers/transfo_xl_vocab.py) goes with the run: `memzoo generate` reads it.
-    let vocab = src.join(memzoo_data::WORD_VOCAB_FILE);
-    let vocab = if vocab.is_file() {
-        let words = memzoo_data::TransfoXlVocab::read(&vocab)?;
-        if words.len() != config.model.vocab_size {
-            return Err(CliError::Config(format!(
-                "{} has {} words, the model a vocabulary of {}",
-                vocab.display(),
-                words.len(),
-                config.model.vocab_size
-            )));
-        }
-        Some(vocab)
-    } else {
-        None
-    };
+    // A tokenizer beside the checkpoint goes with the run, where `memzoo generate` reads it
+    // (memzoo_data::TextCodec::for_dir): a word vocabulary (vocab.json, or HF's vocab.pkl read
+    // without running it and written as vocab.json), or a SentencePiece model (spiece.model).
+    let vocab = crate::tokenizer_import::checkpoint_tokenizer(src, config.model.vocab_size)?;
 
-    // The training data's starting position, so that `train --resume` continues from step 0.
-    let splits = load_splits(&config.data)?;
+    // The training data's starting position, so that `train --resume` continues from step 0:
+    // the data tokenised as train will read it, with the run's tokenizer where memzoo's data
+    // pipeline can hold its ids (transfo-xl-wt103's 267,735 words it cannot: bytes then).
+    let codec = match &vocab {
+        Some(v) => Some(v.codec()?).filter(|c| crate::data_setup::check_codec_fits(c).is_ok()),
+        None => None,
+    };
+    let splits = crate::data_setup::load_splits_with(&config.data, codec)?;
     let t = &config.train;
     let train_data = batcher(&splits, Split::Train, t.batch, t.tgt_len)?;
     let largest = splits
@@ -137,7 +168,7 @@ pub fn import(
         }
         set_aside = replace::set_aside(run_dir)?;
     }
-    let written = write_run(run_dir, &config, vocab.as_deref(), &model, &trainer);
+    let written = write_run(run_dir, &config, vocab.as_ref(), &model, &trainer);
     let saved = match written {
         Ok(saved) => {
             replace::drop_set_aside(run_dir)?;
@@ -157,7 +188,8 @@ pub fn import(
             json!({"run_dir": run_dir, "checkpoint": saved, "parameters": params,
                    "vocab_size": config.model.vocab_size, "adaptive": config.model.is_adaptive(),
                    "data": splits.name, "data_fits_vocab": fits, "family": config.family(),
-                   "byte_offset": config.data.byte_offset})
+                   "byte_offset": config.data.byte_offset,
+                   "tokenizer": vocab.as_ref().map(|v| v.describe())})
         );
     } else {
         println!(
@@ -171,6 +203,9 @@ pub fn import(
             },
             saved.display()
         );
+        if let Some(v) = &vocab {
+            println!("text is read and written as {}", v.describe());
+        }
         if !fits {
             println!(
                 "note: the run's data ({}) has token id {largest}, beyond the model's vocabulary \
@@ -186,12 +221,12 @@ pub fn import(
     Ok(())
 }
 
-/// Writes an imported run into `run_dir`: its config, the word vocabulary `vocab` (copied),
-/// and its one checkpoint (step 0, written atomically), whose folder it returns.
+/// Writes an imported run into `run_dir`: its config, the tokenizer `vocab`, and its one
+/// checkpoint (step 0, written atomically), whose folder it returns.
 fn write_run(
     run_dir: &Path,
     config: &RunConfig,
-    vocab: Option<&Path>,
+    vocab: Option<&crate::tokenizer_import::CheckpointTokenizer>,
     model: &memzoo_xl::TransformerXl,
     trainer: &TrainerState,
 ) -> Result<std::path::PathBuf, CliError> {
@@ -203,8 +238,7 @@ fn write_run(
         )
     })?;
     if let Some(vocab) = vocab {
-        std::fs::copy(vocab, run_dir.join(memzoo_data::WORD_VOCAB_FILE))
-            .map_err(|e| CliError::io(format!("cannot copy {}", vocab.display()), e))?;
+        vocab.write(run_dir)?;
     }
     Ok(checkpoint::save(
         &run_dir.join("checkpoints"),

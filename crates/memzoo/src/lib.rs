@@ -37,6 +37,7 @@ pub use error::CliError;
 pub mod import;
 pub mod preset;
 pub mod recl;
+pub mod tokenizer_import;
 
 /// The types most programs need.
 pub mod prelude {

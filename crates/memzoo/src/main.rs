@@ -149,8 +149,17 @@ enum Command {
         /// of its arguments, optionally rotations.safetensors).
         #[arg(long)]
         from: String,
-        /// The checkpoint directory (labml-xl: or the weight file itself).
+        /// The checkpoint directory (labml-xl: or the weight file itself), or a Hugging Face
+        /// Hub model id (`owner/name`, e.g. transfo-xl/transfo-xl-wt103) where no such path
+        /// exists: downloaded into the Hugging Face cache (HF_HUB_CACHE or HF_HOME; HF_ENDPOINT,
+        /// HF_TOKEN), or read from it alone with HF_HUB_OFFLINE=1 or --offline.
         src: PathBuf,
+        /// The Hub revision (branch, tag or commit) of a Hub model id.
+        #[arg(long, default_value = "main")]
+        revision: String,
+        /// Read a Hub model id from the Hugging Face cache alone, never the network.
+        #[arg(long)]
+        offline: bool,
         /// The run directory to write.
         #[arg(long)]
         run_dir: PathBuf,
@@ -428,11 +437,16 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
         Command::Import {
             from,
             src,
+            revision,
+            offline,
             run_dir,
             data,
             overwrite,
             json,
-        } => memzoo::import::import(&from, &src, &run_dir, data, overwrite, json),
+        } => {
+            let src = memzoo::import::source_dir(&src, &revision, offline)?;
+            memzoo::import::import(&from, &src, &run_dir, data, overwrite, json)
+        }
         Command::Export {
             common,
             to,
