@@ -20,8 +20,8 @@
 
 use burn::module::Module;
 use clap::Parser;
+use memzoo::stack::ReformerConfig;
 use memzoo::train::tasks::{DuplicationConfig, duplication};
-use memzoo::xl::ReformerConfig;
 use memzoo_examples::Common;
 
 /// Train a small Reformer on the duplication task `0 w 0 w`.

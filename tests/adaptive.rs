@@ -5,11 +5,11 @@
 use std::time::Instant;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use memzoo_tests::*;
-use memzoo_train::RecurrentModel;
-use memzoo_xl::{
+use memzoo_stack::{
     AdaptiveLogSoftmax, OutputLayer, Step, TransformerXl, XlConfig, XlMemory, XlState, target_nll,
 };
+use memzoo_tests::*;
+use memzoo_train::RecurrentModel;
 
 /// The WikiText-103 vocabulary and clusters (267,735 words, cutoffs 20k / 40k / 200k, div_val
 /// 1, tied as `xl-wt103-base`) on a one-layer stack of width `d`.

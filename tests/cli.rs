@@ -172,9 +172,9 @@ fn every_cli_error_kind_names_what_is_wrong() {
 /// were) still generates and resumes; the label of another family is refused.
 #[test]
 fn the_family_label_follows_the_layers_and_old_labels_still_load() {
+    use memzoo_stack::{LayerKind, Randomness, TransformerXl};
     use memzoo_train::RecurrentModel;
     use memzoo_train::checkpoint::{latest, read_trainer_state};
-    use memzoo_xl::{LayerKind, Randomness, TransformerXl};
 
     let dev = flex();
     let stack = |randomness, layers: Vec<LayerKind>| {
@@ -189,7 +189,7 @@ fn the_family_label_follows_the_layers_and_old_labels_still_load() {
     );
     let lsh = vec![LayerKind::Local, LayerKind::Lsh];
     assert_eq!(label(&stack(Randomness::Device, lsh)), ("reformer", "xl"));
-    let reformer = memzoo_xl::ReformerConfig::new()
+    let reformer = memzoo_stack::ReformerConfig::new()
         .with_n_layers(1)
         .with_d_model(16)
         .with_n_heads(2)

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use memzoo::config::{ModelKind, Preset, RunConfig};
-use memzoo_xl::{LayerKind, XlConfig};
+use memzoo_stack::{LayerKind, XlConfig};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

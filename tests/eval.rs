@@ -159,7 +159,7 @@ fn sharded_memorizing_evaluation_equals_rows_read_alone() {
 
 #[test]
 fn sharded_reformer_evaluation_equals_rows_read_alone() {
-    use memzoo_xl::{LayerKind, ReformerConfig};
+    use memzoo_stack::{LayerKind, ReformerConfig};
     let model = ReformerConfig::new()
         .with_n_layers(2)
         .with_d_model(16)

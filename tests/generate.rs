@@ -11,14 +11,14 @@ use memzoo::config::RunConfig;
 use memzoo_knn::MemorizingConfig;
 use memzoo_memory::IndexKind;
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::ReformerConfig;
+use memzoo_stack::{XlConfig, XlMemory};
 use memzoo_tests::*;
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, Generator, SampleConfig, generate, generate_recompute,
     recompute_logits,
 };
 use memzoo_train::{RecurrentModel, SegmentModel};
-use memzoo_xl::ReformerConfig;
-use memzoo_xl::{XlConfig, XlMemory};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// Distinct seeded logits.
@@ -354,7 +354,10 @@ fn reformer_generation_reads_a_sliding_window() {
         .with_d_head(8)
         .with_d_ff(32)
         .with_max_seq_len(8)
-        .with_attn_layers(vec![memzoo_xl::LayerKind::Local, memzoo_xl::LayerKind::Lsh])
+        .with_attn_layers(vec![
+            memzoo_stack::LayerKind::Local,
+            memzoo_stack::LayerKind::Lsh,
+        ])
         .with_bucket_size(2)
         .with_n_rounds(2)
         .with_dropout(0.0)

@@ -17,8 +17,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_import::hf_transfo_xl::{load_transformer_xl, transformer_xl_to_hf};
 use memzoo_import::mapping::Source;
 use memzoo_import::{HfTransfoXlConfig, ImportError, TensorMap};
+use memzoo_stack::{AdaptiveLogSoftmax, OutputLayer, Step, TransformerXl, XlMemory, XlState};
 use memzoo_tests::*;
-use memzoo_xl::{AdaptiveLogSoftmax, OutputLayer, Step, TransformerXl, XlMemory, XlState};
 
 const TOL: f32 = 1e-4;
 
@@ -119,7 +119,7 @@ pub(crate) fn check_gradients(
     }
 }
 
-fn logits_log_probs(model: &memzoo_xl::TransformerXl, hidden: Tensor<3>) -> Tensor<3> {
+fn logits_log_probs(model: &memzoo_stack::TransformerXl, hidden: Tensor<3>) -> Tensor<3> {
     log_softmax(model.logits(hidden), 2)
 }
 
@@ -588,12 +588,12 @@ fn export_to_hf_is_exact_both_ways() {
     }
     // What HF cannot express is refused, naming the field.
     let err = memzoo_import::HfTransfoXlConfig::from_xl(
-        &memzoo_xl::XlConfig::new().with_layers(vec![memzoo_xl::LayerKind::T5; 6]),
+        &memzoo_stack::XlConfig::new().with_layers(vec![memzoo_stack::LayerKind::T5; 6]),
     )
     .unwrap_err();
     assert!(err.to_string().contains("T5"), "{err}");
     let err =
-        memzoo_import::HfTransfoXlConfig::from_xl(&memzoo_xl::XlConfig::new().with_pre_ln(true))
+        memzoo_import::HfTransfoXlConfig::from_xl(&memzoo_stack::XlConfig::new().with_pre_ln(true))
             .unwrap_err();
     assert!(err.to_string().contains("final_norm"), "{err}");
 }

@@ -15,8 +15,8 @@ use burn::tensor::activation::log_softmax;
 use memzoo_import::labml_xl::{self, LabmlXlConfig, transformer_xl_to_labml};
 use memzoo_import::mapping::Source;
 use memzoo_import::{ImportError, TensorMap};
+use memzoo_stack::{XlConfig, XlMemory};
 use memzoo_tests::*;
-use memzoo_xl::{XlConfig, XlMemory};
 
 use crate::import::{Reference, check, check_gradients, scratch};
 

@@ -20,8 +20,8 @@ use memzoo_import::mapping::Source;
 use memzoo_import::{ImportError, TensorMap};
 use memzoo_memory::KnnIndex;
 use memzoo_relative::l2_normalize;
+use memzoo_stack::{LayerAttention, TransformerXl, XlConfig, XlState};
 use memzoo_tests::*;
-use memzoo_xl::{LayerAttention, TransformerXl, XlConfig, XlState};
 
 use crate::import::{Reference, check, check_gradients, scratch};
 
@@ -269,7 +269,7 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
     // The options' own errors name the conflicting field.
     let (_, peer) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
     let base = peer.xl_config().unwrap();
-    let xl_layers = vec![memzoo_xl::LayerKind::Xl; 3];
+    let xl_layers = vec![memzoo_stack::LayerKind::Xl; 3];
     for (config, what) in [
         (
             base.clone().with_zero_first_memory(true),
@@ -277,8 +277,8 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
         ),
         (
             base.clone()
-                .with_residual(memzoo_xl::Residual::Reversible)
-                .with_randomness(memzoo_xl::Randomness::Seeded),
+                .with_residual(memzoo_stack::Residual::Reversible)
+                .with_randomness(memzoo_stack::Randomness::Seeded),
             "reversible",
         ),
         (

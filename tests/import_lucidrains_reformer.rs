@@ -18,8 +18,8 @@ use burn::tensor::activation::log_softmax;
 use memzoo_import::lucidrains_reformer::{self, LucidrainsReformerConfig, reformer_to_lucidrains};
 use memzoo_import::mapping::Source;
 use memzoo_import::{ImportError, TensorMap};
+use memzoo_stack::XlConfig;
 use memzoo_tests::*;
-use memzoo_xl::XlConfig;
 
 use crate::import::{Reference, check, check_gradients, scratch};
 
@@ -220,7 +220,7 @@ fn lucidrains_reformer_run_dir_and_export_round_trip() {
     assert_eq!(back, orig, "config round trip");
     let err = LucidrainsReformerConfig::from_xl(&XlConfig::new()).unwrap_err();
     assert!(err.to_string().contains("LSH"), "{err}");
-    let plain = memzoo_xl::ReformerConfig::new().stack();
+    let plain = memzoo_stack::ReformerConfig::new().stack();
     let err = LucidrainsReformerConfig::from_xl(&plain).unwrap_err();
     assert!(err.to_string().contains("summed"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();

@@ -18,8 +18,8 @@ use burn::tensor::activation::log_softmax;
 use memzoo_import::hf_reformer::{self, HfReformerConfig, reformer_to_hf};
 use memzoo_import::mapping::Source;
 use memzoo_import::{ImportError, TensorMap};
+use memzoo_stack::{LayerAttention, Step, XlConfig, XlState};
 use memzoo_tests::*;
-use memzoo_xl::{LayerAttention, Step, XlConfig, XlState};
 
 use crate::import::{Reference, check, check_gradients, scratch};
 
@@ -306,7 +306,7 @@ fn hf_reformer_run_dir_and_export_round_trip() {
     assert_eq!(back, orig, "config round trip");
     let err = HfReformerConfig::from_xl(&XlConfig::new()).unwrap_err();
     assert!(err.to_string().contains("Xl layer"), "{err}");
-    let plain = memzoo_xl::ReformerConfig::new().stack();
+    let plain = memzoo_stack::ReformerConfig::new().stack();
     let err = HfReformerConfig::from_xl(&plain).unwrap_err();
     assert!(err.to_string().contains("head_input"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
@@ -323,7 +323,7 @@ fn fixed_rotations_serve_evaluation_and_are_never_trained() {
     let x = r.tokens::<2>("input_ids.0", &dev);
     let [b, l] = x.dims();
     let (inp, tgt) = (x.clone().slice([0..b, 0..l - 1]), x.slice([0..b, 1..l]));
-    let eval = |m: &memzoo_xl::TransformerXl| -> f32 {
+    let eval = |m: &memzoo_stack::TransformerXl| -> f32 {
         let lp = log_softmax(window_logits(m, inp.clone()).unwrap(), 2);
         lp.gather(2, tgt.clone().reshape([b, l - 1, 1]))
             .neg()
@@ -413,7 +413,7 @@ fn enwik8_with_vocab_258(tmp: &Path) -> PathBuf {
 /// Mean next-token loss of `ids` read as one row in windows of `len` (the full ones), each
 /// window on its own (HF's Reformer carries nothing across): `forward_window`, log-softmax and
 /// the target's entry, by hand.
-fn naive_loss(model: &memzoo_xl::TransformerXl, ids: &[i64], len: usize) -> f64 {
+fn naive_loss(model: &memzoo_stack::TransformerXl, ids: &[i64], len: usize) -> f64 {
     let dev = flex();
     let (mut total, mut n) = (0.0f64, 0usize);
     for w in 0..(ids.len() - 1) / len {

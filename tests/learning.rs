@@ -17,12 +17,12 @@ use memzoo_data::{
 };
 use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::ReformerConfig;
+use memzoo_stack::{Randomness, XlConfig, XlMemory};
 use memzoo_tests::*;
 use memzoo_train::{
     AdamConfig, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, TrainOutcome, train,
 };
-use memzoo_xl::ReformerConfig;
-use memzoo_xl::{Randomness, XlConfig, XlMemory};
 
 /// `torch.optim.AdamW.step` (PyTorch 2.x, `amsgrad=False`, `maximize=False`), written out for
 /// one tensor in f64: decoupled decay first, then the bias-corrected Adam step.

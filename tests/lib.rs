@@ -4,7 +4,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_data::{ByteTokenizer, LongRangeConfig, Token, generate_corpus};
-use memzoo_xl::XlConfig;
+use memzoo_stack::XlConfig;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// The flex device every reference test runs on.
@@ -306,29 +306,29 @@ pub fn masked_softmax(scores: &[Option<f64>]) -> Vec<f64> {
 /// # Shapes
 /// - `tokens`: `[batch, len]` → `[batch, len, vocab]`
 pub fn window_logits(
-    model: &memzoo_xl::TransformerXl,
+    model: &memzoo_stack::TransformerXl,
     tokens: burn::tensor::Tensor<2, burn::tensor::Int>,
-) -> Result<Tensor<3>, memzoo_xl::XlError> {
-    let out = model.forward(tokens, &memzoo_xl::XlMemory::empty())?;
+) -> Result<Tensor<3>, memzoo_stack::XlError> {
+    let out = model.forward(tokens, &memzoo_stack::XlMemory::empty())?;
     Ok(model.logits(out.hidden))
 }
 
 /// Mean loss (nats) of one segment read on top of `memory`, and the next memory: the stack's
-/// evaluation step ([`memzoo_xl::TransformerXl::eval_step`]) on an XL memory alone.
+/// evaluation step ([`memzoo_stack::TransformerXl::eval_step`]) on an XL memory alone.
 ///
 /// # Shapes
 /// - `tokens`, `targets`: `[batch, len]`; loss: `[1]`
 pub fn memory_loss(
-    model: &memzoo_xl::TransformerXl,
+    model: &memzoo_stack::TransformerXl,
     tokens: burn::tensor::Tensor<2, burn::tensor::Int>,
     targets: burn::tensor::Tensor<2, burn::tensor::Int>,
-    memory: &memzoo_xl::XlMemory,
-) -> Result<(Tensor<1>, memzoo_xl::XlMemory), memzoo_xl::XlError> {
-    let mut state = memzoo_xl::XlState {
+    memory: &memzoo_stack::XlMemory,
+) -> Result<(Tensor<1>, memzoo_stack::XlMemory), memzoo_stack::XlError> {
+    let mut state = memzoo_stack::XlState {
         xl: memory.clone(),
         ..Default::default()
     };
-    let scores = model.eval_step(tokens, targets, &mut state, &memzoo_xl::Step::default())?;
+    let scores = model.eval_step(tokens, targets, &mut state, &memzoo_stack::Step::default())?;
     Ok((scores.nll.mean(), state.xl))
 }
 
@@ -339,13 +339,13 @@ pub fn memory_loss(
 /// # Shapes
 /// - `tokens`, `targets`, `weights`: `[batch, len]`; loss: `[1]`
 pub fn seeded_loss(
-    model: &memzoo_xl::TransformerXl,
+    model: &memzoo_stack::TransformerXl,
     tokens: burn::tensor::Tensor<2, burn::tensor::Int>,
     targets: burn::tensor::Tensor<2, burn::tensor::Int>,
     weights: Option<Tensor<2>>,
     opts: &memzoo_reformer::ForwardOptions,
-) -> Result<Tensor<1>, memzoo_xl::XlError> {
-    let step = memzoo_xl::Step::default().with_options(opts.clone());
-    let scores = model.eval_step(tokens, targets, &mut memzoo_xl::XlState::new(), &step)?;
-    Ok(memzoo_xl::mean_nll(scores.nll, weights))
+) -> Result<Tensor<1>, memzoo_stack::XlError> {
+    let step = memzoo_stack::Step::default().with_options(opts.clone());
+    let scores = model.eval_step(tokens, targets, &mut memzoo_stack::XlState::new(), &step)?;
+    Ok(memzoo_stack::mean_nll(scores.nll, weights))
 }

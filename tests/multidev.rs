@@ -9,9 +9,9 @@ use memzoo::commands;
 use memzoo::config::RunConfig;
 use memzoo_backend::DeviceSpec;
 use memzoo_data::OrderedBatcher;
+use memzoo_stack::XlState;
 use memzoo_tests::*;
 use memzoo_train::{RunOptions, ScheduleConfig, SegmentModel, TrainConfig, train_on_devices};
-use memzoo_xl::XlState;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-test-{}-{name}", std::process::id()));

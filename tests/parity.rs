@@ -36,9 +36,9 @@ use memzoo_memory::IndexKind;
 use memzoo_reformer::rng::random_rotations;
 use memzoo_reformer::{ForwardOptions, hash_buckets};
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::{ReformerConfig, ReformerLm};
+use memzoo_stack::{Step, TransformerXl, XlConfig, XlMemory, XlState};
 use memzoo_tests::*;
-use memzoo_xl::{ReformerConfig, ReformerLm};
-use memzoo_xl::{Step, TransformerXl, XlConfig, XlMemory, XlState};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// Relative tolerance of every float comparison (see the module docs).

@@ -7,8 +7,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_reformer::ForwardOptions;
 use memzoo_reformer::rng::normal_vec;
+use memzoo_stack::{LayerContext, LayerKind, Randomness, ReformerConfig, Replay, Step, XlState};
 use memzoo_tests::*;
-use memzoo_xl::{LayerContext, LayerKind, Randomness, ReformerConfig, Replay, Step, XlState};
 
 fn dev() -> Device {
     flex()
@@ -504,7 +504,7 @@ fn fixture_config(reversible: bool) -> ReformerConfig {
 }
 
 /// Checkpoints of the Reformer model from before the stack (a reversible one with axial
-/// positions, a plain one without) load into the preset — renamed by `memzoo_xl::legacy` —
+/// positions, a plain one without) load into the preset — renamed by `memzoo_stack::legacy` —
 /// and give the evaluation logits the old code computed and stored beside them (same LSH
 /// rotations: the seeding scheme moved with the model).
 #[test]
@@ -522,7 +522,7 @@ fn reformer_checkpoints_from_before_the_stack_load_and_compute_the_same() {
             fresh.clone().try_load_file(&path).is_err(),
             "{name}: old layout"
         );
-        let (model, converted) = memzoo_xl::legacy::load_any(fresh, &path).unwrap();
+        let (model, converted) = memzoo_stack::legacy::load_any(fresh, &path).unwrap();
         assert!(converted, "{name}: read as the old layout");
         let got = host(window_logits(&model, tokens.clone()).unwrap());
         let want: Vec<f64> = expected[name]
@@ -540,7 +540,7 @@ fn reformer_checkpoints_from_before_the_stack_load_and_compute_the_same() {
         assert!(d < 1e-5, "{name}: max |logit diff| {d}");
     }
     // Another architecture is refused with the file named.
-    let err = memzoo_xl::legacy::load_any(
+    let err = memzoo_stack::legacy::load_any(
         fixture_config(true).with_d_ff(16).init(&device).unwrap(),
         &dir.join("reformer.bpk"),
     )
@@ -564,7 +564,7 @@ fn reversible_stack_with_knn_layer_and_xl_memory_has_exact_gradients_and_trains(
         .with_mem_len(6)
         .with_dropatt(0.0)
         .with_knn(
-            memzoo_xl::KnnLayerConfig::new()
+            memzoo_stack::KnnLayerConfig::new()
                 .with_top_k(4)
                 .with_max_memories(64),
         );
@@ -590,7 +590,7 @@ fn reversible_stack_with_knn_layer_and_xl_memory_has_exact_gradients_and_trains(
         .eval_step(x.clone(), y.clone(), &mut plain, &step)
         .unwrap()
         .nll;
-    let loss_ref = memzoo_xl::mean_nll(nll, None);
+    let loss_ref = memzoo_stack::mean_nll(nll, None);
     let loss_ref_v: f32 = loss_ref.clone().inner().into_scalar();
     let grads_ref = GradientsParams::from_grads(loss_ref.backward(), &model);
     let (loss, grads) = model.train_step(x, y, &mut rev, &step).unwrap();
@@ -646,7 +646,7 @@ fn reversible_stack_with_knn_layer_and_xl_memory_has_exact_gradients_and_trains(
 /// Combinations the reversible stack cannot honour are errors that say why.
 #[test]
 fn ill_defined_combinations_are_errors_that_say_why() {
-    use memzoo_xl::{Randomness, Residual, XlConfig};
+    use memzoo_stack::{Randomness, Residual, XlConfig};
     let rev = || {
         XlConfig::new()
             .with_n_layers(2)
@@ -692,7 +692,7 @@ fn ill_defined_combinations_are_errors_that_say_why() {
 /// Reformer-small and the paper's enwik8 configuration keep their meaning as stacks.
 #[test]
 fn reformer_presets_build_the_stack() {
-    use memzoo_xl::{Activation, Randomness, Residual};
+    use memzoo_stack::{Activation, Randomness, Residual};
     let small = ReformerConfig::small().stack();
     assert_eq!(small.layer_kinds(), vec![LayerKind::Lsh; 6]);
     assert_eq!(

@@ -23,11 +23,11 @@ use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
 use memzoo::error::CliError;
 use memzoo_data::OrderedBatcher;
+use memzoo_stack::TransformerXl;
 use memzoo_tests::*;
 use memzoo_train::checkpoint;
 use memzoo_train::grads::non_finite;
 use memzoo_train::{RunOptions, ScheduleConfig, TrainConfig, TrainError, TrainOutcome, train};
-use memzoo_xl::TransformerXl;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-rel-{}-{name}", std::process::id()));
@@ -976,7 +976,7 @@ struct NanGradient {
 }
 
 impl memzoo_train::RecurrentModel for NanGradient {
-    type State = memzoo_xl::XlState;
+    type State = memzoo_stack::XlState;
 
     fn family(&self) -> &'static str {
         "xl"
@@ -991,7 +991,7 @@ impl memzoo_train::RecurrentModel for NanGradient {
         inputs: burn::tensor::Tensor<2, burn::tensor::Int>,
         state: &mut Self::State,
         reset: &[bool],
-    ) -> Result<Tensor<3>, memzoo_xl::XlError> {
+    ) -> Result<Tensor<3>, memzoo_stack::XlError> {
         let logits = self.xl.segment_logits(inputs, state, reset)?;
         Ok(logits + self.zero.val().sqrt().reshape([1, 1, 1]))
     }

@@ -5,8 +5,8 @@ use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_knn::{MemorizingConfig, MemorizingState};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
+use memzoo_stack::{LayerContext, LayerKind, Randomness, Step, XlConfig, XlMemory, XlState};
 use memzoo_tests::*;
-use memzoo_xl::{LayerContext, LayerKind, Randomness, Step, XlConfig, XlMemory, XlState};
 
 /// The fixture's token ids: `[2, 6]` per segment (as the program that wrote it).
 fn fixture_tokens(seg: usize, dev: &Device) -> Tensor<2, Int> {
@@ -77,7 +77,7 @@ fn checkpoints_from_before_the_stack_load_and_compute_the_same() {
                 .is_err()
         );
         let (model, converted) =
-            memzoo_xl::legacy::load_any(fresh, &dir.join(format!("{name}.bpk"))).unwrap();
+            memzoo_stack::legacy::load_any(fresh, &dir.join(format!("{name}.bpk"))).unwrap();
         assert!(converted, "{name}: read as the old layout");
         let mut memory = XlMemory::empty();
         let mut logits = Vec::new();
@@ -100,7 +100,7 @@ fn checkpoints_from_before_the_stack_load_and_compute_the_same() {
         .with_top_k(4)
         .with_max_memories(64);
     let (model, converted) =
-        memzoo_xl::legacy::load_any(config.init(&dev).unwrap(), &dir.join("memorizing.bpk"))
+        memzoo_stack::legacy::load_any(config.init(&dev).unwrap(), &dir.join("memorizing.bpk"))
             .unwrap();
     assert!(converted);
     assert_eq!(
@@ -121,7 +121,7 @@ fn checkpoints_from_before_the_stack_load_and_compute_the_same() {
 
     // A file of another architecture names what does not fit.
     let wrong = tiny().with_d_model(8).init(&dev).unwrap();
-    let err = memzoo_xl::legacy::load_any(wrong, &dir.join("xl.bpk"))
+    let err = memzoo_stack::legacy::load_any(wrong, &dir.join("xl.bpk"))
         .unwrap_err()
         .to_string();
     assert!(
@@ -192,7 +192,7 @@ fn a_knn_layer_between_xl_and_learned_layers_trains() {
         .with_n_layers(3)
         .with_layers(vec![LayerKind::Xl, LayerKind::Knn, LayerKind::Learned])
         .with_knn(
-            memzoo_xl::KnnLayerConfig::new()
+            memzoo_stack::KnnLayerConfig::new()
                 .with_top_k(4)
                 .with_max_memories(64),
         );
@@ -271,7 +271,7 @@ fn invalid_stacks_say_why() {
         (
             tiny()
                 .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
-                .with_knn(memzoo_xl::KnnLayerConfig::new().with_top_k(0)),
+                .with_knn(memzoo_stack::KnnLayerConfig::new().with_top_k(0)),
             "knn.top_k must be positive",
         ),
     ] {
@@ -332,8 +332,8 @@ fn presets_are_the_papers_configurations() {
         );
     }
     assert_eq!(XlConfig::small().n_layers, XlConfig::new().n_layers);
-    memzoo_xl::ReformerConfig::enwik8().validate().unwrap();
-    memzoo_xl::ReformerConfig::small().validate().unwrap();
+    memzoo_stack::ReformerConfig::enwik8().validate().unwrap();
+    memzoo_stack::ReformerConfig::small().validate().unwrap();
     let paper = MemorizingConfig::paper();
     paper.validate().unwrap();
     let kinds = paper.stack().layer_kinds();
@@ -356,12 +356,12 @@ fn presets_are_the_papers_configurations() {
 fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
     use burn::optim::GradientsParams;
     use memzoo_reformer::ForwardOptions;
-    use memzoo_xl::LayerAttention;
+    use memzoo_stack::LayerAttention;
     let dev = memzoo_backend::parse_device("flex").unwrap();
     let config = tiny()
         .with_layers(vec![LayerKind::Xl, LayerKind::Lsh])
         .with_lsh(
-            memzoo_xl::LshLayerConfig::new()
+            memzoo_stack::LshLayerConfig::new()
                 .with_chunk_len(4)
                 .with_seed(9),
         );
@@ -419,9 +419,9 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
             LayerKind::Xl,
             LayerKind::Knn,
         ])
-        .with_lsh(memzoo_xl::LshLayerConfig::new().with_chunk_len(4))
+        .with_lsh(memzoo_stack::LshLayerConfig::new().with_chunk_len(4))
         .with_knn(
-            memzoo_xl::KnnLayerConfig::new()
+            memzoo_stack::KnnLayerConfig::new()
                 .with_top_k(4)
                 .with_max_memories(64),
         );
@@ -468,7 +468,7 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
 /// Checkpoints of the stack from before the embedding and output became enums (their names
 /// `embedding.weight`, `output_bias`, `output.weight`, `output.bias`) load and compute what the
 /// model that wrote them computed. The old file is the current record with those names written
-/// back (the old names spelled out here, not derived from `memzoo_xl::legacy`).
+/// back (the old names spelled out here, not derived from `memzoo_stack::legacy`).
 #[test]
 fn checkpoints_from_before_the_output_enums_load() {
     let dev = memzoo_backend::parse_device("flex").unwrap();
@@ -505,7 +505,7 @@ fn checkpoints_from_before_the_output_enums_load() {
             .write_to_file(&path)
             .unwrap();
         let fresh = config.init(&dev).unwrap();
-        let (loaded, converted) = memzoo_xl::legacy::load_any(fresh, &path).unwrap();
+        let (loaded, converted) = memzoo_stack::legacy::load_any(fresh, &path).unwrap();
         std::fs::remove_file(&path).ok();
         assert!(converted, "tied = {tied}: read as an older layout");
         let x = fixture_tokens(0, &dev);
@@ -527,7 +527,7 @@ fn checkpoints_from_before_the_output_enums_load() {
 fn absolute_positions_are_sinusoids_added_to_the_embedding() {
     use memzoo_train::RecurrentModel;
     let dev = flex();
-    let pe = host(memzoo_xl::absolute_positions(5, 8, &dev));
+    let pe = host(memzoo_stack::absolute_positions(5, 8, &dev));
     for p in 0..5 {
         for k in 0..4 {
             let angle = p as f64 / 10000f64.powf(2.0 * k as f64 / 8.0);

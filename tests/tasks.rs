@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 use memzoo_data::{CopyTask, CopyText, Duplication, RecallTask, Task, TaskStream};
 use memzoo_knn::recall_task::reference_config;
+use memzoo_stack::ReformerConfig;
+use memzoo_stack::{Step, XlConfig, XlState};
 use memzoo_tests::*;
 use memzoo_train::tasks::{DuplicationConfig, RecallConfig, duplication_from, recall_from};
 use memzoo_train::{RecurrentModel, RunOptions, evaluate};
-use memzoo_xl::ReformerConfig;
-use memzoo_xl::{Step, XlConfig, XlState};
 
 fn options(name: &str) -> (PathBuf, RunOptions) {
     let dir = std::env::temp_dir().join(format!("memzoo-tasks-{}-{name}", std::process::id()));
@@ -55,7 +55,7 @@ fn evaluation_scores_the_selected_targets_as_a_naive_pass() {
     .unwrap();
 
     let (mut all, mut sel, mut rest, mut hits) = (vec![], vec![], vec![], 0usize);
-    let mut memory = memzoo_xl::XlState::new();
+    let mut memory = memzoo_stack::XlState::new();
     let mut text = text;
     for _ in 0..5 {
         let seg = text.draw();
@@ -277,7 +277,7 @@ fn eval_rounds_reach_the_evaluation_pass() {
     let model = seeded_weights(model, 2, |_| 0.02);
     let ids: Vec<i64> = (0..32).map(|i| (i * 5 % 8) as i64).collect();
     let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, 16]), &flex());
-    let logits = |m: &memzoo_xl::ReformerLm| host(window_logits(m, tokens.clone()).unwrap());
+    let logits = |m: &memzoo_stack::ReformerLm| host(window_logits(m, tokens.clone()).unwrap());
     let one = logits(&model.clone().with_eval_rounds(1).valid());
     let four = logits(&model.clone().with_eval_rounds(4).valid());
     assert!(max_abs_diff(&one, &four) > 1e-4, "4 rounds changed nothing");

@@ -8,6 +8,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use memzoo::config::RunConfig;
 use memzoo_data::OrderedBatcher;
+use memzoo_stack::TransformerXl;
 use memzoo_tests::*;
 use memzoo_train::grads::{global_norm, scale_and_clip};
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
@@ -15,7 +16,6 @@ use memzoo_train::{
     AdamConfig, RunOptions, ScheduleConfig, Segment, SegmentModel, SegmentSource, TrainConfig,
     train,
 };
-use memzoo_xl::TransformerXl;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-test-{}-{name}", std::process::id()));
@@ -396,7 +396,7 @@ fn global_norm_clipping_matches_a_naive_norm() {
     let dev = flex().autodiff();
     let model = tiny_xl().init(&dev).unwrap();
     let x = burn::tensor::Tensor::<2, burn::tensor::Int>::zeros([2, 8], &dev);
-    let (loss, _) = memory_loss(&model, x.clone(), x, &memzoo_xl::XlMemory::empty()).unwrap();
+    let (loss, _) = memory_loss(&model, x.clone(), x, &memzoo_stack::XlMemory::empty()).unwrap();
     let grads = GradientsParams::from_grads(loss.backward(), &model);
 
     // Naive: every parameter's gradient to the host, sum of squares.

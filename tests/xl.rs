@@ -4,8 +4,8 @@ use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind};
+use memzoo_stack::{TransformerXl, XlConfig, XlMemory};
 use memzoo_tests::*;
-use memzoo_xl::{TransformerXl, XlConfig, XlMemory};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 fn tokens(batch: usize, len: usize, vocab: usize, seed: u64, dev: &Device) -> Tensor<2, Int> {

@@ -8,7 +8,7 @@
 use burn::module::Module;
 use burn::tensor::Device;
 use memzoo::train::generate::{GenerateConfig, SampleConfig, generate, generate_recompute};
-use memzoo_xl::XlConfig;
+use memzoo_stack::XlConfig;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::BenchArgs;

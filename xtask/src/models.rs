@@ -6,9 +6,9 @@ use burn::module::Module;
 use std::time::Instant;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_stack::{ReformerConfig, Step, XlConfig, XlState};
 use memzoo_train::parallel::{shard_rows, train_step_sharded};
 use memzoo_train::{Segment, TrainConfig};
-use memzoo_xl::{ReformerConfig, Step, XlConfig, XlState};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::BenchArgs;

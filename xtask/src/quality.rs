@@ -26,9 +26,9 @@ use burn::tensor::Device;
 use memzoo_data::{ByteTokenizer, Corpus, OrderedBatcher, SplitRule, Token};
 use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::ReformerConfig;
+use memzoo_stack::XlConfig;
 use memzoo_train::{RunOptions, SegmentModel, TrainConfig, checkpoint, evaluate};
-use memzoo_xl::ReformerConfig;
-use memzoo_xl::XlConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::BenchArgs;

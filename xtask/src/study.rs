@@ -40,12 +40,12 @@ use clap::Args;
 use memzoo_data::rust_code::{self, RustCodeManifest};
 use memzoo_data::{DocBatcher, Duplication, Split, TaskStream, Token};
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::{LayerKind, TransformerXl, XlConfig};
 use memzoo_train::recl;
 use memzoo_train::{
     AdamConfig, EvalResult, RecurrentModel, RunOptions, ScheduleConfig, TrainConfig, checkpoint,
     evaluate_sharded,
 };
-use memzoo_xl::{LayerKind, TransformerXl, XlConfig};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
@@ -698,7 +698,7 @@ impl Study {
         };
         let knn_among = |c: XlConfig, others: LayerKind| {
             c.with_layers(knn_layers(others)).with_knn(
-                memzoo_xl::KnnLayerConfig::new()
+                memzoo_stack::KnnLayerConfig::new()
                     .with_top_k(32)
                     .with_max_memories(s.knn_train)
                     .with_attn_scale_init(20.0),
@@ -1102,7 +1102,7 @@ impl Study {
     /// full attention (`rounds` 0: local attention with one chunk covering the sequence).
     fn dup_config(&self, rounds: usize) -> XlConfig {
         let len = self.scale.dup_len;
-        let base = memzoo_xl::ReformerConfig::new()
+        let base = memzoo_stack::ReformerConfig::new()
             .with_n_layers(1)
             .with_d_model(if self.quick { 32 } else { 128 })
             .with_n_heads(2)
@@ -1192,7 +1192,7 @@ impl Study {
     /// of 32, or full attention (`rounds` 0).
     fn lsh_config(&self, rounds: usize, len: usize) -> XlConfig {
         let s = &self.scale;
-        let base = memzoo_xl::ReformerConfig::new()
+        let base = memzoo_stack::ReformerConfig::new()
             .with_n_layers(2)
             .with_d_model(s.d_model)
             .with_n_heads(s.n_heads)
@@ -1480,7 +1480,7 @@ fn full_attention(base: XlConfig, len: usize) -> XlConfig {
 
 /// The stack of the Reformer `base` over sequences of `len`: LSH with `rounds` hash rounds, or
 /// full attention for `rounds` 0 ([`full_attention`]).
-fn with_rounds(base: memzoo_xl::ReformerConfig, rounds: usize, len: usize) -> XlConfig {
+fn with_rounds(base: memzoo_stack::ReformerConfig, rounds: usize, len: usize) -> XlConfig {
     let stack = base
         .with_max_seq_len(len)
         .with_n_rounds(rounds.max(1))

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use memzoo_xl::XlError;
+use memzoo_stack::XlError;
 
 /// Why a checkpoint could not be imported. Every variant names the file, tensor or value.
 #[derive(Debug, thiserror::Error)]

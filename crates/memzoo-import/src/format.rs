@@ -20,7 +20,7 @@
 use std::path::Path;
 
 use burn::tensor::Device;
-use memzoo_xl::{TransformerXl, XlConfig};
+use memzoo_stack::{TransformerXl, XlConfig};
 
 use crate::error::ImportError;
 use crate::mapping::{self, Located, PeerTensors, Source};

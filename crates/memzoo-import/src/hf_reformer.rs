@@ -2,7 +2,7 @@
 //!
 //! A directory with `config.json` (HF's `ReformerConfig`) and `model.safetensors` or
 //! `pytorch_model.bin` (pickle parsed, never run) imports into memzoo's layer stack as the
-//! Reformer preset ([`memzoo_xl::ReformerConfig::stack`]) with the options that make it HF's
+//! Reformer preset ([`memzoo_stack::ReformerConfig::stack`]) with the options that make it HF's
 //! function:
 //! - `attn_layers` as the layers (`lsh` / `local`), reversible residuals, pre-LN blocks with
 //!   `layer_norm_eps` (HF's default 1e-12), a ReLU or GELU (erf) feed-forward with biases
@@ -56,7 +56,7 @@
 use std::path::Path;
 
 use burn::tensor::Device;
-use memzoo_xl::{
+use memzoo_stack::{
     Activation, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer, ReformerConfig,
     TransformerXl, XlConfig, XlError,
 };

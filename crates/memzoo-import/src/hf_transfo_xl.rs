@@ -32,7 +32,7 @@ use std::path::Path;
 use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_relative::PositionKind;
 use memzoo_relative::{PositionConfig, PositionParams, XlBiases};
-use memzoo_xl::{
+use memzoo_stack::{
     AdaptiveEmbedding, AdaptiveLogSoftmax, AdaptiveLogSoftmaxTensors, InputEmbedding,
     LayerAttention, LayerKind, OutputLayer, TransformerXl, XlConfig, XlError, XlLayer,
 };

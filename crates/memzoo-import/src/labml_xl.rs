@@ -48,7 +48,7 @@ use std::path::Path;
 
 use burn::tensor::{Device, Tensor};
 use memzoo_relative::{PositionConfig, PositionKind, PositionParams};
-use memzoo_xl::{InputEmbedding, LayerKind, OutputLayer, TransformerXl, XlConfig, XlError};
+use memzoo_stack::{InputEmbedding, LayerKind, OutputLayer, TransformerXl, XlConfig, XlError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ImportError;

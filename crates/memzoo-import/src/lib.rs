@@ -5,7 +5,7 @@
 //!   each tensor, so that a missing, misshaped or unknown tensor is an error naming it.
 //! - [`hf_transfo_xl`]: HF's `TransfoXLLMHeadModel` (transformers ≤ 4.x; removed in 5.0), from
 //!   a directory with `config.json` and `model.safetensors` or `pytorch_model.bin`, into
-//!   [`memzoo_xl::TransformerXl`] for any shape (`transfo-xl-wt103`'s adaptive input and
+//!   [`memzoo_stack::TransformerXl`] for any shape (`transfo-xl-wt103`'s adaptive input and
 //!   softmax included); and back ([`hf_transfo_xl::export`]).
 //! - [`labml_xl`]: labml-nn's Transformer-XL language model (`state_dict` of its
 //!   `AutoregressiveModel`: learned relative tables, pre-LN, value/output biases), and back.

@@ -17,7 +17,7 @@
 //!   table multiplied by `sqrt(dim_head)` (`positions.bias_scale`) and indexed by `i - j` over
 //!   `cat(memory, segment)`, not the true distance `i + mlen - j` (`positions.memory_offset =
 //!   false`); one table (`rel_pos_bias`) shared by the plain layers, another (`knn_rel_pos_bias`)
-//!   by the kNN layers (`shared_t5`: the model's [`memzoo_xl::SharedT5`]; each layer's own
+//!   by the kNN layers (`shared_t5`: the model's [`memzoo_stack::SharedT5`]; each layer's own
 //!   table, unused, is given the same values);
 //! - the XL memory (`xl_max_memories` = `mem_len`, in every layer) holds detached keys and
 //!   values (`memory_keys_values`; memzoo's default caches layer inputs and projects them
@@ -65,7 +65,7 @@ use std::path::Path;
 use burn::tensor::{Device, Tensor};
 use memzoo_memory::WhenFull;
 use memzoo_relative::{KnnMixing, PositionConfig, PositionKind, PositionParams};
-use memzoo_xl::{
+use memzoo_stack::{
     Activation, InputEmbedding, KnnFeed, KnnLayerConfig, LayerAttention, LayerKind, OutputLayer,
     TransformerXl, XlConfig, XlError,
 };

@@ -47,7 +47,7 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use memzoo_reformer::LshScores;
-use memzoo_xl::{
+use memzoo_stack::{
     Activation, AxialConfig, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer,
     ReformerConfig, TransformerXl, XlConfig, XlError,
 };

@@ -28,7 +28,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_store::KeyRemapper;
 use memzoo_reformer::ReformerAttention;
-use memzoo_xl::{LayerAttention, Randomness, Residual, TransformerXl, XlBlock, XlConfig, XlError};
+use memzoo_stack::{
+    LayerAttention, Randomness, Residual, TransformerXl, XlBlock, XlConfig, XlError,
+};
 use serde::de::DeserializeOwned;
 
 use crate::error::ImportError;

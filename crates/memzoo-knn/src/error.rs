@@ -2,7 +2,7 @@
 
 use memzoo_memory::MemoryError;
 use memzoo_relative::RelativeError;
-use memzoo_xl::XlError;
+use memzoo_stack::XlError;
 
 /// Errors of the kNN layer and the Memorizing Transformer; messages name the bad value.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@
 //! read before in the document (a [`memzoo_memory::KnnIndex`]), mixed per head by a learned
 //! gate (it lives in `memzoo-relative`, beside the other attention kinds, and is re-exported
 //! here). [`MemorizingConfig`] is the preset that puts kNN layers at chosen depths of the
-//! layer stack (`memzoo_xl::TransformerXl`, read with `forward_state`); the caller owns the
+//! layer stack (`memzoo_stack::TransformerXl`, read with `forward_state`); the caller owns the
 //! recurrence state ([`MemorizingState`]: the XL memory and the kNN memories) and marks rows
 //! whose document starts with `reset`.
 //!

@@ -1,12 +1,12 @@
 //! The Memorizing Transformer (Wu et al. 2022) as a preset of the layer stack
-//! ([`memzoo_xl::TransformerXl`]): Transformer-XL layers with kNN-augmented attention at chosen
+//! ([`memzoo_stack::TransformerXl`]): Transformer-XL layers with kNN-augmented attention at chosen
 //! depths.
 
 use burn::config::Config;
 use burn::tensor::Device;
 use memzoo_memory::{HnswConfig, IndexKind, KnnMemoryConfig};
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_xl::{KnnLayerConfig, LayerKind, TransformerXl, XlConfig, XlState};
+use memzoo_stack::{KnnLayerConfig, LayerKind, TransformerXl, XlConfig, XlState};
 
 use crate::error::KnnError;
 

@@ -4,7 +4,7 @@
 
 use memzoo_memory::IndexKind;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_xl::XlConfig;
+use memzoo_stack::XlConfig;
 
 use crate::model::MemorizingConfig;
 

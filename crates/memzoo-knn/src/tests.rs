@@ -7,7 +7,7 @@ use burn::module::Param;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_memory::{IndexKind, KnnMemoryConfig};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext, t5_bucket};
-use memzoo_xl::{Step, XlConfig};
+use memzoo_stack::{Step, XlConfig};
 
 use crate::*;
 
@@ -434,7 +434,7 @@ fn loss_backpropagates_into_gate_temperature_and_projections() {
         "loss {value} (ln 32 = 3.47)"
     );
     let grads = loss.backward();
-    let memzoo_xl::LayerAttention::Knn(att) = &model.layers[2].attention else {
+    let memzoo_stack::LayerAttention::Knn(att) = &model.layers[2].attention else {
         panic!("layer 2 is the kNN layer")
     };
     for (name, g) in [

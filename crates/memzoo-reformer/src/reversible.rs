@@ -1,6 +1,6 @@
 //! Reversible residual coupling (RevNet; Kitaev et al. 2020, sec. 3) for any pair of residual
 //! branches `F`, `G`, and the layer-by-layer backward that rebuilds activations instead of
-//! storing them. The layer stack (`memzoo_xl`) runs its reversible layers with these.
+//! storing them. The layer stack (`memzoo_stack`) runs its reversible layers with these.
 //!
 //! Forward: `y_1 = x_1 + F(x_2)`, `y_2 = x_2 + G(y_1)`. Inverse: `x_2 = y_2 - G(y_1)`,
 //! `x_1 = y_1 - F(x_2)`.

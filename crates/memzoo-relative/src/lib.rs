@@ -11,7 +11,7 @@
 //!
 //! [`KnnAttention`] (the Memorizing Transformer's memory layer) is the fourth kind: T5-biased
 //! local attention plus attention over the top-k pairs retrieved from a
-//! [`memzoo_memory::KnnIndex`]. The layer stack (`memzoo-xl`) holds any of them per layer.
+//! [`memzoo_memory::KnnIndex`]. The layer stack (`memzoo-stack`) holds any of them per layer.
 
 #![warn(missing_docs)]
 

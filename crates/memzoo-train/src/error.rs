@@ -18,7 +18,7 @@ pub enum TrainError {
     Model(String),
     /// The layer stack (Transformer-XL, Memorizing, Reformer) refused its input or config.
     #[error("model: {0}")]
-    Xl(#[from] memzoo_xl::XlError),
+    Xl(#[from] memzoo_stack::XlError),
     /// The Reformer refused its input or config.
     #[error("model: {0}")]
     Reformer(#[from] memzoo_reformer::ReformerError),

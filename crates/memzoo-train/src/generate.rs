@@ -35,7 +35,7 @@
 //!
 //! ```no_run
 //! use memzoo_train::generate::{GenerateConfig, SampleConfig, generate};
-//! # fn demo(model: &memzoo_xl::TransformerXl, device: &burn::tensor::Device) {
+//! # fn demo(model: &memzoo_stack::TransformerXl, device: &burn::tensor::Device) {
 //! let sampler = SampleConfig::new().with_temperature(0.8).with_top_p(Some(0.9));
 //! let config = GenerateConfig::new(100, 64).with_sampler(sampler);
 //! let prompt: Vec<i64> = b"ROMEO:".iter().map(|&b| b as i64).collect();
@@ -87,8 +87,8 @@ pub enum GenerateError {
     Model(#[from] TrainError),
 }
 
-impl From<memzoo_xl::XlError> for GenerateError {
-    fn from(e: memzoo_xl::XlError) -> Self {
+impl From<memzoo_stack::XlError> for GenerateError {
+    fn from(e: memzoo_stack::XlError) -> Self {
         GenerateError::Model(e.into())
     }
 }

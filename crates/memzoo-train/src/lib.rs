@@ -36,7 +36,7 @@ pub use generate::{
     GenerateConfig, GenerateError, Generation, Generator, SampleConfig, Sampler, generate,
     generate_recompute,
 };
-pub use memzoo_xl::{Step, TargetScores};
+pub use memzoo_stack::{Step, TargetScores};
 pub use model::{RecurrentModel, SegmentModel};
 pub use schedule::ScheduleConfig;
 pub use segment::{Segment, SegmentSource};

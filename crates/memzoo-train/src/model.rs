@@ -1,18 +1,18 @@
 //! What the trainer needs from a model: the recurrent-model contract
-//! ([`memzoo_xl::RecurrentModel`]: a loss per segment, with state carried across segments) and
+//! ([`memzoo_stack::RecurrentModel`]: a loss per segment, with state carried across segments) and
 //! checkpoints of the model and its state ([`SegmentModel`]).
 
 use std::path::Path;
 
 use burn::tensor::{Device, Tensor, TensorData};
-pub use memzoo_xl::RecurrentModel;
-use memzoo_xl::{TransformerXl, XlMemory, XlState};
+pub use memzoo_stack::RecurrentModel;
+use memzoo_stack::{TransformerXl, XlMemory, XlState};
 
 use crate::error::TrainError;
 
 /// A [`RecurrentModel`] the trainer can checkpoint: its parameters and its carried state
 /// written to and read from a run directory. Everything else of the contract (reading a
-/// segment, its losses and steps) is [`RecurrentModel`], next to the model in `memzoo_xl`.
+/// segment, its losses and steps) is [`RecurrentModel`], next to the model in `memzoo_stack`.
 pub trait SegmentModel: RecurrentModel {
     /// Loads the parameters of a checkpoint's model file into `self` (which fixes the
     /// architecture). Families whose parameter layout changed override this to read their
@@ -39,7 +39,7 @@ impl SegmentModel for TransformerXl {
     /// Also reads checkpoints written before the layer stack (converted on load, with a
     /// warning on stderr).
     fn load_params(self, path: &Path) -> Result<Self, TrainError> {
-        let (model, converted) = memzoo_xl::legacy::load_any(self, path)
+        let (model, converted) = memzoo_stack::legacy::load_any(self, path)
             .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
         if converted {
             eprintln!(

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use memzoo_data::{Manifest, RustCodeManifest, Split, TextCodec, rust_code};
+use memzoo_stack::TransformerXl;
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
@@ -12,7 +13,6 @@ use memzoo_train::{
     RecurrentModel, RunOptions, SegmentModel, SegmentSource, checkpoint, evaluate_sharded, replace,
     train_on_devices,
 };
-use memzoo_xl::TransformerXl;
 use serde_json::json;
 
 use crate::config::RunConfig;
@@ -501,7 +501,7 @@ fn check_machine_memory(config: &RunConfig) -> Result<(), CliError> {
 /// `batch` rows of `len` tokens (the logits, and every layer's attention scores over memory and
 /// segment, three live copies each in a training step). Computed in f64: sizes whose product
 /// overflows an integer are estimated all the same.
-fn stack_bytes(x: &memzoo_xl::XlConfig, batch: usize, len: usize, training: bool) -> f64 {
+fn stack_bytes(x: &memzoo_stack::XlConfig, batch: usize, len: usize, training: bool) -> f64 {
     let f = |v: usize| v as f64;
     let (d, h, layers) = (f(x.d_model), f(x.n_heads.max(1)), f(x.n_layers));
     let dh = x.d_head.map_or(d / h, f);
@@ -532,7 +532,7 @@ fn check_model_memory(config: &RunConfig, training: bool) -> Result<(), CliError
     let knn_layers = stack
         .layer_kinds()
         .iter()
-        .filter(|&&k| k == memzoo_xl::LayerKind::Knn)
+        .filter(|&&k| k == memzoo_stack::LayerKind::Knn)
         .count();
     let dh = stack.d_head.unwrap_or(stack.d_model / stack.n_heads.max(1)) as f64;
     let knn = [t.batch, stack.knn.max_memories, stack.n_heads, knn_layers]
@@ -578,7 +578,7 @@ fn check_model_memory(config: &RunConfig, training: bool) -> Result<(), CliError
 /// Refuses an import whose model (`xl`, read from the source's config alone) cannot fit in this
 /// machine's memory: its weights twice (the tensors read and the model built from them,
 /// [`stack_bytes`] without activations), naming the sizes, before either is allocated.
-pub(crate) fn check_import_memory(from: &str, xl: &memzoo_xl::XlConfig) -> Result<(), CliError> {
+pub(crate) fn check_import_memory(from: &str, xl: &memzoo_stack::XlConfig) -> Result<(), CliError> {
     let bytes = 2.0 * stack_bytes(xl, 0, 0, false);
     let Some(total) = machine_memory() else {
         return Ok(());
@@ -662,8 +662,8 @@ pub fn duplication(
     seconds: f64,
     json_out: bool,
 ) -> Result<(), CliError> {
+    use memzoo_stack::ReformerConfig;
     use memzoo_train::tasks::{DuplicationConfig, duplication as train_dup};
-    use memzoo_xl::ReformerConfig;
     // One LSH layer's attention over a batch (16 rows, 2 heads, buckets of 4, a window of 2):
     // its scores grow with the hash rounds.
     let bytes = [16.0, 2.0, train_rounds as f64, len as f64, 8.0, 4.0 * 4.0]

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use memzoo_data::LongRangeConfig;
 use memzoo_knn::MemorizingConfig;
+use memzoo_stack::{LayerKind, ReformerConfig, XlConfig};
 use memzoo_train::TrainConfig;
-use memzoo_xl::{LayerKind, ReformerConfig, XlConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -12,9 +12,9 @@ use memzoo_data::DataError;
 use memzoo_import::ImportError;
 use memzoo_knn::KnnError;
 use memzoo_reformer::ReformerError;
+use memzoo_stack::XlError;
 use memzoo_train::TrainError;
 use memzoo_train::generate::GenerateError;
-use memzoo_xl::XlError;
 
 /// Everything a `memzoo` command can fail with.
 #[derive(Debug, thiserror::Error)]

@@ -11,8 +11,8 @@ use std::path::Path;
 
 use burn::tensor::Device;
 use memzoo_data::Split;
+use memzoo_stack::XlState;
 use memzoo_train::{RecurrentModel, SegmentSource, TrainerState, checkpoint, replace};
-use memzoo_xl::XlState;
 use serde_json::json;
 
 use crate::config::{ModelSection, RunConfig};
@@ -227,7 +227,7 @@ fn write_run(
     run_dir: &Path,
     config: &RunConfig,
     vocab: Option<&crate::tokenizer_import::CheckpointTokenizer>,
-    model: &memzoo_xl::TransformerXl,
+    model: &memzoo_stack::TransformerXl,
     trainer: &TrainerState,
 ) -> Result<std::path::PathBuf, CliError> {
     let t = &config.train;

@@ -3,10 +3,11 @@
 //! This facade re-exports every library crate of the model zoo:
 //! - [`backend`]: choose the Burn backend at run time from a device string;
 //! - [`relative`]: relative multi-head attention (Transformer-XL, learned, T5 bias);
-//! - [`xl`]: Transformer-XL with segment-level recurrence;
+//! - [`stack`]: the one layer stack every family is built on (Transformer-XL, the Reformer and
+//!   the Memorizing Transformer are its presets), with segment-level recurrence;
 //! - [`reformer`]: the Reformer's components (LSH attention, reversible coupling, chunked
 //!   feed-forward, axial positions); the Reformer itself is a preset of the stack
-//!   (`xl::ReformerConfig`, `xl::ReformerLm`);
+//!   (`stack::ReformerConfig`, `stack::ReformerLm`);
 //! - [`memory`]: the kNN key-value memory (exact search or usearch HNSW);
 //! - [`knn`]: the Memorizing Transformer (kNN-augmented attention over that memory);
 //! - [`fused`]: fused multi-threaded CPU kernels (LSH attention) behind Burn's backend extension;
@@ -26,8 +27,8 @@ pub use memzoo_knn as knn;
 pub use memzoo_memory as memory;
 pub use memzoo_reformer as reformer;
 pub use memzoo_relative as relative;
+pub use memzoo_stack as stack;
 pub use memzoo_train as train;
-pub use memzoo_xl as xl;
 
 pub mod commands;
 pub mod config;
@@ -42,6 +43,6 @@ pub mod tokenizer_import;
 /// The types most programs need.
 pub mod prelude {
     pub use memzoo_backend::{Device, parse_device};
+    pub use memzoo_stack::{LayerKind, Step, TransformerXl, XlConfig, XlMemory, XlState};
     pub use memzoo_train::{GenerateConfig, SampleConfig, generate};
-    pub use memzoo_xl::{LayerKind, Step, TransformerXl, XlConfig, XlMemory, XlState};
 }

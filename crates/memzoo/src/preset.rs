@@ -1,7 +1,7 @@
 //! Named recipes: a layer stack and its training schedule (`memzoo train --preset NAME`).
 //!
 //! A preset is a starting point, not a family: it fills `[model]` (the layer stack, whose
-//! family is derived from its layers: [`memzoo_xl::XlConfig::family`]) and `[train]`, and the
+//! family is derived from its layers: [`memzoo_stack::XlConfig::family`]) and `[train]`, and the
 //! run's `config.toml` names it (`[model] preset = "..."`) beside the fields it set; `--config`
 //! and `--set` apply on top. No value in a preset is tuned to a size a user can change without
 //! it: the one value that was (the tiny XL's embedding at N(0, 0.1)) is gone, and every preset
@@ -9,8 +9,8 @@
 
 use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::{LayerKind, ReformerConfig, XlConfig};
 use memzoo_train::{AdamConfig, ScheduleConfig, TrainConfig};
-use memzoo_xl::{LayerKind, ReformerConfig, XlConfig};
 use serde::{Deserialize, Serialize};
 
 /// A named recipe from the papers or memzoo's CPU references (`memzoo train --preset NAME`).

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use memzoo_data::{Split, Token};
+use memzoo_stack::TransformerXl;
 use memzoo_train::recl::{self, LossTable, Recl};
-use memzoo_xl::TransformerXl;
 use serde_json::json;
 
 use crate::commands::{device, load_checkpoint};

@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! use burn::tensor::{Int, Tensor};
-//! use memzoo_xl::{XlConfig, XlMemory};
+//! use memzoo_stack::{XlConfig, XlMemory};
 //!
 //! let device = memzoo_backend::parse_device("flex").unwrap();
 //! let model = XlConfig::new().with_n_layers(2).init(&device).unwrap();

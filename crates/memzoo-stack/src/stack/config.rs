@@ -70,7 +70,7 @@ pub struct XlConfig {
     pub d_embed: Option<usize>,
     /// Cluster bounds of the adaptive input embedding and adaptive log-softmax (Grave et al.
     /// 2017), e.g. `[20000, 40000, 200000]` for WikiText-103; empty: one table and a full
-    /// softmax. Any cutoff makes input and output adaptive (see `memzoo_xl::adaptive`).
+    /// softmax. Any cutoff makes input and output adaptive (see `memzoo_stack::adaptive`).
     /// Default: empty.
     #[config(default = "Vec::new()")]
     pub cutoffs: Vec<usize>,
