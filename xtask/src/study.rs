@@ -70,7 +70,7 @@ pub struct StudyArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Where the trained models live (run directories; reused when their recipe matches).
-    /// Default: <workspace>/target/memzoo-study (or <out>/runs with --out).
+    /// Default: `<workspace>/target/memzoo-study` (or `<out>/runs` with --out).
     #[arg(long)]
     pub runs: Option<PathBuf>,
     /// Device (flex, wgpu, tch, cuda, ...).

@@ -14,7 +14,7 @@
 //!   [`PeerFormat::config_json`], [`PeerFormat::state_dict`] and [`PeerFormat::side_files`],
 //!   whose defaults most peers keep); [`export`] runs them.
 //!
-//! The formats are listed once, in [`FORMATS`]; [`format`] finds one by name, and an unknown
+//! The formats are listed once, in [`FORMATS`]; [`format()`] finds one by name, and an unknown
 //! name is an error listing the known ones.
 
 use std::path::Path;

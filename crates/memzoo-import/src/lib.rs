@@ -17,7 +17,7 @@
 //!   back.
 //! - [`lucidrains_reformer`]: reformer-pytorch's `ReformerLM` (summed axial positions, LSH
 //!   layers, the mean of the two streams), optionally with the rotations of one pass; and back.
-//! - [`format`]: the one trait every peer implements ([`format::PeerFormat`]: its config
+//! - [`format`](mod@format): the one trait every peer implements ([`format::PeerFormat`]: its config
 //!   into a stack config, its tensors in, and back out), and the registry of formats by the
 //!   name `memzoo import --from` and `memzoo export --to` take ([`format::format`]).
 //! - [`hub`] (cargo feature `hub`, on by default): a Hugging Face Hub model id where a

@@ -708,7 +708,7 @@ fn shared_tables(
 }
 
 /// A package-shaped [`TransformerXl`]'s tensors (or gradients) under the package's state-dict
-/// names (the inverse of the import mapping; the T5 tables as in [`shared_tables`]).
+/// names (the inverse of the import mapping; the T5 tables as in `shared_tables`).
 pub fn transformer_xl_to_peer(
     model: &TransformerXl,
     src: Source<'_>,

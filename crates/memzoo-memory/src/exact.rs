@@ -27,7 +27,7 @@ const SCORE_BLOCK: usize = 1 << 24;
 ///   query and gathers keys and values by slot there;
 /// - in host memory (CPU devices): the same layout in plain vectors, searched by a GEMM per
 ///   (row, query block, kv head) fused with the top-k selection and the gather (see
-///   [`crate::host`]), which never materialises the full score matrix.
+///   `crate::host`), which never materialises the full score matrix.
 #[derive(Debug)]
 pub struct ExactIndex {
     config: KnnMemoryConfig,

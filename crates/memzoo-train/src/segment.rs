@@ -1,4 +1,4 @@
-//! What the trainer reads: ordered segments ([`Segment`], memzoo-data's [`Batch`]) from a
+//! What the trainer reads: ordered segments ([`Segment`], memzoo-data's [`Batch`](memzoo_data::Batch)) from a
 //! [`SegmentSource`], and the segment's tensors.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -7,7 +7,7 @@ use crate::error::TrainError;
 
 /// One step of ordered data: `batch` rows of `len` tokens, each row continuing exactly where
 /// its previous segment stopped, with per-row resets, padding, the targets the loss counts
-/// and the targets evaluation scores separately. It is memzoo-data's [`Batch`]: one type
+/// and the targets evaluation scores separately. It is memzoo-data's [`Batch`](memzoo_data::Batch): one type
 /// from the batchers and generated tasks through the trainer.
 pub use memzoo_data::Batch as Segment;
 

@@ -1,5 +1,5 @@
-//! memzoo-data's generated tasks trained by [`train`](crate::train) and scored by
-//! [`evaluate`](crate::evaluate) on the positions each task selects:
+//! memzoo-data's generated tasks trained by [`train`] and scored by
+//! [`evaluate`] on the positions each task selects:
 //!
 //! - [`duplication`]: the Reformer paper's `0 w 0 w` copy task; accuracy on the second copy
 //!   with several numbers of hash rounds;

@@ -873,7 +873,7 @@ pub(crate) fn load_checkpoint<M: SegmentModel>(run_dir: &Path, model: M) -> Resu
 }
 
 /// `memzoo generate`: continues `--prompt` with a run's latest checkpoint, of any family
-/// ([`memzoo_train::generate`]).
+/// ([`memzoo_train::generate()`]).
 pub fn generate(
     run_dir: &Path,
     device_name: &str,

@@ -55,7 +55,8 @@ impl LayerKind {
     /// The model family a stack of these layers is (the label checkpoints carry): `memorizing`
     /// with kNN layers, `reformer` with LSH or local attention layers (and no kNN ones), `xl`
     /// otherwise. The one place the family is computed, for a config
-    /// ([`XlConfig::family`]) and a model ([`TransformerXl::stack_family`]) alike.
+    /// ([`XlConfig::family`](crate::XlConfig::family)) and a model
+    /// ([`TransformerXl::stack_family`](crate::TransformerXl::stack_family)) alike.
     pub fn family_of(kinds: &[LayerKind]) -> &'static str {
         if kinds.contains(&LayerKind::Knn) {
             "memorizing"
@@ -81,7 +82,7 @@ pub enum Residual {
     /// Two streams (RevNet; Kitaev et al. 2020, sec. 3): the embedding starts both,
     /// `y_1 = x_1 + F(x_2)`, `y_2 = x_2 + G(y_1)`, and the head reads `(y_1 + y_2) / 2`. A
     /// layer's inputs can be rebuilt from its outputs, so the training step
-    /// ([`TransformerXl::train_step`]) keeps no activations per layer.
+    /// ([`TransformerXl::train_step`](crate::TransformerXl::train_step)) keeps no activations per layer.
     Reversible,
 }
 
@@ -143,7 +144,7 @@ pub struct AxialConfig {
     pub summed: bool,
 }
 
-/// Settings of the stack's LSH and local layers (used where [`XlConfig::layers`] lists `lsh` or
+/// Settings of the stack's LSH and local layers (used where [`XlConfig::layers`](crate::XlConfig::layers) lists `lsh` or
 /// `local`). Such a layer attends over `cat(memory, x)` as one causal sequence (the memory's
 /// positions are keys for the segment's queries, as in an XL layer) and has no position
 /// scheme of its own: positions reach it through the stack's relative layers.
@@ -234,7 +235,7 @@ pub enum KnnFeed {
     Evicted,
 }
 
-/// Settings of the stack's kNN layers (used where [`XlConfig::layers`] lists `knn`).
+/// Settings of the stack's kNN layers (used where [`XlConfig::layers`](crate::XlConfig::layers) lists `knn`).
 #[derive(Config, Debug)]
 pub struct KnnLayerConfig {
     /// Retrieved pairs per query. Default: 32 (Wu et al. 2022).
