@@ -170,8 +170,12 @@ pub fn train(
             &options,
         )?;
         // On text with recallable positions: the same weights reading no memory, to show what
-        // the memory bought.
-        if o.valid.is_some_and(|v| v.selected_loss.is_some()) && !o.interrupted {
+        // the memory bought (a stack that carries no memory, e.g. the tiny Reformer, has none
+        // to compare).
+        if o.valid.is_some_and(|v| v.selected_loss.is_some())
+            && !o.interrupted
+            && o.model.carries_state()
+        {
             let no_memory = o.model.clone().with_eval_mem_len(0);
             let r = evaluate_sharded(
                 &no_memory,
