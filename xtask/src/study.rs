@@ -1647,6 +1647,39 @@ pub fn run_tables(args: &StudyArgs) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// T1B's book: the test split is the 5% before the last 5% (as `memzoo train --data FILE`
+    /// splits), the train split all before it, each cut into `batch` contiguous parts that
+    /// join back into the split's bytes.
+    #[test]
+    fn a_book_is_cut_into_one_document_per_row() {
+        let dir = std::env::temp_dir().join(format!("memzoo-book-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("book.txt");
+        let text: Vec<u8> = (0..1000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(&path, &text).unwrap();
+        let scale = Scale {
+            batch: 3,
+            ..Scale::quick()
+        };
+        let book = CodeData::book(&path, &scale, false).unwrap();
+        let join =
+            |docs: &[Vec<Token>]| -> Vec<u8> { docs.iter().flatten().map(|&t| t as u8).collect() };
+        // 1000 bytes: test 900..950, validation (unused) 950..1000, train 0..900.
+        assert_eq!(join(&book.test), text[900..950]);
+        assert_eq!(join(&book.train), text[..900]);
+        assert_eq!((book.train.len(), book.test.len()), (3, 3));
+        assert!(book.train.iter().all(|d| d.len() == 300));
+        assert_eq!(book.test_names[0], "book.txt test 1/3");
+        let Err(missing) = CodeData::book(&dir.join("none.txt"), &scale, false) else {
+            panic!("a missing book was read");
+        };
+        assert!(
+            missing.contains("none.txt") && missing.contains("--books"),
+            "{missing}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// T6's pieces: cut in turn from the documents, doubled, the second reading's targets
     /// selected; checked against the documents' bytes directly.
     #[test]

@@ -320,6 +320,22 @@ mod study {
         run_tables(&args).unwrap();
         let again = std::fs::read_to_string(out.join("study.jsonl")).unwrap();
         assert_eq!(again.lines().count(), lines.len());
+        // --report-only writes the same report from the lines, running nothing.
+        let report = std::fs::read_to_string(out.join("study.md")).unwrap();
+        std::fs::remove_file(out.join("study.md")).unwrap();
+        let args = StudyArgs {
+            report_only: true,
+            ..args
+        };
+        run_tables(&args).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(out.join("study.md")).unwrap(),
+            report
+        );
+        assert_eq!(
+            std::fs::read_to_string(out.join("study.jsonl")).unwrap(),
+            again
+        );
         let _ = std::fs::remove_dir_all(&out);
     }
 }
