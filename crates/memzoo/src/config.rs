@@ -485,6 +485,11 @@ fn convert_old_layout(user: &mut Value, path: &Path) -> Result<Option<String>, C
             Some(config.stack())
         }
     };
+    let name = match kind {
+        ModelKind::Xl => "xl",
+        ModelKind::Reformer => "reformer",
+        ModelKind::Memorizing => "memorizing",
+    };
     let section = match kind {
         ModelKind::Xl => "[model]",
         ModelKind::Reformer => "[reformer]",
@@ -497,14 +502,9 @@ fn convert_old_layout(user: &mut Value, path: &Path) -> Result<Option<String>, C
         );
     }
     Ok(Some(format!(
-        "config {shown} has the old layout (model_kind = {kind:?}); its {section} section is \
-         read as the layer stack in [model] (a {} stack). A run written now keeps only [model], \
-         [train] and [data].",
-        match kind {
-            ModelKind::Xl => "xl",
-            ModelKind::Reformer => "reformer",
-            ModelKind::Memorizing => "memorizing",
-        }
+        "config {shown} has the old layout (model_kind = \"{name}\"); its {section} section is \
+         read as the layer stack in [model] (a {name} stack). A run written now keeps only \
+         [model], [train] and [data]."
     )))
 }
 
