@@ -377,9 +377,15 @@ impl CodeData {
         if quick {
             text.truncate(64 * 1024);
         }
-        let n = text.len();
-        let test_start = n - n / 10;
-        let valid_start = n - n / 20;
+        // `memzoo train --data FILE`'s split (`DataConfig`'s default fractions).
+        let splits = memzoo_data::Corpus::from_bytes(
+            text,
+            &memzoo_data::SplitRule::Fractions {
+                valid: 0.05,
+                test: 0.05,
+            },
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
         let name = path
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
@@ -398,8 +404,8 @@ impl CodeData {
                 })
                 .unzip()
         };
-        let (train, train_names) = cut(&text[..test_start], "train");
-        let (test, test_names) = cut(&text[test_start..valid_start], "test");
+        let (train, train_names) = cut(&splits.train, "train");
+        let (test, test_names) = cut(&splits.test, "test");
         Ok(Self {
             train,
             test,

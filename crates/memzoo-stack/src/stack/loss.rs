@@ -102,8 +102,10 @@ impl TargetScores {
     /// - `logits`: `[batch, len, vocab]`, `targets`: `[batch, len]`
     pub fn from_logits(logits: Tensor<3>, targets: Tensor<2, Int>, hits: bool) -> Self {
         let [b, l] = targets.dims();
+        // The argmax of the logits is the argmax of the log-probabilities: no second softmax.
         let hits = hits.then(|| {
-            log_softmax(logits.clone(), 2)
+            logits
+                .clone()
                 .argmax(2)
                 .reshape([b, l])
                 .equal(targets.clone())
