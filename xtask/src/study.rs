@@ -1,7 +1,8 @@
 //! `cargo xtask study`: the papers' claims about memory, measured on real long documents.
 //!
 //! ```text
-//! cargo xtask study                      # every table (about 90 minutes on 2 cores)
+//! cargo xtask study                      # T1-T6 (about 85 minutes on 2 cores)
+//! cargo xtask study --table t1b,t6b      # the extras: T1 on a book, T6's models trained to copy
 //! cargo xtask study --table t1,t2        # some tables (models trained earlier are reused)
 //! cargo xtask study --quick --out DIR    # a smoke run of the whole pipeline (minutes)
 //! ```
@@ -25,6 +26,10 @@
 //!   attention and LSH-1/2/4, each evaluated with full attention and LSH-1/2/4/8.
 //! - **T5**, LSH against full attention on real text (Kitaev et al. 2020, Figures 4-5): bpc at
 //!   equal steps, and time per training step against sequence length.
+//! - **T6**, copying at a distance (no paper's table: the mechanism the others rest on): pieces
+//!   of the test documents read twice, by T1's and T3's models and any `--copy-run`.
+//! - Extras, run when named: **T1B**, T1 on a book; **T6B**, T6's mechanism check (models
+//!   trained on pieces read twice).
 //!
 //! Results are JSON lines (`<out>/study.jsonl`; a table's lines replace that table's earlier
 //! ones), one SVG chart per table (`<out>/t1.svg` ...) and a Markdown report
@@ -52,13 +57,23 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// The tables, in the order they run.
-pub const TABLES: [&str; 7] = ["t1", "t1b", "t2", "t3", "t4", "t5", "t6"];
+pub const TABLES: [&str; 8] = ["t1", "t1b", "t2", "t3", "t4", "t5", "t6", "t6b"];
+
+/// The tables `cargo xtask study` runs when none is named: the papers' tables (T1-T5) and
+/// T6 reading their models, about 85 minutes on 2 cores. The extras T1B (T1 on a book, about
+/// 20 minutes) and T6B (models trained on pieces read twice, about 24 minutes) run when named.
+pub const DEFAULT_TABLES: [&str; 6] = ["t1", "t2", "t3", "t4", "t5", "t6"];
+
+/// The tables that read models other tables train (T2 and T6 read T1's and T3's): their time
+/// does not include training.
+const READER_TABLES: [&str; 2] = ["t2", "t6"];
 
 /// `cargo xtask study` options.
 #[derive(Args, Clone, Debug)]
 pub struct StudyArgs {
-    /// Tables to run (comma-separated: t1, t2, t3, t4, t5, t6; default: all). T2 uses T1's and
-    /// T3's models (trained here if they are not yet).
+    /// Tables to run (comma-separated: t1, t1b, t2, t3, t4, t5, t6, t6b; default: t1-t6, the
+    /// papers' tables and T6 on their models). T2 and T6 use T1's and T3's models (trained here
+    /// if they are not yet).
     #[arg(long, value_delimiter = ',')]
     pub table: Option<Vec<String>>,
     /// A smoke run of the whole pipeline: tiny models, a few steps, a few documents. Checks
@@ -554,6 +569,11 @@ pub struct Study {
     quick: bool,
     /// Runs of `memzoo train` that T6 reads besides the study's models (`--copy-run`).
     copy_runs: Vec<PathBuf>,
+    /// Training seconds of the models reused from `runs` (a finished run of the same recipe)
+    /// since the study started: a table's time from scratch is its wall time plus these.
+    reused_seconds: std::cell::Cell<f64>,
+    /// Seconds spent on the `--copy-run` runs in T6 (not part of the study's own time).
+    external_seconds: f64,
     /// The documents the tables read now: the rust-code crates, or the book of T1b.
     corpus: Corpus,
     /// The book of T1b.
@@ -640,6 +660,8 @@ impl Study {
             copy_runs: args.copy_runs.clone(),
             corpus: Corpus::RustCode,
             books: args.books.clone().unwrap_or_else(default_book),
+            reused_seconds: std::cell::Cell::new(0.0),
+            external_seconds: 0.0,
         })
     }
 
@@ -776,7 +798,11 @@ impl Study {
             && let Ok(Some(ckpt)) = checkpoint::latest(&dir.join("checkpoints"))
         {
             eprintln!("study: {name}: reusing {}", ckpt.display());
-            return Ok((ckpt, secs.trim().parse().unwrap_or(f64::NAN)));
+            let secs: f64 = secs.trim().parse().unwrap_or(f64::NAN);
+            if secs.is_finite() {
+                self.reused_seconds.set(self.reused_seconds.get() + secs);
+            }
+            return Ok((ckpt, secs));
         }
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -1270,23 +1296,34 @@ impl Study {
     /// ([`repeated_pieces`]); the drop in bpc from the first reading to the second is what a
     /// model copies from `d` bytes back. Each code model reads with the memory it trained
     /// with: the XL cache of `M`, the kNN memory of `knn_train` pairs.
-    fn t6(&mut self) -> Result<Vec<Value>, String> {
+    ///
+    /// `t6` (`trained_to_copy` false) reads T1's and T3's models and the `--copy-run` runs;
+    /// `t6b` (true) trains and reads the mechanism check: the XL and the Memorizing stacks
+    /// trained on pieces read twice.
+    fn t6(&mut self, trained_to_copy: bool) -> Result<Vec<Value>, String> {
         let s = self.scale.clone();
         let test = self.data()?.test.clone();
         let mut out = Vec::new();
-        let natural = [
-            CodeModel::Xl,
-            CodeModel::XlNoRecurrence,
-            CodeModel::Vanilla,
-            CodeModel::TFiveCache,
-            CodeModel::KnnCache,
-            CodeModel::KnnNone,
-        ]
-        .map(|k| (k, false));
-        // The mechanism check: the XL and the Memorizing stack trained on pieces read twice.
-        let copying = [CodeModel::Xl, CodeModel::KnnCache, CodeModel::KnnXl].map(|k| (k, true));
+        let kinds: &[CodeModel] = if trained_to_copy {
+            &[CodeModel::Xl, CodeModel::KnnCache, CodeModel::KnnXl]
+        } else {
+            &[
+                CodeModel::Xl,
+                CodeModel::XlNoRecurrence,
+                CodeModel::Vanilla,
+                CodeModel::TFiveCache,
+                CodeModel::KnnCache,
+                CodeModel::KnnNone,
+            ]
+        };
+        let table = if trained_to_copy { "t6b" } else { "t6" };
+        let copy_runs = if trained_to_copy {
+            Vec::new()
+        } else {
+            self.copy_runs.clone()
+        };
         let mut models = Vec::new();
-        for (kind, trained_to_copy) in natural.into_iter().chain(copying) {
+        for &kind in kinds {
             let (ckpt, secs) = if trained_to_copy {
                 self.copy_model(kind)?
             } else {
@@ -1299,14 +1336,15 @@ impl Study {
             };
             models.push((name, trained_to_copy, self.code_config(kind), ckpt, secs));
         }
-        for path in &self.copy_runs {
+        for path in &copy_runs {
             let (name, config, ckpt) = external_run(path)?;
             models.push((name, false, config, ckpt, f64::NAN));
         }
-        let external = models.len() - self.copy_runs.len();
+        let external = models.len() - copy_runs.len();
         let reach = s.tgt_len + s.mem_len;
         for (i, (name, trained_to_copy, config, ckpt, secs)) in models.into_iter().enumerate() {
             let is_external = i >= external;
+            let model_start = Instant::now();
             // A kNN model reads with the memory it trained with, and beside it the same weights
             // with the kNN memory cut to `KNN_CUT` pairs (no further back than the XL memory):
             // what the kNN memory itself carries. A `--copy-run` also with T3's memory sizes.
@@ -1372,7 +1410,7 @@ impl Study {
                     let (first, second) = readings(&r);
                     let ln2 = std::f64::consts::LN_2;
                     let v = line(
-                        "t6",
+                        table,
                         json!({"model": label, "run": name, "external": is_external,
                                "trained_to_copy": trained_to_copy,
                                "distance": d, "pieces": docs.len(),
@@ -1385,6 +1423,9 @@ impl Study {
                     eprintln!("{v}");
                     out.push(v);
                 }
+            }
+            if is_external {
+                self.external_seconds += model_start.elapsed().as_secs_f64();
             }
         }
         Ok(out)
@@ -1399,6 +1440,8 @@ impl Study {
         let mut lines: Vec<Value> = read_lines(&jsonl);
         for table in tables {
             let start = Instant::now();
+            self.reused_seconds.set(0.0);
+            self.external_seconds = 0.0;
             let mut book_names = None;
             let new = match table.as_str() {
                 "t1" => self.t1("t1")?,
@@ -1418,7 +1461,8 @@ impl Study {
                 "t3" => self.t3()?,
                 "t4" => self.t4()?,
                 "t5" => self.t5()?,
-                "t6" => self.t6()?,
+                "t6" => self.t6(false)?,
+                "t6b" => self.t6(true)?,
                 other => {
                     return Err(format!(
                         "unknown table `{other}`: expected {}",
@@ -1432,6 +1476,9 @@ impl Study {
                 table,
                 json!({"kind": "meta", "scale": self.scale, "seed": self.seed,
                        "quick": self.quick, "seconds": start.elapsed().as_secs_f64(),
+                       "reused_train_seconds": self.reused_seconds.get(),
+                       "copy_run_seconds": self.external_seconds,
+                       "reads_other_tables_models": READER_TABLES.contains(&table.as_str()),
                        "machine": machine(), "date": today(),
                        "train_crates": book_names.as_ref().map(|b| b.0)
                            .or_else(|| self.data.as_ref().map(|d| d.train_names.len())),
@@ -1627,7 +1674,7 @@ pub fn run(args: &StudyArgs) -> Result<(), String> {
 pub fn run_tables(args: &StudyArgs) -> Result<(), String> {
     let tables: Vec<String> = match &args.table {
         Some(t) => t.iter().map(|s| s.trim().to_lowercase()).collect(),
-        None => TABLES.iter().map(|s| s.to_string()).collect(),
+        None => DEFAULT_TABLES.iter().map(|s| s.to_string()).collect(),
     };
     if let Some(bad) = tables.iter().find(|t| !TABLES.contains(&t.as_str())) {
         return Err(format!(

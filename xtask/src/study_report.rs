@@ -243,7 +243,7 @@ pub fn charts(lines: &[Value]) -> Vec<(String, String)> {
             ),
         ));
     }
-    let t6 = rows(lines, "t6");
+    let t6 = t6_rows(lines);
     if !t6.is_empty() {
         let series: Vec<Series> = T6_MODELS
             .iter()
@@ -286,8 +286,10 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
          (`--table t1,...` for some tables, `--quick` for a smoke run that checks the pipeline,\n\
          not the numbers). The documents are the `rust-code` corpus: the sources of the crates\n\
          pinned in memzoo's `Cargo.lock`, one crate a document, split by crate\n\
-         (`datasets/rust-code.toml`, `memzoo data prepare rust-code`); T1B repeats T1 on a book\n\
-         (tiny Shakespeare, `--books FILE` for another). Every model reads whole\n\
+         (`datasets/rust-code.toml`, `memzoo data prepare rust-code`). `cargo xtask study` runs\n\
+         T1-T6; two extras run when named (`--table t1b,t6b`): T1B repeats T1 on a book (tiny\n\
+         Shakespeare, `--books FILE` for another), T6B trains the models of T6's mechanism\n\
+         check. Every model reads whole\n\
          documents, its memories reset where one starts. The scale is reduced (see each table's\n\
          recipe) but the tables are the papers'. The analysis of what the numbers mean and what\n\
          was tried is in [study-notes.md](study-notes.md).\n"
@@ -305,6 +307,9 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
             }
         );
     }
+    if let Some(t) = time_summary(lines) {
+        let _ = writeln!(md, "{t}\n");
+    }
     t1_section(&mut md, lines, dir, "t1");
     t1_section(&mut md, lines, dir, "t1b");
     t2_section(&mut md, lines, dir);
@@ -315,7 +320,51 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
     md
 }
 
-const TABLE_NAMES: [&str; 7] = ["t1", "t1b", "t2", "t3", "t4", "t5", "t6"];
+const TABLE_NAMES: [&str; 8] = ["t1", "t1b", "t2", "t3", "t4", "t5", "t6", "t6b"];
+
+/// What each table took on the machine of its meta line, from scratch: its wall time plus the
+/// training of the models it reused from an earlier run of the study (not for T2 and T6, which
+/// read the models T1 and T3 train). A line "T1 26 min, ...; the default tables N min".
+fn time_summary(lines: &[Value]) -> Option<String> {
+    let minutes = |t: &str| -> Option<f64> {
+        let m = meta(lines, t)?;
+        let reused = if m["reads_other_tables_models"] == true {
+            0.0
+        } else {
+            f(&m["reused_train_seconds"]).unwrap_or(0.0)
+        };
+        // A user's `--copy-run` runs read in T6 are not the study's own time.
+        let copy_runs = f(&m["copy_run_seconds"]).unwrap_or(0.0);
+        Some((f(&m["seconds"])? + reused - copy_runs) / 60.0)
+    };
+    let part = |tables: &[&str]| -> (Vec<String>, f64) {
+        let mut names = Vec::new();
+        let mut total = 0.0;
+        for t in tables {
+            if let Some(m) = minutes(t) {
+                names.push(format!("{} {m:.0}", t.to_uppercase()));
+                total += m;
+            }
+        }
+        (names, total)
+    };
+    let (default, total) = part(&["t1", "t2", "t3", "t4", "t5", "t6"]);
+    if default.is_empty() {
+        return None;
+    }
+    let (extra, extra_total) = part(&["t1b", "t6b"]);
+    let mut text = format!(
+        "Time, training included (minutes): {}; the default `cargo xtask study` {total:.0}.",
+        default.join(", ")
+    );
+    if !extra.is_empty() {
+        text.push_str(&format!(
+            " The extras (`--table t1b,t6b`): {}; {extra_total:.0} together.",
+            extra.join(", ")
+        ));
+    }
+    Some(text)
+}
 
 fn scale_line(md: &mut String, lines: &[Value], table: &str) {
     if let Some(m) = meta(lines, table) {
@@ -796,8 +845,16 @@ const T6_MODELS: [(&str, &str); 9] = [
     ("knn-among-xl-copy", "kNN among XL layers, trained to copy"),
 ];
 
+/// T6's rows: T6 (the models of T1 and T3, and `--copy-run` runs) and T6B (the models trained
+/// on pieces read twice), one table.
+fn t6_rows(lines: &[Value]) -> Vec<&Value> {
+    let mut t6 = rows(lines, "t6");
+    t6.extend(rows(lines, "t6b"));
+    t6
+}
+
 fn t6_section(md: &mut String, lines: &[Value], dir: &str) {
-    let t6 = rows(lines, "t6");
+    let t6 = t6_rows(lines);
     if t6.is_empty() {
         return;
     }
@@ -812,8 +869,8 @@ fn t6_section(md: &mut String, lines: &[Value], dir: &str) {
          first reading and of the second. A model that can copy from d bytes back reads the \
          second almost for free; one that cannot reads both alike. Each model reads with the \
          memory it trained with (XL cache M, kNN memory as in T3's training). The models of T1 \
-         and T3 learnt from the documents as they are; the rows trained to copy are the XL and the \
-         Memorizing stack (with T5 positions as in T3, and a kNN layer among XL layers) \
+         and T3 learnt from the documents as they are; the rows trained to copy (T6B, \
+         `--table t6b`) are the XL and the Memorizing stack (with T5 positions as in T3, and a kNN layer among XL layers) \
          trained instead on train pieces read twice at the same distances, which rewards \
          copying: a check that each memory can carry a copy as far as it reaches. Rows marked \
          `--copy-run` are runs of `memzoo train` given to the study (see the notes).\n"
