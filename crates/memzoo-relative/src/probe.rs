@@ -17,8 +17,8 @@
 //!
 //! Each query's three masses sum to 1.
 
-use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::Tensor;
+use burn::tensor::activation::{sigmoid, softmax};
 use memzoo_memory::Retrieved;
 
 use crate::attention::{RelativeMultiHeadAttention, XlBiases};
@@ -60,15 +60,15 @@ pub struct RetrievedProbe {
 
 /// The masses of probabilities `[batch, heads, qlen, mlen + qlen]` on the first `mlen` keys
 /// and on the rest, each scaled by `scale` (`[batch, heads, qlen]`; `None`: 1).
-fn split_mass(
-    probs: Tensor<4>,
-    mlen: usize,
-    scale: Option<Tensor<3>>,
-) -> (Tensor<3>, Tensor<3>) {
+fn split_mass(probs: Tensor<4>, mlen: usize, scale: Option<Tensor<3>>) -> (Tensor<3>, Tensor<3>) {
     let [b, h, q, klen] = probs.dims();
     let memory = match mlen {
         0 => Tensor::zeros([b, h, q], &probs.device()),
-        _ => probs.clone().narrow(3, 0, mlen).sum_dim(3).reshape([b, h, q]),
+        _ => probs
+            .clone()
+            .narrow(3, 0, mlen)
+            .sum_dim(3)
+            .reshape([b, h, q]),
     };
     let segment = probs
         .narrow(3, mlen, klen - mlen)
@@ -144,7 +144,11 @@ impl KnnAttention {
         let k = l2_normalize(k);
         let tau_h = self.log_scale.val().exp(); // [heads]
         // Local scores τ q̂·k̂ + β, as the layer computes them: [b, h, q, klen].
-        let q_in = q.clone().swap_dims(1, 2) * tau_h.clone().reshape([1, h, 1, 1]).mul_scalar((dh as f32).sqrt());
+        let q_in = q.clone().swap_dims(1, 2)
+            * tau_h
+                .clone()
+                .reshape([1, h, 1, 1])
+                .mul_scalar((dh as f32).sqrt());
         let local = ctx.mask_scores(att.scores(q_in, k.swap_dims(1, 2), ctx, None)?);
         // Cosines q̂·k̂_m of the retrieved slots: [b, q, h, k].
         let kk = found.keys.dims()[3];
@@ -154,7 +158,8 @@ impl KnnAttention {
             .matmul(found.keys.clone().reshape([n, kk, dh]).swap_dims(1, 2))
             .reshape([batch, qlen, h, kk]);
         let filled = found.mask.clone().bool_not().float(); // [b, q, h, k]
-        let remote = (cosine.clone() * tau_h.reshape([1, 1, h, 1])).mask_fill(found.mask.clone(), MASKED);
+        let remote =
+            (cosine.clone() * tau_h.reshape([1, 1, h, 1])).mask_fill(found.mask.clone(), MASKED);
         let (memory, segment, mass, weights) = match self.mixing {
             KnnMixing::Gate => {
                 // g per (b, q, h), 0 where the query found nothing.
@@ -175,7 +180,11 @@ impl KnnAttention {
                 let weights = probs.clone().narrow(3, 0, kk).swap_dims(1, 2) * filled;
                 let klen = probs.dims()[3] - kk;
                 let (memory, segment) = split_mass(probs.narrow(3, kk, klen), ctx.mlen, None);
-                let mass = weights.clone().sum_dim(3).reshape([batch, qlen, h]).swap_dims(1, 2);
+                let mass = weights
+                    .clone()
+                    .sum_dim(3)
+                    .reshape([batch, qlen, h])
+                    .swap_dims(1, 2);
                 (memory, segment, mass, weights)
             }
         };

@@ -1218,7 +1218,10 @@ pub fn inspect(args: &InspectArgs, device_name: &str, json_out: bool) -> Result<
             page.len() as f64 / 1e6
         );
         if ins.bytes_read < total {
-            println!("  (the first {} of {total} bytes: --max-bytes)", ins.bytes_read);
+            println!(
+                "  (the first {} of {total} bytes: --max-bytes)",
+                ins.bytes_read
+            );
         }
     }
     Ok(out)

@@ -230,7 +230,9 @@ pub fn inspect(
         )));
     }
     if opts.tgt_len == 0 {
-        return Err(InspectError::Option("the segment length must be positive".into()));
+        return Err(InspectError::Option(
+            "the segment length must be positive".into(),
+        ));
     }
     let vocab = model.vocab_size;
     if let Some((index, &id)) = tokens
@@ -427,7 +429,10 @@ fn summarize(with: &[f32], without: &[f32], opts: &InspectOptions) -> Summary {
         if regions.len() >= opts.top || g <= 0.0 {
             break;
         }
-        if regions.iter().all(|r| s + w <= r.start || r.start + r.len <= s) {
+        if regions
+            .iter()
+            .all(|r| s + w <= r.start || r.start + r.len <= s)
+        {
             regions.push(Region {
                 start: s + 1,
                 len: w,

@@ -286,5 +286,8 @@
   const fit = () => document.documentElement.style.setProperty("--head", document.getElementById("head").offsetHeight + "px");
   fit();
   window.addEventListener("resize", fit);
+  // `page.html#t=123` opens with token 123 selected.
+  const m = /^#t=(\d+)$/.exec(location.hash);
+  if (m && +m[1] < n) jump(+m[1], 1);
   document.body.dataset.ready = "yes";
 })();

@@ -54,7 +54,10 @@ impl KeyPositions {
             for g in 0..hk {
                 let at = (t * hk + g) * d;
                 let bits: Vec<u32> = keys[at..at + d].iter().map(|x| x.to_bits()).collect();
-                self.by_key[g].entry(bits.clone()).or_default().push_back(pos);
+                self.by_key[g]
+                    .entry(bits.clone())
+                    .or_default()
+                    .push_back(pos);
                 self.order[g].push_back(bits);
                 if self.order[g].len() > self.capacity
                     && let Some(old) = self.order[g].pop_front()
