@@ -261,12 +261,8 @@ impl XlLayer {
                     .positions
                     .ok_or_else(|| missing("its position context"))?;
                 if let Some(slot) = &cx.trace {
-                    slot.record(LayerTrace::Attention(a.probe(
-                        x.clone(),
-                        m.clone(),
-                        ctx,
-                        cx.shared,
-                    )?));
+                    let probe = a.probe(x.clone(), m.clone(), ctx, cx.shared)?;
+                    slot.record(LayerTrace::Attention(Box::new(probe)));
                 }
                 let out = match cx.attention_dropout_seed().filter(|_| a.has_dropout()) {
                     Some(seed) => a
@@ -302,7 +298,7 @@ impl XlLayer {
                 let out = a.forward(x, m, ctx, &**store, *top_k)?;
                 if let Some((slot, x, m)) = probed {
                     let probe = a.probe(x, m, ctx, &out.retrieved)?;
-                    slot.record(LayerTrace::Attention(probe));
+                    slot.record(LayerTrace::Attention(Box::new(probe)));
                 }
                 match evicted {
                     // knn.feed = evicted: the first klen - mem_len of cat(memory, x).

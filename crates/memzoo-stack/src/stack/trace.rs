@@ -15,7 +15,7 @@ use memzoo_relative::AttentionProbe;
 #[derive(Debug, Clone)]
 pub enum LayerTrace {
     /// A relative or kNN layer: where its queries' attention went.
-    Attention(AttentionProbe),
+    Attention(Box<AttentionProbe>),
     /// An LSH layer: the bucket of every position of `cat(memory, segment)` per head and
     /// round, `[batch, heads, rounds, padded len]`; the segment's positions start at `offset`.
     Buckets {

@@ -143,7 +143,10 @@
     const t0 = performance.now();
     while (next < chunks.length && performance.now() - t0 < 12) renderChunk(next++);
     if (next < chunks.length) setTimeout(more, 0);
-    else document.body.dataset.rendered = "all";
+    else {
+      document.body.dataset.rendered = "all";
+      document.body.dataset.renderedMs = Math.round(performance.now());
+    }
   })();
 
   document.querySelectorAll(".controls button").forEach((btn) => {
@@ -290,4 +293,5 @@
   const m = /^#t=(\d+)$/.exec(location.hash);
   if (m && +m[1] < n) jump(+m[1], 1);
   document.body.dataset.ready = "yes";
+  document.body.dataset.readyMs = Math.round(performance.now());
 })();
