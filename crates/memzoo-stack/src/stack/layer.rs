@@ -335,7 +335,7 @@ impl XlLayer {
                 if let (Some(slot), Some(b)) = (&cx.trace, &used) {
                     let offset = len - qlen;
                     slot.record(LayerTrace::Buckets {
-                        buckets: b.clone(),
+                        buckets: Box::new(b.clone()),
                         offset,
                     });
                 }

@@ -20,7 +20,7 @@ pub enum LayerTrace {
     /// round, `[batch, heads, rounds, padded len]`; the segment's positions start at `offset`.
     Buckets {
         /// The bucket ids.
-        buckets: Tensor<4, Int>,
+        buckets: Box<Tensor<4, Int>>,
         /// Index of the segment's first position.
         offset: usize,
     },
