@@ -15,6 +15,7 @@ mod import_labml;
 mod import_lucidrains;
 mod import_lucidrains_reformer;
 mod import_reformer;
+mod inspect;
 mod learning;
 mod multidev;
 mod parity;

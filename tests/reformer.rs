@@ -33,6 +33,7 @@ fn cx(opts: &ForwardOptions) -> LayerContext<'static> {
         seed: 0,
         opts: Some(opts.clone()),
         randomness: Randomness::Seeded,
+        trace: None,
     }
 }
 

@@ -170,6 +170,7 @@ fn a_mixed_stack_composes_its_layers_with_their_own_positions() {
             seed: 0,
             opts: None,
             randomness: Randomness::Device,
+            trace: None,
         };
         h = model.layers[l].forward(h, mem, cx).unwrap();
     }
@@ -307,6 +308,7 @@ fn invalid_stacks_say_why() {
         seed: 0,
         opts: None,
         randomness: Randomness::Device,
+        trace: None,
     };
     let err = model.layers[0]
         .forward(x, None, cx)
@@ -386,6 +388,7 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
         seed: 0,
         opts: None,
         randomness: Randomness::Device,
+        trace: None,
     };
     let x1 = model.layers[0]
         .forward(x0, first.memory.layer(0).cloned(), cx)

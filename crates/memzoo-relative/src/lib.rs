@@ -21,6 +21,7 @@ pub mod error;
 pub mod fused;
 pub mod knn;
 pub mod positions;
+pub mod probe;
 pub mod rows;
 pub mod shift;
 
@@ -33,4 +34,5 @@ pub use knn::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, KnnMixing, l
 pub use positions::{
     AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
 };
+pub use probe::{AttentionProbe, RetrievedProbe};
 pub use rows::linear_rows;

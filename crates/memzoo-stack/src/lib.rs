@@ -45,3 +45,4 @@ pub use stack::{
     Residual, SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer,
     XlOutput, absolute_positions, mean_nll, target_nll,
 };
+pub use stack::{LayerTrace, Trace, TraceSlot};

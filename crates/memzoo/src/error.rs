@@ -174,6 +174,9 @@ pub enum CliError {
     /// Generation (a token outside the vocabulary, an empty prompt, the model).
     #[error(transparent)]
     Generate(GenerateError),
+    /// The memory inspector (`memzoo inspect`).
+    #[error(transparent)]
+    Inspect(#[from] crate::inspect::InspectError),
 }
 
 /// The flag of a sampling option, so that its error names it; other generation errors as

@@ -36,6 +36,7 @@ pub mod data_setup;
 pub mod error;
 pub use error::CliError;
 pub mod import;
+pub mod inspect;
 pub mod preset;
 pub mod recl;
 pub mod tokenizer_import;

@@ -98,6 +98,38 @@ enum Command {
         #[arg(long)]
         max_segments: Option<usize>,
     },
+    /// One self-contained HTML page showing what a run's memory does on a text: per token the
+    /// loss with the memory and with the same weights reading none, per layer and head where
+    /// the attention went (XL memory, retrieved kNN pairs, segment), the retrieved neighbours,
+    /// LSH buckets (docs/inspect.md).
+    Inspect {
+        #[command(flatten)]
+        common: Common,
+        /// The run directory.
+        #[arg(long, default_value = "runs/default")]
+        run_dir: PathBuf,
+        /// The text to read (read as `memzoo eval` reads a split: segments, memory carried).
+        #[arg(long)]
+        text: PathBuf,
+        /// The page to write (default: RUN_DIR/inspect.html).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Read at most this many bytes of the text.
+        #[arg(long, default_value_t = 262_144)]
+        max_bytes: usize,
+        /// A checkpoint directory to read instead of the run's latest.
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Segment length (default: the run's train.tgt_len).
+        #[arg(long)]
+        tgt_len: Option<usize>,
+        /// XL memory length (default: the run's).
+        #[arg(long)]
+        mem_len: Option<usize>,
+        /// Retrieved neighbours kept per token and head (kNN layers).
+        #[arg(long, default_value_t = 3)]
+        neighbours: usize,
+    },
     /// Sample text from a run's latest checkpoint (any family), carrying its memory across
     /// segments as in training.
     Generate {
@@ -405,6 +437,31 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
             max_segments,
             common.json,
         ),
+        Command::Inspect {
+            common,
+            run_dir,
+            text,
+            out,
+            max_bytes,
+            checkpoint,
+            tgt_len,
+            mem_len,
+            neighbours,
+        } => commands::inspect(
+            &commands::InspectArgs {
+                run_dir,
+                checkpoint,
+                text,
+                out,
+                max_bytes,
+                tgt_len,
+                mem_len,
+                neighbours,
+            },
+            &common.device,
+            common.json,
+        )
+        .map(|_| ()),
         Command::Generate {
             common,
             run_dir,

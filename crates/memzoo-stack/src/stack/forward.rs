@@ -404,9 +404,23 @@ impl TransformerXl {
         reset: &[bool],
         opts: Option<&ForwardOptions>,
     ) -> Result<Tensor<3>, XlError> {
+        self.forward_state_traced(tokens, state, reset, opts, None)
+    }
+
+    /// [`forward_state_with`](Self::forward_state_with), every layer recording into `trace`
+    /// (when given) what its attention did.
+    pub(crate) fn forward_state_traced(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        opts: Option<&ForwardOptions>,
+        trace: Option<&Trace>,
+    ) -> Result<Tensor<3>, XlError> {
         let qlen = tokens.dims()[1];
         let mask = self.prepare(&tokens, state, reset)?;
-        let (hidden, inputs) = self.run(tokens, &state.xl, &mask, &mut state.knn, opts)?;
+        let knn = &mut state.knn;
+        let (hidden, inputs) = self.run_traced(tokens, &state.xl, &mask, knn, opts, trace)?;
         self.advance(state, &inputs, qlen);
         Ok(hidden)
     }
@@ -557,6 +571,7 @@ impl TransformerXl {
             seed: self.lsh_seed.wrapping_add(l as u64),
             opts: opts.map(|o| o.child(TAG_LAYER + l as u64)),
             randomness: self.randomness,
+            trace: None,
         }
     }
 
@@ -609,6 +624,19 @@ impl TransformerXl {
         knn: &mut [Box<dyn KnnIndex>],
         opts: Option<&ForwardOptions>,
     ) -> Result<(Tensor<3>, Vec<Tensor<3>>), XlError> {
+        self.run_traced(tokens, memory, mask, knn, opts, None)
+    }
+
+    /// [`run`](Self::run), every layer recording into `trace` (when given).
+    pub(crate) fn run_traced(
+        &self,
+        tokens: Tensor<2, Int>,
+        memory: &XlMemory,
+        mask: &AttentionMask,
+        knn: &mut [Box<dyn KnnIndex>],
+        opts: Option<&ForwardOptions>,
+        trace: Option<&Trace>,
+    ) -> Result<(Tensor<3>, Vec<Tensor<3>>), XlError> {
         let [batch, qlen] = tokens.dims();
         self.check_memory(batch, memory)?;
         let device = tokens.device();
@@ -635,7 +663,8 @@ impl TransformerXl {
                         false => h.clone(),
                     };
                     inputs.push(cached);
-                    let cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
+                    let mut cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
+                    cx.trace = trace.map(|t| t.slot(l));
                     h = layer.forward(h, memory.layer(l).cloned(), cx)?;
                 }
                 h
@@ -644,7 +673,8 @@ impl TransformerXl {
                 let (mut x1, mut x2) = (h.clone(), h);
                 for (l, layer) in self.layers.iter().enumerate() {
                     inputs.push(x2.clone());
-                    let cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
+                    let mut cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
+                    cx.trace = trace.map(|t| t.slot(l));
                     let (y1, y2, _) =
                         layer.forward_reversible(x1, x2, memory.layer(l).cloned(), cx)?;
                     (x1, x2) = (y1, y2);

@@ -260,6 +260,10 @@ impl XlLayer {
                 let ctx = cx
                     .positions
                     .ok_or_else(|| missing("its position context"))?;
+                if let Some(slot) = &cx.trace {
+                    let probe = a.probe(x.clone(), m.clone(), ctx, cx.shared)?;
+                    slot.record(LayerTrace::Attention(Box::new(probe)));
+                }
                 let out = match cx.attention_dropout_seed().filter(|_| a.has_dropout()) {
                     Some(seed) => a
                         .clone()
@@ -289,7 +293,13 @@ impl XlLayer {
                     let klen = ctx.klen();
                     (klen.saturating_sub(mem_len), m.clone(), x.clone())
                 });
+                // A traced pass probes the layer's attention over the pairs it retrieved.
+                let probed = cx.trace.as_ref().map(|s| (s.clone(), x.clone(), m.clone()));
                 let out = a.forward(x, m, ctx, &**store, *top_k)?;
+                if let Some((slot, x, m)) = probed {
+                    let probe = a.probe(x, m, ctx, &out.retrieved)?;
+                    slot.record(LayerTrace::Attention(Box::new(probe)));
+                }
                 match evicted {
                     // knn.feed = evicted: the first klen - mem_len of cat(memory, x).
                     Some((n, m, x)) if n > 0 => {
@@ -322,6 +332,13 @@ impl XlLayer {
                     _ => None,
                 };
                 let (out, used) = a.forward_recorded(seq, None, &opts, buckets);
+                if let (Some(slot), Some(b)) = (&cx.trace, &used) {
+                    let offset = len - qlen;
+                    slot.record(LayerTrace::Buckets {
+                        buckets: Box::new(b.clone()),
+                        offset,
+                    });
+                }
                 let replay = used.map_or(Replay::Nothing, |b| Replay::Buckets(Box::new(b)));
                 Ok((out.narrow(1, len - qlen, qlen), replay))
             }
@@ -380,6 +397,9 @@ pub struct LayerContext<'a> {
     /// The stack's randomness: with [`Randomness::Device`], LSH layers keep their fixed
     /// rotations (`seed`) whatever `opts` say.
     pub randomness: Randomness,
+    /// Where the layer records what its attention did in a traced pass ([`Trace`]); `None`:
+    /// nothing is recorded or computed for it.
+    pub trace: Option<TraceSlot>,
 }
 
 impl LayerContext<'_> {

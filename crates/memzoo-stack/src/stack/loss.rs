@@ -40,6 +40,9 @@ pub struct Step {
     /// An evaluation step also reports which targets are the model's most likely token. This
     /// needs the whole distribution: an adaptive output then computes every cluster.
     pub hits: bool,
+    /// An evaluation step also records what each layer's attention did ([`Trace`]); `None`:
+    /// nothing is computed for it.
+    pub trace: Option<Trace>,
 }
 
 impl Step {
@@ -63,6 +66,12 @@ impl Step {
     /// The same step under explicit seeded options.
     pub fn with_options(mut self, options: ForwardOptions) -> Self {
         self.options = Some(options);
+        self
+    }
+
+    /// The same step, recording into `trace` ([`Step::trace`]).
+    pub fn with_trace(mut self, trace: Trace) -> Self {
+        self.trace = Some(trace);
         self
     }
 
@@ -206,7 +215,8 @@ impl TransformerXl {
             .options
             .clone()
             .or_else(|| (self.randomness == Randomness::Seeded).then(|| self.eval_options()));
-        let hidden = self.forward_state_with(tokens, state, &reset, opts.as_ref())?;
+        let hidden =
+            self.forward_state_traced(tokens, state, &reset, opts.as_ref(), step.trace.as_ref())?;
         self.score(hidden, targets, step.hits)
     }
 }

@@ -19,6 +19,7 @@
 //! | `forward.rs` | the stack [`TransformerXl`] and its forward pass |
 //! | `loss.rs` | the one loss path ([`Step`], [`TargetScores`]) and the evaluation step |
 //! | `train.rs` | the training step and the reversible driver |
+//! | `trace.rs` | a traced pass ([`Trace`]): what each layer's attention did (`memzoo inspect`) |
 
 mod block;
 mod config;
@@ -27,6 +28,7 @@ mod kinds;
 mod layer;
 mod loss;
 mod random;
+mod trace;
 mod train;
 mod validate;
 
@@ -37,4 +39,5 @@ pub use kinds::*;
 pub use layer::*;
 pub use loss::*;
 pub use random::*;
+pub use trace::*;
 pub(crate) use train::*;
