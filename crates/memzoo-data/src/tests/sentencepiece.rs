@@ -2,8 +2,10 @@
 //! (written by hand in the protobuf format, not by the `sentencepiece` library), encoded by
 //! [`SentencePiece`] and checked against an independent segmentation written naively here: the
 //! best-scoring split over every way to cut the normalised text into pieces, by plain
-//! recursion. Parity with HF's ids on the real `google/reformer-crime-and-punishment` model is
-//! checked only where `MEMZOO_REFORMER_SPIECE` names its `spiece.model`.
+//! recursion; and models trained by the `sentencepiece` library itself
+//! (`xtask/peers/fixtures/sentencepiece_real.py`) against the ids of the library and of HF's
+//! `ReformerTokenizer`. Parity with HF's ids on the real `google/reformer-crime-and-punishment`
+//! model is checked only where `MEMZOO_REFORMER_SPIECE` names its `spiece.model`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -294,5 +296,53 @@ fn sentencepiece_matches_hf_on_crime_and_punishment() {
     ];
     for (text, ids) in cases {
         assert_eq!(sp.encode(text), ids, "{text}");
+    }
+}
+
+/// Models trained by the `sentencepiece` library itself (`spm-nfkc.model`: its default
+/// `nmt_nfkc` normaliser and precompiled character map; `spm-bytes.model`: byte fallback,
+/// identity normaliser) encode each sentence of `spm-cases.json` into the ids that the library
+/// and HF's `ReformerTokenizer` give, and decode them back as the library does
+/// (`xtask/peers/fixtures/sentencepiece_real.py` wrote the models and the cases).
+#[test]
+fn sentencepiece_matches_the_library_and_hf() {
+    #[derive(serde::Deserialize)]
+    struct Case {
+        text: String,
+        ids: Vec<u32>,
+        pieces: Vec<String>,
+        hf_ids: Vec<u32>,
+        decoded: String,
+    }
+    let cases: std::collections::BTreeMap<String, Vec<Case>> =
+        serde_json::from_str(&std::fs::read_to_string(fixture("spm-cases.json")).unwrap()).unwrap();
+    assert_eq!(cases.len(), 2);
+    for (model, rows) in &cases {
+        let sp = SentencePiece::read(&fixture(model)).unwrap();
+        for case in rows {
+            assert_eq!(case.ids, case.hf_ids, "{model}: the library and HF agree");
+            let got = sp.encode(&case.text);
+            // The library names an unknown piece by the text it covers.
+            let pieces: Vec<String> = got
+                .iter()
+                .zip(&case.pieces)
+                .map(|(&id, theirs)| match id == sp.unk_id() {
+                    true => theirs.clone(),
+                    false => sp.pieces()[id as usize].piece.clone(),
+                })
+                .collect();
+            assert_eq!(
+                (&got, &pieces),
+                (&case.ids, &case.pieces),
+                "{model}: {:?}",
+                case.text
+            );
+            assert_eq!(
+                sp.decode(&got).unwrap(),
+                case.decoded,
+                "{model}: {:?}",
+                case.text
+            );
+        }
     }
 }
