@@ -1,6 +1,7 @@
 //! The data-only pickle reader and HF TransfoXL's `vocab.pkl`: the fixtures of
-//! `xtask/peers/fixtures/transfo_xl_pickle.py` (written with Python's own `pickle`, not by
-//! transformers) read into the very vocabulary `vocab.json` gives, which tokenises the sentences
+//! `xtask/peers/fixtures/transfo_xl_pickle.py` (written with Python's own `pickle`) and of
+//! `transfo_xl_pickle_hf.py` (`vocab-hf4.pkl`, written by transformers 4.37.2's own
+//! `save_vocabulary`) read into the very vocabulary `vocab.json` gives, which tokenises the sentences
 //! of `cases.json` into HF's ids; pickles that would run code are refused, naming the global,
 //! and run nothing.
 
@@ -21,12 +22,15 @@ fn json_vocab() -> TransfoXlVocabFile {
     serde_json::from_str(&std::fs::read_to_string(fixture("vocab.json")).unwrap()).unwrap()
 }
 
-/// Every variant (protocol 4, protocol 2, legacy and zip torch.save) gives vocab.json's fields.
+/// Every variant (protocol 4, protocol 2, legacy and zip torch.save, and the file transformers
+/// 4.37.2's own `save_vocabulary` writes, with its Moses objects kept as inert records) gives
+/// vocab.json's fields.
 #[test]
 fn vocab_pkl_reads_as_vocab_json() {
     let want = json_vocab();
     for name in [
         "vocab.pkl",
+        "vocab-hf4.pkl",
         "vocab-p2.pkl",
         "vocab-torch.pkl",
         "vocab-torchzip.pkl",
@@ -60,17 +64,64 @@ fn vocab_pkl_tokenises_as_hf() {
     }
     let cases: std::collections::BTreeMap<String, Vec<Case>> =
         serde_json::from_str(&std::fs::read_to_string(fixture("cases.json")).unwrap()).unwrap();
-    let file = transfo_xl_vocab_from_pickle(&fixture("vocab.pkl")).unwrap();
-    let vocab = TransfoXlVocab::new(file, fixture("vocab.pkl")).unwrap();
-    for case in &cases["vocab.json"] {
-        assert_eq!(vocab.encode(&case.text).unwrap(), case.ids, "{}", case.text);
-        assert_eq!(
-            vocab.decode(&case.ids).unwrap(),
-            case.decoded,
-            "{}",
-            case.text
-        );
+    for pkl in ["vocab.pkl", "vocab-hf4.pkl"] {
+        let file = transfo_xl_vocab_from_pickle(&fixture(pkl)).unwrap();
+        let vocab = TransfoXlVocab::new(file, fixture(pkl)).unwrap();
+        for case in &cases["vocab.json"] {
+            assert_eq!(vocab.encode(&case.text).unwrap(), case.ids, "{}", case.text);
+            assert_eq!(
+                vocab.decode(&case.ids).unwrap(),
+                case.decoded,
+                "{}",
+                case.text
+            );
+        }
     }
+}
+
+/// transformers 4.37.2's `vocab.pkl` keeps the objects beside the vocabulary as records, never
+/// built: the compiled regular expression with its pattern, the Moses objects with their state.
+#[test]
+fn hf4_pickle_keeps_objects_as_records() {
+    let v = pickle::read_file(&fixture("vocab-hf4.pkl")).unwrap();
+    let PyValue::Dict(_, entries) = &v else {
+        panic!("{v:?}")
+    };
+    let mut classes: Vec<&str> = Vec::new();
+    fn walk<'a>(v: &'a PyValue, out: &mut Vec<&'a str>) {
+        match v {
+            PyValue::Record { class, args, state } => {
+                out.push(class);
+                args.iter().for_each(|a| walk(a, out));
+                walk(state, out);
+            }
+            PyValue::List(x) | PyValue::Tuple(x) | PyValue::Set(x) => {
+                x.iter().for_each(|a| walk(a, out))
+            }
+            PyValue::Dict(_, e) => e.iter().for_each(|(k, x)| {
+                walk(k, out);
+                walk(x, out)
+            }),
+            _ => {}
+        }
+    }
+    entries.iter().for_each(|(_, x)| walk(x, &mut classes));
+    for want in [
+        "re._compile",
+        "sacremoses.normalize.MosesPunctNormalizer",
+        "sacremoses.tokenize.MosesTokenizer",
+        "sacremoses.tokenize.MosesDetokenizer",
+    ] {
+        assert!(classes.contains(&want), "{want} in {classes:?}");
+    }
+    // The regular expression is its pattern, as data.
+    let Some(PyValue::Record { args, .. }) = v.get("punction_without_space_before_pattern") else {
+        panic!("{:?}", v.get("punction_without_space_before_pattern"));
+    };
+    assert!(
+        matches!(&args[0], PyValue::Str(p) if p.contains("[^\\s]")),
+        "{args:?}"
+    );
 }
 
 /// The structure itself: the Counter's counts, the OrderedDict's order, a tuple, None.

@@ -6,7 +6,9 @@
 //! lists, tuples, dicts, sets, the memo — and accepts a global only from a fixed allowlist of
 //! data types ([`ALLOWED_GLOBALS`]: `collections.OrderedDict`, `collections.Counter`, the
 //! built-in `set` and `frozenset`), which `REDUCE` / `NEWOBJ` turn into values without running
-//! anything. Any other global is refused with [`PickleError::Refused`] naming it, as are
+//! anything. The tokenizer objects transformers 4.x pickles beside TransfoXL's vocabulary
+//! ([`RECORD_GLOBALS`]) are kept as inert records (class name, arguments, state), never called
+//! either. Any other global is refused with [`PickleError::Refused`] naming it, as are
 //! persistent ids, extension codes, `INST` / `OBJ` and out-of-band buffers.
 //!
 //! A file written by PyTorch's `torch.save` is read too, [`read_file`] returning the object: the
@@ -27,6 +29,20 @@ pub const ALLOWED_GLOBALS: &[&str] = &[
     "builtins.frozenset",
     "__builtin__.set",
     "__builtin__.frozenset",
+];
+
+/// Classes whose instances are kept as inert records ([`PyValue::Record`]: the class name, the
+/// arguments and the state the pickle gives), never called or built: the objects
+/// transformers 4.x's `TransfoXLTokenizer` holds besides its vocabulary (a compiled regular
+/// expression, the Moses normaliser, tokenizer and detokenizer, the added-tokens trie and
+/// tokens), so that the `vocab.pkl` its `save_vocabulary` writes can be read for its data.
+pub const RECORD_GLOBALS: &[&str] = &[
+    "re._compile",
+    "sacremoses.normalize.MosesPunctNormalizer",
+    "sacremoses.tokenize.MosesTokenizer",
+    "sacremoses.tokenize.MosesDetokenizer",
+    "transformers.tokenization_utils.Trie",
+    "tokenizers.AddedToken",
 ];
 
 /// The magic number that starts a legacy `torch.save` file.
@@ -58,6 +74,16 @@ pub enum PyValue {
     Dict(DictKind, Vec<(PyValue, PyValue)>),
     /// A `set` or `frozenset`, in the pickle's order.
     Set(Vec<PyValue>),
+    /// An instance of a class of [`RECORD_GLOBALS`], not built: the class (`module.name`), the
+    /// arguments it would have been called with, and the state `BUILD` would have set.
+    Record {
+        /// `module.name` of the class.
+        class: String,
+        /// The arguments of `REDUCE` / `NEWOBJ`.
+        args: Vec<PyValue>,
+        /// The state of `BUILD` (`None` when the pickle sets none).
+        state: Box<PyValue>,
+    },
 }
 
 /// Which mapping a [`PyValue::Dict`] was.
@@ -98,6 +124,7 @@ impl PyValue {
             PyValue::Dict(DictKind::OrderedDict, _) => "OrderedDict",
             PyValue::Dict(DictKind::Counter, _) => "Counter",
             PyValue::Set(_) => "set",
+            PyValue::Record { .. } => "object",
         }
     }
 }
@@ -219,6 +246,10 @@ enum Obj {
     Set(Vec<Ref>),
     /// An allowed global (a data type), before it is called.
     Global(&'static str),
+    /// A class of [`RECORD_GLOBALS`], before it is "called".
+    RecordClass(&'static str),
+    /// An instance of such a class: its class, arguments and `BUILD` state.
+    Record(&'static str, Vec<Ref>, Option<Ref>),
 }
 
 enum Item {
@@ -336,6 +367,9 @@ impl<'a> Machine<'a> {
 
     fn global(&self, module: &str, name: &str, offset: usize) -> Result<Obj, PickleError> {
         let full = format!("{module}.{name}");
+        if let Some(g) = RECORD_GLOBALS.iter().find(|g| **g == full) {
+            return Ok(Obj::RecordClass(g));
+        }
         match ALLOWED_GLOBALS.iter().find(|g| **g == full) {
             Some(g) => Ok(Obj::Global(g)),
             None => Err(PickleError::Refused {
@@ -382,12 +416,17 @@ impl<'a> Machine<'a> {
     fn call(&self, callable: &Ref, args: &Ref) -> Result<Obj, PickleError> {
         let name = match &*callable.borrow() {
             Obj::Global(g) => *g,
+            Obj::RecordClass(g) => *g,
             _ => return Err(self.bad("a call of something that is not an allowed global")),
         };
         let args = match &*args.borrow() {
             Obj::Tuple(a) => a.clone(),
             _ => return Err(self.bad(format!("{name} called with arguments that are no tuple"))),
         };
+        if matches!(&*callable.borrow(), Obj::RecordClass(_)) {
+            // Kept as a record: nothing is called.
+            return Ok(Obj::Record(name, args, None));
+        }
         let kind = match name {
             "collections.OrderedDict" => DictKind::OrderedDict,
             "collections.Counter" => DictKind::Counter,
@@ -698,10 +737,14 @@ impl<'a> Machine<'a> {
                     self.push(o);
                 }
                 b'b' => {
-                    // BUILD: state for the object below it. The allowed types carry none (an
-                    // empty dict or None) beyond their items.
+                    // BUILD: state for the object below it. A record keeps it as data; the
+                    // allowed types carry none (an empty dict or None) beyond their items.
                     let state = self.pop()?;
-                    self.top()?;
+                    let target = self.top()?;
+                    if let Obj::Record(_, _, slot) = &mut *target.borrow_mut() {
+                        *slot = Some(state);
+                        continue;
+                    }
                     let empty = match &*state.borrow() {
                         Obj::None => true,
                         Obj::Dict(_, e) => e.is_empty(),
@@ -783,6 +826,16 @@ fn to_value(r: &Ref, depth: usize) -> Result<PyValue, String> {
                 .map(|(k, v)| Ok((to_value(k, depth + 1)?, to_value(v, depth + 1)?)))
                 .collect::<Result<Vec<_>, String>>()?,
         ),
-        Obj::Global(g) => return Err(format!("{g} left uncalled: a type is not data")),
+        Obj::Record(class, args, state) => PyValue::Record {
+            class: class.to_string(),
+            args: all(args)?,
+            state: Box::new(match state {
+                Some(s) => to_value(s, depth + 1)?,
+                None => PyValue::None,
+            }),
+        },
+        Obj::Global(g) | Obj::RecordClass(g) => {
+            return Err(format!("{g} left uncalled: a type is not data"));
+        }
     })
 }
