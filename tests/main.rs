@@ -10,6 +10,7 @@ mod fused_relative;
 mod generate;
 mod hub;
 mod import;
+mod import_compressive;
 mod import_family;
 mod import_labml;
 mod import_lucidrains;

@@ -490,3 +490,21 @@ impl TransformerXl {
         Ok(aux.map(|a| a.mul_scalar(cfg.reconstruction_weight / n_layers)))
     }
 }
+
+impl TransformerXl {
+    /// Reads one segment of a compressive stack as its training step does
+    /// ([`TransformerXl::train_step`]): the hidden states (with the graph) and the weighted
+    /// attention-reconstruction loss (`None` when nothing was compressed), moving both
+    /// memories on. Dropout follows the model's device, as in [`forward_state`](Self::forward_state).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]`, `reset`: `batch` flags → `[batch, qlen, d_model]`, `[1]`
+    pub fn forward_compressive_train(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<(Tensor<3>, Option<Tensor<1>>), XlError> {
+        self.forward_compressive(tokens, state, reset, None, true)
+    }
+}
