@@ -33,7 +33,13 @@ fn lucidrains_compressive_matches_the_package() {
     let (model, cfg) = lucidrains_compressive::load(&fixture(), &dev).expect("import");
     assert_eq!(model.stack_family(), "compressive");
     assert_eq!(
-        (cfg.depth, cfg.seq_len, cfg.mem_len, cfg.cmem_len, cfg.cmem_ratio),
+        (
+            cfg.depth,
+            cfg.seq_len,
+            cfg.mem_len,
+            cfg.cmem_len,
+            cfg.cmem_ratio
+        ),
         (2, 4, 8, 4, 2)
     );
     let r = Reference::at(&fixture());
@@ -90,11 +96,19 @@ fn lucidrains_compressive_matches_the_package() {
             check(&host(got), &host(want), &format!("memory {s}.{l}"));
             let want = r.float::<4>(&format!("cmem.{s}"), &dev);
             let [_, _, c, d] = want.dims();
-            assert_eq!(state.compressed.layers.len(), c, "compressed length after {s}");
+            assert_eq!(
+                state.compressed.layers.len(),
+                c,
+                "compressed length after {s}"
+            );
             if c > 0 {
                 let want = want.narrow(0, l, 1).reshape([batch, c, d]);
                 let got = state.compressed.layers.layer(l).unwrap().clone();
-                check(&host(got), &host(want), &format!("compressed memory {s}.{l}"));
+                check(
+                    &host(got),
+                    &host(want),
+                    &format!("compressed memory {s}.{l}"),
+                );
             }
         }
     }
@@ -106,8 +120,7 @@ fn lucidrains_compressive_matches_the_package() {
     // script): memzoo's is its LM gradient, recorded with that detach disabled.
     let kv = |n: &str| n.ends_with("to_kv.weight");
     check_gradients(&got, &r, "grad.", kv);
-    let lm: memzoo_import::mapping::PeerTensors =
-        got.into_iter().filter(|(n, _)| kv(n)).collect();
+    let lm: memzoo_import::mapping::PeerTensors = got.into_iter().filter(|(n, _)| kv(n)).collect();
     assert_eq!(lm.len(), cfg.depth);
     check_gradients(&lm, &r, "lm_grad.", |n| !kv(n));
 }
@@ -115,10 +128,9 @@ fn lucidrains_compressive_matches_the_package() {
 /// An option memzoo's stack cannot express is refused by name.
 #[test]
 fn lucidrains_compressive_refuses_what_it_cannot_express() {
-    let mut cfg: memzoo_import::CompressivePeerConfig = serde_json::from_str(
-        &std::fs::read_to_string(fixture().join("config.json")).unwrap(),
-    )
-    .unwrap();
+    let mut cfg: memzoo_import::CompressivePeerConfig =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
+            .unwrap();
     assert!(cfg.xl_config().is_ok());
     cfg.enhanced_recurrence = true;
     let err = cfg.xl_config().unwrap_err().to_string();

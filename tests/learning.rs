@@ -401,3 +401,37 @@ fn memorizing_learns_tiny_shakespeare() {
     );
     assert_learns("Memorizing Transformer (kNN layer)", bpc, unigram);
 }
+
+/// The Compressive Transformer (a compressed memory of 16 vectors at rate 2 beside an XL memory
+/// of 16, conv compression trained by the reconstruction loss) learns the text.
+#[test]
+fn compressive_learns_tiny_shakespeare() {
+    let (train_tokens, valid_tokens, unigram) = text_splits();
+    let model = XlConfig::new()
+        .with_randomness(Randomness::Seeded)
+        .with_n_layers(2)
+        .with_d_model(64)
+        .with_n_heads(4)
+        .with_d_inner(256)
+        .with_mem_len(16)
+        .with_dropout(0.0)
+        .with_untie_rel_bias(true)
+        .with_embedding_std(Some(5.0 / 64.0))
+        .with_compressive(Some(
+            memzoo_stack::CompressiveConfig::new()
+                .with_cmem_len(16)
+                .with_ratio(2),
+        ));
+    let model = seeded_weights(model.init(&device()).unwrap(), 0, xl_init_std(&model));
+    assert_eq!(model.stack_family(), "compressive");
+    let bpc = short_run(
+        "compressive",
+        model,
+        &train_tokens,
+        &valid_tokens,
+        250,
+        [16, 32],
+        3e-3,
+    );
+    assert_learns("compressive", bpc, unigram);
+}

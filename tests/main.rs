@@ -3,6 +3,7 @@
 mod adaptive;
 mod backend;
 mod cli;
+mod compressive;
 mod config;
 mod default_run;
 mod eval;

@@ -50,8 +50,8 @@ use std::path::Path;
 use burn::tensor::{Device, Tensor};
 use memzoo_relative::{PositionConfig, PositionKind, PositionParams};
 use memzoo_stack::{
-    Activation, CompressionKind, CompressiveConfig, InputEmbedding, LayerKind, OutputLayer, TransformerXl,
-    XlConfig,
+    Activation, CompressionKind, CompressiveConfig, InputEmbedding, LayerKind, OutputLayer,
+    TransformerXl, XlConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -253,7 +253,9 @@ impl PeerFormat for LucidrainsCompressive {
             mapping::linear(map, &format!("{p}.to_kv"), &mut a.key_value, false, device)?;
             mapping::linear(map, &format!("{p}.to_out"), &mut a.output, true, device)?;
             let PositionParams::Learned(lp) = &mut a.scheme else {
-                return Err(ImportError::Unsupported(format!("layer {l} is not `learned`")));
+                return Err(ImportError::Unsupported(format!(
+                    "layer {l} is not `learned`"
+                )));
             };
             mapping::set(&mut lp.embedding, full.clone(), "pos_emb")?;
             let qb = lp.query_bias.dims();
@@ -262,9 +264,10 @@ impl PeerFormat for LucidrainsCompressive {
             mapping::set(&mut lp.key_bias, Tensor::zeros(kb, device), "pos_emb")?;
             block_names(l).take(map, &mut layer.block, device)?;
         }
-        let comp = model.compressive.as_mut().ok_or_else(|| {
-            ImportError::Unsupported("the stack is not compressive".into())
-        })?;
+        let comp = model
+            .compressive
+            .as_mut()
+            .ok_or_else(|| ImportError::Unsupported("the stack is not compressive".into()))?;
         for (l, conv) in comp.convs.iter_mut().enumerate() {
             let name = format!("attn_layers.{l}.fn.fn.compress_mem_fn.conv");
             let w: Tensor<3> = map.float(&format!("{name}.weight"), [d, d, c], device)?;
@@ -317,7 +320,11 @@ pub fn compressive_to_peer(
             let [rows, h, dh] = t.dims();
             let m = rows / 2;
             // Rows M..=2M are distances 0..=M; pos_emb[:, L - 1 - d].
-            let t = t.narrow(0, m, m + 1).flip([0]).swap_dims(0, 1).reshape([h, m + 1, dh]);
+            let t = t
+                .narrow(0, m, m + 1)
+                .flip([0])
+                .swap_dims(0, 1)
+                .reshape([h, m + 1, dh]);
             pos = Some(match (pos, matches!(src, Source::Values)) {
                 (Some(p), true) => p,
                 (Some(p), false) => p + t,

@@ -158,18 +158,17 @@ impl CompressiveConfig {
             ));
         }
         let kinds = stack.layer_kinds();
-        if let Some(k) = kinds.iter().find(|k| {
-            !matches!(k, LayerKind::Xl | LayerKind::Learned | LayerKind::T5)
-        }) {
+        if let Some(k) = kinds
+            .iter()
+            .find(|k| !matches!(k, LayerKind::Xl | LayerKind::Learned | LayerKind::T5))
+        {
             return bad(format!(
                 "compressive stacks read cat(cmem, mem, x) with relative layers (xl, learned, \
                  t5); layer kind {k:?} is not one"
             ));
         }
         if self.window_end_positions && kinds.iter().any(|k| *k != LayerKind::Learned) {
-            return bad(
-                "compressive.window_end_positions needs every layer `learned`".into(),
-            );
+            return bad("compressive.window_end_positions needs every layer `learned`".into());
         }
         for (name, on) in [
             ("memory_keys_values", stack.memory_keys_values),
@@ -229,9 +228,10 @@ impl Compression {
         let w = (n + pad) / c;
         Ok(match self.config.function {
             CompressionKind::Conv => {
-                let conv = self.convs.get(l).ok_or_else(|| {
-                    XlError::Input(format!("no compression for layer {l}"))
-                })?;
+                let conv = self
+                    .convs
+                    .get(l)
+                    .ok_or_else(|| XlError::Input(format!("no compression for layer {l}")))?;
                 linear_rows(conv, old.reshape([b, w, c * d]))
             }
             CompressionKind::Max => old.reshape([b, w, c, d]).max_dim(2).reshape([b, w, d]),
@@ -350,8 +350,8 @@ impl TransformerXl {
         };
         let mut contexts = self.contexts(batch, qlen, clen + mlen, &mask, &device)?;
         if cfg.window_end_positions {
-            let missing = (self.mem_len.saturating_sub(mlen) + cfg.cmem_len.saturating_sub(clen))
-                as i64;
+            let missing =
+                (self.mem_len.saturating_sub(mlen) + cfg.cmem_len.saturating_sub(clen)) as i64;
             for (p, _, ctx) in contexts.iter_mut() {
                 if p.kind != PositionKind::Learned {
                     continue;
@@ -362,10 +362,8 @@ impl TransformerXl {
                     .map(|c| p.table_index(distance_of_column(c, klen) + missing) as i64)
                     .collect();
                 let w = idx.len();
-                ctx.index = PositionIndex::Learned(Tensor::from_data(
-                    TensorData::new(idx, [w]),
-                    &device,
-                ));
+                ctx.index =
+                    PositionIndex::Learned(Tensor::from_data(TensorData::new(idx, [w]), &device));
             }
         }
         let mut h = self.embed(tokens, opts)?;
@@ -373,7 +371,10 @@ impl TransformerXl {
         let norm_grads = cfg.memory_norm_gradients;
         for (l, layer) in self.layers.iter().enumerate() {
             inputs.push(h.clone());
-            let mem = state.xl.layer(l).map(|m| layer.read_memory(m.clone(), norm_grads));
+            let mem = state
+                .xl
+                .layer(l)
+                .map(|m| layer.read_memory(m.clone(), norm_grads));
             let prefix = match (cmem.layer(l).cloned(), mem) {
                 (Some(c), Some(m)) => Some(Tensor::cat(vec![c, m], 1)),
                 (c, m) => c.or(m),
@@ -400,6 +401,12 @@ impl TransformerXl {
         train: bool,
     ) -> Result<Option<Tensor<1>>, XlError> {
         let cfg = &comp.config;
+        if self.mem_len == 0 {
+            // Read with no memory (`with_mem_len(0)`): neither memory is kept.
+            state.xl = XlMemory::empty();
+            state.compressed = CompressedMemory::default();
+            return Ok(None);
+        }
         let mlen = state.xl.len();
         let total = mlen + qlen;
         let keep = total.min(self.mem_len);
@@ -424,9 +431,7 @@ impl TransformerXl {
                 continue;
             }
             // What the attention read of the leaving positions, constant.
-            let old = layer
-                .read_memory(all.narrow(1, 0, n_old), false)
-                .detach();
+            let old = layer.read_memory(all.narrow(1, 0, n_old), false).detach();
             let compressed = comp.compress(l, old.clone())?;
             windows = compressed.dims()[1];
             let cat = match old_cmem {
@@ -472,7 +477,11 @@ impl TransformerXl {
             if state.compressed.valid.len() != state.xl_valid.len() {
                 state.compressed.valid = vec![0; state.xl_valid.len()];
             }
-            for (v, cv) in state.xl_valid.iter_mut().zip(state.compressed.valid.iter_mut()) {
+            for (v, cv) in state
+                .xl_valid
+                .iter_mut()
+                .zip(state.compressed.valid.iter_mut())
+            {
                 let seen = *v + qlen;
                 if windows > 0 {
                     let valid_old = seen.saturating_sub(keep);

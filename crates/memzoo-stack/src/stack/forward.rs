@@ -412,7 +412,9 @@ impl TransformerXl {
         opts: Option<&ForwardOptions>,
     ) -> Result<Tensor<3>, XlError> {
         if self.compressive.is_some() {
-            return Ok(self.forward_compressive(tokens, state, reset, opts, false)?.0);
+            return Ok(self
+                .forward_compressive(tokens, state, reset, opts, false)?
+                .0);
         }
         let qlen = tokens.dims()[1];
         let mask = self.prepare(&tokens, state, reset)?;
