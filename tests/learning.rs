@@ -21,7 +21,8 @@ use memzoo_stack::ReformerConfig;
 use memzoo_stack::{Randomness, XlConfig, XlMemory};
 use memzoo_tests::*;
 use memzoo_train::{
-    AdamConfig, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, TrainOutcome, train,
+    AdamConfig, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, TrainOutcome, evaluate,
+    train,
 };
 
 /// `torch.optim.AdamW.step` (PyTorch 2.x, `amsgrad=False`, `maximize=False`), written out for
@@ -424,14 +425,46 @@ fn compressive_learns_tiny_shakespeare() {
         ));
     let model = seeded_weights(model.init(&device()).unwrap(), 0, xl_init_std(&model));
     assert_eq!(model.stack_family(), "compressive");
-    let bpc = short_run(
-        "compressive",
-        model,
-        &train_tokens,
-        &valid_tokens,
-        250,
-        [16, 32],
-        3e-3,
+    let dir = std::env::temp_dir().join(format!("memzoo-learning-{}-cmem", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let tgt_len = 8;
+    let config = TrainConfig::new()
+        .with_steps(STEPS)
+        .with_batch(16)
+        .with_tgt_len(tgt_len)
+        .with_seed(0)
+        .with_log_every(STEPS)
+        .with_eval_every(0)
+        .with_checkpoint_every(0)
+        .with_schedule(
+            ScheduleConfig::new()
+                .with_lr(3e-3)
+                .with_warmup(STEPS / 10)
+                .with_min_ratio(0.0),
+        );
+    let mut train_data = OrderedBatcher::new(train_tokens, 16, tgt_len)
+        .unwrap()
+        .drop_last(true);
+    let options = RunOptions {
+        run_dir: dir.clone(),
+        resume: false,
+        quiet: true,
+    };
+    let outcome = train(model, &config, &mut train_data, None, &options).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let valid = &valid_tokens[..valid_tokens.len().min(16_384)];
+    let bpc = |cmem_len: usize| {
+        let model = outcome.model.clone().with_cmem_len(cmem_len);
+        let mut data = OrderedBatcher::new(valid.to_vec(), 8, tgt_len).unwrap();
+        evaluate(&model, &mut data, tgt_len, None).unwrap().bpc
+    };
+    let (with, without) = (bpc(16), bpc(0));
+    assert_learns("compressive", with, unigram);
+    eprintln!("compressive: {with:.3} bpc reading its compressed memory, {without:.3} without");
+    assert!(
+        with < without - 0.02,
+        "the compressed memory does not help: {with:.3} bpc with it, {without:.3} without"
     );
-    assert_learns("compressive", bpc, unigram);
 }
+
+const STEPS: usize = 600;

@@ -517,3 +517,15 @@ impl TransformerXl {
         self.forward_compressive(tokens, state, reset, None, true)
     }
 }
+
+impl TransformerXl {
+    /// The same compressive model reading a compressed memory of `cmem_len` vectors (0: none,
+    /// the baseline that shows what the compressed memory adds; longer: as the XL memory can
+    /// be at evaluation). A stack that is not compressive is returned as it is.
+    pub fn with_cmem_len(mut self, cmem_len: usize) -> Self {
+        if let Some(c) = self.compressive.as_mut() {
+            c.config.cmem_len = cmem_len;
+        }
+        self
+    }
+}
