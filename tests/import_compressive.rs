@@ -136,3 +136,35 @@ fn lucidrains_compressive_refuses_what_it_cannot_express() {
     let err = cfg.xl_config().unwrap_err().to_string();
     assert!(err.contains("enhanced_recurrence"), "{err}");
 }
+
+/// Export writes what the import reads: the package's config and every tensor, unchanged; a
+/// stack the package cannot express is refused naming the field.
+#[test]
+fn lucidrains_compressive_export_round_trips() {
+    let dev = flex();
+    let (model, cfg) = lucidrains_compressive::load(&fixture(), &dev).unwrap();
+    let stack = cfg.xl_config().unwrap();
+    let format = memzoo_import::format("lucidrains-compressive").unwrap();
+    let dir = crate::import::scratch("compressive-export");
+    format.export(&model, &stack, &dir).unwrap();
+    let (_, back) = lucidrains_compressive::load(&dir, &dev).unwrap();
+    assert_eq!(back, cfg);
+    let want = memzoo_import::TensorMap::read(&fixture().join("model.safetensors")).unwrap();
+    let got = memzoo_import::TensorMap::read(&dir.join("model.safetensors")).unwrap();
+    assert_eq!(got.names().count(), want.names().count());
+    for name in want.names() {
+        let w = want.get(name).unwrap().clone().convert::<f32>();
+        let g = got.get(name).unwrap().clone().convert::<f32>();
+        assert_eq!(g.shape(), w.shape(), "{name}");
+        check(
+            &g.try_to_vec::<f32>().unwrap(),
+            &w.try_to_vec::<f32>().unwrap(),
+            name,
+        );
+    }
+    let err = format
+        .export(&model, &stack.clone().with_final_norm(true), &dir)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("final_norm"), "{err}");
+}

@@ -30,6 +30,9 @@
 //! - it pads old memory that is not a multiple of `cmem_ratio` by `n mod ratio` zeros (memzoo:
 //!   to the next multiple); with `mem_len` and `seq_len` multiples of the ratio neither pads;
 //! - it updates no memory for a segment shorter than `seq_len` (memzoo does);
+//! - export writes the package's `config.json` and `model.safetensors` of a stack it can
+//!   express ([`CompressivePeerConfig::from_xl`] names the first field it cannot), the segment
+//!   length from the position table (`max_distance + 1 − mem_len − cmem_len`);
 //! - refused by name: `gru_gated_residual`, `mogrify_gru`, `enhanced_recurrence`,
 //!   `memory_layers` other than all, `ff_glu`, `emb_dim` other than `dim`.
 //!
@@ -180,6 +183,89 @@ impl CompressivePeerConfig {
     }
 }
 
+impl CompressivePeerConfig {
+    /// The package's config of a memzoo stack; the error names the first field the package
+    /// cannot express.
+    pub fn from_xl(xl: &XlConfig) -> Result<Self, ImportError> {
+        let Some(c) = &xl.compressive else {
+            return Err(ImportError::Unsupported(
+                "compressive = none: lucidrains-compressive needs a compressive stack".into(),
+            ));
+        };
+        let kinds = xl.layer_kinds();
+        let window = xl.positions.max_distance + 1;
+        let seq_len = window.checked_sub(xl.mem_len + c.cmem_len).unwrap_or(0);
+        mapping::expressible(
+            &[
+                (!xl.pre_ln, "pre_ln = false"),
+                (xl.final_norm, "final_norm = true"),
+                (xl.tie_weights, "tie_weights = true"),
+                (xl.scale_embedding, "scale_embedding = true"),
+                (xl.is_adaptive(), "an adaptive embedding"),
+                (!xl.attention_output_bias, "attention_output_bias = false"),
+                (xl.value_output_bias, "value_output_bias = true"),
+                (xl.kv_heads.is_some(), "kv_heads"),
+                (
+                    xl.ff_activation != Activation::Gelu,
+                    "ff_activation other than gelu",
+                ),
+                (xl.d_inner != 4 * xl.d_model, "d_inner other than 4 d_model"),
+                (
+                    xl.head_width() * xl.n_heads != xl.d_model,
+                    "n_heads d_head other than d_model",
+                ),
+                (
+                    kinds.iter().any(|k| *k != LayerKind::Learned),
+                    "layers other than `learned`",
+                ),
+                (
+                    c.function != CompressionKind::Conv,
+                    "compressive.function other than conv",
+                ),
+                (
+                    !c.reconstruct_whole_memory,
+                    "compressive.reconstruct_whole_memory = false",
+                ),
+                (
+                    !c.window_end_positions,
+                    "compressive.window_end_positions = false",
+                ),
+                (
+                    c.memory_norm_gradients,
+                    "compressive.memory_norm_gradients = true",
+                ),
+                (
+                    seq_len == 0,
+                    "positions.max_distance below mem_len + cmem_len",
+                ),
+                (xl.mem_len < seq_len, "mem_len below the segment length"),
+                (
+                    c.cmem_len < xl.mem_len / c.ratio.max(1),
+                    "cmem_len below mem_len / ratio",
+                ),
+            ],
+            "lucidrains-compressive",
+        )?;
+        Ok(Self {
+            num_tokens: xl.vocab_size,
+            dim: xl.d_model,
+            seq_len,
+            depth: xl.n_layers,
+            heads: xl.n_heads,
+            mem_len: xl.mem_len,
+            cmem_len: c.cmem_len,
+            cmem_ratio: c.ratio,
+            reconstruction_loss_weight: c.reconstruction_weight,
+            gru_gated_residual: false,
+            mogrify_gru: false,
+            enhanced_recurrence: false,
+            ff_glu: false,
+            memory_layers: None,
+            emb_dim: None,
+        })
+    }
+}
+
 /// The package's checkpoint layout (`memzoo import --from lucidrains-compressive`).
 pub struct LucidrainsCompressive;
 
@@ -285,10 +371,50 @@ impl PeerFormat for LucidrainsCompressive {
     }
 
     fn config_of(&self, stack: &XlConfig) -> Result<CompressivePeerConfig, ImportError> {
-        Err(ImportError::Unsupported(format!(
-            "exporting a `{}` stack to lucidrains-compressive is not supported yet (import only)",
-            stack.family()
-        )))
+        CompressivePeerConfig::from_xl(stack)
+    }
+
+    /// The values, after checking what the package's one position table and bias-free scores
+    /// need: every layer's table the same, the query and key biases zero.
+    fn state_dict(
+        &self,
+        _: &CompressivePeerConfig,
+        model: &TransformerXl,
+    ) -> Result<PeerTensors, ImportError> {
+        let mut first: Option<Vec<f32>> = None;
+        for (l, layer) in model.layers.iter().enumerate() {
+            let PositionParams::Learned(lp) = &layer.attention.local().scheme else {
+                return Err(ImportError::Unsupported(format!(
+                    "layer {l} is not `learned`"
+                )));
+            };
+            let host = |t: Tensor<3>| t.into_data().convert::<f32>().try_to_vec::<f32>();
+            let table = host(lp.embedding.val()).map_err(|e| ImportError::Value {
+                name: format!("layer {l}'s position table"),
+                message: format!("{e:?}"),
+            })?;
+            let biases = [
+                lp.query_bias.val().abs().max(),
+                lp.key_bias.val().abs().max(),
+            ];
+            if biases.into_iter().any(|b| b.into_scalar::<f32>() != 0.0) {
+                return Err(ImportError::Unsupported(format!(
+                    "layer {l}'s learned query/key position biases are not zero: \
+                     lucidrains-compressive has none"
+                )));
+            }
+            match &first {
+                Some(t) if *t != table => {
+                    return Err(ImportError::Unsupported(format!(
+                        "layer {l}'s position table differs from layer 0's: \
+                         lucidrains-compressive shares one table (pos_emb)"
+                    )));
+                }
+                Some(_) => {}
+                None => first = Some(table),
+            }
+        }
+        self.map_out(model, Source::Values)
     }
 
     fn map_out(&self, model: &TransformerXl, src: Source<'_>) -> Result<PeerTensors, ImportError> {
