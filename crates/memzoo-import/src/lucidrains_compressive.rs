@@ -194,7 +194,7 @@ impl CompressivePeerConfig {
         };
         let kinds = xl.layer_kinds();
         let window = xl.positions.max_distance + 1;
-        let seq_len = window.checked_sub(xl.mem_len + c.cmem_len).unwrap_or(0);
+        let seq_len = window.saturating_sub(xl.mem_len + c.cmem_len);
         mapping::expressible(
             &[
                 (!xl.pre_ln, "pre_ln = false"),
