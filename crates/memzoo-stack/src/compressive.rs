@@ -24,6 +24,11 @@
 //! ([`CompressedMemory`] in [`XlState`](crate::XlState)), cleared per row at document starts
 //! (with `document_resets`), and saved in checkpoints beside the XL memory.
 //!
+//! kNN layers (the Memorizing Transformer's) combine with it: their local attention reads
+//! `cat(cm, m, h)` like any layer's and they search their kNN memory of every segment read
+//! (`knn.feed = "segment"`); their reconstruction loss uses their local attention's
+//! projections with plain dot-product scores.
+//!
 //! Old memory that does not fill whole windows of `c` (only when `mem_len` or the segment
 //! length is not a multiple of `c`) is padded with zeros at its front.
 
@@ -41,7 +46,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::XlError;
 use crate::memory::{XlMemory, XlState};
-use crate::stack::{LayerKind, Replay, Residual, TransformerXl, XlConfig, XlLayer, document_mask};
+use crate::stack::{
+    KnnFeed, LayerAttention, LayerKind, Replay, Residual, TransformerXl, XlConfig, XlLayer,
+    document_mask,
+};
 
 /// How old memories are compressed (Rae et al. 2019, sec. 3.1), windows of `c` positions to
 /// one vector.
@@ -158,14 +166,23 @@ impl CompressiveConfig {
             ));
         }
         let kinds = stack.layer_kinds();
-        if let Some(k) = kinds
-            .iter()
-            .find(|k| !matches!(k, LayerKind::Xl | LayerKind::Learned | LayerKind::T5))
-        {
+        if let Some(k) = kinds.iter().find(|k| {
+            !matches!(
+                k,
+                LayerKind::Xl | LayerKind::Learned | LayerKind::T5 | LayerKind::Knn
+            )
+        }) {
             return bad(format!(
                 "compressive stacks read cat(cmem, mem, x) with relative layers (xl, learned, \
-                 t5); layer kind {k:?} is not one"
+                 t5) or kNN layers; layer kind {k:?} is not one"
             ));
+        }
+        if kinds.contains(&LayerKind::Knn) && stack.knn.feed == KnnFeed::Evicted {
+            return bad(
+                "knn.feed = \"evicted\" in a compressive stack: what leaves the XL memory is \
+                 compressed; use knn.feed = \"segment\""
+                    .into(),
+            );
         }
         if self.window_end_positions && kinds.iter().any(|k| *k != LayerKind::Learned) {
             return bad("compressive.window_end_positions needs every layer `learned`".into());
@@ -327,6 +344,24 @@ impl TransformerXl {
             }
         }
         let (mlen, clen) = (state.xl.len(), cmem.len());
+        // kNN layers (searched over everything read, beside the compressed memory).
+        let n_knn = self.n_knn_layers();
+        if state.knn.is_empty() && n_knn > 0 {
+            state.knn = self.new_state(batch, &device)?.knn;
+        }
+        if state.knn.len() != n_knn || state.knn.iter().any(|m| m.batch() != batch) {
+            return Err(XlError::Input(format!(
+                "state has {} kNN memories for a model of {n_knn} kNN layers and a batch of \
+                 {batch}",
+                state.knn.len()
+            )));
+        }
+        if self.document_resets {
+            let rows: Vec<usize> = (0..batch).filter(|&b| reset[b]).collect();
+            for m in state.knn.iter_mut() {
+                m.clear(&rows)?;
+            }
+        }
         let mask = if self.document_resets {
             if state.xl_valid.len() != batch {
                 state.xl_valid = vec![mlen; batch];
@@ -369,6 +404,7 @@ impl TransformerXl {
         let mut h = self.embed(tokens, opts)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
         let norm_grads = cfg.memory_norm_gradients;
+        let mut stores = state.knn.iter_mut();
         for (l, layer) in self.layers.iter().enumerate() {
             inputs.push(h.clone());
             let mem = state
@@ -379,12 +415,17 @@ impl TransformerXl {
                 (Some(c), Some(m)) => Some(Tensor::cat(vec![c, m], 1)),
                 (c, m) => c.or(m),
             };
-            let mut cx = self.layer_context(l, &contexts, None, opts);
+            let store = match layer.attention {
+                LayerAttention::Knn(_) => stores.next().map(|s| s.as_mut()),
+                _ => None,
+            };
+            let mut cx = self.layer_context(l, &contexts, store, opts);
             h = layer.block.forward(h, None, opts, |x, _| {
                 Ok::<_, XlError>(layer.attend(x, prefix, &mut cx, Replay::Nothing)?.0)
             })?;
         }
         drop(contexts);
+        drop(stores);
         let hidden = self.finish(h, opts);
         let aux = self.compress_memories(comp, state, &inputs, qlen, train)?;
         Ok((hidden, aux))
