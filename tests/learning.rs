@@ -21,7 +21,8 @@ use memzoo_stack::ReformerConfig;
 use memzoo_stack::{Randomness, XlConfig, XlMemory};
 use memzoo_tests::*;
 use memzoo_train::{
-    AdamConfig, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, TrainOutcome, train,
+    AdamConfig, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, TrainOutcome, evaluate,
+    train,
 };
 
 /// `torch.optim.AdamW.step` (PyTorch 2.x, `amsgrad=False`, `maximize=False`), written out for
@@ -401,3 +402,69 @@ fn memorizing_learns_tiny_shakespeare() {
     );
     assert_learns("Memorizing Transformer (kNN layer)", bpc, unigram);
 }
+
+/// The Compressive Transformer (a compressed memory of 16 vectors at rate 2 beside an XL memory
+/// of 16, conv compression trained by the reconstruction loss) learns the text.
+#[test]
+fn compressive_learns_tiny_shakespeare() {
+    let (train_tokens, valid_tokens, unigram) = text_splits();
+    let model = XlConfig::new()
+        .with_randomness(Randomness::Seeded)
+        .with_n_layers(2)
+        .with_d_model(64)
+        .with_n_heads(4)
+        .with_d_inner(256)
+        .with_mem_len(16)
+        .with_dropout(0.0)
+        .with_untie_rel_bias(true)
+        .with_embedding_std(Some(5.0 / 64.0))
+        .with_compressive(Some(
+            memzoo_stack::CompressiveConfig::new()
+                .with_cmem_len(16)
+                .with_ratio(2),
+        ));
+    let model = seeded_weights(model.init(&device()).unwrap(), 0, xl_init_std(&model));
+    assert_eq!(model.stack_family(), "compressive");
+    let dir = std::env::temp_dir().join(format!("memzoo-learning-{}-cmem", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let tgt_len = 8;
+    let config = TrainConfig::new()
+        .with_steps(STEPS)
+        .with_batch(16)
+        .with_tgt_len(tgt_len)
+        .with_seed(0)
+        .with_log_every(STEPS)
+        .with_eval_every(0)
+        .with_checkpoint_every(0)
+        .with_schedule(
+            ScheduleConfig::new()
+                .with_lr(3e-3)
+                .with_warmup(STEPS / 10)
+                .with_min_ratio(0.0),
+        );
+    let mut train_data = OrderedBatcher::new(train_tokens, 16, tgt_len)
+        .unwrap()
+        .drop_last(true);
+    let options = RunOptions {
+        run_dir: dir.clone(),
+        resume: false,
+        quiet: true,
+    };
+    let outcome = train(model, &config, &mut train_data, None, &options).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let valid = &valid_tokens[..valid_tokens.len().min(16_384)];
+    let bpc = |cmem_len: usize| {
+        let model = outcome.model.clone().with_cmem_len(cmem_len);
+        let mut data = OrderedBatcher::new(valid.to_vec(), 8, tgt_len).unwrap();
+        evaluate(&model, &mut data, tgt_len, None).unwrap().bpc
+    };
+    let (with, without) = (bpc(16), bpc(0));
+    assert_learns("compressive", with, unigram);
+    eprintln!("compressive: {with:.3} bpc reading its compressed memory, {without:.3} without");
+    assert!(
+        with < without - 0.02,
+        "the compressed memory does not help: {with:.3} bpc with it, {without:.3} without"
+    );
+}
+
+const STEPS: usize = 600;

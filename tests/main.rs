@@ -3,6 +3,7 @@
 mod adaptive;
 mod backend;
 mod cli;
+mod compressive;
 mod config;
 mod default_run;
 mod eval;
@@ -10,6 +11,7 @@ mod fused_relative;
 mod generate;
 mod hub;
 mod import;
+mod import_compressive;
 mod import_family;
 mod import_labml;
 mod import_lucidrains;

@@ -221,6 +221,7 @@ pub static FORMATS: &[&dyn Format] = &[
     &crate::lucidrains_memorizing::LucidrainsMemorizing,
     &crate::hf_reformer::HfReformer,
     &crate::lucidrains_reformer::LucidrainsReformer,
+    &crate::lucidrains_compressive::LucidrainsCompressive,
 ];
 
 /// The names of [`FORMATS`].

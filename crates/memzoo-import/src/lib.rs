@@ -34,6 +34,7 @@ pub mod hf_transfo_xl;
 #[cfg(feature = "hub")]
 pub mod hub;
 pub mod labml_xl;
+pub mod lucidrains_compressive;
 pub mod lucidrains_memorizing;
 pub mod lucidrains_reformer;
 pub mod mapping;
@@ -44,5 +45,6 @@ pub use format::{FORMATS, Format, PeerFormat, format};
 pub use hf_reformer::HfReformerConfig;
 pub use hf_transfo_xl::HfTransfoXlConfig;
 pub use labml_xl::LabmlXlConfig;
+pub use lucidrains_compressive::CompressivePeerConfig;
 pub use lucidrains_memorizing::MemorizingPeerConfig;
 pub use reader::TensorMap;

@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod adaptive;
+pub mod compressive;
 /// The errors of the layer stack.
 pub mod error;
 pub mod legacy;
@@ -35,6 +36,7 @@ pub use adaptive::{
     AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
     AdaptiveLogSoftmaxTensors,
 };
+pub use compressive::{CompressedMemory, Compression, CompressionKind, CompressiveConfig};
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use recurrent::RecurrentModel;

@@ -143,6 +143,8 @@ pub struct XlState {
     /// document (older ones are hidden from attention; with `document_resets`). Empty: all
     /// valid.
     pub xl_valid: Vec<usize>,
+    /// The compressed memories of a compressive stack (empty otherwise).
+    pub compressed: crate::compressive::CompressedMemory,
 }
 
 impl XlState {
@@ -179,6 +181,7 @@ impl XlState {
             xl: XlMemory::empty(),
             knn,
             xl_valid: Vec::new(),
+            compressed: Default::default(),
         })
     }
 }

@@ -244,6 +244,7 @@ impl RecurrentModel for TransformerXl {
                 .map(|s| Box::new(ReadOnlyIndex(Arc::clone(s))) as Box<dyn KnnIndex>)
                 .collect(),
             xl_valid: state.xl_valid.clone(),
+            compressed: state.compressed.clone(),
         };
         let logits = self.segment_logits(inputs, &mut view, reset);
         drop(view);

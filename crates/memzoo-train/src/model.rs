@@ -33,8 +33,9 @@ pub trait SegmentModel: RecurrentModel {
     fn load_state(&self, dir: &Path, device: &Device) -> Result<Self::State, TrainError>;
 }
 
-/// The layer stack's checkpoints: its parameters (older layouts converted), its XL memory as
-/// safetensors, its kNN memories, and each row's document position.
+/// The layer stack's checkpoints: its parameters (older layouts converted), its XL memory (and a
+/// compressive stack's compressed memory) as safetensors, its kNN memories, and each row's
+/// document position.
 impl SegmentModel for TransformerXl {
     /// Also reads checkpoints written before the layer stack (converted on load, with a
     /// warning on stderr).
@@ -56,6 +57,18 @@ impl SegmentModel for TransformerXl {
             .save_knn(dir)
             .map_err(|e| TrainError::Checkpoint(format!("saving kNN memories: {e}")))?;
         save_tensors(&dir.join("memory.safetensors"), state.xl.layers())?;
+        // A compressive stack's compressed memories, and their rows' document positions.
+        if !state.compressed.layers.is_empty() {
+            save_tensors(
+                &dir.join("compressed.safetensors"),
+                state.compressed.layers.layers(),
+            )?;
+        }
+        if !state.compressed.valid.is_empty() {
+            let valid = serde_json::to_string(&state.compressed.valid).expect("plain vector");
+            std::fs::write(dir.join("compressed_valid.json"), valid)
+                .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))?;
+        }
         if !state.xl_valid.is_empty() {
             let valid = serde_json::to_string(&state.xl_valid).expect("plain vector");
             std::fs::write(dir.join("xl_valid.json"), valid)
@@ -79,6 +92,20 @@ impl SegmentModel for TransformerXl {
         if memory.exists() || (n_knn == 0 && self.mem_len > 0) {
             let layers = load_tensors(&memory, device)?;
             state.xl = XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
+        }
+        let compressed = dir.join("compressed.safetensors");
+        if compressed.exists() {
+            let layers = load_tensors(&compressed, device)?;
+            state.compressed.layers =
+                XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
+        }
+        let valid = dir.join("compressed_valid.json");
+        if valid.exists() {
+            let text = std::fs::read_to_string(&valid)
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", valid.display())))?;
+            state.compressed.valid = serde_json::from_str(&text).map_err(|e| {
+                TrainError::Checkpoint(format!("compressed_valid.json is damaged: {e}"))
+            })?;
         }
         let valid = dir.join("xl_valid.json");
         if valid.exists() {

@@ -9,7 +9,7 @@
 
 use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::{LayerKind, ReformerConfig, XlConfig};
+use memzoo_stack::{CompressionKind, CompressiveConfig, LayerKind, ReformerConfig, XlConfig};
 use memzoo_train::{AdamConfig, ScheduleConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +51,15 @@ pub enum Preset {
     /// The Memorizing Transformer of Wu et al. 2022 (12 x 1024, kNN layer 9, 64K memories;
     /// `MemorizingConfig::paper`) on batch 8 x 512 (Adam, not the paper's Adafactor).
     MemorizingPaper,
+    /// A tiny Compressive Transformer (2 layers, d_model 64, 8 heads of 8, memory 16,
+    /// compressed memory 16 at rate 2 by convolution) on the default run's schedule.
+    CompressiveTiny,
+    /// The Compressive Transformer's enwik8 model (Rae et al. 2019, sec. 5.2/table 4: 24
+    /// layers, d_model 1024, 8 heads, d_inner 3072, segments and memory 768, compressed
+    /// memory 768 at rate 3, conv; `docs/paper-recipes.md` lists what the paper leaves
+    /// unstated) with Transformer-XL's schedule as a stand-in (the paper: Adam, lr 2e-4 with a
+    /// linear warm-up and cosine decay).
+    CompressivePaper,
 }
 
 impl Preset {
@@ -73,6 +82,29 @@ impl Preset {
             Preset::MemorizingTiny => Self::memorizing_tiny().stack(),
             Preset::MemorizingSmall => MemorizingConfig::small().stack(),
             Preset::MemorizingPaper => MemorizingConfig::paper().stack(),
+            Preset::CompressiveTiny => XlConfig::new()
+                .with_n_layers(2)
+                .with_d_model(64)
+                .with_n_heads(8)
+                .with_d_inner(128)
+                .with_mem_len(16)
+                .with_dropout(0.0)
+                .with_compressive(Some(
+                    CompressiveConfig::new().with_cmem_len(16).with_ratio(2),
+                )),
+            Preset::CompressivePaper => XlConfig::new()
+                .with_n_layers(24)
+                .with_d_model(1024)
+                .with_n_heads(8)
+                .with_d_head(Some(128))
+                .with_d_inner(3072)
+                .with_mem_len(768)
+                .with_compressive(Some(
+                    CompressiveConfig::new()
+                        .with_cmem_len(768)
+                        .with_ratio(3)
+                        .with_function(CompressionKind::Conv),
+                )),
         }
     }
 
@@ -115,7 +147,10 @@ impl Preset {
             // 5,000 steps of 16 rows x 8 bytes at lr 3e-3 (one replica: at this size a second
             // costs more than it saves); evaluation on the whole validation split (the first
             // segment of each row has no memory yet, so a partial evaluation over-weights it).
-            Preset::XlTiny | Preset::ReformerTiny | Preset::MemorizingTiny => TrainConfig::new()
+            Preset::XlTiny
+            | Preset::ReformerTiny
+            | Preset::MemorizingTiny
+            | Preset::CompressiveTiny => TrainConfig::new()
                 .with_steps(5000)
                 .with_batch(16)
                 .with_tgt_len(8)
@@ -137,6 +172,8 @@ impl Preset {
             // the Memorizing Transformer's 500K steps were not checked against its paper.
             Preset::ReformerEnwik8 => paper(1, 65_536, 20_000),
             Preset::MemorizingPaper => paper(8, 512, 500_000),
+            // Segments of 768 (the paper's enwik8 window); batch and steps not verified.
+            Preset::CompressivePaper => paper(8, 768, 400_000),
         }
     }
 

@@ -214,6 +214,10 @@ pub struct XlConfig {
     /// Reformer; see [`HeadInput`]). Needs `residual = "reversible"` for `concat`. Default: mean.
     #[config(default = "HeadInput::Mean")]
     pub head_input: HeadInput,
+    /// The Compressive Transformer (Rae et al. 2019): a compressed memory per layer beside
+    /// the XL memory (see [`CompressiveConfig`](crate::CompressiveConfig)). Default: none.
+    #[config(default = "None")]
+    pub compressive: Option<crate::compressive::CompressiveConfig>,
 }
 
 impl XlConfig {
@@ -351,6 +355,9 @@ impl XlConfig {
     /// The model family of this stack, by its layers ([`LayerKind::family_of`]): what a model
     /// built from it reports as [`TransformerXl::stack_family`].
     pub fn family(&self) -> &'static str {
+        if self.compressive.is_some() {
+            return "compressive";
+        }
         LayerKind::family_of(&self.layer_kinds())
     }
 
@@ -578,6 +585,10 @@ impl XlConfig {
             eval_rounds: None,
             steps: StepCounter::default(),
             dropout_seed: None,
+            compressive: self
+                .compressive
+                .as_ref()
+                .map(|c| c.init(self.n_layers, self.d_model, device)),
         })
     }
 }

@@ -119,6 +119,8 @@ pub struct TransformerXl {
     /// the device's generator ([`with_dropout_seed`](TransformerXl::with_dropout_seed)).
     #[module(skip)]
     pub dropout_seed: Option<u64>,
+    /// The compression functions of a Compressive Transformer (`XlConfig::compressive`).
+    pub compressive: Option<crate::compressive::Compression>,
 }
 
 /// The input embedding of the stack.
@@ -280,6 +282,9 @@ impl TransformerXl {
     /// otherwise. The randomness does not enter: an XL stack with `randomness = "seeded"` is
     /// still `xl`.
     pub fn stack_family(&self) -> &'static str {
+        if self.compressive.is_some() {
+            return "compressive";
+        }
         LayerKind::family_of(&self.layer_kinds())
     }
 
@@ -330,6 +335,7 @@ impl TransformerXl {
             xl: XlMemory::empty(),
             knn,
             xl_valid: Vec::new(),
+            compressed: Default::default(),
         })
     }
 
@@ -361,9 +367,10 @@ impl TransformerXl {
         memory: &XlMemory,
         mask: &AttentionMask,
     ) -> Result<XlOutput, XlError> {
-        if self.n_knn_layers() > 0 {
+        if self.n_knn_layers() > 0 || self.compressive.is_some() {
             return Err(XlError::Input(format!(
-                "this stack has kNN layers ({:?}): read it with forward_state and an XlState",
+                "this stack has kNN layers or a compressed memory ({:?}): read it with \
+                 forward_state and an XlState",
                 self.layer_kinds()
             )));
         }
@@ -417,6 +424,12 @@ impl TransformerXl {
         opts: Option<&ForwardOptions>,
         trace: Option<&Trace>,
     ) -> Result<Tensor<3>, XlError> {
+        // A compressive stack reads through its own path (its layers record no trace).
+        if self.compressive.is_some() {
+            return Ok(self
+                .forward_compressive(tokens, state, reset, opts, false)?
+                .0);
+        }
         let qlen = tokens.dims()[1];
         let mask = self.prepare(&tokens, state, reset)?;
         let knn = &mut state.knn;

@@ -54,9 +54,18 @@ impl TransformerXl {
             )));
         }
         if self.residual == Residual::Sequential {
-            let hidden = self.forward_state_with(tokens, state, reset, opts.as_ref())?;
+            // A compressive stack adds its attention-reconstruction loss (the LM loss is
+            // the one returned).
+            let (hidden, aux) = match self.compressive {
+                Some(_) => self.forward_compressive(tokens, state, reset, opts.as_ref(), true)?,
+                None => (
+                    self.forward_state_with(tokens, state, reset, opts.as_ref())?,
+                    None,
+                ),
+            };
             let loss = mean_nll(self.score(hidden, targets, false)?.nll, weights);
-            let grads = GradientsParams::from_grads(loss.backward(), self);
+            let objective = aux.map_or_else(|| loss.clone(), |a| loss.clone() + a);
+            let grads = GradientsParams::from_grads(objective.backward(), self);
             return Ok((loss.inner(), grads));
         }
         let Some(opts) = opts.as_ref() else {

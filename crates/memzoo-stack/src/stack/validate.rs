@@ -24,6 +24,9 @@ impl XlConfig {
                 self.d_model, self.n_heads
             ));
         }
+        if let Some(c) = &self.compressive {
+            c.validate(self)?;
+        }
         if self.d_head == Some(0) {
             return bad("d_head must be positive, got 0".into());
         }
