@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use memzoo::CliError;
 use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
+use memzoo_stack::LshConfig;
 use memzoo_tests::{flex, tiny_cli};
 
 fn scratch(name: &str) -> PathBuf {
@@ -195,7 +196,7 @@ fn the_family_label_follows_the_layers_and_old_labels_still_load() {
         .with_n_heads(2)
         .with_d_head(8)
         .with_d_ff(32)
-        .with_bucket_size(4)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
         .with_axial_positions(false)
         .init(&dev)
         .unwrap();

@@ -11,7 +11,7 @@ use memzoo::config::RunConfig;
 use memzoo_knn::MemorizingConfig;
 use memzoo_memory::IndexKind;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::ReformerConfig;
+use memzoo_stack::{LshConfig, ReformerConfig};
 use memzoo_stack::{XlConfig, XlMemory};
 use memzoo_tests::*;
 use memzoo_train::generate::{
@@ -358,8 +358,7 @@ fn reformer_generation_reads_a_sliding_window() {
             memzoo_stack::LayerKind::Local,
             memzoo_stack::LayerKind::Lsh,
         ])
-        .with_bucket_size(2)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(2).with_n_rounds(2))
         .with_dropout(0.0)
         .with_axial_positions(false)
         .with_init_std(0.3)

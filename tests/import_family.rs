@@ -44,7 +44,7 @@ fn natively_trained_reformer_exports_and_round_trips() {
             r#"model.axial={"shape": [4, 4], "dims": [8, 8], "summed": false}"#,
             "model.mem_len=0",
             // The options that make the preset HF's function.
-            "model.head_input=\"concat\"",
+            "model.compat.head_input=\"concat\"",
             "model.lsh.dedup_rounds=false",
             "model.lsh.rotations_per_head=true",
             "model.lsh.key_eps=1e-6",

@@ -169,7 +169,7 @@ fn labml_xl_run_dir_and_export_round_trip() {
     .unwrap();
     let dev = flex();
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
-    assert!(config.model.value_output_bias && !config.model.scale_embedding);
+    assert!(config.model.compat.value_output_bias && !config.model.scale_embedding);
     let r = Reference::at(&fixture());
     let mut memory = XlMemory::empty();
     for s in 0..3 {

@@ -81,11 +81,9 @@ fn memorizing_parity(src: &Path, kv_memory: bool) {
         lucidrains_memorizing::load(src, &dev).expect("import")
     } else {
         let (_, cfg) = lucidrains_memorizing::load(src, &dev).expect("import");
-        let xl = cfg
-            .xl_config()
-            .unwrap()
-            .with_memory_keys_values(false)
-            .with_memory_gradients(false);
+        let mut xl = cfg.xl_config().unwrap();
+        xl.compat.memory_keys_values = false;
+        xl.compat.memory_gradients = false;
         let mut map = TensorMap::read(&src.join("model.safetensors")).unwrap();
         let model = lucidrains_memorizing::transformer_xl_as(&xl, &cfg, &mut map, &dev).unwrap();
         map.finish().unwrap();
@@ -272,7 +270,8 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
     let xl_layers = vec![memzoo_stack::LayerKind::Xl; 3];
     for (config, what) in [
         (
-            base.clone().with_zero_first_memory(true),
+            base.clone()
+                .with_compat(base.compat.clone().with_zero_first_memory(true)),
             "zero_first_memory",
         ),
         (
@@ -283,7 +282,7 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
         ),
         (
             base.clone()
-                .with_memory_keys_values(false)
+                .with_compat(base.compat.clone().with_memory_keys_values(false))
                 .with_layers(xl_layers),
             "shared_t5",
         ),

@@ -17,7 +17,7 @@ use memzoo_data::{
 };
 use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::ReformerConfig;
+use memzoo_stack::{LshConfig, ReformerConfig};
 use memzoo_stack::{Randomness, XlConfig, XlMemory};
 use memzoo_tests::*;
 use memzoo_train::{
@@ -348,8 +348,7 @@ fn reformer_learns_tiny_shakespeare() {
         .with_d_head(32)
         .with_d_ff(256)
         .with_max_seq_len(64)
-        .with_bucket_size(16)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(16).with_n_rounds(2))
         .with_axial_shape(Some([8, 8]));
     let model = seeded_weights(
         model.init(&device()).unwrap(),

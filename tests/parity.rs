@@ -36,7 +36,7 @@ use memzoo_memory::IndexKind;
 use memzoo_reformer::rng::random_rotations;
 use memzoo_reformer::{ForwardOptions, hash_buckets};
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::{ReformerConfig, ReformerLm};
+use memzoo_stack::{LshConfig, ReformerConfig, ReformerLm};
 use memzoo_stack::{Step, TransformerXl, XlConfig, XlMemory, XlState};
 use memzoo_tests::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -356,8 +356,7 @@ fn reformer_config() -> ReformerConfig {
         .with_d_ff(64)
         .with_max_seq_len(16)
         .with_axial_shape(Some([4, 4]))
-        .with_bucket_size(4)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(4).with_n_rounds(2))
         .with_ff_chunk_len(8)
         .with_dropout(0.1)
         .with_init_std(0.1)

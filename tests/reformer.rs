@@ -7,7 +7,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_reformer::ForwardOptions;
 use memzoo_reformer::rng::normal_vec;
-use memzoo_stack::{LayerContext, LayerKind, Randomness, ReformerConfig, Replay, Step, XlState};
+use memzoo_stack::{
+    LayerContext, LayerKind, LshConfig, Randomness, ReformerConfig, Replay, Step, XlState,
+};
 use memzoo_tests::*;
 
 fn dev() -> Device {
@@ -103,8 +105,7 @@ fn small_config() -> ReformerConfig {
         .with_d_ff(32)
         .with_max_seq_len(16)
         .with_attn_layers(vec![LayerKind::Local, LayerKind::Lsh])
-        .with_bucket_size(4)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(4).with_n_rounds(2))
         .with_ff_chunk_len(3)
         .with_dropout(0.1)
         .with_dropatt(0.1)
@@ -237,11 +238,9 @@ fn lm_forward_shapes_and_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("autodiff"), "{err}");
-    let err = small_config()
-        .with_n_buckets(Some(5))
-        .validate()
-        .unwrap_err()
-        .to_string();
+    let small = small_config();
+    let lsh = small.lsh.clone().with_n_buckets(Some(5));
+    let err = small.with_lsh(lsh).validate().unwrap_err().to_string();
     assert!(err.contains('5'), "{err}");
     let err = small_config()
         .with_axial_dims(Some([4, 4]))
@@ -266,13 +265,13 @@ fn default_config_is_reformer_small() {
     assert_eq!(
         (
             cfg.max_seq_len,
-            cfg.bucket_size,
-            cfg.n_rounds,
+            cfg.lsh.chunk_len,
+            cfg.lsh.n_rounds,
             cfg.vocab_size
         ),
         (4096, 64, 4, 256)
     );
-    assert!(cfg.causal && cfg.reversible && cfg.axial_positions && cfg.ff_chunk_len > 0);
+    assert!(cfg.lsh.causal && cfg.reversible && cfg.axial_positions && cfg.ff_chunk_len > 0);
     assert_eq!(cfg.axial_grid(), [64, 64]);
 }
 
@@ -312,8 +311,7 @@ fn lsh_config() -> ReformerConfig {
         .with_d_head(8)
         .with_d_ff(32)
         .with_max_seq_len(16)
-        .with_bucket_size(4)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(4).with_n_rounds(2))
         .with_ff_chunk_len(3)
         .with_dropout(0.0)
         .with_init_std(0.3)
@@ -494,11 +492,13 @@ fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
 /// The fixture's model (tests/fixtures/legacy/reformer*.bpk, written by the `ReformerLm` code
 /// before the Reformer became a preset of the stack, with this config).
 fn fixture_config(reversible: bool) -> ReformerConfig {
-    small_config()
+    let small = small_config();
+    let lsh = small.lsh.clone().with_seed(7);
+    small
         .with_vocab_size(32)
         .with_dropout(0.0)
         .with_dropatt(0.0)
-        .with_eval_seed(7)
+        .with_lsh(lsh)
         .with_reversible(reversible)
         .with_axial_positions(reversible)
 }

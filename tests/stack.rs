@@ -361,8 +361,9 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
     let config = tiny()
         .with_layers(vec![LayerKind::Xl, LayerKind::Lsh])
         .with_lsh(
-            memzoo_stack::LshLayerConfig::new()
+            memzoo_stack::LshConfig::new()
                 .with_chunk_len(4)
+                .with_n_rounds(2)
                 .with_seed(9),
         );
     let model = config.init(&dev).unwrap();
@@ -419,7 +420,11 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
             LayerKind::Xl,
             LayerKind::Knn,
         ])
-        .with_lsh(memzoo_stack::LshLayerConfig::new().with_chunk_len(4))
+        .with_lsh(
+            memzoo_stack::LshConfig::new()
+                .with_chunk_len(4)
+                .with_n_rounds(2),
+        )
         .with_knn(
             memzoo_stack::KnnLayerConfig::new()
                 .with_top_k(4)

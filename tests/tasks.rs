@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 use memzoo_data::{CopyTask, CopyText, Duplication, RecallTask, Task, TaskStream};
 use memzoo_knn::recall_task::reference_config;
-use memzoo_stack::ReformerConfig;
+use memzoo_stack::{LshConfig, ReformerConfig};
 use memzoo_stack::{Step, XlConfig, XlState};
 use memzoo_tests::*;
 use memzoo_train::tasks::{DuplicationConfig, RecallConfig, duplication_from, recall_from};
@@ -109,7 +109,7 @@ fn duplication_loss_counts_the_second_copy_only() {
         .with_d_ff(32)
         .with_vocab_size(8)
         .with_max_seq_len(8)
-        .with_bucket_size(4)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
         .with_dropout(0.0)
         .with_axial_positions(false)
         .with_reversible(false)
@@ -167,7 +167,7 @@ fn the_duplication_task_is_learnt_through_the_trainer() {
         .with_d_ff(128)
         .with_vocab_size(16)
         .with_max_seq_len(16)
-        .with_bucket_size(4)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
         .with_dropout(0.0)
         .with_reversible(true);
     let cfg = DuplicationConfig::new(model)
@@ -176,7 +176,8 @@ fn the_duplication_task_is_learnt_through_the_trainer() {
         .with_steps(600)
         .with_train_rounds(2)
         .with_eval_rounds(vec![2, 4]);
-    let weights = cfg.model.clone().with_n_rounds(cfg.train_rounds).init(&dev);
+    let lsh = cfg.model.lsh.clone().with_n_rounds(cfg.train_rounds);
+    let weights = cfg.model.clone().with_lsh(lsh).init(&dev);
     let weights = seeded_weights(weights.unwrap(), 0, |_| 0.02);
     let (dir, options) = options("duplication");
     let report = duplication_from(weights, &cfg, &options).unwrap();
@@ -269,8 +270,7 @@ fn eval_rounds_reach_the_evaluation_pass() {
         .with_d_ff(32)
         .with_vocab_size(8)
         .with_max_seq_len(16)
-        .with_bucket_size(4)
-        .with_n_rounds(1)
+        .with_lsh(LshConfig::new().with_chunk_len(4).with_n_rounds(1))
         .with_dropout(0.0)
         .init(&dev)
         .unwrap();

@@ -198,7 +198,7 @@ pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, 
     let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
     let config = serde_json::json!({"n_layers": config.n_layers, "d_model": config.d_model,
         "n_heads": config.n_heads, "d_head": config.d_head, "seq": len,
-        "bucket_size": config.bucket_size, "n_rounds": config.n_rounds,
+        "bucket_size": config.lsh.chunk_len, "n_rounds": config.lsh.n_rounds,
         "reversible": config.reversible, "batch": 1});
     Ok(step_measurement("reformer-small", args, config, &t, reps))
 }
@@ -310,7 +310,7 @@ pub fn train_step_timing(
             .collect();
         Tensor::<2, Int>::from_data(TensorData::new(v, [batch, l]), device)
     };
-    let warm = len.min(config.bucket_size * 2);
+    let warm = len.min(config.lsh.chunk_len * 2);
     let _ = model
         .train_step(
             tokens(warm, 1),

@@ -37,11 +37,14 @@ pub use adaptive::{
 };
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
+pub use memzoo_reformer::LshConfig;
 pub use recurrent::RecurrentModel;
 pub use reformer::{ReformerConfig, ReformerLm};
+#[allow(deprecated)]
+pub use stack::LshLayerConfig;
 pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
-    LayerAttention, LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay,
-    Residual, SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer,
-    XlOutput, absolute_positions, mean_nll, target_nll,
+    LayerAttention, LayerContext, LayerKind, OutputLayer, PeerCompat, Randomness, Replay, Residual,
+    SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
+    absolute_positions, mean_nll, target_nll,
 };

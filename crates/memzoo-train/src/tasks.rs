@@ -106,11 +106,8 @@ pub fn duplication(
     options: &RunOptions,
 ) -> Result<DuplicationReport, TrainError> {
     check_duplication(cfg)?;
-    let model = cfg
-        .model
-        .clone()
-        .with_n_rounds(cfg.train_rounds)
-        .init(device)?;
+    let lsh = cfg.model.lsh.clone().with_n_rounds(cfg.train_rounds);
+    let model = cfg.model.clone().with_lsh(lsh).init(device)?;
     duplication_from(model, cfg, options)
 }
 

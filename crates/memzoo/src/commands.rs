@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use memzoo_data::{Manifest, RustCodeManifest, Split, TextCodec, rust_code};
-use memzoo_stack::TransformerXl;
+use memzoo_stack::{LshConfig, TransformerXl};
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
@@ -699,7 +699,7 @@ pub fn duplication(
         .with_d_ff(128)
         .with_vocab_size(16)
         .with_max_seq_len(len)
-        .with_bucket_size(4)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
         .with_dropout(0.0)
         // One layer finds the symbol len/2 back by its position: without a position
         // embedding it trains at chance (about 10% of the copy at 2,000 steps).

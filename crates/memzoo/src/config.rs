@@ -5,7 +5,7 @@ use std::path::Path;
 
 use memzoo_data::LongRangeConfig;
 use memzoo_knn::MemorizingConfig;
-use memzoo_stack::{LayerKind, ReformerConfig, XlConfig};
+use memzoo_stack::{LayerKind, PeerCompat, ReformerConfig, XlConfig};
 use memzoo_train::TrainConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -257,6 +257,14 @@ impl RunConfig {
                      e.g. model.lsh.n_rounds or model.knn.max_memories)"
                 )));
             }
+            if let Some(field) = key.strip_prefix("model.")
+                && PeerCompat::KEYS.contains(&field)
+            {
+                return Err(CliError::Config(format!(
+                    "--set {key}: the peer-compatibility switches are in [model.compat]: \
+                     --set model.compat.{field}=..."
+                )));
+            }
             set_path(&mut value, key, parse_scalar(raw.trim()))?;
         }
         Self::from_value(value)
@@ -347,8 +355,10 @@ impl RunConfig {
     }
 
     /// The config as TOML (what a run directory keeps): the fields the run uses. The kNN
-    /// settings only with kNN layers, the LSH ones only with LSH or local layers, the generated
-    /// corpus only when it is the data; what is left out reads back as the preset's.
+    /// settings only with kNN layers, the LSH ones only with LSH or local layers, the
+    /// peer-compatibility switches (`[model.compat]`) only where they differ from the preset's,
+    /// the generated corpus only when it is the data; what is left out reads back as the
+    /// preset's.
     pub fn to_toml(&self) -> String {
         let mut value = serde_json::to_value(self).expect("serialisable");
         let kinds = self.model.layer_kinds();
@@ -363,6 +373,16 @@ impl RunConfig {
                 model.remove("lsh");
             }
         }
+        // The peer-compatibility switches only where they differ from the starting point's.
+        let base = serde_json::to_value(RunConfig::with_preset(
+            self.model.preset.unwrap_or(Preset::XlTiny),
+        ))
+        .expect("serialisable");
+        if let Some(model) = value.get_mut("model").and_then(Value::as_object_mut)
+            && model.get("compat") == base.pointer("/model/compat")
+        {
+            model.remove("compat");
+        }
         let generated = matches!(
             self.data.source.as_deref(),
             None | Some("") | Some("generated")
@@ -372,10 +392,6 @@ impl RunConfig {
         }
         // TOML has no null: a `None` is left out where the reader's starting point (the named
         // preset, else the default run) has none too, and written `"none"` where it has a value.
-        let base = serde_json::to_value(RunConfig::with_preset(
-            self.model.preset.unwrap_or(Preset::XlTiny),
-        ))
-        .expect("serialisable");
         toml::to_string_pretty(&write_nulls(value, Some(&base))).unwrap_or_default()
     }
 
@@ -407,6 +423,15 @@ fn read_file(path: &Path) -> Result<(Value, Option<Preset>), CliError> {
         .map_err(|e| CliError::Config(format!("config {} cannot be read: {e}", path.display())))?;
     if let Some(note) = convert_old_layout(&mut user, path)? {
         eprintln!("note: {note}");
+    }
+    if let Some(model) = user.get_mut("model")
+        && let Some(moved) = move_compat_keys(model)
+    {
+        eprintln!(
+            "note: config {} sets {} in [model]; they are read from [model.compat] now",
+            path.display(),
+            moved.join(", ")
+        );
     }
     let preset = match user.get("model").and_then(|m| m.get("preset")) {
         None => None,
@@ -443,8 +468,24 @@ fn convert_old_layout(user: &mut Value, path: &Path) -> Result<Option<String>, C
             ))
         })?,
     };
-    let reformer = table.remove("reformer");
-    let memorizing = table.remove("memorizing");
+    let mut reformer = table.remove("reformer");
+    let mut memorizing = table.remove("memorizing");
+    // Keys that have moved since: the Reformer's LSH settings into its `lsh`, the stack's
+    // peer-compatibility switches into its `compat`.
+    if let Some(old) = reformer.as_mut().and_then(Value::as_object_mut) {
+        let mut lsh = serde_json::Map::new();
+        for (old_key, key) in OLD_REFORMER_LSH_KEYS {
+            if let Some(v) = old.remove(old_key) {
+                lsh.insert(key.into(), v);
+            }
+        }
+        if !lsh.is_empty() {
+            old.insert("lsh".into(), Value::Object(lsh));
+        }
+    }
+    if let Some(xl) = memorizing.as_mut().and_then(|m| m.get_mut("xl")) {
+        move_compat_keys(xl);
+    }
     // The old section over the old defaults, read as the preset config it was.
     fn section<C: Serialize + serde::de::DeserializeOwned>(
         defaults: &C,
@@ -501,11 +542,74 @@ fn convert_old_layout(user: &mut Value, path: &Path) -> Result<Option<String>, C
             serde_json::to_value(stack).expect("serialisable"),
         );
     }
+    // Settings of layers the stack does not have read as the starting point's, as a run
+    // written now leaves them out (their defaults have changed since: the LSH chunks).
+    if let Some(model) = table.get_mut("model").and_then(Value::as_object_mut) {
+        let kinds: Vec<String> = model
+            .get("layers")
+            .and_then(Value::as_array)
+            .map(|l| {
+                l.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !kinds.iter().any(|k| k == "knn") {
+            model.remove("knn");
+        }
+        if !kinds.iter().any(|k| matches!(k.as_str(), "lsh" | "local")) {
+            model.remove("lsh");
+        }
+    }
     Ok(Some(format!(
         "config {shown} has the old layout (model_kind = \"{name}\"); its {section} section is \
          read as the layer stack in [model] (a {name} stack). A run written now keeps only \
          [model], [train] and [data]."
     )))
+}
+
+/// The old `[reformer]` section's LSH keys and their names in the preset's `lsh`
+/// ([`memzoo_stack::LshConfig`]).
+const OLD_REFORMER_LSH_KEYS: [(&str, &str); 13] = [
+    ("bucket_size", "chunk_len"),
+    ("n_buckets", "n_buckets"),
+    ("n_rounds", "n_rounds"),
+    ("n_chunks_before", "n_chunks_before"),
+    ("n_chunks_after", "n_chunks_after"),
+    ("causal", "causal"),
+    ("lsh_scores", "scores"),
+    ("eval_seed", "seed"),
+    ("local_chunk_len", "local_chunk_len"),
+    ("bucket_factors", "bucket_factors"),
+    ("dedup_rounds", "dedup_rounds"),
+    ("rotations_per_head", "rotations_per_head"),
+    ("key_eps", "key_eps"),
+];
+
+/// Moves the peer-compatibility switches a stack's section sets at its top level (where
+/// `config.toml` files held them before `[model.compat]`) into its `compat`; the names moved,
+/// `None` where there were none.
+fn move_compat_keys(stack: &mut Value) -> Option<Vec<&'static str>> {
+    let table = stack.as_object_mut()?;
+    let moved: Vec<(&str, Value)> = PeerCompat::KEYS
+        .iter()
+        .filter_map(|&k| table.remove(k).map(|v| (k, v)))
+        .collect();
+    if moved.is_empty() {
+        return None;
+    }
+    let compat = table
+        .entry("compat")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let names = moved.iter().map(|(k, _)| *k).collect();
+    if let Some(compat) = compat.as_object_mut() {
+        for (k, v) in moved {
+            // A value the file also sets in [model.compat] wins.
+            compat.entry(k).or_insert(v);
+        }
+    }
+    Some(names)
 }
 
 /// The largest config file read (a run's config.toml is a few KiB).

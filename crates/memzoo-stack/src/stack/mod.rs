@@ -21,6 +21,7 @@
 //! | `train.rs` | the training step and the reversible driver |
 
 mod block;
+mod compat;
 mod config;
 mod forward;
 mod kinds;
@@ -31,6 +32,7 @@ mod train;
 mod validate;
 
 pub use block::*;
+pub use compat::*;
 pub use config::*;
 pub use forward::*;
 pub use kinds::*;
