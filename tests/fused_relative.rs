@@ -7,10 +7,11 @@ use burn::nn::Initializer;
 use burn::optim::GradientsParams;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use memzoo_fused::{FusedError, RelativePosition, knn_attention_fused, relative_attention_fused};
+use memzoo_knn::{KnnAttention, KnnAttentionConfig, KnnMixing};
 use memzoo_memory::Retrieved;
 use memzoo_relative::{
-    AttentionMask, KnnAttention, KnnAttentionConfig, KnnMixing, PositionConfig, PositionKind,
-    RelativeAttentionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
+    AttentionMask, PositionConfig, PositionKind, RelativeAttentionConfig, RelativeContext,
+    RelativeMultiHeadAttention, XlBiases,
 };
 use memzoo_tests::*;
 

@@ -8,9 +8,9 @@
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
-use memzoo_knn::MemorizingConfig;
 use memzoo_memory::IndexKind;
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::MemorizingConfig;
 use memzoo_stack::{LshConfig, ReformerConfig};
 use memzoo_stack::{XlConfig, XlMemory};
 use memzoo_tests::*;
@@ -318,14 +318,14 @@ fn memorizing_cached_generation_equals_recomputation() {
     assert_eq!(generator.state().knn_len(0, 0), done);
     assert_eq!(generator.state().xl.len(), 4);
     // Retrieval changes the prediction: the same weights with an empty kNN memory differ.
-    let mut no_knn = memzoo_knn::MemorizingState::new();
+    let mut no_knn = memzoo_stack::MemorizingState::new();
     let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![5i64, 9, 1], [1, 3]), &dev);
     let fresh = host(
         model
             .segment_logits(ids.clone(), &mut no_knn, &[true])
             .unwrap(),
     );
-    let mut state = memzoo_knn::MemorizingState::new();
+    let mut state = memzoo_stack::MemorizingState::new();
     let context = walk(16, 40, 4);
     for (i, seg) in context.chunks(len).enumerate() {
         let ids = Tensor::<2, Int>::from_data(TensorData::new(seg.to_vec(), [1, len]), &dev);

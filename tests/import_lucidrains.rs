@@ -18,8 +18,8 @@ use burn::tensor::{Tensor, TensorData};
 use memzoo_import::lucidrains_memorizing::{self, MemorizingPeerConfig, transformer_xl_to_peer};
 use memzoo_import::mapping::Source;
 use memzoo_import::{ImportError, TensorMap};
+use memzoo_knn::l2_normalize;
 use memzoo_memory::KnnIndex;
-use memzoo_relative::l2_normalize;
 use memzoo_stack::{LayerAttention, TransformerXl, XlConfig, XlState};
 use memzoo_tests::*;
 

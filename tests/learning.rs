@@ -15,8 +15,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_data::{
     ByteTokenizer, Corpus, LongRangeConfig, OrderedBatcher, Split, SplitRule, generate_corpus,
 };
-use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::MemorizingConfig;
 use memzoo_stack::{LshConfig, ReformerConfig};
 use memzoo_stack::{Randomness, XlConfig, XlMemory};
 use memzoo_tests::*;

@@ -25,8 +25,8 @@ pub fn tiny_xl() -> XlConfig {
 
 /// [`tiny_xl`] with a kNN layer at depth 1 (top 4 of up to 64 memories per row and head,
 /// exact search): a tiny Memorizing Transformer.
-pub fn tiny_memorizing() -> memzoo_knn::MemorizingConfig {
-    memzoo_knn::MemorizingConfig::new()
+pub fn tiny_memorizing() -> memzoo_stack::MemorizingConfig {
+    memzoo_stack::MemorizingConfig::new()
         .with_xl(tiny_xl())
         .with_knn_layers(vec![1])
         .with_top_k(4)

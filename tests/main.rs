@@ -16,6 +16,7 @@ mod import_lucidrains;
 mod import_lucidrains_reformer;
 mod import_reformer;
 mod learning;
+mod memorizing;
 mod multidev;
 mod parity;
 mod reformer;

@@ -3,9 +3,9 @@
 
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use memzoo_knn::{MemorizingConfig, MemorizingState};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
 use memzoo_stack::{LayerContext, LayerKind, Randomness, Step, XlConfig, XlMemory, XlState};
+use memzoo_stack::{MemorizingConfig, MemorizingState};
 use memzoo_tests::*;
 
 /// The fixture's token ids: `[2, 6]` per segment (as the program that wrote it).

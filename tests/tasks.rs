@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use burn::tensor::Device;
 use memzoo_data::{CopyTask, CopyText, Duplication, RecallTask, Task, TaskStream};
-use memzoo_knn::recall_task::reference_config;
+use memzoo_stack::recall_reference;
 use memzoo_stack::{LshConfig, ReformerConfig};
 use memzoo_stack::{Step, XlConfig, XlState};
 use memzoo_tests::*;
@@ -219,7 +219,7 @@ fn long_range_recall() {
         if !name.starts_with(only.as_str()) {
             continue;
         }
-        let model = reference_config(knn, task.vocab());
+        let model = recall_reference(knn, task.vocab());
         let std = xl_init_std(&model.stack());
         let weights = seeded_weights(model.init(&dev).unwrap(), 7, std);
         let (dir, options) = options(if knn { "recall-knn" } else { "recall-xl" });

@@ -359,7 +359,7 @@ pub fn memorizing_small(
     knn: bool,
     prefill: usize,
 ) -> Result<Measurement, String> {
-    use memzoo_knn::MemorizingConfig;
+    use memzoo_stack::MemorizingConfig;
     let (batch, len) = (2, 512);
     // The Memorizing-small preset (T5 positions, pre-LN, an untied head, kNN layer 4, top-32
     // of 16,384) with the peer's multi-query attention and no dropout.

@@ -24,8 +24,8 @@ use std::process::{Command, Stdio};
 
 use burn::tensor::Device;
 use memzoo_data::{ByteTokenizer, Corpus, OrderedBatcher, SplitRule, Token};
-use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::MemorizingConfig;
 use memzoo_stack::XlConfig;
 use memzoo_stack::{LshConfig, ReformerConfig};
 use memzoo_train::{RunOptions, SegmentModel, TrainConfig, checkpoint, evaluate};

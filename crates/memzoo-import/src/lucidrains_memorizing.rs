@@ -63,8 +63,9 @@
 use std::path::Path;
 
 use burn::tensor::{Device, Tensor};
+use memzoo_knn::KnnMixing;
 use memzoo_memory::WhenFull;
-use memzoo_relative::{KnnMixing, PositionConfig, PositionKind, PositionParams};
+use memzoo_relative::{PositionConfig, PositionKind, PositionParams};
 use memzoo_stack::{
     Activation, InputEmbedding, KnnFeed, KnnLayerConfig, LayerAttention, LayerKind, OutputLayer,
     PeerCompat, TransformerXl, XlConfig, XlError,

@@ -9,7 +9,7 @@
 use burn::config::Config;
 use burn::tensor::Device;
 use memzoo_data::{Duplication, RecallStream, RecallTask, TaskStream};
-use memzoo_knn::{MemorizingConfig, MemorizingTransformer};
+use memzoo_stack::{MemorizingConfig, MemorizingTransformer};
 use memzoo_stack::{ReformerConfig, ReformerLm};
 
 use crate::error::TrainError;

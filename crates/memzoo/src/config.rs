@@ -4,8 +4,7 @@
 use std::path::Path;
 
 use memzoo_data::LongRangeConfig;
-use memzoo_knn::MemorizingConfig;
-use memzoo_stack::{LayerKind, PeerCompat, ReformerConfig, XlConfig};
+use memzoo_stack::{LayerKind, MemorizingConfig, PeerCompat, ReformerConfig, XlConfig};
 use memzoo_train::TrainConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -6,14 +6,13 @@ use burn::nn::{
     DropoutConfig, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig,
 };
 use burn::tensor::Device;
+use memzoo_knn::KnnAttentionConfig;
 use memzoo_memory::KnnMemoryConfig;
 use memzoo_reformer::{
     AttentionKind as ReformerKind, AxialPositionalEmbeddingConfig, LshConfig,
     ReformerAttentionConfig,
 };
-use memzoo_relative::{
-    KnnAttentionConfig, PositionConfig, PositionKind, RelativeAttentionConfig, XlBiases,
-};
+use memzoo_relative::{PositionConfig, PositionKind, RelativeAttentionConfig, XlBiases};
 
 use super::*;
 use crate::adaptive::{AdaptiveEmbeddingConfig, AdaptiveLogSoftmaxConfig};

@@ -2,8 +2,9 @@
 //! of its LSH, local and kNN layers.
 
 use burn::config::Config;
+use memzoo_knn::KnnMixing;
 use memzoo_memory::{HnswConfig, IndexKind, WhenFull};
-use memzoo_relative::{KnnMixing, PositionKind};
+use memzoo_relative::PositionKind;
 use serde::{Deserialize, Serialize};
 
 /// The attention of one layer of the stack.
