@@ -182,8 +182,11 @@ pub fn small_memorizing(knn: bool, xl_memory: bool) -> memzoo::stack::Memorizing
     memzoo::stack::MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(if knn { vec![1] } else { vec![] })
-        .with_top_k(8)
-        .with_max_memories(1024)
+        .with_knn(
+            memzoo::stack::KnnLayerConfig::new()
+                .with_top_k(8)
+                .with_max_memories(1024),
+        )
         .with_xl_memory(xl_memory)
 }
 

@@ -10,9 +10,9 @@ use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
 use memzoo_memory::IndexKind;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::MemorizingConfig;
-use memzoo_stack::{LshConfig, ReformerConfig};
-use memzoo_stack::{XlConfig, XlMemory};
+use memzoo_stack::{
+    KnnLayerConfig, LshConfig, MemorizingConfig, ReformerConfig, XlConfig, XlMemory,
+};
 use memzoo_tests::*;
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, Generator, SampleConfig, generate, generate_recompute,
@@ -299,9 +299,12 @@ fn memorizing_cached_generation_equals_recomputation() {
     let model = MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(vec![1])
-        .with_top_k(4)
-        .with_max_memories(64)
-        .with_index(IndexKind::Exact);
+        .with_knn(
+            KnnLayerConfig::new()
+                .with_top_k(4)
+                .with_max_memories(64)
+                .with_index(IndexKind::Exact),
+        );
     let std = xl_init_std(&model.stack());
     let model = seeded_weights(model.init(&dev).unwrap(), 2, std);
     let (prompt, new, len) = (walk(6, 40, 3), 13, 4);

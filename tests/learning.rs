@@ -16,9 +16,9 @@ use memzoo_data::{
     ByteTokenizer, Corpus, LongRangeConfig, OrderedBatcher, Split, SplitRule, generate_corpus,
 };
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::MemorizingConfig;
-use memzoo_stack::{LshConfig, ReformerConfig};
-use memzoo_stack::{Randomness, XlConfig, XlMemory};
+use memzoo_stack::{
+    KnnLayerConfig, LshConfig, MemorizingConfig, Randomness, ReformerConfig, XlConfig, XlMemory,
+};
 use memzoo_tests::*;
 use memzoo_train::{
     AdamConfig, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, TrainOutcome, train,
@@ -382,8 +382,7 @@ fn memorizing_learns_tiny_shakespeare() {
                 .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
         )
         .with_knn_layers(vec![1])
-        .with_top_k(8)
-        .with_max_memories(1024);
+        .with_knn(KnnLayerConfig::new().with_top_k(8).with_max_memories(1024));
     let model = seeded_weights(
         model.init(&device()).unwrap(),
         0,

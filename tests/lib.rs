@@ -29,9 +29,12 @@ pub fn tiny_memorizing() -> memzoo_stack::MemorizingConfig {
     memzoo_stack::MemorizingConfig::new()
         .with_xl(tiny_xl())
         .with_knn_layers(vec![1])
-        .with_top_k(4)
-        .with_max_memories(64)
-        .with_index(memzoo_memory::IndexKind::Exact)
+        .with_knn(
+            memzoo_stack::KnnLayerConfig::new()
+                .with_top_k(4)
+                .with_max_memories(64)
+                .with_index(memzoo_memory::IndexKind::Exact),
+        )
 }
 
 /// The training split, as byte tokens, of a small generated long-range corpus (20 documents,

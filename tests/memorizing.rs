@@ -5,7 +5,7 @@
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_memory::{IndexKind, KnnMemoryConfig};
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::{MemorizingConfig, MemorizingState, Step, XlConfig};
+use memzoo_stack::{KnnLayerConfig, MemorizingConfig, MemorizingState, Step, XlConfig};
 use memzoo_tests::host;
 
 fn device() -> Device {
@@ -41,8 +41,14 @@ fn tiny(knn_layers: Vec<usize>) -> MemorizingConfig {
                 .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
         )
         .with_knn_layers(knn_layers)
-        .with_top_k(4)
-        .with_max_memories(20)
+        .with_knn(KnnLayerConfig::new().with_top_k(4).with_max_memories(20))
+}
+
+/// [`tiny`] retrieving the best `top_k` pairs.
+fn tiny_top(knn_layers: Vec<usize>, top_k: usize) -> MemorizingConfig {
+    let cfg = tiny(knn_layers);
+    let knn = cfg.knn.clone().with_top_k(top_k);
+    cfg.with_knn(knn)
 }
 
 fn tokens(b: usize, l: usize, seed: u64, dev: &Device) -> Tensor<2, Int> {
@@ -199,8 +205,8 @@ fn bad_configs_name_the_value() {
         (tiny(vec![3]), "knn_layers contains 3"),
         (tiny(vec![1, 1]), "twice"),
         (tiny(vec![0, 1, 2]), "all 3 layers"),
-        (tiny(vec![1]).with_top_k(0), "top_k"),
-        (tiny(vec![1]).with_top_k(21), "exceeds max_memories"),
+        (tiny_top(vec![1], 0), "knn.top_k"),
+        (tiny_top(vec![1], 21), "exceeds knn.max_memories"),
     ] {
         let err = cfg.init(&dev).unwrap_err().to_string();
         assert!(err.contains(needle), "{err}");

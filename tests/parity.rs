@@ -35,9 +35,10 @@ use memzoo_memory::IndexKind;
 use memzoo_reformer::rng::random_rotations;
 use memzoo_reformer::{ForwardOptions, hash_buckets};
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::{LshConfig, ReformerConfig, ReformerLm};
-use memzoo_stack::{MemorizingConfig, MemorizingState, MemorizingTransformer};
-use memzoo_stack::{Step, TransformerXl, XlConfig, XlMemory, XlState};
+use memzoo_stack::{
+    KnnLayerConfig, LshConfig, MemorizingConfig, MemorizingState, MemorizingTransformer,
+    ReformerConfig, ReformerLm, Step, TransformerXl, XlConfig, XlMemory, XlState,
+};
 use memzoo_tests::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -419,9 +420,12 @@ fn memorizing_config() -> MemorizingConfig {
     MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(vec![1])
-        .with_top_k(4)
-        .with_max_memories(64)
-        .with_index(IndexKind::Exact)
+        .with_knn(
+            KnnLayerConfig::new()
+                .with_top_k(4)
+                .with_max_memories(64)
+                .with_index(IndexKind::Exact),
+        )
 }
 
 const KNN_QLEN: usize = 8;

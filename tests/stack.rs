@@ -97,8 +97,11 @@ fn checkpoints_from_before_the_stack_load_and_compute_the_same() {
                 .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
         )
         .with_knn_layers(vec![1])
-        .with_top_k(4)
-        .with_max_memories(64);
+        .with_knn(
+            memzoo_stack::KnnLayerConfig::new()
+                .with_top_k(4)
+                .with_max_memories(64),
+        );
     let (model, converted) =
         memzoo_stack::legacy::load_any(config.init(&dev).unwrap(), &dir.join("memorizing.bpk"))
             .unwrap();

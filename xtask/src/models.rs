@@ -384,7 +384,7 @@ pub fn memorizing_small(
         let rows = rows.len();
         let mut state = model.new_state(rows, &device).map_err(|e| e.to_string())?;
         for store in state.knn.iter_mut() {
-            let mut left = prefill.min(config.max_memories);
+            let mut left = prefill.min(config.knn.max_memories);
             while left > 0 {
                 let n = left.min(1024);
                 let mut unit = |normalise: bool| {
@@ -414,7 +414,7 @@ pub fn memorizing_small(
         device.sync().expect("device sync");
     });
     Ok(measured(
-        match (knn, prefill >= config.max_memories) {
+        match (knn, prefill >= config.knn.max_memories) {
             (false, _) => "memorizing-small-noknn".into(),
             (true, false) => "memorizing-small".into(),
             (true, true) => "memorizing-small-full".into(),
@@ -423,7 +423,7 @@ pub fn memorizing_small(
         serde_json::json!({"n_layers": 6, "d_model": 256, "heads": 8, "kv_heads": 1, "d_head": 32,
             "seq": len, "knn_layers": config.knn_layers, "top_k": 32, "max_memories": 16384,
             "prefill_memories": prefill, "xl_memory": 0,
-            "batch": batch, "index": format!("{:?}", config.index), "replicas": replicas}),
+            "batch": batch, "index": format!("{:?}", config.knn.index), "replicas": replicas}),
         &times,
         batch * len,
         params,

@@ -227,16 +227,19 @@ pub fn memorizing_small() -> Family {
     let c = MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(vec![2])
-        .with_top_k(32)
-        .with_max_memories(4096)
-        .with_xl_memory(true)
-        .with_attn_scale_init(20.0);
+        .with_knn(
+            memzoo_stack::KnnLayerConfig::new()
+                .with_top_k(32)
+                .with_max_memories(4096)
+                .with_attn_scale_init(20.0),
+        )
+        .with_xl_memory(true);
     let (batch, tgt_len) = (8, 128);
     let peer_model = serde_json::json!({
         "depth": c.xl.n_layers, "dim": c.xl.d_model, "heads": c.xl.n_heads,
         "dim_head": c.xl.head_width(), "ff_mult": c.xl.d_inner / c.xl.d_model,
         // lucidrains counts layers from 1.
-        "knn_layer": c.knn_layers[0] + 1, "topk": c.top_k, "max_knn_memories": c.max_memories,
+        "knn_layer": c.knn_layers[0] + 1, "topk": c.knn.top_k, "max_knn_memories": c.knn.max_memories,
         "xl_max_memories": c.xl.mem_len, "tgt_len": tgt_len, "batch": batch,
         "dropout": c.xl.dropout, "dropatt": c.xl.dropatt,
     });

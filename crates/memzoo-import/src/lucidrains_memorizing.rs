@@ -163,6 +163,18 @@ impl LayerList {
     }
 }
 
+/// The layers (1-based) of `list` that a model of `depth` layers has, sorted, each once.
+fn layer_set(list: &LayerList, depth: usize) -> Vec<usize> {
+    let mut given: Vec<usize> = list
+        .to_vec()
+        .into_iter()
+        .filter(|l| (1..=depth).contains(l))
+        .collect();
+    given.sort_unstable();
+    given.dedup();
+    given
+}
+
 impl MemorizingPeerConfig {
     /// The shape from the tensors in `map`, the rest from `file` or the package's defaults; a
     /// file field that disagrees with the tensors, or asks for what memzoo cannot express, is
@@ -234,13 +246,7 @@ impl MemorizingPeerConfig {
             .collect();
         let memorizing_layers = match &file.memorizing_layers {
             Some(list) => {
-                let mut given: Vec<usize> = list
-                    .to_vec()
-                    .into_iter()
-                    .filter(|l| (1..=depth).contains(l))
-                    .collect();
-                given.sort_unstable();
-                given.dedup();
+                let given = layer_set(list, depth);
                 if given != found {
                     return Err(file_err(format!(
                         "memorizing_layers = {given:?}, but the checkpoint's kNN layers (with a \
@@ -294,13 +300,7 @@ impl MemorizingPeerConfig {
             }
         }
         if let Some(list) = &file.xl_memory_layers {
-            let mut given: Vec<usize> = list
-                .to_vec()
-                .into_iter()
-                .filter(|l| (1..=depth).contains(l))
-                .collect();
-            given.sort_unstable();
-            given.dedup();
+            let given = layer_set(list, depth);
             if cfg.xl_max_memories > 0 && given != (1..=depth).collect::<Vec<_>>() {
                 return Err(ImportError::Unsupported(format!(
                     "xl_memory_layers = {given:?}: memzoo keeps an XL memory in every layer"

@@ -261,11 +261,7 @@ impl KnnAttention {
         let (h, dh) = (self.n_heads, self.d_head);
         let att = &self.attention;
         let mlen = ctx.mlen;
-        // [batch, len, heads, d_head]
-        let (q, k, v) = att.project(x, memory, ctx)?;
-        let q = l2_normalize(q);
-        let k = l2_normalize(k);
-        let tau_h = self.log_scale.val().exp(); // [heads]
+        let (q, k, v, tau_h) = self.normalized(x, memory, ctx)?;
         let tau = tau_h.clone().reshape([1, h, 1, 1]);
 
         // Local: τ q̂·k̂ + β. `scores` multiplies by 1/sqrt(d_head), so q̂ enters as τ sqrt(d_head) q̂.
@@ -294,6 +290,23 @@ impl KnnAttention {
         })
     }
 
+    /// The normalised queries and keys `q̂`, `k̂` of `cat(memory, x)` and its values (each
+    /// `[batch, len, heads, d_head]`), and the temperature `τ` per head (`[heads]`).
+    fn normalized(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        ctx: &RelativeContext,
+    ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>, Tensor<1>), KnnError> {
+        let (q, k, v) = self.attention.project(x, memory, ctx)?;
+        Ok((
+            l2_normalize(q),
+            l2_normalize(k),
+            v,
+            self.log_scale.val().exp(),
+        ))
+    }
+
     /// [`forward_retrieving`](Self::forward_retrieving) with `mixing = joint`
     /// (memorizing-transformers-pytorch's `KNNAttention`): one softmax over the retrieved and
     /// the local keys,
@@ -310,10 +323,7 @@ impl KnnAttention {
         let (h, dh) = (self.n_heads, self.d_head);
         let att = &self.attention;
         let (mlen, klen) = (ctx.mlen, ctx.klen());
-        let (q, k, v) = att.project(x, memory, ctx)?;
-        let q = l2_normalize(q);
-        let k = l2_normalize(k);
-        let tau_h = self.log_scale.val().exp(); // [heads]
+        let (q, k, v, tau_h) = self.normalized(x, memory, ctx)?;
         let tau = tau_h.clone().reshape([1, h, 1, 1]);
         // Local scores τ q̂·k̂ + β (as `forward_retrieving`): [batch, heads, qlen, klen].
         let q_in = q.clone().swap_dims(1, 2) * tau.clone().mul_scalar((dh as f32).sqrt());

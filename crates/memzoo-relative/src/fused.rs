@@ -93,11 +93,7 @@ impl RelativeMultiHeadAttention {
         let per_head = |p: &Param<Tensor<2>>| p.val().reshape([1, h, 1, dh]);
         let position = match (&self.scheme, &ctx.index) {
             (PositionParams::Xl(p), PositionIndex::Xl(sinusoid)) => {
-                let biases = p.biases.as_ref().or(shared).ok_or_else(|| {
-                    RelativeError::Input(
-                        "XL attention without its own u/v biases needs the shared ones".into(),
-                    )
-                })?;
+                let biases = p.biases_or(shared)?;
                 // W_R R: [W, d_model] -> [W, h, dh]
                 let w = sinusoid.dims()[0];
                 let r = p.r_net.forward(sinusoid.clone()).reshape([w, h, dh]);

@@ -469,8 +469,9 @@ fn convert_old_layout(user: &mut Value, path: &Path) -> Result<Option<String>, C
     };
     let mut reformer = table.remove("reformer");
     let mut memorizing = table.remove("memorizing");
-    // Keys that have moved since: the Reformer's LSH settings into its `lsh`, the stack's
-    // peer-compatibility switches into its `compat`.
+    // Keys that have moved since: the Reformer's LSH settings into its `lsh`, the Memorizing
+    // preset's kNN settings into its `knn`, the stack's peer-compatibility switches into its
+    // `compat`.
     if let Some(old) = reformer.as_mut().and_then(Value::as_object_mut) {
         let mut lsh = serde_json::Map::new();
         for (old_key, key) in OLD_REFORMER_LSH_KEYS {
@@ -482,8 +483,19 @@ fn convert_old_layout(user: &mut Value, path: &Path) -> Result<Option<String>, C
             old.insert("lsh".into(), Value::Object(lsh));
         }
     }
-    if let Some(xl) = memorizing.as_mut().and_then(|m| m.get_mut("xl")) {
-        move_compat_keys(xl);
+    if let Some(old) = memorizing.as_mut().and_then(Value::as_object_mut) {
+        let mut knn = serde_json::Map::new();
+        for key in OLD_MEMORIZING_KNN_KEYS {
+            if let Some(v) = old.remove(key) {
+                knn.insert(key.into(), v);
+            }
+        }
+        if !knn.is_empty() {
+            old.insert("knn".into(), Value::Object(knn));
+        }
+        if let Some(xl) = old.get_mut("xl") {
+            move_compat_keys(xl);
+        }
     }
     // The old section over the old defaults, read as the preset config it was.
     fn section<C: Serialize + serde::de::DeserializeOwned>(
@@ -584,6 +596,17 @@ const OLD_REFORMER_LSH_KEYS: [(&str, &str); 13] = [
     ("dedup_rounds", "dedup_rounds"),
     ("rotations_per_head", "rotations_per_head"),
     ("key_eps", "key_eps"),
+];
+
+/// The old `[memorizing]` section's kNN keys, now those of its `knn`
+/// ([`memzoo_stack::KnnLayerConfig`]).
+const OLD_MEMORIZING_KNN_KEYS: [&str; 6] = [
+    "top_k",
+    "max_memories",
+    "index",
+    "auto_crossover",
+    "hnsw",
+    "attn_scale_init",
 ];
 
 /// Moves the peer-compatibility switches a stack's section sets at its top level (where

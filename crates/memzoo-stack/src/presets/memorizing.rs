@@ -5,7 +5,7 @@
 
 use burn::config::Config;
 use burn::tensor::Device;
-use memzoo_memory::{HnswConfig, IndexKind, KnnMemoryConfig};
+use memzoo_memory::{IndexKind, KnnMemoryConfig};
 use memzoo_relative::{PositionConfig, PositionKind};
 
 use crate::error::XlError;
@@ -34,27 +34,13 @@ pub struct MemorizingConfig {
     /// XL with the same layers. Default: `[3]` (the 4th of 6).
     #[config(default = "vec![3]")]
     pub knn_layers: Vec<usize>,
-    /// Retrieved pairs per query. Default: 32 (the paper).
-    #[config(default = 32)]
-    pub top_k: usize,
-    /// kNN memories per (batch row, head), oldest evicted first. Default: 16,384.
-    #[config(default = 16384)]
-    pub max_memories: usize,
-    /// kNN search structure. Default: `auto` (exact up to `auto_crossover`, then HNSW).
-    #[config(default = "IndexKind::Auto")]
-    pub index: IndexKind,
-    /// Where `auto` switches to HNSW. Default: 262,144 (see `KnnMemoryConfig`).
-    #[config(default = 262144)]
-    pub auto_crossover: usize,
-    /// HNSW parameters. Default: connectivity 32, expansion_add 64, expansion_search by size.
-    #[config(default = "HnswConfig::new()")]
-    pub hnsw: HnswConfig,
+    /// The kNN layers' retrieval and memory (the stack's `knn`; each default is
+    /// [`KnnLayerConfig`]'s: top-32, as the paper, over 16,384 memories per row and head).
+    #[config(default = "KnnLayerConfig::new()")]
+    pub knn: KnnLayerConfig,
     /// Keep the XL memory (segment recurrence); false: `mem_len` 0. Default: true.
     #[config(default = true)]
     pub xl_memory: bool,
-    /// Initial temperature of the kNN layers' normalised scores. Default: 20.
-    #[config(default = 20.0)]
-    pub attn_scale_init: f64,
 }
 
 impl MemorizingConfig {
@@ -81,8 +67,11 @@ impl MemorizingConfig {
                     .with_mem_len(512),
             )
             .with_knn_layers(vec![8])
-            .with_top_k(32)
-            .with_max_memories(65_536)
+            .with_knn(
+                KnnLayerConfig::new()
+                    .with_top_k(32)
+                    .with_max_memories(65_536),
+            )
     }
 
     /// The layer stack this preset stands for: `xl` with `knn` layers at `knn_layers` (the
@@ -105,15 +94,7 @@ impl MemorizingConfig {
             .with_layers(layers)
             .with_mem_len(mem_len)
             .with_document_resets(true)
-            .with_knn(
-                KnnLayerConfig::new()
-                    .with_top_k(self.top_k)
-                    .with_max_memories(self.max_memories)
-                    .with_index(self.index)
-                    .with_auto_crossover(self.auto_crossover)
-                    .with_hnsw(self.hnsw.clone())
-                    .with_attn_scale_init(self.attn_scale_init),
-            )
+            .with_knn(self.knn.clone())
     }
 
     /// The configuration of every kNN layer's memory.
@@ -156,15 +137,6 @@ impl MemorizingConfig {
                 "all {n} layers are kNN layers; at least one must be a plain XL layer"
             )));
         }
-        if self.top_k == 0 {
-            return Err(XlError::Config("top_k must be positive, got 0".into()));
-        }
-        if self.top_k > self.max_memories {
-            return Err(XlError::Config(format!(
-                "top_k ({}) exceeds max_memories ({})",
-                self.top_k, self.max_memories
-            )));
-        }
         self.stack().validate()?;
         Ok(())
     }
@@ -202,7 +174,10 @@ pub fn recall_reference(knn: bool, vocab_size: usize) -> MemorizingConfig {
     MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(if knn { vec![1] } else { vec![] })
-        .with_top_k(8)
-        .with_max_memories(1024)
-        .with_index(IndexKind::Exact)
+        .with_knn(
+            KnnLayerConfig::new()
+                .with_top_k(8)
+                .with_max_memories(1024)
+                .with_index(IndexKind::Exact),
+        )
 }
