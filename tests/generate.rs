@@ -8,11 +8,8 @@
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
-use memzoo_memory::IndexKind;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::{
-    KnnLayerConfig, LshConfig, MemorizingConfig, ReformerConfig, XlConfig, XlMemory,
-};
+use memzoo_stack::{LshConfig, MemorizingConfig, ReformerConfig, XlMemory};
 use memzoo_tests::*;
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, Generator, SampleConfig, generate, generate_recompute,
@@ -175,18 +172,6 @@ fn bad_sampler_values_are_refused_naming_them() {
     assert!(sampler.sample(&[]).is_err());
 }
 
-fn small_xl(mem_len: usize) -> XlConfig {
-    XlConfig::new()
-        .with_vocab_size(40)
-        .with_d_model(32)
-        .with_n_layers(3)
-        .with_n_heads(4)
-        .with_d_inner(64)
-        .with_dropout(0.0)
-        .with_mem_len(mem_len)
-        .with_init_std(0.2)
-}
-
 /// A fixed pseudo-random walk of tokens, independent of both generators.
 fn walk(n: usize, vocab: usize, seed: usize) -> Vec<i64> {
     (0..n)
@@ -299,12 +284,7 @@ fn memorizing_cached_generation_equals_recomputation() {
     let model = MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(vec![1])
-        .with_knn(
-            KnnLayerConfig::new()
-                .with_top_k(4)
-                .with_max_memories(64)
-                .with_index(IndexKind::Exact),
-        );
+        .with_knn(tiny_knn());
     let std = xl_init_std(&model.stack());
     let model = seeded_weights(model.init(&dev).unwrap(), 2, std);
     let (prompt, new, len) = (walk(6, 40, 3), 13, 4);

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use memzoo::commands;
 use memzoo::config::RunConfig;
-use memzoo_tests::{flex, tiny_cli};
+use memzoo_tests::{TINY_REFORMER, flex, tiny_cli};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-family-{}-{name}", std::process::id()));
@@ -29,27 +29,17 @@ fn train(run: &Path, sets: &[&str]) {
 fn natively_trained_reformer_exports_and_round_trips() {
     let tmp = scratch("reformer");
     let run = tmp.join("run");
-    train(
-        &run,
-        &[
-            "model.preset=reformer-tiny",
-            "model.n_layers=2",
-            "model.d_model=16",
-            "model.n_heads=2",
-            "model.d_head=8",
-            "model.d_inner=32",
-            "model.lsh.chunk_len=4",
-            "model.lsh.n_buckets=4",
-            "model.lsh.n_rounds=2",
-            r#"model.axial={"shape": [4, 4], "dims": [8, 8], "summed": false}"#,
-            "model.mem_len=0",
-            // The options that make the preset HF's function.
-            "model.compat.head_input=\"concat\"",
-            "model.lsh.dedup_rounds=false",
-            "model.lsh.rotations_per_head=true",
-            "model.lsh.key_eps=1e-6",
-        ],
-    );
+    let hf_reformer = [
+        "model.lsh.n_buckets=4",
+        "model.lsh.n_rounds=2",
+        r#"model.axial={"shape": [4, 4], "dims": [8, 8], "summed": false}"#,
+        // The options that make the preset HF's function.
+        "model.compat.head_input=\"concat\"",
+        "model.lsh.dedup_rounds=false",
+        "model.lsh.rotations_per_head=true",
+        "model.lsh.key_eps=1e-6",
+    ];
+    train(&run, &[&TINY_REFORMER[..], &hf_reformer].concat());
     let dev = flex();
     let out = tmp.join("hf");
     memzoo::import::export("hf-reformer", &run, &out, &dev, true).unwrap();

@@ -29,12 +29,16 @@ pub fn tiny_memorizing() -> memzoo_stack::MemorizingConfig {
     memzoo_stack::MemorizingConfig::new()
         .with_xl(tiny_xl())
         .with_knn_layers(vec![1])
-        .with_knn(
-            memzoo_stack::KnnLayerConfig::new()
-                .with_top_k(4)
-                .with_max_memories(64)
-                .with_index(memzoo_memory::IndexKind::Exact),
-        )
+        .with_knn(tiny_knn())
+}
+
+/// The kNN layers of the tiny models: top 4 of up to 64 memories per row and head, exact
+/// search.
+pub fn tiny_knn() -> memzoo_stack::KnnLayerConfig {
+    memzoo_stack::KnnLayerConfig::new()
+        .with_top_k(4)
+        .with_max_memories(64)
+        .with_index(memzoo_memory::IndexKind::Exact)
 }
 
 /// The training split, as byte tokens, of a small generated long-range corpus (20 documents,
@@ -49,6 +53,20 @@ pub fn small_corpus() -> Vec<Token> {
         ..Default::default()
     };
     ByteTokenizer::new().encode(&generate_corpus(&cfg).unwrap().train)
+}
+
+/// A small XL (vocabulary 40, 3 layers, d_model 32, 4 heads, d_inner 64, no dropout, weights
+/// from N(0, 0.2)) with a memory of `mem_len`.
+pub fn small_xl(mem_len: usize) -> XlConfig {
+    XlConfig::new()
+        .with_vocab_size(40)
+        .with_d_model(32)
+        .with_n_layers(3)
+        .with_n_heads(4)
+        .with_d_inner(64)
+        .with_dropout(0.0)
+        .with_mem_len(mem_len)
+        .with_init_std(0.2)
 }
 
 /// `memzoo train --set` overrides (with [`tiny_cli`]'s) for a tiny Reformer: the

@@ -31,13 +31,12 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_backend::{DeviceSpec, test_devices};
-use memzoo_memory::IndexKind;
 use memzoo_reformer::rng::random_rotations;
 use memzoo_reformer::{ForwardOptions, hash_buckets};
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_stack::{
-    KnnLayerConfig, LshConfig, MemorizingConfig, MemorizingState, MemorizingTransformer,
-    ReformerConfig, ReformerLm, Step, TransformerXl, XlConfig, XlMemory, XlState,
+    LshConfig, MemorizingConfig, MemorizingState, MemorizingTransformer, ReformerConfig,
+    ReformerLm, Step, TransformerXl, XlConfig, XlMemory, XlState,
 };
 use memzoo_tests::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -420,12 +419,7 @@ fn memorizing_config() -> MemorizingConfig {
     MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(vec![1])
-        .with_knn(
-            KnnLayerConfig::new()
-                .with_top_k(4)
-                .with_max_memories(64)
-                .with_index(IndexKind::Exact),
-        )
+        .with_knn(tiny_knn())
 }
 
 const KNN_QLEN: usize = 8;

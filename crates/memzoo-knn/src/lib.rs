@@ -35,6 +35,3 @@ pub use attention::{
     KnnAttention, KnnAttentionConfig, KnnAttentionOutput, KnnMixing, l2_normalize,
 };
 pub use error::KnnError;
-
-#[cfg(test)]
-mod tests;
