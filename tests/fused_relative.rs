@@ -268,6 +268,20 @@ fn fused_attention_rejects_bad_shapes() {
     assert!(e.contains("mask has shape [3, 4, 6]"), "{e}");
 }
 
+/// The fused read of `found` by queries `q` at temperatures `tau` (with `lse`: and the
+/// log-partition, `[.., d_head + 1]`).
+fn fused_read(q: Tensor<4>, tau: Tensor<1>, found: &Retrieved, lse: bool) -> Tensor<4> {
+    knn_attention_fused(
+        q,
+        tau,
+        found.keys.clone(),
+        found.values.clone(),
+        found.mask.clone(),
+        lse,
+    )
+    .unwrap()
+}
+
 /// Retrieved pairs for `[batch, qlen, heads]` queries with `k` slots: unit keys, normal values,
 /// and `filled(b, i, h)` leading slots filled (the rest empty).
 fn retrieved(
@@ -405,17 +419,7 @@ fn fused_knn_read_matches_formula_and_tensor_ops() {
     let found = retrieved((batch, qlen, h, k, dh), filled, 3, &dev);
     let q = randn([batch, qlen, h, dh], 4, &dev);
     let tau = Tensor::<1>::from_data(TensorData::new(vec![2.5f32, 6.0], [h]), &dev);
-    let read = host(
-        knn_attention_fused(
-            q.clone(),
-            tau.clone(),
-            found.keys.clone(),
-            found.values.clone(),
-            found.mask.clone(),
-            true,
-        )
-        .unwrap(),
-    );
+    let read = host(fused_read(q.clone(), tau.clone(), &found, true));
     // Without autodiff (evaluation) the same kernel runs on plain flex tensors.
     let plain = flex();
     let found_plain = retrieved((batch, qlen, h, k, dh), filled, 3, &plain);
@@ -475,15 +479,7 @@ fn fused_knn_read_matches_formula_and_tensor_ops() {
     let grads_of = |fused: bool| {
         let (q, tau) = (q.clone().require_grad(), tau.clone().require_grad());
         let out = if fused {
-            knn_attention_fused(
-                q.clone(),
-                tau.clone(),
-                found.keys.clone(),
-                found.values.clone(),
-                found.mask.clone(),
-                false,
-            )
-            .unwrap()
+            fused_read(q.clone(), tau.clone(), &found, false)
         } else {
             layer.memory_read_tensor_ops(q.clone(), tau.clone(), &found)
         };

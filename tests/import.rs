@@ -468,19 +468,13 @@ pub(crate) fn scratch(name: &str) -> PathBuf {
 #[test]
 fn import_writes_a_run_dir_that_scores_as_hf() {
     let tmp = scratch("import-run");
-    let data = tmp.join("text.txt");
     // Bytes below the fixture's vocabulary of 120.
-    std::fs::write(&data, "the cat sat on the mat. ".repeat(400)).unwrap();
-    let run = tmp.join("run");
-    memzoo::import::import(
+    let run = import_with_data(
         "hf-transfo-xl",
         &fixture("wt103"),
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+        &tmp,
+        "the cat sat on the mat. ".repeat(400),
+    );
     let dev = flex();
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert!(config.model.compat.zero_first_memory && config.model.is_adaptive());
@@ -700,29 +694,10 @@ fn hf_reads_memzoo_export() {
     }
     let tmp = scratch("hf-reads-memzoo");
     memzoo_import::hf_transfo_xl::export(&model, &hf.xl_config().unwrap(), &tmp).unwrap();
-    let committed = TensorMap::read(&fixture("from-memzoo").join("model.safetensors")).unwrap();
-    let again = TensorMap::read(&tmp.join("model.safetensors")).unwrap();
-    let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
-    assert_eq!(names(&again), names(&committed));
-    for n in committed.names() {
-        assert_eq!(
-            committed
-                .get(n)
-                .unwrap()
-                .clone()
-                .convert::<f32>()
-                .try_to_vec::<f32>()
-                .unwrap(),
-            again
-                .get(n)
-                .unwrap()
-                .clone()
-                .convert::<f32>()
-                .try_to_vec::<f32>()
-                .unwrap(),
-            "{n}"
-        );
-    }
+    assert_same_tensors(
+        &fixture("from-memzoo").join("model.safetensors"),
+        &tmp.join("model.safetensors"),
+    );
     std::fs::remove_dir_all(&tmp).ok();
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use memzoo::commands;
 use memzoo::config::RunConfig;
-use memzoo_tests::{TINY_REFORMER, flex, tiny_cli};
+use memzoo_tests::{TINY_REFORMER, flex, import_with_data, tiny_cli};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-family-{}-{name}", std::process::id()));
@@ -105,19 +105,13 @@ fn natively_trained_memorizing_export_names_what_the_format_lacks() {
 #[test]
 fn imported_reformer_gets_the_reformer_memory_check() {
     let tmp = scratch("imported");
-    let data = tmp.join("text.txt");
-    std::fs::write(&data, "\x03\x04\x05\x06\x07".repeat(2000)).unwrap();
-    let run = tmp.join("run");
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-reformer/enwik8");
-    memzoo::import::import(
+    let run = import_with_data(
         "hf-reformer",
         &fixture,
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+        &tmp,
+        "\x03\x04\x05\x06\x07".repeat(2000),
+    );
     let config = RunConfig::from_run_dir(&run, &["model.lsh.n_rounds=1000000000".into()]).unwrap();
     assert_eq!(config.family(), "reformer");
     // `--resume` with `--overwrite` is refused right after the memory checks: nothing is built

@@ -313,19 +313,13 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
 #[test]
 fn lucidrains_memorizing_run_dir_and_export_round_trip() {
     let tmp = scratch("lucidrains-run");
-    let data = tmp.join("text.txt");
     // Bytes below the fixture's vocabulary of 24.
-    std::fs::write(&data, "\x01\x02\x03\x04\x05".repeat(2000)).unwrap();
-    let run = tmp.join("run");
-    memzoo::import::import(
+    let run = import_with_data(
         "lucidrains-memorizing",
         &fixture(),
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+        &tmp,
+        "\x01\x02\x03\x04\x05".repeat(2000),
+    );
     let dev = flex();
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert_eq!(config.model.kv_heads, Some(1));
@@ -356,20 +350,10 @@ fn lucidrains_memorizing_run_dir_and_export_round_trip() {
     memzoo::commands::generate(&run, "flex", &opts, true).unwrap();
     let out = tmp.join("export");
     memzoo::import::export("lucidrains-memorizing", &run, &out, &dev, true).unwrap();
-    let theirs = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
-    let ours = TensorMap::read(&out.join("model.safetensors")).unwrap();
-    let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
-    assert_eq!(names(&ours), names(&theirs), "exported names");
-    for n in theirs.names() {
-        let a = theirs.get(n).unwrap().clone();
-        let b = ours.get(n).unwrap().clone();
-        assert_eq!(a.shape(), b.shape(), "shape of {n}");
-        assert_eq!(
-            a.convert::<f32>().try_to_vec::<f32>().unwrap(),
-            b.convert::<f32>().try_to_vec::<f32>().unwrap(),
-            "values of {n}"
-        );
-    }
+    assert_same_tensors(
+        &fixture().join("model.safetensors"),
+        &out.join("model.safetensors"),
+    );
     let (_, back) = lucidrains_memorizing::load(&out, &dev).unwrap();
     let (_, orig) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
     assert_eq!(back, orig, "config round trip");

@@ -116,6 +116,51 @@ pub fn tiny_cli(extra: &[&str]) -> Vec<String> {
     .collect()
 }
 
+/// `memzoo import --from format src` into the run directory `tmp/run` (returned), with
+/// `text` (bytes below the model's vocabulary) as its data, written to `tmp/text.txt`.
+pub fn import_with_data(
+    format: &str,
+    src: &std::path::Path,
+    tmp: &std::path::Path,
+    text: impl AsRef<[u8]>,
+) -> std::path::PathBuf {
+    let data = tmp.join("text.txt");
+    std::fs::write(&data, text).unwrap();
+    let run = tmp.join("run");
+    memzoo::import::import(
+        format,
+        src,
+        &run,
+        Some(data.display().to_string()),
+        false,
+        true,
+    )
+    .unwrap();
+    run
+}
+
+/// The safetensors file `ours` holds the tensors of `theirs` bit for bit: the same names in the
+/// same order, the same shapes and values.
+pub fn assert_same_tensors(theirs: &std::path::Path, ours: &std::path::Path) {
+    use memzoo_import::TensorMap;
+    let (theirs, ours) = (
+        TensorMap::read(theirs).unwrap(),
+        TensorMap::read(ours).unwrap(),
+    );
+    let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
+    assert_eq!(names(&ours), names(&theirs), "tensor names");
+    for n in theirs.names() {
+        let a = theirs.get(n).unwrap().clone();
+        let b = ours.get(n).unwrap().clone();
+        assert_eq!(a.shape(), b.shape(), "shape of {n}");
+        assert_eq!(
+            a.convert::<f32>().try_to_vec::<f32>().unwrap(),
+            b.convert::<f32>().try_to_vec::<f32>().unwrap(),
+            "values of {n}"
+        );
+    }
+}
+
 /// Host copy of a tensor, row-major.
 pub fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data()

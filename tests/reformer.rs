@@ -71,6 +71,16 @@ impl ModuleVisitor for Compare<'_> {
 }
 
 /// [`Compare`] of two gradient sets over the float parameters of `module`.
+/// The loss of a pass as a number, asserted within 1e-5 of `reference`.
+fn assert_loss_close(loss: Tensor<1>, reference: f32) -> f32 {
+    let loss: f32 = loss.into_scalar();
+    assert!(
+        (loss - reference).abs() < 1e-5,
+        "loss {loss} vs {reference}"
+    );
+    loss
+}
+
 fn compare<M: Module>(
     module: &M,
     a: &GradientsParams,
@@ -140,11 +150,7 @@ fn reversible_gradients_equal_plain_autodiff() {
                 .with_options(opts),
         )
         .unwrap();
-    let loss_v: f32 = loss.into_scalar();
-    assert!(
-        (loss_v - loss_ref_v).abs() < 1e-5,
-        "loss {loss_v} vs {loss_ref_v}"
-    );
+    let loss_v = assert_loss_close(loss, loss_ref_v);
     let (max_diff, max_ref, n, missing, non_finite) = compare(&model, &grads_ref, &grads);
     eprintln!(
         "reversible vs plain: loss {loss_v} / {loss_ref_v}, max grad diff {} (max grad {}), {} params",
@@ -172,24 +178,18 @@ fn reversible_gradients_equal_plain_autodiff() {
         max_ref
     );
     // dropout really is on: another seed gives another loss
-    let other = seeded_loss(
-        &model,
-        tokens(2, 10, 11, 1, &device),
-        tokens(2, 10, 11, 2, &device),
-        None,
-        &ForwardOptions::train(43),
-    )
-    .unwrap()
-    .into_scalar::<f32>();
-    let same = seeded_loss(
-        &model,
-        tokens(2, 10, 11, 1, &device),
-        tokens(2, 10, 11, 2, &device),
-        None,
-        &ForwardOptions::train(42),
-    )
-    .unwrap()
-    .into_scalar::<f32>();
+    let loss_with_seed = |seed| {
+        seeded_loss(
+            &model,
+            tokens(2, 10, 11, 1, &device),
+            tokens(2, 10, 11, 2, &device),
+            None,
+            &ForwardOptions::train(seed),
+        )
+        .unwrap()
+        .into_scalar::<f32>()
+    };
+    let (other, same) = (loss_with_seed(43), loss_with_seed(42));
     assert!(
         (other - same).abs() > 1e-6,
         "seed must change dropout / rotations"
@@ -594,11 +594,7 @@ fn reversible_stack_with_knn_layer_and_xl_memory_has_exact_gradients_and_trains(
     let loss_ref_v: f32 = loss_ref.clone().inner().into_scalar();
     let grads_ref = GradientsParams::from_grads(loss_ref.backward(), &model);
     let (loss, grads) = model.train_step(x, y, &mut rev, &step).unwrap();
-    let loss_v: f32 = loss.into_scalar();
-    assert!(
-        (loss_v - loss_ref_v).abs() < 1e-5,
-        "loss {loss_v} vs {loss_ref_v}"
-    );
+    assert_loss_close(loss, loss_ref_v);
     let (max_diff, max_ref, n, missing, non_finite) = compare(&model, &grads_ref, &grads);
     eprintln!(
         "reversible kNN + memory stack: max grad diff {} (max grad {}), {} params, {} without a gradient",
