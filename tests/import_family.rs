@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use memzoo::commands;
 use memzoo::config::RunConfig;
-use memzoo_tests::{TINY_REFORMER, flex, import_with_data, tiny_cli};
+use memzoo_tests::{TINY_MEMORIZING, TINY_REFORMER, flex, import_with_data, tiny_cli};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-family-{}-{name}", std::process::id()));
@@ -63,20 +63,7 @@ fn natively_trained_reformer_exports_and_round_trips() {
 fn natively_trained_memorizing_export_names_what_the_format_lacks() {
     let tmp = scratch("memorizing");
     let run = tmp.join("run");
-    train(
-        &run,
-        &[
-            "model.preset=memorizing-tiny",
-            "model.n_layers=2",
-            "model.d_model=16",
-            "model.n_heads=2",
-            "model.d_inner=32",
-            "model.mem_len=8",
-            "model.layers=[\"t5\", \"knn\"]",
-            "model.knn.max_memories=64",
-            "model.knn.top_k=4",
-        ],
-    );
+    train(&run, &TINY_MEMORIZING);
     let dev = flex();
     for (to, field) in [
         (

@@ -339,14 +339,7 @@ fn lucidrains_memorizing_run_dir_and_export_round_trip() {
     }
     // The run is of the memorizing family (a stack with kNN layers): generate and a resumed
     // training accept it.
-    let opts = memzoo::commands::GenerateOptions {
-        prompt: "\x01\x02".into(),
-        tokens: 3,
-        sampler: memzoo_train::generate::SampleConfig::new(),
-        segment_len: None,
-        mem_len: None,
-        compare_recompute: false,
-    };
+    let opts = generate_options("\x01\x02", 3);
     memzoo::commands::generate(&run, "flex", &opts, true).unwrap();
     let out = tmp.join("export");
     memzoo::import::export("lucidrains-memorizing", &run, &out, &dev, true).unwrap();
@@ -497,15 +490,7 @@ fn training_from_the_package_weights_follows_pytorch_step_by_step() {
             quiet: true,
         };
         train(model, &config, &mut data, None, &options).unwrap();
-        let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
-        let ours = |metric: &str| -> Vec<f64> {
-            metrics
-                .lines()
-                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-                .filter(|v| v["split"] == "train" && v["metric"] == metric)
-                .map(|v| v["value"].as_f64().unwrap())
-                .collect()
-        };
+        let ours = |metric: &str| train_metric(&dir, metric);
         for (i, metric) in ["loss", "grad_norm", "lr"].into_iter().enumerate() {
             let got = ours(metric);
             assert_eq!(got.len(), steps, "{metric} records, {replicas} replica(s)");

@@ -472,14 +472,7 @@ fn hf_reformer_enwik8_vocabulary_reads_bytes_plus_two() {
         codec.decode_continuation(&out.tokens).unwrap(),
         String::from_utf8_lossy(&card)
     );
-    let opts = memzoo::commands::GenerateOptions {
-        prompt: "Reformer".into(),
-        tokens: 4,
-        sampler: memzoo_train::generate::SampleConfig::new(),
-        segment_len: None,
-        mem_len: None,
-        compare_recompute: false,
-    };
+    let opts = generate_options("Reformer", 4);
     memzoo::commands::generate(&run, "flex", &opts, true).unwrap();
 
     // The rule: a vocabulary of 258 only; the fixtures' 20 and crime's keep bytes as they are.
@@ -515,14 +508,7 @@ fn byte_offset_past_the_vocabulary_is_refused() {
     ] {
         assert!(err.contains(part), "`{part}` not in: {err}");
     }
-    let opts = memzoo::commands::GenerateOptions {
-        prompt: "\x03\x12".into(),
-        tokens: 2,
-        sampler: memzoo_train::generate::SampleConfig::new(),
-        segment_len: None,
-        mem_len: None,
-        compare_recompute: false,
-    };
+    let opts = generate_options("\x03\x12", 2);
     let err = memzoo::commands::generate(&run, "flex", &opts, true)
         .unwrap_err()
         .to_string();

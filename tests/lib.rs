@@ -84,6 +84,21 @@ pub const TINY_REFORMER: [&str; 9] = [
     "model.mem_len=0",
 ];
 
+/// `memzoo train --set` overrides (with [`tiny_cli`]'s) for a tiny Memorizing Transformer: the
+/// `memorizing-tiny` stack as a T5 and a kNN layer at d_model 16, 2 heads, XL memory 8, top 4 of
+/// 64 kNN memories.
+pub const TINY_MEMORIZING: [&str; 9] = [
+    "model.preset=memorizing-tiny",
+    "model.n_layers=2",
+    "model.d_model=16",
+    "model.n_heads=2",
+    "model.d_inner=32",
+    "model.mem_len=8",
+    "model.layers=[\"t5\", \"knn\"]",
+    "model.knn.top_k=4",
+    "model.knn.max_memories=64",
+];
+
 /// [`TINY_REFORMER`] with one LSH layer, then `extra`.
 pub fn tiny_lsh_layer(extra: &[&'static str]) -> Vec<&'static str> {
     TINY_REFORMER
@@ -159,6 +174,30 @@ pub fn assert_same_tensors(theirs: &std::path::Path, ours: &std::path::Path) {
             "values of {n}"
         );
     }
+}
+
+/// `memzoo generate` of `tokens` tokens after `prompt`, with the default sampler and the run's
+/// own segment length and memory.
+pub fn generate_options(prompt: &str, tokens: usize) -> memzoo::commands::GenerateOptions {
+    memzoo::commands::GenerateOptions {
+        prompt: prompt.into(),
+        tokens,
+        sampler: memzoo_train::generate::SampleConfig::new(),
+        segment_len: None,
+        mem_len: None,
+        compare_recompute: false,
+    }
+}
+
+/// The values of a training `metric` a run wrote to `dir/metrics.jsonl`, in step order.
+pub fn train_metric(dir: &std::path::Path, metric: &str) -> Vec<f64> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["split"] == "train" && v["metric"] == metric)
+        .map(|v| v["value"].as_f64().unwrap())
+        .collect()
 }
 
 /// Host copy of a tensor, row-major.

@@ -24,6 +24,21 @@ fn options(name: &str) -> (PathBuf, RunOptions) {
     (dir, options)
 }
 
+/// A small Reformer for the copy tasks: `n_layers` LSH layers of width `d_model` (2 heads of
+/// `d_model / 2`, feed-forward `2 d_model`), chunks of 4, no dropout.
+fn copy_reformer(n_layers: usize, d_model: usize, vocab: usize, max_len: usize) -> ReformerConfig {
+    ReformerConfig::new()
+        .with_n_layers(n_layers)
+        .with_d_model(d_model)
+        .with_n_heads(2)
+        .with_d_head(d_model / 2)
+        .with_d_ff(2 * d_model)
+        .with_vocab_size(vocab)
+        .with_max_seq_len(max_len)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
+        .with_dropout(0.0)
+}
+
 /// `evaluate` over a copied-text set against the same segments scored by hand: log-softmax
 /// of the model's logits, memory carried, the loss over every target, the loss and argmax
 /// accuracy over the masked ones, and the loss over the rest.
@@ -101,16 +116,7 @@ fn evaluation_scores_the_selected_targets_as_a_naive_pass() {
 #[test]
 fn duplication_loss_counts_the_second_copy_only() {
     let dev = flex().autodiff();
-    let model = ReformerConfig::new()
-        .with_n_layers(1)
-        .with_d_model(16)
-        .with_n_heads(2)
-        .with_d_head(8)
-        .with_d_ff(32)
-        .with_vocab_size(8)
-        .with_max_seq_len(8)
-        .with_lsh(LshConfig::new().with_chunk_len(4))
-        .with_dropout(0.0)
+    let model = copy_reformer(1, 16, 8, 8)
         .with_axial_positions(false)
         .with_reversible(false)
         .init(&dev)
@@ -159,17 +165,7 @@ fn duplication_loss_counts_the_second_copy_only() {
 #[test]
 fn the_duplication_task_is_learnt_through_the_trainer() {
     let dev = flex().autodiff();
-    let model = ReformerConfig::new()
-        .with_n_layers(2)
-        .with_d_model(64)
-        .with_n_heads(2)
-        .with_d_head(32)
-        .with_d_ff(128)
-        .with_vocab_size(16)
-        .with_max_seq_len(16)
-        .with_lsh(LshConfig::new().with_chunk_len(4))
-        .with_dropout(0.0)
-        .with_reversible(true);
+    let model = copy_reformer(2, 64, 16, 16).with_reversible(true);
     let cfg = DuplicationConfig::new(model)
         .with_len(16)
         .with_vocab(16)
@@ -262,16 +258,8 @@ fn eval_rounds_reach_the_evaluation_pass() {
     use burn::module::Module;
     use burn::tensor::{Int, Tensor, TensorData};
     let dev = flex().autodiff();
-    let model = ReformerConfig::new()
-        .with_n_layers(1)
-        .with_d_model(16)
-        .with_n_heads(2)
-        .with_d_head(8)
-        .with_d_ff(32)
-        .with_vocab_size(8)
-        .with_max_seq_len(16)
+    let model = copy_reformer(1, 16, 8, 16)
         .with_lsh(LshConfig::new().with_chunk_len(4).with_n_rounds(1))
-        .with_dropout(0.0)
         .init(&dev)
         .unwrap();
     let model = seeded_weights(model, 2, |_| 0.02);
