@@ -168,7 +168,7 @@ pub fn small_xl(mem_len: usize) -> XlConfig {
 /// kNN attention when `knn`), d_model 32, 4 heads x 8, T5 positions, XL memory 8 (none
 /// unless `xl_memory`), top-8 retrieval from up to 1,024 entries per row and head (exact
 /// search: `auto` picks it for small memories).
-pub fn small_memorizing(knn: bool, xl_memory: bool) -> memzoo_knn::MemorizingConfig {
+pub fn small_memorizing(knn: bool, xl_memory: bool) -> memzoo::stack::MemorizingConfig {
     use memzoo::relative::{PositionConfig, PositionKind};
     let xl = XlConfig::new()
         .with_n_layers(3)
@@ -179,11 +179,14 @@ pub fn small_memorizing(knn: bool, xl_memory: bool) -> memzoo_knn::MemorizingCon
         .with_pre_ln(true)
         .with_dropout(0.0)
         .with_positions(PositionConfig::new().with_kind(PositionKind::T5));
-    memzoo_knn::MemorizingConfig::new()
+    memzoo::stack::MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(if knn { vec![1] } else { vec![] })
-        .with_top_k(8)
-        .with_max_memories(1024)
+        .with_knn(
+            memzoo::stack::KnnLayerConfig::new()
+                .with_top_k(8)
+                .with_max_memories(1024),
+        )
         .with_xl_memory(xl_memory)
 }
 
@@ -299,11 +302,11 @@ pub fn memorizing_task() -> CopyTask {
 /// [`train_copy`] of a Memorizing Transformer on [`memorizing_task`] with 20 warm-up steps
 /// into a scratch run directory (for the generation examples).
 pub fn train_memorizing(
-    model: memzoo_knn::MemorizingTransformer,
+    model: memzoo::stack::MemorizingTransformer,
     steps: usize,
     lr: f64,
     log_every: usize,
-) -> Result<memzoo_knn::MemorizingTransformer, String> {
+) -> Result<memzoo::stack::MemorizingTransformer, String> {
     let how = CopyTraining {
         steps,
         lr,

@@ -13,9 +13,9 @@
 //! completed segments, retrieving from the kNN memory and adding to it.
 
 use burn::module::Module;
+use memzoo::stack::MemorizingState;
 use memzoo::train::generate::{Generator, SampleConfig};
 use memzoo_examples::{arg_or, copy_text, device_from_args, small_memorizing, train_memorizing};
-use memzoo_knn::MemorizingState;
 
 /// The segment length `train_memorizing` trains with.
 const SEGMENT_LEN: usize = 7;

@@ -20,7 +20,7 @@
 
 use burn::module::Module;
 use clap::Parser;
-use memzoo::stack::ReformerConfig;
+use memzoo::stack::{LshConfig, ReformerConfig};
 use memzoo::train::tasks::{DuplicationConfig, duplication};
 use memzoo_examples::Common;
 
@@ -68,8 +68,11 @@ fn run(args: Args) -> Result<(), String> {
         .with_d_ff(128)
         .with_vocab_size(vocab)
         .with_max_seq_len(args.len)
-        .with_bucket_size(4)
-        .with_n_rounds(args.rounds)
+        .with_lsh(
+            LshConfig::new()
+                .with_chunk_len(4)
+                .with_n_rounds(args.rounds),
+        )
         .with_dropout(0.0)
         .with_axial_positions(args.axial)
         .with_reversible(true);
@@ -80,7 +83,7 @@ fn run(args: Args) -> Result<(), String> {
     println!(
         "Reformer: {} reversible layers, LSH attention (buckets of {}, {} rounds), {params} \
          parameters; duplication sequences of {} symbols, batch {}",
-        args.layers, config.bucket_size, args.rounds, args.len, args.batch
+        args.layers, config.lsh.chunk_len, args.rounds, args.len, args.batch
     );
     let cfg = DuplicationConfig::new(config)
         .with_len(args.len)

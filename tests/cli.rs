@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use memzoo::CliError;
-use memzoo::commands::{self, GenerateOptions};
+use memzoo::commands;
 use memzoo::config::RunConfig;
-use memzoo_tests::{flex, tiny_cli};
+use memzoo_stack::LshConfig;
+use memzoo_tests::{flex, generate_options, tiny_cli};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-cli-{}-{name}", std::process::id()));
@@ -32,14 +33,7 @@ fn check(result: Result<(), CliError>, parts: &[&str], exit: i32, what: &str) {
 }
 
 fn generate(run_dir: &Path) -> Result<(), CliError> {
-    let opts = GenerateOptions {
-        prompt: "ab".into(),
-        tokens: 2,
-        sampler: memzoo_train::generate::SampleConfig::new(),
-        segment_len: None,
-        mem_len: None,
-        compare_recompute: false,
-    };
+    let opts = generate_options("ab", 2);
     commands::generate(run_dir, "flex", &opts, true)
 }
 
@@ -195,7 +189,7 @@ fn the_family_label_follows_the_layers_and_old_labels_still_load() {
         .with_n_heads(2)
         .with_d_head(8)
         .with_d_ff(32)
-        .with_bucket_size(4)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
         .with_axial_positions(false)
         .init(&dev)
         .unwrap();

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use memzoo::config::{ModelKind, Preset, RunConfig};
-use memzoo_stack::{LayerKind, XlConfig};
+use memzoo_stack::{LayerKind, LshConfig, PeerCompat, ReformerConfig, XlConfig};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -241,5 +241,120 @@ fn old_layouts_are_converted_and_their_runs_load() {
     std::fs::write(&bad, "model_kind = \"lstm\"\n").unwrap();
     let err = RunConfig::resolve(Some(&bad), &[]).unwrap_err().to_string();
     assert!(err.contains("lstm"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The peer-compatibility switches live in `[model.compat]`, and a run's `config.toml` lists
+/// the section only where it differs from its preset's: the default run has none (80 lines), an
+/// imported-like stack writes it and reads it back. Config files written before the section
+/// (`tests/fixtures/pre-compat/`: the default run's, `--model reformer`'s and `--model
+/// memorizing`'s config.toml, the switches in `[model]`) read as the same stacks, their values
+/// moved; `--set model.final_norm=...` names the new key.
+#[test]
+fn peer_switches_are_one_section_and_older_files_convert() {
+    let fixture = |name: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/pre-compat")
+            .join(name)
+    };
+    for (file, preset) in [
+        ("xl.toml", Preset::XlTiny),
+        ("reformer.toml", Preset::ReformerTiny),
+        ("memorizing.toml", Preset::MemorizingTiny),
+    ] {
+        let text = std::fs::read_to_string(fixture(file)).unwrap();
+        assert!(text.contains("\nzero_first_memory = false") && !text.contains("[model.compat"));
+        let old = RunConfig::resolve(Some(&fixture(file)), &[]).unwrap();
+        assert_eq!(old.model.preset, Some(preset), "{file}");
+        assert_eq!(json(&old.model), json(&preset.model()), "{file}");
+    }
+    // Non-default values move with their keys (an imported HF pre-LN model's switches).
+    let dir = scratch("compat");
+    let text = std::fs::read_to_string(fixture("xl.toml"))
+        .unwrap()
+        .replace("\nfinal_norm = true", "\nfinal_norm = false")
+        .replace("\npre_ln = false", "\npre_ln = true")
+        .replace("\nzero_first_memory = false", "\nzero_first_memory = true");
+    let path = dir.join("imported.toml");
+    std::fs::write(&path, &text).unwrap();
+    let imported = RunConfig::resolve(Some(&path), &[]).unwrap();
+    let compat = &imported.model.compat;
+    assert!(!compat.final_norm && compat.zero_first_memory && imported.model.pre_ln);
+    assert_eq!(
+        compat
+            .clone()
+            .with_final_norm(true)
+            .with_zero_first_memory(false),
+        PeerCompat::new()
+    );
+    // Written now: the section where it differs, read back the same.
+    let written = imported.to_toml();
+    assert!(
+        written.contains("[model.compat]") && written.contains("zero_first_memory = true"),
+        "{written}"
+    );
+    std::fs::write(&path, &written).unwrap();
+    let back = RunConfig::resolve(Some(&path), &[]).unwrap();
+    assert_eq!(json(&back.model), json(&imported.model));
+    let default = RunConfig::default().to_toml();
+    assert!(
+        !default.contains("compat") && !default.contains("final_norm"),
+        "{default}"
+    );
+    assert_eq!(default.lines().count(), 80, "{default}");
+    // The old key on the command line names the new one.
+    let err = RunConfig::resolve(None, &["model.final_norm=false".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.compat.final_norm"), "{err}");
+    let set = RunConfig::resolve(None, &["model.compat.final_norm=false".into()]).unwrap();
+    assert!(!set.model.compat.final_norm);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The LSH settings are one config with one set of defaults: the stack's `[model.lsh]`, the
+/// Reformer preset's `lsh` and a single attention layer's all start from `LshConfig::new()`
+/// (chunks of 64, 4 rounds). An old layout's `[reformer]` section, whose LSH settings were
+/// fields of the preset (`bucket_size`, `n_rounds`, `eval_seed`, `lsh_scores`, ...), is read
+/// with its values in the stack's `lsh`.
+#[test]
+fn lsh_settings_are_defined_once_and_old_reformer_sections_convert() {
+    let once = serde_json::to_value(LshConfig::new()).unwrap();
+    for lsh in [
+        XlConfig::new().lsh,
+        ReformerConfig::new().lsh,
+        ReformerConfig::new().stack().lsh,
+        memzoo_reformer::ReformerAttentionConfig::new(8, 2, 4).lsh,
+    ] {
+        assert_eq!(serde_json::to_value(lsh).unwrap(), once);
+    }
+    assert_eq!(
+        (LshConfig::new().chunk_len, LshConfig::new().n_rounds),
+        (64, 4)
+    );
+    let old = std::fs::read_to_string(fixture("reformer.toml")).unwrap();
+    let mut text = old.clone();
+    for (from, to) in [
+        ("bucket_size = 64", "bucket_size = 32"),
+        ("n_rounds = 4", "n_rounds = 3"),
+        ("eval_seed = 0", "eval_seed = 5"),
+        (
+            "lsh_scores = \"unit_keys\"",
+            "lsh_scores = \"scaled_unit_keys\"",
+        ),
+    ] {
+        assert_eq!(old.matches(from).count(), 1, "{from}");
+        text = text.replace(from, to);
+    }
+    let dir = scratch("old-reformer");
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    let lsh = RunConfig::resolve(Some(&path), &[])
+        .unwrap()
+        .model
+        .lsh
+        .clone();
+    assert_eq!((lsh.chunk_len, lsh.n_rounds, lsh.seed), (32, 3, 5));
+    assert_eq!(lsh.scores, memzoo_reformer::LshScores::ScaledUnitKeys);
     let _ = std::fs::remove_dir_all(dir);
 }

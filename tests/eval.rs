@@ -4,6 +4,7 @@
 //! carried; on the third a row restarts its document, one row is padding alone and one half
 //! padded; a target mask selects every fourth target.
 
+use memzoo_stack::LshConfig;
 use memzoo_tests::*;
 use memzoo_train::{
     RecurrentModel, Segment, SegmentModel, SegmentSource, TrainError, evaluate_sharded,
@@ -168,7 +169,7 @@ fn sharded_reformer_evaluation_equals_rows_read_alone() {
         .with_d_ff(32)
         .with_vocab_size(64)
         .with_max_seq_len(16)
-        .with_bucket_size(4)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
         .with_dropout(0.0)
         .with_axial_positions(false)
         .with_attn_layers(vec![LayerKind::Lsh, LayerKind::Lsh])

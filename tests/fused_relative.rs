@@ -7,10 +7,11 @@ use burn::nn::Initializer;
 use burn::optim::GradientsParams;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use memzoo_fused::{FusedError, RelativePosition, knn_attention_fused, relative_attention_fused};
+use memzoo_knn::{KnnAttention, KnnAttentionConfig, KnnMixing};
 use memzoo_memory::Retrieved;
 use memzoo_relative::{
-    AttentionMask, KnnAttention, KnnAttentionConfig, KnnMixing, PositionConfig, PositionKind,
-    RelativeAttentionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
+    AttentionMask, PositionConfig, PositionKind, RelativeAttentionConfig, RelativeContext,
+    RelativeMultiHeadAttention, XlBiases,
 };
 use memzoo_tests::*;
 
@@ -21,6 +22,23 @@ const TOL: f32 = 1e-5;
 enum Path {
     Fused,
     TensorOps,
+}
+
+/// The output and the gradients of the loss `Σ out ⊙ w` (`w` drawn from `seed`) with respect to
+/// `x` and the memory, as host vectors, and the gradients for the parameters.
+fn output_and_input_grads(
+    out: Tensor<3>,
+    seed: u64,
+    x: Tensor<3>,
+    mem: Option<Tensor<3>>,
+) -> (Vec<Vec<f32>>, burn::tensor::Gradients) {
+    let w = randn(out.dims(), seed, &out.device());
+    let grads = (out.clone() * w).sum().backward();
+    let mut all = vec![host(out.inner())];
+    for t in std::iter::once(x).chain(mem) {
+        all.push(host(t.grad(&grads).expect("inputs get a gradient")));
+    }
+    (all, grads)
 }
 
 /// Output, and gradients (parameters, shared biases, `x`, `memory`) of `Σ w ⊙ Attn(x, memory)`.
@@ -52,14 +70,7 @@ fn run(
                 .swap_dims(1, 2)
                 .reshape([batch, qlen, att.n_heads * att.d_head]),
         );
-    let w = randn(out.dims(), 99, &out.device());
-    let grads = (out.clone() * w).sum().backward();
-    let mut all = vec![host(out.inner())];
-    let mut leaves = vec![x];
-    leaves.extend(mem);
-    for t in leaves {
-        all.push(host(t.grad(&grads).expect("inputs get a gradient")));
-    }
+    let (mut all, grads) = output_and_input_grads(out, 99, x, mem);
     if let Some(s) = shared {
         for p in [&s.content, &s.position] {
             all.push(host(p.grad(&grads).expect("shared biases get a gradient")));
@@ -217,56 +228,33 @@ fn fused_attention_rejects_bad_shapes() {
         ),
     };
     let err = |r: Result<Tensor<4>, FusedError>| r.unwrap_err().to_string();
-    let e = err(relative_attention_fused(
-        q.clone(),
-        k.clone(),
-        k.clone(),
-        bias([5, 3], 28),
-        None,
-        -1e9,
-    ));
+    // The error of attention with values `v` and positions `pos` (no mask).
+    let with = |v: Tensor<4>, pos| {
+        err(relative_attention_fused(
+            q.clone(),
+            k.clone(),
+            v,
+            pos,
+            None,
+            -1e9,
+        ))
+    };
+    let e = with(k.clone(), bias([5, 3], 28));
     assert!(e.contains("[28]") && e.contains("expected [24]"), "{e}");
-    let e = err(relative_attention_fused(
-        q.clone(),
-        k.clone(),
-        k.clone(),
-        bias([4, 3], 24),
-        None,
-        -1e9,
-    ));
+    let e = with(k.clone(), bias([4, 3], 24));
     assert!(e.contains("0..=4") && e.contains("4 buckets"), "{e}");
-    let e = err(relative_attention_fused(
-        q.clone(),
-        k.clone(),
-        k.clone(),
-        bias([5, 2], 24),
-        None,
-        -1e9,
-    ));
+    let e = with(k.clone(), bias([5, 2], 24));
     assert!(
         e.contains("[5, 2]") && e.contains("[buckets >= 1, 3]"),
         "{e}"
     );
-    let e = err(relative_attention_fused(
-        q.clone(),
-        k.clone(),
-        k.clone(),
-        RelativePosition::Shifted {
-            qp: q.clone(),
-            r: randn([6, 3, 5], 4, &dev),
-        },
-        None,
-        -1e9,
-    ));
+    let shifted = RelativePosition::Shifted {
+        qp: q.clone(),
+        r: randn([6, 3, 5], 4, &dev),
+    };
+    let e = with(k.clone(), shifted);
     assert!(e.contains("[6, 3, 5]") && e.contains("S >= 7"), "{e}");
-    let e = err(relative_attention_fused(
-        q.clone(),
-        k.clone(),
-        randn([2, 3, 5, 5], 5, &dev),
-        bias([5, 3], 24),
-        None,
-        -1e9,
-    ));
+    let e = with(randn([2, 3, 5, 5], 5, &dev), bias([5, 3], 24));
     assert!(e.contains("v has shape [2, 3, 5, 5]"), "{e}");
     let mask = Tensor::<3, Bool>::empty([3, 4, 6], &dev);
     let e = err(relative_attention_fused(
@@ -278,6 +266,20 @@ fn fused_attention_rejects_bad_shapes() {
         -1e9,
     ));
     assert!(e.contains("mask has shape [3, 4, 6]"), "{e}");
+}
+
+/// The fused read of `found` by queries `q` at temperatures `tau` (with `lse`: and the
+/// log-partition, `[.., d_head + 1]`).
+fn fused_read(q: Tensor<4>, tau: Tensor<1>, found: &Retrieved, lse: bool) -> Tensor<4> {
+    knn_attention_fused(
+        q,
+        tau,
+        found.keys.clone(),
+        found.values.clone(),
+        found.mask.clone(),
+        lse,
+    )
+    .unwrap()
 }
 
 /// Retrieved pairs for `[batch, qlen, heads]` queries with `k` slots: unit keys, normal values,
@@ -330,14 +332,7 @@ fn run_knn(
         .forward_retrieving(x.clone(), mem.clone(), ctx, |_| Ok(found.clone()))
         .unwrap()
         .output;
-    let w = randn(out.dims(), 98, &out.device());
-    let grads = (out.clone() * w).sum().backward();
-    let mut all = vec![host(out.inner())];
-    let mut leaves = vec![x];
-    leaves.extend(mem);
-    for t in leaves {
-        all.push(host(t.grad(&grads).expect("inputs get a gradient")));
-    }
+    let (mut all, grads) = output_and_input_grads(out, 98, x, mem);
     let params = GradientsParams::from_grads(grads, &layer);
     for (n, g) in param_vectors(&layer, Some(&params)).into_iter().enumerate() {
         // The gate is unused with the joint mixing.
@@ -424,17 +419,7 @@ fn fused_knn_read_matches_formula_and_tensor_ops() {
     let found = retrieved((batch, qlen, h, k, dh), filled, 3, &dev);
     let q = randn([batch, qlen, h, dh], 4, &dev);
     let tau = Tensor::<1>::from_data(TensorData::new(vec![2.5f32, 6.0], [h]), &dev);
-    let read = host(
-        knn_attention_fused(
-            q.clone(),
-            tau.clone(),
-            found.keys.clone(),
-            found.values.clone(),
-            found.mask.clone(),
-            true,
-        )
-        .unwrap(),
-    );
+    let read = host(fused_read(q.clone(), tau.clone(), &found, true));
     // Without autodiff (evaluation) the same kernel runs on plain flex tensors.
     let plain = flex();
     let found_plain = retrieved((batch, qlen, h, k, dh), filled, 3, &plain);
@@ -494,15 +479,7 @@ fn fused_knn_read_matches_formula_and_tensor_ops() {
     let grads_of = |fused: bool| {
         let (q, tau) = (q.clone().require_grad(), tau.clone().require_grad());
         let out = if fused {
-            knn_attention_fused(
-                q.clone(),
-                tau.clone(),
-                found.keys.clone(),
-                found.values.clone(),
-                found.mask.clone(),
-                false,
-            )
-            .unwrap()
+            fused_read(q.clone(), tau.clone(), &found, false)
         } else {
             layer.memory_read_tensor_ops(q.clone(), tau.clone(), &found)
         };

@@ -8,11 +8,8 @@
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo::commands::{self, GenerateOptions};
 use memzoo::config::RunConfig;
-use memzoo_knn::MemorizingConfig;
-use memzoo_memory::IndexKind;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::ReformerConfig;
-use memzoo_stack::{XlConfig, XlMemory};
+use memzoo_stack::{LshConfig, MemorizingConfig, ReformerConfig, XlMemory};
 use memzoo_tests::*;
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, Generator, SampleConfig, generate, generate_recompute,
@@ -175,18 +172,6 @@ fn bad_sampler_values_are_refused_naming_them() {
     assert!(sampler.sample(&[]).is_err());
 }
 
-fn small_xl(mem_len: usize) -> XlConfig {
-    XlConfig::new()
-        .with_vocab_size(40)
-        .with_d_model(32)
-        .with_n_layers(3)
-        .with_n_heads(4)
-        .with_d_inner(64)
-        .with_dropout(0.0)
-        .with_mem_len(mem_len)
-        .with_init_std(0.2)
-}
-
 /// A fixed pseudo-random walk of tokens, independent of both generators.
 fn walk(n: usize, vocab: usize, seed: usize) -> Vec<i64> {
     (0..n)
@@ -299,9 +284,7 @@ fn memorizing_cached_generation_equals_recomputation() {
     let model = MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(vec![1])
-        .with_top_k(4)
-        .with_max_memories(64)
-        .with_index(IndexKind::Exact);
+        .with_knn(tiny_knn());
     let std = xl_init_std(&model.stack());
     let model = seeded_weights(model.init(&dev).unwrap(), 2, std);
     let (prompt, new, len) = (walk(6, 40, 3), 13, 4);
@@ -318,14 +301,14 @@ fn memorizing_cached_generation_equals_recomputation() {
     assert_eq!(generator.state().knn_len(0, 0), done);
     assert_eq!(generator.state().xl.len(), 4);
     // Retrieval changes the prediction: the same weights with an empty kNN memory differ.
-    let mut no_knn = memzoo_knn::MemorizingState::new();
+    let mut no_knn = memzoo_stack::MemorizingState::new();
     let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![5i64, 9, 1], [1, 3]), &dev);
     let fresh = host(
         model
             .segment_logits(ids.clone(), &mut no_knn, &[true])
             .unwrap(),
     );
-    let mut state = memzoo_knn::MemorizingState::new();
+    let mut state = memzoo_stack::MemorizingState::new();
     let context = walk(16, 40, 4);
     for (i, seg) in context.chunks(len).enumerate() {
         let ids = Tensor::<2, Int>::from_data(TensorData::new(seg.to_vec(), [1, len]), &dev);
@@ -358,8 +341,7 @@ fn reformer_generation_reads_a_sliding_window() {
             memzoo_stack::LayerKind::Local,
             memzoo_stack::LayerKind::Lsh,
         ])
-        .with_bucket_size(2)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(2).with_n_rounds(2))
         .with_dropout(0.0)
         .with_axial_positions(false)
         .with_init_std(0.3)

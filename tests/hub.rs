@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use crate::import::scratch;
 use memzoo_import::ImportError;
 use memzoo_import::hub::{self, HubError, HubOptions};
+use memzoo_tests::generate_options;
 
 /// The commit every served revision resolves to.
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -622,13 +623,6 @@ fn hub_cli_child() {
     );
     let codec = memzoo_data::TextCodec::for_dir(&run).unwrap();
     assert!(matches!(codec, memzoo_data::TextCodec::Words(_)));
-    let opts = memzoo::commands::GenerateOptions {
-        prompt: "the cat sat on the".into(),
-        tokens: 4,
-        sampler: memzoo_train::generate::SampleConfig::new(),
-        segment_len: None,
-        mem_len: None,
-        compare_recompute: false,
-    };
+    let opts = generate_options("the cat sat on the", 4);
     memzoo::commands::generate(&run, "flex", &opts, true).unwrap();
 }

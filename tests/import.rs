@@ -468,22 +468,16 @@ pub(crate) fn scratch(name: &str) -> PathBuf {
 #[test]
 fn import_writes_a_run_dir_that_scores_as_hf() {
     let tmp = scratch("import-run");
-    let data = tmp.join("text.txt");
     // Bytes below the fixture's vocabulary of 120.
-    std::fs::write(&data, "the cat sat on the mat. ".repeat(400)).unwrap();
-    let run = tmp.join("run");
-    memzoo::import::import(
+    let run = import_with_data(
         "hf-transfo-xl",
         &fixture("wt103"),
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+        &tmp,
+        "the cat sat on the mat. ".repeat(400),
+    );
     let dev = flex();
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
-    assert!(config.model.zero_first_memory && config.model.is_adaptive());
+    assert!(config.model.compat.zero_first_memory && config.model.is_adaptive());
     let r = Reference::read("wt103");
     let mut memory = XlMemory::empty();
     for s in 0..3 {
@@ -618,7 +612,7 @@ fn pre_ln_hf_models_import_without_a_final_norm() {
     .unwrap();
     let (model, hf) = load_transformer_xl(&tmp, &dev).unwrap();
     let xl = hf.xl_config().unwrap();
-    assert!(xl.pre_ln && !xl.final_norm && model.final_norm.is_none());
+    assert!(xl.pre_ln && !xl.compat.final_norm && model.final_norm.is_none());
     let r = Reference::read("plain");
     let x = r.tokens::<2>("input_ids.0", &dev);
     let [b, _] = x.dims();
@@ -664,7 +658,7 @@ fn pre_ln_hf_models_import_without_a_final_norm() {
 /// `memzoo train --model xl --steps 60 --set model.vocab_size=128 --set model.d_model=16
 /// --set model.n_layers=2 --set model.n_heads=2 --set model.d_head=6 --set model.d_inner=32
 /// --set model.mem_len=6 --set model.same_length=true --set model.pre_ln=true --set
-/// model.final_norm=false --set model.untie_rel_bias=true --set model.positions.clamp_len=5
+/// model.compat.final_norm=false --set model.untie_rel_bias=true --set model.positions.clamp_len=5
 /// --set 'model.cutoffs=[40, 80]' --set model.div_val=2 --set 'model.tie_projs=[false, true,
 /// false]' --set train.tgt_len=8`: pre-LN, adaptive, same-length), exported, then loaded and
 /// run by `xtask/peers/fixtures/hf_reads_memzoo.py` (HF's `from_pretrained` reported no missing,
@@ -700,29 +694,10 @@ fn hf_reads_memzoo_export() {
     }
     let tmp = scratch("hf-reads-memzoo");
     memzoo_import::hf_transfo_xl::export(&model, &hf.xl_config().unwrap(), &tmp).unwrap();
-    let committed = TensorMap::read(&fixture("from-memzoo").join("model.safetensors")).unwrap();
-    let again = TensorMap::read(&tmp.join("model.safetensors")).unwrap();
-    let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
-    assert_eq!(names(&again), names(&committed));
-    for n in committed.names() {
-        assert_eq!(
-            committed
-                .get(n)
-                .unwrap()
-                .clone()
-                .convert::<f32>()
-                .try_to_vec::<f32>()
-                .unwrap(),
-            again
-                .get(n)
-                .unwrap()
-                .clone()
-                .convert::<f32>()
-                .try_to_vec::<f32>()
-                .unwrap(),
-            "{n}"
-        );
-    }
+    assert_same_tensors(
+        &fixture("from-memzoo").join("model.safetensors"),
+        &tmp.join("model.safetensors"),
+    );
     std::fs::remove_dir_all(&tmp).ok();
 }
 

@@ -163,7 +163,13 @@ fn lucidrains_compressive_export_round_trips() {
         );
     }
     let err = format
-        .export(&model, &stack.clone().with_final_norm(true), &dir)
+        .export(
+            &model,
+            &stack
+                .clone()
+                .with_compat(stack.compat.clone().with_final_norm(true)),
+            &dir,
+        )
         .unwrap_err()
         .to_string();
     assert!(err.contains("final_norm"), "{err}");

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use memzoo::commands;
 use memzoo::config::RunConfig;
-use memzoo_tests::{flex, tiny_cli};
+use memzoo_tests::{TINY_MEMORIZING, TINY_REFORMER, flex, import_with_data, tiny_cli};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memzoo-family-{}-{name}", std::process::id()));
@@ -29,27 +29,17 @@ fn train(run: &Path, sets: &[&str]) {
 fn natively_trained_reformer_exports_and_round_trips() {
     let tmp = scratch("reformer");
     let run = tmp.join("run");
-    train(
-        &run,
-        &[
-            "model.preset=reformer-tiny",
-            "model.n_layers=2",
-            "model.d_model=16",
-            "model.n_heads=2",
-            "model.d_head=8",
-            "model.d_inner=32",
-            "model.lsh.chunk_len=4",
-            "model.lsh.n_buckets=4",
-            "model.lsh.n_rounds=2",
-            r#"model.axial={"shape": [4, 4], "dims": [8, 8], "summed": false}"#,
-            "model.mem_len=0",
-            // The options that make the preset HF's function.
-            "model.head_input=\"concat\"",
-            "model.lsh.dedup_rounds=false",
-            "model.lsh.rotations_per_head=true",
-            "model.lsh.key_eps=1e-6",
-        ],
-    );
+    let hf_reformer = [
+        "model.lsh.n_buckets=4",
+        "model.lsh.n_rounds=2",
+        r#"model.axial={"shape": [4, 4], "dims": [8, 8], "summed": false}"#,
+        // The options that make the preset HF's function.
+        "model.compat.head_input=\"concat\"",
+        "model.lsh.dedup_rounds=false",
+        "model.lsh.rotations_per_head=true",
+        "model.lsh.key_eps=1e-6",
+    ];
+    train(&run, &[&TINY_REFORMER[..], &hf_reformer].concat());
     let dev = flex();
     let out = tmp.join("hf");
     memzoo::import::export("hf-reformer", &run, &out, &dev, true).unwrap();
@@ -73,20 +63,7 @@ fn natively_trained_reformer_exports_and_round_trips() {
 fn natively_trained_memorizing_export_names_what_the_format_lacks() {
     let tmp = scratch("memorizing");
     let run = tmp.join("run");
-    train(
-        &run,
-        &[
-            "model.preset=memorizing-tiny",
-            "model.n_layers=2",
-            "model.d_model=16",
-            "model.n_heads=2",
-            "model.d_inner=32",
-            "model.mem_len=8",
-            "model.layers=[\"t5\", \"knn\"]",
-            "model.knn.max_memories=64",
-            "model.knn.top_k=4",
-        ],
-    );
+    train(&run, &TINY_MEMORIZING);
     let dev = flex();
     for (to, field) in [
         (
@@ -115,19 +92,13 @@ fn natively_trained_memorizing_export_names_what_the_format_lacks() {
 #[test]
 fn imported_reformer_gets_the_reformer_memory_check() {
     let tmp = scratch("imported");
-    let data = tmp.join("text.txt");
-    std::fs::write(&data, "\x03\x04\x05\x06\x07".repeat(2000)).unwrap();
-    let run = tmp.join("run");
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf-reformer/enwik8");
-    memzoo::import::import(
+    let run = import_with_data(
         "hf-reformer",
         &fixture,
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+        &tmp,
+        "\x03\x04\x05\x06\x07".repeat(2000),
+    );
     let config = RunConfig::from_run_dir(&run, &["model.lsh.n_rounds=1000000000".into()]).unwrap();
     assert_eq!(config.family(), "reformer");
     // `--resume` with `--overwrite` is refused right after the memory checks: nothing is built

@@ -154,22 +154,16 @@ fn labml_xl_import_errors_name_the_tensor() {
 #[test]
 fn labml_xl_run_dir_and_export_round_trip() {
     let tmp = scratch("labml-run");
-    let data = tmp.join("text.txt");
     // Bytes below the fixture's vocabulary of 40.
-    std::fs::write(&data, "\x01\x02\x03\x04 ".repeat(2000)).unwrap();
-    let run = tmp.join("run");
-    memzoo::import::import(
+    let run = import_with_data(
         "labml-xl",
         &fixture(),
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+        &tmp,
+        "\x01\x02\x03\x04 ".repeat(2000),
+    );
     let dev = flex();
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
-    assert!(config.model.value_output_bias && !config.model.scale_embedding);
+    assert!(config.model.compat.value_output_bias && !config.model.scale_embedding);
     let r = Reference::at(&fixture());
     let mut memory = XlMemory::empty();
     for s in 0..3 {
@@ -184,20 +178,10 @@ fn labml_xl_run_dir_and_export_round_trip() {
     }
     let out = tmp.join("export");
     memzoo::import::export("labml-xl", &run, &out, &dev, true).unwrap();
-    let theirs = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
-    let ours = TensorMap::read(&out.join("model.safetensors")).unwrap();
-    let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
-    assert_eq!(names(&ours), names(&theirs), "exported names");
-    for n in theirs.names() {
-        let a = theirs.get(n).unwrap().clone();
-        let b = ours.get(n).unwrap().clone();
-        assert_eq!(a.shape(), b.shape(), "shape of {n}");
-        assert_eq!(
-            a.convert::<f32>().try_to_vec::<f32>().unwrap(),
-            b.convert::<f32>().try_to_vec::<f32>().unwrap(),
-            "values of {n}"
-        );
-    }
+    assert_same_tensors(
+        &fixture().join("model.safetensors"),
+        &out.join("model.safetensors"),
+    );
     let (_, back) = labml_xl::load(&out, &dev).unwrap();
     let (_, orig) = labml_xl::load(&fixture(), &dev).unwrap();
     assert_eq!(back, orig, "config round trip");

@@ -18,8 +18,8 @@ use burn::tensor::{Tensor, TensorData};
 use memzoo_import::lucidrains_memorizing::{self, MemorizingPeerConfig, transformer_xl_to_peer};
 use memzoo_import::mapping::Source;
 use memzoo_import::{ImportError, TensorMap};
+use memzoo_knn::l2_normalize;
 use memzoo_memory::KnnIndex;
-use memzoo_relative::l2_normalize;
 use memzoo_stack::{LayerAttention, TransformerXl, XlConfig, XlState};
 use memzoo_tests::*;
 
@@ -81,11 +81,9 @@ fn memorizing_parity(src: &Path, kv_memory: bool) {
         lucidrains_memorizing::load(src, &dev).expect("import")
     } else {
         let (_, cfg) = lucidrains_memorizing::load(src, &dev).expect("import");
-        let xl = cfg
-            .xl_config()
-            .unwrap()
-            .with_memory_keys_values(false)
-            .with_memory_gradients(false);
+        let mut xl = cfg.xl_config().unwrap();
+        xl.compat.memory_keys_values = false;
+        xl.compat.memory_gradients = false;
         let mut map = TensorMap::read(&src.join("model.safetensors")).unwrap();
         let model = lucidrains_memorizing::transformer_xl_as(&xl, &cfg, &mut map, &dev).unwrap();
         map.finish().unwrap();
@@ -272,7 +270,8 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
     let xl_layers = vec![memzoo_stack::LayerKind::Xl; 3];
     for (config, what) in [
         (
-            base.clone().with_zero_first_memory(true),
+            base.clone()
+                .with_compat(base.compat.clone().with_zero_first_memory(true)),
             "zero_first_memory",
         ),
         (
@@ -283,7 +282,7 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
         ),
         (
             base.clone()
-                .with_memory_keys_values(false)
+                .with_compat(base.compat.clone().with_memory_keys_values(false))
                 .with_layers(xl_layers),
             "shared_t5",
         ),
@@ -314,19 +313,13 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
 #[test]
 fn lucidrains_memorizing_run_dir_and_export_round_trip() {
     let tmp = scratch("lucidrains-run");
-    let data = tmp.join("text.txt");
     // Bytes below the fixture's vocabulary of 24.
-    std::fs::write(&data, "\x01\x02\x03\x04\x05".repeat(2000)).unwrap();
-    let run = tmp.join("run");
-    memzoo::import::import(
+    let run = import_with_data(
         "lucidrains-memorizing",
         &fixture(),
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+        &tmp,
+        "\x01\x02\x03\x04\x05".repeat(2000),
+    );
     let dev = flex();
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert_eq!(config.model.kv_heads, Some(1));
@@ -346,31 +339,14 @@ fn lucidrains_memorizing_run_dir_and_export_round_trip() {
     }
     // The run is of the memorizing family (a stack with kNN layers): generate and a resumed
     // training accept it.
-    let opts = memzoo::commands::GenerateOptions {
-        prompt: "\x01\x02".into(),
-        tokens: 3,
-        sampler: memzoo_train::generate::SampleConfig::new(),
-        segment_len: None,
-        mem_len: None,
-        compare_recompute: false,
-    };
+    let opts = generate_options("\x01\x02", 3);
     memzoo::commands::generate(&run, "flex", &opts, true).unwrap();
     let out = tmp.join("export");
     memzoo::import::export("lucidrains-memorizing", &run, &out, &dev, true).unwrap();
-    let theirs = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
-    let ours = TensorMap::read(&out.join("model.safetensors")).unwrap();
-    let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
-    assert_eq!(names(&ours), names(&theirs), "exported names");
-    for n in theirs.names() {
-        let a = theirs.get(n).unwrap().clone();
-        let b = ours.get(n).unwrap().clone();
-        assert_eq!(a.shape(), b.shape(), "shape of {n}");
-        assert_eq!(
-            a.convert::<f32>().try_to_vec::<f32>().unwrap(),
-            b.convert::<f32>().try_to_vec::<f32>().unwrap(),
-            "values of {n}"
-        );
-    }
+    assert_same_tensors(
+        &fixture().join("model.safetensors"),
+        &out.join("model.safetensors"),
+    );
     let (_, back) = lucidrains_memorizing::load(&out, &dev).unwrap();
     let (_, orig) = lucidrains_memorizing::load(&fixture(), &dev).unwrap();
     assert_eq!(back, orig, "config round trip");
@@ -514,15 +490,7 @@ fn training_from_the_package_weights_follows_pytorch_step_by_step() {
             quiet: true,
         };
         train(model, &config, &mut data, None, &options).unwrap();
-        let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
-        let ours = |metric: &str| -> Vec<f64> {
-            metrics
-                .lines()
-                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-                .filter(|v| v["split"] == "train" && v["metric"] == metric)
-                .map(|v| v["value"].as_f64().unwrap())
-                .collect()
-        };
+        let ours = |metric: &str| train_metric(&dir, metric);
         for (i, metric) in ["loss", "grad_norm", "lr"].into_iter().enumerate() {
             let got = ours(metric);
             assert_eq!(got.len(), steps, "{metric} records, {replicas} replica(s)");

@@ -173,18 +173,12 @@ fn lucidrains_reformer_import_errors_name_the_tensor() {
 #[test]
 fn lucidrains_reformer_run_dir_and_export_round_trip() {
     let tmp = scratch("lucid-reformer-run");
-    let data = tmp.join("text.txt");
-    std::fs::write(&data, "\x03\x04\x05\x06\x07".repeat(2000)).unwrap();
-    let run = tmp.join("run");
-    memzoo::import::import(
+    let run = import_with_data(
         "lucidrains-reformer",
         &fixture(),
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+        &tmp,
+        "\x03\x04\x05\x06\x07".repeat(2000),
+    );
     let dev = flex();
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert!(config.model.axial.as_ref().unwrap().summed && config.model.lsh.output_bias);
@@ -200,20 +194,7 @@ fn lucidrains_reformer_run_dir_and_export_round_trip() {
     let out = tmp.join("export");
     memzoo::import::export("lucidrains-reformer", &run, &out, &dev, true).unwrap();
     for file in ["model.safetensors", "rotations.safetensors"] {
-        let theirs = TensorMap::read(&fixture().join(file)).unwrap();
-        let ours = TensorMap::read(&out.join(file)).unwrap();
-        let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
-        assert_eq!(names(&ours), names(&theirs), "exported names of {file}");
-        for n in theirs.names() {
-            let a = theirs.get(n).unwrap().clone();
-            let b = ours.get(n).unwrap().clone();
-            assert_eq!(a.shape(), b.shape(), "shape of {n}");
-            assert_eq!(
-                a.convert::<f32>().try_to_vec::<f32>().unwrap(),
-                b.convert::<f32>().try_to_vec::<f32>().unwrap(),
-                "values of {n}"
-            );
-        }
+        assert_same_tensors(&fixture().join(file), &out.join(file));
     }
     let back = LucidrainsReformerConfig::read(&out.join("config.json")).unwrap();
     let orig = LucidrainsReformerConfig::read(&fixture().join("config.json")).unwrap();

@@ -258,19 +258,13 @@ fn hf_reformer_import_errors_name_the_tensor() {
 #[test]
 fn hf_reformer_run_dir_and_export_round_trip() {
     let tmp = scratch("reformer-run");
-    let data = tmp.join("text.txt");
     // Bytes below the fixture's vocabulary of 20.
-    std::fs::write(&data, "\x03\x04\x05\x06\x07".repeat(2000)).unwrap();
-    let run = tmp.join("run");
-    memzoo::import::import(
+    let run = import_with_data(
         "hf-reformer",
         &fixture("enwik8"),
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+        &tmp,
+        "\x03\x04\x05\x06\x07".repeat(2000),
+    );
     let dev = flex();
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert!(config.model.lsh.fixed_rotations && !config.model.lsh.dedup_rounds);
@@ -286,20 +280,7 @@ fn hf_reformer_run_dir_and_export_round_trip() {
     let out = tmp.join("export");
     memzoo::import::export("hf-reformer", &run, &out, &dev, true).unwrap();
     for file in ["model.safetensors", "rotations.safetensors"] {
-        let theirs = TensorMap::read(&fixture("enwik8").join(file)).unwrap();
-        let ours = TensorMap::read(&out.join(file)).unwrap();
-        let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
-        assert_eq!(names(&ours), names(&theirs), "exported names of {file}");
-        for n in theirs.names() {
-            let a = theirs.get(n).unwrap().clone();
-            let b = ours.get(n).unwrap().clone();
-            assert_eq!(a.shape(), b.shape(), "shape of {n}");
-            assert_eq!(
-                a.convert::<f32>().try_to_vec::<f32>().unwrap(),
-                b.convert::<f32>().try_to_vec::<f32>().unwrap(),
-                "values of {n}"
-            );
-        }
+        assert_same_tensors(&fixture("enwik8").join(file), &out.join(file));
     }
     let back = HfReformerConfig::read(&out.join("config.json")).unwrap();
     let orig = HfReformerConfig::read(&fixture("enwik8").join("config.json")).unwrap();
@@ -332,22 +313,17 @@ fn fixed_rotations_serve_evaluation_and_are_never_trained() {
     };
     let e = eval(&model);
     assert_eq!(e, eval(&model), "evaluation is one function");
-    let (l1, grads) = model
-        .train_step(
-            inp.clone(),
-            tgt.clone(),
-            &mut XlState::new(),
-            &Step::default(),
-        )
-        .unwrap();
-    let (l2, _) = model
-        .train_step(
-            inp.clone(),
-            tgt.clone(),
-            &mut XlState::new(),
-            &Step::default(),
-        )
-        .unwrap();
+    let step = || {
+        model
+            .train_step(
+                inp.clone(),
+                tgt.clone(),
+                &mut XlState::new(),
+                &Step::default(),
+            )
+            .unwrap()
+    };
+    let ((l1, grads), (l2, _)) = (step(), step());
     let (l1, l2): (f32, f32) = (l1.into_scalar(), l2.into_scalar());
     assert!(
         l1 != l2 && l1 != e,
@@ -444,18 +420,7 @@ fn hf_reformer_enwik8_vocabulary_reads_bytes_plus_two() {
     let text: Vec<u8> = "Reformer reads enwik8 as bytes + 2; naïve UTF-8 too. "
         .repeat(240)
         .into_bytes();
-    let data = tmp.join("text.txt");
-    std::fs::write(&data, &text).unwrap();
-    let run = tmp.join("run");
-    memzoo::import::import(
-        "hf-reformer",
-        &src,
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+    let run = import_with_data("hf-reformer", &src, &tmp, &text);
     let dev = flex();
     let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert_eq!(config.model.vocab_size, 258);
@@ -507,14 +472,7 @@ fn hf_reformer_enwik8_vocabulary_reads_bytes_plus_two() {
         codec.decode_continuation(&out.tokens).unwrap(),
         String::from_utf8_lossy(&card)
     );
-    let opts = memzoo::commands::GenerateOptions {
-        prompt: "Reformer".into(),
-        tokens: 4,
-        sampler: memzoo_train::generate::SampleConfig::new(),
-        segment_len: None,
-        mem_len: None,
-        compare_recompute: false,
-    };
+    let opts = generate_options("Reformer", 4);
     memzoo::commands::generate(&run, "flex", &opts, true).unwrap();
 
     // The rule: a vocabulary of 258 only; the fixtures' 20 and crime's keep bytes as they are.
@@ -531,20 +489,9 @@ fn hf_reformer_enwik8_vocabulary_reads_bytes_plus_two() {
 #[test]
 fn byte_offset_past_the_vocabulary_is_refused() {
     let tmp = scratch("reformer-offset-vocab");
-    let data = tmp.join("text.txt");
     // Bytes 3..=18: below the fixture's vocabulary of 20, but byte 18 + 2 is id 20.
     let text: Vec<u8> = (0..4000).map(|i| 3 + (i * 7 % 16) as u8).collect();
-    std::fs::write(&data, &text).unwrap();
-    let run = tmp.join("run");
-    memzoo::import::import(
-        "hf-reformer",
-        &fixture("enwik8"),
-        &run,
-        Some(data.display().to_string()),
-        false,
-        true,
-    )
-    .unwrap();
+    let run = import_with_data("hf-reformer", &fixture("enwik8"), &tmp, &text);
     // Offset 0 (vocabulary 20): the bytes fit.
     memzoo::commands::eval(&run, "flex", "valid", None, Some(8), Some(1), true).unwrap();
     let path = run.join("config.toml");
@@ -561,14 +508,7 @@ fn byte_offset_past_the_vocabulary_is_refused() {
     ] {
         assert!(err.contains(part), "`{part}` not in: {err}");
     }
-    let opts = memzoo::commands::GenerateOptions {
-        prompt: "\x03\x12".into(),
-        tokens: 2,
-        sampler: memzoo_train::generate::SampleConfig::new(),
-        segment_len: None,
-        mem_len: None,
-        compare_recompute: false,
-    };
+    let opts = generate_options("\x03\x12", 2);
     let err = memzoo::commands::generate(&run, "flex", &opts, true)
         .unwrap_err()
         .to_string();

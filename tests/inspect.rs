@@ -9,7 +9,8 @@ use burn::tensor::activation::sigmoid;
 use burn::tensor::{Int, Tensor, TensorData};
 use memzoo::inspect::{InspectOptions, Inspection, inspect, render};
 use memzoo_data::OrderedBatcher;
-use memzoo_relative::{RelativeContext, l2_normalize, linear_rows};
+use memzoo_knn::l2_normalize;
+use memzoo_relative::{RelativeContext, linear_rows};
 use memzoo_stack::{LayerAttention, RecurrentModel, TransformerXl, XlState};
 use memzoo_tests::*;
 

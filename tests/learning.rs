@@ -15,10 +15,10 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_data::{
     ByteTokenizer, Corpus, LongRangeConfig, OrderedBatcher, Split, SplitRule, generate_corpus,
 };
-use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::ReformerConfig;
-use memzoo_stack::{Randomness, XlConfig, XlMemory};
+use memzoo_stack::{
+    KnnLayerConfig, LshConfig, MemorizingConfig, Randomness, ReformerConfig, XlConfig, XlMemory,
+};
 use memzoo_tests::*;
 use memzoo_train::{
     AdamConfig, RunOptions, ScheduleConfig, SegmentModel, TrainConfig, TrainOutcome, evaluate,
@@ -349,8 +349,7 @@ fn reformer_learns_tiny_shakespeare() {
         .with_d_head(32)
         .with_d_ff(256)
         .with_max_seq_len(64)
-        .with_bucket_size(16)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(16).with_n_rounds(2))
         .with_axial_shape(Some([8, 8]));
     let model = seeded_weights(
         model.init(&device()).unwrap(),
@@ -384,8 +383,7 @@ fn memorizing_learns_tiny_shakespeare() {
                 .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
         )
         .with_knn_layers(vec![1])
-        .with_top_k(8)
-        .with_max_memories(1024);
+        .with_knn(KnnLayerConfig::new().with_top_k(8).with_max_memories(1024));
     let model = seeded_weights(
         model.init(&device()).unwrap(),
         0,

@@ -25,10 +25,17 @@ pub fn tiny_xl() -> XlConfig {
 
 /// [`tiny_xl`] with a kNN layer at depth 1 (top 4 of up to 64 memories per row and head,
 /// exact search): a tiny Memorizing Transformer.
-pub fn tiny_memorizing() -> memzoo_knn::MemorizingConfig {
-    memzoo_knn::MemorizingConfig::new()
+pub fn tiny_memorizing() -> memzoo_stack::MemorizingConfig {
+    memzoo_stack::MemorizingConfig::new()
         .with_xl(tiny_xl())
         .with_knn_layers(vec![1])
+        .with_knn(tiny_knn())
+}
+
+/// The kNN layers of the tiny models: top 4 of up to 64 memories per row and head, exact
+/// search.
+pub fn tiny_knn() -> memzoo_stack::KnnLayerConfig {
+    memzoo_stack::KnnLayerConfig::new()
         .with_top_k(4)
         .with_max_memories(64)
         .with_index(memzoo_memory::IndexKind::Exact)
@@ -48,6 +55,20 @@ pub fn small_corpus() -> Vec<Token> {
     ByteTokenizer::new().encode(&generate_corpus(&cfg).unwrap().train)
 }
 
+/// A small XL (vocabulary 40, 3 layers, d_model 32, 4 heads, d_inner 64, no dropout, weights
+/// from N(0, 0.2)) with a memory of `mem_len`.
+pub fn small_xl(mem_len: usize) -> XlConfig {
+    XlConfig::new()
+        .with_vocab_size(40)
+        .with_d_model(32)
+        .with_n_layers(3)
+        .with_n_heads(4)
+        .with_d_inner(64)
+        .with_dropout(0.0)
+        .with_mem_len(mem_len)
+        .with_init_std(0.2)
+}
+
 /// `memzoo train --set` overrides (with [`tiny_cli`]'s) for a tiny Reformer: the
 /// `reformer-tiny` stack (a local and an LSH layer) at d_model 16, 2 heads of 8, chunks of 4,
 /// no axial positions, no memory.
@@ -61,6 +82,21 @@ pub const TINY_REFORMER: [&str; 9] = [
     "model.lsh.chunk_len=4",
     "model.axial=none",
     "model.mem_len=0",
+];
+
+/// `memzoo train --set` overrides (with [`tiny_cli`]'s) for a tiny Memorizing Transformer: the
+/// `memorizing-tiny` stack as a T5 and a kNN layer at d_model 16, 2 heads, XL memory 8, top 4 of
+/// 64 kNN memories.
+pub const TINY_MEMORIZING: [&str; 9] = [
+    "model.preset=memorizing-tiny",
+    "model.n_layers=2",
+    "model.d_model=16",
+    "model.n_heads=2",
+    "model.d_inner=32",
+    "model.mem_len=8",
+    "model.layers=[\"t5\", \"knn\"]",
+    "model.knn.top_k=4",
+    "model.knn.max_memories=64",
 ];
 
 /// [`TINY_REFORMER`] with one LSH layer, then `extra`.
@@ -93,6 +129,75 @@ pub fn tiny_cli(extra: &[&str]) -> Vec<String> {
     .chain(extra)
     .map(|s| s.to_string())
     .collect()
+}
+
+/// `memzoo import --from format src` into the run directory `tmp/run` (returned), with
+/// `text` (bytes below the model's vocabulary) as its data, written to `tmp/text.txt`.
+pub fn import_with_data(
+    format: &str,
+    src: &std::path::Path,
+    tmp: &std::path::Path,
+    text: impl AsRef<[u8]>,
+) -> std::path::PathBuf {
+    let data = tmp.join("text.txt");
+    std::fs::write(&data, text).unwrap();
+    let run = tmp.join("run");
+    memzoo::import::import(
+        format,
+        src,
+        &run,
+        Some(data.display().to_string()),
+        false,
+        true,
+    )
+    .unwrap();
+    run
+}
+
+/// The safetensors file `ours` holds the tensors of `theirs` bit for bit: the same names in the
+/// same order, the same shapes and values.
+pub fn assert_same_tensors(theirs: &std::path::Path, ours: &std::path::Path) {
+    use memzoo_import::TensorMap;
+    let (theirs, ours) = (
+        TensorMap::read(theirs).unwrap(),
+        TensorMap::read(ours).unwrap(),
+    );
+    let names = |m: &TensorMap| m.names().map(String::from).collect::<Vec<_>>();
+    assert_eq!(names(&ours), names(&theirs), "tensor names");
+    for n in theirs.names() {
+        let a = theirs.get(n).unwrap().clone();
+        let b = ours.get(n).unwrap().clone();
+        assert_eq!(a.shape(), b.shape(), "shape of {n}");
+        assert_eq!(
+            a.convert::<f32>().try_to_vec::<f32>().unwrap(),
+            b.convert::<f32>().try_to_vec::<f32>().unwrap(),
+            "values of {n}"
+        );
+    }
+}
+
+/// `memzoo generate` of `tokens` tokens after `prompt`, with the default sampler and the run's
+/// own segment length and memory.
+pub fn generate_options(prompt: &str, tokens: usize) -> memzoo::commands::GenerateOptions {
+    memzoo::commands::GenerateOptions {
+        prompt: prompt.into(),
+        tokens,
+        sampler: memzoo_train::generate::SampleConfig::new(),
+        segment_len: None,
+        mem_len: None,
+        compare_recompute: false,
+    }
+}
+
+/// The values of a training `metric` a run wrote to `dir/metrics.jsonl`, in step order.
+pub fn train_metric(dir: &std::path::Path, metric: &str) -> Vec<f64> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["split"] == "train" && v["metric"] == metric)
+        .map(|v| v["value"].as_f64().unwrap())
+        .collect()
 }
 
 /// Host copy of a tensor, row-major.

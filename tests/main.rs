@@ -19,6 +19,7 @@ mod import_lucidrains_reformer;
 mod import_reformer;
 mod inspect;
 mod learning;
+mod memorizing;
 mod multidev;
 mod parity;
 mod reformer;

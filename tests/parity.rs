@@ -31,13 +31,13 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_backend::{DeviceSpec, test_devices};
-use memzoo_knn::{MemorizingConfig, MemorizingState, MemorizingTransformer};
-use memzoo_memory::IndexKind;
 use memzoo_reformer::rng::random_rotations;
 use memzoo_reformer::{ForwardOptions, hash_buckets};
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::{ReformerConfig, ReformerLm};
-use memzoo_stack::{Step, TransformerXl, XlConfig, XlMemory, XlState};
+use memzoo_stack::{
+    LshConfig, MemorizingConfig, MemorizingState, MemorizingTransformer, ReformerConfig,
+    ReformerLm, Step, TransformerXl, XlConfig, XlMemory, XlState,
+};
 use memzoo_tests::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -356,8 +356,7 @@ fn reformer_config() -> ReformerConfig {
         .with_d_ff(64)
         .with_max_seq_len(16)
         .with_axial_shape(Some([4, 4]))
-        .with_bucket_size(4)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(4).with_n_rounds(2))
         .with_ff_chunk_len(8)
         .with_dropout(0.1)
         .with_init_std(0.1)
@@ -420,9 +419,7 @@ fn memorizing_config() -> MemorizingConfig {
     MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(vec![1])
-        .with_top_k(4)
-        .with_max_memories(64)
-        .with_index(IndexKind::Exact)
+        .with_knn(tiny_knn())
 }
 
 const KNN_QLEN: usize = 8;

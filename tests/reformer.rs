@@ -7,7 +7,9 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_reformer::ForwardOptions;
 use memzoo_reformer::rng::normal_vec;
-use memzoo_stack::{LayerContext, LayerKind, Randomness, ReformerConfig, Replay, Step, XlState};
+use memzoo_stack::{
+    LayerContext, LayerKind, LshConfig, Randomness, ReformerConfig, Replay, Step, XlState,
+};
 use memzoo_tests::*;
 
 fn dev() -> Device {
@@ -70,6 +72,16 @@ impl ModuleVisitor for Compare<'_> {
 }
 
 /// [`Compare`] of two gradient sets over the float parameters of `module`.
+/// The loss of a pass as a number, asserted within 1e-5 of `reference`.
+fn assert_loss_close(loss: Tensor<1>, reference: f32) -> f32 {
+    let loss: f32 = loss.into_scalar();
+    assert!(
+        (loss - reference).abs() < 1e-5,
+        "loss {loss} vs {reference}"
+    );
+    loss
+}
+
 fn compare<M: Module>(
     module: &M,
     a: &GradientsParams,
@@ -104,8 +116,7 @@ fn small_config() -> ReformerConfig {
         .with_d_ff(32)
         .with_max_seq_len(16)
         .with_attn_layers(vec![LayerKind::Local, LayerKind::Lsh])
-        .with_bucket_size(4)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(4).with_n_rounds(2))
         .with_ff_chunk_len(3)
         .with_dropout(0.1)
         .with_dropatt(0.1)
@@ -140,11 +151,7 @@ fn reversible_gradients_equal_plain_autodiff() {
                 .with_options(opts),
         )
         .unwrap();
-    let loss_v: f32 = loss.into_scalar();
-    assert!(
-        (loss_v - loss_ref_v).abs() < 1e-5,
-        "loss {loss_v} vs {loss_ref_v}"
-    );
+    let loss_v = assert_loss_close(loss, loss_ref_v);
     let (max_diff, max_ref, n, missing, non_finite) = compare(&model, &grads_ref, &grads);
     eprintln!(
         "reversible vs plain: loss {loss_v} / {loss_ref_v}, max grad diff {} (max grad {}), {} params",
@@ -172,24 +179,18 @@ fn reversible_gradients_equal_plain_autodiff() {
         max_ref
     );
     // dropout really is on: another seed gives another loss
-    let other = seeded_loss(
-        &model,
-        tokens(2, 10, 11, 1, &device),
-        tokens(2, 10, 11, 2, &device),
-        None,
-        &ForwardOptions::train(43),
-    )
-    .unwrap()
-    .into_scalar::<f32>();
-    let same = seeded_loss(
-        &model,
-        tokens(2, 10, 11, 1, &device),
-        tokens(2, 10, 11, 2, &device),
-        None,
-        &ForwardOptions::train(42),
-    )
-    .unwrap()
-    .into_scalar::<f32>();
+    let loss_with_seed = |seed| {
+        seeded_loss(
+            &model,
+            tokens(2, 10, 11, 1, &device),
+            tokens(2, 10, 11, 2, &device),
+            None,
+            &ForwardOptions::train(seed),
+        )
+        .unwrap()
+        .into_scalar::<f32>()
+    };
+    let (other, same) = (loss_with_seed(43), loss_with_seed(42));
     assert!(
         (other - same).abs() > 1e-6,
         "seed must change dropout / rotations"
@@ -238,11 +239,9 @@ fn lm_forward_shapes_and_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("autodiff"), "{err}");
-    let err = small_config()
-        .with_n_buckets(Some(5))
-        .validate()
-        .unwrap_err()
-        .to_string();
+    let small = small_config();
+    let lsh = small.lsh.clone().with_n_buckets(Some(5));
+    let err = small.with_lsh(lsh).validate().unwrap_err().to_string();
     assert!(err.contains('5'), "{err}");
     let err = small_config()
         .with_axial_dims(Some([4, 4]))
@@ -267,13 +266,13 @@ fn default_config_is_reformer_small() {
     assert_eq!(
         (
             cfg.max_seq_len,
-            cfg.bucket_size,
-            cfg.n_rounds,
+            cfg.lsh.chunk_len,
+            cfg.lsh.n_rounds,
             cfg.vocab_size
         ),
         (4096, 64, 4, 256)
     );
-    assert!(cfg.causal && cfg.reversible && cfg.axial_positions && cfg.ff_chunk_len > 0);
+    assert!(cfg.lsh.causal && cfg.reversible && cfg.axial_positions && cfg.ff_chunk_len > 0);
     assert_eq!(cfg.axial_grid(), [64, 64]);
 }
 
@@ -313,8 +312,7 @@ fn lsh_config() -> ReformerConfig {
         .with_d_head(8)
         .with_d_ff(32)
         .with_max_seq_len(16)
-        .with_bucket_size(4)
-        .with_n_rounds(2)
+        .with_lsh(LshConfig::new().with_chunk_len(4).with_n_rounds(2))
         .with_ff_chunk_len(3)
         .with_dropout(0.0)
         .with_init_std(0.3)
@@ -495,11 +493,13 @@ fn reverse_replays_the_forward_buckets_when_a_hash_flips() {
 /// The fixture's model (tests/fixtures/legacy/reformer*.bpk, written by the `ReformerLm` code
 /// before the Reformer became a preset of the stack, with this config).
 fn fixture_config(reversible: bool) -> ReformerConfig {
-    small_config()
+    let small = small_config();
+    let lsh = small.lsh.clone().with_seed(7);
+    small
         .with_vocab_size(32)
         .with_dropout(0.0)
         .with_dropatt(0.0)
-        .with_eval_seed(7)
+        .with_lsh(lsh)
         .with_reversible(reversible)
         .with_axial_positions(reversible)
 }
@@ -595,11 +595,7 @@ fn reversible_stack_with_knn_layer_and_xl_memory_has_exact_gradients_and_trains(
     let loss_ref_v: f32 = loss_ref.clone().inner().into_scalar();
     let grads_ref = GradientsParams::from_grads(loss_ref.backward(), &model);
     let (loss, grads) = model.train_step(x, y, &mut rev, &step).unwrap();
-    let loss_v: f32 = loss.into_scalar();
-    assert!(
-        (loss_v - loss_ref_v).abs() < 1e-5,
-        "loss {loss_v} vs {loss_ref_v}"
-    );
+    assert_loss_close(loss, loss_ref_v);
     let (max_diff, max_ref, n, missing, non_finite) = compare(&model, &grads_ref, &grads);
     eprintln!(
         "reversible kNN + memory stack: max grad diff {} (max grad {}), {} params, {} without a gradient",

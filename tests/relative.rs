@@ -237,11 +237,8 @@ struct Case {
     own_biases: bool,
 }
 
-fn check(case: Case, dev: &Device) {
-    check_with(case, 2, |c| c, dev)
-}
-
-/// [`check`] with `h` heads and the attention config changed by `configure`.
+/// Relative attention with `h` heads (the config changed by `configure`) against the naive
+/// computation on `case`.
 fn check_with(
     case: Case,
     h: usize,
@@ -318,101 +315,64 @@ fn shapes() -> Vec<(usize, usize, bool, Option<usize>)> {
     ]
 }
 
+/// [`check_with`] on every one of [`shapes`], with 2 heads and the config as built.
+fn check_shapes(positions: PositionConfig, own_biases: bool, dev: &Device) {
+    check_shapes_with(positions, own_biases, 2, |c| c, dev)
+}
+
+/// [`check_with`] on every one of [`shapes`].
+fn check_shapes_with(
+    positions: PositionConfig,
+    own_biases: bool,
+    h: usize,
+    configure: impl Fn(RelativeAttentionConfig) -> RelativeAttentionConfig + Copy,
+    dev: &Device,
+) {
+    for (qlen, mlen, causal, window) in shapes() {
+        let case = Case {
+            positions: positions.clone(),
+            qlen,
+            mlen,
+            causal,
+            window,
+            own_biases,
+        };
+        check_with(case, h, configure, dev);
+    }
+}
+
 #[test]
 fn xl_attention_matches_naive() {
     let dev = flex();
-    for (qlen, mlen, causal, window) in shapes() {
-        for own_biases in [true, false] {
-            let positions = PositionConfig::new();
-            check(
-                Case {
-                    positions,
-                    qlen,
-                    mlen,
-                    causal,
-                    window,
-                    own_biases,
-                },
-                &dev,
-            );
-        }
-        let positions = PositionConfig::new().with_clamp_len(Some(2));
-        check(
-            Case {
-                positions,
-                qlen,
-                mlen,
-                causal,
-                window,
-                own_biases: true,
-            },
-            &dev,
-        );
+    for own_biases in [true, false] {
+        check_shapes(PositionConfig::new(), own_biases, &dev);
     }
+    check_shapes(PositionConfig::new().with_clamp_len(Some(2)), true, &dev);
 }
 
 #[test]
 fn absolute_attention_matches_naive() {
-    let dev = flex();
-    for (qlen, mlen, causal, window) in shapes() {
-        let positions = PositionConfig::new().with_kind(PositionKind::Absolute);
-        check(
-            Case {
-                positions,
-                qlen,
-                mlen,
-                causal,
-                window,
-                own_biases: true,
-            },
-            &dev,
-        );
-    }
+    let absolute = PositionConfig::new().with_kind(PositionKind::Absolute);
+    check_shapes(absolute, true, &flex());
 }
 
 #[test]
 fn learned_attention_matches_naive() {
-    let dev = flex();
-    for (qlen, mlen, causal, window) in shapes() {
-        let positions = PositionConfig::new()
-            .with_kind(PositionKind::Learned)
-            .with_max_distance(4);
-        check(
-            Case {
-                positions,
-                qlen,
-                mlen,
-                causal,
-                window,
-                own_biases: true,
-            },
-            &dev,
-        );
-    }
+    let learned = PositionConfig::new()
+        .with_kind(PositionKind::Learned)
+        .with_max_distance(4);
+    check_shapes(learned, true, &flex());
 }
 
 #[test]
 fn t5_attention_matches_naive() {
-    let dev = flex();
-    for (qlen, mlen, causal, window) in shapes() {
-        for bidirectional in [false, true] {
-            let positions = PositionConfig::new()
-                .with_kind(PositionKind::T5)
-                .with_num_buckets(8)
-                .with_max_distance(9)
-                .with_bidirectional(bidirectional);
-            check(
-                Case {
-                    positions,
-                    qlen,
-                    mlen,
-                    causal,
-                    window,
-                    own_biases: true,
-                },
-                &dev,
-            );
-        }
+    for bidirectional in [false, true] {
+        let t5 = PositionConfig::new()
+            .with_kind(PositionKind::T5)
+            .with_num_buckets(8)
+            .with_max_distance(9)
+            .with_bidirectional(bidirectional);
+        check_shapes(t5, true, &flex());
     }
 }
 
@@ -422,29 +382,16 @@ fn t5_attention_matches_naive() {
 #[test]
 fn multi_query_output_bias_and_scaled_memory_free_t5_match_naive() {
     let dev = flex();
-    for (qlen, mlen, causal, window) in shapes() {
-        for kv_heads in [1, 2] {
-            let positions = PositionConfig::new()
-                .with_kind(PositionKind::T5)
-                .with_num_buckets(8)
-                .with_max_distance(9)
-                .with_bias_scale(6f64.sqrt())
-                .with_memory_offset(false);
-            let case = Case {
-                positions,
-                qlen,
-                mlen,
-                causal,
-                window,
-                own_biases: true,
-            };
-            check_with(
-                case,
-                4,
-                |c| c.with_n_kv_heads(Some(kv_heads)).with_output_bias(true),
-                &dev,
-            );
-        }
+    for kv_heads in [1, 2] {
+        let positions = PositionConfig::new()
+            .with_kind(PositionKind::T5)
+            .with_num_buckets(8)
+            .with_max_distance(9)
+            .with_bias_scale(6f64.sqrt())
+            .with_memory_offset(false);
+        let configure =
+            |c: RelativeAttentionConfig| c.with_n_kv_heads(Some(kv_heads)).with_output_bias(true);
+        check_shapes_with(positions, true, 4, configure, &dev);
     }
     let err = RelativeAttentionConfig::new(16, 4, 4)
         .with_n_kv_heads(Some(3))

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use burn::module::Param;
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
-use memzoo::commands::{self, GenerateOptions};
+use memzoo::commands;
 use memzoo::config::RunConfig;
 use memzoo::error::CliError;
 use memzoo_data::OrderedBatcher;
@@ -878,14 +878,7 @@ fn bad_inputs_are_errors_naming_the_value() {
         assert_mentions(&result.expect_err(what), expect, what);
     }
     let generate = |tokens: usize| {
-        let opts = GenerateOptions {
-            prompt: "ab".into(),
-            tokens,
-            sampler: memzoo_train::generate::SampleConfig::new(),
-            segment_len: None,
-            mem_len: None,
-            compare_recompute: false,
-        };
+        let opts = generate_options("ab", tokens);
         commands::generate(&run_dir, "flex", &opts, true)
     };
     for tokens in [usize::MAX, 1 << 40] {
@@ -1304,18 +1297,7 @@ fn exact_resume_child() {
     two.push("train.replicas=2");
     straight_equals_resumed("reformer-2-replicas", &two);
     // The Memorizing Transformer (kNN memories in the checkpoint), with one replica and two.
-    let memorizing = [
-        "model.preset=memorizing-tiny",
-        "model.n_layers=2",
-        "model.d_model=16",
-        "model.n_heads=2",
-        "model.d_inner=32",
-        "model.mem_len=8",
-        "model.dropout=0.1",
-        "model.layers=[\"t5\", \"knn\"]",
-        "model.knn.top_k=4",
-        "model.knn.max_memories=64",
-    ];
+    let memorizing = [&TINY_MEMORIZING[..], &["model.dropout=0.1"]].concat();
     straight_equals_resumed("memorizing-dropout", &memorizing);
     let mut two = memorizing.to_vec();
     two.push("train.replicas=2");

@@ -3,9 +3,9 @@
 
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use memzoo_knn::{MemorizingConfig, MemorizingState};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext};
 use memzoo_stack::{LayerContext, LayerKind, Randomness, Step, XlConfig, XlMemory, XlState};
+use memzoo_stack::{MemorizingConfig, MemorizingState};
 use memzoo_tests::*;
 
 /// The fixture's token ids: `[2, 6]` per segment (as the program that wrote it).
@@ -97,8 +97,11 @@ fn checkpoints_from_before_the_stack_load_and_compute_the_same() {
                 .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
         )
         .with_knn_layers(vec![1])
-        .with_top_k(4)
-        .with_max_memories(64);
+        .with_knn(
+            memzoo_stack::KnnLayerConfig::new()
+                .with_top_k(4)
+                .with_max_memories(64),
+        );
     let (model, converted) =
         memzoo_stack::legacy::load_any(config.init(&dev).unwrap(), &dir.join("memorizing.bpk"))
             .unwrap();
@@ -363,8 +366,9 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
     let config = tiny()
         .with_layers(vec![LayerKind::Xl, LayerKind::Lsh])
         .with_lsh(
-            memzoo_stack::LshLayerConfig::new()
+            memzoo_stack::LshConfig::new()
                 .with_chunk_len(4)
+                .with_n_rounds(2)
                 .with_seed(9),
         );
     let model = config.init(&dev).unwrap();
@@ -422,7 +426,11 @@ fn lsh_and_local_layers_read_memory_and_train_beside_knn() {
             LayerKind::Xl,
             LayerKind::Knn,
         ])
-        .with_lsh(memzoo_stack::LshLayerConfig::new().with_chunk_len(4))
+        .with_lsh(
+            memzoo_stack::LshConfig::new()
+                .with_chunk_len(4)
+                .with_n_rounds(2),
+        )
         .with_knn(
             memzoo_stack::KnnLayerConfig::new()
                 .with_top_k(4)

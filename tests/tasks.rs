@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use burn::tensor::Device;
 use memzoo_data::{CopyTask, CopyText, Duplication, RecallTask, Task, TaskStream};
-use memzoo_knn::recall_task::reference_config;
-use memzoo_stack::ReformerConfig;
+use memzoo_stack::recall_reference;
+use memzoo_stack::{LshConfig, ReformerConfig};
 use memzoo_stack::{Step, XlConfig, XlState};
 use memzoo_tests::*;
 use memzoo_train::tasks::{DuplicationConfig, RecallConfig, duplication_from, recall_from};
@@ -22,6 +22,21 @@ fn options(name: &str) -> (PathBuf, RunOptions) {
         quiet: true,
     };
     (dir, options)
+}
+
+/// A small Reformer for the copy tasks: `n_layers` LSH layers of width `d_model` (2 heads of
+/// `d_model / 2`, feed-forward `2 d_model`), chunks of 4, no dropout.
+fn copy_reformer(n_layers: usize, d_model: usize, vocab: usize, max_len: usize) -> ReformerConfig {
+    ReformerConfig::new()
+        .with_n_layers(n_layers)
+        .with_d_model(d_model)
+        .with_n_heads(2)
+        .with_d_head(d_model / 2)
+        .with_d_ff(2 * d_model)
+        .with_vocab_size(vocab)
+        .with_max_seq_len(max_len)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
+        .with_dropout(0.0)
 }
 
 /// `evaluate` over a copied-text set against the same segments scored by hand: log-softmax
@@ -101,16 +116,7 @@ fn evaluation_scores_the_selected_targets_as_a_naive_pass() {
 #[test]
 fn duplication_loss_counts_the_second_copy_only() {
     let dev = flex().autodiff();
-    let model = ReformerConfig::new()
-        .with_n_layers(1)
-        .with_d_model(16)
-        .with_n_heads(2)
-        .with_d_head(8)
-        .with_d_ff(32)
-        .with_vocab_size(8)
-        .with_max_seq_len(8)
-        .with_bucket_size(4)
-        .with_dropout(0.0)
+    let model = copy_reformer(1, 16, 8, 8)
         .with_axial_positions(false)
         .with_reversible(false)
         .init(&dev)
@@ -159,24 +165,15 @@ fn duplication_loss_counts_the_second_copy_only() {
 #[test]
 fn the_duplication_task_is_learnt_through_the_trainer() {
     let dev = flex().autodiff();
-    let model = ReformerConfig::new()
-        .with_n_layers(2)
-        .with_d_model(64)
-        .with_n_heads(2)
-        .with_d_head(32)
-        .with_d_ff(128)
-        .with_vocab_size(16)
-        .with_max_seq_len(16)
-        .with_bucket_size(4)
-        .with_dropout(0.0)
-        .with_reversible(true);
+    let model = copy_reformer(2, 64, 16, 16).with_reversible(true);
     let cfg = DuplicationConfig::new(model)
         .with_len(16)
         .with_vocab(16)
         .with_steps(600)
         .with_train_rounds(2)
         .with_eval_rounds(vec![2, 4]);
-    let weights = cfg.model.clone().with_n_rounds(cfg.train_rounds).init(&dev);
+    let lsh = cfg.model.lsh.clone().with_n_rounds(cfg.train_rounds);
+    let weights = cfg.model.clone().with_lsh(lsh).init(&dev);
     let weights = seeded_weights(weights.unwrap(), 0, |_| 0.02);
     let (dir, options) = options("duplication");
     let report = duplication_from(weights, &cfg, &options).unwrap();
@@ -218,7 +215,7 @@ fn long_range_recall() {
         if !name.starts_with(only.as_str()) {
             continue;
         }
-        let model = reference_config(knn, task.vocab());
+        let model = recall_reference(knn, task.vocab());
         let std = xl_init_std(&model.stack());
         let weights = seeded_weights(model.init(&dev).unwrap(), 7, std);
         let (dir, options) = options(if knn { "recall-knn" } else { "recall-xl" });
@@ -261,17 +258,8 @@ fn eval_rounds_reach_the_evaluation_pass() {
     use burn::module::Module;
     use burn::tensor::{Int, Tensor, TensorData};
     let dev = flex().autodiff();
-    let model = ReformerConfig::new()
-        .with_n_layers(1)
-        .with_d_model(16)
-        .with_n_heads(2)
-        .with_d_head(8)
-        .with_d_ff(32)
-        .with_vocab_size(8)
-        .with_max_seq_len(16)
-        .with_bucket_size(4)
-        .with_n_rounds(1)
-        .with_dropout(0.0)
+    let model = copy_reformer(1, 16, 8, 16)
+        .with_lsh(LshConfig::new().with_chunk_len(4).with_n_rounds(1))
         .init(&dev)
         .unwrap();
     let model = seeded_weights(model, 2, |_| 0.02);

@@ -618,15 +618,7 @@ fn training_from_hf_weights_follows_pytorch_step_by_step() {
             .drop_last(true);
         let dir = scratch(&format!("pytorch-trajectory-{replicas}"));
         let out = train(model, &config, &mut data, None, &options(&dir, false)).unwrap();
-        let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
-        let ours = |metric: &str| -> Vec<f64> {
-            metrics
-                .lines()
-                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-                .filter(|v| v["split"] == "train" && v["metric"] == metric)
-                .map(|v| v["value"].as_f64().unwrap())
-                .collect()
-        };
+        let ours = |metric: &str| train_metric(&dir, metric);
         let what = format!("{replicas} replica(s)");
         for (metric, peer_key, tol) in [
             ("lr", "lr", 1e-9),

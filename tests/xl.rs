@@ -16,18 +16,6 @@ fn tokens(batch: usize, len: usize, vocab: usize, seed: u64, dev: &Device) -> Te
     Tensor::from_data(TensorData::new(data, [batch, len]), dev)
 }
 
-fn small(mem_len: usize) -> XlConfig {
-    XlConfig::new()
-        .with_vocab_size(40)
-        .with_d_model(32)
-        .with_n_layers(3)
-        .with_n_heads(4)
-        .with_d_inner(64)
-        .with_dropout(0.0)
-        .with_mem_len(mem_len)
-        .with_init_std(0.2)
-}
-
 /// The mask of one pass over `total` positions that reproduces segment-by-segment recurrence:
 /// position p (in segment s = p / qlen) sees q <= p with q >= max(0, s*qlen - mem_len).
 fn banded_mask(total: usize, qlen: usize, mem_len: usize, dev: &Device) -> Tensor<3, Bool> {
@@ -78,7 +66,7 @@ fn recurrence_equals_one_banded_pass() {
                     .with_kind(kind)
                     .with_num_buckets(8)
                     .with_max_distance(10);
-                let model = small(mem_len)
+                let model = small_xl(mem_len)
                     .with_pre_ln(pre_ln)
                     .with_positions(positions)
                     .init(&dev)
@@ -94,7 +82,7 @@ fn recurrence_equals_one_banded_pass() {
 fn evaluation_with_other_lengths_keeps_recurrence_exact() {
     // Trained with mem_len 4; evaluated with a longer memory and a different segment length.
     let dev = flex();
-    let model = small(4).init(&dev).unwrap().with_mem_len(9);
+    let model = small_xl(4).init(&dev).unwrap().with_mem_len(9);
     check_recurrence(&model, 5, 4, &dev, "eval mem_len 9, qlen 5");
     let model = model.with_mem_len(2);
     check_recurrence(&model, 7, 3, &dev, "eval mem_len 2, qlen 7");
@@ -103,7 +91,7 @@ fn evaluation_with_other_lengths_keeps_recurrence_exact() {
 #[test]
 fn memory_keeps_the_last_mem_len_positions() {
     let dev = flex();
-    let model = small(5).with_n_layers(1).init(&dev).unwrap();
+    let model = small_xl(5).with_n_layers(1).init(&dev).unwrap();
     let toks = tokens(1, 12, 40, 5, &dev);
     // Memory after segments of 3, 3, 3, 3: the layer input at positions 7..12.
     let mut memory = XlMemory::empty();
@@ -132,7 +120,7 @@ fn memory_keeps_the_last_mem_len_positions() {
 #[test]
 fn memory_is_detached_from_the_previous_segment() {
     let dev = flex().autodiff();
-    let model = small(6).init(&dev).unwrap();
+    let model = small_xl(6).init(&dev).unwrap();
     let (seg1, seg2) = (tokens(2, 6, 40, 8, &dev), tokens(2, 6, 40, 9, &dev));
     let targets = tokens(2, 6, 40, 10, &dev);
 
@@ -204,7 +192,7 @@ fn resident_bytes() -> usize {
 #[ignore = "probe run in a child process"]
 fn rss_probe() {
     let dev = flex().autodiff();
-    let mut model = small(32)
+    let mut model = small_xl(32)
         .with_d_model(64)
         .with_d_inner(256)
         .with_n_layers(2)
@@ -269,7 +257,7 @@ fn training_across_segments_does_not_grow_memory() {
 #[test]
 fn small_xl_overfits_a_fixed_batch() {
     let dev = flex().autodiff();
-    let mut model = small(8)
+    let mut model = small_xl(8)
         .with_d_model(64)
         .with_n_layers(2)
         .with_d_inner(128)
@@ -303,26 +291,26 @@ fn bad_configs_and_inputs_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("250") && err.contains("n_heads (8)"), "{err}");
-    let err = small(0)
+    let err = small_xl(0)
         .with_same_length(true)
         .init(&dev)
         .unwrap_err()
         .to_string();
     assert!(err.contains("mem_len"), "{err}");
-    let err = small(4)
+    let err = small_xl(4)
         .with_n_layers(0)
         .init(&dev)
         .unwrap_err()
         .to_string();
     assert!(err.contains("n_layers"), "{err}");
-    let err = small(4)
+    let err = small_xl(4)
         .with_dropout(1.0)
         .init(&dev)
         .unwrap_err()
         .to_string();
     assert!(err.contains("dropout"), "{err}");
 
-    let model = small(4).init(&dev).unwrap();
+    let model = small_xl(4).init(&dev).unwrap();
     let mem = model
         .forward(tokens(2, 4, 40, 1, &dev), &XlMemory::empty())
         .unwrap()
@@ -353,7 +341,7 @@ fn bad_configs_and_inputs_are_errors() {
 fn same_length_recurrence_equals_one_sliding_window_pass() {
     let dev = flex();
     for (qlen, mem_len) in [(4, 4), (3, 7), (6, 4)] {
-        let model = small(mem_len).with_same_length(true).init(&dev).unwrap();
+        let model = small_xl(mem_len).with_same_length(true).init(&dev).unwrap();
         let (batch, n_seg) = (2, 4);
         let total = qlen * n_seg;
         let toks = tokens(batch, total, 40, 8, &dev);

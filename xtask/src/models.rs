@@ -198,7 +198,7 @@ pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, 
     let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
     let config = serde_json::json!({"n_layers": config.n_layers, "d_model": config.d_model,
         "n_heads": config.n_heads, "d_head": config.d_head, "seq": len,
-        "bucket_size": config.bucket_size, "n_rounds": config.n_rounds,
+        "bucket_size": config.lsh.chunk_len, "n_rounds": config.lsh.n_rounds,
         "reversible": config.reversible, "batch": 1});
     Ok(step_measurement("reformer-small", args, config, &t, reps))
 }
@@ -310,7 +310,7 @@ pub fn train_step_timing(
             .collect();
         Tensor::<2, Int>::from_data(TensorData::new(v, [batch, l]), device)
     };
-    let warm = len.min(config.bucket_size * 2);
+    let warm = len.min(config.lsh.chunk_len * 2);
     let _ = model
         .train_step(
             tokens(warm, 1),
@@ -359,7 +359,7 @@ pub fn memorizing_small(
     knn: bool,
     prefill: usize,
 ) -> Result<Measurement, String> {
-    use memzoo_knn::MemorizingConfig;
+    use memzoo_stack::MemorizingConfig;
     let (batch, len) = (2, 512);
     // The Memorizing-small preset (T5 positions, pre-LN, an untied head, kNN layer 4, top-32
     // of 16,384) with the peer's multi-query attention and no dropout.
@@ -384,7 +384,7 @@ pub fn memorizing_small(
         let rows = rows.len();
         let mut state = model.new_state(rows, &device).map_err(|e| e.to_string())?;
         for store in state.knn.iter_mut() {
-            let mut left = prefill.min(config.max_memories);
+            let mut left = prefill.min(config.knn.max_memories);
             while left > 0 {
                 let n = left.min(1024);
                 let mut unit = |normalise: bool| {
@@ -414,7 +414,7 @@ pub fn memorizing_small(
         device.sync().expect("device sync");
     });
     Ok(measured(
-        match (knn, prefill >= config.max_memories) {
+        match (knn, prefill >= config.knn.max_memories) {
             (false, _) => "memorizing-small-noknn".into(),
             (true, false) => "memorizing-small".into(),
             (true, true) => "memorizing-small-full".into(),
@@ -423,7 +423,7 @@ pub fn memorizing_small(
         serde_json::json!({"n_layers": 6, "d_model": 256, "heads": 8, "kv_heads": 1, "d_head": 32,
             "seq": len, "knn_layers": config.knn_layers, "top_k": 32, "max_memories": 16384,
             "prefill_memories": prefill, "xl_memory": 0,
-            "batch": batch, "index": format!("{:?}", config.index), "replicas": replicas}),
+            "batch": batch, "index": format!("{:?}", config.knn.index), "replicas": replicas}),
         &times,
         batch * len,
         params,

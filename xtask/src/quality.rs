@@ -24,10 +24,10 @@ use std::process::{Command, Stdio};
 
 use burn::tensor::Device;
 use memzoo_data::{ByteTokenizer, Corpus, OrderedBatcher, SplitRule, Token};
-use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::ReformerConfig;
+use memzoo_stack::MemorizingConfig;
 use memzoo_stack::XlConfig;
+use memzoo_stack::{LshConfig, ReformerConfig};
 use memzoo_train::{RunOptions, SegmentModel, TrainConfig, checkpoint, evaluate};
 use serde::{Deserialize, Serialize};
 
@@ -157,13 +157,16 @@ pub fn reformer_small() -> Family {
         .with_max_seq_len(256)
         .with_attn_layers(Vec::new())
         // reformer-pytorch's score convention (q·k̂ / sqrt(d_head)), as the peer.
-        .with_lsh_scores(memzoo_reformer::LshScores::ScaledUnitKeys)
-        .with_bucket_size(32)
-        .with_n_buckets(None)
-        .with_n_rounds(2)
-        .with_n_chunks_before(1)
-        .with_n_chunks_after(0)
-        .with_causal(true)
+        .with_lsh(
+            LshConfig::new()
+                .with_scores(memzoo_reformer::LshScores::ScaledUnitKeys)
+                .with_chunk_len(32)
+                .with_n_buckets(None)
+                .with_n_rounds(2)
+                .with_n_chunks_before(1)
+                .with_n_chunks_after(0)
+                .with_causal(true),
+        )
         .with_reversible(true)
         .with_ff_chunk_len(0)
         .with_axial_positions(true)
@@ -175,7 +178,7 @@ pub fn reformer_small() -> Family {
     let peer_model = serde_json::json!({
         "depth": c.n_layers, "dim": c.d_model, "heads": c.n_heads, "dim_head": c.d_head,
         "ff_mult": c.d_ff / c.d_model, "max_seq_len": c.max_seq_len,
-        "bucket_size": c.bucket_size, "n_hashes": c.n_rounds, "axial_shape": c.axial_shape,
+        "bucket_size": c.lsh.chunk_len, "n_hashes": c.lsh.n_rounds, "axial_shape": c.axial_shape,
         "tgt_len": tgt_len, "batch": batch, "dropout": c.dropout, "dropatt": c.dropatt,
     });
     Family {
@@ -224,16 +227,19 @@ pub fn memorizing_small() -> Family {
     let c = MemorizingConfig::new()
         .with_xl(xl)
         .with_knn_layers(vec![2])
-        .with_top_k(32)
-        .with_max_memories(4096)
-        .with_xl_memory(true)
-        .with_attn_scale_init(20.0);
+        .with_knn(
+            memzoo_stack::KnnLayerConfig::new()
+                .with_top_k(32)
+                .with_max_memories(4096)
+                .with_attn_scale_init(20.0),
+        )
+        .with_xl_memory(true);
     let (batch, tgt_len) = (8, 128);
     let peer_model = serde_json::json!({
         "depth": c.xl.n_layers, "dim": c.xl.d_model, "heads": c.xl.n_heads,
         "dim_head": c.xl.head_width(), "ff_mult": c.xl.d_inner / c.xl.d_model,
         // lucidrains counts layers from 1.
-        "knn_layer": c.knn_layers[0] + 1, "topk": c.top_k, "max_knn_memories": c.max_memories,
+        "knn_layer": c.knn_layers[0] + 1, "topk": c.knn.top_k, "max_knn_memories": c.knn.max_memories,
         "xl_max_memories": c.xl.mem_len, "tgt_len": tgt_len, "batch": batch,
         "dropout": c.xl.dropout, "dropatt": c.xl.dropatt,
     });

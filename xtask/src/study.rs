@@ -45,7 +45,7 @@ use clap::Args;
 use memzoo_data::rust_code::{self, RustCodeManifest};
 use memzoo_data::{DocBatcher, Duplication, Split, TaskStream, Token};
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::{LayerKind, TransformerXl, XlConfig};
+use memzoo_stack::{LayerKind, LshConfig, TransformerXl, XlConfig};
 use memzoo_train::recl;
 use memzoo_train::{
     AdamConfig, EvalResult, RecurrentModel, RunOptions, ScheduleConfig, TrainConfig, checkpoint,
@@ -1141,7 +1141,7 @@ impl Study {
             .with_d_head(if self.quick { 16 } else { 64 })
             .with_d_ff(if self.quick { 64 } else { 256 })
             .with_vocab_size(16)
-            .with_bucket_size(4)
+            .with_lsh(LshConfig::new().with_chunk_len(4))
             .with_dropout(0.0)
             // One layer must find the symbol len/2 back by its position: with no position
             // embedding it trains at chance (ln 15 nats), as a first run here did.
@@ -1231,7 +1231,7 @@ impl Study {
             .with_d_head(s.d_model / s.n_heads)
             .with_d_ff(s.d_inner)
             .with_vocab_size(256)
-            .with_bucket_size(32)
+            .with_lsh(LshConfig::new().with_chunk_len(32))
             .with_dropout(0.0);
         with_rounds(base, rounds, len)
     }
@@ -1534,10 +1534,8 @@ fn full_attention(base: XlConfig, len: usize) -> XlConfig {
 /// The stack of the Reformer `base` over sequences of `len`: LSH with `rounds` hash rounds, or
 /// full attention for `rounds` 0 ([`full_attention`]).
 fn with_rounds(base: memzoo_stack::ReformerConfig, rounds: usize, len: usize) -> XlConfig {
-    let stack = base
-        .with_max_seq_len(len)
-        .with_n_rounds(rounds.max(1))
-        .stack();
+    let lsh = base.lsh.clone().with_n_rounds(rounds.max(1));
+    let stack = base.with_max_seq_len(len).with_lsh(lsh).stack();
     if rounds == 0 {
         full_attention(stack, len)
     } else {

@@ -217,7 +217,7 @@ mod quality {
                     assert_eq!(m["ff_mult"].as_u64().unwrap() as usize * c.d_model, c.d_ff);
                     assert_eq!(m["tgt_len"], c.max_seq_len, "each window read whole");
                     // The peer needs the length to be a multiple of two buckets.
-                    assert_eq!(c.max_seq_len % (2 * c.bucket_size), 0);
+                    assert_eq!(c.max_seq_len % (2 * c.lsh.chunk_len), 0);
                 }
                 FamilyModel::Memorizing(c) => {
                     c.validate().unwrap();

@@ -262,15 +262,7 @@ pub fn file_kind(path: &Path) -> Result<FileKind, DataError> {
 }
 
 fn open(path: &Path) -> Result<File, DataError> {
-    File::open(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            DataError::NotFound {
-                path: path.to_path_buf(),
-            }
-        } else {
-            DataError::io("cannot open", path, e)
-        }
-    })
+    File::open(path).map_err(|e| DataError::file("cannot open", path, e))
 }
 
 /// This machine's memory in bytes (`MemTotal` of /proc/meminfo), where it can be read.
@@ -291,15 +283,7 @@ pub fn max_data_bytes() -> u64 {
 /// `path` must be a regular file (following links): a FIFO would block forever and a device
 /// such as `/dev/zero` never ends. Returns its size.
 pub fn regular_file(path: &Path) -> Result<u64, DataError> {
-    let meta = std::fs::metadata(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            DataError::NotFound {
-                path: path.to_path_buf(),
-            }
-        } else {
-            DataError::io("cannot read", path, e)
-        }
-    })?;
+    let meta = std::fs::metadata(path).map_err(|e| DataError::file("cannot read", path, e))?;
     if meta.is_file() {
         return Ok(meta.len());
     }

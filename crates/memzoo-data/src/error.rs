@@ -228,6 +228,22 @@ impl DataError {
         }
     }
 
+    /// [`DataError::NotFound`] where `path` does not exist, else an [`DataError::Io`] of
+    /// `action` (what was tried on the file).
+    pub(crate) fn file(
+        action: &'static str,
+        path: &std::path::Path,
+        source: std::io::Error,
+    ) -> Self {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            DataError::NotFound {
+                path: path.to_path_buf(),
+            }
+        } else {
+            DataError::io(action, path, source)
+        }
+    }
+
     /// An [`DataError::InvalidValue`].
     pub(crate) fn invalid(
         name: impl Into<String>,

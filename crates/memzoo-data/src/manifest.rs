@@ -116,15 +116,8 @@ impl Manifest {
 
     /// A manifest from a TOML file of the user's.
     pub fn load_file(path: &Path) -> Result<Manifest, DataError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                DataError::NotFound {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                DataError::io("cannot read", path, e)
-            }
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| DataError::file("cannot read", path, e))?;
         Self::from_toml_str(&path.display().to_string(), &text)
     }
 

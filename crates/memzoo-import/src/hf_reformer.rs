@@ -56,6 +56,7 @@
 use std::path::Path;
 
 use burn::tensor::Device;
+use memzoo_reformer::LshConfig;
 use memzoo_stack::{
     Activation, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer, ReformerConfig,
     TransformerXl, XlConfig, XlError,
@@ -317,12 +318,20 @@ impl HfReformerConfig {
             .with_d_ff(self.feed_forward_size)
             .with_max_seq_len(a1 * a2)
             .with_attn_layers(kinds)
-            .with_bucket_size(lsh_chunk)
-            .with_n_buckets(n_buckets)
-            .with_n_rounds(self.num_hashes)
-            .with_n_chunks_before(self.lsh_num_chunks_before.unwrap_or(1))
-            .with_n_chunks_after(self.lsh_num_chunks_after.unwrap_or(0))
-            .with_causal(true)
+            .with_lsh(
+                LshConfig::new()
+                    .with_chunk_len(lsh_chunk)
+                    .with_n_buckets(n_buckets)
+                    .with_n_rounds(self.num_hashes)
+                    .with_n_chunks_before(self.lsh_num_chunks_before.unwrap_or(1))
+                    .with_n_chunks_after(self.lsh_num_chunks_after.unwrap_or(0))
+                    .with_causal(true)
+                    .with_local_chunk_len(Some(self.local_attn_chunk_length))
+                    .with_bucket_factors(factors)
+                    .with_dedup_rounds(false)
+                    .with_rotations_per_head(true)
+                    .with_key_eps(KEY_EPS),
+            )
             .with_reversible(true)
             .with_ff_chunk_len(self.chunk_size_feed_forward)
             .with_axial_positions(true)
@@ -333,11 +342,6 @@ impl HfReformerConfig {
             .with_init_std(self.initializer_range)
             .with_axial_std(Some(self.axial_norm_std))
             .with_mem_len(0)
-            .with_local_chunk_len(Some(self.local_attn_chunk_length))
-            .with_bucket_factors(factors)
-            .with_dedup_rounds(false)
-            .with_rotations_per_head(true)
-            .with_key_eps(KEY_EPS)
             .with_layer_norm_eps(self.layer_norm_eps)
             .with_ff_activation(activation)
             .with_head_input(HeadInput::Concat);
@@ -378,8 +382,8 @@ impl HfReformerConfig {
         mapping::expressible(
             &[
                 (
-                    xl.head_input != HeadInput::Concat,
-                    "head_input other than concat",
+                    xl.compat.head_input != HeadInput::Concat,
+                    "compat.head_input other than concat",
                 ),
                 (!lsh.rotations_per_head, "lsh.rotations_per_head = false"),
                 (

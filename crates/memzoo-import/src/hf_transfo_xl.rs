@@ -34,7 +34,7 @@ use memzoo_relative::PositionKind;
 use memzoo_relative::{PositionConfig, PositionParams, XlBiases};
 use memzoo_stack::{
     AdaptiveEmbedding, AdaptiveLogSoftmax, AdaptiveLogSoftmaxTensors, InputEmbedding,
-    LayerAttention, LayerKind, OutputLayer, TransformerXl, XlConfig, XlError, XlLayer,
+    LayerAttention, LayerKind, OutputLayer, PeerCompat, TransformerXl, XlConfig, XlError, XlLayer,
 };
 use serde::{Deserialize, Serialize};
 
@@ -238,7 +238,11 @@ impl HfTransfoXlConfig {
             .with_same_length(self.same_length)
             .with_positions(PositionConfig::new().with_clamp_len(clamp))
             .with_pre_ln(self.pre_lnorm)
-            .with_final_norm(false)
+            .with_compat(
+                PeerCompat::new()
+                    .with_final_norm(false)
+                    .with_zero_first_memory(true),
+            )
             .with_tie_weights(self.tie_word_embeddings)
             .with_untie_rel_bias(self.untie_r)
             .with_d_embed((self.d_embed != self.d_model).then_some(self.d_embed))
@@ -250,8 +254,7 @@ impl HfTransfoXlConfig {
                 self.tie_projs()
             })
             .with_layer_norm_epsilon(self.layer_norm_epsilon)
-            .with_scale_embedding(true)
-            .with_zero_first_memory(true);
+            .with_scale_embedding(true);
         config.validate()?;
         Ok(config)
     }
@@ -274,9 +277,9 @@ impl HfTransfoXlConfig {
                 xl.positions.kind
             ));
         }
-        if xl.pre_ln && xl.final_norm {
+        if xl.pre_ln && xl.compat.final_norm {
             return no(
-                "pre_ln = true with final_norm = true: HF's pre-LN TransfoXL has no final \
+                "pre_ln = true with compat.final_norm = true: HF's pre-LN TransfoXL has no final \
                  LayerNorm"
                     .into(),
             );
@@ -289,9 +292,9 @@ impl HfTransfoXlConfig {
         if xl.document_resets {
             return no("document_resets = true: HF's TransfoXL has no document resets".into());
         }
-        if xl.value_output_bias {
+        if xl.compat.value_output_bias {
             return no(
-                "value_output_bias = true: HF's TransfoXL attention has no value or output bias"
+                "compat.value_output_bias = true: HF's TransfoXL attention has no value or output bias"
                     .into(),
             );
         }

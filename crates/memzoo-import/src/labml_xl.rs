@@ -48,7 +48,9 @@ use std::path::Path;
 
 use burn::tensor::{Device, Tensor};
 use memzoo_relative::{PositionConfig, PositionKind, PositionParams};
-use memzoo_stack::{InputEmbedding, LayerKind, OutputLayer, TransformerXl, XlConfig, XlError};
+use memzoo_stack::{
+    InputEmbedding, LayerKind, OutputLayer, PeerCompat, TransformerXl, XlConfig, XlError,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ImportError;
@@ -214,12 +216,15 @@ impl LabmlXlConfig {
                     .with_max_distance(self.p),
             )
             .with_pre_ln(true)
-            .with_final_norm(true)
+            .with_compat(
+                PeerCompat::new()
+                    .with_final_norm(true)
+                    .with_value_output_bias(true)
+                    .with_zero_first_memory(false),
+            )
             .with_tie_weights(false)
             .with_scale_embedding(false)
-            .with_layer_norm_epsilon(EPS)
-            .with_value_output_bias(true)
-            .with_zero_first_memory(false);
+            .with_layer_norm_epsilon(EPS);
         config.validate()?;
         Ok(config)
     }
@@ -240,8 +245,8 @@ impl LabmlXlConfig {
                 "an adaptive embedding and softmax (cutoffs, div_val, d_embed)",
             ),
             (
-                !xl.pre_ln || !xl.final_norm,
-                "pre_ln = true with final_norm = true is labml's only layout",
+                !xl.pre_ln || !xl.compat.final_norm,
+                "pre_ln = true with compat.final_norm = true is labml's only layout",
             ),
             (
                 xl.tie_weights,
@@ -252,16 +257,16 @@ impl LabmlXlConfig {
                 "scale_embedding = true: labml does not scale the embedding",
             ),
             (
-                !xl.value_output_bias,
-                "value_output_bias = false: labml's attention has both biases",
+                !xl.compat.value_output_bias,
+                "compat.value_output_bias = false: labml's attention has both biases",
             ),
             (
                 xl.same_length,
                 "same_length = true: labml's mask shows every memory position",
             ),
             (
-                xl.zero_first_memory,
-                "zero_first_memory = true: labml starts without memory",
+                xl.compat.zero_first_memory,
+                "compat.zero_first_memory = true: labml starts without memory",
             ),
             (
                 xl.document_resets,

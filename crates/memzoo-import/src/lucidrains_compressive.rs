@@ -54,7 +54,7 @@ use burn::tensor::{Device, Tensor};
 use memzoo_relative::{PositionConfig, PositionKind, PositionParams};
 use memzoo_stack::{
     Activation, CompressionKind, CompressiveConfig, InputEmbedding, LayerKind, OutputLayer,
-    TransformerXl, XlConfig,
+    PeerCompat, TransformerXl, XlConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -159,10 +159,13 @@ impl CompressivePeerConfig {
             .with_dropatt(0.0)
             .with_mem_len(self.mem_len)
             .with_pre_ln(true)
-            .with_final_norm(false)
+            .with_compat(
+                PeerCompat::new()
+                    .with_final_norm(false)
+                    .with_attention_output_bias(true),
+            )
             .with_tie_weights(false)
             .with_scale_embedding(false)
-            .with_attention_output_bias(true)
             .with_ff_activation(Activation::Gelu)
             .with_layers(vec![LayerKind::Learned; self.depth])
             .with_positions(
@@ -198,12 +201,18 @@ impl CompressivePeerConfig {
         mapping::expressible(
             &[
                 (!xl.pre_ln, "pre_ln = false"),
-                (xl.final_norm, "final_norm = true"),
+                (xl.compat.final_norm, "compat.final_norm = true"),
                 (xl.tie_weights, "tie_weights = true"),
                 (xl.scale_embedding, "scale_embedding = true"),
                 (xl.is_adaptive(), "an adaptive embedding"),
-                (!xl.attention_output_bias, "attention_output_bias = false"),
-                (xl.value_output_bias, "value_output_bias = true"),
+                (
+                    !xl.compat.attention_output_bias,
+                    "compat.attention_output_bias = false",
+                ),
+                (
+                    xl.compat.value_output_bias,
+                    "compat.value_output_bias = true",
+                ),
                 (xl.kv_heads.is_some(), "kv_heads"),
                 (
                     xl.ff_activation != Activation::Gelu,

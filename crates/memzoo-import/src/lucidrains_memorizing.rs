@@ -63,11 +63,12 @@
 use std::path::Path;
 
 use burn::tensor::{Device, Tensor};
+use memzoo_knn::KnnMixing;
 use memzoo_memory::WhenFull;
-use memzoo_relative::{KnnMixing, PositionConfig, PositionKind, PositionParams};
+use memzoo_relative::{PositionConfig, PositionKind, PositionParams};
 use memzoo_stack::{
     Activation, InputEmbedding, KnnFeed, KnnLayerConfig, LayerAttention, LayerKind, OutputLayer,
-    TransformerXl, XlConfig, XlError,
+    PeerCompat, TransformerXl, XlConfig, XlError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -162,6 +163,18 @@ impl LayerList {
     }
 }
 
+/// The layers (1-based) of `list` that a model of `depth` layers has, sorted, each once.
+fn layer_set(list: &LayerList, depth: usize) -> Vec<usize> {
+    let mut given: Vec<usize> = list
+        .to_vec()
+        .into_iter()
+        .filter(|l| (1..=depth).contains(l))
+        .collect();
+    given.sort_unstable();
+    given.dedup();
+    given
+}
+
 impl MemorizingPeerConfig {
     /// The shape from the tensors in `map`, the rest from `file` or the package's defaults; a
     /// file field that disagrees with the tensors, or asks for what memzoo cannot express, is
@@ -233,13 +246,7 @@ impl MemorizingPeerConfig {
             .collect();
         let memorizing_layers = match &file.memorizing_layers {
             Some(list) => {
-                let mut given: Vec<usize> = list
-                    .to_vec()
-                    .into_iter()
-                    .filter(|l| (1..=depth).contains(l))
-                    .collect();
-                given.sort_unstable();
-                given.dedup();
+                let given = layer_set(list, depth);
                 if given != found {
                     return Err(file_err(format!(
                         "memorizing_layers = {given:?}, but the checkpoint's kNN layers (with a \
@@ -293,13 +300,7 @@ impl MemorizingPeerConfig {
             }
         }
         if let Some(list) = &file.xl_memory_layers {
-            let mut given: Vec<usize> = list
-                .to_vec()
-                .into_iter()
-                .filter(|l| (1..=depth).contains(l))
-                .collect();
-            given.sort_unstable();
-            given.dedup();
+            let given = layer_set(list, depth);
             if cfg.xl_max_memories > 0 && given != (1..=depth).collect::<Vec<_>>() {
                 return Err(ImportError::Unsupported(format!(
                     "xl_memory_layers = {given:?}: memzoo keeps an XL memory in every layer"
@@ -378,20 +379,23 @@ impl MemorizingPeerConfig {
                     .with_when_full(WhenFull::Reset),
             )
             .with_pre_ln(true)
-            .with_final_norm(true)
+            .with_compat(
+                PeerCompat::new()
+                    .with_final_norm(true)
+                    .with_attention_output_bias(true)
+                    .with_memory_keys_values(true)
+                    .with_shared_t5(true)
+                    .with_zero_first_memory(false),
+            )
             .with_tie_weights(false)
             .with_scale_embedding(false)
             .with_layer_norm_epsilon(EPS)
-            .with_attention_output_bias(true)
             .with_kv_heads(Some(1))
-            .with_memory_keys_values(true)
-            .with_shared_t5(true)
             .with_ff_activation(Activation::Gelu)
             .with_ff_inner_dropout(true)
             .with_final_dropout(false)
             .with_norm_gain_std(Some(0.0))
-            .with_embedding_std(Some(1.0))
-            .with_zero_first_memory(false);
+            .with_embedding_std(Some(1.0));
         config.validate()?;
         Ok(config)
     }
@@ -414,18 +418,21 @@ impl MemorizingPeerConfig {
         let checks = [
             (xl.is_adaptive(), "an adaptive embedding and softmax"),
             (
-                !xl.pre_ln || !xl.final_norm,
-                "pre_ln = true with final_norm = true is the package's only layout",
+                !xl.pre_ln || !xl.compat.final_norm,
+                "pre_ln = true with compat.final_norm = true is the package's only layout",
             ),
             (
                 xl.tie_weights,
                 "tie_weights = true: its head is a linear layer",
             ),
             (xl.scale_embedding, "scale_embedding = true"),
-            (xl.value_output_bias, "value_output_bias = true"),
             (
-                !xl.attention_output_bias,
-                "attention_output_bias = false: its attention's to_out has a bias",
+                xl.compat.value_output_bias,
+                "compat.value_output_bias = true",
+            ),
+            (
+                !xl.compat.attention_output_bias,
+                "compat.attention_output_bias = false: its attention's to_out has a bias",
             ),
             (
                 xl.kv_heads != Some(1),
@@ -436,7 +443,10 @@ impl MemorizingPeerConfig {
                 "ff_activation other than gelu",
             ),
             (xl.same_length, "same_length = true"),
-            (xl.zero_first_memory, "zero_first_memory = true"),
+            (
+                xl.compat.zero_first_memory,
+                "compat.zero_first_memory = true",
+            ),
             (xl.document_resets, "document_resets = true"),
             (
                 xl.layer_norm_epsilon != EPS,

@@ -46,7 +46,7 @@
 use std::path::Path;
 
 use burn::tensor::Device;
-use memzoo_reformer::LshScores;
+use memzoo_reformer::{LshConfig, LshScores};
 use memzoo_stack::{
     Activation, AxialConfig, HeadInput, InputEmbedding, LayerAttention, LayerKind, OutputLayer,
     ReformerConfig, TransformerXl, XlConfig, XlError,
@@ -281,19 +281,22 @@ impl LucidrainsReformerConfig {
             .with_d_ff(self.dim * self.ff_mult)
             .with_max_seq_len(a1 * a2)
             .with_attn_layers(vec![LayerKind::Lsh])
-            .with_lsh_scores(LshScores::ScaledUnitKeys)
-            .with_bucket_size(self.bucket_size)
-            .with_n_buckets(fixed_buckets)
-            .with_n_rounds(self.n_hashes)
-            .with_n_chunks_before(1)
-            .with_n_chunks_after(0)
-            .with_causal(true)
+            .with_lsh(
+                LshConfig::new()
+                    .with_scores(LshScores::ScaledUnitKeys)
+                    .with_chunk_len(self.bucket_size)
+                    .with_n_buckets(fixed_buckets)
+                    .with_n_rounds(self.n_hashes)
+                    .with_n_chunks_before(1)
+                    .with_n_chunks_after(0)
+                    .with_causal(true)
+                    .with_dedup_rounds(false),
+            )
             .with_reversible(true)
             .with_ff_chunk_len(0)
             .with_axial_positions(false)
             .with_dropout(0.0)
             .with_dropatt(self.lsh_dropout)
-            .with_dedup_rounds(false)
             .with_ff_activation(Activation::Gelu)
             .with_layer_norm_eps(1e-5)
             .with_head_input(HeadInput::Mean)
@@ -333,8 +336,8 @@ impl LucidrainsReformerConfig {
         mapping::expressible(
             &[
                 (
-                    xl.head_input != HeadInput::Mean,
-                    "head_input other than mean",
+                    xl.compat.head_input != HeadInput::Mean,
+                    "compat.head_input other than mean",
                 ),
                 (lsh.rotations_per_head, "lsh.rotations_per_head = true"),
                 (!lsh.bucket_factors.is_empty(), "lsh.bucket_factors"),

@@ -306,8 +306,8 @@ pub fn reformer_checks(xl: &XlConfig) -> [(bool, &'static str); 8] {
             "residual other than reversible",
         ),
         (
-            !xl.pre_ln || !xl.final_norm,
-            "pre_ln and final_norm not both on",
+            !xl.pre_ln || !xl.compat.final_norm,
+            "pre_ln and compat.final_norm not both on",
         ),
         (
             xl.tie_weights || xl.is_adaptive(),

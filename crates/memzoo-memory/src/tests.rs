@@ -28,6 +28,22 @@ fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         .unwrap()
 }
 
+/// The `n` keys of one store, `[n, d]`, of row `row` and head `head` of `keys`, laid out
+/// `[batch, n, heads, d]`.
+fn store_keys(
+    keys: &[f32],
+    (n, heads, d): (usize, usize, usize),
+    row: usize,
+    head: usize,
+) -> Vec<f32> {
+    (0..n)
+        .flat_map(|i| {
+            let at = ((row * n + i) * heads + head) * d;
+            keys[at..at + d].to_vec()
+        })
+        .collect()
+}
+
 /// Naive top-k ids over `keys[n, d]` for `q[d]`, by inner product, best first.
 fn naive_topk(keys: &[f32], q: &[f32], d: usize, k: usize) -> Vec<usize> {
     let mut scored: Vec<(f32, usize)> = keys
@@ -68,12 +84,7 @@ fn exact_search_equals_naive_topk_per_row_and_head() {
     let rv = host(r.values);
     for row in 0..b {
         for head in 0..h {
-            let own: Vec<f32> = (0..n)
-                .flat_map(|i| {
-                    let at = ((row * n + i) * h + head) * d;
-                    keys[at..at + d].to_vec()
-                })
-                .collect();
+            let own = store_keys(&keys, (n, h, d), row, head);
             for ti in 0..t {
                 let qa = ((row * t + ti) * h + head) * d;
                 let want = naive_topk(&own, &queries[qa..qa + d], d, k);
@@ -581,12 +592,7 @@ fn grouped_exact_search_equals_naive_per_query_head() {
             for row in 0..b {
                 for head in 0..h {
                     let g = head / group;
-                    let own: Vec<f32> = (0..n)
-                        .flat_map(|i| {
-                            let at = ((row * n + i) * kv + g) * d;
-                            keys[at..at + d].to_vec()
-                        })
-                        .collect();
+                    let own = store_keys(&keys, (n, kv, d), row, g);
                     for ti in 0..t {
                         let qa = ((row * t + ti) * h + head) * d;
                         let want = naive_topk(&own, &queries[qa..qa + d], d, k);

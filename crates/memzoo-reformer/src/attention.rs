@@ -1,8 +1,7 @@
 //! LSH self-attention and local (chunked) self-attention (Kitaev et al. 2020, sec. 2 and 3).
 
-use burn::config::Config;
 use burn::module::{Module, Param};
-use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::nn::Linear;
 use burn::tensor::activation::softmax;
 use burn::tensor::kind::Basic;
 use burn::tensor::{Bool, Device, Int, Tensor};
@@ -629,213 +628,6 @@ impl AttentionKind {
     }
 }
 
-/// Configuration of a [`ReformerAttention`] layer (LSH or local).
-#[derive(Config, Debug)]
-pub struct ReformerAttentionConfig {
-    /// Width of the layer's input and output.
-    pub d_model: usize,
-    /// Number of heads.
-    pub n_heads: usize,
-    /// Width of each head.
-    pub d_head: usize,
-    /// LSH or local attention. Default: LSH.
-    #[config(default = "AttentionKind::Lsh")]
-    pub kind: AttentionKind,
-    /// Chunk length (= LSH bucket size). Default: 64.
-    #[config(default = 64)]
-    pub chunk_len: usize,
-    /// LSH buckets per round, even; `None`: the padded length over `chunk_len`, rounded up to
-    /// an even number (at least 2). Default: none.
-    #[config(default = "None")]
-    pub n_buckets: Option<usize>,
-    /// LSH hash rounds. Default: 4.
-    #[config(default = 4)]
-    pub n_rounds: usize,
-    /// Chunks before its own a chunk attends to. Default: 1.
-    #[config(default = 1)]
-    pub n_chunks_before: usize,
-    /// Chunks after its own a chunk attends to. Default: 0.
-    #[config(default = 0)]
-    pub n_chunks_after: usize,
-    /// Causal masking by original position. Default: true.
-    #[config(default = true)]
-    pub causal: bool,
-    /// LSH: attend to a key found in several rounds once (see [`ChunkParams::dedup_rounds`]).
-    /// Default: true.
-    #[config(default = true)]
-    pub dedup_rounds: bool,
-    /// LSH: how a query scores its shared-QK keys. Default: unit keys, no further scale
-    /// (trax's and HF's convention).
-    #[config(default = "LshScores::UnitKeys")]
-    pub lsh_scores: LshScores,
-    /// LSH: the fused CPU kernel where the device allows it, or tensor ops everywhere (see
-    /// [`LshKernel`]). Default: automatic by device.
-    #[config(default = "LshKernel::Auto")]
-    pub lsh_kernel: LshKernel,
-    /// Dropout on the attention probabilities. Default: 0.0.
-    #[config(default = 0.0)]
-    pub dropatt: f64,
-    /// LSH: a factorised bucket count `[f_1, .., f_k]` (HF's `num_buckets` as a list): the
-    /// bucket is `h_1 + f_1 h_2 + ..` with `h_i` in `0..f_i` from its own `f_i / 2` rotation
-    /// columns ([`hash_buckets_factored`]); `n_buckets` is then `Π f_i` (it may be left
-    /// `None`). Empty: not factorised. Default: empty.
-    #[config(default = "Vec::new()")]
-    pub bucket_factors: Vec<usize>,
-    /// LSH: every head draws its own rotations (`[heads, d_head, rounds, n / 2]`, as HF's
-    /// `LSHSelfAttention`); false: one set shared by all heads (memzoo's earlier layout).
-    /// Default: false.
-    #[config(default = false)]
-    pub rotations_per_head: bool,
-    /// LSH: the key normalisation's epsilon ([`ChunkParams::key_eps`]; trax and HF: 1e-6).
-    /// Default: 0.
-    #[config(default = 0.0)]
-    pub key_eps: f64,
-    /// LSH: the layer holds one set of rotations as a (never trained) parameter,
-    /// `[heads or 1, d_head, n_rounds, Σ factors / 2]`, saved in checkpoints and used by every
-    /// pass that is not training (evaluation, generation, a gradient taken outside a training
-    /// step), instead of rotations drawn from the pass's seed; training steps still draw fresh
-    /// ones. Set them with [`ReformerAttention::set_fixed_rotations`] (e.g. the rotations a
-    /// PyTorch Reformer drew in one forward pass, to reproduce it exactly). Needs `n_buckets` or
-    /// `bucket_factors`. Default: false.
-    #[config(default = false)]
-    pub fixed_rotations: bool,
-    /// The output projection has a bias (reformer-pytorch's `to_out`; HF's and trax's have
-    /// none). Default: false.
-    #[config(default = false)]
-    pub output_bias: bool,
-    /// Initialiser of every weight. Default: normal(0, 0.02).
-    #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
-    pub initializer: Initializer,
-}
-
-impl ReformerAttentionConfig {
-    /// Checks the configuration, naming the bad value.
-    pub fn validate(&self) -> Result<AttentionKind, ReformerError> {
-        let bad = |m: String| Err(ReformerError::Config(m));
-        for (name, v) in [
-            ("d_model", self.d_model),
-            ("n_heads", self.n_heads),
-            ("d_head", self.d_head),
-            ("chunk_len", self.chunk_len),
-            ("n_rounds", self.n_rounds),
-        ] {
-            if v == 0 {
-                return bad(format!("{name} must be positive, got 0"));
-            }
-        }
-        if let Some(nb) = self.n_buckets
-            && (nb == 0 || nb % 2 != 0)
-        {
-            return bad(format!(
-                "n_buckets must be even and positive (buckets are argmax over [xR, -xR]), got {nb}"
-            ));
-        }
-        if !(0.0..1.0).contains(&self.dropatt) {
-            return bad(format!("dropatt must be in [0, 1), got {}", self.dropatt));
-        }
-        if let Some(f) = self.bucket_factors.iter().find(|&&f| f == 0 || f % 2 != 0) {
-            return bad(format!(
-                "bucket_factors {:?}: every factor must be even and positive, got {f}",
-                self.bucket_factors
-            ));
-        }
-        let product: usize = self.bucket_factors.iter().product();
-        if !self.bucket_factors.is_empty()
-            && let Some(nb) = self.n_buckets
-            && nb != product
-        {
-            return bad(format!(
-                "n_buckets = {nb} but bucket_factors {:?} multiply to {product}",
-                self.bucket_factors
-            ));
-        }
-        if !(self.key_eps.is_finite() && self.key_eps >= 0.0) {
-            return bad(format!("key_eps must be >= 0, got {}", self.key_eps));
-        }
-        if self.fixed_rotations && self.n_buckets.is_none() && self.bucket_factors.is_empty() {
-            return bad(
-                "fixed_rotations needs a fixed bucket count: set n_buckets or bucket_factors"
-                    .into(),
-            );
-        }
-        Ok(self.kind)
-    }
-
-    /// The shape of the layer's rotations, `[heads or 1, d_head, n_rounds, Σ factors / 2]`
-    /// (`None`: the bucket count follows the length).
-    pub fn rotation_shape(&self) -> Option<[usize; 4]> {
-        let width = if self.bucket_factors.is_empty() {
-            self.n_buckets?
-        } else {
-            self.bucket_factors.iter().sum()
-        };
-        let heads = if self.rotations_per_head {
-            self.n_heads
-        } else {
-            1
-        };
-        Some([heads, self.d_head, self.n_rounds, width / 2])
-    }
-
-    /// Initialises the layer after validating the configuration.
-    pub fn init(&self, device: &Device) -> Result<ReformerAttention, ReformerError> {
-        let kind = self.validate()?;
-        let inner = self.n_heads * self.d_head;
-        let linear = |i, o| {
-            LinearConfig::new(i, o)
-                .with_bias(false)
-                .with_initializer(self.initializer.clone())
-                .init(device)
-        };
-        Ok(ReformerAttention {
-            query: linear(self.d_model, inner),
-            key: (kind == AttentionKind::Local).then(|| linear(self.d_model, inner)),
-            value: linear(self.d_model, inner),
-            output: if self.output_bias {
-                let mut out = LinearConfig::new(inner, self.d_model)
-                    .with_initializer(self.initializer.clone())
-                    .init(device);
-                out.bias = out
-                    .bias
-                    .map(|_| Initializer::Zeros.init([self.d_model], device));
-                out
-            } else {
-                linear(inner, self.d_model)
-            },
-            kind,
-            n_heads: self.n_heads,
-            d_head: self.d_head,
-            chunk_len: self.chunk_len,
-            n_buckets: self.n_buckets,
-            n_rounds: self.n_rounds,
-            n_chunks_before: self.n_chunks_before,
-            n_chunks_after: self.n_chunks_after,
-            causal: self.causal,
-            dedup_rounds: self.dedup_rounds,
-            lsh_scores: self.lsh_scores,
-            lsh_kernel: self.lsh_kernel,
-            dropatt: self.dropatt,
-            bucket_factors: self.bucket_factors.clone(),
-            rotations_per_head: self.rotations_per_head,
-            key_eps: self.key_eps,
-            rotations: match (
-                self.fixed_rotations && kind == AttentionKind::Lsh,
-                self.rotation_shape(),
-            ) {
-                (true, Some(shape)) => Some(Param::from_tensor(
-                    Initializer::Normal {
-                        mean: 0.0,
-                        std: 1.0,
-                    }
-                    .init::<4, _>(shape, device)
-                    .val(),
-                )),
-                _ => None,
-            },
-        })
-    }
-}
-
 /// Multi-head self-attention of the Reformer: LSH (shared QK) or local (chunked).
 ///
 /// Sequences whose length is not a multiple of `chunk_len` are padded internally (the padding
@@ -892,13 +684,13 @@ pub struct ReformerAttention {
     /// Epsilon of the key normalisation.
     pub key_eps: f64,
     /// Fixed rotations `[heads or 1, d_head, n_rounds, Σ factors / 2]` for passes outside
-    /// training (see [`ReformerAttentionConfig::fixed_rotations`]); never trained (read
+    /// training (see [`LshConfig::fixed_rotations`](crate::LshConfig::fixed_rotations)); never trained (read
     /// detached).
     pub rotations: Option<Param<Tensor<4>>>,
 }
 
 impl ReformerAttention {
-    /// The fixed rotations (see [`ReformerAttentionConfig::fixed_rotations`]), if the layer
+    /// The fixed rotations (see [`LshConfig::fixed_rotations`](crate::LshConfig::fixed_rotations)), if the layer
     /// holds them.
     pub fn fixed_rotations(&self) -> Option<Tensor<4>> {
         self.rotations.as_ref().map(|r| r.val())

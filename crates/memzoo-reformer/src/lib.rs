@@ -3,6 +3,9 @@
 //!
 //! - [`ReformerAttention`]: LSH (shared-QK, hashed, sorted, chunked) or local attention;
 //!   the tensor-level [`lsh_attention`] / [`local_attention`] / [`hash_buckets`].
+//! - [`LshConfig`]: the LSH and local settings (chunks, rounds, buckets, rotations), defined
+//!   once for a layer ([`ReformerAttentionConfig::lsh`]), the stack's `[model.lsh]` and the
+//!   Reformer preset.
 //! - [`reversible`]: `y_1 = x_1 + F(x_2)`, `y_2 = x_2 + G(y_1)` for any branches, and the
 //!   layer-by-layer backward that rebuilds activations ([`reversible::reverse`]).
 //! - [`ChunkedFeedForward`] / [`chunked`], [`AxialPositionalEmbedding`]: the chunked
@@ -15,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod config;
 /// The errors of the Reformer components.
 pub mod error;
 pub mod feedforward;
@@ -23,9 +27,9 @@ pub mod rng;
 
 pub use attention::{
     AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, ReformerAttention,
-    ReformerAttentionConfig, hash_buckets, hash_buckets_factored, hash_buckets_with,
-    local_attention, lsh_attention,
+    hash_buckets, hash_buckets_factored, hash_buckets_with, local_attention, lsh_attention,
 };
+pub use config::{LshConfig, ReformerAttentionConfig};
 pub use error::ReformerError;
 pub use feedforward::{
     AxialPositionalEmbedding, AxialPositionalEmbeddingConfig, ChunkedFeedForward,

@@ -105,6 +105,20 @@ pub struct XlPositionParams {
     pub biases: Option<XlBiases>,
 }
 
+impl XlPositionParams {
+    /// The layer's own `u`/`v` biases, else the model's `shared` ones.
+    pub fn biases_or<'a>(
+        &'a self,
+        shared: Option<&'a XlBiases>,
+    ) -> Result<&'a XlBiases, RelativeError> {
+        self.biases.as_ref().or(shared).ok_or_else(|| {
+            RelativeError::Input(
+                "XL attention without its own u/v biases needs the shared ones".into(),
+            )
+        })
+    }
+}
+
 /// The position parameters of the learned scheme (labml).
 #[derive(Module, Debug)]
 pub struct LearnedPositionParams {
@@ -589,11 +603,7 @@ impl RelativeMultiHeadAttention {
         };
         match (&self.scheme, &ctx.index) {
             (PositionParams::Xl(p), PositionIndex::Xl(sinusoid)) => {
-                let biases = p.biases.as_ref().or(shared).ok_or_else(|| {
-                    RelativeError::Input(
-                        "XL attention without its own u/v biases needs the shared ones".into(),
-                    )
-                })?;
+                let biases = p.biases_or(shared)?;
                 let w = sinusoid.dims()[0];
                 // W_R R: [W, h*dh] -> [1, h, dh, W]
                 let r = p

@@ -1,5 +1,3 @@
-use memzoo_memory::MemoryError;
-
 /// Errors of the attention crate; messages name the bad value.
 #[derive(Debug, thiserror::Error)]
 pub enum RelativeError {
@@ -9,7 +7,4 @@ pub enum RelativeError {
     /// An input (tensor, context, memory) does not fit the layer; the message names the shapes.
     #[error("bad input to an attention layer: {0}")]
     Input(String),
-    /// The kNN memory of a kNN attention layer failed.
-    #[error(transparent)]
-    Memory(#[from] MemoryError),
 }

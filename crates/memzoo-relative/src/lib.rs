@@ -9,9 +9,9 @@
 //! every layer; [`shift::relative_shift`] re-indexes distance-major scores by key with one copy
 //! (exact on every key the mask leaves visible; on every key without a causal mask).
 //!
-//! [`KnnAttention`] (the Memorizing Transformer's memory layer) is the fourth kind: T5-biased
-//! local attention plus attention over the top-k pairs retrieved from a
-//! [`memzoo_memory::KnnIndex`]. The layer stack (`memzoo-stack`) holds any of them per layer.
+//! The kNN-augmented attention of the Memorizing Transformer (`memzoo_knn::KnnAttention`) is
+//! this attention with retrieval added; the layer stack (`memzoo-stack`) holds any of them per
+//! layer.
 
 #![warn(missing_docs)]
 
@@ -19,7 +19,6 @@ pub mod attention;
 /// The errors of relative attention.
 pub mod error;
 pub mod fused;
-pub mod knn;
 pub mod positions;
 pub mod probe;
 pub mod rows;
@@ -30,7 +29,6 @@ pub use attention::{
     RelativeMultiHeadAttention, T5PositionParams, XlBiases, XlPositionParams,
 };
 pub use error::RelativeError;
-pub use knn::{KnnAttention, KnnAttentionConfig, KnnAttentionOutput, KnnMixing, l2_normalize};
 pub use positions::{
     AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
 };

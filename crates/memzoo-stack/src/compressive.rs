@@ -188,8 +188,8 @@ impl CompressiveConfig {
             return bad("compressive.window_end_positions needs every layer `learned`".into());
         }
         for (name, on) in [
-            ("memory_keys_values", stack.memory_keys_values),
-            ("zero_first_memory", stack.zero_first_memory),
+            ("compat.memory_keys_values", stack.compat.memory_keys_values),
+            ("compat.zero_first_memory", stack.compat.zero_first_memory),
             ("same_length", stack.same_length),
         ] {
             if on {

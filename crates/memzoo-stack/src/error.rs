@@ -1,3 +1,4 @@
+use memzoo_knn::KnnError;
 use memzoo_memory::MemoryError;
 use memzoo_relative::RelativeError;
 
@@ -20,7 +21,16 @@ impl From<RelativeError> for XlError {
         match e {
             RelativeError::Config(m) => XlError::Config(m),
             RelativeError::Input(m) => XlError::Input(m),
-            RelativeError::Memory(e) => XlError::Memory(e),
+        }
+    }
+}
+
+impl From<KnnError> for XlError {
+    fn from(e: KnnError) -> Self {
+        match e {
+            KnnError::Config(m) => XlError::Config(m),
+            KnnError::Input(m) => XlError::Input(m),
+            KnnError::Memory(e) => XlError::Memory(e),
         }
     }
 }

@@ -1,10 +1,12 @@
 //! Transformer-XL (Dai et al. 2019) for memzoo: segment-level recurrence with an explicit,
 //! typed memory ([`XlMemory`]) and the layer stack ([`TransformerXl`]): one embedding, a list
 //! of layers of any attention kind ([`LayerKind`]: `xl`, `learned`, `t5`, `knn`, `lsh`,
-//! `local`) in one residual block, one output. The Memorizing Transformer is this stack with
-//! `knn` layers (`memzoo_knn::MemorizingConfig` is its preset; [`XlState`] carries its kNN
-//! memories); the Reformer is this stack with `lsh` / `local` layers, reversible residuals and
-//! axial positions ([`ReformerConfig`] is its preset, [`ReformerLm`] its name).
+//! `local`) in one residual block, one output. The papers' models are presets of it
+//! ([`presets`]): the Memorizing Transformer is this stack with `knn` layers
+//! ([`MemorizingConfig`]; [`XlState`] carries its kNN memories), the Reformer this stack with
+//! `lsh` / `local` layers, reversible residuals and axial positions ([`ReformerConfig`], its
+//! model named [`ReformerLm`]). The attention kinds come from their crates: `memzoo_relative`
+//! (`xl`, `learned`, `t5`), `memzoo_knn` (`knn`), `memzoo_reformer` (`lsh`, `local`).
 //!
 //! ```no_run
 //! use burn::tensor::{Int, Tensor};
@@ -28,8 +30,8 @@ pub mod compressive;
 pub mod error;
 pub mod legacy;
 pub mod memory;
+pub mod presets;
 pub mod recurrent;
-pub mod reformer;
 pub mod stack;
 
 pub use adaptive::{
@@ -39,12 +41,20 @@ pub use adaptive::{
 pub use compressive::{CompressedMemory, Compression, CompressionKind, CompressiveConfig};
 pub use error::XlError;
 pub use memory::{XlMemory, XlState};
+pub use memzoo_reformer::LshConfig;
+pub use presets::memorizing::{
+    MemorizingConfig, MemorizingState, MemorizingTransformer, recall_reference,
+};
+/// The Reformer preset, where it was before [`presets`] (`memzoo_stack::reformer::ReformerConfig`).
+pub use presets::reformer;
+pub use presets::reformer::{ReformerConfig, ReformerLm};
 pub use recurrent::RecurrentModel;
-pub use reformer::{ReformerConfig, ReformerLm};
+#[allow(deprecated)]
+pub use stack::LshLayerConfig;
 pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
-    LayerAttention, LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay,
-    Residual, SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer,
-    XlOutput, absolute_positions, mean_nll, target_nll,
+    LayerAttention, LayerContext, LayerKind, OutputLayer, PeerCompat, Randomness, Replay, Residual,
+    SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
+    absolute_positions, mean_nll, target_nll,
 };
 pub use stack::{LayerTrace, Trace, TraceSlot};

@@ -9,6 +9,32 @@ fn restore_err(e: impl std::fmt::Display) -> TrainError {
     TrainError::Checkpoint(format!("data position does not fit this data: {e}"))
 }
 
+/// A checkpoint's data `position` read as a source's state `S` and given to `restore`.
+fn restore_from<S: serde::de::DeserializeOwned, E: std::fmt::Display>(
+    position: &serde_json::Value,
+    restore: impl FnOnce(S) -> Result<(), E>,
+) -> Result<(), TrainError> {
+    let state = serde_json::from_value(position.clone()).map_err(restore_err)?;
+    restore(state).map_err(restore_err)
+}
+
+/// A source's state as the checkpoint's data position.
+fn position_of(state: impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(state).expect("plain state")
+}
+
+/// The next batch of a source whose segment length is fixed (`seg_len`): none for another `len`.
+fn fixed_len(
+    len: usize,
+    seg_len: usize,
+    next: impl FnOnce() -> Option<Segment>,
+) -> Option<Segment> {
+    if len != seg_len {
+        return None;
+    }
+    next()
+}
+
 impl SegmentSource for OrderedBatcher {
     fn next_segment(&mut self, len: usize) -> Option<Segment> {
         match self.next_batch_len(len) {
@@ -22,12 +48,11 @@ impl SegmentSource for OrderedBatcher {
     }
 
     fn position(&self) -> serde_json::Value {
-        serde_json::to_value(self.state()).expect("plain state")
+        position_of(self.state())
     }
 
     fn restore(&mut self, position: &serde_json::Value) -> Result<(), TrainError> {
-        let state = serde_json::from_value(position.clone()).map_err(restore_err)?;
-        OrderedBatcher::restore(self, state).map_err(restore_err)
+        restore_from(position, |state| OrderedBatcher::restore(self, state))
     }
 }
 
@@ -36,10 +61,7 @@ impl SegmentSource for OrderedBatcher {
 /// batcher.
 impl SegmentSource for DocBatcher {
     fn next_segment(&mut self, len: usize) -> Option<Segment> {
-        if len != self.seg_len() {
-            return None;
-        }
-        self.next_batch()
+        fixed_len(len, self.seg_len(), || self.next_batch())
     }
 
     fn rewind(&mut self) {
@@ -47,12 +69,11 @@ impl SegmentSource for DocBatcher {
     }
 
     fn position(&self) -> serde_json::Value {
-        serde_json::to_value(self.state()).expect("plain state")
+        position_of(self.state())
     }
 
     fn restore(&mut self, position: &serde_json::Value) -> Result<(), TrainError> {
-        let state = serde_json::from_value(position.clone()).map_err(restore_err)?;
-        DocBatcher::restore(self, state).map_err(restore_err)
+        restore_from(position, |state| DocBatcher::restore(self, state))
     }
 }
 
@@ -60,10 +81,7 @@ impl SegmentSource for DocBatcher {
 /// batches for evaluation. The segment length is fixed by the task.
 impl<T: Task> SegmentSource for TaskStream<T> {
     fn next_segment(&mut self, len: usize) -> Option<Segment> {
-        if len != self.seg_len() {
-            return None;
-        }
-        self.next_batch()
+        fixed_len(len, self.seg_len(), || self.next_batch())
     }
 
     fn rewind(&mut self) {
@@ -71,11 +89,10 @@ impl<T: Task> SegmentSource for TaskStream<T> {
     }
 
     fn position(&self) -> serde_json::Value {
-        serde_json::to_value(TaskStream::position(self)).expect("plain state")
+        position_of(TaskStream::position(self))
     }
 
     fn restore(&mut self, position: &serde_json::Value) -> Result<(), TrainError> {
-        let position = serde_json::from_value(position.clone()).map_err(restore_err)?;
-        TaskStream::restore(self, position).map_err(restore_err)
+        restore_from(position, |state| TaskStream::restore(self, state))
     }
 }

@@ -22,9 +22,6 @@ pub enum TrainError {
     /// The Reformer refused its input or config.
     #[error("model: {0}")]
     Reformer(#[from] memzoo_reformer::ReformerError),
-    /// A Memorizing Transformer preset was invalid.
-    #[error("model: {0}")]
-    Knn(#[from] memzoo_knn::KnnError),
     /// A checkpoint could not be written or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),

@@ -224,11 +224,7 @@ pub fn context_losses<M: SegmentModel>(
         }
     }
     let model = model.valid();
-    let device = model
-        .devices()
-        .into_iter()
-        .next()
-        .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
+    let device = crate::trainer::model_device(&model)?;
     let losses = contexts
         .iter()
         .map(|&c| {

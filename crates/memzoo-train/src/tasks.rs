@@ -9,7 +9,7 @@
 use burn::config::Config;
 use burn::tensor::Device;
 use memzoo_data::{Duplication, RecallStream, RecallTask, TaskStream};
-use memzoo_knn::{MemorizingConfig, MemorizingTransformer};
+use memzoo_stack::{MemorizingConfig, MemorizingTransformer};
 use memzoo_stack::{ReformerConfig, ReformerLm};
 
 use crate::error::TrainError;
@@ -106,11 +106,8 @@ pub fn duplication(
     options: &RunOptions,
 ) -> Result<DuplicationReport, TrainError> {
     check_duplication(cfg)?;
-    let model = cfg
-        .model
-        .clone()
-        .with_n_rounds(cfg.train_rounds)
-        .init(device)?;
+    let lsh = cfg.model.lsh.clone().with_n_rounds(cfg.train_rounds);
+    let model = cfg.model.clone().with_lsh(lsh).init(device)?;
     duplication_from(model, cfg, options)
 }
 

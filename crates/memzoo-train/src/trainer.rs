@@ -256,11 +256,7 @@ pub fn evaluate_sharded<M: SegmentModel>(
         ));
     }
     let model = model.valid();
-    let device = model
-        .devices()
-        .into_iter()
-        .next()
-        .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
+    let device = model_device(&model)?;
     source.rewind();
     let mut states: Vec<M::State> = Vec::new();
     let mut sums = crate::parallel::EvalSums::default();
@@ -498,11 +494,7 @@ pub fn train_on_devices<M: SegmentModel>(
             e,
         )
     })?;
-    let device = model
-        .devices()
-        .into_iter()
-        .next()
-        .ok_or_else(|| TrainError::Model("model has no parameters".into()))?;
+    let device = model_device(&model)?;
     if let Some(first) = devices.first()
         && *first != device
     {
@@ -808,4 +800,13 @@ pub fn train_on_devices<M: SegmentModel>(
         signal: signals.caught(),
         states,
     })
+}
+
+/// The device a model's parameters live on (its first), for the tensors fed to it.
+pub(crate) fn model_device<M: burn::module::Module>(model: &M) -> Result<Device, TrainError> {
+    model
+        .devices()
+        .into_iter()
+        .next()
+        .ok_or_else(|| TrainError::Model("model has no parameters".into()))
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use burn::tensor::Device;
 use memzoo_data::{Manifest, RustCodeManifest, Split, TextCodec, rust_code};
-use memzoo_stack::TransformerXl;
+use memzoo_stack::{LshConfig, TransformerXl};
 use memzoo_train::generate::{
     GenerateConfig, GenerateError, SampleConfig, generate as generate_tokens, generate_recompute,
 };
@@ -699,7 +699,7 @@ pub fn duplication(
         .with_d_ff(128)
         .with_vocab_size(16)
         .with_max_seq_len(len)
-        .with_bucket_size(4)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
         .with_dropout(0.0)
         // One layer finds the symbol len/2 back by its position: without a position
         // embedding it trains at chance (about 10% of the copy at 2,000 steps).
@@ -747,7 +747,7 @@ pub fn recall(
     json_out: bool,
 ) -> Result<(), CliError> {
     use memzoo_data::RecallTask;
-    use memzoo_knn::recall_task::reference_config;
+    use memzoo_stack::recall_reference;
     use memzoo_train::tasks::{RecallConfig, recall as train_recall};
     let models: &[(&str, bool)] = match which {
         "both" => &[("memorizing", true), ("xl", false)],
@@ -774,7 +774,7 @@ pub fn recall(
     // The larger of the two models (with its kNN memory) over --batch rows, estimated as
     // `train` estimates a Memorizing run, before anything is allocated.
     let mut estimate = RunConfig::default();
-    estimate.model.stack = reference_config(true, task.vocab()).stack();
+    estimate.model.stack = recall_reference(true, task.vocab()).stack();
     estimate.train.batch = batch;
     estimate.train.tgt_len = task.seg_len;
     check_model_memory(&estimate, true).map_err(|e| match e {
@@ -820,7 +820,7 @@ pub fn recall(
         }
         let run = ScratchRun::new("recall");
         let r = train_recall(
-            &reference_config(knn, task.vocab()),
+            &recall_reference(knn, task.vocab()),
             &task,
             &cfg,
             &device,

@@ -4,14 +4,16 @@
 use std::path::Path;
 
 use memzoo_data::LongRangeConfig;
-use memzoo_knn::MemorizingConfig;
-use memzoo_stack::{LayerKind, ReformerConfig, XlConfig};
+use memzoo_stack::{LayerKind, PeerCompat, XlConfig};
 use memzoo_train::TrainConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::CliError;
 pub use crate::preset::Preset;
+
+mod convert;
+use convert::{OLD_SECTIONS, convert_old_layout, move_compat_keys};
 
 /// A model family, as `memzoo train --model FAMILY` names it: the family's tiny preset
 /// ([`Preset::tiny`]). A run stores no family: it is derived from the layers of `[model]`
@@ -257,6 +259,14 @@ impl RunConfig {
                      e.g. model.lsh.n_rounds or model.knn.max_memories)"
                 )));
             }
+            if let Some(field) = key.strip_prefix("model.")
+                && PeerCompat::KEYS.contains(&field)
+            {
+                return Err(CliError::Config(format!(
+                    "--set {key}: the peer-compatibility switches are in [model.compat]: \
+                     --set model.compat.{field}=..."
+                )));
+            }
             set_path(&mut value, key, parse_scalar(raw.trim()))?;
         }
         Self::from_value(value)
@@ -347,8 +357,10 @@ impl RunConfig {
     }
 
     /// The config as TOML (what a run directory keeps): the fields the run uses. The kNN
-    /// settings only with kNN layers, the LSH ones only with LSH or local layers, the generated
-    /// corpus only when it is the data; what is left out reads back as the preset's.
+    /// settings only with kNN layers, the LSH ones only with LSH or local layers, the
+    /// peer-compatibility switches (`[model.compat]`) only where they differ from the preset's,
+    /// the generated corpus only when it is the data; what is left out reads back as the
+    /// preset's.
     pub fn to_toml(&self) -> String {
         let mut value = serde_json::to_value(self).expect("serialisable");
         let kinds = self.model.layer_kinds();
@@ -363,6 +375,16 @@ impl RunConfig {
                 model.remove("lsh");
             }
         }
+        // The peer-compatibility switches only where they differ from the starting point's.
+        let base = serde_json::to_value(RunConfig::with_preset(
+            self.model.preset.unwrap_or(Preset::XlTiny),
+        ))
+        .expect("serialisable");
+        if let Some(model) = value.get_mut("model").and_then(Value::as_object_mut)
+            && model.get("compat") == base.pointer("/model/compat")
+        {
+            model.remove("compat");
+        }
         let generated = matches!(
             self.data.source.as_deref(),
             None | Some("") | Some("generated")
@@ -372,10 +394,6 @@ impl RunConfig {
         }
         // TOML has no null: a `None` is left out where the reader's starting point (the named
         // preset, else the default run) has none too, and written `"none"` where it has a value.
-        let base = serde_json::to_value(RunConfig::with_preset(
-            self.model.preset.unwrap_or(Preset::XlTiny),
-        ))
-        .expect("serialisable");
         toml::to_string_pretty(&write_nulls(value, Some(&base))).unwrap_or_default()
     }
 
@@ -392,10 +410,6 @@ impl RunConfig {
     }
 }
 
-/// The sections and keys of the layout before the one model description (`model_kind`,
-/// `[reformer]`, `[memorizing]`), which old run directories hold.
-const OLD_SECTIONS: [&str; 3] = ["model_kind", "reformer", "memorizing"];
-
 /// A config file as a JSON value (an old layout converted, saying so on stderr), and the
 /// preset its `[model]` names.
 fn read_file(path: &Path) -> Result<(Value, Option<Preset>), CliError> {
@@ -408,6 +422,15 @@ fn read_file(path: &Path) -> Result<(Value, Option<Preset>), CliError> {
     if let Some(note) = convert_old_layout(&mut user, path)? {
         eprintln!("note: {note}");
     }
+    if let Some(model) = user.get_mut("model")
+        && let Some(moved) = move_compat_keys(model)
+    {
+        eprintln!(
+            "note: config {} sets {} in [model]; they are read from [model.compat] now",
+            path.display(),
+            moved.join(", ")
+        );
+    }
     let preset = match user.get("model").and_then(|m| m.get("preset")) {
         None => None,
         Some(v) => Some(serde_json::from_value::<Preset>(v.clone()).map_err(|_| {
@@ -418,94 +441,6 @@ fn read_file(path: &Path) -> Result<(Value, Option<Preset>), CliError> {
         })?),
     };
     Ok((user, preset))
-}
-
-/// Converts the layout of runs written before the one model description: `model_kind`
-/// picked one of `[model]` (Transformer-XL), `[reformer]` and `[memorizing]` (the Reformer's
-/// and the Memorizing Transformer's preset configs). The chosen section becomes the layer
-/// stack in `[model]` (its fields filled from the old defaults, `reformer-tiny` and
-/// `memorizing-tiny`, where the file lacks them); the others are dropped. `None` for a file in
-/// today's layout.
-fn convert_old_layout(user: &mut Value, path: &Path) -> Result<Option<String>, CliError> {
-    let Some(table) = user.as_object_mut() else {
-        return Ok(None);
-    };
-    if !OLD_SECTIONS.iter().any(|k| table.contains_key(*k)) {
-        return Ok(None);
-    }
-    let shown = path.display();
-    let kind: ModelKind = match table.remove("model_kind") {
-        None => ModelKind::Xl,
-        Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
-            CliError::Config(format!(
-                "config {shown}: model_kind = {v} (an old layout) is not xl, reformer or \
-                 memorizing"
-            ))
-        })?,
-    };
-    let reformer = table.remove("reformer");
-    let memorizing = table.remove("memorizing");
-    // The old section over the old defaults, read as the preset config it was.
-    fn section<C: Serialize + serde::de::DeserializeOwned>(
-        defaults: &C,
-        old: Option<&Value>,
-        name: &str,
-        shown: &std::path::Display<'_>,
-    ) -> Result<C, CliError> {
-        let mut base = serde_json::to_value(defaults).expect("serialisable");
-        if let Some(old) = old {
-            merge(&mut base, old, name)?;
-        }
-        serde_json::from_value(base).map_err(|e| {
-            CliError::Config(format!(
-                "config {shown}: old section [{name}] is invalid: {e}"
-            ))
-        })
-    }
-    let stack = match kind {
-        ModelKind::Xl => None,
-        ModelKind::Reformer => {
-            let config: ReformerConfig = section(
-                &Preset::reformer_tiny(),
-                reformer.as_ref(),
-                "reformer",
-                &shown,
-            )?;
-            config.validate()?;
-            Some(config.stack())
-        }
-        ModelKind::Memorizing => {
-            let config: MemorizingConfig = section(
-                &Preset::memorizing_tiny(),
-                memorizing.as_ref(),
-                "memorizing",
-                &shown,
-            )?;
-            config.validate()?;
-            Some(config.stack())
-        }
-    };
-    let name = match kind {
-        ModelKind::Xl => "xl",
-        ModelKind::Reformer => "reformer",
-        ModelKind::Memorizing => "memorizing",
-    };
-    let section = match kind {
-        ModelKind::Xl => "[model]",
-        ModelKind::Reformer => "[reformer]",
-        ModelKind::Memorizing => "[memorizing]",
-    };
-    if let Some(stack) = stack {
-        table.insert(
-            "model".into(),
-            serde_json::to_value(stack).expect("serialisable"),
-        );
-    }
-    Ok(Some(format!(
-        "config {shown} has the old layout (model_kind = \"{name}\"); its {section} section is \
-         read as the layer stack in [model] (a {name} stack). A run written now keeps only \
-         [model], [train] and [data]."
-    )))
 }
 
 /// The largest config file read (a run's config.toml is a few KiB).

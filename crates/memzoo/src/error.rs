@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use memzoo_backend::DeviceError;
 use memzoo_data::DataError;
 use memzoo_import::ImportError;
-use memzoo_knn::KnnError;
 use memzoo_reformer::ReformerError;
 use memzoo_stack::XlError;
 use memzoo_train::TrainError;
@@ -159,9 +158,6 @@ pub enum CliError {
     /// The Reformer.
     #[error(transparent)]
     Reformer(#[from] ReformerError),
-    /// The Memorizing Transformer's config.
-    #[error(transparent)]
-    Knn(#[from] KnnError),
     /// Reading or writing a PyTorch-world checkpoint.
     #[error(transparent)]
     Import(#[from] ImportError),

@@ -9,8 +9,10 @@
 //!   feed-forward, axial positions); the Reformer itself is a preset of the stack
 //!   (`stack::ReformerConfig`, `stack::ReformerLm`);
 //! - [`memory`]: the kNN key-value memory (exact search or usearch HNSW);
-//! - [`knn`]: the Memorizing Transformer (kNN-augmented attention over that memory);
-//! - [`fused`]: fused multi-threaded CPU kernels (LSH attention) behind Burn's backend extension;
+//! - [`knn`]: kNN-augmented attention over that memory (the Memorizing Transformer's layer; the
+//!   model is a preset of the stack, `stack::MemorizingConfig`);
+//! - [`fused`]: fused multi-threaded CPU kernels (relative, LSH and kNN attention) behind Burn's
+//!   backend extension;
 //! - [`data`]: tokenizer, corpora, ordered batches, data set downloads, generated corpus;
 //! - [`train`]: the segment-recurrence trainer, and generation for every family;
 //!
@@ -23,7 +25,13 @@ pub use memzoo_data as data;
 pub use memzoo_fused as fused;
 /// Reading and writing the PyTorch peers' checkpoints (`memzoo-import`).
 pub use memzoo_import as interop;
-pub use memzoo_knn as knn;
+/// kNN-augmented attention (`memzoo_knn`), and the Memorizing Transformer's preset where it was
+/// before it moved to the stack's presets (`memzoo::knn::MemorizingConfig` is
+/// `memzoo_stack::MemorizingConfig`).
+pub mod knn {
+    pub use memzoo_knn::*;
+    pub use memzoo_stack::{MemorizingConfig, MemorizingState, MemorizingTransformer};
+}
 pub use memzoo_memory as memory;
 pub use memzoo_reformer as reformer;
 pub use memzoo_relative as relative;

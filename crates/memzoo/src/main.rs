@@ -268,31 +268,8 @@ enum Command {
     Recl {
         #[command(flatten)]
         common: Common,
-        /// A run directory of the group (repeat: --run-dir A --run-dir B ...).
-        #[arg(long = "run-dir", required = true)]
-        run_dirs: Vec<PathBuf>,
-        /// Context lengths, increasing multiples of the segment length (default: 0 to 8
-        /// segments, one segment apart).
-        #[arg(long, value_delimiter = ',')]
-        contexts: Option<Vec<usize>>,
-        /// Segment length (default: the first run's train.tgt_len).
-        #[arg(long)]
-        seg_len: Option<usize>,
-        /// Blocks of one segment scored at each context.
-        #[arg(long, default_value_t = 64)]
-        blocks: usize,
-        /// Ratios r: the share of the hardest tokens compared (comma-separated).
-        #[arg(long = "r", value_delimiter = ',', default_value = "0.1,1.0")]
-        ratios: Vec<f64>,
-        /// Relative gain below which a longer context stops counting (the paper: 0.01).
-        #[arg(long, default_value_t = 0.01)]
-        threshold: f64,
-        /// XL memory at evaluation for the runs that have one (default: each run's own).
-        #[arg(long)]
-        mem_len: Option<usize>,
-        /// Split: valid or test.
-        #[arg(long, default_value = "test")]
-        split: String,
+        #[command(flatten)]
+        options: memzoo::recl::ReclOptions,
     },
     /// List device strings and which backends this binary has.
     Devices,
@@ -397,30 +374,9 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
                 common.json,
             );
         }
-        Command::Recl {
-            common,
-            run_dirs,
-            contexts,
-            seg_len,
-            blocks,
-            ratios,
-            threshold,
-            mem_len,
-            split,
-        } => memzoo::recl::run(
-            &memzoo::recl::ReclOptions {
-                run_dirs,
-                contexts,
-                seg_len,
-                blocks,
-                ratios,
-                threshold,
-                mem_len,
-                split,
-            },
-            &common.device,
-            common.json,
-        ),
+        Command::Recl { common, options } => {
+            memzoo::recl::run(&options, &common.device, common.json)
+        }
         Command::Eval {
             common,
             run_dir,

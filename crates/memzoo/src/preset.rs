@@ -7,9 +7,10 @@
 //! it: the one value that was (the tiny XL's embedding at N(0, 0.1)) is gone, and every preset
 //! initialises its embedding from `init_std` unless the paper's recipe says otherwise.
 
-use memzoo_knn::MemorizingConfig;
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::{CompressionKind, CompressiveConfig, LayerKind, ReformerConfig, XlConfig};
+use memzoo_stack::{
+    CompressionKind, CompressiveConfig, LayerKind, MemorizingConfig, ReformerConfig, XlConfig,
+};
 use memzoo_train::{AdamConfig, ScheduleConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
 

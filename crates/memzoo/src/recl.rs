@@ -13,26 +13,34 @@ use crate::config::{DataConfig, RunConfig};
 use crate::data_setup::{document_texts, load_splits, tokenizer};
 use crate::error::CliError;
 
-/// What `memzoo recl` measures.
-#[derive(Debug, Clone)]
+/// What `memzoo recl` measures (its command-line arguments).
+#[derive(Debug, Clone, clap::Args)]
 pub struct ReclOptions {
-    /// The group's runs (at least one; RECL compares them).
+    /// A run directory of the group (repeat: --run-dir A --run-dir B ...); RECL compares them.
+    #[arg(long = "run-dir", required = true)]
     pub run_dirs: Vec<PathBuf>,
     /// Context lengths, increasing multiples of the segment length (default: 0 to 8
     /// segments, one segment apart).
+    #[arg(long, value_delimiter = ',')]
     pub contexts: Option<Vec<usize>>,
     /// Segment length of the scored blocks and of the windows' segments (default: the first
-    /// run's `train.tgt_len`).
+    /// run's train.tgt_len).
+    #[arg(long)]
     pub seg_len: Option<usize>,
     /// Blocks of one segment scored at each context.
+    #[arg(long, default_value_t = 64)]
     pub blocks: usize,
-    /// The ratios `r` (share of the hardest tokens compared).
+    /// Ratios r: the share of the hardest tokens compared (comma-separated).
+    #[arg(long = "r", value_delimiter = ',', default_value = "0.1,1.0")]
     pub ratios: Vec<f64>,
-    /// The gain below which the context stops counting (the paper: 0.01).
+    /// Relative gain below which a longer context stops counting (the paper: 0.01).
+    #[arg(long, default_value_t = 0.01)]
     pub threshold: f64,
-    /// XL memory of the runs that have one (default: each run's own).
+    /// XL memory at evaluation for the runs that have one (default: each run's own).
+    #[arg(long)]
     pub mem_len: Option<usize>,
-    /// The split scored.
+    /// Split: valid or test.
+    #[arg(long, default_value = "test")]
     pub split: String,
 }
 

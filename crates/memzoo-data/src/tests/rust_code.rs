@@ -313,19 +313,11 @@ fn bad_manifests_are_explained() {
     }
 }
 
-/// The embedded manifest parses, and every crate it pins is a registry package of the
-/// workspace's Cargo.lock at that version.
-#[test]
-fn embedded_manifest_pins_crates_of_the_lockfile() {
-    let m = RustCodeManifest::embedded().unwrap();
-    assert!(m.is_complete());
-    assert!(m.documents > 100, "{} documents", m.documents);
-    for split in Split::ALL {
-        assert!(!m.crate_names(split).is_empty(), "{split}");
-    }
-    let lock = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
+/// The (name, version) of every registry package of the workspace's Cargo.lock.
+fn lockfile_registry_packages() -> Vec<(String, String)> {
+    let lock = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock");
     let lock: toml::Table = toml::from_str(&std::fs::read_to_string(lock).unwrap()).unwrap();
-    let registry: std::collections::HashSet<(String, String)> = lock["package"]
+    lock["package"]
         .as_array()
         .unwrap()
         .iter()
@@ -340,7 +332,21 @@ fn embedded_manifest_pins_crates_of_the_lockfile() {
                 p["version"].as_str().unwrap().to_string(),
             )
         })
-        .collect();
+        .collect()
+}
+
+/// The embedded manifest parses, and every crate it pins is a registry package of the
+/// workspace's Cargo.lock at that version.
+#[test]
+fn embedded_manifest_pins_crates_of_the_lockfile() {
+    let m = RustCodeManifest::embedded().unwrap();
+    assert!(m.is_complete());
+    assert!(m.documents > 100, "{} documents", m.documents);
+    for split in Split::ALL {
+        assert!(!m.crate_names(split).is_empty(), "{split}");
+    }
+    let registry: std::collections::HashSet<(String, String)> =
+        lockfile_registry_packages().into_iter().collect();
     for c in m.crates() {
         assert!(
             registry.contains(&(c.name.clone(), c.version.clone())),
@@ -362,24 +368,7 @@ fn regenerate() {
         return;
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let lock: toml::Table =
-        toml::from_str(&std::fs::read_to_string(root.join("Cargo.lock")).unwrap()).unwrap();
-    let pinned: Vec<(String, String)> = lock["package"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| {
-            p.get("source")
-                .and_then(|s| s.as_str())
-                .is_some_and(|s| s.starts_with("registry+"))
-        })
-        .map(|p| {
-            (
-                p["name"].as_str().unwrap().to_string(),
-                p["version"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let pinned = lockfile_registry_packages();
     let notes = std::env::var("MEMZOO_RUST_CODE_NOTES").unwrap_or_default();
     let m = RustCodeManifest::scan(&pinned, &rust_code::registry_src_dirs(), &notes).unwrap();
     std::fs::write(root.join("datasets/rust-code.toml"), m.to_toml()).unwrap();

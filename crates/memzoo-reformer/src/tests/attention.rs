@@ -2,10 +2,10 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::{dev, rand_tensor, to_vec};
 use crate::attention::{
-    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, MASKED,
-    ReformerAttentionConfig, SELF_SCORE, hash_buckets, hash_buckets_factored, hash_buckets_with,
-    local_attention, lsh_attention,
+    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, MASKED, SELF_SCORE,
+    hash_buckets, hash_buckets_factored, hash_buckets_with, local_attention, lsh_attention,
 };
+use crate::config::{LshConfig, ReformerAttentionConfig};
 use crate::rng::random_rotations;
 
 /// Naive attention of one (batch, head) with explicit rules, on row-major `[l, dh]` slices.
@@ -265,8 +265,7 @@ fn causal_layers_ignore_the_future() {
     for (kind, chunk) in [(AttentionKind::Local, 4), (AttentionKind::Lsh, 24)] {
         let layer = ReformerAttentionConfig::new(d, 2, 8)
             .with_kind(kind)
-            .with_chunk_len(chunk)
-            .with_n_rounds(2)
+            .with_lsh(LshConfig::new().with_chunk_len(chunk).with_n_rounds(2))
             .init(&device)
             .unwrap();
         let x = rand_tensor([b, l, d], 30, &device);
@@ -341,7 +340,7 @@ fn local_attention_matches_windowed_naive() {
 #[test]
 fn bad_bucket_counts_are_errors_naming_the_value() {
     let err = ReformerAttentionConfig::new(16, 2, 8)
-        .with_n_buckets(Some(7))
+        .with_lsh(LshConfig::new().with_n_buckets(Some(7)))
         .validate()
         .unwrap_err();
     assert!(err.to_string().contains('7'), "{err}");
@@ -353,7 +352,7 @@ fn bad_bucket_counts_are_errors_naming_the_value() {
 #[test]
 fn auto_bucket_count_is_even() {
     let layer = ReformerAttentionConfig::new(16, 2, 8)
-        .with_chunk_len(4)
+        .with_lsh(LshConfig::new().with_chunk_len(4))
         .init(&dev())
         .unwrap();
     assert_eq!(layer.buckets_for(12), 4);
@@ -625,4 +624,36 @@ fn factored_per_head_buckets_follow_the_argmax_rule() {
     let plain = hash_buckets(x.clone(), rot.clone());
     let one = hash_buckets_factored(x, rot.reshape([1, dh, r, 3]), &[6]);
     assert_eq!(plain.into_data(), one.into_data());
+}
+
+/// One [`LshConfig`] serves both kinds of layer: a local layer takes its own chunk length and
+/// window where they are set, an LSH layer the shared ones; the defaults are the config's
+/// (64 / 4 rounds), and a bad local chunk length is refused by name.
+#[test]
+fn one_lsh_config_sets_both_kinds_of_layer() {
+    let lsh = LshConfig::new()
+        .with_chunk_len(8)
+        .with_n_chunks_before(2)
+        .with_local_chunk_len(Some(4))
+        .with_local_n_chunks_after(Some(1))
+        .with_causal(false);
+    let layer = |kind| {
+        ReformerAttentionConfig::new(16, 2, 8)
+            .with_kind(kind)
+            .with_lsh(lsh.clone())
+            .init(&dev())
+            .unwrap()
+    };
+    let (local, hashed) = (layer(AttentionKind::Local), layer(AttentionKind::Lsh));
+    let window = |l: &crate::ReformerAttention| (l.chunk_len, l.n_chunks_before, l.n_chunks_after);
+    assert_eq!(window(&local), (4, 2, 1));
+    assert_eq!(window(&hashed), (8, 2, 0));
+    let d = ReformerAttentionConfig::new(16, 2, 8).lsh;
+    assert_eq!((d.chunk_len, d.n_rounds), (64, 4));
+    let err = ReformerAttentionConfig::new(16, 2, 8)
+        .with_lsh(LshConfig::new().with_local_chunk_len(Some(0)))
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("local_chunk_len"), "{err}");
 }

@@ -5,9 +5,10 @@ use burn::tensor::{Bool, Int, Tensor, TensorData};
 
 use super::{dev, rand_tensor, to_vec};
 use crate::attention::{
-    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, ReformerAttentionConfig,
-    hash_buckets, lsh_attention_fused, lsh_attention_with_buckets,
+    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, hash_buckets,
+    lsh_attention_fused, lsh_attention_with_buckets,
 };
+use crate::config::{LshConfig, ReformerAttentionConfig};
 use crate::rng::random_rotations;
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -131,10 +132,13 @@ fn fused_lsh_layer_matches_tensor_ops_with_padding_and_odd_lengths() {
         let layer = |kernel| {
             ReformerAttentionConfig::new(d, 2, 8)
                 .with_kind(AttentionKind::Lsh)
-                .with_chunk_len(4)
-                .with_n_rounds(3)
-                .with_causal(causal)
-                .with_dedup_rounds(dedup_rounds)
+                .with_lsh(
+                    LshConfig::new()
+                        .with_chunk_len(4)
+                        .with_n_rounds(3)
+                        .with_causal(causal)
+                        .with_dedup_rounds(dedup_rounds),
+                )
                 .with_lsh_kernel(kernel)
                 .init(&device)
                 .expect("valid config")

@@ -6,13 +6,13 @@ use burn::nn::{
     DropoutConfig, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig,
 };
 use burn::tensor::Device;
+use memzoo_knn::KnnAttentionConfig;
 use memzoo_memory::KnnMemoryConfig;
 use memzoo_reformer::{
-    AttentionKind as ReformerKind, AxialPositionalEmbeddingConfig, ReformerAttentionConfig,
+    AttentionKind as ReformerKind, AxialPositionalEmbeddingConfig, LshConfig,
+    ReformerAttentionConfig,
 };
-use memzoo_relative::{
-    KnnAttentionConfig, PositionConfig, PositionKind, RelativeAttentionConfig, XlBiases,
-};
+use memzoo_relative::{PositionConfig, PositionKind, RelativeAttentionConfig, XlBiases};
 
 use super::*;
 use crate::adaptive::{AdaptiveEmbeddingConfig, AdaptiveLogSoftmaxConfig};
@@ -89,56 +89,14 @@ pub struct XlConfig {
     /// Epsilon of every LayerNorm. Default: 1e-5 (HF's `layer_norm_epsilon`).
     #[config(default = 1e-5)]
     pub layer_norm_epsilon: f64,
-    /// With `pre_ln`: a LayerNorm after the last layer (GPT-2's, memzoo's pre-LN stacks); HF's
-    /// pre-LN TransfoXL (`pre_lnorm = true`) has none. Unused without `pre_ln`. Default: true.
-    #[config(default = true)]
-    pub final_norm: bool,
-    /// A sequence starts from `mem_len` zero vectors per layer instead of no memory: its first
-    /// segment attends to them like to any memory (they add zero values but take softmax
-    /// weight). HF's TransfoXL does this when called with `mems=None` (`init_mems`); set it
-    /// for an imported model to score its first segment as HF does. Default: false.
-    #[config(default = false)]
-    pub zero_first_memory: bool,
     /// XL's `u`/`v` biases per layer instead of shared across layers. Default: false (shared).
     #[config(default = false)]
     pub untie_rel_bias: bool,
-    /// Relative-attention layers (`xl`, `learned`, `t5`) get a value bias and an output bias
-    /// (`RelativeAttentionConfig::value_output_bias`), as labml's attention has. Default: false.
-    #[config(default = false)]
-    pub value_output_bias: bool,
-    /// Relative-attention layers' output projection has a bias (and their values none), as
-    /// memorizing-transformers-pytorch's `Attention` (its kNN layer has none: kNN layers
-    /// ignore this). Default: false.
-    #[config(default = false)]
-    pub attention_output_bias: bool,
     /// Key/value heads of relative and kNN layers, each shared by `n_heads / kv_heads` query
     /// heads; `Some(1)`: multi-query attention (Shazeer 2019; memorizing-transformers-pytorch).
     /// Default: none (a key and value per head).
     #[config(default = "None")]
     pub kv_heads: Option<usize>,
-    /// Gradients reach the layers (their LayerNorm, `W_k`, `W_v`) through the XL memory's keys
-    /// and values, which memzoo computes from the cached layer inputs in every segment. false:
-    /// the memory's keys and values are constants, as in a model that caches them detached
-    /// (memorizing-transformers-pytorch); the same forward pass at fixed weights (in training,
-    /// memzoo projects the memory with the current weights, such a model kept the old
-    /// projections). Default: true.
-    #[config(default = true)]
-    pub memory_gradients: bool,
-    /// `t5` layers read one T5 table of the model, and `knn` layers another, instead of one
-    /// each (memorizing-transformers-pytorch's `rel_pos_bias` and `knn_rel_pos_bias`); the
-    /// layers' own tables are then unused. Default: false.
-    #[config(default = false)]
-    pub shared_t5: bool,
-    /// The XL memory caches every layer's keys and values (detached, as computed when the
-    /// segment was read; a kNN layer's keys normalised), `[batch, mlen, 2 kv_heads d_head]`
-    /// per layer, instead of the layer inputs that each segment projects again (Dai et al.'s
-    /// formulation, memzoo's default). With fixed weights the two are the same function
-    /// (with `memory_gradients = false`, the same gradients too); in training the cached
-    /// keys/values keep the projections of the step that computed them
-    /// (memorizing-transformers-pytorch). Needs relative / kNN layers only, sequential
-    /// residuals and no `zero_first_memory`. Default: false.
-    #[config(default = false)]
-    pub memory_keys_values: bool,
     /// Standard deviation of the normal initialiser, HF TransfoXL's `init_std` scheme: every
     /// weight matrix, the embedding (also the tied output layer), the `u`/`v` biases and the
     /// relative tables are drawn from N(0, init_std), LayerNorm gains from N(1, init_std), every
@@ -170,9 +128,10 @@ pub struct XlConfig {
     /// The kNN layers' retrieval and memory (unused without `knn` layers).
     #[config(default = "KnnLayerConfig::new()")]
     pub knn: KnnLayerConfig,
-    /// The LSH and local layers' chunking and hashing (unused without them).
-    #[config(default = "LshLayerConfig::new()")]
-    pub lsh: LshLayerConfig,
+    /// The LSH and local layers' chunking and hashing (unused without them; each default is
+    /// [`LshConfig`]'s).
+    #[config(default = "LshConfig::new()")]
+    pub lsh: LshConfig,
     /// Where a batch row starts a new document, hide its XL memory and clear its kNN
     /// memories. Default: false (Transformer-XL reads the text as one stream, as the paper;
     /// the Memorizing Transformer sets it, as its paper does for documents).
@@ -210,10 +169,10 @@ pub struct XlConfig {
     /// `mix(train_seed, n)`). Default: 1.
     #[config(default = 1)]
     pub train_seed: u64,
-    /// What the head of a reversible stack reads: `(y_1 + y_2) / 2` or `cat(y_1, y_2)` (HF's
-    /// Reformer; see [`HeadInput`]). Needs `residual = "reversible"` for `concat`. Default: mean.
-    #[config(default = "HeadInput::Mean")]
-    pub head_input: HeadInput,
+    /// Switches that reproduce a PyTorch peer's numerics (`[model.compat]`; see [`PeerCompat`]),
+    /// set by `memzoo import`. Default: memzoo's own choices.
+    #[config(default = "PeerCompat::new()")]
+    pub compat: PeerCompat,
     /// The Compressive Transformer (Rae et al. 2019): a compressed memory per layer beside
     /// the XL memory (see [`CompressiveConfig`](crate::CompressiveConfig)). Default: none.
     #[config(default = "None")]
@@ -314,31 +273,15 @@ impl XlConfig {
         self.d_head.unwrap_or(self.d_model / self.n_heads.max(1))
     }
 
-    /// LSH or local layers: the model's heads, `lsh` chunking, causal, the model's dropatt and
-    /// initialiser.
+    /// LSH or local layers: the model's heads, `lsh` (chunking, hashing, causal), the model's
+    /// dropatt and initialiser.
     pub(crate) fn reformer_attention(&self, kind: LayerKind) -> ReformerAttentionConfig {
-        let lsh = &self.lsh;
-        let local = kind == LayerKind::Local;
-        let pick =
-            |own: Option<usize>, shared: usize| if local { own.unwrap_or(shared) } else { shared };
         ReformerAttentionConfig::new(self.d_model, self.n_heads, self.head_width())
             .with_kind(match kind {
                 LayerKind::Local => ReformerKind::Local,
                 _ => ReformerKind::Lsh,
             })
-            .with_chunk_len(pick(lsh.local_chunk_len, lsh.chunk_len))
-            .with_n_rounds(lsh.n_rounds)
-            .with_n_buckets(lsh.n_buckets)
-            .with_n_chunks_before(pick(lsh.local_n_chunks_before, lsh.n_chunks_before))
-            .with_n_chunks_after(pick(lsh.local_n_chunks_after, lsh.n_chunks_after))
-            .with_causal(lsh.causal)
-            .with_lsh_scores(lsh.scores)
-            .with_dedup_rounds(lsh.dedup_rounds)
-            .with_bucket_factors(lsh.bucket_factors.clone())
-            .with_rotations_per_head(lsh.rotations_per_head)
-            .with_key_eps(lsh.key_eps)
-            .with_fixed_rotations(lsh.fixed_rotations)
-            .with_output_bias(lsh.output_bias)
+            .with_lsh(self.lsh.clone())
             .with_dropatt(self.dropatt)
             .with_initializer(self.initializer())
     }
@@ -386,8 +329,8 @@ impl XlConfig {
             .with_attn_scale_init(self.knn.attn_scale_init)
             .with_mixing(self.knn.mixing)
             .with_n_kv_heads(self.kv_heads)
-            .with_memory_gradients(self.memory_gradients)
-            .with_memory_keys_values(self.memory_keys_values)
+            .with_memory_gradients(self.compat.memory_gradients)
+            .with_memory_keys_values(self.compat.memory_keys_values)
             .with_initializer(self.initializer())
     }
 
@@ -415,11 +358,11 @@ impl XlConfig {
             .with_dropout(self.attention_dropout())
             .with_dropatt(self.dropatt)
             .with_own_biases(self.untie_rel_bias)
-            .with_value_output_bias(self.value_output_bias)
-            .with_output_bias(self.attention_output_bias)
+            .with_value_output_bias(self.compat.value_output_bias)
+            .with_output_bias(self.compat.attention_output_bias)
             .with_n_kv_heads(self.kv_heads)
-            .with_memory_gradients(self.memory_gradients)
-            .with_memory_keys_values(self.memory_keys_values)
+            .with_memory_gradients(self.compat.memory_gradients)
+            .with_memory_keys_values(self.compat.memory_keys_values)
             .with_initializer(self.initializer())
     }
 
@@ -454,7 +397,7 @@ impl XlConfig {
 
     /// The width the final norm and the output read: `2 d_model` with a `concat` head.
     pub fn hidden_width(&self) -> usize {
-        match self.head_input {
+        match self.compat.head_input {
             HeadInput::Concat => 2 * self.d_model,
             HeadInput::Mean => self.d_model,
         }
@@ -472,8 +415,8 @@ impl XlConfig {
             pre_ln: self.pre_ln,
             ff_inner_dropout: self.ff_inner_dropout,
             ff_chunk_len: self.ff_chunk_len,
-            memory_gradients: self.memory_gradients,
-            memory_keys_values: self.memory_keys_values,
+            memory_gradients: self.compat.memory_gradients,
+            memory_keys_values: self.compat.memory_keys_values,
             drops_attention: self.randomness == Randomness::Seeded,
         }
     }
@@ -544,7 +487,7 @@ impl XlConfig {
             layers,
             shared_biases: shares_biases
                 .then(|| XlBiases::init(self.n_heads, self.head_width(), &init, device)),
-            shared_t5: self.shared_t5.then(|| {
+            shared_t5: self.compat.shared_t5.then(|| {
                 let table = |kind: LayerKind, p: PositionConfig| {
                     kinds
                         .contains(&kind)
@@ -558,7 +501,7 @@ impl XlConfig {
                     knn: table(LayerKind::Knn, self.knn_attention().positions),
                 }
             }),
-            final_norm: (self.pre_ln && self.final_norm)
+            final_norm: (self.pre_ln && self.compat.final_norm)
                 .then(|| self.init_norm_of(self.hidden_width(), device)),
             output,
             dropout: DropoutConfig::new(self.dropout).init(),
@@ -575,13 +518,13 @@ impl XlConfig {
             } else {
                 1.0
             },
-            zero_first_memory: self.zero_first_memory,
-            memory_keys_values: self.memory_keys_values,
+            zero_first_memory: self.compat.zero_first_memory,
+            memory_keys_values: self.compat.memory_keys_values,
             residual: self.residual,
             final_dropout: self.final_dropout,
             randomness: self.randomness,
             train_seed: self.train_seed,
-            head_input: self.head_input,
+            head_input: self.compat.head_input,
             eval_rounds: None,
             steps: StepCounter::default(),
             dropout_seed: None,

@@ -4,12 +4,12 @@
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, Embedding, LayerNorm, Linear};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_knn::KnnAttention;
 use memzoo_memory::{KnnIndex, KnnMemoryConfig};
 use memzoo_reformer::rng::mix;
 use memzoo_reformer::{AxialPositionalEmbedding, ForwardOptions};
 use memzoo_relative::{
-    AttentionMask, KnnAttention, PositionConfig, PositionKind, RelativeContext, XlBiases,
-    linear_rows,
+    AttentionMask, PositionConfig, PositionKind, RelativeContext, XlBiases, linear_rows,
 };
 
 use super::*;

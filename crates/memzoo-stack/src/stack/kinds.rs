@@ -2,9 +2,9 @@
 //! of its LSH, local and kNN layers.
 
 use burn::config::Config;
+use memzoo_knn::KnnMixing;
 use memzoo_memory::{HnswConfig, IndexKind, WhenFull};
-use memzoo_reformer::LshScores;
-use memzoo_relative::{KnnMixing, PositionKind};
+use memzoo_relative::PositionKind;
 use serde::{Deserialize, Serialize};
 
 /// The attention of one layer of the stack.
@@ -144,83 +144,14 @@ pub struct AxialConfig {
     pub summed: bool,
 }
 
-/// Settings of the stack's LSH and local layers (used where [`XlConfig::layers`](crate::XlConfig::layers) lists `lsh` or
-/// `local`). Such a layer attends over `cat(memory, x)` as one causal sequence (the memory's
-/// positions are keys for the segment's queries, as in an XL layer) and has no position
-/// scheme of its own: positions reach it through the stack's relative layers.
-#[derive(Config, Debug)]
-pub struct LshLayerConfig {
-    /// Chunk length (= LSH bucket size). Default: 32.
-    #[config(default = 32)]
-    pub chunk_len: usize,
-    /// LSH hash rounds. Default: 2.
-    #[config(default = 2)]
-    pub n_rounds: usize,
-    /// LSH buckets per round (even); `None`: from the sequence length. Default: none.
-    #[config(default = "None")]
-    pub n_buckets: Option<usize>,
-    /// Chunks before its own a chunk attends to. Default: 1.
-    #[config(default = 1)]
-    pub n_chunks_before: usize,
-    /// Chunks after its own a chunk attends to (non-causal layers only). Default: 0.
-    #[config(default = 0)]
-    pub n_chunks_after: usize,
-    /// Causal masking by position; false lets every position see the whole sequence (an
-    /// encoder, not a language model). Default: true.
-    #[config(default = true)]
-    pub causal: bool,
-    /// How a query scores its shared-QK keys. Default: unit keys (trax, HF).
-    #[config(default = "LshScores::UnitKeys")]
-    pub scores: LshScores,
-    /// Seed of the LSH rotations. With `randomness = "device"` they are drawn once per
-    /// (layer, seed) and kept, so that a stack is one function of its parameters; with
-    /// `"seeded"` it is the seed of evaluation passes (training draws fresh ones every step,
-    /// as the Reformer). Default: 0.
-    #[config(default = 0)]
-    pub seed: u64,
-    /// LSH: count a (query, key) pair found in several hash rounds once (see
-    /// `memzoo_reformer::ChunkParams::dedup_rounds`); HF's and reformer-pytorch's default
-    /// attention do not. Default: true.
-    #[config(default = true)]
-    pub dedup_rounds: bool,
-    /// LSH: a factorised bucket count `[f_1, .., f_k]` (HF's `num_buckets` as a list, e.g.
-    /// `[64, 128]` for `google/reformer-enwik8`); `n_buckets` is then their product. Empty: not
-    /// factorised. Default: empty.
-    #[config(default = "Vec::new()")]
-    pub bucket_factors: Vec<usize>,
-    /// LSH: each head hashes with its own rotations (HF draws `[heads, d_head, rounds, n/2]`);
-    /// false: one set shared by the heads. Default: false.
-    #[config(default = false)]
-    pub rotations_per_head: bool,
-    /// LSH: epsilon of the key normalisation, `k̂ = q / sqrt(|q|² + d_head ε)` (trax's and HF's
-    /// `q rsqrt(mean(q²) + 1e-6) / sqrt(d_head)`: `1e-6`); 0: `q / |q|`. Default: 0.
-    #[config(default = 0.0)]
-    pub key_eps: f64,
-    /// LSH: every LSH layer holds one set of rotations as a never-trained parameter, saved in
-    /// checkpoints and used in every pass that is not a training step (evaluation, generation),
-    /// instead of rotations drawn from the seed; training steps still draw fresh ones. Set them
-    /// with `ReformerAttention::set_fixed_rotations` (the importer reads them from
-    /// `rotations.safetensors`, e.g. the rotations a PyTorch Reformer drew in one pass). Needs
-    /// `n_buckets` or `bucket_factors`. Default: false.
-    #[config(default = false)]
-    pub fixed_rotations: bool,
-    /// Chunk length of the local layers; `None`: `chunk_len` (HF has `local_attn_chunk_length`
-    /// beside `lsh_attn_chunk_length`). Default: none.
-    #[config(default = "None")]
-    pub local_chunk_len: Option<usize>,
-    /// Chunks before its own a local layer's chunk attends to; `None`: `n_chunks_before`.
-    /// Default: none.
-    #[config(default = "None")]
-    pub local_n_chunks_before: Option<usize>,
-    /// Chunks after its own a local layer's chunk attends to; `None`: `n_chunks_after`.
-    /// Default: none.
-    #[config(default = "None")]
-    pub local_n_chunks_after: Option<usize>,
-    /// The output projection of LSH and local layers has a bias (reformer-pytorch's `to_out`).
-    /// Default: false.
-    #[config(default = false)]
-    pub output_bias: bool,
-}
+/// The settings of the stack's LSH and local layers (`[model.lsh]`, used where
+/// [`XlConfig::layers`](crate::XlConfig::layers) lists `lsh` or `local`): the Reformer crate's
+/// [`LshConfig`](memzoo_reformer::LshConfig), where each of their defaults is defined. Such a
+/// layer attends over `cat(memory, x)` as one causal sequence (the memory's positions are keys
+/// for the segment's queries, as in an XL layer) and has no position scheme of its own:
+/// positions reach it through the stack's relative layers.
+#[deprecated(note = "the stack's LSH settings are `memzoo_reformer::LshConfig`")]
+pub type LshLayerConfig = memzoo_reformer::LshConfig;
 
 /// Which pairs a kNN layer adds to its kNN memory after a segment.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -3,13 +3,12 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{Int, Tensor};
+use memzoo_knn::KnnAttention;
 use memzoo_memory::{KnnIndex, Retrieved};
 use memzoo_reformer::{
     AttentionKind as ReformerKind, ForwardOptions, ReformerAttention, reversible,
 };
-use memzoo_relative::{
-    KnnAttention, PositionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
-};
+use memzoo_relative::{PositionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases};
 
 use super::*;
 use crate::error::XlError;

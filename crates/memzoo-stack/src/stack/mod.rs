@@ -3,7 +3,7 @@
 //! One embedding, a list of layers — each one attention kind ([`LayerKind`]: XL-relative,
 //! learned-relative, T5, kNN) inside one residual block ([`XlBlock`]) — and one output.
 //! Transformer-XL is the stack of `xl` layers; the Memorizing Transformer
-//! (`memzoo_knn::MemorizingConfig`) is the same stack with `knn` layers at chosen depths; the
+//! ([`crate::MemorizingConfig`]) is the same stack with `knn` layers at chosen depths; the
 //! Reformer ([`crate::reformer::ReformerConfig`]) is the stack of `lsh` / `local` layers with
 //! reversible residuals ([`Residual`]), axial positions ([`AxialConfig`]), a chunked GELU
 //! feed-forward and seeded, replayable randomness ([`Randomness`]).
@@ -22,6 +22,7 @@
 //! | `trace.rs` | a traced pass ([`Trace`]): what each layer's attention did (`memzoo inspect`) |
 
 mod block;
+mod compat;
 mod config;
 mod forward;
 mod kinds;
@@ -33,6 +34,7 @@ mod train;
 mod validate;
 
 pub use block::*;
+pub use compat::*;
 pub use config::*;
 pub use forward::*;
 pub use kinds::*;

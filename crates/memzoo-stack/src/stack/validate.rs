@@ -94,7 +94,7 @@ impl XlConfig {
                 ));
             }
         }
-        if self.memory_keys_values {
+        if self.compat.memory_keys_values {
             let why = if kinds
                 .iter()
                 .any(|k| k.positions().is_none() && *k != LayerKind::Knn)
@@ -104,24 +104,24 @@ impl XlConfig {
                 ))
             } else if self.residual == Residual::Reversible {
                 Some("residual = \"reversible\" caches the x_2 stream".into())
-            } else if self.zero_first_memory {
-                Some("zero_first_memory = true starts from zero layer inputs".into())
+            } else if self.compat.zero_first_memory {
+                Some("compat.zero_first_memory = true starts from zero layer inputs".into())
             } else {
                 None
             };
             if let Some(why) = why {
                 return bad(format!(
-                    "memory_keys_values = true is not supported here: {why}; set it to false"
+                    "compat.memory_keys_values = true is not supported here: {why}; set it to false"
                 ));
             }
         }
-        if self.shared_t5
+        if self.compat.shared_t5
             && !kinds
                 .iter()
                 .any(|k| matches!(k, LayerKind::T5 | LayerKind::Knn))
         {
             return bad(format!(
-                "shared_t5 = true, but no layer of {kinds:?} reads a T5 table (t5 or knn)"
+                "compat.shared_t5 = true, but no layer of {kinds:?} reads a T5 table (t5 or knn)"
             ));
         }
         if kinds.contains(&LayerKind::Knn) {
@@ -163,11 +163,11 @@ impl XlConfig {
                     .map_err(|e| XlError::Config(format!("{kind:?} layers: {e}")))?;
             }
         }
-        if self.head_input == HeadInput::Concat
+        if self.compat.head_input == HeadInput::Concat
             && (self.residual != Residual::Reversible || self.is_adaptive() || self.tie_weights)
         {
             return bad(format!(
-                "head_input = \"concat\" reads the two streams of residual = \"reversible\" into a \
+                "compat.head_input = \"concat\" reads the two streams of residual = \"reversible\" into a \
                  linear output of 2 d_model inputs: it needs residual = \"reversible\" (got {:?}), \
                  tie_weights = false and no adaptive output",
                 self.residual

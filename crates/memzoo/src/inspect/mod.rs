@@ -347,10 +347,10 @@ fn collect(
             }
             if let Some(r) = probe.retrieved {
                 let kk = r.weights.dims()[3];
-                let dh = r.found.keys.dims()[4];
+                let dh = r.keys.dims()[4];
                 let weights = host(r.weights);
                 let scores = host(r.scores);
-                let keys = host(r.found.keys);
+                let keys = host(r.keys);
                 let group = h / model.knn_memory.kv_heads().max(1);
                 let log = log.map(PositionLog::lock);
                 layer.neighbours_per_head = keep;

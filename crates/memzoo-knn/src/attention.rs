@@ -1,5 +1,6 @@
 //! kNN-augmented attention (Wu et al. 2022, sec. 3): local attention plus attention over the
-//! top-k (key, value) pairs retrieved from an external memory, mixed by a learned gate.
+//! top-k (key, value) pairs retrieved from an external memory, mixed by a learned gate. The
+//! local part is `memzoo_relative`'s attention with T5 biases; the memory is `memzoo_memory`'s.
 
 use burn::config::Config;
 use burn::module::{Module, Param};
@@ -9,9 +10,12 @@ use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_memory::{KnnIndex, Retrieved};
 use serde::{Deserialize, Serialize};
 
-use crate::attention::{RelativeAttentionConfig, RelativeMultiHeadAttention};
-use crate::error::RelativeError;
-use crate::positions::{PositionConfig, PositionKind, RelativeContext};
+use memzoo_relative::{
+    PositionConfig, PositionKind, RelativeAttentionConfig, RelativeContext,
+    RelativeMultiHeadAttention,
+};
+
+use crate::error::KnnError;
 
 /// Value a hidden score is set to before the softmax.
 pub(crate) const MASKED: f32 = -1.0e9;
@@ -78,15 +82,15 @@ pub struct KnnAttentionConfig {
 
 impl KnnAttentionConfig {
     /// Checks the configuration, naming the bad value.
-    pub fn validate(&self) -> Result<(), RelativeError> {
+    pub fn validate(&self) -> Result<(), KnnError> {
         if !(self.attn_scale_init.is_finite() && self.attn_scale_init > 0.0) {
-            return Err(RelativeError::Config(format!(
+            return Err(KnnError::Config(format!(
                 "attn_scale_init must be positive, got {}",
                 self.attn_scale_init
             )));
         }
         if !self.gate_init.is_finite() {
-            return Err(RelativeError::Config(format!(
+            return Err(KnnError::Config(format!(
                 "gate_init must be finite, got {}",
                 self.gate_init
             )));
@@ -107,7 +111,7 @@ impl KnnAttentionConfig {
     }
 
     /// Initialises the layer after validating the configuration.
-    pub fn init(&self, device: &Device) -> Result<KnnAttention, RelativeError> {
+    pub fn init(&self, device: &Device) -> Result<KnnAttention, KnnError> {
         self.validate()?;
         let h = self.n_heads;
         let fill = |v: f64| {
@@ -222,12 +226,12 @@ impl KnnAttention {
         ctx: &RelativeContext,
         knn: &dyn KnnIndex,
         top_k: usize,
-    ) -> Result<KnnAttentionOutput, RelativeError> {
+    ) -> Result<KnnAttentionOutput, KnnError> {
         let [batch, _, _] = x.dims();
         let (h, hk, dh) = (self.n_heads, self.attention.n_kv_heads, self.d_head);
         let c = knn.config();
         if c.n_heads != h || c.kv_heads() != hk || c.d_head != dh || knn.batch() != batch {
-            return Err(RelativeError::Input(format!(
+            return Err(KnnError::Input(format!(
                 "kNN memory holds {} rows x {} heads ({} kv heads) x {} dims, the layer needs \
                  {batch} x {h} ({hk}) x {dh}",
                 knn.batch(),
@@ -248,8 +252,8 @@ impl KnnAttention {
         x: Tensor<3>,
         memory: Option<Tensor<3>>,
         ctx: &RelativeContext,
-        retrieve: impl FnOnce(Tensor<4>) -> Result<Retrieved, RelativeError>,
-    ) -> Result<KnnAttentionOutput, RelativeError> {
+        retrieve: impl FnOnce(Tensor<4>) -> Result<Retrieved, KnnError>,
+    ) -> Result<KnnAttentionOutput, KnnError> {
         if self.mixing == KnnMixing::Joint {
             return self.forward_joint(x, memory, ctx, retrieve);
         }
@@ -257,11 +261,7 @@ impl KnnAttention {
         let (h, dh) = (self.n_heads, self.d_head);
         let att = &self.attention;
         let mlen = ctx.mlen;
-        // [batch, len, heads, d_head]
-        let (q, k, v) = att.project(x, memory, ctx)?;
-        let q = l2_normalize(q);
-        let k = l2_normalize(k);
-        let tau_h = self.log_scale.val().exp(); // [heads]
+        let (q, k, v, tau_h) = self.normalized(x, memory, ctx)?;
         let tau = tau_h.clone().reshape([1, h, 1, 1]);
 
         // Local: τ q̂·k̂ + β. `scores` multiplies by 1/sqrt(d_head), so q̂ enters as τ sqrt(d_head) q̂.
@@ -290,6 +290,23 @@ impl KnnAttention {
         })
     }
 
+    /// The normalised queries and keys `q̂`, `k̂` of `cat(memory, x)` and its values (each
+    /// `[batch, len, heads, d_head]`), and the temperature `τ` per head (`[heads]`).
+    fn normalized(
+        &self,
+        x: Tensor<3>,
+        memory: Option<Tensor<3>>,
+        ctx: &RelativeContext,
+    ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>, Tensor<1>), KnnError> {
+        let (q, k, v) = self.attention.project(x, memory, ctx)?;
+        Ok((
+            l2_normalize(q),
+            l2_normalize(k),
+            v,
+            self.log_scale.val().exp(),
+        ))
+    }
+
     /// [`forward_retrieving`](Self::forward_retrieving) with `mixing = joint`
     /// (memorizing-transformers-pytorch's `KNNAttention`): one softmax over the retrieved and
     /// the local keys,
@@ -300,16 +317,13 @@ impl KnnAttention {
         x: Tensor<3>,
         memory: Option<Tensor<3>>,
         ctx: &RelativeContext,
-        retrieve: impl FnOnce(Tensor<4>) -> Result<Retrieved, RelativeError>,
-    ) -> Result<KnnAttentionOutput, RelativeError> {
+        retrieve: impl FnOnce(Tensor<4>) -> Result<Retrieved, KnnError>,
+    ) -> Result<KnnAttentionOutput, KnnError> {
         let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
         let att = &self.attention;
         let (mlen, klen) = (ctx.mlen, ctx.klen());
-        let (q, k, v) = att.project(x, memory, ctx)?;
-        let q = l2_normalize(q);
-        let k = l2_normalize(k);
-        let tau_h = self.log_scale.val().exp(); // [heads]
+        let (q, k, v, tau_h) = self.normalized(x, memory, ctx)?;
         let tau = tau_h.clone().reshape([1, h, 1, 1]);
         // Local scores τ q̂·k̂ + β (as `forward_retrieving`): [batch, heads, qlen, klen].
         let q_in = q.clone().swap_dims(1, 2) * tau.clone().mul_scalar((dh as f32).sqrt());
@@ -429,7 +443,7 @@ impl KnnAttention {
         ctx: &RelativeContext,
         knn: &mut dyn KnnIndex,
         top_k: usize,
-    ) -> Result<Tensor<3>, RelativeError> {
+    ) -> Result<Tensor<3>, KnnError> {
         let out = self.forward(x, memory, ctx, &*knn, top_k)?;
         knn.add(out.keys, out.values)?;
         Ok(out.output)

@@ -8,11 +8,11 @@
 
 use burn::config::Config;
 use burn::tensor::Device;
-use memzoo_reformer::{LshScores, ReformerError};
+use memzoo_reformer::{LshConfig, ReformerError};
 
 use crate::error::XlError;
 use crate::stack::{
-    Activation, AxialConfig, HeadInput, KnnLayerConfig, LayerKind, LshLayerConfig, Randomness,
+    Activation, AxialConfig, HeadInput, KnnLayerConfig, LayerKind, PeerCompat, Randomness,
     Residual, TransformerXl, XlConfig,
 };
 
@@ -21,7 +21,7 @@ pub type ReformerLm = TransformerXl;
 
 /// Configuration of the Reformer (Kitaev et al. 2020), a preset of the layer stack
 /// ([`ReformerConfig::stack`]). Defaults: the Reformer-small reference (6 layers, d_model 256,
-/// 8 heads x 32, seq 4096, bucket 64, 4 rounds, causal, reversible, chunked FF, axial
+/// 8 heads x 32, seq 4096, LSH with [`LshConfig`]'s defaults (bucket 64, 4 rounds), causal, reversible, chunked FF, axial
 /// positions, bytes).
 #[derive(Config, Debug)]
 pub struct ReformerConfig {
@@ -51,28 +51,11 @@ pub struct ReformerConfig {
     /// Default: empty.
     #[config(default = "Vec::new()")]
     pub attn_layers: Vec<LayerKind>,
-    /// LSH: how a query scores its shared-QK keys. Default: unit keys and no further scale, as
-    /// trax and HF (`scaled_unit_keys`: also `1/sqrt(d_head)`, as reformer-pytorch).
-    #[config(default = "LshScores::UnitKeys")]
-    pub lsh_scores: LshScores,
-    /// Chunk length of the attention (= LSH bucket size). Default: 64.
-    #[config(default = 64)]
-    pub bucket_size: usize,
-    /// LSH buckets per round (even); `None`: length / bucket size. Default: none.
-    #[config(default = "None")]
-    pub n_buckets: Option<usize>,
-    /// LSH hash rounds. Default: 4.
-    #[config(default = 4)]
-    pub n_rounds: usize,
-    /// Chunks before its own a chunk attends to. Default: 1.
-    #[config(default = 1)]
-    pub n_chunks_before: usize,
-    /// Chunks after its own a chunk attends to. Default: 0.
-    #[config(default = 0)]
-    pub n_chunks_after: usize,
-    /// Causal (language model) masking. Default: true.
-    #[config(default = true)]
-    pub causal: bool,
+    /// Chunking, hashing and scoring of the LSH and local layers, with [`LshConfig`]'s
+    /// defaults: chunks (= buckets) of 64, 4 hash rounds, buckets from the length, one chunk
+    /// before, causal, unit keys; `lsh.seed` is the seed of the (fixed) rotations in evaluation.
+    #[config(default = "LshConfig::new()")]
+    pub lsh: LshConfig,
     /// Reversible residual layers (activations rebuilt in the backward). Default: true.
     #[config(default = true)]
     pub reversible: bool,
@@ -108,9 +91,6 @@ pub struct ReformerConfig {
     /// tiny Shakespeare after 250 steps, 3.58 with `None`). Default: none.
     #[config(default = "None")]
     pub axial_std: Option<f64>,
-    /// Seed of the (fixed) hash rotations in evaluation. Default: 0.
-    #[config(default = 0)]
-    pub eval_seed: u64,
     /// Base seed of the per-step rotations and dropout masks of `train_step`. Default: 1.
     #[config(default = 1)]
     pub train_seed: u64,
@@ -123,25 +103,6 @@ pub struct ReformerConfig {
     /// The kNN layers' retrieval and memory (used where `attn_layers` lists `knn`).
     #[config(default = "KnnLayerConfig::new()")]
     pub knn: KnnLayerConfig,
-    /// Chunk length of the local layers; `None`: `bucket_size` (trax's enwik8 and HF have
-    /// their own, e.g. 128 beside LSH chunks of 256). Default: none.
-    #[config(default = "None")]
-    pub local_chunk_len: Option<usize>,
-    /// LSH: a factorised bucket count `[f_1, .., f_k]` (HF's `num_buckets = [a, b]`), instead of
-    /// `n_buckets`. Default: empty.
-    #[config(default = "Vec::new()")]
-    pub bucket_factors: Vec<usize>,
-    /// LSH: count a pair found in several rounds once (HF and reformer-pytorch do not).
-    /// Default: true.
-    #[config(default = true)]
-    pub dedup_rounds: bool,
-    /// LSH: rotations per head, as HF draws them (false: shared by the heads). Default: false.
-    #[config(default = false)]
-    pub rotations_per_head: bool,
-    /// LSH: epsilon of the key normalisation (trax and HF: 1e-6; 0 keeps the fused kernel).
-    /// Default: 0.
-    #[config(default = 0.0)]
-    pub key_eps: f64,
     /// Epsilon of every LayerNorm (HF's `layer_norm_eps` is 1e-12). Default: 1e-5.
     #[config(default = 1e-5)]
     pub layer_norm_eps: f64,
@@ -179,14 +140,17 @@ impl ReformerConfig {
                 LayerKind::Lsh,
                 LayerKind::Local,
             ])
-            .with_bucket_size(256)
-            .with_n_buckets(Some(512))
-            .with_n_rounds(2)
+            .with_lsh(
+                LshConfig::new()
+                    .with_chunk_len(256)
+                    .with_n_buckets(Some(512))
+                    .with_n_rounds(2)
+                    .with_local_chunk_len(Some(128)),
+            )
             .with_dropout(0.2)
             .with_max_seq_len(65_536)
             .with_axial_shape(Some([128, 512]))
             .with_axial_dims(Some([256, 768]))
-            .with_local_chunk_len(Some(128))
     }
 
     /// The attention kind of every layer (`attn_layers` repeated to `n_layers`).
@@ -218,11 +182,8 @@ impl ReformerConfig {
     /// a GELU feed-forward chunked by `ff_chunk_len` and dropout on its output only; reversible
     /// (or sequential) residuals; token embeddings unscaled, plus axial positions; a final
     /// LayerNorm and an untied linear head with no dropout before it; seeded randomness
-    /// (`eval_seed` for evaluation, `train_seed` for training steps); LSH chunking and
-    /// hashing from `bucket_size`, `n_buckets`, `n_rounds`, `n_chunks_*`, `lsh_scores`,
-    /// `causal`, `bucket_factors`, `dedup_rounds`, `rotations_per_head`, `key_eps`; local
-    /// chunks of `local_chunk_len`; `layer_norm_eps`, `ff_activation`, `head_input`; XL
-    /// memory `mem_len`.
+    /// (`lsh.seed` for evaluation, `train_seed` for training steps); the LSH and local layers'
+    /// settings `lsh`; `layer_norm_eps`, `ff_activation`, `head_input`; XL memory `mem_len`.
     pub fn stack(&self) -> XlConfig {
         XlConfig::new()
             .with_vocab_size(self.vocab_size)
@@ -235,29 +196,13 @@ impl ReformerConfig {
             .with_dropatt(self.dropatt)
             .with_mem_len(self.mem_len)
             .with_pre_ln(true)
-            .with_final_norm(true)
             .with_final_dropout(false)
             .with_tie_weights(false)
             .with_scale_embedding(false)
             .with_init_std(self.init_std)
             .with_norm_gain_std(Some(0.0))
             .with_layers(self.layer_kinds())
-            .with_lsh(
-                LshLayerConfig::new()
-                    .with_chunk_len(self.bucket_size)
-                    .with_n_rounds(self.n_rounds)
-                    .with_n_buckets(self.n_buckets)
-                    .with_n_chunks_before(self.n_chunks_before)
-                    .with_n_chunks_after(self.n_chunks_after)
-                    .with_causal(self.causal)
-                    .with_scores(self.lsh_scores)
-                    .with_seed(self.eval_seed)
-                    .with_local_chunk_len(self.local_chunk_len)
-                    .with_bucket_factors(self.bucket_factors.clone())
-                    .with_dedup_rounds(self.dedup_rounds)
-                    .with_rotations_per_head(self.rotations_per_head)
-                    .with_key_eps(self.key_eps),
-            )
+            .with_lsh(self.lsh.clone())
             .with_knn(self.knn.clone())
             .with_residual(if self.reversible {
                 Residual::Reversible
@@ -266,7 +211,7 @@ impl ReformerConfig {
             })
             .with_ff_activation(self.ff_activation)
             .with_layer_norm_epsilon(self.layer_norm_eps)
-            .with_head_input(self.head_input)
+            .with_compat(PeerCompat::new().with_head_input(self.head_input))
             .with_ff_inner_dropout(false)
             .with_ff_chunk_len(self.ff_chunk_len)
             .with_axial(self.axial_positions.then(|| {
@@ -288,8 +233,6 @@ impl ReformerConfig {
             ("d_head", self.d_head),
             ("d_ff", self.d_ff),
             ("max_seq_len", self.max_seq_len),
-            ("bucket_size", self.bucket_size),
-            ("n_rounds", self.n_rounds),
         ] {
             if v == 0 {
                 return bad(format!("{name} must be positive, got 0"));
@@ -323,6 +266,9 @@ impl ReformerConfig {
                 ));
             }
         }
+        self.lsh
+            .validate()
+            .map_err(|e| XlError::from(ReformerError::Config(format!("lsh: {e}"))))?;
         self.stack().validate()
     }
 

@@ -1,28 +1,24 @@
-//! Tests of the kNN layer and the Memorizing Transformer against naive computations.
+//! kNN-augmented attention (`memzoo_knn`) against naive computations, and the Memorizing
+//! Transformer built on it (the layer stack with kNN layers, `MemorizingConfig`): memories
+//! filled and reset per row, gradients into the kNN layer, bad configs named, and multi-query
+//! kNN memories against the layout of a store per query head.
 
 // The naive references index like the formulas they spell out.
 #![allow(clippy::needless_range_loop)]
 
 use burn::module::Param;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_knn::{KnnAttentionConfig, l2_normalize};
 use memzoo_memory::{IndexKind, KnnMemoryConfig};
 use memzoo_relative::{AttentionMask, PositionConfig, PositionKind, RelativeContext, t5_bucket};
-use memzoo_stack::{Step, XlConfig};
-
-use crate::*;
+use memzoo_stack::{KnnLayerConfig, MemorizingConfig, MemorizingState, Step, XlConfig};
+use memzoo_tests::host;
 
 fn device() -> Device {
     Device::flex()
 }
 
-fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .unwrap()
-}
-
-/// Deterministic pseudo-random numbers in [-1, 1).
+/// Deterministic pseudo-random numbers in [-1, 1) (the numbers these tests were written with).
 fn noise(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed
         .wrapping_mul(6364136223846793005)
@@ -285,6 +281,29 @@ fn empty_memory_leaves_local_attention_only() {
     );
 }
 
+/// A zero vector normalises to zero with a finite gradient (the floor under the square root:
+/// `sqrt(0)`'s infinite derivative times 0 was NaN).
+#[test]
+fn l2_normalize_of_a_zero_vector_has_a_finite_gradient() {
+    let dev = device().autodiff();
+    let x = Tensor::<2>::from_data(
+        TensorData::new(vec![0.0f32, 0.0, 0.0, 3.0, 4.0, 0.0], [2, 3]),
+        &dev,
+    )
+    .require_grad();
+    let y = l2_normalize(x.clone());
+    let weights = Tensor::<2>::from_data(
+        TensorData::new(vec![1.0f32, 2.0, 3.0, 1.0, 2.0, 3.0], [2, 3]),
+        &dev,
+    );
+    let grads = (y.clone() * weights).sum().backward();
+    let g: Vec<f32> = x.grad(&grads).unwrap().into_data().try_to_vec().unwrap();
+    assert!(g.iter().all(|v| v.is_finite()), "{g:?}");
+    let y: Vec<f32> = y.into_data().try_to_vec().unwrap();
+    assert_eq!(&y[..3], &[0.0, 0.0, 0.0]);
+    assert!((y[3] - 0.6).abs() < 1e-6 && (y[4] - 0.8).abs() < 1e-6);
+}
+
 fn tiny(knn_layers: Vec<usize>) -> MemorizingConfig {
     MemorizingConfig::new()
         .with_xl(
@@ -299,8 +318,14 @@ fn tiny(knn_layers: Vec<usize>) -> MemorizingConfig {
                 .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
         )
         .with_knn_layers(knn_layers)
-        .with_top_k(4)
-        .with_max_memories(20)
+        .with_knn(KnnLayerConfig::new().with_top_k(4).with_max_memories(20))
+}
+
+/// [`tiny`] retrieving the best `top_k` pairs.
+fn tiny_top(knn_layers: Vec<usize>, top_k: usize) -> MemorizingConfig {
+    let cfg = tiny(knn_layers);
+    let knn = cfg.knn.clone().with_top_k(top_k);
+    cfg.with_knn(knn)
 }
 
 fn tokens(b: usize, l: usize, seed: u64, dev: &Device) -> Tensor<2, Int> {
@@ -457,8 +482,8 @@ fn bad_configs_name_the_value() {
         (tiny(vec![3]), "knn_layers contains 3"),
         (tiny(vec![1, 1]), "twice"),
         (tiny(vec![0, 1, 2]), "all 3 layers"),
-        (tiny(vec![1]).with_top_k(0), "top_k"),
-        (tiny(vec![1]).with_top_k(21), "exceeds max_memories"),
+        (tiny_top(vec![1], 0), "knn.top_k"),
+        (tiny_top(vec![1], 21), "exceeds knn.max_memories"),
     ] {
         let err = cfg.init(&dev).unwrap_err().to_string();
         assert!(err.contains(needle), "{err}");
@@ -470,29 +495,6 @@ fn bad_configs_name_the_value() {
         .forward_state(tokens(1, 4, 1, &dev), &mut state, &[true])
         .unwrap();
     assert!(state.knn.is_empty());
-}
-
-/// A zero vector normalises to zero with a finite gradient (the floor under the square root:
-/// `sqrt(0)`'s infinite derivative times 0 was NaN).
-#[test]
-fn l2_normalize_of_a_zero_vector_has_a_finite_gradient() {
-    let dev = device().autodiff();
-    let x = Tensor::<2>::from_data(
-        TensorData::new(vec![0.0f32, 0.0, 0.0, 3.0, 4.0, 0.0], [2, 3]),
-        &dev,
-    )
-    .require_grad();
-    let y = crate::l2_normalize(x.clone());
-    let weights = Tensor::<2>::from_data(
-        TensorData::new(vec![1.0f32, 2.0, 3.0, 1.0, 2.0, 3.0], [2, 3]),
-        &dev,
-    );
-    let grads = (y.clone() * weights).sum().backward();
-    let g: Vec<f32> = x.grad(&grads).unwrap().into_data().try_to_vec().unwrap();
-    assert!(g.iter().all(|v| v.is_finite()), "{g:?}");
-    let y: Vec<f32> = y.into_data().try_to_vec().unwrap();
-    assert_eq!(&y[..3], &[0.0, 0.0, 0.0]);
-    assert!((y[3] - 0.6).abs() < 1e-6 && (y[4] - 0.8).abs() < 1e-6);
 }
 
 /// The memory layout before stores were per kv head: a store per query head holding copies

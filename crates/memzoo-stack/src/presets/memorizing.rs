@@ -1,14 +1,16 @@
-//! The Memorizing Transformer (Wu et al. 2022) as a preset of the layer stack
-//! ([`memzoo_stack::TransformerXl`]): Transformer-XL layers with kNN-augmented attention at chosen
-//! depths.
+//! The Memorizing Transformer (Wu et al., ICLR 2022) as a preset of the layer stack
+//! ([`TransformerXl`]): Transformer-XL layers with kNN-augmented attention
+//! (`memzoo_knn::KnnAttention`, [`LayerKind::Knn`]) at chosen depths, and the reference models
+//! of the long-range recall comparison ([`recall_reference`]).
 
 use burn::config::Config;
 use burn::tensor::Device;
-use memzoo_memory::{HnswConfig, IndexKind, KnnMemoryConfig};
+use memzoo_memory::{IndexKind, KnnMemoryConfig};
 use memzoo_relative::{PositionConfig, PositionKind};
-use memzoo_stack::{KnnLayerConfig, LayerKind, TransformerXl, XlConfig, XlState};
 
-use crate::error::KnnError;
+use crate::error::XlError;
+use crate::memory::XlState;
+use crate::stack::{KnnLayerConfig, LayerKind, TransformerXl, XlConfig};
 
 /// Configuration of a [`MemorizingTransformer`]. Defaults: Memorizing-small (6 layers,
 /// d_model 256, 8 heads x 32, T5 relative positions, XL memory 512, the kNN layer 4th of 6,
@@ -32,27 +34,13 @@ pub struct MemorizingConfig {
     /// XL with the same layers. Default: `[3]` (the 4th of 6).
     #[config(default = "vec![3]")]
     pub knn_layers: Vec<usize>,
-    /// Retrieved pairs per query. Default: 32 (the paper).
-    #[config(default = 32)]
-    pub top_k: usize,
-    /// kNN memories per (batch row, head), oldest evicted first. Default: 16,384.
-    #[config(default = 16384)]
-    pub max_memories: usize,
-    /// kNN search structure. Default: `auto` (exact up to `auto_crossover`, then HNSW).
-    #[config(default = "IndexKind::Auto")]
-    pub index: IndexKind,
-    /// Where `auto` switches to HNSW. Default: 262,144 (see `KnnMemoryConfig`).
-    #[config(default = 262144)]
-    pub auto_crossover: usize,
-    /// HNSW parameters. Default: connectivity 32, expansion_add 64, expansion_search by size.
-    #[config(default = "HnswConfig::new()")]
-    pub hnsw: HnswConfig,
+    /// The kNN layers' retrieval and memory (the stack's `knn`; each default is
+    /// [`KnnLayerConfig`]'s: top-32, as the paper, over 16,384 memories per row and head).
+    #[config(default = "KnnLayerConfig::new()")]
+    pub knn: KnnLayerConfig,
     /// Keep the XL memory (segment recurrence); false: `mem_len` 0. Default: true.
     #[config(default = true)]
     pub xl_memory: bool,
-    /// Initial temperature of the kNN layers' normalised scores. Default: 20.
-    #[config(default = 20.0)]
-    pub attn_scale_init: f64,
 }
 
 impl MemorizingConfig {
@@ -79,8 +67,11 @@ impl MemorizingConfig {
                     .with_mem_len(512),
             )
             .with_knn_layers(vec![8])
-            .with_top_k(32)
-            .with_max_memories(65_536)
+            .with_knn(
+                KnnLayerConfig::new()
+                    .with_top_k(32)
+                    .with_max_memories(65_536),
+            )
     }
 
     /// The layer stack this preset stands for: `xl` with `knn` layers at `knn_layers` (the
@@ -103,15 +94,7 @@ impl MemorizingConfig {
             .with_layers(layers)
             .with_mem_len(mem_len)
             .with_document_resets(true)
-            .with_knn(
-                KnnLayerConfig::new()
-                    .with_top_k(self.top_k)
-                    .with_max_memories(self.max_memories)
-                    .with_index(self.index)
-                    .with_auto_crossover(self.auto_crossover)
-                    .with_hnsw(self.hnsw.clone())
-                    .with_attn_scale_init(self.attn_scale_init),
-            )
+            .with_knn(self.knn.clone())
     }
 
     /// The configuration of every kNN layer's memory.
@@ -120,9 +103,9 @@ impl MemorizingConfig {
     }
 
     /// Checks every field, naming the bad value.
-    pub fn validate(&self) -> Result<(), KnnError> {
+    pub fn validate(&self) -> Result<(), XlError> {
         if !self.xl.layers.is_empty() {
-            return Err(KnnError::Config(format!(
+            return Err(XlError::Config(format!(
                 "xl.layers ({:?}) is set by the preset from knn_layers: leave it empty, or \
                  describe the whole stack in the stack config's layers",
                 self.xl.layers
@@ -131,7 +114,7 @@ impl MemorizingConfig {
         if self.xl.same_length {
             // Every layer (the kNN one's local attention too) attends under a plain causal
             // mask; accepting the flag would silently train another model than asked for.
-            return Err(KnnError::Config(
+            return Err(XlError::Config(
                 "xl.same_length = true is not supported by the Memorizing Transformer (its \
                  layers use a plain causal mask): set it to false"
                     .into(),
@@ -141,28 +124,17 @@ impl MemorizingConfig {
         let mut seen = vec![false; n];
         for &l in &self.knn_layers {
             if l >= n {
-                return Err(KnnError::Config(format!(
+                return Err(XlError::Config(format!(
                     "knn_layers contains {l}, but there are only {n} layers (0-based)"
                 )));
             }
             if std::mem::replace(&mut seen[l], true) {
-                return Err(KnnError::Config(format!(
-                    "knn_layers lists layer {l} twice"
-                )));
+                return Err(XlError::Config(format!("knn_layers lists layer {l} twice")));
             }
         }
         if self.knn_layers.len() == n {
-            return Err(KnnError::Config(format!(
+            return Err(XlError::Config(format!(
                 "all {n} layers are kNN layers; at least one must be a plain XL layer"
-            )));
-        }
-        if self.top_k == 0 {
-            return Err(KnnError::Config("top_k must be positive, got 0".into()));
-        }
-        if self.top_k > self.max_memories {
-            return Err(KnnError::Config(format!(
-                "top_k ({}) exceeds max_memories ({})",
-                self.top_k, self.max_memories
             )));
         }
         self.stack().validate()?;
@@ -170,9 +142,9 @@ impl MemorizingConfig {
     }
 
     /// Validates the config and initialises the model (the stack of [`stack`](Self::stack)).
-    pub fn init(&self, device: &Device) -> Result<MemorizingTransformer, KnnError> {
+    pub fn init(&self, device: &Device) -> Result<MemorizingTransformer, XlError> {
         self.validate()?;
-        Ok(self.stack().init(device)?)
+        self.stack().init(device)
     }
 }
 
@@ -181,3 +153,31 @@ pub type MemorizingTransformer = TransformerXl;
 
 /// Its recurrence state: the XL memory and one kNN memory per kNN layer.
 pub type MemorizingState = XlState;
+
+/// The reference model of the long-range recall comparison (`memzoo recall`; the task is
+/// `memzoo_data::tasks::recall`, passages recalled across gaps far beyond the XL memory, the
+/// training `memzoo_train::tasks::recall`): 2 pre-LN layers, d_model 64, 4 heads x 16, T5
+/// positions, XL memory of 32, a vocabulary of `vocab_size`; with `knn`, layer 1 is a kNN layer
+/// (top-8 of up to 1,024 exact memories per row and head), without it the same model is a plain
+/// Transformer-XL.
+pub fn recall_reference(knn: bool, vocab_size: usize) -> MemorizingConfig {
+    let xl = XlConfig::new()
+        .with_vocab_size(vocab_size)
+        .with_d_model(64)
+        .with_n_layers(2)
+        .with_n_heads(4)
+        .with_d_inner(128)
+        .with_dropout(0.0)
+        .with_mem_len(32)
+        .with_pre_ln(true)
+        .with_positions(PositionConfig::new().with_kind(PositionKind::T5));
+    MemorizingConfig::new()
+        .with_xl(xl)
+        .with_knn_layers(if knn { vec![1] } else { vec![] })
+        .with_knn(
+            KnnLayerConfig::new()
+                .with_top_k(8)
+                .with_max_memories(1024)
+                .with_index(IndexKind::Exact),
+        )
+}
