@@ -63,6 +63,42 @@ impl Reference {
         Tensor::from_data(self.data(name).clone().convert::<f32>(), device)
     }
 
+    /// Segment `s`'s scores against the peer's: the log-probabilities `lp` (`log_probs.{s}`),
+    /// the loss of each target (`losses.{s}`) and their mean (`loss.{s}`), which it returns.
+    ///
+    /// # Shapes
+    /// - `lp`: `[batch, len, vocab]`, `targets`: `[batch, len]`
+    #[track_caller]
+    pub(crate) fn check_scores(
+        &self,
+        s: usize,
+        lp: Tensor<3>,
+        targets: Tensor<2, Int>,
+    ) -> Tensor<1> {
+        check(
+            &host(lp.clone()),
+            &self.floats(&format!("log_probs.{s}")),
+            &format!("log-probs {s}"),
+        );
+        let [b, q, _] = lp.dims();
+        let nll = lp
+            .gather(2, targets.reshape([b, q, 1]))
+            .reshape([b, q])
+            .neg();
+        check(
+            &host(nll.clone()),
+            &self.floats(&format!("losses.{s}")),
+            &format!("losses {s}"),
+        );
+        let loss = nll.mean();
+        check(
+            &host(loss.clone()),
+            &self.floats(&format!("loss.{s}")),
+            &format!("loss {s}"),
+        );
+        loss
+    }
+
     pub(crate) fn names(&self, prefix: &str) -> BTreeSet<String> {
         self.0
             .names()
@@ -141,25 +177,7 @@ fn plain_parity(weights: &str) {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
         let out = model.forward(x, &memory).unwrap();
-        let lp = logits_log_probs(&model, out.hidden);
-        check(
-            &host(lp.clone()),
-            &r.floats(&format!("log_probs.{s}")),
-            &format!("log-probs {s}"),
-        );
-        let [b, q, _] = lp.dims();
-        let nll = lp.gather(2, y.reshape([b, q, 1])).reshape([b, q]).neg();
-        check(
-            &host(nll.clone()),
-            &r.floats(&format!("losses.{s}")),
-            &format!("losses {s}"),
-        );
-        let loss = nll.mean();
-        check(
-            &host(loss.clone()),
-            &r.floats(&format!("loss.{s}")),
-            &format!("loss {s}"),
-        );
+        let loss = r.check_scores(s, logits_log_probs(&model, out.hidden), y);
         for l in 0..cfg.n_layer {
             check(
                 &host(out.memory.layer(l).unwrap().clone()),

@@ -53,25 +53,7 @@ fn lucidrains_compressive_matches_the_package() {
         let (hidden, aux) = model
             .forward_compressive_train(x, &mut state, &vec![false; batch])
             .unwrap();
-        let lp = log_softmax(model.logits(hidden), 2);
-        check(
-            &host(lp.clone()),
-            &r.floats(&format!("log_probs.{s}")),
-            &format!("log-probs {s}"),
-        );
-        let [b, q, _] = lp.dims();
-        let nll = lp.gather(2, y.reshape([b, q, 1])).reshape([b, q]).neg();
-        check(
-            &host(nll.clone()),
-            &r.floats(&format!("losses.{s}")),
-            &format!("losses {s}"),
-        );
-        let loss = nll.mean();
-        check(
-            &host(loss.clone()),
-            &r.floats(&format!("loss.{s}")),
-            &format!("loss {s}"),
-        );
+        let loss = r.check_scores(s, log_softmax(model.logits(hidden), 2), y);
         let want_aux = r.floats(&format!("aux_loss.{s}"));
         let got_aux = aux.clone().map_or(vec![0.0], host);
         check(&got_aux, &want_aux, &format!("reconstruction loss {s}"));

@@ -36,25 +36,7 @@ fn labml_parity(src: &Path) {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let y = r.tokens::<2>(&format!("targets.{s}"), &dev);
         let out = model.forward(x, &memory).unwrap();
-        let lp = log_softmax(model.logits(out.hidden), 2);
-        check(
-            &host(lp.clone()),
-            &r.floats(&format!("log_probs.{s}")),
-            &format!("log-probs {s}"),
-        );
-        let [b, q, _] = lp.dims();
-        let nll = lp.gather(2, y.reshape([b, q, 1])).reshape([b, q]).neg();
-        check(
-            &host(nll.clone()),
-            &r.floats(&format!("losses.{s}")),
-            &format!("losses {s}"),
-        );
-        let loss = nll.mean();
-        check(
-            &host(loss.clone()),
-            &r.floats(&format!("loss.{s}")),
-            &format!("loss {s}"),
-        );
+        let loss = r.check_scores(s, log_softmax(model.logits(out.hidden), 2), y);
         for l in 0..cfg.n_layers {
             let m = out.memory.layer(l).unwrap().clone();
             assert_eq!(m.dims()[1], (5 * (s + 1)).min(6), "memory length after {s}");

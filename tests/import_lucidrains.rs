@@ -105,25 +105,7 @@ fn memorizing_parity(src: &Path, kv_memory: bool) {
         let hidden = model
             .forward_state(x, &mut state, &vec![false; batch])
             .unwrap();
-        let lp = log_softmax(model.logits(hidden), 2);
-        check(
-            &host(lp.clone()),
-            &r.floats(&format!("log_probs.{s}")),
-            &format!("log-probs {s}"),
-        );
-        let [b, q, _] = lp.dims();
-        let nll = lp.gather(2, y.reshape([b, q, 1])).reshape([b, q]).neg();
-        check(
-            &host(nll.clone()),
-            &r.floats(&format!("losses.{s}")),
-            &format!("losses {s}"),
-        );
-        let loss = nll.mean();
-        check(
-            &host(loss.clone()),
-            &r.floats(&format!("loss.{s}")),
-            &format!("loss {s}"),
-        );
+        let loss = r.check_scores(s, log_softmax(model.logits(hidden), 2), y);
         total = Some(match total {
             Some(t) => t + loss,
             None => loss,
