@@ -342,7 +342,16 @@ fn time_summary(lines: &[Value]) -> Option<String> {
         let mut total = 0.0;
         for t in tables {
             if let Some(m) = minutes(t) {
-                names.push(format!("{} {m:.0}", t.to_uppercase()));
+                // A T6 measured before the study kept the `--copy-run` time apart includes it.
+                let with_copy_runs = meta(lines, t)
+                    .is_some_and(|m| m["copy_run_seconds"].is_null())
+                    && rows(lines, t).iter().any(|r| r["external"] == true);
+                let note = if with_copy_runs {
+                    " (with the `--copy-run` evaluations)"
+                } else {
+                    ""
+                };
+                names.push(format!("{} {m:.0}{note}", t.to_uppercase()));
                 total += m;
             }
         }
