@@ -12,7 +12,7 @@
 //!
 //! ```no_run
 //! use burn::tensor::Device;
-//! use memzoo_data::tasks::{Duplication, TaskStream};
+//! use memzoo_data::{Duplication, TaskStream};
 //! use memzoo_stack::XlConfig;
 //! use memzoo_train::{RunOptions, TrainConfig, train};
 //!
