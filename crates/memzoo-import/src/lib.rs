@@ -24,6 +24,22 @@
 //!   checkpoint directory is accepted, downloaded into the Hugging Face cache shared with Python.
 //! - [`mapping`]: the one mapping module the peers share (PyTorch's layers into memzoo's
 //!   modules and back, tied copies by name with burn-store's key remapping, the files).
+//!
+//! ```no_run
+//! use std::path::Path;
+//!
+//! use burn::tensor::Device;
+//!
+//! let device = Device::flex();
+//! // The registry finds a peer's format by the name `memzoo import --from` takes.
+//! let format = memzoo_import::format("hf-transfo-xl").unwrap();
+//! // A directory with the peer's `config.json` and `model.safetensors` (or `pytorch_model.bin`).
+//! let src = Path::new("tests/fixtures/hf-transfo-xl");
+//! let (model, stack) = format.import(src, &device).unwrap();
+//! println!("{} layers, d_model {}", stack.n_layers, stack.d_model);
+//! // And back, into the peer's layout.
+//! format.export(&model, &stack, Path::new("exported")).unwrap();
+//! ```
 
 #![warn(missing_docs)]
 

@@ -19,6 +19,25 @@
 //! [`IndexKind::Auto`] (the default) picks exact up to `auto_crossover` memories per row and
 //! HNSW above.
 //!
+//! ```
+//! use burn::tensor::{Device, Distribution, Tensor};
+//! use memzoo_memory::KnnMemoryConfig;
+//!
+//! let device = Device::flex();
+//! // 2 heads of width 16, at most 64 pairs per (row, head), for a batch of 3 rows.
+//! let mut memory = KnnMemoryConfig::new(2, 16)
+//!     .with_max_memories(64)
+//!     .init(3, &device)
+//!     .unwrap();
+//! // A segment of 8 tokens: its (key, value) pairs, `[batch, tokens, heads, d_head]`.
+//! let keys = Tensor::<4>::random([3, 8, 2, 16], Distribution::Default, &device);
+//! memory.add(keys.clone(), keys.clone() * 2.0).unwrap();
+//! // The top 4 stored keys of each query, with their values and a mask of empty slots.
+//! let found = memory.search(keys, 4).unwrap();
+//! assert_eq!(found.keys.dims(), [3, 8, 2, 4, 16]);
+//! assert_eq!(memory.len(0), 8);
+//! ```
+//!
 //! ## Measured (2 CPU cores shared with other builds, load 4-6: timings are rough)
 //!
 //! One segment = search top-32 for 512 tokens, then add them; 32-d unit keys drawn from 256

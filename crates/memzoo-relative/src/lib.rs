@@ -12,6 +12,23 @@
 //! The kNN-augmented attention of the Memorizing Transformer (`memzoo_knn::KnnAttention`) is
 //! this attention with retrieval added; the layer stack (`memzoo-stack`) holds any of them per
 //! layer.
+//!
+//! ```
+//! use burn::tensor::{Device, Tensor};
+//! use memzoo_relative::{AttentionMask, RelativeAttentionConfig, RelativeContext};
+//!
+//! let device = Device::flex();
+//! // d_model 64, 4 heads of width 16, Transformer-XL positions (the default).
+//! let config = RelativeAttentionConfig::new(64, 4, 16);
+//! let layer = config.init(&device).unwrap();
+//! let segment = Tensor::<3>::zeros([2, 8, 64], &device);
+//! // The hidden states of the previous segment, attended to before the segment's own.
+//! let memory = Tensor::<3>::zeros([2, 16, 64], &device);
+//! // Positions for 8 queries over 16 memory slots and the segment, shared by every layer.
+//! let ctx = RelativeContext::new(&config.positions, 64, 8, 16, &AttentionMask::causal(), &device);
+//! let out = layer.forward(segment, Some(memory), &ctx, None).unwrap();
+//! assert_eq!(out.dims(), [2, 8, 64]);
+//! ```
 
 #![warn(missing_docs)]
 

@@ -21,7 +21,7 @@
 //! The memories hold what the attention reads: a pre-LN layer normalises its memory with its
 //! LayerNorm, so `f_c` compresses `LN(old)` and the compressed vectors are read as they are
 //! (not normalised again); a post-LN layer's memory needs no norm. Both memories are detached
-//! ([`CompressedMemory`] in [`XlState`](crate::XlState)), cleared per row at document starts
+//! ([`CompressedMemory`] in [`XlState`]), cleared per row at document starts
 //! (with `document_resets`), and saved in checkpoints beside the XL memory.
 //!
 //! kNN layers (the Memorizing Transformer's) combine with it: their local attention reads

@@ -9,6 +9,33 @@
 //! split in order with memory carried (optionally with a longer memory), with the loss and
 //! accuracy on the targets the data selects. [`tasks`] trains the generated tasks
 //! (duplication, long-range recall) with it.
+//!
+//! ```no_run
+//! use burn::tensor::Device;
+//! use memzoo_data::{Duplication, TaskStream};
+//! use memzoo_stack::XlConfig;
+//! use memzoo_train::{RunOptions, TrainConfig, train};
+//!
+//! let device = Device::flex().autodiff();
+//! // A tiny Transformer-XL on the Reformer paper's duplication task (`0 w 0 w`, 16 symbols).
+//! let model = XlConfig::new()
+//!     .with_n_layers(1)
+//!     .with_d_model(32)
+//!     .with_n_heads(2)
+//!     .with_d_inner(64)
+//!     .with_vocab_size(16)
+//!     .init(&device)
+//!     .unwrap();
+//! let mut data = TaskStream::endless(Duplication::new(4, 16, 16, 0).unwrap());
+//! let config = TrainConfig::new().with_steps(5).with_batch(4).with_tgt_len(16);
+//! let options = RunOptions {
+//!     run_dir: std::env::temp_dir().join("memzoo-train-example"),
+//!     resume: false,
+//!     quiet: true,
+//! };
+//! let outcome = train(model, &config, &mut data, None, &options).unwrap();
+//! println!("{} steps, train loss {:?}", outcome.steps, outcome.train_loss);
+//! ```
 
 #![warn(missing_docs)]
 

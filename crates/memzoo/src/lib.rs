@@ -17,6 +17,23 @@
 //! - [`train`]: the segment-recurrence trainer, and generation for every family;
 //!
 //! and holds the `memzoo` command line ([`commands`], [`config`]).
+//!
+//! ```no_run
+//! use std::path::Path;
+//!
+//! use memzoo::prelude::*;
+//!
+//! let device = parse_device("flex").unwrap();
+//! // A run that `memzoo train` wrote: its config and its latest checkpoint, of any family.
+//! let (_config, model) = memzoo::commands::load_xl(Path::new("runs/xl"), &device).unwrap();
+//! let prompt: Vec<i64> = "To be, or not".bytes().map(i64::from).collect();
+//! // 200 new tokens, read in segments of 64 with the memory carried between them.
+//! let sampler = SampleConfig::new().with_temperature(0.8).with_seed(1);
+//! let config = GenerateConfig::new(200, 64).with_sampler(sampler);
+//! let out = generate(&model, &prompt, &config, &device).unwrap();
+//! let text: Vec<u8> = out.tokens.iter().map(|&t| t as u8).collect();
+//! println!("{}", String::from_utf8_lossy(&text));
+//! ```
 
 #![warn(missing_docs)]
 

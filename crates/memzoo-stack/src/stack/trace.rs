@@ -27,7 +27,7 @@ pub enum LayerTrace {
 }
 
 /// The records of a traced pass, one per layer that recorded (LSH layers without buckets and
-/// local layers record nothing), shared by the [`Step`] and the layers it reaches. Cloning
+/// local layers record nothing), shared by the [`Step`](crate::Step) and the layers it reaches. Cloning
 /// it shares the records.
 #[derive(Clone, Default)]
 pub struct Trace(Arc<Mutex<Vec<(usize, LayerTrace)>>>);

@@ -120,7 +120,7 @@ pub fn page_data(ins: &Inspection) -> Value {
     })
 }
 
-/// The page: `page.html` with its script and the data ([`page_data`]) inlined. Nothing is
+/// The page: `page.html` with its script and the data (`page_data`) inlined. Nothing is
 /// fetched: no network, no CDN.
 pub fn render(ins: &Inspection) -> String {
     // `</` inside a script would end it; `<\/` is the same JSON string.

@@ -1,0 +1,289 @@
+//! The kernels on the autodiff `flex` backend: each op records what its backward needs (the
+//! inputs, shared not copied, and the forward's probabilities or log-partitions) and registers
+//! the hand-written gradients of [`crate::lsh`], [`crate::relative`] and [`crate::knn`] for
+//! its tracked parents.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
+use burn::backend::{Autodiff, Flex};
+
+use crate::flex::{
+    KnnHost, LshHost, RelInputs, RelPosTensors, contiguous, elements, f32_vec, flex_from,
+    flex_tensor,
+};
+use crate::{FusedBackend, KnnParams, LshKernelParams, RelParams, knn, lsh};
+
+/// State of the relative attention's backward: the inputs and the probabilities.
+#[derive(Clone, Debug)]
+struct RelState {
+    inputs: RelInputs,
+    probs: Vec<f32>,
+}
+
+#[derive(Debug)]
+struct RelShiftedBackward;
+
+impl Backward<Flex, 5> for RelShiftedBackward {
+    type State = RelState;
+
+    fn backward(self, ops: Ops<RelState, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        let RelState { inputs, probs } = ops.state;
+        let d = inputs.dims();
+        let g = inputs.backward(&probs, grad);
+        let qshape = [d.batch, d.heads, d.qlen, d.d_head];
+        let kshape = [d.batch, d.heads, d.klen, d.d_head];
+        let rshape = [d.columns, d.heads, d.d_head];
+        let [qc, qp, k, r, v] = ops.parents;
+        for (parent, values, shape) in [
+            (qc, g.qc, &qshape[..]),
+            (qp, g.qp, &qshape[..]),
+            (k, g.k, &kshape[..]),
+            (r, g.table, &rshape[..]),
+            (v, g.v, &kshape[..]),
+        ] {
+            if let Some(node) = parent {
+                grads.register::<Flex>(node.id, flex_from(values, shape));
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RelBucketedBackward;
+
+impl Backward<Flex, 4> for RelBucketedBackward {
+    type State = RelState;
+
+    fn backward(self, ops: Ops<RelState, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        let RelState { inputs, probs } = ops.state;
+        let d = inputs.dims();
+        let g = inputs.backward(&probs, grad);
+        let qshape = [d.batch, d.heads, d.qlen, d.d_head];
+        let kshape = [d.batch, d.heads, d.klen, d.d_head];
+        let bshape = match &inputs.pos {
+            RelPosTensors::Buckets { table, .. } => [table.layout().shape()[0], d.heads],
+            RelPosTensors::Shifted { .. } => unreachable!("a bucketed op holds buckets"),
+        };
+        let [qc, k, table, v] = ops.parents;
+        for (parent, values, shape) in [
+            (qc, g.qc, &qshape[..]),
+            (k, g.k, &kshape[..]),
+            (table, g.table, &bshape[..]),
+            (v, g.v, &kshape[..]),
+        ] {
+            if let Some(node) = parent {
+                grads.register::<Flex>(node.id, flex_from(values, shape));
+            }
+        }
+    }
+}
+
+/// State of the LSH attention's backward: the inputs (shared, not copied) and the sorted
+/// outputs and log-partitions.
+#[derive(Clone, Debug)]
+struct LshState {
+    qk: FloatTensor<Flex>,
+    v: FloatTensor<Flex>,
+    buckets: IntTensor<Flex>,
+    pad: BoolTensor<Flex>,
+    params: LshKernelParams,
+    saved: lsh::LshSaved,
+}
+
+#[derive(Debug)]
+struct LshBackward;
+
+impl Backward<Flex, 2> for LshBackward {
+    type State = LshState;
+
+    fn backward(self, ops: Ops<LshState, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [qk_parent, v_parent] = ops.parents;
+        let dy = f32_vec(grads.consume::<Flex>(&ops.node).into_data());
+        let LshState {
+            qk,
+            v,
+            buckets,
+            pad,
+            params,
+            saved,
+        } = ops.state;
+        let host = LshHost::new(qk, v, buckets, pad);
+        let d = host.dims;
+        let (dqk, dv) = lsh::backward(
+            d,
+            &params,
+            &host.qk,
+            &host.v,
+            &host.buckets,
+            &host.pad,
+            &saved,
+            &dy,
+        );
+        let shape = [d.n, d.len, d.d_head];
+        if let Some(node) = qk_parent {
+            grads.register::<Flex>(node.id, flex_tensor(dqk, shape));
+        }
+        if let Some(node) = v_parent {
+            grads.register::<Flex>(node.id, flex_tensor(dv, shape));
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
+    fn lsh_attention(
+        qk: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
+        pad: BoolTensor<Self>,
+        params: LshKernelParams,
+    ) -> FloatTensor<Self> {
+        let nodes = [qk.node(), v.node()];
+        let (qk, v) = (qk.into_primitive(), v.into_primitive());
+        match LshBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let host = LshHost::new(qk.clone(), v.clone(), buckets.clone(), pad.clone());
+                let d = host.dims;
+                let (y, saved) =
+                    lsh::forward(d, &params, &host.qk, &host.v, &host.buckets, &host.pad);
+                drop(host);
+                let state = LshState {
+                    qk,
+                    v,
+                    buckets,
+                    pad,
+                    params,
+                    saved,
+                };
+                prep.finish(state, flex_tensor(y, [d.n, d.len, d.d_head]))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(<Flex as FusedBackend>::lsh_attention(
+                qk, v, buckets, pad, params,
+            )),
+        }
+    }
+
+    fn lsh_hash(x: FloatTensor<Self>, rotations: FloatTensor<Self>) -> IntTensor<Self> {
+        // Bucket ids carry no gradient: the kernel runs on the primitives.
+        <Flex as FusedBackend>::lsh_hash(x.into_primitive(), rotations.into_primitive())
+    }
+
+    fn relative_attention_shifted(
+        qc: FloatTensor<Self>,
+        qp: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        r: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self> {
+        let nodes = [qc.node(), qp.node(), k.node(), r.node(), v.node()];
+        let pos = RelPosTensors::Shifted {
+            qp: qp.into_primitive(),
+            r: r.into_primitive(),
+        };
+        let inputs = RelInputs::new(
+            qc.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            pos,
+            mask,
+            params,
+        );
+        match RelShiftedBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (out, probs) = inputs.forward();
+                prep.finish(RelState { inputs, probs }, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(inputs.forward().0),
+        }
+    }
+
+    fn relative_attention_bucketed(
+        qc: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        buckets: IntTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self> {
+        let nodes = [qc.node(), k.node(), table.node(), v.node()];
+        let inputs = RelInputs::new(
+            qc.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            RelPosTensors::buckets(table.into_primitive(), buckets),
+            mask,
+            params,
+        );
+        match RelBucketedBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (out, probs) = inputs.forward();
+                prep.finish(RelState { inputs, probs }, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(inputs.forward().0),
+        }
+    }
+
+    fn knn_attention(
+        q: FloatTensor<Self>,
+        tau: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: KnnParams,
+    ) -> FloatTensor<Self> {
+        let nodes = [q.node(), tau.node()];
+        // The retrieved pairs are constants: their nodes (if any) are dropped.
+        let host = KnnHost::new(
+            q.into_primitive(),
+            tau.into_primitive(),
+            keys.into_primitive(),
+            values.into_primitive(),
+            mask,
+            params,
+        );
+        match KnnBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = host.forward();
+                prep.finish(host, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(host.forward()),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct KnnBackward;
+
+impl Backward<Flex, 2> for KnnBackward {
+    type State = KnnHost;
+
+    fn backward(self, ops: Ops<KnnHost, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let g = contiguous(grads.consume::<Flex>(&ops.node));
+        let host = ops.state;
+        let d = host.dims;
+        let (dq, dtau) = knn::backward(d, &host.inputs(), elements(&g));
+        let [q_parent, tau_parent] = ops.parents;
+        if let Some(node) = q_parent {
+            let shape = [host.lead[0], host.lead[1], d.heads, d.d_head];
+            grads.register::<Flex>(node.id, flex_from(dq, &shape));
+        }
+        if let Some(node) = tau_parent {
+            grads.register::<Flex>(node.id, flex_from(dtau, &[d.heads]));
+        }
+    }
+}
