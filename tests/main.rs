@@ -23,6 +23,7 @@ mod multidev;
 mod parity;
 mod reformer;
 mod relative;
+mod rmt;
 mod reliability;
 mod stack;
 mod tasks;

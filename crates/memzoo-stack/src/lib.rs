@@ -30,7 +30,9 @@ pub mod legacy;
 pub mod memory;
 pub mod recurrent;
 pub mod reformer;
+pub mod rmt;
 pub mod stack;
+pub mod unroll;
 
 pub use adaptive::{
     AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
@@ -41,6 +43,8 @@ pub use error::XlError;
 pub use memory::{XlMemory, XlState};
 pub use recurrent::RecurrentModel;
 pub use reformer::{ReformerConfig, ReformerLm};
+pub use rmt::{Rmt, RmtConfig, RmtMemory};
+pub use unroll::UnrollSegment;
 pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
     LayerAttention, LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay,
