@@ -5,7 +5,9 @@
 use burn::module::Param;
 use burn::tensor::{Int, Tensor, TensorData};
 use memzoo_data::Batch;
-use memzoo_stack::{LayerKind, Residual, RmtConfig, TransformerXl, UnrollSegment, XlConfig, XlState};
+use memzoo_stack::{
+    LayerKind, Residual, RmtConfig, TransformerXl, UnrollSegment, XlConfig, XlState,
+};
 use memzoo_tests::*;
 use memzoo_train::SegmentModel;
 
@@ -64,7 +66,9 @@ fn rmt_memory_is_carried_reset_and_checkpointed() {
         ));
         let model = cfg.init(&dev).unwrap();
         let mut state = XlState::new();
-        model.forward_state(tokens(2, 5, 0), &mut state, &[false, false]).unwrap();
+        model
+            .forward_state(tokens(2, 5, 0), &mut state, &[false, false])
+            .unwrap();
         let mem = state.rmt.tokens.clone().unwrap();
         assert_eq!(mem.dims(), [2, 3, 16]);
         let copy = |s: &XlState| {
@@ -83,8 +87,14 @@ fn rmt_memory_is_carried_reset_and_checkpointed() {
                 .unwrap(),
         );
         let half = carried.len() / 2;
-        assert!(max_abs_diff(&carried[..half], &fresh[..half]) > 1e-4, "row 0 carries");
-        assert!(max_abs_diff(&carried[half..], &fresh[half..]) < 1e-5, "row 1 was reset");
+        assert!(
+            max_abs_diff(&carried[..half], &fresh[..half]) > 1e-4,
+            "row 0 carries"
+        );
+        assert!(
+            max_abs_diff(&carried[half..], &fresh[half..]) < 1e-5,
+            "row 1 was reset"
+        );
         let base = model.clone().without_carried_memory();
         let read = host(
             base.forward_state(tokens(2, 5, 1), &mut copy(&state), &[false, false])
@@ -92,10 +102,8 @@ fn rmt_memory_is_carried_reset_and_checkpointed() {
         );
         assert!(max_abs_diff(&read, &fresh) < 1e-5, "no carried memory");
 
-        let dir = std::env::temp_dir().join(format!(
-            "memzoo-rmt-{}-{peer_layout}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("memzoo-rmt-{}-{peer_layout}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         TransformerXl::save_state(&state, &dir).unwrap();
         let back = model.load_state(&dir, &dev).unwrap();
@@ -136,7 +144,9 @@ fn rmt_backpropagates_through_segments() {
     let id = model.rmt.as_ref().unwrap().memory.id;
     let g = host(grads.get::<2>(id).unwrap());
     let dir = randn([3, 16], 5, &dev);
-    let dir = dir.clone().div_scalar(dir.powf_scalar(2.0).sum().sqrt().into_scalar::<f32>());
+    let dir = dir
+        .clone()
+        .div_scalar(dir.powf_scalar(2.0).sum().sqrt().into_scalar::<f32>());
     let v = host(dir.clone());
     let analytic: f64 = g.iter().zip(&v).map(|(a, b)| f64::from(a * b)).sum();
     let shifted = |eps: f32| {
@@ -164,15 +174,22 @@ fn rmt_backpropagates_through_segments() {
             }
         }
     }
-    assert!(max_abs_diff(&cut, &g) > 1e-5, "k = 3 reaches past the first segment");
+    assert!(
+        max_abs_diff(&cut, &g) > 1e-5,
+        "k = 3 reaches past the first segment"
+    );
     assert!(!state.rmt.tokens.unwrap().is_require_grad());
 }
 
 fn batch(k: usize, rows: usize, len: usize) -> Vec<Batch> {
     (0..k)
         .map(|s| {
-            let x: Vec<i64> = (0..rows * len).map(|i| ((i * 13 + s * 29) % 256) as i64).collect();
-            let y: Vec<i64> = (0..rows * len).map(|i| ((i * 7 + s * 31 + 1) % 256) as i64).collect();
+            let x: Vec<i64> = (0..rows * len)
+                .map(|i| ((i * 13 + s * 29) % 256) as i64)
+                .collect();
+            let y: Vec<i64> = (0..rows * len)
+                .map(|i| ((i * 7 + s * 31 + 1) % 256) as i64)
+                .collect();
             Batch::new(rows, len, x, y).unwrap()
         })
         .collect()
@@ -189,7 +206,12 @@ fn rmt_sharded_unroll_matches_one_replica() {
         let mut states: Vec<XlState> = (0..r).map(|_| XlState::new()).collect();
         let placement = vec![dev.clone(); r];
         let (loss, grads) = memzoo_train::unroll::train_unroll_streamed(
-            &model, &dev, &placement, &segs, &mut states, None,
+            &model,
+            &dev,
+            &placement,
+            &segs,
+            &mut states,
+            None,
         )
         .unwrap();
         (loss, param_vectors(&model, Some(&grads)))

@@ -44,7 +44,6 @@ pub use memory::{XlMemory, XlState};
 pub use recurrent::RecurrentModel;
 pub use reformer::{ReformerConfig, ReformerLm};
 pub use rmt::{Rmt, RmtConfig, RmtMemory};
-pub use unroll::UnrollSegment;
 pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
     LayerAttention, LayerContext, LayerKind, LshLayerConfig, OutputLayer, Randomness, Replay,
@@ -52,3 +51,4 @@ pub use stack::{
     XlOutput, absolute_positions, mean_nll, target_nll,
 };
 pub use stack::{LayerTrace, Trace, TraceSlot};
+pub use unroll::UnrollSegment;

@@ -14,8 +14,8 @@ use memzoo_reformer::rng::mix;
 
 use crate::error::XlError;
 use crate::memory::XlState;
-use crate::unroll::UnrollSegment;
 use crate::stack::{Randomness, Step, TargetScores, TransformerXl, mean_nll};
+use crate::unroll::UnrollSegment;
 
 /// A language model read segment by segment, carrying state (memories) between segments: the
 /// contract the trainer (`memzoo_train::SegmentModel` adds checkpoints to it), the evaluation,

@@ -133,7 +133,9 @@ impl RmtConfig {
             ));
         }
         if stack.compressive.is_some() {
-            return bad("rmt and compressive cannot be combined (compressive needs mem_len > 0)".into());
+            return bad(
+                "rmt and compressive cannot be combined (compressive needs mem_len > 0)".into(),
+            );
         }
         if stack.residual != Residual::Sequential {
             return bad(format!(
@@ -193,7 +195,10 @@ impl Rmt {
         if self.config.peer_layout {
             return Tensor::zeros([batch, m, d], &self.memory.device());
         }
-        self.memory.val().unsqueeze_dim::<3>(0).expand([batch, m, d])
+        self.memory
+            .val()
+            .unsqueeze_dim::<3>(0)
+            .expand([batch, m, d])
     }
 
     /// The read and write tokens of a segment reading memory `mem`.
@@ -271,10 +276,9 @@ impl TransformerXl {
         opts: Option<&ForwardOptions>,
         keep_graph: bool,
     ) -> Result<Tensor<3>, XlError> {
-        let rmt = self
-            .rmt
-            .as_ref()
-            .ok_or_else(|| XlError::Input("this stack is not a Recurrent Memory Transformer".into()))?;
+        let rmt = self.rmt.as_ref().ok_or_else(|| {
+            XlError::Input("this stack is not a Recurrent Memory Transformer".into())
+        })?;
         let [batch, len] = tokens.dims();
         let device = tokens.device();
         if reset.len() != batch {
@@ -303,7 +307,8 @@ impl TransformerXl {
                 }
                 if self.document_resets && reset.iter().any(|&r| r) {
                     let keep: Vec<f32> = reset.iter().map(|&r| f32::from(u8::from(!r))).collect();
-                    let keep = Tensor::<3>::from_data(TensorData::new(keep, [batch, 1, 1]), &device);
+                    let keep =
+                        Tensor::<3>::from_data(TensorData::new(keep, [batch, 1, 1]), &device);
                     t.clone() * keep.clone() + fresh * (keep.neg() + 1.0)
                 } else {
                     t.clone()

@@ -46,7 +46,9 @@ impl TransformerXl {
     ) -> Result<(Tensor<1>, GradientsParams), XlError> {
         let k = segments.len();
         if k == 0 {
-            return Err(XlError::Input("an unrolled step needs at least one segment".into()));
+            return Err(XlError::Input(
+                "an unrolled step needs at least one segment".into(),
+            ));
         }
         if self.rmt.is_none() || self.residual != Residual::Sequential {
             let mut segments = segments;

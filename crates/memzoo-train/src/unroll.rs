@@ -17,7 +17,9 @@ use rayon::prelude::*;
 use crate::error::TrainError;
 use crate::grads::scale;
 use crate::model::SegmentModel;
-use crate::parallel::{TrainStream, check_replicas, replica_stream, shard_rows, train_step_streamed};
+use crate::parallel::{
+    TrainStream, check_replicas, replica_stream, shard_rows, train_step_streamed,
+};
 use crate::segment::{Segment, loss_weights, tensors};
 
 /// The tensors of one replica's rows of `segments` on `device`.
@@ -48,7 +50,9 @@ pub fn train_unroll_streamed<M: SegmentModel>(
     stream: Option<TrainStream>,
 ) -> Result<(f64, GradientsParams), TrainError> {
     let Some(first) = segments.first() else {
-        return Err(TrainError::Data("an unrolled step needs at least one segment".into()));
+        return Err(TrainError::Data(
+            "an unrolled step needs at least one segment".into(),
+        ));
     };
     if segments.len() == 1 {
         return train_step_streamed(model, main, placement, first, states, stream);
