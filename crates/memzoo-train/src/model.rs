@@ -71,7 +71,10 @@ impl SegmentModel for TransformerXl {
         }
         // A Recurrent Memory Transformer's carried memory tokens.
         if let Some(tokens) = &state.rmt.tokens {
-            save_tensors(&dir.join("rmt_memory.safetensors"), std::slice::from_ref(tokens))?;
+            save_tensors(
+                &dir.join("rmt_memory.safetensors"),
+                std::slice::from_ref(tokens),
+            )?;
         }
         if !state.xl_valid.is_empty() {
             let valid = serde_json::to_string(&state.xl_valid).expect("plain vector");
