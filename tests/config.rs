@@ -160,6 +160,8 @@ fn config_toml_holds_what_the_run_uses_and_reads_back() {
         Preset::MemorizingPaper,
         Preset::CompressiveTiny,
         Preset::CompressivePaper,
+        Preset::RmtTiny,
+        Preset::RmtPaper,
     ] {
         let config = RunConfig::resolve_preset(Some(preset), None, &[]).unwrap();
         let path = dir.join(format!("{}.toml", preset.name()));

@@ -25,6 +25,7 @@ mod parity;
 mod reformer;
 mod relative;
 mod reliability;
+mod rmt;
 mod stack;
 mod tasks;
 mod tokenizers;

@@ -32,7 +32,9 @@ pub mod legacy;
 pub mod memory;
 pub mod presets;
 pub mod recurrent;
+pub mod rmt;
 pub mod stack;
+pub mod unroll;
 
 pub use adaptive::{
     AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
@@ -49,6 +51,7 @@ pub use presets::memorizing::{
 pub use presets::reformer;
 pub use presets::reformer::{ReformerConfig, ReformerLm};
 pub use recurrent::RecurrentModel;
+pub use rmt::{Rmt, RmtConfig, RmtMemory};
 #[allow(deprecated)]
 pub use stack::LshLayerConfig;
 pub use stack::{
@@ -58,3 +61,4 @@ pub use stack::{
     absolute_positions, mean_nll, target_nll,
 };
 pub use stack::{LayerTrace, Trace, TraceSlot};
+pub use unroll::UnrollSegment;

@@ -145,6 +145,8 @@ pub struct XlState {
     pub xl_valid: Vec<usize>,
     /// The compressed memories of a compressive stack (empty otherwise).
     pub compressed: crate::compressive::CompressedMemory,
+    /// The carried memory tokens of a Recurrent Memory Transformer (empty otherwise).
+    pub rmt: crate::rmt::RmtMemory,
 }
 
 impl XlState {
@@ -182,6 +184,7 @@ impl XlState {
             knn,
             xl_valid: Vec::new(),
             compressed: Default::default(),
+            rmt: Default::default(),
         })
     }
 }

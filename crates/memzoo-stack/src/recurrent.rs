@@ -15,6 +15,7 @@ use memzoo_reformer::rng::mix;
 use crate::error::XlError;
 use crate::memory::XlState;
 use crate::stack::{Randomness, Step, TargetScores, TransformerXl, mean_nll};
+use crate::unroll::UnrollSegment;
 
 /// A language model read segment by segment, carrying state (memories) between segments: the
 /// contract the trainer (`memzoo_train::SegmentModel` adds checkpoints to it), the evaluation,
@@ -93,6 +94,36 @@ pub trait RecurrentModel: Module + Clone + core::fmt::Debug + Send + 'static {
         let value = loss.clone().into_scalar::<f64>();
         let grads = GradientsParams::from_grads(loss.backward(), self);
         Ok((value, grads))
+    }
+
+    /// Segments one training step reads with the carried state in the graph
+    /// (backpropagation through `k` segments, [`Self::train_unroll`]); the trainer then reads
+    /// `k` segments per optimizer step. Default: 1 (the state is detached every segment).
+    fn bptt_segments(&self) -> usize {
+        1
+    }
+
+    /// Training step over `k` consecutive segments of the same rows ([`Self::bptt_segments`]):
+    /// the mean of their mean losses and its gradients through all `k` (the state in the
+    /// graph between them, detached after the last). The default takes one segment, as
+    /// [`Self::train_step`], and refuses more.
+    ///
+    /// # Shapes
+    /// - per segment: `inputs`, `targets`, `weights` `[batch, len]`
+    fn train_unroll(
+        &self,
+        segments: Vec<UnrollSegment>,
+        state: &mut Self::State,
+    ) -> Result<(f64, GradientsParams), XlError> {
+        let k = segments.len();
+        let mut segments = segments;
+        match segments.pop().filter(|_| k == 1) {
+            Some(s) => self.train_step(s.inputs, s.targets, state, &s.reset, s.weights),
+            None => Err(XlError::Input(format!(
+                "the `{}` model trains one segment per step, got {k}",
+                self.family()
+            ))),
+        }
     }
 
     /// Whether the model carries state from one segment to the next. Generation
@@ -179,7 +210,7 @@ impl RecurrentModel for TransformerXl {
     }
 
     fn carries_state(&self) -> bool {
-        self.mem_len > 0 || self.n_knn_layers() > 0
+        self.mem_len > 0 || self.n_knn_layers() > 0 || self.rmt.is_some()
     }
 
     fn train_step(
@@ -193,6 +224,23 @@ impl RecurrentModel for TransformerXl {
         check_shapes(&inputs, &targets, weights.as_ref())?;
         let step = Step::reset(reset).with_weights(weights);
         let (loss, grads) = TransformerXl::train_step(self, inputs, targets, state, &step)?;
+        Ok((loss.into_scalar::<f64>(), grads))
+    }
+
+    /// An RMT stack's `bptt_segments`; 1 for every other stack.
+    fn bptt_segments(&self) -> usize {
+        self.rmt_config().map_or(1, |r| r.bptt_segments)
+    }
+
+    fn train_unroll(
+        &self,
+        segments: Vec<UnrollSegment>,
+        state: &mut XlState,
+    ) -> Result<(f64, GradientsParams), XlError> {
+        for s in &segments {
+            check_shapes(&s.inputs, &s.targets, s.weights.as_ref())?;
+        }
+        let (loss, grads) = TransformerXl::train_unroll(self, segments, state)?;
         Ok((loss.into_scalar::<f64>(), grads))
     }
 
@@ -245,6 +293,7 @@ impl RecurrentModel for TransformerXl {
                 .collect(),
             xl_valid: state.xl_valid.clone(),
             compressed: state.compressed.clone(),
+            rmt: state.rmt.clone(),
         };
         let logits = self.segment_logits(inputs, &mut view, reset);
         drop(view);

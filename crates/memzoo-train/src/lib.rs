@@ -56,6 +56,7 @@ pub mod segment;
 pub mod signals;
 pub mod tasks;
 pub mod trainer;
+pub mod unroll;
 
 pub use checkpoint::TrainerState;
 pub use error::TrainError;

@@ -34,7 +34,7 @@ pub trait SegmentModel: RecurrentModel {
 }
 
 /// The layer stack's checkpoints: its parameters (older layouts converted), its XL memory (and a
-/// compressive stack's compressed memory) as safetensors, its kNN memories, and each row's
+/// compressive stack's compressed memory, an RMT's memory tokens) as safetensors, its kNN memories, and each row's
 /// document position.
 impl SegmentModel for TransformerXl {
     /// Also reads checkpoints written before the layer stack (converted on load, with a
@@ -68,6 +68,13 @@ impl SegmentModel for TransformerXl {
             let valid = serde_json::to_string(&state.compressed.valid).expect("plain vector");
             std::fs::write(dir.join("compressed_valid.json"), valid)
                 .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))?;
+        }
+        // A Recurrent Memory Transformer's carried memory tokens.
+        if let Some(tokens) = &state.rmt.tokens {
+            save_tensors(
+                &dir.join("rmt_memory.safetensors"),
+                std::slice::from_ref(tokens),
+            )?;
         }
         if !state.xl_valid.is_empty() {
             let valid = serde_json::to_string(&state.xl_valid).expect("plain vector");
@@ -106,6 +113,18 @@ impl SegmentModel for TransformerXl {
             state.compressed.valid = serde_json::from_str(&text).map_err(|e| {
                 TrainError::Checkpoint(format!("compressed_valid.json is damaged: {e}"))
             })?;
+        }
+        let rmt = dir.join("rmt_memory.safetensors");
+        if rmt.exists() {
+            let mut tokens = load_tensors(&rmt, device)?;
+            if tokens.len() != 1 {
+                return Err(TrainError::Checkpoint(format!(
+                    "{} holds {} tensors, an RMT memory is one",
+                    rmt.display(),
+                    tokens.len()
+                )));
+            }
+            state.rmt.tokens = tokens.pop();
         }
         let valid = dir.join("xl_valid.json");
         if valid.exists() {

@@ -447,7 +447,10 @@ pub struct RunOptions {
 
 /// Trains `model` (on an autodiff device) on `train_data`, evaluating on `valid_data`.
 ///
-/// Memory is carried across steps per batch row and detached every step (truncated BPTT).
+/// Memory is carried across steps per batch row and detached every step (truncated BPTT); a
+/// model with [`bptt_segments`](crate::RecurrentModel::bptt_segments) `k > 1` (the RMT) reads
+/// `k` consecutive segments per micro-step, its memory in the graph across them
+/// ([`crate::unroll`]).
 /// Checkpoints (model, optimizer, schedule position, data position, carried state) are
 /// written atomically every `checkpoint_every` steps and at the end; with `resume`, the run
 /// continues from the latest one and loses nothing else.
@@ -642,26 +645,35 @@ pub fn train_on_devices<M: SegmentModel>(
             // micro-step) alone: a resumed run draws what the straight run did.
             let stream = (step * config.grad_accum + micro) as u64;
             crate::parallel::seed_devices(&placement, config.seed, stream);
-            let seg = match train_data.next_segment(config.tgt_len) {
-                Some(seg) => seg,
-                None => {
-                    // A new epoch: rows restart, so memories restart too.
-                    train_data.rewind();
-                    states.iter_mut().for_each(|s| *s = M::State::default());
-                    train_data.next_segment(config.tgt_len).ok_or_else(|| {
-                        TrainError::Data(format!(
-                            "the training split holds no full segment of {} x {} tokens",
-                            config.batch, config.tgt_len
-                        ))
-                    })?
+            // `k` consecutive segments (backpropagation through `k`, `bptt_segments`; 1 for
+            // every family but the RMT). An epoch that ends inside them restarts them.
+            let k = model.bptt_segments().max(1);
+            let mut segs: Vec<Segment> = Vec::with_capacity(k);
+            while segs.len() < k {
+                match train_data.next_segment(config.tgt_len) {
+                    Some(seg) => segs.push(seg),
+                    None => {
+                        // A new epoch: rows restart, so memories restart too.
+                        train_data.rewind();
+                        states.iter_mut().for_each(|s| *s = M::State::default());
+                        segs.clear();
+                        segs.push(train_data.next_segment(config.tgt_len).ok_or_else(|| {
+                            TrainError::Data(format!(
+                                "the training split holds no full segment of {} x {} tokens",
+                                config.batch, config.tgt_len
+                            ))
+                        })?);
+                    }
                 }
-            };
-            check_token_ids(&seg, model.vocab_size(), "training")?;
-            let (loss, grads) = crate::parallel::train_step_streamed(
+            }
+            for seg in &segs {
+                check_token_ids(seg, model.vocab_size(), "training")?;
+            }
+            let (loss, grads) = crate::unroll::train_unroll_streamed(
                 &model,
                 &device,
                 &placement,
-                &seg,
+                &segs,
                 &mut states,
                 Some(crate::parallel::TrainStream {
                     seed: config.seed,
@@ -672,8 +684,9 @@ pub fn train_on_devices<M: SegmentModel>(
                 return Err(non_finite_loss(&model, loss, step + 1, step == 0));
             }
             loss_sum += loss;
-            tokens += (seg.batch * seg.len) as u64;
-            window.2 += (seg.batch * seg.len) as u64;
+            let read: usize = segs.iter().map(|s| s.batch * s.len).sum();
+            tokens += read as u64;
+            window.2 += read as u64;
             acc.accumulate(&model, grads);
         }
         let (grads, norm) = scale_and_clip(

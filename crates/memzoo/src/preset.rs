@@ -9,7 +9,8 @@
 
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_stack::{
-    CompressionKind, CompressiveConfig, LayerKind, MemorizingConfig, ReformerConfig, XlConfig,
+    CompressionKind, CompressiveConfig, LayerKind, MemorizingConfig, ReformerConfig, RmtConfig,
+    XlConfig,
 };
 use memzoo_train::{AdamConfig, ScheduleConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,16 @@ pub enum Preset {
     /// unstated) with Transformer-XL's schedule as a stand-in (the paper: Adam, lr 2e-4 with a
     /// linear warm-up and cosine decay).
     CompressivePaper,
+    /// A tiny Recurrent Memory Transformer (2 layers, d_model 64, 8 heads of 8, no XL
+    /// memory, 8 memory tokens, backpropagation through 2 segments, memory reset at document
+    /// starts) on the default run's schedule (each step reads 2 segments).
+    RmtTiny,
+    /// The Recurrent Memory Transformer on enwik8 (Bulatov et al. 2022): Transformer-XL's
+    /// enwik8 base layers (12 x 512, 8 heads x 64, d_inner 2048) without XL memory, 10
+    /// memory tokens, backpropagation through 2 segments of 128 bytes, with Transformer-XL's
+    /// schedule; `docs/paper-recipes.md` says which of these were not checked against the
+    /// paper.
+    RmtPaper,
 }
 
 impl Preset {
@@ -105,6 +116,21 @@ impl Preset {
                         .with_cmem_len(768)
                         .with_ratio(3)
                         .with_function(CompressionKind::Conv),
+                )),
+            Preset::RmtTiny => XlConfig::new()
+                .with_n_layers(2)
+                .with_d_model(64)
+                .with_n_heads(8)
+                .with_d_inner(128)
+                .with_mem_len(0)
+                .with_dropout(0.0)
+                .with_document_resets(true)
+                .with_rmt(Some(RmtConfig::new().with_mem_tokens(8))),
+            Preset::RmtPaper => XlConfig::enwik8_base()
+                .with_mem_len(0)
+                .with_document_resets(true)
+                .with_rmt(Some(
+                    RmtConfig::new().with_mem_tokens(10).with_bptt_segments(2),
                 )),
         }
     }
@@ -151,7 +177,8 @@ impl Preset {
             Preset::XlTiny
             | Preset::ReformerTiny
             | Preset::MemorizingTiny
-            | Preset::CompressiveTiny => TrainConfig::new()
+            | Preset::CompressiveTiny
+            | Preset::RmtTiny => TrainConfig::new()
                 .with_steps(5000)
                 .with_batch(16)
                 .with_tgt_len(8)
@@ -175,6 +202,8 @@ impl Preset {
             Preset::MemorizingPaper => paper(8, 512, 500_000),
             // Segments of 768 (the paper's enwik8 window); batch and steps not verified.
             Preset::CompressivePaper => paper(8, 768, 400_000),
+            // Segments of 128 with 2 unrolled per step; batch and steps not verified.
+            Preset::RmtPaper => paper(22, 128, 400_000),
         }
     }
 

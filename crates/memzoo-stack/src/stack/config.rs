@@ -177,6 +177,11 @@ pub struct XlConfig {
     /// the XL memory (see [`CompressiveConfig`](crate::CompressiveConfig)). Default: none.
     #[config(default = "None")]
     pub compressive: Option<crate::compressive::CompressiveConfig>,
+    /// The Recurrent Memory Transformer (Bulatov et al. 2022): memory tokens read before and
+    /// written after every segment, carried to the next (see [`RmtConfig`](crate::RmtConfig)).
+    /// Default: none.
+    #[config(default = "None")]
+    pub rmt: Option<crate::rmt::RmtConfig>,
 }
 
 impl XlConfig {
@@ -300,6 +305,9 @@ impl XlConfig {
     pub fn family(&self) -> &'static str {
         if self.compressive.is_some() {
             return "compressive";
+        }
+        if self.rmt.is_some() {
+            return "rmt";
         }
         LayerKind::family_of(&self.layer_kinds())
     }
@@ -532,6 +540,10 @@ impl XlConfig {
                 .compressive
                 .as_ref()
                 .map(|c| c.init(self.n_layers, self.d_model, device)),
+            rmt: self
+                .rmt
+                .as_ref()
+                .map(|r| r.init(self.d_model, self.init_std, device)),
         })
     }
 }

@@ -121,6 +121,8 @@ pub struct TransformerXl {
     pub dropout_seed: Option<u64>,
     /// The compression functions of a Compressive Transformer (`XlConfig::compressive`).
     pub compressive: Option<crate::compressive::Compression>,
+    /// The memory tokens of a Recurrent Memory Transformer (`XlConfig::rmt`).
+    pub rmt: Option<crate::rmt::Rmt>,
 }
 
 /// The input embedding of the stack.
@@ -285,6 +287,9 @@ impl TransformerXl {
         if self.compressive.is_some() {
             return "compressive";
         }
+        if self.rmt.is_some() {
+            return "rmt";
+        }
         LayerKind::family_of(&self.layer_kinds())
     }
 
@@ -336,6 +341,7 @@ impl TransformerXl {
             knn,
             xl_valid: Vec::new(),
             compressed: Default::default(),
+            rmt: Default::default(),
         })
     }
 
@@ -367,7 +373,7 @@ impl TransformerXl {
         memory: &XlMemory,
         mask: &AttentionMask,
     ) -> Result<XlOutput, XlError> {
-        if self.n_knn_layers() > 0 || self.compressive.is_some() {
+        if self.n_knn_layers() > 0 || self.compressive.is_some() || self.rmt.is_some() {
             return Err(XlError::Input(format!(
                 "this stack has kNN layers or a compressed memory ({:?}): read it with \
                  forward_state and an XlState",
@@ -429,6 +435,10 @@ impl TransformerXl {
             return Ok(self
                 .forward_compressive(tokens, state, reset, opts, false)?
                 .0);
+        }
+        // A Recurrent Memory Transformer reads its memory tokens (detached after the read).
+        if self.rmt.is_some() {
+            return self.forward_rmt(tokens, state, reset, opts, false);
         }
         let qlen = tokens.dims()[1];
         let mask = self.prepare(&tokens, state, reset)?;

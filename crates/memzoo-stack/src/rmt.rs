@@ -1,0 +1,342 @@
+//! The Recurrent Memory Transformer (Bulatov, Kuratov & Burtsev 2022, arXiv 2207.06881) as an
+//! option of the layer stack ([`XlConfig::rmt`](crate::XlConfig::rmt)): `m` memory tokens are
+//! read at the start of every segment and written at its end, and the written memory is the
+//! next segment's read memory.
+//!
+//! Per segment `τ`, with `H⁰_τ` the segment's token embeddings and `H^mem_τ` the memory
+//! (`[batch, m, d_model]`; paper sec. 3, decoder-only form):
+//!
+//! - `H̃⁰_τ = [H^mem_τ ∘ H⁰_τ ∘ H^mem_τ]`: the memory as `m` read tokens before the segment and
+//!   as `m` write tokens after it (`∘` concatenation along positions);
+//! - `H̃^N_τ = Transformer(H̃⁰_τ)`, the stack's layers under the causal mask over the
+//!   `2m + len` positions (read tokens see earlier read tokens, the segment sees the read
+//!   tokens and its past, write tokens see everything before them);
+//! - `[H^read_τ ∘ H^N_τ ∘ H^write_τ] := H̃^N_τ`, the segment's outputs `H^N_τ` go to the head;
+//! - `H^mem_{τ+1} := H^write_τ` (after the stack's final norm, where it has one; the final
+//!   dropout is applied to the segment's outputs only).
+//!
+//! `H^mem_0` is a learned parameter (the initial memory tokens, `N(0, init_std)`), and a row
+//! that starts a document (with `document_resets`) reads `H^mem_0` again.
+//!
+//! **Backpropagation through time** (paper sec. 3, "gradients flow from the current segment
+//! to the previous ones through memory"): the memory stays in the graph for `bptt_segments`
+//! segments. The trainer (`memzoo_train`) reads `k = bptt_segments` consecutive segments per
+//! optimizer step ([`TransformerXl::train_unroll`]), sums their mean losses (`L = (1/k) Σ_τ
+//! L_τ`, as the peer weighs its segments by length, equal here), runs one backward and one
+//! optimizer step, and then detaches the memory it carries to the next step. `k = 1`: the
+//! memory is detached after every segment and the write tokens get no gradient.
+//!
+//! **Peer compatibility** (lucidrains' `recurrent-memory-transformer-pytorch` 0.7.0,
+//! `RecurrentMemoryTransformer.forward`): with `peer_layout` the read tokens are the memory plus a
+//! learned read embedding (`read_memory_emb`), the write tokens are the learned tokens
+//! (`memory_tokens`, not the memory: the peer's default `add_write_to_next_write_mem =
+//! False`), and the first segment (and a reset row) reads the read embedding alone (the
+//! peer's `always_have_read_memories`, i.e. a zero memory); with `causal_memory = false` the
+//! read tokens see each other and the write tokens each other (the peer's
+//! `memory_not_causal = True`), where the paper's mask is the plain causal one. The peer's
+//! layers themselves (RMSNorm, GEGLU feed-forward, a null key/value, value residuals, hyper
+//! connections) are not layers of this stack: see `docs/import.md`.
+//!
+//! RMT reads no XL memory here (`mem_len = 0`; the paper's RMT + Transformer-XL combination
+//! is not implemented) and needs sequential residuals and layers with `xl`, `t5` or
+//! `absolute` positions.
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::nn::Initializer;
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use memzoo_reformer::ForwardOptions;
+use memzoo_relative::AttentionMask;
+
+use crate::error::XlError;
+use crate::memory::XlState;
+use crate::stack::{LayerKind, Residual, TransformerXl, XlConfig};
+
+/// Settings of the Recurrent Memory Transformer ([`XlConfig::rmt`](crate::XlConfig::rmt)).
+/// TOML: `[model.rmt]`.
+#[derive(Config, Debug)]
+pub struct RmtConfig {
+    /// Memory tokens `m`, read before every segment and written after it. Default: 10 (the
+    /// paper's language-modelling runs use 1 to 50; 10 is one of its settings).
+    #[config(default = 10)]
+    pub mem_tokens: usize,
+    /// Segments one training step unrolls with the memory in the graph (backpropagation
+    /// through time over `k` segments, then the memory is detached); 1: the memory is
+    /// detached after every segment. Default: 2.
+    #[config(default = 2)]
+    pub bptt_segments: usize,
+    /// The paper's causal mask over `[read, segment, write]` (read token `i` sees read tokens
+    /// `<= i`, write token `i` sees write tokens `<= i`); false: the read tokens see each
+    /// other and the write tokens see each other (the peer's `memory_not_causal = True`).
+    /// Default: true.
+    #[config(default = true)]
+    pub causal_memory: bool,
+    /// Peer compatibility (recurrent-memory-transformer-pytorch 0.7.0): read tokens are the
+    /// memory plus a learned read embedding, write tokens are the learned memory tokens
+    /// (the paper's: the memory itself), and a fresh memory is zero (the paper's: the learned
+    /// tokens). Default: false.
+    #[config(default = false)]
+    pub peer_layout: bool,
+}
+
+/// The parameters of a Recurrent Memory Transformer's memory.
+///
+/// # Shapes
+/// - `memory`: `[m, d_model]`; `read_embedding`: `[m, d_model]`
+#[derive(Module, Debug)]
+pub struct Rmt {
+    /// `H^mem_0`, the initial memory (the paper's layout), or the write tokens of every
+    /// segment (`peer_layout`: the peer's `memory_tokens`).
+    pub memory: Param<Tensor<2>>,
+    /// The peer's learned read embedding (`read_memory_emb`), added to the read tokens
+    /// (`peer_layout` only).
+    pub read_embedding: Option<Param<Tensor<2>>>,
+    /// The settings.
+    #[module(skip)]
+    pub config: RmtConfig,
+    /// Whether segments read the memory carried from the previous one (false: every segment
+    /// reads a fresh memory, the baseline of [`TransformerXl::without_carried_memory`]).
+    #[module(skip)]
+    pub carry: bool,
+}
+
+/// The carried memory of a Recurrent Memory Transformer: the last segment's written memory
+/// `H^mem_{τ+1}`, `[batch, m, d_model]` (`None`: no segment read yet). In the graph during a
+/// training unroll, detached otherwise.
+#[derive(Debug, Clone, Default)]
+pub struct RmtMemory {
+    /// The written memory of the last segment.
+    pub tokens: Option<Tensor<3>>,
+}
+
+impl RmtMemory {
+    /// Cuts the memory from the graph (the end of a backpropagation window).
+    pub fn detach(&mut self) {
+        self.tokens = self.tokens.take().map(Tensor::detach);
+    }
+}
+
+impl RmtConfig {
+    /// Checks the settings against the stack's, naming the bad value.
+    pub fn validate(&self, stack: &XlConfig) -> Result<(), XlError> {
+        let bad = |m: String| Err(XlError::Config(m));
+        if self.mem_tokens == 0 {
+            return bad("rmt.mem_tokens must be positive, got 0".into());
+        }
+        if self.bptt_segments == 0 {
+            return bad("rmt.bptt_segments must be positive, got 0".into());
+        }
+        if stack.mem_len != 0 {
+            return bad(format!(
+                "rmt stacks carry memory tokens, not an XL memory: mem_len must be 0, got {}",
+                stack.mem_len
+            ));
+        }
+        if stack.compressive.is_some() {
+            return bad(
+                "rmt and compressive cannot be combined (compressive needs mem_len > 0)".into(),
+            );
+        }
+        if stack.residual != Residual::Sequential {
+            return bad(format!(
+                "rmt needs residual = \"sequential\", got {:?} (the reversible backward does not \
+                 carry memory tokens)",
+                stack.residual
+            ));
+        }
+        if let Some(k) = stack
+            .layer_kinds()
+            .iter()
+            .find(|k| !matches!(k, LayerKind::Xl | LayerKind::T5 | LayerKind::Absolute))
+        {
+            return bad(format!(
+                "rmt stacks read [read, segment, write] with xl, t5 or absolute layers; layer \
+                 kind {k:?} is not one"
+            ));
+        }
+        for (name, on) in [
+            ("compat.memory_keys_values", stack.compat.memory_keys_values),
+            ("compat.zero_first_memory", stack.compat.zero_first_memory),
+            ("same_length", stack.same_length),
+        ] {
+            if on {
+                return bad(format!("rmt does not support {name} = true"));
+            }
+        }
+        if stack.axial.is_some() {
+            return bad("rmt does not support axial positions".into());
+        }
+        Ok(())
+    }
+
+    /// Initialises the memory parameters of a stack of width `d_model`, drawn from
+    /// `N(0, std)` (the peer: 0.02).
+    pub fn init(&self, d_model: usize, std: f64, device: &Device) -> Rmt {
+        let init = Initializer::Normal { mean: 0.0, std };
+        Rmt {
+            memory: init.init([self.mem_tokens, d_model], device),
+            read_embedding: self
+                .peer_layout
+                .then(|| init.init([self.mem_tokens, d_model], device)),
+            config: self.clone(),
+            carry: true,
+        }
+    }
+}
+
+impl Rmt {
+    /// A fresh memory `H^mem_0` for `batch` rows: the learned tokens, or zeros with
+    /// `peer_layout`.
+    ///
+    /// # Shapes
+    /// - → `[batch, m, d_model]`
+    fn fresh(&self, batch: usize) -> Tensor<3> {
+        let [m, d] = self.memory.dims();
+        if self.config.peer_layout {
+            return Tensor::zeros([batch, m, d], &self.memory.device());
+        }
+        self.memory
+            .val()
+            .unsqueeze_dim::<3>(0)
+            .expand([batch, m, d])
+    }
+
+    /// The read and write tokens of a segment reading memory `mem`.
+    ///
+    /// # Shapes
+    /// - `mem`: `[batch, m, d_model]` → both `[batch, m, d_model]`
+    fn read_write(&self, mem: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
+        let [b, m, d] = mem.dims();
+        match &self.read_embedding {
+            Some(e) => (
+                mem + e.val().unsqueeze_dim::<3>(0),
+                self.memory.val().unsqueeze_dim::<3>(0).expand([b, m, d]),
+            ),
+            None => (mem.clone(), mem),
+        }
+    }
+}
+
+/// The attention mask over `[read (m), segment (len), write (m)]`: the causal mask, or with
+/// `causal_memory = false` the peer's (read tokens see all read tokens; segment tokens the
+/// read tokens and their past; write tokens everything).
+///
+/// # Shapes
+/// - → `[1, 2m + len, 2m + len]`, `true` = hidden
+fn memory_mask(m: usize, len: usize, causal_memory: bool, device: &Device) -> AttentionMask {
+    if causal_memory {
+        return AttentionMask::causal();
+    }
+    let n = 2 * m + len;
+    let hidden: Vec<bool> = (0..n * n)
+        .map(|ij| {
+            let (i, j) = (ij / n, ij % n);
+            if i < m {
+                j >= m
+            } else if i < m + len {
+                j > i
+            } else {
+                false
+            }
+        })
+        .collect();
+    AttentionMask::Explicit(Tensor::<3, Bool>::from_data(
+        TensorData::new(hidden, [1, n, n]),
+        device,
+    ))
+}
+
+impl TransformerXl {
+    /// The Recurrent Memory Transformer's settings, where the stack is one.
+    pub fn rmt_config(&self) -> Option<&RmtConfig> {
+        self.rmt.as_ref().map(|r| &r.config)
+    }
+
+    /// The same model with every segment reading a fresh memory (`H^mem_0`) instead of the
+    /// carried one: the baseline that shows what the carried memory adds. A stack that is not
+    /// an RMT is returned as it is.
+    pub fn without_carried_memory(mut self) -> Self {
+        if let Some(r) = self.rmt.as_mut() {
+            r.carry = false;
+        }
+        self
+    }
+
+    /// Reads one segment of an RMT stack on top of `state.rmt` and writes the next memory
+    /// into it (in the graph with `keep_graph`, detached otherwise). `reset[b]`: row `b`
+    /// starts a document (with `document_resets`: it reads a fresh memory).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, len]`, `reset`: `batch` flags → `[batch, len, d_model]`
+    pub(crate) fn forward_rmt(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        opts: Option<&ForwardOptions>,
+        keep_graph: bool,
+    ) -> Result<Tensor<3>, XlError> {
+        let rmt = self.rmt.as_ref().ok_or_else(|| {
+            XlError::Input("this stack is not a Recurrent Memory Transformer".into())
+        })?;
+        let [batch, len] = tokens.dims();
+        let device = tokens.device();
+        if reset.len() != batch {
+            return Err(XlError::Input(format!(
+                "reset has {} flags for a batch of {batch}",
+                reset.len()
+            )));
+        }
+        if self.mem_len != 0 {
+            return Err(XlError::Input(format!(
+                "an RMT stack reads no XL memory: mem_len must be 0, got {}",
+                self.mem_len
+            )));
+        }
+        let m = rmt.config.mem_tokens;
+        let fresh = rmt.fresh(batch);
+        // H^mem_τ: the carried memory, a fresh one for rows that start a document.
+        let mem = match (&state.rmt.tokens, rmt.carry) {
+            (Some(t), true) => {
+                if t.dims() != [batch, m, self.d_model] {
+                    return Err(XlError::Input(format!(
+                        "the carried RMT memory is {:?}, the model needs [{batch}, {m}, {}]",
+                        t.dims(),
+                        self.d_model
+                    )));
+                }
+                if self.document_resets && reset.iter().any(|&r| r) {
+                    let keep: Vec<f32> = reset.iter().map(|&r| f32::from(u8::from(!r))).collect();
+                    let keep =
+                        Tensor::<3>::from_data(TensorData::new(keep, [batch, 1, 1]), &device);
+                    t.clone() * keep.clone() + fresh * (keep.neg() + 1.0)
+                } else {
+                    t.clone()
+                }
+            }
+            _ => fresh,
+        };
+        // H̃⁰_τ = [read ∘ H⁰_τ ∘ write].
+        let (read, write) = rmt.read_write(mem);
+        let h = self.embed(tokens, opts)?;
+        let mut h = Tensor::cat(vec![read, h, write], 1);
+        let mask = memory_mask(m, len, rmt.config.causal_memory, &device);
+        let contexts = self.contexts(batch, 2 * m + len, 0, &mask, &device)?;
+        for l in 0..self.layers.len() {
+            let cx = self.layer_context(l, &contexts, None, opts);
+            h = self.layers[l].forward(h, None, cx)?;
+        }
+        drop(contexts);
+        // [H^read ∘ H^N ∘ H^write] := H̃^N_τ; H^mem_{τ+1} := H^write_τ.
+        let written = h.clone().narrow(1, m + len, m);
+        let written = match &self.final_norm {
+            Some(norm) => norm.forward(written),
+            None => written,
+        };
+        state.rmt.tokens = Some(match keep_graph {
+            true => written,
+            false => written.detach(),
+        });
+        Ok(self.finish(h.narrow(1, m, len), opts))
+    }
+}

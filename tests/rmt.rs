@@ -1,0 +1,228 @@
+//! The Recurrent Memory Transformer in the stack: its invalid combinations refused by name,
+//! its memory carried, reset and checkpointed, its backpropagation through `k` segments
+//! checked against finite differences, and its sharded unroll against one replica.
+
+use burn::module::Param;
+use burn::tensor::{Int, Tensor, TensorData};
+use memzoo_data::Batch;
+use memzoo_stack::{
+    LayerKind, Residual, RmtConfig, TransformerXl, UnrollSegment, XlConfig, XlState,
+};
+use memzoo_tests::*;
+use memzoo_train::SegmentModel;
+
+fn tiny() -> XlConfig {
+    XlConfig::new()
+        .with_n_layers(2)
+        .with_d_model(16)
+        .with_n_heads(2)
+        .with_d_inner(32)
+        .with_mem_len(0)
+        .with_dropout(0.0)
+        .with_document_resets(true)
+        .with_rmt(Some(RmtConfig::new().with_mem_tokens(3)))
+}
+
+fn tokens(batch: usize, len: usize, seed: usize) -> Tensor<2, Int> {
+    let data: Vec<i64> = (0..batch * len)
+        .map(|i| ((i * 37 + seed * 101 + 11) % 256) as i64)
+        .collect();
+    Tensor::from_data(TensorData::new(data, [batch, len]), &flex())
+}
+
+#[test]
+fn rmt_refuses_invalid_combinations_by_name() {
+    let dev = flex();
+    let err = |c: XlConfig| c.init(&dev).unwrap_err().to_string();
+    assert!(err(tiny().with_mem_len(4)).contains("mem_len must be 0, got 4"));
+    assert!(err(tiny().with_residual(Residual::Reversible)).contains("Reversible"));
+    assert!(err(tiny().with_layers(vec![LayerKind::Xl, LayerKind::Lsh])).contains("Lsh"));
+    assert!(err(tiny().with_layers(vec![LayerKind::Xl, LayerKind::Knn])).contains("Knn"));
+    let zero = RmtConfig::new().with_mem_tokens(0);
+    assert!(err(tiny().with_rmt(Some(zero))).contains("rmt.mem_tokens"));
+    let zero = RmtConfig::new().with_bptt_segments(0);
+    assert!(err(tiny().with_rmt(Some(zero))).contains("rmt.bptt_segments"));
+    // A model asked to read an XL memory at run time says so.
+    let model = tiny().init(&dev).unwrap().with_mem_len(8);
+    let e = model
+        .forward_state(tokens(1, 4, 0), &mut XlState::new(), &[false])
+        .unwrap_err();
+    assert!(e.to_string().contains("mem_len must be 0, got 8"));
+    assert_eq!(tiny().init(&dev).unwrap().stack_family(), "rmt");
+}
+
+/// The memory is carried (the second segment reads differently than with a fresh memory), a
+/// reset row reads as a fresh state does, `without_carried_memory` reads every segment
+/// fresh, and the memory survives a checkpoint.
+#[test]
+fn rmt_memory_is_carried_reset_and_checkpointed() {
+    let dev = flex();
+    for peer_layout in [false, true] {
+        let cfg = tiny().with_rmt(Some(
+            RmtConfig::new()
+                .with_mem_tokens(3)
+                .with_peer_layout(peer_layout)
+                .with_causal_memory(!peer_layout),
+        ));
+        let model = cfg.init(&dev).unwrap();
+        let mut state = XlState::new();
+        model
+            .forward_state(tokens(2, 5, 0), &mut state, &[false, false])
+            .unwrap();
+        let mem = state.rmt.tokens.clone().unwrap();
+        assert_eq!(mem.dims(), [2, 3, 16]);
+        let copy = |s: &XlState| {
+            let mut c = XlState::new();
+            c.rmt = s.rmt.clone();
+            c
+        };
+        let carried = host(
+            model
+                .forward_state(tokens(2, 5, 1), &mut copy(&state), &[false, true])
+                .unwrap(),
+        );
+        let fresh = host(
+            model
+                .forward_state(tokens(2, 5, 1), &mut XlState::new(), &[false, false])
+                .unwrap(),
+        );
+        let half = carried.len() / 2;
+        assert!(
+            max_abs_diff(&carried[..half], &fresh[..half]) > 1e-4,
+            "row 0 carries"
+        );
+        assert!(
+            max_abs_diff(&carried[half..], &fresh[half..]) < 1e-5,
+            "row 1 was reset"
+        );
+        let base = model.clone().without_carried_memory();
+        let read = host(
+            base.forward_state(tokens(2, 5, 1), &mut copy(&state), &[false, false])
+                .unwrap(),
+        );
+        assert!(max_abs_diff(&read, &fresh) < 1e-5, "no carried memory");
+
+        let dir =
+            std::env::temp_dir().join(format!("memzoo-rmt-{}-{peer_layout}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TransformerXl::save_state(&state, &dir).unwrap();
+        let back = model.load_state(&dir, &dev).unwrap();
+        assert_eq!(host(back.rmt.tokens.unwrap()), host(mem));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+fn segments(k: usize, batch: usize) -> Vec<UnrollSegment> {
+    (0..k)
+        .map(|s| UnrollSegment {
+            inputs: tokens(batch, 4, s).to_device(&flex().autodiff()),
+            targets: tokens(batch, 4, s + 7).to_device(&flex().autodiff()),
+            reset: vec![false; batch],
+            weights: None,
+        })
+        .collect()
+}
+
+/// The gradient of a 3-segment unroll along a random direction of the initial memory (which
+/// reaches the second and third segments only through the written memories) matches central
+/// finite differences of the unrolled loss.
+#[test]
+fn rmt_backpropagates_through_segments() {
+    let dev = flex().autodiff();
+    let cfg = tiny().with_rmt(Some(
+        RmtConfig::new().with_mem_tokens(3).with_bptt_segments(3),
+    ));
+    let mut model = cfg.init(&dev).unwrap();
+    // Unit-scale memory tokens, so that a step of `eps` is small against them.
+    let r = model.rmt.as_mut().unwrap();
+    r.memory = Param::from_tensor(randn([3, 16], 9, &dev));
+    let loss = |m: &TransformerXl| {
+        let (l, g) = m.train_unroll(segments(3, 2), &mut XlState::new()).unwrap();
+        (l.into_scalar::<f64>(), g)
+    };
+    let (_, grads) = loss(&model);
+    let id = model.rmt.as_ref().unwrap().memory.id;
+    let g = host(grads.get::<2>(id).unwrap());
+    let dir = randn([3, 16], 5, &dev);
+    let dir = dir
+        .clone()
+        .div_scalar(dir.powf_scalar(2.0).sum().sqrt().into_scalar::<f32>());
+    let v = host(dir.clone());
+    let analytic: f64 = g.iter().zip(&v).map(|(a, b)| f64::from(a * b)).sum();
+    let shifted = |eps: f32| {
+        let mut m = model.clone();
+        let r = m.rmt.as_mut().unwrap();
+        let w = r.memory.val() + dir.clone().mul_scalar(eps);
+        r.memory = Param::from_tensor(w.detach());
+        loss(&m).0
+    };
+    let eps = 1e-2;
+    let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * f64::from(eps));
+    assert!(
+        (analytic - numeric).abs() < 0.03 * numeric.abs().max(1e-3),
+        "d loss / d memory along v: backward {analytic:.6}, finite differences {numeric:.6}"
+    );
+    // With the memory detached after every segment the gradient is another one.
+    let mut state = XlState::new();
+    let mut cut = vec![0.0f32; g.len()];
+    for s in segments(3, 2) {
+        let (_, gs) = model.train_unroll(vec![s], &mut state).unwrap();
+        // Past the first segment the initial memory is not read: no gradient.
+        if let Some(gs) = gs.get::<2>(id) {
+            for (c, x) in cut.iter_mut().zip(host(gs)) {
+                *c += x / 3.0;
+            }
+        }
+    }
+    assert!(
+        max_abs_diff(&cut, &g) > 1e-5,
+        "k = 3 reaches past the first segment"
+    );
+    assert!(!state.rmt.tokens.unwrap().is_require_grad());
+}
+
+fn batch(k: usize, rows: usize, len: usize) -> Vec<Batch> {
+    (0..k)
+        .map(|s| {
+            let x: Vec<i64> = (0..rows * len)
+                .map(|i| ((i * 13 + s * 29) % 256) as i64)
+                .collect();
+            let y: Vec<i64> = (0..rows * len)
+                .map(|i| ((i * 7 + s * 31 + 1) % 256) as i64)
+                .collect();
+            Batch::new(rows, len, x, y).unwrap()
+        })
+        .collect()
+}
+
+/// Two replicas, each unrolling its rows of two segments, give one replica's loss and
+/// gradients (and carry the same memories).
+#[test]
+fn rmt_sharded_unroll_matches_one_replica() {
+    let dev = flex().autodiff();
+    let model = tiny().init(&dev).unwrap();
+    let segs = batch(2, 4, 5);
+    let run = |r: usize| {
+        let mut states: Vec<XlState> = (0..r).map(|_| XlState::new()).collect();
+        let placement = vec![dev.clone(); r];
+        let (loss, grads) = memzoo_train::unroll::train_unroll_streamed(
+            &model,
+            &dev,
+            &placement,
+            &segs,
+            &mut states,
+            None,
+        )
+        .unwrap();
+        (loss, param_vectors(&model, Some(&grads)))
+    };
+    let (l1, g1) = run(1);
+    let (l2, g2) = run(2);
+    assert!((l1 - l2).abs() < 1e-5, "{l1} vs {l2}");
+    for (a, b) in g1.iter().zip(&g2) {
+        match (a, b) {
+            (Some(a), Some(b)) => assert_close(a, b, 1e-5, "gradient"),
+            (a, b) => assert_eq!(a.is_some(), b.is_some()),
+        }
+    }
+}
