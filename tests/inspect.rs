@@ -430,3 +430,48 @@ fn inspect_page_renders_tokens_and_panels_in_chromium() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An LSH layer's record: the bucket of every query per head and round. In a one-layer
+/// shared-QK Reformer without positions (no axial embedding, no memory) the layer reads the
+/// token embedding alone, so two equal tokens of one segment have the same query and hash into
+/// the same bucket in every round (`h(x) = argmax([xR; -xR])`, one set of rotations per pass),
+/// while other tokens spread over the buckets.
+#[test]
+fn inspect_lsh_buckets_follow_the_tokens() {
+    let sets: Vec<String> = tiny_lsh_layer(&["train.tgt_len=8"])
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let config = memzoo::config::RunConfig::resolve(None, &sets).unwrap();
+    let model = seeded_weights(config.stack().init(&flex()).unwrap(), 27, |_| 0.5);
+    // Two segments of 8, each with repeated bytes.
+    let text = b"abcabcxyabcabcxy";
+    let tokens: Vec<i64> = text.iter().map(|&b| i64::from(b)).collect();
+    let ins = run(&model, &tokens);
+    let layer = &ins.layers[0];
+    assert_eq!(layer.kind, "lsh");
+    let (heads, rounds) = (layer.heads, layer.rounds);
+    assert!(rounds > 0, "an LSH layer records its rounds");
+    // One query per input token: the text but its last token.
+    let queries = tokens.len() - 1;
+    assert_eq!(layer.buckets.len(), queries * heads * rounds);
+    let n_buckets = config.stack().lsh.n_buckets.unwrap_or(usize::MAX) as u32;
+    assert!(layer.buckets.iter().all(|&b| b < n_buckets.max(1)));
+    let of = |t: usize| &layer.buckets[t * heads * rounds..(t + 1) * heads * rounds];
+    let mut distinct = std::collections::BTreeSet::new();
+    let mut pairs = 0;
+    for start in (0..queries).step_by(SEG) {
+        let segment = start..(start + SEG).min(queries);
+        for a in segment.clone() {
+            for b in a + 1..segment.end {
+                if text[a] == text[b] {
+                    assert_eq!(of(a), of(b), "tokens {a} and {b} are both {:?}", text[a] as char);
+                    pairs += 1;
+                }
+            }
+            distinct.insert(of(a).to_vec());
+        }
+    }
+    assert!(pairs >= 6, "the text repeats tokens within a segment");
+    assert!(distinct.len() > 1, "the tokens hash into more than one bucket");
+}
