@@ -465,7 +465,12 @@ fn inspect_lsh_buckets_follow_the_tokens() {
         for a in segment.clone() {
             for b in a + 1..segment.end {
                 if text[a] == text[b] {
-                    assert_eq!(of(a), of(b), "tokens {a} and {b} are both {:?}", text[a] as char);
+                    assert_eq!(
+                        of(a),
+                        of(b),
+                        "tokens {a} and {b} are both {:?}",
+                        text[a] as char
+                    );
                     pairs += 1;
                 }
             }
@@ -473,5 +478,8 @@ fn inspect_lsh_buckets_follow_the_tokens() {
         }
     }
     assert!(pairs >= 6, "the text repeats tokens within a segment");
-    assert!(distinct.len() > 1, "the tokens hash into more than one bucket");
+    assert!(
+        distinct.len() > 1,
+        "the tokens hash into more than one bucket"
+    );
 }
