@@ -17,7 +17,8 @@ use memzoo_data::{
 };
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_stack::{
-    KnnLayerConfig, LshConfig, MemorizingConfig, Randomness, ReformerConfig, XlConfig, XlMemory,
+    KnnLayerConfig, LshConfig, MemorizingConfig, Randomness, ReformerConfig, TransformerXl,
+    XlConfig, XlMemory,
 };
 use memzoo_tests::*;
 use memzoo_train::{
@@ -242,17 +243,18 @@ fn text_splits() -> (Vec<u16>, Vec<u16>, f64) {
     (train, valid, bpc)
 }
 
-/// Trains `model` for `steps` on the training split and evaluates it on the whole validation
-/// split (memory carried); returns the validation bpc.
-fn short_run<M: SegmentModel>(
+/// Trains `model` for `steps` steps of `batch` rows of `tgt_len` tokens on `train_tokens`
+/// (lr warmed up over the first tenth, then linear to 0; seed 0) and returns it with its
+/// validation bpc on `valid_tokens` (rows of 8) when `valid_tokens` is given.
+fn short_train<M: SegmentModel>(
     name: &str,
     model: M,
     train_tokens: &[u16],
-    valid_tokens: &[u16],
+    valid_tokens: Option<&[u16]>,
     steps: usize,
     [batch, tgt_len]: [usize; 2],
     lr: f64,
-) -> f64 {
+) -> (M, Option<f64>) {
     let dir = std::env::temp_dir().join(format!("memzoo-learning-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let config = TrainConfig::new()
@@ -272,7 +274,7 @@ fn short_run<M: SegmentModel>(
     let mut train_data = OrderedBatcher::new(train_tokens.to_vec(), batch, tgt_len)
         .unwrap()
         .drop_last(true);
-    let mut valid_data = OrderedBatcher::new(valid_tokens.to_vec(), 8, tgt_len).unwrap();
+    let mut valid_data = valid_tokens.map(|v| OrderedBatcher::new(v.to_vec(), 8, tgt_len).unwrap());
     let options = RunOptions {
         run_dir: dir.clone(),
         resume: false,
@@ -282,12 +284,43 @@ fn short_run<M: SegmentModel>(
         model,
         &config,
         &mut train_data,
-        Some(&mut valid_data),
+        valid_data
+            .as_mut()
+            .map(|d| d as &mut dyn memzoo_train::SegmentSource),
         &options,
     )
     .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    outcome.valid.expect("evaluated at the end").bpc
+    (outcome.model, outcome.valid.map(|v| v.bpc))
+}
+
+/// [`short_train`] with a validation split: its bpc at the end.
+fn short_run<M: SegmentModel>(
+    name: &str,
+    model: M,
+    train_tokens: &[u16],
+    valid_tokens: &[u16],
+    steps: usize,
+    shape: [usize; 2],
+    lr: f64,
+) -> f64 {
+    let (_, bpc) = short_train(
+        name,
+        model,
+        train_tokens,
+        Some(valid_tokens),
+        steps,
+        shape,
+        lr,
+    );
+    bpc.expect("evaluated at the end")
+}
+
+/// Validation bpc of `model` on the first 16K tokens of `valid_tokens`, in rows of 8.
+fn valid_bpc(model: &TransformerXl, valid_tokens: &[u16], tgt_len: usize) -> f64 {
+    let valid = &valid_tokens[..valid_tokens.len().min(16_384)];
+    let mut data = OrderedBatcher::new(valid.to_vec(), 8, tgt_len).unwrap();
+    evaluate(model, &mut data, tgt_len, None).unwrap().bpc
 }
 
 /// The bound a short run must get under: clearly below the unigram bpc (a stalled model sits
@@ -402,134 +435,75 @@ fn memorizing_learns_tiny_shakespeare() {
 }
 
 /// The Compressive Transformer (a compressed memory of 16 vectors at rate 2 beside an XL memory
-/// of 16, conv compression trained by the reconstruction loss) learns the text.
+/// of 16, conv compression trained by the reconstruction loss) learns the text and reads its
+/// compressed memory to a lower bpc than the same weights without it.
 #[test]
 fn compressive_learns_tiny_shakespeare() {
-    let (train_tokens, valid_tokens, unigram) = text_splits();
-    let model = XlConfig::new()
-        .with_randomness(Randomness::Seeded)
-        .with_n_layers(2)
-        .with_d_model(64)
-        .with_n_heads(4)
-        .with_d_inner(256)
-        .with_mem_len(16)
-        .with_dropout(0.0)
-        .with_untie_rel_bias(true)
-        .with_embedding_std(Some(5.0 / 64.0))
-        .with_compressive(Some(
-            memzoo_stack::CompressiveConfig::new()
-                .with_cmem_len(16)
-                .with_ratio(2),
-        ));
-    let model = seeded_weights(model.init(&device()).unwrap(), 0, xl_init_std(&model));
-    assert_eq!(model.stack_family(), "compressive");
-    let dir = std::env::temp_dir().join(format!("memzoo-learning-{}-cmem", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let tgt_len = 8;
-    let config = TrainConfig::new()
-        .with_steps(STEPS)
-        .with_batch(16)
-        .with_tgt_len(tgt_len)
-        .with_seed(0)
-        .with_log_every(STEPS)
-        .with_eval_every(0)
-        .with_checkpoint_every(0)
-        .with_schedule(
-            ScheduleConfig::new()
-                .with_lr(3e-3)
-                .with_warmup(STEPS / 10)
-                .with_min_ratio(0.0),
-        );
-    let mut train_data = OrderedBatcher::new(train_tokens, 16, tgt_len)
-        .unwrap()
-        .drop_last(true);
-    let options = RunOptions {
-        run_dir: dir.clone(),
-        resume: false,
-        quiet: true,
-    };
-    let outcome = train(model, &config, &mut train_data, None, &options).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let valid = &valid_tokens[..valid_tokens.len().min(16_384)];
-    let bpc = |cmem_len: usize| {
-        let model = outcome.model.clone().with_cmem_len(cmem_len);
-        let mut data = OrderedBatcher::new(valid.to_vec(), 8, tgt_len).unwrap();
-        evaluate(&model, &mut data, tgt_len, None).unwrap().bpc
-    };
-    let (with, without) = (bpc(16), bpc(0));
+    let compressive = memzoo_stack::CompressiveConfig::new()
+        .with_cmem_len(16)
+        .with_ratio(2);
+    let config = memory_stack(16).with_compressive(Some(compressive));
+    let (model, valid, unigram) = trained_memory_stack("compressive", config);
+    let with = valid_bpc(&model, &valid, MEMORY_TGT_LEN);
+    let without = valid_bpc(&model.with_cmem_len(0), &valid, MEMORY_TGT_LEN);
     assert_learns("compressive", with, unigram);
-    eprintln!("compressive: {with:.3} bpc reading its compressed memory, {without:.3} without");
-    assert!(
-        with < without - 0.02,
-        "the compressed memory does not help: {with:.3} bpc with it, {without:.3} without"
-    );
+    assert_memory_helps("compressive", "compressed memory", with, without);
 }
 
 /// The Recurrent Memory Transformer (8 memory tokens, no XL memory, segments of 8 bytes,
 /// backpropagation through 2 segments) learns the text and reads its carried memory to a
-/// lower bpc than the same weights reading a fresh memory every segment.
+/// lower bpc than the same weights reading a fresh memory every segment. (600 steps of two
+/// segments each; 300 did not yet use the memory: 3.614 vs 3.615 bpc.)
 #[test]
 fn rmt_learns_tiny_shakespeare() {
-    let (train_tokens, valid_tokens, unigram) = text_splits();
-    let model = XlConfig::new()
+    let rmt = memzoo_stack::RmtConfig::new()
+        .with_mem_tokens(8)
+        .with_bptt_segments(2);
+    let config = memory_stack(0).with_rmt(Some(rmt));
+    let (model, valid, unigram) = trained_memory_stack("rmt", config);
+    let with = valid_bpc(&model, &valid, MEMORY_TGT_LEN);
+    let without = valid_bpc(&model.without_carried_memory(), &valid, MEMORY_TGT_LEN);
+    assert_learns("rmt", with, unigram);
+    assert_memory_helps("rmt", "carried memory", with, without);
+}
+
+const STEPS: usize = 600;
+
+/// The stack of the memory families' learning tests: 2 layers of 64 (4 heads), seeded, no
+/// dropout, XL memory `mem_len`; each test adds its memory.
+fn memory_stack(mem_len: usize) -> XlConfig {
+    XlConfig::new()
         .with_randomness(Randomness::Seeded)
         .with_n_layers(2)
         .with_d_model(64)
         .with_n_heads(4)
         .with_d_inner(256)
-        .with_mem_len(0)
+        .with_mem_len(mem_len)
         .with_dropout(0.0)
         .with_untie_rel_bias(true)
         .with_embedding_std(Some(5.0 / 64.0))
-        .with_rmt(Some(
-            memzoo_stack::RmtConfig::new()
-                .with_mem_tokens(8)
-                .with_bptt_segments(2),
-        ));
-    let model = seeded_weights(model.init(&device()).unwrap(), 0, xl_init_std(&model));
-    assert_eq!(model.stack_family(), "rmt");
-    let dir = std::env::temp_dir().join(format!("memzoo-learning-{}-rmt", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let tgt_len = 8;
-    // 600 steps of two segments each (300 did not yet use the memory: 3.614 vs 3.615 bpc).
-    let steps = STEPS;
-    let config = TrainConfig::new()
-        .with_steps(steps)
-        .with_batch(16)
-        .with_tgt_len(tgt_len)
-        .with_seed(0)
-        .with_log_every(steps)
-        .with_eval_every(0)
-        .with_checkpoint_every(0)
-        .with_schedule(
-            ScheduleConfig::new()
-                .with_lr(3e-3)
-                .with_warmup(steps / 10)
-                .with_min_ratio(0.0),
-        );
-    let mut train_data = OrderedBatcher::new(train_tokens, 16, tgt_len)
-        .unwrap()
-        .drop_last(true);
-    let options = RunOptions {
-        run_dir: dir.clone(),
-        resume: false,
-        quiet: true,
-    };
-    let outcome = train(model, &config, &mut train_data, None, &options).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let valid = &valid_tokens[..valid_tokens.len().min(16_384)];
-    let bpc = |model: &memzoo_stack::TransformerXl| {
-        let mut data = OrderedBatcher::new(valid.to_vec(), 8, tgt_len).unwrap();
-        evaluate(model, &mut data, tgt_len, None).unwrap().bpc
-    };
-    let with = bpc(&outcome.model);
-    let without = bpc(&outcome.model.clone().without_carried_memory());
-    assert_learns("rmt", with, unigram);
-    eprintln!("rmt: {with:.3} bpc reading its carried memory, {without:.3} without");
-    assert!(
-        with < without - 0.02,
-        "the carried memory does not help: {with:.3} bpc with it, {without:.3} without"
-    );
 }
 
-const STEPS: usize = 600;
+/// Segment length of the memory families' learning tests.
+const MEMORY_TGT_LEN: usize = 8;
+
+/// `config` (a stack of `family`) seeded, trained [`STEPS`] steps of 16 rows of
+/// [`MEMORY_TGT_LEN`] bytes of tiny Shakespeare at lr 3e-3; with the validation tokens and the
+/// unigram bpc.
+fn trained_memory_stack(family: &str, config: XlConfig) -> (TransformerXl, Vec<u16>, f64) {
+    let (train_tokens, valid_tokens, unigram) = text_splits();
+    let model = seeded_weights(config.init(&device()).unwrap(), 0, xl_init_std(&config));
+    assert_eq!(model.stack_family(), family);
+    let shape = [16, MEMORY_TGT_LEN];
+    let (model, _) = short_train(family, model, &train_tokens, None, STEPS, shape, 3e-3);
+    (model, valid_tokens, unigram)
+}
+
+/// The same weights read the validation text better with their memory than without it.
+fn assert_memory_helps(family: &str, memory: &str, with: f64, without: f64) {
+    eprintln!("{family}: {with:.3} bpc reading its {memory}, {without:.3} without");
+    assert!(
+        with < without - 0.02,
+        "{family}: the {memory} does not help: {with:.3} bpc with it, {without:.3} without"
+    );
+}
