@@ -206,39 +206,77 @@ pub fn train_step_streamed<M: SegmentModel>(
         .into_iter()
         .map(|rows| segment.rows(rows))
         .collect::<Result<_, _>>()?;
-    // Weights n_r / N (rows / batch if no target counts at all).
     let counted: Vec<usize> = shards.iter().map(Segment::counted_targets).collect();
+    let rows: Vec<usize> = shards.iter().map(|s| s.batch).collect();
+    let weights = shard_weights(&counted, &rows, segment.batch);
+    run_replicas(
+        model,
+        main,
+        placement,
+        &shards,
+        &weights,
+        states,
+        stream,
+        |replica, shard, device, state| {
+            let (x, y) = tensors(shard, device);
+            let w = loss_weights(shard, device);
+            Ok(replica.train_step(x, y, state, &shard.reset, w)?)
+        },
+    )
+}
+
+/// Each shard's weight in a step's mean loss: its share `n_r / N` of the counted targets, or,
+/// when no target counts at all, its share of the `batch` rows.
+pub(crate) fn shard_weights(counted: &[usize], rows: &[usize], batch: usize) -> Vec<f64> {
     let total: usize = counted.iter().sum();
-    let weights: Vec<f64> = shards
+    counted
         .iter()
-        .zip(&counted)
-        .map(|(s, &n)| match total {
-            0 => s.batch as f64 / segment.batch as f64,
+        .zip(rows)
+        .map(|(&n, &r)| match total {
+            0 => r as f64 / batch as f64,
             _ => n as f64 / total as f64,
         })
-        .collect();
+        .collect()
+}
 
-    let replicas: Vec<M> = placement
+/// Runs `step` for every replica at once: `model` on each device of `placement` (itself where
+/// one replica runs on `main`; each drawing from its own [`replica_stream`]), replica `r` on
+/// `shards[r]` with `states[r]`. Returns `Σ_r w_r L_r` and `Σ_r w_r ∇_r`, the gradients summed
+/// on `main` (OptimMainDevice); a shard of weight 0 (padding only: its mean is 0/0) ran for
+/// its memory and counts for nothing.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_replicas<M: SegmentModel, S: Sync>(
+    model: &M,
+    main: &Device,
+    placement: &[Device],
+    shards: &[S],
+    weights: &[f64],
+    states: &mut [M::State],
+    stream: Option<TrainStream>,
+    step: impl Fn(&M, &S, &Device, &mut M::State) -> Result<(f64, GradientsParams), TrainError> + Sync,
+) -> Result<(f64, GradientsParams), TrainError> {
+    let replicas = states.len();
+    let models: Vec<M> = placement
         .iter()
         .enumerate()
         .map(|(r, device)| {
-            let replica = model.clone().fork(device);
+            let replica = match replicas == 1 && device == main {
+                true => model.clone(),
+                false => model.clone().fork(device),
+            };
             match stream {
                 Some(s) => replica.with_train_stream(s.seed, replica_stream(s.stream, r, replicas)),
                 None => replica,
             }
         })
         .collect();
-    let results: Vec<Result<(f64, GradientsParams), TrainError>> = replicas
+    let results: Vec<Result<(f64, GradientsParams), TrainError>> = models
         .into_par_iter()
         .zip(placement.par_iter())
         .zip(shards.par_iter())
         .zip(states.par_iter_mut())
         .map(|(((replica, device), shard), state)| {
-            let (x, y) = tensors(shard, device);
-            let w = loss_weights(shard, device);
-            let (loss, grads) = replica.train_step(x, y, state, &shard.reset, w)?;
-            // OptimMainDevice: every replica's gradients are summed on the main device.
+            let (loss, grads) = step(&replica, shard, device, state)?;
             let grads = match device == main {
                 true => grads,
                 false => grads.to_device(main, &replica),
@@ -246,15 +284,13 @@ pub fn train_step_streamed<M: SegmentModel>(
             Ok((loss, grads))
         })
         .collect();
-
     // Equal weights (the usual case): sum, then scale once.
     let uniform = weights.iter().all(|&w| w == weights[0]);
     let mut acc = GradientsAccumulator::<M>::new();
     let mut loss = 0.0;
-    for (result, &w) in results.into_iter().zip(&weights) {
+    for (result, &w) in results.into_iter().zip(weights) {
         let (shard_loss, grads) = result?;
         if w == 0.0 {
-            // Only padding in this shard: its mean loss is 0/0 (NaN). It ran for its memory.
             continue;
         }
         loss += w * shard_loss;

@@ -9,16 +9,14 @@
 //! targets of all `k` segments; the step's loss is `L = (1/k) Σ_τ L_τ`, the mean of the
 //! segments' mean losses (the peer's segments weighted by their lengths, equal here).
 
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::Device;
 use memzoo_stack::UnrollSegment;
-use rayon::prelude::*;
 
 use crate::error::TrainError;
-use crate::grads::scale;
 use crate::model::SegmentModel;
 use crate::parallel::{
-    TrainStream, check_replicas, replica_stream, shard_rows, train_step_streamed,
+    TrainStream, check_replicas, run_replicas, shard_rows, shard_weights, train_step_streamed,
 };
 use crate::segment::{Segment, loss_weights, tensors};
 
@@ -82,52 +80,18 @@ pub fn train_unroll_streamed<M: SegmentModel>(
         .iter()
         .map(|ss| ss.iter().map(Segment::counted_targets).sum())
         .collect();
-    let total: usize = counted.iter().sum();
-    let weights: Vec<f64> = shards
-        .iter()
-        .zip(&counted)
-        .map(|(ss, &n)| match total {
-            0 => ss[0].batch as f64 / first.batch as f64,
-            _ => n as f64 / total as f64,
-        })
-        .collect();
-    let models: Vec<M> = placement
-        .iter()
-        .enumerate()
-        .map(|(r, device)| {
-            let replica = match replicas == 1 && device == main {
-                true => model.clone(),
-                false => model.clone().fork(device),
-            };
-            match stream {
-                Some(s) => replica.with_train_stream(s.seed, replica_stream(s.stream, r, replicas)),
-                None => replica,
-            }
-        })
-        .collect();
-    let results: Vec<Result<(f64, GradientsParams), TrainError>> = models
-        .into_par_iter()
-        .zip(placement.par_iter())
-        .zip(shards.par_iter())
-        .zip(states.par_iter_mut())
-        .map(|(((replica, device), shard), state)| {
-            let (loss, grads) = replica.train_unroll(unroll_segments(shard, device), state)?;
-            let grads = match device == main {
-                true => grads,
-                false => grads.to_device(main, &replica),
-            };
-            Ok((loss, grads))
-        })
-        .collect();
-    let mut acc = GradientsAccumulator::<M>::new();
-    let mut loss = 0.0;
-    for (result, &w) in results.into_iter().zip(&weights) {
-        let (shard_loss, grads) = result?;
-        if w == 0.0 {
-            continue;
-        }
-        loss += w * shard_loss;
-        acc.accumulate(model, scale(model, grads, w));
-    }
-    Ok((loss, acc.grads()))
+    let rows: Vec<usize> = shards.iter().map(|ss| ss[0].batch).collect();
+    let weights = shard_weights(&counted, &rows, first.batch);
+    run_replicas(
+        model,
+        main,
+        placement,
+        &shards,
+        &weights,
+        states,
+        stream,
+        |replica, shard, device, state| {
+            Ok(replica.train_unroll(unroll_segments(shard, device), state)?)
+        },
+    )
 }
