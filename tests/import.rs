@@ -75,26 +75,62 @@ impl Reference {
         lp: Tensor<3>,
         targets: Tensor<2, Int>,
     ) -> Tensor<1> {
-        check(
-            &host(lp.clone()),
-            &self.floats(&format!("log_probs.{s}")),
-            &format!("log-probs {s}"),
-        );
+        self.check_log_probs(s, &lp, "");
         let [b, q, _] = lp.dims();
         let nll = lp
             .gather(2, targets.reshape([b, q, 1]))
             .reshape([b, q])
             .neg();
+        self.check_nll(s, nll, "")
+    }
+
+    /// [`check_scores`](Self::check_scores) for a window read whole (`name` prefixes the
+    /// messages): position `t` of `inputs` predicts token `t + 1`, as HF's `labels =
+    /// input_ids` and the lucidrains Reformer score it.
+    ///
+    /// # Shapes
+    /// - `lp`: `[batch, len, vocab]`, `inputs`: `[batch, len]`
+    #[track_caller]
+    pub(crate) fn check_window_scores(
+        &self,
+        s: usize,
+        lp: Tensor<3>,
+        inputs: Tensor<2, Int>,
+        name: &str,
+    ) -> Tensor<1> {
+        self.check_log_probs(s, &lp, name);
+        let [b, l] = inputs.dims();
+        let y = inputs.slice([0..b, 1..l]);
+        let nll = lp
+            .slice([0..b, 0..l - 1])
+            .gather(2, y.reshape([b, l - 1, 1]))
+            .reshape([b, l - 1])
+            .neg();
+        self.check_nll(s, nll, name)
+    }
+
+    #[track_caller]
+    fn check_log_probs(&self, s: usize, lp: &Tensor<3>, name: &str) {
+        check(
+            &host(lp.clone()),
+            &self.floats(&format!("log_probs.{s}")),
+            &format!("{name}log-probs {s}"),
+        );
+    }
+
+    /// The per-target losses (`losses.{s}`) and their mean (`loss.{s}`), returned.
+    #[track_caller]
+    fn check_nll(&self, s: usize, nll: Tensor<2>, name: &str) -> Tensor<1> {
         check(
             &host(nll.clone()),
             &self.floats(&format!("losses.{s}")),
-            &format!("losses {s}"),
+            &format!("{name}losses {s}"),
         );
         let loss = nll.mean();
         check(
             &host(loss.clone()),
             &self.floats(&format!("loss.{s}")),
-            &format!("loss {s}"),
+            &format!("{name}loss {s}"),
         );
         loss
     }

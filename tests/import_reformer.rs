@@ -39,30 +39,12 @@ fn hf_parity(name: &str, grads: bool) {
     let r = Reference::at(&fixture(name));
     for s in 0..2 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
-        let [b, l] = x.dims();
-        let lp = log_softmax(window_logits(&model, x.clone()).unwrap(), 2);
-        check(
-            &host(lp.clone()),
-            &r.floats(&format!("log_probs.{s}")),
-            &format!("{name}: log-probs {s}"),
-        );
-        // HF's loss: `labels = input_ids`, position t predicts token t + 1.
-        let y = x.slice([0..b, 1..l]);
-        let nll = lp
-            .slice([0..b, 0..l - 1])
-            .gather(2, y.reshape([b, l - 1, 1]))
-            .reshape([b, l - 1])
-            .neg();
-        check(
-            &host(nll.clone()),
-            &r.floats(&format!("losses.{s}")),
-            &format!("{name}: losses {s}"),
-        );
-        let loss = nll.mean();
-        check(
-            &host(loss.clone()),
-            &r.floats(&format!("loss.{s}")),
-            &format!("{name}: loss {s}"),
+        // Position t predicts token t + 1 (HF's `labels = input_ids`).
+        let loss = r.check_window_scores(
+            s,
+            log_softmax(window_logits(&model, x.clone()).unwrap(), 2),
+            x.clone(),
+            &format!("{name}: "),
         );
         if grads && s == 0 {
             let grads = GradientsParams::from_grads(loss.backward(), &model);
