@@ -109,8 +109,10 @@ impl Reference {
         self.check_nll(s, nll, name)
     }
 
+    /// Segment `s`'s log-probabilities `lp` against the peer's (`log_probs.{s}`); `name`
+    /// prefixes the message.
     #[track_caller]
-    fn check_log_probs(&self, s: usize, lp: &Tensor<3>, name: &str) {
+    pub(crate) fn check_log_probs(&self, s: usize, lp: &Tensor<3>, name: &str) {
         check(
             &host(lp.clone()),
             &self.floats(&format!("log_probs.{s}")),
@@ -506,6 +508,30 @@ fn hf_transfo_xl_import_errors_name_the_tensor() {
     let bad = XlMemory::zeros(3, 2, 4, 64, &dev);
     assert!(model.forward(x.clone(), &bad).is_err());
     assert!(model.forward(x, &XlMemory::empty()).is_ok());
+}
+
+/// A peer's fixture `dir` imported into a fresh run directory by `memzoo import --from
+/// format` (`text` its data) and loaded back as `memzoo eval` loads a run: the scratch
+/// directory, the run directory, its config, the model, the peer's reference outputs and the
+/// device (flex).
+pub(crate) fn imported_run(
+    format: &str,
+    dir: &Path,
+    scratch_name: &str,
+    text: String,
+) -> (
+    PathBuf,
+    PathBuf,
+    memzoo::config::RunConfig,
+    TransformerXl,
+    Reference,
+    Device,
+) {
+    let tmp = scratch(scratch_name);
+    let run = import_with_data(format, dir, &tmp, text);
+    let device = flex();
+    let (config, model) = memzoo::commands::load_xl(&run, &device).unwrap();
+    (tmp, run, config, model, Reference::at(dir), device)
 }
 
 /// A scratch directory for one test.

@@ -18,7 +18,7 @@ use memzoo_import::{ImportError, TensorMap};
 use memzoo_stack::{XlConfig, XlMemory};
 use memzoo_tests::*;
 
-use crate::import::{Reference, check, check_gradients, scratch};
+use crate::import::{Reference, check, check_gradients, imported_run, scratch};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/labml-xl")
@@ -135,27 +135,19 @@ fn labml_xl_import_errors_name_the_tensor() {
 /// model; a stack labml cannot express is refused naming the field.
 #[test]
 fn labml_xl_run_dir_and_export_round_trip() {
-    let tmp = scratch("labml-run");
     // Bytes below the fixture's vocabulary of 40.
-    let run = import_with_data(
+    let (tmp, run, config, model, r, dev) = imported_run(
         "labml-xl",
         &fixture(),
-        &tmp,
+        "labml-run",
         "\x01\x02\x03\x04 ".repeat(2000),
     );
-    let dev = flex();
-    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert!(config.model.compat.value_output_bias && !config.model.scale_embedding);
-    let r = Reference::at(&fixture());
     let mut memory = XlMemory::empty();
     for s in 0..3 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
         let out = model.forward(x, &memory).unwrap();
-        check(
-            &host(log_softmax(model.logits(out.hidden), 2)),
-            &r.floats(&format!("log_probs.{s}")),
-            &format!("run dir: log-probs {s}"),
-        );
+        r.check_log_probs(s, &log_softmax(model.logits(out.hidden), 2), "run dir: ");
         memory = out.memory;
     }
     let out = tmp.join("export");

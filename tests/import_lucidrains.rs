@@ -23,7 +23,7 @@ use memzoo_memory::KnnIndex;
 use memzoo_stack::{LayerAttention, TransformerXl, XlConfig, XlState};
 use memzoo_tests::*;
 
-use crate::import::{Reference, check, check_gradients, scratch};
+use crate::import::{Reference, check, check_gradients, imported_run, scratch};
 
 const SEGMENTS: usize = 6;
 
@@ -294,18 +294,14 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
 /// cannot express is refused naming the field.
 #[test]
 fn lucidrains_memorizing_run_dir_and_export_round_trip() {
-    let tmp = scratch("lucidrains-run");
     // Bytes below the fixture's vocabulary of 24.
-    let run = import_with_data(
+    let (tmp, run, config, model, r, dev) = imported_run(
         "lucidrains-memorizing",
         &fixture(),
-        &tmp,
+        "lucidrains-run",
         "\x01\x02\x03\x04\x05".repeat(2000),
     );
-    let dev = flex();
-    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert_eq!(config.model.kv_heads, Some(1));
-    let r = Reference::at(&fixture());
     let batch = r.data("input_ids.0").shape()[0];
     let mut state = model.new_state(batch, &dev).unwrap();
     for s in 0..SEGMENTS {
@@ -313,11 +309,7 @@ fn lucidrains_memorizing_run_dir_and_export_round_trip() {
         let hidden = model
             .forward_state(x, &mut state, &vec![false; batch])
             .unwrap();
-        check(
-            &host(log_softmax(model.logits(hidden), 2)),
-            &r.floats(&format!("log_probs.{s}")),
-            &format!("run dir: log-probs {s}"),
-        );
+        r.check_log_probs(s, &log_softmax(model.logits(hidden), 2), "run dir: ");
     }
     // The run is of the memorizing family (a stack with kNN layers): generate and a resumed
     // training accept it.

@@ -21,7 +21,7 @@ use memzoo_import::{ImportError, TensorMap};
 use memzoo_stack::XlConfig;
 use memzoo_tests::*;
 
-use crate::import::{Reference, check, check_gradients, scratch};
+use crate::import::{Reference, check_gradients, imported_run, scratch};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-reformer")
@@ -155,23 +155,19 @@ fn lucidrains_reformer_import_errors_name_the_tensor() {
 /// arguments back exactly; a stack it cannot express is refused naming the field.
 #[test]
 fn lucidrains_reformer_run_dir_and_export_round_trip() {
-    let tmp = scratch("lucid-reformer-run");
-    let run = import_with_data(
+    let (tmp, run, config, model, r, dev) = imported_run(
         "lucidrains-reformer",
         &fixture(),
-        &tmp,
+        "lucid-reformer-run",
         "\x03\x04\x05\x06\x07".repeat(2000),
     );
-    let dev = flex();
-    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert!(config.model.axial.as_ref().unwrap().summed && config.model.lsh.output_bias);
-    let r = Reference::at(&fixture());
     for s in 0..1 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
-        check(
-            &host(log_softmax(window_logits(&model, x).unwrap(), 2)),
-            &r.floats(&format!("log_probs.{s}")),
-            &format!("run dir: log-probs {s}"),
+        r.check_log_probs(
+            s,
+            &log_softmax(window_logits(&model, x).unwrap(), 2),
+            "run dir: ",
         );
     }
     let out = tmp.join("export");

@@ -21,7 +21,7 @@ use memzoo_import::{ImportError, TensorMap};
 use memzoo_stack::{LayerAttention, Step, XlConfig, XlState};
 use memzoo_tests::*;
 
-use crate::import::{Reference, check, check_gradients, scratch};
+use crate::import::{Reference, check_gradients, imported_run, scratch};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -239,24 +239,20 @@ fn hf_reformer_import_errors_name_the_tensor() {
 /// is refused naming the field.
 #[test]
 fn hf_reformer_run_dir_and_export_round_trip() {
-    let tmp = scratch("reformer-run");
     // Bytes below the fixture's vocabulary of 20.
-    let run = import_with_data(
+    let (tmp, run, config, model, r, dev) = imported_run(
         "hf-reformer",
         &fixture("enwik8"),
-        &tmp,
+        "reformer-run",
         "\x03\x04\x05\x06\x07".repeat(2000),
     );
-    let dev = flex();
-    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
     assert!(config.model.lsh.fixed_rotations && !config.model.lsh.dedup_rounds);
-    let r = Reference::at(&fixture("enwik8"));
     for s in 0..2 {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
-        check(
-            &host(log_softmax(window_logits(&model, x).unwrap(), 2)),
-            &r.floats(&format!("log_probs.{s}")),
-            &format!("run dir: log-probs {s}"),
+        r.check_log_probs(
+            s,
+            &log_softmax(window_logits(&model, x).unwrap(), 2),
+            "run dir: ",
         );
     }
     let out = tmp.join("export");
