@@ -822,6 +822,18 @@ impl Study {
         let out = memzoo_train::train(model, train, data, None, &options)
             .map_err(|e| format!("training {name}: {e}"))?;
         let secs = start.elapsed().as_secs_f64();
+        // A run stopped by a signal is not a finished model: no recipe is written for it (a
+        // later study trains it again) and the study stops here.
+        if out.interrupted || out.steps < train.steps {
+            return Err(format!(
+                "training {name} stopped at step {} of {}{}: the study stops (run it again to \
+                 train this model from the start)",
+                out.steps,
+                train.steps,
+                out.signal
+                    .map_or(String::new(), |s| format!(" (signal {s})"))
+            ));
+        }
         eprintln!(
             "study: {name}: {} steps in {secs:.0}s, last training loss {:.3} nats",
             out.steps,
