@@ -8,14 +8,14 @@
 //! `mem_len` zeros (`zero_first_memory`, set by the import). Every float comparison:
 //! `max |memzoo - HF| <= 1e-4 · max(1, max |HF|)`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_import::hf_transfo_xl::{load_transformer_xl, transformer_xl_to_hf};
-use memzoo_import::mapping::Source;
+use memzoo_import::mapping::{PeerTensors, Source};
 use memzoo_import::{HfTransfoXlConfig, ImportError, TensorMap};
 use memzoo_stack::{AdaptiveLogSoftmax, OutputLayer, Step, TransformerXl, XlMemory, XlState};
 use memzoo_tests::*;
@@ -109,6 +109,34 @@ impl Reference {
         self.check_nll(s, nll, name)
     }
 
+    /// A Reformer's whole windows `input_ids.{s}` for `s < sequences`: log-probabilities and
+    /// next-token losses against the peer's; with `grads`, every parameter's gradient of
+    /// sequence 0's mean loss under the peer's names (`to_peer`, the export mapping), none left
+    /// out. `name` prefixes the messages.
+    #[track_caller]
+    pub(crate) fn check_windows(
+        &self,
+        model: &TransformerXl,
+        dev: &Device,
+        sequences: usize,
+        grads: bool,
+        to_peer: impl Fn(&TransformerXl, Source<'_>) -> PeerTensors,
+        name: &str,
+    ) {
+        for s in 0..sequences {
+            let x = self.tokens::<2>(&format!("input_ids.{s}"), dev);
+            // Position t predicts token t + 1 (HF's `labels = input_ids`).
+            let lp = log_softmax(window_logits(model, x.clone()).unwrap(), 2);
+            let loss = self.check_window_scores(s, lp, x, name);
+            if grads && s == 0 {
+                let grads = GradientsParams::from_grads(loss.backward(), model);
+                let got = to_peer(model, Source::Gradients(&grads));
+                assert_eq!(got.len(), self.names("grad.").len(), "{name}gradients");
+                check_gradients(&got, self, "grad.", |_| false);
+            }
+        }
+    }
+
     /// Segment `s`'s log-probabilities `lp` against the peer's (`log_probs.{s}`); `name`
     /// prefixes the message.
     #[track_caller]
@@ -154,6 +182,52 @@ pub(crate) fn check(got: &[f32], want: &[f32], what: &str) {
     assert!(
         d <= TOL * scale && got.iter().all(|v| v.is_finite()),
         "{what}: max |diff| = {d:e} > {TOL:e} x {scale}"
+    );
+}
+
+/// A fixture's tensors, written back with one edit into a scratch directory: what the tests of
+/// the importers' errors feed them.
+pub(crate) struct EditedCheckpoint {
+    full: TensorMap,
+    dir: PathBuf,
+}
+
+impl EditedCheckpoint {
+    /// `fixture/model.safetensors`, edited in the scratch directory `name` (which gets the
+    /// fixture's `config.json` when `with_config`).
+    pub(crate) fn new(fixture: &Path, name: &str, with_config: bool) -> Self {
+        let full = TensorMap::read(&fixture.join("model.safetensors")).unwrap();
+        let dir = scratch(name);
+        if with_config {
+            std::fs::copy(fixture.join("config.json"), dir.join("config.json")).unwrap();
+        }
+        Self { full, dir }
+    }
+
+    /// The scratch directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes the fixture's tensors changed by `edit` to `dir/model.safetensors`; returns that
+    /// path.
+    pub(crate) fn write(&self, edit: &dyn Fn(&mut BTreeMap<String, TensorData>)) -> PathBuf {
+        let mut m: BTreeMap<String, TensorData> = (self.full.names())
+            .map(|n| (n.to_string(), self.full.get(n).unwrap().clone()))
+            .collect();
+        edit(&mut m);
+        let path = self.dir.join("model.safetensors");
+        memzoo_import::reader::write_safetensors(&path, m).unwrap();
+        path
+    }
+}
+
+/// `err` is the error of the missing tensor `name`.
+#[track_caller]
+pub(crate) fn assert_missing(err: &ImportError, name: &str) {
+    assert!(
+        matches!(err, ImportError::Missing { name: n, .. } if n == name),
+        "{err}"
     );
 }
 

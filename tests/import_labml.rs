@@ -14,11 +14,12 @@ use burn::tensor::TensorData;
 use burn::tensor::activation::log_softmax;
 use memzoo_import::labml_xl::{self, LabmlXlConfig, transformer_xl_to_labml};
 use memzoo_import::mapping::Source;
-use memzoo_import::{ImportError, TensorMap};
 use memzoo_stack::{XlConfig, XlMemory};
 use memzoo_tests::*;
 
-use crate::import::{Reference, check, check_gradients, imported_run, scratch};
+use crate::import::{
+    EditedCheckpoint, Reference, assert_missing, check, check_gradients, imported_run,
+};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/labml-xl")
@@ -67,27 +68,15 @@ fn labml_xl_safetensors_matches_labml() {
 #[test]
 fn labml_xl_import_errors_name_the_tensor() {
     let dev = flex();
-    let full = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
-    let tmp = scratch("labml-errors");
-    let write = |f: &dyn Fn(&mut BTreeMap<String, TensorData>)| {
-        let mut m: BTreeMap<String, TensorData> = full
-            .names()
-            .map(|n| (n.to_string(), full.get(n).unwrap().clone()))
-            .collect();
-        f(&mut m);
-        let path = tmp.join("model.safetensors");
-        memzoo_import::reader::write_safetensors(&path, m).unwrap();
-        path
-    };
+    let edited = EditedCheckpoint::new(&fixture(), "labml-errors", false);
+    let tmp = edited.dir().to_path_buf();
+    let write = |f: &dyn Fn(&mut BTreeMap<String, TensorData>)| edited.write(f);
     let load = |path: PathBuf| labml_xl::load(&path, &dev).map(|_| ()).unwrap_err();
     let name = "transformer.layers.1.self_attn.value.linear.bias";
     let err = load(write(&|m| {
         m.remove(name);
     }));
-    assert!(
-        matches!(&err, ImportError::Missing { name: n, .. } if n == name),
-        "{err}"
-    );
+    assert_missing(&err, name);
     let err = load(write(&|m| {
         m.insert(
             "transformer.layers.1.self_attn.key_pos_bias".into(),

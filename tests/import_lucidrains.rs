@@ -15,15 +15,17 @@ use std::path::{Path, PathBuf};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Tensor, TensorData};
+use memzoo_import::TensorMap;
 use memzoo_import::lucidrains_memorizing::{self, MemorizingPeerConfig, transformer_xl_to_peer};
 use memzoo_import::mapping::Source;
-use memzoo_import::{ImportError, TensorMap};
 use memzoo_knn::l2_normalize;
 use memzoo_memory::KnnIndex;
 use memzoo_stack::{LayerAttention, TransformerXl, XlConfig, XlState};
 use memzoo_tests::*;
 
-use crate::import::{Reference, check, check_gradients, imported_run, scratch};
+use crate::import::{
+    EditedCheckpoint, Reference, assert_missing, check, check_gradients, imported_run, scratch,
+};
 
 const SEGMENTS: usize = 6;
 
@@ -180,19 +182,9 @@ fn lucidrains_memorizing_with_an_input_memory_matches_the_package() {
 #[test]
 fn lucidrains_memorizing_import_errors_name_the_tensor() {
     let dev = flex();
-    let full = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
-    let tmp = scratch("lucidrains-errors");
-    std::fs::copy(fixture().join("config.json"), tmp.join("config.json")).unwrap();
-    let write = |f: &dyn Fn(&mut BTreeMap<String, TensorData>)| {
-        let mut m: BTreeMap<String, TensorData> = full
-            .names()
-            .map(|n| (n.to_string(), full.get(n).unwrap().clone()))
-            .collect();
-        f(&mut m);
-        let path = tmp.join("model.safetensors");
-        memzoo_import::reader::write_safetensors(&path, m).unwrap();
-        path
-    };
+    let edited = EditedCheckpoint::new(&fixture(), "lucidrains-errors", true);
+    let tmp = edited.dir().to_path_buf();
+    let write = |f: &dyn Fn(&mut BTreeMap<String, TensorData>)| edited.write(f);
     let load = |path: PathBuf| {
         lucidrains_memorizing::load(&path, &dev)
             .map(|_| ())
@@ -202,10 +194,7 @@ fn lucidrains_memorizing_import_errors_name_the_tensor() {
     let err = load(write(&|m| {
         m.remove(name);
     }));
-    assert!(
-        matches!(&err, ImportError::Missing { name: n, .. } if n == name),
-        "{err}"
-    );
+    assert_missing(&err, name);
     let err = load(write(&|m| {
         m.insert(
             "layers.1.0.fn.to_kv.weight".into(),

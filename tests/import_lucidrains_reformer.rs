@@ -12,16 +12,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::optim::GradientsParams;
 use burn::tensor::TensorData;
 use burn::tensor::activation::log_softmax;
 use memzoo_import::lucidrains_reformer::{self, LucidrainsReformerConfig, reformer_to_lucidrains};
-use memzoo_import::mapping::Source;
-use memzoo_import::{ImportError, TensorMap};
 use memzoo_stack::XlConfig;
 use memzoo_tests::*;
 
-use crate::import::{Reference, check_gradients, imported_run, scratch};
+use crate::import::{EditedCheckpoint, Reference, assert_missing, imported_run};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-reformer")
@@ -36,22 +33,7 @@ fn lucidrains_reformer_matches_reformer_pytorch() {
     let (model, cfg) = lucidrains_reformer::load(&fixture(), &dev).expect("import");
     assert_eq!((cfg.depth, cfg.n_hashes, cfg.bucket_size), (2, 4, 4));
     let r = Reference::at(&fixture());
-    for s in 0..1 {
-        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
-        // Position t predicts token t + 1 (HF's `labels = input_ids`).
-        let loss = r.check_window_scores(
-            s,
-            log_softmax(window_logits(&model, x.clone()).unwrap(), 2),
-            x.clone(),
-            "",
-        );
-        if s == 0 {
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let got = reformer_to_lucidrains(&model, Source::Gradients(&grads));
-            assert_eq!(got.len(), r.names("grad.").len(), "gradients");
-            check_gradients(&got, &r, "grad.", |_| false);
-        }
-    }
+    r.check_windows(&model, &dev, 1, true, reformer_to_lucidrains, "");
 }
 
 /// A missing or misshaped tensor, an irreversible copy that differs from its reversible
@@ -59,17 +41,11 @@ fn lucidrains_reformer_matches_reformer_pytorch() {
 #[test]
 fn lucidrains_reformer_import_errors_name_the_tensor() {
     let dev = flex();
-    let full = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
-    let tmp = scratch("lucid-reformer-errors");
-    let config = std::fs::read_to_string(fixture().join("config.json")).unwrap();
-    std::fs::write(tmp.join("config.json"), &config).unwrap();
+    let edited = EditedCheckpoint::new(&fixture(), "lucid-reformer-errors", true);
+    let tmp = edited.dir().to_path_buf();
+    let config = std::fs::read_to_string(tmp.join("config.json")).unwrap();
     let write = |f: &dyn Fn(&mut BTreeMap<String, TensorData>)| {
-        let mut m: BTreeMap<String, TensorData> = full
-            .names()
-            .map(|n| (n.to_string(), full.get(n).unwrap().clone()))
-            .collect();
-        f(&mut m);
-        memzoo_import::reader::write_safetensors(&tmp.join("model.safetensors"), m).unwrap();
+        edited.write(f);
     };
     let load = || {
         lucidrains_reformer::load(&tmp, &dev)
@@ -81,10 +57,7 @@ fn lucidrains_reformer_import_errors_name_the_tensor() {
         m.remove(name);
     });
     let err = load();
-    assert!(
-        matches!(&err, ImportError::Missing { name: n, .. } if n == name),
-        "{err}"
-    );
+    assert_missing(&err, name);
     write(&|m| {
         m.insert(
             "pos_emb.weights.1".into(),

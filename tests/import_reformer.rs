@@ -12,16 +12,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::optim::GradientsParams;
 use burn::tensor::TensorData;
 use burn::tensor::activation::log_softmax;
+use memzoo_import::TensorMap;
 use memzoo_import::hf_reformer::{self, HfReformerConfig, reformer_to_hf};
-use memzoo_import::mapping::Source;
-use memzoo_import::{ImportError, TensorMap};
 use memzoo_stack::{LayerAttention, Step, XlConfig, XlState};
 use memzoo_tests::*;
 
-use crate::import::{Reference, check_gradients, imported_run, scratch};
+use crate::import::{EditedCheckpoint, Reference, assert_missing, imported_run, scratch};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -37,23 +35,8 @@ fn hf_parity(name: &str, grads: bool) {
     let (model, cfg) = hf_reformer::load(&fixture(name), &dev).expect("import");
     assert!(cfg.is_decoder && cfg.axial_pos_embds);
     let r = Reference::at(&fixture(name));
-    for s in 0..2 {
-        let x = r.tokens::<2>(&format!("input_ids.{s}"), &dev);
-        // Position t predicts token t + 1 (HF's `labels = input_ids`).
-        let loss = r.check_window_scores(
-            s,
-            log_softmax(window_logits(&model, x.clone()).unwrap(), 2),
-            x.clone(),
-            &format!("{name}: "),
-        );
-        if grads && s == 0 {
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let got = reformer_to_hf(&model, Source::Gradients(&grads));
-            // Every HF parameter has a gradient in memzoo (none is left out).
-            assert_eq!(got.len(), r.names("grad.").len(), "gradients");
-            check_gradients(&got, &r, "grad.", |_| false);
-        }
-    }
+    // Every HF parameter has a gradient in memzoo (none is left out).
+    r.check_windows(&model, &dev, 2, grads, reformer_to_hf, &format!("{name}: "));
 }
 
 /// `google/reformer-enwik8`-shaped: `[local, lsh, local, lsh]`, chunk lengths 8 (local) and 4
@@ -136,17 +119,11 @@ fn hf_reformer_without_rotations_uses_its_own() {
 #[test]
 fn hf_reformer_import_errors_name_the_tensor() {
     let dev = flex();
-    let full = TensorMap::read(&fixture("enwik8").join("model.safetensors")).unwrap();
-    let tmp = scratch("reformer-errors");
-    let config = std::fs::read_to_string(fixture("enwik8").join("config.json")).unwrap();
-    std::fs::write(tmp.join("config.json"), &config).unwrap();
+    let edited = EditedCheckpoint::new(&fixture("enwik8"), "reformer-errors", true);
+    let tmp = edited.dir().to_path_buf();
+    let config = std::fs::read_to_string(tmp.join("config.json")).unwrap();
     let write = |f: &dyn Fn(&mut BTreeMap<String, TensorData>)| {
-        let mut m: BTreeMap<String, TensorData> = full
-            .names()
-            .map(|n| (n.to_string(), full.get(n).unwrap().clone()))
-            .collect();
-        f(&mut m);
-        memzoo_import::reader::write_safetensors(&tmp.join("model.safetensors"), m).unwrap();
+        edited.write(f);
     };
     let load = || hf_reformer::load(&tmp, &dev).map(|_| ()).unwrap_err();
     let name = "reformer.encoder.layers.1.attention.self_attention.query_key.weight";
@@ -154,10 +131,7 @@ fn hf_reformer_import_errors_name_the_tensor() {
         m.remove(name);
     });
     let err = load();
-    assert!(
-        matches!(&err, ImportError::Missing { name: n, .. } if n == name),
-        "{err}"
-    );
+    assert_missing(&err, name);
     write(&|m| {
         m.insert(
             "reformer.embeddings.position_embeddings.weights.1".into(),

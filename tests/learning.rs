@@ -294,26 +294,26 @@ fn short_train<M: SegmentModel>(
     (outcome.model, outcome.valid.map(|v| v.bpc))
 }
 
-/// [`short_train`] with a validation split: its bpc at the end.
-fn short_run<M: SegmentModel>(
+/// [`short_train`] of `model` on tiny Shakespeare at lr 3e-3 for `steps` steps of `shape`
+/// (`[rows, tgt_len]`), then [`assert_learns`] on its validation bpc.
+fn assert_short_run_learns<M: SegmentModel>(
     name: &str,
+    family: &str,
     model: M,
-    train_tokens: &[u16],
-    valid_tokens: &[u16],
     steps: usize,
     shape: [usize; 2],
-    lr: f64,
-) -> f64 {
+) {
+    let (train_tokens, valid_tokens, unigram) = text_splits();
     let (_, bpc) = short_train(
         name,
         model,
-        train_tokens,
-        Some(valid_tokens),
+        &train_tokens,
+        Some(&valid_tokens),
         steps,
         shape,
-        lr,
+        3e-3,
     );
-    bpc.expect("evaluated at the end")
+    assert_learns(family, bpc.expect("evaluated at the end"), unigram);
 }
 
 /// Validation bpc of `model` on the first 16K tokens of `valid_tokens`, in rows of 8.
@@ -344,7 +344,6 @@ fn device() -> Device {
 
 #[test]
 fn xl_tied_post_ln_learns_tiny_shakespeare() {
-    let (train_tokens, valid_tokens, unigram) = text_splits();
     // Shaped like the reference: tied output, post-LN, shared u/v untied per layer as HF,
     // N(0, 0.02) everywhere; only smaller.
     let model = XlConfig::new()
@@ -360,21 +359,11 @@ fn xl_tied_post_ln_learns_tiny_shakespeare() {
         // unigram level for 300 steps). The default's 0.02 is checked by the test above.
         .with_embedding_std(Some(5.0 / 64.0));
     let model = seeded_weights(model.init(&device()).unwrap(), 0, xl_init_std(&model));
-    let bpc = short_run(
-        "xl",
-        model,
-        &train_tokens,
-        &valid_tokens,
-        250,
-        [16, 64],
-        3e-3,
-    );
-    assert_learns("Transformer-XL (tied, post-LN)", bpc, unigram);
+    assert_short_run_learns("xl", "Transformer-XL (tied, post-LN)", model, 250, [16, 64]);
 }
 
 #[test]
 fn reformer_learns_tiny_shakespeare() {
-    let (train_tokens, valid_tokens, unigram) = text_splits();
     let model = ReformerConfig::new()
         .with_n_layers(2)
         .with_d_model(64)
@@ -389,21 +378,17 @@ fn reformer_learns_tiny_shakespeare() {
         0,
         xl_init_std(&model.stack()),
     );
-    let bpc = short_run(
+    assert_short_run_learns(
         "reformer",
+        "Reformer (LSH, reversible)",
         model,
-        &train_tokens,
-        &valid_tokens,
         250,
         [16, 64],
-        3e-3,
     );
-    assert_learns("Reformer (LSH, reversible)", bpc, unigram);
 }
 
 #[test]
 fn memorizing_learns_tiny_shakespeare() {
-    let (train_tokens, valid_tokens, unigram) = text_splits();
     let xl = MemorizingConfig::new().xl;
     let model = MemorizingConfig::new()
         .with_xl(
@@ -422,16 +407,13 @@ fn memorizing_learns_tiny_shakespeare() {
         0,
         xl_init_std(&model.stack()),
     );
-    let bpc = short_run(
+    assert_short_run_learns(
         "memorizing",
+        "Memorizing Transformer (kNN layer)",
         model,
-        &train_tokens,
-        &valid_tokens,
         150,
         [8, 32],
-        3e-3,
     );
-    assert_learns("Memorizing Transformer (kNN layer)", bpc, unigram);
 }
 
 /// The Compressive Transformer (a compressed memory of 16 vectors at rate 2 beside an XL memory

@@ -454,3 +454,12 @@ pub fn seeded_loss(
     let scores = model.eval_step(tokens, targets, &mut memzoo_stack::XlState::new(), &step)?;
     Ok(memzoo_stack::mean_nll(scores.nll, weights))
 }
+
+/// `err` names every one of `parts`; `what` (the case) heads the failure message.
+#[track_caller]
+pub fn assert_mentions(err: &dyn std::fmt::Display, parts: &[&str], what: &str) {
+    let err = err.to_string();
+    for p in parts {
+        assert!(err.contains(p), "{what}: `{p}` not in the error: {err}");
+    }
+}

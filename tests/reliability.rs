@@ -106,14 +106,6 @@ fn loss_records(dir: &Path) -> Vec<usize> {
     counts
 }
 
-#[track_caller]
-fn assert_mentions(err: &dyn std::fmt::Display, parts: &[&str], what: &str) {
-    let err = err.to_string();
-    for p in parts {
-        assert!(err.contains(p), "{what}: `{p}` not in the error: {err}");
-    }
-}
-
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {

@@ -6,7 +6,7 @@
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 use burn::backend::{Autodiff, Flex};
 
@@ -21,6 +21,22 @@ use crate::{FusedBackend, KnnParams, LshKernelParams, RelParams, knn, lsh};
 struct RelState {
     inputs: RelInputs,
     probs: Vec<f32>,
+}
+
+/// Runs the relative attention's forward on `inputs`, and records `op` (the backward of the
+/// position form the inputs hold) with their probabilities when a parent is tracked.
+fn relative_op<C: CheckpointStrategy, const N: usize>(
+    op: impl Backward<Flex, N, State = RelState>,
+    nodes: [NodeGuard; N],
+    inputs: RelInputs,
+) -> FloatTensor<Autodiff<Flex, C>> {
+    match op.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let (out, probs) = inputs.forward();
+            prep.finish(RelState { inputs, probs }, out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(inputs.forward().0),
+    }
 }
 
 #[derive(Debug)]
@@ -194,17 +210,7 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
             mask,
             params,
         );
-        match RelShiftedBackward
-            .prepare::<C>(nodes)
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (out, probs) = inputs.forward();
-                prep.finish(RelState { inputs, probs }, out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(inputs.forward().0),
-        }
+        relative_op::<C, 5>(RelShiftedBackward, nodes, inputs)
     }
 
     fn relative_attention_bucketed(
@@ -225,17 +231,7 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
             mask,
             params,
         );
-        match RelBucketedBackward
-            .prepare::<C>(nodes)
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (out, probs) = inputs.forward();
-                prep.finish(RelState { inputs, probs }, out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(inputs.forward().0),
-        }
+        relative_op::<C, 4>(RelBucketedBackward, nodes, inputs)
     }
 
     fn knn_attention(
