@@ -217,16 +217,8 @@ pub fn train_copy<M: SegmentModel>(
     let text = |seed| CopyText::new(*task, seed).map_err(|e| e.to_string());
     let mut train_data = TaskStream::endless(text(7)?);
     let mut valid_data = TaskStream::limited(text(99)?, 32).map_err(|e| e.to_string())?;
-    let config = TrainConfig::new()
-        .with_steps(how.steps)
-        .with_batch(task.batch)
-        .with_tgt_len(task.seg_len)
-        .with_schedule(
-            ScheduleConfig::new()
-                .with_lr(how.lr)
-                .with_warmup(how.warmup)
-                .with_min_ratio(1.0),
-        )
+    let config = TrainConfig::sized(how.steps, task.batch, task.seg_len)
+        .with_schedule(ScheduleConfig::cosine(how.lr, how.warmup, 1.0))
         .with_adam(AdamConfig::new())
         .with_weight_decay(0.0)
         .with_clip_norm(None)

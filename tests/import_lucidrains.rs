@@ -419,16 +419,8 @@ fn training_from_the_package_weights_follows_pytorch_step_by_step() {
         let mut map = TensorMap::read(&fixture().join("model.safetensors")).unwrap();
         let model = lucidrains_memorizing::transformer_xl_from(&cfg, &mut map, &dev).unwrap();
         map.finish().unwrap();
-        let config = TrainConfig::new()
-            .with_steps(steps)
-            .with_batch(batch)
-            .with_tgt_len(tgt_len)
-            .with_schedule(
-                ScheduleConfig::new()
-                    .with_lr(lr)
-                    .with_warmup(warmup)
-                    .with_min_ratio(0.0),
-            )
+        let config = TrainConfig::sized(steps, batch, tgt_len)
+            .with_schedule(ScheduleConfig::cosine(lr, warmup, 0.0))
             .with_weight_decay(0.01)
             .with_adam(
                 AdamConfig::new()

@@ -257,20 +257,12 @@ fn short_train<M: SegmentModel>(
 ) -> (M, Option<f64>) {
     let dir = std::env::temp_dir().join(format!("memzoo-learning-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let config = TrainConfig::new()
-        .with_steps(steps)
-        .with_batch(batch)
-        .with_tgt_len(tgt_len)
+    let config = TrainConfig::sized(steps, batch, tgt_len)
         .with_seed(0)
         .with_log_every(steps)
         .with_eval_every(0)
         .with_checkpoint_every(0)
-        .with_schedule(
-            ScheduleConfig::new()
-                .with_lr(lr)
-                .with_warmup(steps / 10)
-                .with_min_ratio(0.0),
-        );
+        .with_schedule(ScheduleConfig::cosine(lr, steps / 10, 0.0));
     let mut train_data = OrderedBatcher::new(train_tokens.to_vec(), batch, tgt_len)
         .unwrap()
         .drop_last(true);

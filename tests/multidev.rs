@@ -52,10 +52,7 @@ fn device_pair() -> ([Device; 2], String) {
 /// A few steps (every batch carries its rows' memories into the next; checkpoint every step,
 /// gradient clipping active), one loss line per step.
 fn few_steps() -> TrainConfig {
-    TrainConfig::new()
-        .with_steps(4)
-        .with_batch(4)
-        .with_tgt_len(16)
+    TrainConfig::sized(4, 4, 16)
         .with_log_every(1)
         .with_eval_every(0)
         .with_checkpoint_every(1)

@@ -36,10 +36,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn tiny_train(steps: usize) -> TrainConfig {
-    TrainConfig::new()
-        .with_steps(steps)
-        .with_batch(4)
-        .with_tgt_len(16)
+    TrainConfig::sized(steps, 4, 16)
         .with_replicas(Some(1))
         .with_log_every(1)
         .with_eval_every(0)

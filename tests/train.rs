@@ -24,10 +24,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn tiny_train(steps: usize) -> TrainConfig {
-    TrainConfig::new()
-        .with_steps(steps)
-        .with_batch(4)
-        .with_tgt_len(16)
+    TrainConfig::sized(steps, 4, 16)
         .with_log_every(100)
         .with_eval_every(0)
         .with_checkpoint_every(4)
@@ -378,10 +375,7 @@ fn unwritable_run_directory_is_an_error() {
 
 #[test]
 fn schedule_warms_up_linearly_then_decays_by_cosine() {
-    let s = ScheduleConfig::new()
-        .with_lr(1.0)
-        .with_warmup(10)
-        .with_min_ratio(0.1);
+    let s = ScheduleConfig::cosine(1.0, 10, 0.1);
     assert!((s.lr_at(0, 110) - 0.1).abs() < 1e-12);
     assert!((s.lr_at(9, 110) - 1.0).abs() < 1e-12);
     assert!((s.lr_at(10, 110) - 1.0).abs() < 1e-12);
@@ -520,12 +514,7 @@ fn memory_beats_no_memory_on_text_only_memory_can_predict() {
             .with_batch(16)
             .with_tgt_len(4)
             .with_checkpoint_every(0)
-            .with_schedule(
-                ScheduleConfig::new()
-                    .with_lr(3e-3)
-                    .with_warmup(20)
-                    .with_min_ratio(1.0),
-            );
+            .with_schedule(ScheduleConfig::cosine(3e-3, 20, 1.0));
         let dir = scratch(name);
         let mut data = OrderedBatcher::new(train_tokens.clone(), 16, 4)
             .unwrap()
@@ -594,12 +583,7 @@ fn training_from_hf_weights_follows_pytorch_step_by_step() {
             .with_steps(int("steps"))
             .with_batch(int("batch"))
             .with_tgt_len(int("tgt_len"))
-            .with_schedule(
-                ScheduleConfig::new()
-                    .with_lr(num("lr"))
-                    .with_warmup(int("warmup"))
-                    .with_min_ratio(0.0),
-            )
+            .with_schedule(ScheduleConfig::cosine(num("lr"), int("warmup"), 0.0))
             .with_weight_decay(num("weight_decay"))
             .with_adam(
                 AdamConfig::new()

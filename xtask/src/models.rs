@@ -150,10 +150,7 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
         .map_err(|e| e.to_string())?
         .drop_last(true);
     let (warmup, steps) = (args.warmup(), args.steps());
-    let train_config = TrainConfig::new()
-        .with_steps(warmup + steps)
-        .with_batch(batch)
-        .with_tgt_len(tgt_len)
+    let train_config = TrainConfig::sized(warmup + steps, batch, tgt_len)
         .with_log_every(1)
         .with_eval_every(0)
         .with_checkpoint_every(0);

@@ -754,16 +754,8 @@ impl Study {
     }
 
     fn train_config(&self, steps: usize, batch: usize, tgt_len: usize, lr: f64) -> TrainConfig {
-        TrainConfig::new()
-            .with_steps(steps)
-            .with_batch(batch)
-            .with_tgt_len(tgt_len)
-            .with_schedule(
-                ScheduleConfig::new()
-                    .with_lr(lr)
-                    .with_warmup((steps / 20).min(200))
-                    .with_min_ratio(0.1),
-            )
+        TrainConfig::sized(steps, batch, tgt_len)
+            .with_schedule(ScheduleConfig::cosine(lr, (steps / 20).min(200), 0.1))
             .with_weight_decay(0.01)
             .with_adam(AdamConfig::new())
             .with_clip_norm(Some(0.25))
@@ -1167,16 +1159,8 @@ impl Study {
         let batch = 16;
         for train_rounds in [0, 1, 2, 4] {
             let config = self.dup_config(train_rounds);
-            let train = TrainConfig::new()
-                .with_steps(s.dup_steps)
-                .with_batch(batch)
-                .with_tgt_len(s.dup_len)
-                .with_schedule(
-                    ScheduleConfig::new()
-                        .with_lr(1e-3)
-                        .with_warmup(0)
-                        .with_min_ratio(1.0),
-                )
+            let train = TrainConfig::sized(s.dup_steps, batch, s.dup_len)
+                .with_schedule(ScheduleConfig::cosine(1e-3, 0, 1.0))
                 .with_adam(AdamConfig::new().with_epsilon(1e-5))
                 .with_weight_decay(0.0)
                 .with_clip_norm(None)

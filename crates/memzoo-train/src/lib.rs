@@ -27,7 +27,7 @@
 //!     .init(&device)
 //!     .unwrap();
 //! let mut data = TaskStream::endless(Duplication::new(4, 16, 16, 0).unwrap());
-//! let config = TrainConfig::new().with_steps(5).with_batch(4).with_tgt_len(16);
+//! let config = TrainConfig::sized(5, 4, 16);
 //! let options = RunOptions {
 //!     run_dir: std::env::temp_dir().join("memzoo-train-example"),
 //!     resume: false,

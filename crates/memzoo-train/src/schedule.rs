@@ -18,6 +18,14 @@ pub struct ScheduleConfig {
 }
 
 impl ScheduleConfig {
+    /// Warm-up to `lr` over `warmup` steps, then the cosine down to `lr * min_ratio`.
+    pub fn cosine(lr: f64, warmup: usize, min_ratio: f64) -> Self {
+        Self::new()
+            .with_lr(lr)
+            .with_warmup(warmup)
+            .with_min_ratio(min_ratio)
+    }
+
     /// The learning rate of optimizer step `step` (0-based) of `total`.
     ///
     /// `lr(s) = lr (s+1)/warmup` during warm-up, then

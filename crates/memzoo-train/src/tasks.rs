@@ -79,16 +79,8 @@ fn task_train_config(
     lr: f64,
     weight_decay: f64,
 ) -> TrainConfig {
-    TrainConfig::new()
-        .with_steps(steps)
-        .with_batch(batch)
-        .with_tgt_len(len)
-        .with_schedule(
-            ScheduleConfig::new()
-                .with_lr(lr)
-                .with_warmup(0)
-                .with_min_ratio(1.0),
-        )
+    TrainConfig::sized(steps, batch, len)
+        .with_schedule(ScheduleConfig::cosine(lr, 0, 1.0))
         .with_adam(AdamConfig::new().with_epsilon(1e-5))
         .with_weight_decay(weight_decay)
         .with_clip_norm(None)

@@ -82,6 +82,15 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// `steps` optimizer steps on batches of `batch` rows of `tgt_len` tokens; every other
+    /// field at its default.
+    pub fn sized(steps: usize, batch: usize, tgt_len: usize) -> Self {
+        Self::new()
+            .with_steps(steps)
+            .with_batch(batch)
+            .with_tgt_len(tgt_len)
+    }
+
     /// Checks every field, naming the bad value.
     pub fn validate(&self) -> Result<(), TrainError> {
         let bad = |m: String| Err(TrainError::Config(m));

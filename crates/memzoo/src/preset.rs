@@ -178,10 +178,7 @@ impl Preset {
             | Preset::ReformerTiny
             | Preset::MemorizingTiny
             | Preset::CompressiveTiny
-            | Preset::RmtTiny => TrainConfig::new()
-                .with_steps(5000)
-                .with_batch(16)
-                .with_tgt_len(8)
+            | Preset::RmtTiny => TrainConfig::sized(5000, 16, 8)
                 .with_replicas(Some(1))
                 .with_log_every(100)
                 .with_eval_every(2500)
@@ -229,16 +226,8 @@ impl Preset {
 /// with PyTorch's betas and epsilon, weight decay 0.01, 50 warm-up steps then cosine to 0 over
 /// 400 steps, clip 0.25, a checkpoint every 100 steps.
 pub fn quality(batch: usize, tgt_len: usize) -> TrainConfig {
-    TrainConfig::new()
-        .with_steps(400)
-        .with_batch(batch)
-        .with_tgt_len(tgt_len)
-        .with_schedule(
-            ScheduleConfig::new()
-                .with_lr(1e-3)
-                .with_warmup(50)
-                .with_min_ratio(0.0),
-        )
+    TrainConfig::sized(400, batch, tgt_len)
+        .with_schedule(ScheduleConfig::cosine(1e-3, 50, 0.0))
         .with_weight_decay(0.01)
         .with_adam(
             AdamConfig::new()
@@ -255,16 +244,8 @@ pub fn quality(batch: usize, tgt_len: usize) -> TrainConfig {
 /// Transformer-XL's schedule (its authors' scripts): Adam lr 2.5e-4, no warm-up, cosine to 0
 /// over `steps`, clip 0.25; the other papers' presets use it as a stand-in.
 fn paper(batch: usize, tgt_len: usize, steps: usize) -> TrainConfig {
-    TrainConfig::new()
-        .with_steps(steps)
-        .with_batch(batch)
-        .with_tgt_len(tgt_len)
-        .with_schedule(
-            ScheduleConfig::new()
-                .with_lr(2.5e-4)
-                .with_warmup(0)
-                .with_min_ratio(0.0),
-        )
+    TrainConfig::sized(steps, batch, tgt_len)
+        .with_schedule(ScheduleConfig::cosine(2.5e-4, 0, 0.0))
         .with_clip_norm(Some(0.25))
         .with_log_every(200)
         .with_eval_every(4000)
