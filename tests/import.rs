@@ -204,6 +204,23 @@ impl EditedCheckpoint {
         Self { full, dir }
     }
 
+    /// For each `(from, to, needle)`: the fixture's `config.json` with `from` replaced by `to`
+    /// makes `load` fail with an error naming `needle`.
+    #[track_caller]
+    pub(crate) fn assert_config_errors(
+        &self,
+        fixture: &Path,
+        edits: &[(&str, &str, &str)],
+        load: impl Fn() -> ImportError,
+    ) {
+        let config = std::fs::read_to_string(fixture.join("config.json")).unwrap();
+        for (from, to, needle) in edits {
+            assert!(config.contains(from), "{from}");
+            std::fs::write(self.dir.join("config.json"), config.replace(from, to)).unwrap();
+            assert_mentions(&load(), &[needle], to);
+        }
+    }
+
     /// The scratch directory.
     pub(crate) fn dir(&self) -> &Path {
         &self.dir

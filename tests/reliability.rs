@@ -641,22 +641,34 @@ fn bad_inputs_are_errors_naming_the_value() {
     let with = |base: &[&'static str], more: &[&'static str]| -> Vec<&'static str> {
         base.iter().chain(more).copied().collect()
     };
+    // (case, --set overrides of a tiny run, what the error names)
+    #[rustfmt::skip]
+    let overrides: &[(&str, &[&str], &[&str])] = &[
+        ("vocab below the data's ids", &["model.vocab_size=64"], &["model.vocab_size = 64", "token id"]),
+        ("memorizing vocab", &["model.preset=memorizing-tiny", "model.n_layers=2",
+            "model.layers=[\"t5\", \"knn\"]", "model.vocab_size=32"],
+            &["vocab_size = 32", "token id"]),
+        ("Memorizing same_length", &["model.preset=memorizing-tiny", "model.n_layers=2",
+            "model.layers=[\"t5\", \"knn\"]", "model.same_length=true"],
+            &["same_length"]),
+        ("eval_segments 0", &["train.eval_segments=0"], &["train.eval_segments", "got 0"]),
+        ("learning rate negative", &["train.schedule.lr=-1.0"], &["train.schedule.lr must be positive, got -1"]),
+        ("steps 0", &["train.steps=0"], &["train.steps must be positive, got 0"]),
+        ("batch 0", &["train.batch=0"], &["train.batch must be positive, got 0"]),
+        ("clip_norm negative", &["train.clip_norm=-1.0"], &["train.clip_norm", "-1"]),
+        ("weight decay NaN", &["train.weight_decay=nan"], &["nan", "f64"]),
+        ("replicas > batch", &["train.replicas=5"], &["replicas", "5"]),
+        ("unknown field", &["model.bogus_field=1"], &["bogus_field"]),
+        ("unknown section", &["bogus.steps=1"], &["bogus"]),
+        ("ill-typed value", &["train.steps=\"many\""], &["many"]),
+        ("--set without =", &["train.steps"], &["train.steps", "section.field=value"]),
+        ("data file missing", &["data.source=\"/nonexistent/memzoo.txt\""], &["/nonexistent/memzoo.txt", "does not exist"]),
+        ("data file empty", &[empty_source.as_str()], &["empty.txt", "empty"]),
+    ];
+    for (what, sets, expect) in overrides {
+        assert_mentions(&train_with(sets).expect_err(what), expect, what);
+    }
     let cases: Vec<(&str, Result<(), CliError>, &[&str])> = vec![
-        (
-            "vocab below the data's ids",
-            train_with(&["model.vocab_size=64"]),
-            &["model.vocab_size = 64", "token id"],
-        ),
-        (
-            "memorizing vocab",
-            train_with(&[
-                "model.preset=memorizing-tiny",
-                "model.n_layers=2",
-                "model.layers=[\"t5\", \"knn\"]",
-                "model.vocab_size=32",
-            ]),
-            &["vocab_size = 32", "token id"],
-        ),
         (
             "Reformer beyond memory",
             train_with(&with(&reformer, &["model.lsh.n_rounds=1000000000"])),
@@ -679,81 +691,6 @@ fn bad_inputs_are_errors_naming_the_value() {
                 &[r#"model.axial={"shape": [2, 4], "dims": [8, 8], "summed": false}"#],
             )),
             &["train.tgt_len (10)", "model.axial.shape 2 x 4 = 8"],
-        ),
-        (
-            "Memorizing same_length",
-            train_with(&[
-                "model.preset=memorizing-tiny",
-                "model.n_layers=2",
-                "model.layers=[\"t5\", \"knn\"]",
-                "model.same_length=true",
-            ]),
-            &["same_length"],
-        ),
-        (
-            "eval_segments 0",
-            train_with(&["train.eval_segments=0"]),
-            &["train.eval_segments", "got 0"],
-        ),
-        (
-            "learning rate negative",
-            train_with(&["train.schedule.lr=-1.0"]),
-            &["train.schedule.lr must be positive, got -1"],
-        ),
-        (
-            "steps 0",
-            train_with(&["train.steps=0"]),
-            &["train.steps must be positive, got 0"],
-        ),
-        (
-            "batch 0",
-            train_with(&["train.batch=0"]),
-            &["train.batch must be positive, got 0"],
-        ),
-        (
-            "clip_norm negative",
-            train_with(&["train.clip_norm=-1.0"]),
-            &["train.clip_norm", "-1"],
-        ),
-        (
-            "weight decay NaN",
-            train_with(&["train.weight_decay=nan"]),
-            &["nan", "f64"],
-        ),
-        (
-            "replicas > batch",
-            train_with(&["train.replicas=5"]),
-            &["replicas", "5"],
-        ),
-        (
-            "unknown field",
-            train_with(&["model.bogus_field=1"]),
-            &["bogus_field"],
-        ),
-        (
-            "unknown section",
-            train_with(&["bogus.steps=1"]),
-            &["bogus"],
-        ),
-        (
-            "ill-typed value",
-            train_with(&["train.steps=\"many\""]),
-            &["many"],
-        ),
-        (
-            "--set without =",
-            train_with(&["train.steps"]),
-            &["train.steps", "section.field=value"],
-        ),
-        (
-            "data file missing",
-            train_with(&["data.source=\"/nonexistent/memzoo.txt\""]),
-            &["/nonexistent/memzoo.txt", "does not exist"],
-        ),
-        (
-            "data file empty",
-            train_with(&[empty_source.as_str()]),
-            &["empty.txt", "empty"],
         ),
         (
             "config file missing",
@@ -844,7 +781,7 @@ fn bad_inputs_are_errors_naming_the_value() {
             &["--steps", "0"],
         ),
     ];
-    let n = cases.len();
+    let n = overrides.len() + cases.len();
     for (what, result, expect) in cases {
         let err = result.err().unwrap_or_else(|| panic!("{what}: accepted"));
         assert_mentions(&err, expect, what);
