@@ -216,8 +216,8 @@ fn inspect_masses_are_a_naive_softmax_of_the_scores_and_neighbours_an_exact_sear
                         }
                     }
                     let got = ins.layers[l].mass[(start + t) * h + hd];
-                    let want = [mem, knn_mass, seg];
-                    for c in 0..3 {
+                    let want = [0.0, mem, knn_mass, seg];
+                    for c in 0..4 {
                         assert!(
                             (got[c] as f64 - want[c]).abs() < 1e-4,
                             "layer {l} query {} head {hd}: {got:?} vs {want:?}",
@@ -481,5 +481,120 @@ fn inspect_lsh_buckets_follow_the_tokens() {
     assert!(
         distinct.len() > 1,
         "the tokens hash into more than one bucket"
+    );
+}
+
+/// Checks every mass of `ins` is in [0, 1] and each query's parts sum to 1, and returns, per
+/// segment of `SEG` queries, the largest mass on each part `[compressed, memory, knn, segment]`
+/// over the layer's queries and heads.
+fn masses_by_segment(ins: &Inspection, layer: usize) -> Vec<[f32; 4]> {
+    let l = &ins.layers[layer];
+    assert_eq!(l.mass.len(), ins.loss_with.len() * l.heads, "layer {layer}");
+    for (i, m) in l.mass.iter().enumerate() {
+        assert!(
+            m.iter().all(|&x| (-1e-5..=1.0 + 1e-5).contains(&x)),
+            "{i}: {m:?}"
+        );
+        let sum: f32 = m.iter().sum();
+        assert!(
+            (sum - 1.0).abs() < 1e-4,
+            "layer {layer} entry {i}: {m:?} sums to {sum}"
+        );
+    }
+    l.mass
+        .chunks(SEG * l.heads)
+        .map(|seg| {
+            let mut most = [0f32; 4];
+            for m in seg {
+                for p in 0..4 {
+                    most[p] = most[p].max(m[p]);
+                }
+            }
+            most
+        })
+        .collect()
+}
+
+/// The other memories' masses: a Compressive Transformer's compressed memory apart from its XL
+/// memory (none before a memory left the XL memory), an RMT's memory tokens (read in every
+/// segment), and an LSH layer's mass on the XL memory before its segment (from the same
+/// hashes as its forward pass; none in the first segment). Each query's parts sum to 1.
+#[test]
+fn inspect_masses_of_compressed_memories_memory_tokens_and_lsh_layers() {
+    let dev = flex();
+    let tokens = tokens();
+    let tiny = || {
+        memzoo_stack::XlConfig::new()
+            .with_n_layers(2)
+            .with_d_model(16)
+            .with_n_heads(2)
+            .with_d_inner(32)
+            .with_dropout(0.0)
+    };
+    // Compressive: XL memory of 8 (one segment), 2 compressed vectors at rate 4: the first
+    // segment reads nothing, the second the XL memory, the third also a compressed memory.
+    let compressive = tiny().with_mem_len(SEG).with_compressive(Some(
+        memzoo_stack::CompressiveConfig::new()
+            .with_cmem_len(2)
+            .with_ratio(4),
+    ));
+    let model = seeded_weights(compressive.init(&dev).unwrap(), 28, |_| 0.3);
+    let ins = run(&model, &tokens);
+    for l in 0..2 {
+        assert!(ins.layers[l].compressed);
+        let most = masses_by_segment(&ins, l);
+        assert_eq!(
+            [most[0][0], most[0][1]],
+            [0.0, 0.0],
+            "layer {l}: no memory yet"
+        );
+        assert_eq!(most[1][0], 0.0, "layer {l}: nothing compressed yet");
+        assert!(most[1][1] > 0.05, "layer {l} reads its XL memory: {most:?}");
+        assert!(
+            most[2][0] > 0.01,
+            "layer {l} reads its compressed memory: {most:?}"
+        );
+        assert!(most.iter().all(|m| m[2] == 0.0), "no kNN layer");
+    }
+    // RMT: 3 memory tokens read before every segment, none from the XL memory.
+    let rmt = tiny()
+        .with_mem_len(0)
+        .with_rmt(Some(memzoo_stack::RmtConfig::new().with_mem_tokens(3)));
+    let model = seeded_weights(rmt.init(&dev).unwrap(), 29, |_| 0.3);
+    let ins = run(&model, &tokens);
+    assert_eq!(ins.memory, "memory tokens");
+    for l in 0..2 {
+        assert!(!ins.layers[l].compressed);
+        for (s, m) in masses_by_segment(&ins, l).iter().enumerate() {
+            assert!(
+                m[1] > 0.05,
+                "layer {l} segment {s} reads the memory tokens: {m:?}"
+            );
+        }
+    }
+    // An LSH layer over an XL layer's memory: nothing before the first segment.
+    let lsh = tiny()
+        .with_mem_len(SEG)
+        .with_layers(vec![
+            memzoo_stack::LayerKind::Xl,
+            memzoo_stack::LayerKind::Lsh,
+        ])
+        .with_lsh(
+            memzoo_stack::LshConfig::new()
+                .with_chunk_len(4)
+                .with_n_rounds(2),
+        );
+    let model = seeded_weights(lsh.init(&dev).unwrap(), 30, |_| 0.3);
+    let ins = run(&model, &tokens);
+    assert_eq!(ins.layers[1].kind, "lsh");
+    assert!(
+        ins.layers[1].rounds > 0,
+        "the LSH layer still records its buckets"
+    );
+    let most = masses_by_segment(&ins, 1);
+    assert_eq!(most[0][1], 0.0);
+    assert!(
+        most[1..].iter().any(|m| m[1] > 0.01),
+        "the LSH layer attends to the memory: {most:?}"
     );
 }

@@ -6,7 +6,7 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::{sigmoid, softmax};
 use memzoo_memory::Retrieved;
 use memzoo_relative::probe::split_mass;
-use memzoo_relative::{AttentionProbe, RelativeContext, RetrievedProbe};
+use memzoo_relative::{AttentionProbe, KeySplit, RelativeContext, RetrievedProbe};
 
 use crate::attention::{KnnAttention, KnnMixing, MASKED, l2_normalize};
 use crate::error::KnnError;
@@ -15,7 +15,8 @@ impl KnnAttention {
     /// Where the segment's queries attend, given the pairs `found` that the layer's forward
     /// pass retrieved for them (see the module docs): the local probabilities
     /// `softmax(mask(τ q̂·k̂ + β))` over `cat(memory, x)` and the retrieved ones
-    /// `softmax(τ q̂·k̂_m)`, mixed as the layer mixes them ([`KnnMixing`]).
+    /// `softmax(τ q̂·k̂_m)`, mixed as the layer mixes them ([`KnnMixing`]); the local keys
+    /// divided as `split` says ([`KeySplit::memory`]`(ctx.mlen)`: XL memory and segment).
     ///
     /// # Shapes
     /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
@@ -25,6 +26,7 @@ impl KnnAttention {
         memory: Option<Tensor<3>>,
         ctx: &RelativeContext,
         found: &Retrieved,
+        split: KeySplit,
     ) -> Result<AttentionProbe, KnnError> {
         let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
@@ -50,35 +52,37 @@ impl KnnAttention {
         let filled = found.mask.clone().bool_not().float(); // [b, q, h, k]
         let remote =
             (cosine.clone() * tau_h.reshape([1, 1, h, 1])).mask_fill(found.mask.clone(), MASKED);
-        let (memory, segment, mass, weights) = match self.mixing {
+        let (compressed, memory, segment, mass, weights) = match self.mixing {
             KnnMixing::Gate => {
                 // g per (b, q, h), 0 where the query found nothing.
                 let found_any = filled.clone().max_dim(3); // [b, q, h, 1]
                 let g = sigmoid(self.gate.val()).reshape([1, 1, h, 1]) * found_any;
                 let weights = softmax(remote, 3) * filled * g.clone();
                 let g = g.reshape([batch, qlen, h]).swap_dims(1, 2); // [b, h, q]
-                let (memory, segment) = split_mass(
+                let (compressed, memory, segment) = split_mass(
                     softmax(local, 3),
-                    ctx.mlen,
+                    split,
                     Some(g.clone().neg().add_scalar(1.0)),
                 );
-                (memory, segment, g, weights)
+                (compressed, memory, segment, g, weights)
             }
             KnnMixing::Joint => {
                 let remote = remote.swap_dims(1, 2); // [b, h, q, k]
                 let probs = softmax(Tensor::cat(vec![remote, local], 3), 3);
                 let weights = probs.clone().narrow(3, 0, kk).swap_dims(1, 2) * filled;
                 let klen = probs.dims()[3] - kk;
-                let (memory, segment) = split_mass(probs.narrow(3, kk, klen), ctx.mlen, None);
+                let (compressed, memory, segment) =
+                    split_mass(probs.narrow(3, kk, klen), split, None);
                 let mass = weights
                     .clone()
                     .sum_dim(3)
                     .reshape([batch, qlen, h])
                     .swap_dims(1, 2);
-                (memory, segment, mass, weights)
+                (compressed, memory, segment, mass, weights)
             }
         };
         Ok(AttentionProbe {
+            compressed,
             memory,
             segment,
             retrieved: Some(RetrievedProbe {

@@ -4,7 +4,7 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::activation::softmax;
 use burn::tensor::kind::Basic;
-use burn::tensor::{Bool, Device, Int, Tensor};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use crate::error::ReformerError;
 use crate::rng::{dropout_mask, mix};
@@ -745,7 +745,7 @@ impl ReformerAttention {
         // One head: the numbers of `random_rotations(d_head, rounds, n_buckets, seed)`.
         let data = crate::rng::normal_vec(heads * self.d_head * rounds * (width / 2), seed);
         Tensor::from_data(
-            burn::tensor::TensorData::new(data, [heads, self.d_head, rounds, width / 2]),
+            TensorData::new(data, [heads, self.d_head, rounds, width / 2]),
             device,
         )
     }
@@ -782,6 +782,77 @@ impl ReformerAttention {
         opts: &ForwardOptions,
         buckets: Option<Tensor<4, Int>>,
     ) -> (Tensor<3>, Option<Tensor<4, Int>>) {
+        let [b, l, _] = x.dims();
+        let (out, used) = self.attend(x, pad_mask, opts, buckets, None);
+        let out = out
+            .swap_dims(1, 2)
+            .reshape([b, l, self.n_heads * self.d_head]);
+        (self.output.forward(out), used)
+    }
+
+    /// Where each position's attention goes (`memzoo inspect`): per head, its mass on the
+    /// positions `bounds[i - 1]..bounds[i]` of `x` (`bounds[-1]` = 0), one tensor per bound.
+    /// It is the layer's own attention (same chunks, rounds and, given the forward pass's
+    /// `buckets`, the same hashes) with every value replaced by the indicators of those
+    /// positions: `Σ_j P_ij 1[j ∈ part]`. No dropout.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, len, d_model]`; `buckets` as [`forward_recorded`](Self::forward_recorded)
+    ///   returns them
+    /// - output: `bounds.len()` tensors `[batch, heads, len]`
+    pub fn masses(
+        &self,
+        x: Tensor<3>,
+        bounds: &[usize],
+        opts: &ForwardOptions,
+        buckets: Option<Tensor<4, Int>>,
+    ) -> Vec<Tensor<3>> {
+        let [b, l, _] = x.dims();
+        let (h, dh) = (self.n_heads, self.d_head);
+        let lp = l.div_ceil(self.chunk_len) * self.chunk_len;
+        // Column i of every value: 1 on the positions of part i (up to d_head parts per pass).
+        let indicators = |parts: &[(usize, usize)]| {
+            let mut row = vec![0f32; lp * dh];
+            for (i, &(from, to)) in parts.iter().enumerate() {
+                for j in from..to.min(l) {
+                    row[j * dh + i] = 1.0;
+                }
+            }
+            let data = row.repeat(b * h);
+            Tensor::<4>::from_data(TensorData::new(data, [b, h, lp, dh]), &x.device())
+        };
+        let parts: Vec<(usize, usize)> = (0..bounds.len())
+            .map(|i| (if i == 0 { 0 } else { bounds[i - 1] }, bounds[i]))
+            .collect();
+        let eval = ForwardOptions {
+            train: false,
+            ..opts.clone()
+        };
+        let mut masses = Vec::with_capacity(parts.len());
+        for group in parts.chunks(dh.max(1)) {
+            let values = indicators(group);
+            let (out, _) = self.attend(x.clone(), None, &eval, buckets.clone(), Some(values));
+            for i in 0..group.len() {
+                masses.push(out.clone().narrow(3, i, 1).reshape([b, h, l]));
+            }
+        }
+        masses
+    }
+
+    /// The attention of `x` before the output projection, with the values `values` instead
+    /// of the layer's where given (`[batch, heads, padded len, d_head]`), and the buckets it
+    /// used.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, len, d_model]` → `[batch, heads, len, d_head]`
+    fn attend(
+        &self,
+        x: Tensor<3>,
+        pad_mask: Option<Tensor<2, Bool>>,
+        opts: &ForwardOptions,
+        buckets: Option<Tensor<4, Int>>,
+        values: Option<Tensor<4>>,
+    ) -> (Tensor<4>, Option<Tensor<4, Int>>) {
         let [b, l, d] = x.dims();
         let (h, dh, c) = (self.n_heads, self.d_head, self.chunk_len);
         let device = x.device();
@@ -807,7 +878,7 @@ impl ReformerAttention {
         };
         let dropatt = (opts.train && self.dropatt > 0.0).then(|| (self.dropatt, mix(opts.seed, 2)));
         let q = heads(self.query.forward(x.clone()));
-        let v = heads(self.value.forward(x.clone()));
+        let v = values.unwrap_or_else(|| heads(self.value.forward(x.clone())));
         let (out, used) = match (self.kind, &self.key) {
             (AttentionKind::Local, Some(key)) => {
                 let k = heads(key.forward(x));
@@ -847,12 +918,11 @@ impl ReformerAttention {
                 (out, Some(buckets))
             }
         };
-        let out = out.swap_dims(1, 2).reshape([b, lp, h * dh]);
         let out = if lp == l {
             out
         } else {
-            out.slice([0..b, 0..l])
+            out.slice([0..b, 0..h, 0..l])
         };
-        (self.output.forward(out), used)
+        (out, used)
     }
 }

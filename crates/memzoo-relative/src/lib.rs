@@ -49,5 +49,5 @@ pub use error::RelativeError;
 pub use positions::{
     AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
 };
-pub use probe::{AttentionProbe, RetrievedProbe};
+pub use probe::{AttentionProbe, KeySplit, RetrievedProbe};
 pub use rows::linear_rows;

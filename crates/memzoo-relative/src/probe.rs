@@ -9,7 +9,8 @@
 //! untouched. Probes run without dropout (evaluation).
 //!
 //! With `P` a query's probabilities over `cat(memory, segment)` (`mlen + qlen` keys):
-//! - relative layers: memory mass `Σ_{j<mlen} P_j`, segment mass `Σ_{j≥mlen} P_j`;
+//! - relative layers: memory mass `Σ_{j<mlen} P_j`, segment mass `Σ_{j≥mlen} P_j` (a
+//!   Compressive Transformer's memory prefix `cat(cmem, mem)` splits further, [`KeySplit`]);
 //! - kNN layers, gate mixing (Wu et al. 2022, sec. 3.2): the output mixes `g V_m + (1-g) V_c`,
 //!   so the retrieved pairs carry `g` (0 for a query that found nothing) and slot `m` carries
 //!   `g A_m`, `A_m = softmax_m(τ q̂·k̂_m)`; the local part `(1-g) P` is split as above;
@@ -28,15 +29,58 @@ use crate::positions::RelativeContext;
 /// What one attention layer's probabilities put where, per query and head.
 ///
 /// # Shapes
-/// - `memory`, `segment`, `knn`: `[batch, heads, qlen]`
+/// - `compressed`, `memory`, `segment`: `[batch, heads, qlen]`
 #[derive(Debug, Clone)]
 pub struct AttentionProbe {
-    /// Mass on the XL memory's keys (the first `mlen` of `cat(memory, segment)`).
+    /// Mass on the compressed memory's keys (a Compressive Transformer's, leading the memory
+    /// prefix); `None` where the layer reads none.
+    pub compressed: Option<Tensor<3>>,
+    /// Mass on the memory's keys: the XL memory (the keys of `cat(memory, segment)` before the
+    /// segment, after any compressed ones), or an RMT stack's memory tokens.
     pub memory: Tensor<3>,
     /// Mass on the segment's keys.
     pub segment: Tensor<3>,
     /// kNN layers: the retrieved pairs, their mass and weights; `None` for other layers.
     pub retrieved: Option<RetrievedProbe>,
+}
+
+impl AttentionProbe {
+    /// The probe of the queries `start..start + len` alone (an RMT stack's segment tokens,
+    /// between its read and write memory tokens).
+    pub fn queries(self, start: usize, len: usize) -> Self {
+        let rows = |t: Tensor<3>| t.narrow(2, start, len);
+        Self {
+            compressed: self.compressed.map(rows),
+            memory: rows(self.memory),
+            segment: rows(self.segment),
+            retrieved: self.retrieved.map(|r| RetrievedProbe {
+                mass: rows(r.mass),
+                weights: r.weights.narrow(1, start, len),
+                scores: r.scores.narrow(1, start, len),
+                keys: r.keys.narrow(1, start, len),
+            }),
+        }
+    }
+}
+
+/// Where a probe divides the keys of `cat(memory, segment)`: the first `compressed` are a
+/// compressed memory, the next `memory` the memory, the rest the segment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeySplit {
+    /// Keys of the compressed memory (0: none).
+    pub compressed: usize,
+    /// Keys of the memory after them.
+    pub memory: usize,
+}
+
+impl KeySplit {
+    /// `mlen` memory keys and no compressed ones: the layer's own context.
+    pub fn memory(mlen: usize) -> Self {
+        Self {
+            compressed: 0,
+            memory: mlen,
+        }
+    }
 }
 
 /// The retrieved pairs of a kNN layer's queries as its attention weighs them.
@@ -58,30 +102,32 @@ pub struct RetrievedProbe {
     pub keys: Tensor<5>,
 }
 
-/// The masses of probabilities `[batch, heads, qlen, mlen + qlen]` on the first `mlen` keys
-/// and on the rest, each scaled by `scale` (`[batch, heads, qlen]`; `None`: 1).
+/// The masses of probabilities `[batch, heads, qlen, klen]` on the compressed memory, the
+/// memory and the segment as `split` divides the keys, each scaled by `scale`
+/// (`[batch, heads, qlen]`; `None`: 1). The compressed mass is `None` where `split` has none.
 pub fn split_mass(
     probs: Tensor<4>,
-    mlen: usize,
+    split: KeySplit,
     scale: Option<Tensor<3>>,
-) -> (Tensor<3>, Tensor<3>) {
+) -> (Option<Tensor<3>>, Tensor<3>, Tensor<3>) {
     let [b, h, q, klen] = probs.dims();
-    let memory = match mlen {
+    let mass = |start: usize, len: usize| match len {
         0 => Tensor::zeros([b, h, q], &probs.device()),
         _ => probs
             .clone()
-            .narrow(3, 0, mlen)
+            .narrow(3, start, len)
             .sum_dim(3)
             .reshape([b, h, q]),
     };
-    let segment = probs
-        .narrow(3, mlen, klen - mlen)
-        .sum_dim(3)
-        .reshape([b, h, q]);
-    match scale {
-        Some(s) => (memory * s.clone(), segment * s),
-        None => (memory, segment),
-    }
+    let (c, m) = (split.compressed, split.memory);
+    let scaled = |t: Tensor<3>| match &scale {
+        Some(s) => t * s.clone(),
+        None => t,
+    };
+    let compressed = (c > 0).then(|| scaled(mass(0, c)));
+    let memory = scaled(mass(c, m));
+    let segment = scaled(mass(c + m, klen - c - m));
+    (compressed, memory, segment)
 }
 
 impl RelativeMultiHeadAttention {
@@ -103,8 +149,9 @@ impl RelativeMultiHeadAttention {
         Ok(softmax(ctx.mask_scores(scores), 3))
     }
 
-    /// Where the segment's queries attend: memory and segment masses of
-    /// [`probabilities`](Self::probabilities) (see the module docs).
+    /// Where the segment's queries attend: the masses of
+    /// [`probabilities`](Self::probabilities) on the parts `split` divides the keys into
+    /// ([`KeySplit::memory`]`(ctx.mlen)`: the XL memory and the segment; see the module docs).
     ///
     /// # Shapes
     /// As [`probabilities`](Self::probabilities); the masses `[batch, heads, qlen]`.
@@ -114,10 +161,12 @@ impl RelativeMultiHeadAttention {
         memory: Option<Tensor<3>>,
         ctx: &RelativeContext,
         shared: Option<&XlBiases>,
+        split: KeySplit,
     ) -> Result<AttentionProbe, RelativeError> {
         let probs = self.probabilities(x, memory, ctx, shared)?;
-        let (memory, segment) = split_mass(probs, ctx.mlen, None);
+        let (compressed, memory, segment) = split_mass(probs, split, None);
         Ok(AttentionProbe {
+            compressed,
             memory,
             segment,
             retrieved: None,

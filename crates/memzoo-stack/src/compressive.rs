@@ -47,8 +47,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::XlError;
 use crate::memory::{XlMemory, XlState};
 use crate::stack::{
-    KnnFeed, LayerAttention, LayerKind, Replay, Residual, TransformerXl, XlConfig, XlLayer,
-    document_mask,
+    KnnFeed, LayerAttention, LayerKind, ProbeLayout, Replay, Residual, Trace, TransformerXl,
+    XlConfig, XlLayer, document_mask,
 };
 
 /// How old memories are compressed (Rae et al. 2019, sec. 3.1), windows of `c` positions to
@@ -304,7 +304,8 @@ impl TransformerXl {
 
     /// Reads one segment of a compressive stack on top of `state` and moves both memories on;
     /// with `train`, also returns the weighted attention-reconstruction loss (`None` when no
-    /// memory was compressed or `f_c` has no parameters).
+    /// memory was compressed or `f_c` has no parameters). With a `trace`, every layer records
+    /// where its attention went (the compressed memory apart from the XL memory).
     ///
     /// # Shapes
     /// - `tokens`: `[batch, qlen]`, `reset`: `batch` flags → `[batch, qlen, d_model]`
@@ -315,6 +316,7 @@ impl TransformerXl {
         reset: &[bool],
         opts: Option<&ForwardOptions>,
         train: bool,
+        trace: Option<&Trace>,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), XlError> {
         let comp = self
             .compressive
@@ -420,6 +422,8 @@ impl TransformerXl {
                 _ => None,
             };
             let mut cx = self.layer_context(l, &contexts, store, opts);
+            let layout = ProbeLayout::Compressed { compressed: clen };
+            cx.trace = trace.map(|t| t.slot(l, layout));
             h = layer.block.forward(h, None, opts, |x, _| {
                 Ok::<_, XlError>(layer.attend(x, prefix, &mut cx, Replay::Nothing)?.0)
             })?;
@@ -555,7 +559,7 @@ impl TransformerXl {
         state: &mut XlState,
         reset: &[bool],
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), XlError> {
-        self.forward_compressive(tokens, state, reset, None, true)
+        self.forward_compressive(tokens, state, reset, None, true, None)
     }
 }
 

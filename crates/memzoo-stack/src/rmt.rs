@@ -50,7 +50,7 @@ use memzoo_relative::AttentionMask;
 
 use crate::error::XlError;
 use crate::memory::XlState;
-use crate::stack::{LayerKind, Residual, TransformerXl, XlConfig};
+use crate::stack::{LayerKind, ProbeLayout, Residual, Trace, TransformerXl, XlConfig};
 
 /// Settings of the Recurrent Memory Transformer ([`XlConfig::rmt`](crate::XlConfig::rmt)).
 /// TOML: `[model.rmt]`.
@@ -264,7 +264,9 @@ impl TransformerXl {
 
     /// Reads one segment of an RMT stack on top of `state.rmt` and writes the next memory
     /// into it (in the graph with `keep_graph`, detached otherwise). `reset[b]`: row `b`
-    /// starts a document (with `document_resets`: it reads a fresh memory).
+    /// starts a document (with `document_resets`: it reads a fresh memory). With a `trace`,
+    /// every layer records where the segment's queries attended (the read memory tokens as
+    /// the memory).
     ///
     /// # Shapes
     /// - `tokens`: `[batch, len]`, `reset`: `batch` flags → `[batch, len, d_model]`
@@ -275,6 +277,7 @@ impl TransformerXl {
         reset: &[bool],
         opts: Option<&ForwardOptions>,
         keep_graph: bool,
+        trace: Option<&Trace>,
     ) -> Result<Tensor<3>, XlError> {
         let rmt = self.rmt.as_ref().ok_or_else(|| {
             XlError::Input("this stack is not a Recurrent Memory Transformer".into())
@@ -323,7 +326,8 @@ impl TransformerXl {
         let mask = memory_mask(m, len, rmt.config.causal_memory, &device);
         let contexts = self.contexts(batch, 2 * m + len, 0, &mask, &device)?;
         for l in 0..self.layers.len() {
-            let cx = self.layer_context(l, &contexts, None, opts);
+            let mut cx = self.layer_context(l, &contexts, None, opts);
+            cx.trace = trace.map(|t| t.slot(l, ProbeLayout::MemoryTokens { m, len }));
             h = self.layers[l].forward(h, None, cx)?;
         }
         drop(contexts);

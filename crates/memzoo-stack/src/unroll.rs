@@ -95,7 +95,7 @@ impl TransformerXl {
                 0 => opts.clone(),
                 _ => opts.as_ref().map(|o| o.child(TAG_UNROLL + i as u64)),
             };
-            let hidden = self.forward_rmt(s.inputs, state, &s.reset, o.as_ref(), true)?;
+            let hidden = self.forward_rmt(s.inputs, state, &s.reset, o.as_ref(), true, None)?;
             let loss = mean_nll(self.score(hidden, s.targets, false)?.nll, s.weights);
             total = Some(match total {
                 Some(t) => t + loss,

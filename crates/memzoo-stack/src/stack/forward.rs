@@ -430,15 +430,15 @@ impl TransformerXl {
         opts: Option<&ForwardOptions>,
         trace: Option<&Trace>,
     ) -> Result<Tensor<3>, XlError> {
-        // A compressive stack reads through its own path (its layers record no trace).
+        // A compressive stack reads through its own path.
         if self.compressive.is_some() {
             return Ok(self
-                .forward_compressive(tokens, state, reset, opts, false)?
+                .forward_compressive(tokens, state, reset, opts, false, trace)?
                 .0);
         }
         // A Recurrent Memory Transformer reads its memory tokens (detached after the read).
         if self.rmt.is_some() {
-            return self.forward_rmt(tokens, state, reset, opts, false);
+            return self.forward_rmt(tokens, state, reset, opts, false, trace);
         }
         let qlen = tokens.dims()[1];
         let mask = self.prepare(&tokens, state, reset)?;
@@ -687,7 +687,7 @@ impl TransformerXl {
                     };
                     inputs.push(cached);
                     let mut cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
-                    cx.trace = trace.map(|t| t.slot(l));
+                    cx.trace = trace.map(|t| t.slot(l, ProbeLayout::XlMemory));
                     h = layer.forward(h, memory.layer(l).cloned(), cx)?;
                 }
                 h
@@ -697,7 +697,7 @@ impl TransformerXl {
                 for (l, layer) in self.layers.iter().enumerate() {
                     inputs.push(x2.clone());
                     let mut cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
-                    cx.trace = trace.map(|t| t.slot(l));
+                    cx.trace = trace.map(|t| t.slot(l, ProbeLayout::XlMemory));
                     let (y1, y2, _) =
                         layer.forward_reversible(x1, x2, memory.layer(l).cloned(), cx)?;
                     (x1, x2) = (y1, y2);

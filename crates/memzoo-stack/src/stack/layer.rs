@@ -8,7 +8,9 @@ use memzoo_memory::{KnnIndex, Retrieved};
 use memzoo_reformer::{
     AttentionKind as ReformerKind, ForwardOptions, ReformerAttention, reversible,
 };
-use memzoo_relative::{PositionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases};
+use memzoo_relative::{
+    AttentionProbe, PositionConfig, RelativeContext, RelativeMultiHeadAttention, XlBiases,
+};
 
 use super::*;
 use crate::error::XlError;
@@ -260,8 +262,8 @@ impl XlLayer {
                     .positions
                     .ok_or_else(|| missing("its position context"))?;
                 if let Some(slot) = &cx.trace {
-                    let probe = a.probe(x.clone(), m.clone(), ctx, cx.shared)?;
-                    slot.record(LayerTrace::Attention(Box::new(probe)));
+                    let split = slot.layout().split(ctx.mlen);
+                    slot.record_probe(a.probe(x.clone(), m.clone(), ctx, cx.shared, split)?);
                 }
                 let out = match cx.attention_dropout_seed().filter(|_| a.has_dropout()) {
                     Some(seed) => a
@@ -296,8 +298,8 @@ impl XlLayer {
                 let probed = cx.trace.as_ref().map(|s| (s.clone(), x.clone(), m.clone()));
                 let out = a.forward(x, m, ctx, &**store, *top_k)?;
                 if let Some((slot, x, m)) = probed {
-                    let probe = a.probe(x, m, ctx, &out.retrieved)?;
-                    slot.record(LayerTrace::Attention(Box::new(probe)));
+                    let split = slot.layout().split(ctx.mlen);
+                    slot.record_probe(a.probe(x, m, ctx, &out.retrieved, split)?);
                 }
                 match evicted {
                     // knn.feed = evicted: the first klen - mem_len of cat(memory, x).
@@ -330,13 +332,33 @@ impl XlLayer {
                     Replay::Buckets(b) => Some(*b),
                     _ => None,
                 };
+                let traced = cx.trace.as_ref().map(|slot| (slot.clone(), seq.clone()));
                 let (out, used) = a.forward_recorded(seq, None, &opts, buckets);
-                if let (Some(slot), Some(b)) = (&cx.trace, &used) {
+                if let Some((slot, seq)) = traced {
                     let offset = len - qlen;
-                    slot.record(LayerTrace::Buckets {
-                        buckets: Box::new(b.clone()),
-                        offset,
+                    // Masses on the memory before the segment, from the same hashes.
+                    let split = slot.layout().split(offset);
+                    let bounds = [split.compressed, split.compressed + split.memory, len];
+                    let mut masses = a.masses(seq, &bounds, &opts, used.clone()).into_iter();
+                    let mut next = || {
+                        masses
+                            .next()
+                            .expect("one mass per bound")
+                            .narrow(2, offset, qlen)
+                    };
+                    let compressed = next();
+                    slot.record_probe(AttentionProbe {
+                        compressed: (split.compressed > 0).then_some(compressed),
+                        memory: next(),
+                        segment: next(),
+                        retrieved: None,
                     });
+                    if let Some(b) = &used {
+                        slot.record(LayerTrace::Buckets {
+                            buckets: Box::new(b.clone()),
+                            offset,
+                        });
+                    }
                 }
                 let replay = used.map_or(Replay::Nothing, |b| Replay::Buckets(Box::new(b)));
                 Ok((out.narrow(1, len - qlen, qlen), replay))

@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 
 use burn::tensor::{Int, Tensor};
-use memzoo_relative::AttentionProbe;
+use memzoo_relative::{AttentionProbe, KeySplit};
 
 /// What one layer recorded in a traced pass.
 #[derive(Debug, Clone)]
@@ -26,8 +26,8 @@ pub enum LayerTrace {
     },
 }
 
-/// The records of a traced pass, one per layer that recorded (LSH layers without buckets and
-/// local layers record nothing), shared by the [`Step`](crate::Step) and the layers it reaches. Cloning
+/// The records of a traced pass, one or two per layer (an LSH layer records its attention
+/// masses and its buckets), shared by the [`Step`](crate::Step) and the layers it reaches. Cloning
 /// it shares the records.
 #[derive(Clone, Default)]
 pub struct Trace(Arc<Mutex<Vec<(usize, LayerTrace)>>>);
@@ -49,11 +49,12 @@ impl Trace {
         std::mem::take(&mut *self.lock())
     }
 
-    /// Where layer `layer` records.
-    pub(crate) fn slot(&self, layer: usize) -> TraceSlot {
+    /// Where layer `layer` records, its keys laid out as `layout` says.
+    pub(crate) fn slot(&self, layer: usize, layout: ProbeLayout) -> TraceSlot {
         TraceSlot {
             trace: self.clone(),
             layer,
+            layout,
         }
     }
 
@@ -63,14 +64,72 @@ impl Trace {
     }
 }
 
+/// What a layer's probe cannot read from its own position context: how the stack laid out
+/// the memories among its keys and queries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProbeLayout {
+    /// `cat(memory, segment)`: the keys before the segment are the XL memory.
+    #[default]
+    XlMemory,
+    /// A Compressive Transformer's `cat(cmem, mem, segment)`: the first `compressed` keys
+    /// are the compressed memory.
+    Compressed {
+        /// Keys of the compressed memory.
+        compressed: usize,
+    },
+    /// A Recurrent Memory Transformer's `[read (m), segment (len), write (m)]` sequence: the
+    /// `m` read memory tokens are the memory, and only the segment's queries are recorded
+    /// (they never see the write tokens).
+    MemoryTokens {
+        /// Memory tokens `m`.
+        m: usize,
+        /// Segment tokens.
+        len: usize,
+    },
+}
+
+impl ProbeLayout {
+    /// How a probe divides the keys when the layer's context holds `mlen` memory keys.
+    pub fn split(&self, mlen: usize) -> KeySplit {
+        match *self {
+            Self::XlMemory => KeySplit::memory(mlen),
+            Self::Compressed { compressed } => KeySplit {
+                compressed: compressed.min(mlen),
+                memory: mlen.saturating_sub(compressed),
+            },
+            Self::MemoryTokens { m, .. } => KeySplit::memory(m),
+        }
+    }
+
+    /// The recorded queries of a probe over all of the layer's queries.
+    pub fn recorded(&self, probe: AttentionProbe) -> AttentionProbe {
+        match *self {
+            Self::MemoryTokens { m, len } => probe.queries(m, len),
+            _ => probe,
+        }
+    }
+}
+
 /// One layer's place in a [`Trace`].
 #[derive(Debug, Clone)]
 pub struct TraceSlot {
     trace: Trace,
     layer: usize,
+    layout: ProbeLayout,
 }
 
 impl TraceSlot {
+    /// How the stack laid out the layer's keys and queries.
+    pub fn layout(&self) -> ProbeLayout {
+        self.layout
+    }
+
+    /// Records a probe over all the layer's queries (the segment's, or an RMT stack's whole
+    /// sequence): the recorded queries' part of it.
+    pub fn record_probe(&self, probe: AttentionProbe) {
+        self.record(LayerTrace::Attention(Box::new(self.layout.recorded(probe))));
+    }
+
     /// Records what the layer did.
     pub fn record(&self, record: LayerTrace) {
         self.trace.lock().push((self.layer, record));

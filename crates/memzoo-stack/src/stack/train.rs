@@ -67,7 +67,9 @@ impl TransformerXl {
             // A compressive stack adds its attention-reconstruction loss (the LM loss is
             // the one returned).
             let (hidden, aux) = match self.compressive {
-                Some(_) => self.forward_compressive(tokens, state, reset, opts.as_ref(), true)?,
+                Some(_) => {
+                    self.forward_compressive(tokens, state, reset, opts.as_ref(), true, None)?
+                }
                 None => (
                     self.forward_state_with(tokens, state, reset, opts.as_ref())?,
                     None,

@@ -6,8 +6,10 @@
 //!
 //! - **with the memory**: a traced evaluation step ([`Step::with_trace`]): its per-token
 //!   losses, and what every layer's attention did ([`memzoo_stack::LayerTrace`]: the mass on
-//!   the XL memory, on the retrieved kNN pairs and on the segment, recomputed from the real
-//!   probabilities; the retrieved pairs; an LSH layer's buckets);
+//!   the memory (the XL memory; a Compressive Transformer's compressed memory apart; an RMT's
+//!   memory tokens), on the retrieved kNN pairs and on the segment, recomputed from the real
+//!   probabilities (for LSH and local layers from the same hashes and chunks); the retrieved
+//!   pairs; an LSH layer's buckets);
 //! - **without**: from a fresh state (no XL memory, empty kNN memories), its losses only.
 //!
 //! The result, an [`Inspection`], is indexed by query: entry `t` is the query at token `t`,
@@ -108,9 +110,11 @@ pub struct LayerInspection {
     pub kind: String,
     /// Attention heads.
     pub heads: usize,
-    /// Attention mass `[memory, knn, segment]` per query and head (sums to 1); empty for
-    /// layers without a probe (LSH, local).
-    pub mass: Vec<[f32; 3]>,
+    /// Attention mass `[compressed memory, memory, knn, segment]` per query and head (sums
+    /// to 1).
+    pub mass: Vec<[f32; 4]>,
+    /// Whether the layer reads a compressed memory (a Compressive Transformer's).
+    pub compressed: bool,
     /// kNN layers: per query and head, the `neighbours_per_head` heaviest retrieved pairs
     /// (fewer where fewer were found: padded with position -1, weight 0).
     pub neighbours: Vec<Neighbour>,
@@ -166,6 +170,8 @@ pub struct Inspection {
     pub tgt_len: usize,
     /// XL memory length.
     pub mem_len: usize,
+    /// What the model's memory is, as the page names it (`XL memory`, `memory tokens`).
+    pub memory: String,
     /// The text's tokens as text (a UTF-8 character on its first byte, empty on the others).
     pub pieces: Vec<String>,
     /// Loss of token `t + 1` with the memory, nats (`t` = query index).
@@ -260,6 +266,7 @@ pub fn inspect(
                 other => other.local().n_heads,
             },
             mass: Vec::new(),
+            compressed: model.compressive_config().is_some(),
             neighbours: Vec::new(),
             neighbours_per_head: 0,
             buckets: Vec::new(),
@@ -314,6 +321,10 @@ pub fn inspect(
         bytes_total: 0,
         tgt_len: opts.tgt_len,
         mem_len: model.mem_len,
+        memory: match model.rmt_config() {
+            Some(_) => "memory tokens".into(),
+            None => "XL memory".into(),
+        },
         pieces,
         loss_with,
         loss_without,
@@ -335,14 +346,16 @@ fn collect(
     match record {
         LayerTrace::Attention(probe) => {
             // [1, h, len] -> per query, per head.
+            let compressed = probe.compressed.map(host);
             let memory = host(probe.memory);
             let segment = host(probe.segment);
             let knn = probe.retrieved.as_ref().map(|r| host(r.mass.clone()));
+            let at = |v: &Option<Vec<f32>>, i: usize| v.as_ref().map_or(0.0, |v| v[i]);
             for t in 0..len {
                 for head in 0..h {
                     let i = head * len + t;
-                    let k = knn.as_ref().map_or(0.0, |v| v[i]);
-                    layer.mass.push([memory[i], k, segment[i]]);
+                    let mass = [at(&compressed, i), memory[i], at(&knn, i), segment[i]];
+                    layer.mass.push(mass);
                 }
             }
             if let Some(r) = probe.retrieved {

@@ -25,7 +25,7 @@
   const bitsWith = (i) => lw[i - 1] / 1000 / LN2;
   const bitsWithout = (i) => lo[i - 1] / 1000 / LN2;
   const layers = D.layers.map((l) => ({
-    index: l.index, kind: l.kind, heads: l.heads, knn: l.knn, k: l.k || 0, rounds: l.rounds || 0,
+    index: l.index, kind: l.kind, heads: l.heads, knn: l.knn, cm: !!l.cm, k: l.k || 0, rounds: l.rounds || 0,
     mass: l.mass ? bytes(l.mass) : null,
     np: l.np ? u32(l.np) : null, nw: l.nw ? bytes(l.nw) : null,
     ns: l.ns ? new Int8Array(bytes(l.ns).buffer) : null,
@@ -185,20 +185,30 @@
   }
   window.memzooJump = jump;
 
-  function bar(m, k, s) {
+  // A layer's parts, in the order of its packed masses; the segment takes the rest.
+  const MEMORY = D.memory || "XL memory";
+  const parts = (l) => [
+    ...(l.cm ? [["c", "compressed memory"]] : []), ["m", MEMORY], ...(l.knn ? [["k", "kNN"]] : []),
+  ];
+  // The masses of query t, head hd: one per part, then the segment's.
+  function masses(l, t, hd) {
+    const n = parts(l).length, at = (t * l.heads + hd) * n;
+    const v = Array.from({ length: n }, (_, i) => l.mass[at + i] / 255);
+    return [...v, Math.max(0, 1 - v.reduce((a, b) => a + b, 0))];
+  }
+  function bar(l, v) {
     const pct = (x) => (100 * x).toFixed(1);
-    return `<div class="bar" title="memory ${pct(m)}% · kNN ${pct(k)}% · segment ${pct(s)}%">` +
-      `<i class="m" style="width:${pct(m)}%"></i><i class="k" style="width:${pct(k)}%"></i><i class="s" style="width:${pct(s)}%"></i></div>`;
+    const ps = [...parts(l), ["s", "segment"]];
+    return `<div class="bar" title="${ps.map(([, name], i) => `${name} ${pct(v[i])}%`).join(" · ")}">` +
+      ps.map(([c], i) => `<i class="${c}" style="width:${pct(v[i])}%"></i>`).join("") + `</div>`;
   }
   function layerHtml(l, t) {
     let h = `<h3>layer ${l.index}: ${l.kind}</h3>`;
     if (l.mass) {
-      const stride = l.knn ? 2 : 1;
-      h += `<table class="mass"><tr><th>head</th><th>memory</th>${l.knn ? "<th>kNN</th>" : ""}<th>segment</th><th></th></tr>`;
+      h += `<table class="mass"><tr><th>head</th>${parts(l).map(([, name]) => `<th>${name}</th>`).join("")}<th>segment</th><th></th></tr>`;
       for (let hd = 0; hd < l.heads; hd++) {
-        const at = (t * l.heads + hd) * stride;
-        const m = l.mass[at] / 255, k = l.knn ? l.mass[at + 1] / 255 : 0, s = Math.max(0, 1 - m - k);
-        h += `<tr><td>${hd}</td><td>${fmt(m)}</td>${l.knn ? `<td>${fmt(k)}</td>` : ""}<td>${fmt(s)}</td><td style="width:45%">${bar(m, k, s)}</td></tr>`;
+        const v = masses(l, t, hd);
+        h += `<tr><td>${hd}</td>${v.map((x) => `<td>${fmt(x)}</td>`).join("")}<td style="width:45%">${bar(l, v)}</td></tr>`;
       }
       h += "</table>";
     } else if (!l.bk) {
@@ -244,7 +254,8 @@
       h += `<p>loss <b>${fmt(w)}</b> bits with memory, <b>${fmt(o)}</b> without: ` +
         `memory ${o >= w ? "saved" : "cost"} <b>${fmt(Math.abs(o - w))}</b> bits.</p>`;
       h += `<p class="muted">Attention of the query that predicted it (at token ${i - 1}):` +
-        `<span class="key"><i class="m"></i>XL memory<i class="k"></i>kNN<i class="s"></i>segment</span></p>`;
+        `<span class="key">${layers.some((l) => l.cm) ? `<i class="c"></i>compressed memory` : ""}<i class="m"></i>${MEMORY}` +
+        `${layers.some((l) => l.knn) ? `<i class="k"></i>kNN` : ""}<i class="s"></i>segment</span></p>`;
       layers.forEach((l) => { h += layerHtml(l, i - 1); });
     }
     h += pin ? `<p class="muted">Pinned: click the token again (or Esc) to follow the mouse.</p>` : "";
@@ -273,16 +284,19 @@
     let h = `<h3>Mean attention per layer over the text</h3><table class="overview">`;
     layers.forEach((l) => {
       if (!l.mass) return;
-      const stride = l.knn ? 2 : 1;
-      let m = 0, k = 0, cnt = 0;
-      for (let at = 0; at < l.mass.length; at += stride) {
-        m += l.mass[at]; if (l.knn) k += l.mass[at + 1]; cnt++;
+      const n = parts(l).length, sum = new Array(n).fill(0);
+      let cnt = 0;
+      for (let at = 0; at < l.mass.length; at += n) {
+        for (let i = 0; i < n; i++) sum[i] += l.mass[at + i];
+        cnt++;
       }
-      m /= 255 * Math.max(cnt, 1); k /= 255 * Math.max(cnt, 1);
-      h += `<tr><td>layer ${l.index} (${l.kind})</td><td style="width:60%">${bar(m, k, Math.max(0, 1 - m - k))}</td>` +
-        `<td>${fmt(m)} / ${l.knn ? fmt(k) + " / " : ""}${fmt(Math.max(0, 1 - m - k))}</td></tr>`;
+      const v = sum.map((x) => x / (255 * Math.max(cnt, 1)));
+      v.push(Math.max(0, 1 - v.reduce((a, b) => a + b, 0)));
+      h += `<tr><td>layer ${l.index} (${l.kind})</td><td style="width:60%">${bar(l, v)}</td>` +
+        `<td>${v.map((x) => fmt(x)).join(" / ")}</td></tr>`;
     });
-    h += `</table><p class="muted">memory / ${layers.some((l) => l.knn) ? "kNN / " : ""}segment</p>`;
+    const names = [...new Set(layers.flatMap((l) => parts(l).map(([, name]) => name)))];
+    h += `</table><p class="muted">${[...names, "segment"].join(" / ")}</p>`;
     document.getElementById("overview").innerHTML = h;
   })();
 

@@ -7,7 +7,7 @@
 //! | field | per | encoding |
 //! |---|---|---|
 //! | `lw`, `lo` | query | loss with / without memory, u16 millinats (saturating at 65.535) |
-//! | layer `mass` | query, head | u8 memory mass, then (kNN layers) u8 kNN mass, each `round(255 m)`; the segment's is the rest |
+//! | layer `mass` | query, head | (compressive layers) u8 compressed-memory mass, u8 memory mass, (kNN layers) u8 kNN mass, each `round(255 m)`; the segment's is the rest |
 //! | layer `np` | query, head, neighbour | u32 position + 1 (0: none) |
 //! | layer `nw`, `ns` | query, head, neighbour | u8 weight `round(255 w)`, i8 cosine `round(127 s)` |
 //! | layer `bk` | query, head, round | u16 bucket |
@@ -59,18 +59,13 @@ pub fn page_data(ins: &Inspection) -> Value {
         .enumerate()
         .map(|(i, l)| {
             let knn = l.neighbours_per_head > 0;
-            let mut layer = json!({"index": i, "kind": l.kind, "heads": l.heads, "knn": knn});
+            let mut layer = json!({"index": i, "kind": l.kind, "heads": l.heads, "knn": knn,
+                "cm": l.compressed});
             if !l.mass.is_empty() {
-                let mass: Vec<u8> = l
-                    .mass
-                    .iter()
-                    .flat_map(|m| {
-                        let mut v = vec![unit_u8(m[0])];
-                        if knn {
-                            v.push(unit_u8(m[1]));
-                        }
-                        v
-                    })
+                // [compressed, memory, knn, segment]: the parts the layer has, less the last.
+                let parts = [l.compressed, true, knn];
+                let mass: Vec<u8> = (l.mass.iter())
+                    .flat_map(|m| (0..3).filter(|&p| parts[p]).map(|p| unit_u8(m[p])))
                     .collect();
                 layer["mass"] = json!(base64(&mass));
             }
@@ -112,6 +107,7 @@ pub fn page_data(ins: &Inspection) -> Value {
         "bytes_total": ins.bytes_total,
         "tgt_len": ins.tgt_len,
         "mem_len": ins.mem_len,
+        "memory": ins.memory,
         "pieces": ins.pieces,
         "lw": millinats(&ins.loss_with),
         "lo": millinats(&ins.loss_without),
