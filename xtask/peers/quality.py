@@ -4,8 +4,8 @@
 Usage: quality.py FAMILY STEPS EVAL_AT DATA [--config JSON]
 
   FAMILY   xl (HF TransfoXL 4.37.2: run with ~/.cache/memzoo-peers/venv-tfxl/bin/python),
-           reformer (reformer-pytorch) or memorizing (memorizing-transformers-pytorch), both
-           with ~/.cache/memzoo-peers/venv/bin/python
+           reformer (reformer-pytorch), memorizing (memorizing-transformers-pytorch) or
+           compressive (compressive-transformer-pytorch), with ~/.cache/memzoo-peers/venv/bin/python
   STEPS    optimizer steps
   EVAL_AT  comma-separated steps at which the whole validation split is scored
   DATA     a text file (bytes are tokens, vocab 256)
@@ -73,6 +73,18 @@ memorizing (memorizing-transformers-pytorch MemorizingTransformer). memzoo's qua
     the layers and a separate one for the kNN layer, bucketed by i - j ignoring the memory.
   - dropout: `attn_dropout` on the attention probabilities (0 here, as memzoo's dropatt) and
     `ff_dropout` inside the feed-forward; no embedding or residual dropout.
+compressive (compressive-transformer-pytorch 0.4.0 CompressiveTransformer): the same function as
+  memzoo's quality config (memzoo imports the package's checkpoints with parity), but for:
+  - the reconstruction loss: the package detaches `to_kv.weight` *in place* the first time it
+    computes the loss, so from then on the LM loss no longer trains W_kv either. The paper (and
+    memzoo) stop only the reconstruction loss's gradient into the attention. Matched: that line
+    of the package's `SelfAttention.forward` is replaced by a detached copy of the weight for
+    the compressed keys/values (`CompressivePeer.patch`); the LM loss trains `to_kv` as usual.
+  - dropout: `attn_layer_dropout` on the attention output and `ff_dropout` inside the
+    feed-forward (both 0.1); memzoo's `dropout` is on the embedding and on the attention and
+    feed-forward outputs.
+  - initialisation: the package's (its position table starts at zero); memzoo's library default.
+  The training loss adds the model's reconstruction loss (`aux_loss`), as memzoo's does.
 """
 import argparse
 import json
@@ -97,6 +109,9 @@ DEFAULTS = {
     "memorizing": dict(depth=4, dim=128, heads=4, dim_head=32, ff_mult=4, knn_layer=3, topk=32,
                        max_knn_memories=4096, xl_max_memories=128, tgt_len=128, batch=8, dropout=0.1,
                        dropatt=0.0),
+    "compressive": dict(num_tokens=256, dim=128, seq_len=128, depth=4, heads=4, mem_len=128, cmem_len=32,
+                        cmem_ratio=4, reconstruction_loss_weight=1.0, tgt_len=128, batch=8, dropout=0.1,
+                        dropatt=0.0),
 }
 
 
@@ -188,7 +203,53 @@ class MemorizingPeer:
         return torch.log_softmax(logits, dim=-1), (knn, [m.detach() for m in new_xl])
 
 
-PEERS = {"xl": XlPeer, "reformer": ReformerPeer, "memorizing": MemorizingPeer}
+class CompressivePeer:
+    """compressive-transformer-pytorch with its XL and compressed memories; the training loss
+    adds its reconstruction loss (`self.aux`)."""
+
+    @staticmethod
+    def patch():
+        """The reconstruction loss through a detached copy of `to_kv.weight` instead of the
+        package's in-place `detach_()` of the parameter (which stops the LM loss training it)."""
+        import inspect
+        import textwrap
+        from compressive_transformer_pytorch import compressive_transformer_pytorch as ct
+        src = textwrap.dedent(inspect.getsource(ct.SelfAttention.forward))
+        old = ("self.to_kv.weight.detach_()\n\n"
+               "    cmem_k, cmem_v = self.to_kv(compressed_mem).chunk(2, dim=-1)")
+        new = "cmem_k, cmem_v = F.linear(compressed_mem, self.to_kv.weight.detach()).chunk(2, dim=-1)"
+        if old not in src:
+            sys.exit("compressive-transformer-pytorch: SelfAttention.forward is not the 0.4.0 one "
+                     "this script patches (the in-place detach of to_kv.weight)")
+        scope = dict(vars(ct))
+        exec(src.replace(old, new), scope)
+        ct.SelfAttention.forward = scope["forward"]
+
+    def __init__(self, c):
+        import compressive_transformer_pytorch
+        from compressive_transformer_pytorch import CompressiveTransformer
+        self.patch()
+        self.model = CompressiveTransformer(
+            num_tokens=c["num_tokens"], dim=c["dim"], seq_len=c["seq_len"], depth=c["depth"], heads=c["heads"],
+            mem_len=c["mem_len"], cmem_len=c["cmem_len"], cmem_ratio=c["cmem_ratio"], enhanced_recurrence=False,
+            gru_gated_residual=False, attn_dropout=c["dropatt"], ff_dropout=c["dropout"],
+            attn_layer_dropout=c["dropout"], reconstruction_attn_dropout=0.0,
+            reconstruction_loss_weight=c["reconstruction_loss_weight"])
+        version = getattr(compressive_transformer_pytorch, "__version__", "0.4.0")
+        self.name = f"compressive-transformer-pytorch {version}"
+        self.aux = None
+
+    def new_state(self, batch):
+        return None
+
+    def logprobs(self, x, state):
+        logits, mem, aux = self.model(x, memories=state)
+        self.aux = aux.sum()
+        return torch.log_softmax(logits, dim=-1), mem
+
+
+PEERS = {"xl": XlPeer, "reformer": ReformerPeer, "memorizing": MemorizingPeer,
+         "compressive": CompressivePeer}
 
 
 def splits(raw, r):
@@ -267,8 +328,9 @@ def main():
             g["lr"] = lr_at(s)
         logp, state = peer.logprobs(x, state)
         loss = -logp.gather(-1, y.unsqueeze(-1)).mean()
+        aux = getattr(peer, "aux", None)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if aux is None else loss + aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), r["clip"])
         opt.step()
         losses.append(loss.item())

@@ -6,7 +6,7 @@
 //! cargo xtask bench attention generate --quick --out bench/run.jsonl   # + SVG plots in bench/
 //! cargo xtask bench memory-crossover            # exact vs HNSW per stored size (MEMZOO_BENCH_*)
 //! cargo xtask bench reformer-step-6-rev-2048-128   # one Reformer step, reversible or plain
-//! cargo xtask bench quality [--families xl,reformer,memorizing] [--steps 400]
+//! cargo xtask bench quality [--families xl,reformer,memorizing,compressive] [--steps 400]
 //!     [--eval-at 50,100,200,300,400] [--out FILE.jsonl] [--plot DIR] [--no-peers] [--data PATH]
 //! cargo xtask study [--table t1,t2,t3,t4,t5] [--quick] [--out DIR]
 //! ```
@@ -100,8 +100,8 @@ pub struct BenchArgs {
     /// memorizing` run).
     #[arg(long)]
     pub real_keys: Option<PathBuf>,
-    /// `quality`: the families to train (comma-separated: xl, reformer, memorizing; default:
-    /// all three).
+    /// `quality`: the families to train (comma-separated: xl, reformer, memorizing,
+    /// compressive; default: all four).
     #[arg(long, value_delimiter = ',')]
     pub families: Option<Vec<String>>,
     /// `quality`: the steps at which both sides score the whole validation split

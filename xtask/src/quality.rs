@@ -35,7 +35,7 @@ use crate::BenchArgs;
 use crate::plot::{Axes, Series, chart};
 
 /// The families, in the order they run by default.
-pub const FAMILIES: [&str; 3] = ["xl", "reformer", "memorizing"];
+pub const FAMILIES: [&str; 4] = ["xl", "reformer", "memorizing", "compressive"];
 
 /// Default evaluation points (those within `--steps`, and `--steps` itself).
 pub const DEFAULT_EVAL_AT: [usize; 5] = [50, 100, 200, 300, 400];
@@ -253,6 +253,42 @@ pub fn memorizing_small() -> Family {
     }
 }
 
+/// A Compressive Transformer against compressive-transformer-pytorch 0.4.0 (`venv`), the
+/// stack `memzoo import --from lucidrains-compressive` builds for the peer's model: 4 layers,
+/// d_model 128, 4 heads x 32, pre-LN, learned positions over the window, an XL memory of 128
+/// and a compressed memory of 32 at rate 4 (conv compression, trained by the reconstruction
+/// loss, weight 1), tgt_len 128, batch 8, dropout 0.1.
+///
+/// Peer: `CompressiveTransformer(num_tokens=256, dim=128, seq_len=128, depth=4, heads=4,
+/// mem_len=128, cmem_len=32, cmem_ratio=4, enhanced_recurrence=False,
+/// gru_gated_residual=False, attn_dropout=0.0, ff_dropout=0.1, attn_layer_dropout=0.1,
+/// reconstruction_loss_weight=1.0)`, with its in-place detach of `to_kv.weight` replaced by a
+/// detached copy in the reconstruction loss (see the script's header). Not matched: where
+/// dropout applies (memzoo also drops the embedding), the initialisation.
+pub fn compressive_small() -> Family {
+    let (batch, tgt_len) = (8, 128);
+    let peer_model = serde_json::json!({
+        "num_tokens": 256, "dim": 128, "seq_len": tgt_len, "depth": 4, "heads": 4,
+        "mem_len": 128, "cmem_len": 32, "cmem_ratio": 4, "reconstruction_loss_weight": 1.0,
+        "gru_gated_residual": false, "mogrify_gru": false, "enhanced_recurrence": false,
+        "ff_glu": false, "batch": batch, "tgt_len": tgt_len, "dropout": 0.1, "dropatt": 0.0,
+    });
+    let peer: memzoo_import::CompressivePeerConfig =
+        serde_json::from_value(peer_model.clone()).expect("the peer's arguments");
+    let c = peer
+        .xl_config()
+        .expect("a stack memzoo computes")
+        .with_dropout(0.1);
+    Family {
+        name: "compressive",
+        model: FamilyModel::Xl(c),
+        batch,
+        tgt_len,
+        peer_model,
+        peer_venv: "venv",
+    }
+}
+
 /// XL-small with the faster-learning initialisation measured on `XlConfig::init_std`:
 /// weights from N(0, 0.03), the tied embedding from N(0, 0.02) (HF's scheme otherwise); the
 /// same peer and recipe as `xl`.
@@ -271,6 +307,7 @@ pub fn family(name: &str) -> Result<Family, String> {
         "xl" => Ok(xl_small()),
         "reformer" => Ok(reformer_small()),
         "memorizing" => Ok(memorizing_small()),
+        "compressive" => Ok(compressive_small()),
         "xl-fast" => Ok(xl_fast()),
         other => Err(format!(
             "unknown family `{other}` in --families: expected {}",
