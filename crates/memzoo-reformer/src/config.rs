@@ -12,8 +12,9 @@ use burn::module::Param;
 use burn::nn::{Initializer, LinearConfig};
 use burn::tensor::Device;
 
-use crate::attention::{AttentionKind, ChunkParams, LshKernel, LshScores, ReformerAttention};
+use crate::attention::{ChunkParams, LshKernel, LshScores};
 use crate::error::ReformerError;
+use crate::layer::{AttentionKind, ReformerAttention};
 
 /// Chunking, hashing and scoring of LSH and local attention (Kitaev et al. 2020, sec. 2): the
 /// one place their defaults are defined. A local layer reads `chunk_len`, `n_chunks_before`

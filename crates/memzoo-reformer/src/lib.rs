@@ -38,12 +38,13 @@ pub mod config;
 /// The errors of the Reformer components.
 pub mod error;
 pub mod feedforward;
+pub mod layer;
 pub mod reversible;
 pub mod rng;
 
 pub use attention::{
-    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, ReformerAttention,
-    hash_buckets, hash_buckets_factored, hash_buckets_with, local_attention, lsh_attention,
+    ChunkParams, ForwardOptions, LshKernel, LshScores, hash_buckets, hash_buckets_factored,
+    hash_buckets_with, local_attention, lsh_attention,
 };
 pub use config::{LshConfig, ReformerAttentionConfig};
 pub use error::ReformerError;
@@ -51,6 +52,7 @@ pub use feedforward::{
     AxialPositionalEmbedding, AxialPositionalEmbeddingConfig, ChunkedFeedForward,
     ChunkedFeedForwardConfig, chunked,
 };
+pub use layer::{AttentionKind, ReformerAttention};
 
 #[cfg(test)]
 mod tests;

@@ -2,10 +2,11 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use super::{dev, rand_tensor, to_vec};
 use crate::attention::{
-    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, MASKED, SELF_SCORE,
-    hash_buckets, hash_buckets_factored, hash_buckets_with, local_attention, lsh_attention,
+    ChunkParams, ForwardOptions, LshKernel, LshScores, MASKED, SELF_SCORE, hash_buckets,
+    hash_buckets_factored, hash_buckets_with, local_attention, lsh_attention,
 };
 use crate::config::{LshConfig, ReformerAttentionConfig};
+use crate::layer::AttentionKind;
 use crate::rng::random_rotations;
 
 /// Naive attention of one (batch, head) with explicit rules, on row-major `[l, dh]` slices.

@@ -5,10 +5,11 @@ use burn::tensor::{Bool, Int, Tensor, TensorData};
 
 use super::{dev, rand_tensor, to_vec};
 use crate::attention::{
-    AttentionKind, ChunkParams, ForwardOptions, LshKernel, LshScores, hash_buckets,
-    lsh_attention_fused, lsh_attention_with_buckets,
+    ChunkParams, ForwardOptions, LshKernel, LshScores, hash_buckets, lsh_attention_fused,
+    lsh_attention_with_buckets,
 };
 use crate::config::{LshConfig, ReformerAttentionConfig};
+use crate::layer::AttentionKind;
 use crate::rng::random_rotations;
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -152,7 +153,7 @@ fn fused_lsh_layer_matches_tensor_ops_with_padding_and_odd_lengths() {
         let mask: Vec<bool> = (0..b * l).map(|i| i / l == 0 && i % l < 2).collect();
         let mask = Tensor::<2, Bool>::from_data(TensorData::new(mask, [b, l]), &device);
         let opts = ForwardOptions::eval(7);
-        let run = |layer: &crate::attention::ReformerAttention| {
+        let run = |layer: &crate::layer::ReformerAttention| {
             let x = x0.clone().require_grad();
             let out = layer.forward(x.clone(), Some(mask.clone()), &opts);
             let grads = (out.clone() * g.clone()).sum().backward();
