@@ -622,3 +622,120 @@ fn same_length_holds_with_document_resets() {
         }
     }
 }
+
+/// Training with varied memory lengths (`train_memory_lengths`): a step that draws `m` reads
+/// only the most recent `m` memory positions — its loss is the loss of the same weights given
+/// a state holding just those — and adds its positions to the whole memory, which keeps
+/// `mem_len`. The draws cover the list; a length beyond `mem_len` is refused by name.
+#[test]
+fn training_with_varied_memory_lengths_reads_the_most_recent_positions() {
+    let dev = flex().autodiff();
+    let (mem_len, read) = (8, 3);
+    let config = tiny()
+        .with_mem_len(mem_len)
+        .with_randomness(Randomness::Seeded);
+    let varied = config.clone().with_train_memory_lengths(vec![read]);
+    let plain = config.init(&dev).unwrap();
+    let model = varied
+        .init(&dev)
+        .unwrap()
+        .load_record(plain.clone().into_record());
+    // A whole memory of 8 positions, from two segments of 6.
+    let mut full = XlState::new();
+    for s in 0..2 {
+        plain
+            .forward_state(fixture_tokens(s, &dev), &mut full, &[false, false])
+            .unwrap();
+    }
+    assert_eq!(full.xl.len(), mem_len);
+    let whole = || {
+        let mut s = XlState::new();
+        s.xl = full.xl.clone();
+        s
+    };
+    let (x, y) = (fixture_tokens(2, &dev), fixture_tokens(3, &dev));
+    let step = Step::default().with_options(plain.eval_options());
+    // The varied model on the whole memory ...
+    let mut state = whole();
+    let (loss, _) = model
+        .train_step(x.clone(), y.clone(), &mut state, &step)
+        .unwrap();
+    // ... is the plain model on the 3 most recent positions.
+    let mut recent = XlState::new();
+    recent.xl = XlMemory::from_layers(
+        (full.xl.layers().iter())
+            .map(|m| m.clone().narrow(1, mem_len - read, read))
+            .collect(),
+    )
+    .unwrap();
+    let (want, _) = plain.train_step(x, y, &mut recent, &step).unwrap();
+    let (loss, want) = (host(loss)[0], host(want)[0]);
+    assert!((loss - want).abs() < 1e-5, "loss {loss} vs {want}");
+    // The memory kept: the whole memory's last 2, then the segment's 6 positions (the layer
+    // inputs of the pass that read 3).
+    assert_eq!(state.xl.len(), mem_len);
+    for l in 0..2 {
+        let got = host(state.xl.layer(l).unwrap().clone());
+        let old = host(full.xl.layer(l).unwrap().clone().narrow(1, mem_len - 2, 2));
+        let kept = recent.xl.len();
+        let new = host(recent.xl.layer(l).unwrap().clone().narrow(1, kept - 6, 6));
+        let d = 16;
+        for b in 0..2 {
+            let row = &got[b * mem_len * d..(b + 1) * mem_len * d];
+            assert_eq!(
+                &row[..2 * d],
+                &old[b * 2 * d..(b + 1) * 2 * d],
+                "layer {l} row {b}"
+            );
+            assert_eq!(
+                &row[2 * d..],
+                &new[b * 6 * d..(b + 1) * 6 * d],
+                "layer {l} row {b}"
+            );
+        }
+    }
+    // Draws per step from the list: over 30 steps, each of three lengths.
+    let lengths = vec![0, 4, 8];
+    let model = (tiny().with_mem_len(mem_len))
+        .with_train_memory_lengths(lengths.clone())
+        .with_randomness(Randomness::Seeded)
+        .init(&dev)
+        .unwrap()
+        .load_record(plain.clone().into_record());
+    let mut seen = std::collections::BTreeSet::new();
+    for s in 0..30 {
+        let (x, y) = (fixture_tokens(s, &dev), fixture_tokens(s + 1, &dev));
+        let mut state = whole();
+        let (loss, _) =
+            (model.train_step(x.clone(), y.clone(), &mut state, &Step::default())).unwrap();
+        let loss = host(loss)[0];
+        // Which length it read: the one whose plain pass on that memory gives its loss.
+        let read = lengths.iter().copied().find(|&m| {
+            let mut recent = XlState::new();
+            if m > 0 {
+                recent.xl = XlMemory::from_layers(
+                    (full.xl.layers().iter())
+                        .map(|t| t.clone().narrow(1, mem_len - m, m))
+                        .collect(),
+                )
+                .unwrap();
+            }
+            let (l, _) = plain
+                .train_step(x.clone(), y.clone(), &mut recent, &step)
+                .unwrap();
+            (host(l)[0] - loss).abs() < 1e-5
+        });
+        seen.insert(read.expect("the loss of one of the lengths"));
+    }
+    assert_eq!(seen.len(), 3, "draws {seen:?}");
+    let err = tiny()
+        .with_mem_len(4)
+        .with_train_memory_lengths(vec![2, 9])
+        .init(&dev)
+        .unwrap_err();
+    assert_mentions(
+        &err,
+        &["train_memory_lengths", "9", "mem_len (4)"],
+        "a length beyond mem_len",
+    );
+}

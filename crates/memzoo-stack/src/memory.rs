@@ -83,6 +83,22 @@ impl XlMemory {
         self.layers.get(l)
     }
 
+    /// The most recent `len` positions of every layer (all of them where fewer are kept;
+    /// `len = 0`: an empty memory).
+    pub fn recent(&self, len: usize) -> Self {
+        if len == 0 {
+            return Self::empty();
+        }
+        let layers = (self.layers.iter())
+            .map(|t| {
+                let n = t.dims()[1];
+                let keep = n.min(len);
+                t.clone().narrow(1, n - keep, keep)
+            })
+            .collect();
+        Self { layers }
+    }
+
     /// All layers.
     pub fn layers(&self) -> &[Tensor<3>] {
         &self.layers

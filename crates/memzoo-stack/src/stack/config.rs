@@ -49,6 +49,14 @@ pub struct XlConfig {
     /// Positions of earlier segments kept as memory (0: no recurrence). Default: 128.
     #[config(default = 128)]
     pub mem_len: usize,
+    /// Training with varied memory lengths: each training step reads only the most recent
+    /// `m` positions of the XL memory, `m` drawn per step from this list (from the step's
+    /// seed, so a run replays and resumes exactly); the memory still keeps `mem_len`, and
+    /// evaluation reads all of it. Empty: every step reads the whole memory. Each length at
+    /// most `mem_len`; sequential XL stacks only (not compressive, RMT or reversible).
+    /// Default: empty.
+    #[config(default = "Vec::new()")]
+    pub train_memory_lengths: Vec<usize>,
     /// Every query attends to exactly `mem_len` keys (itself and the `mem_len - 1` before it)
     /// instead of `mlen + i + 1`. Default: false.
     #[config(default = false)]
@@ -517,6 +525,7 @@ impl XlConfig {
             d_model: self.d_model,
             vocab_size: self.vocab_size,
             mem_len: self.mem_len,
+            train_memory_lengths: self.train_memory_lengths.clone(),
             same_length: self.same_length,
             top_k: self.knn.top_k,
             document_resets: self.document_resets,

@@ -81,6 +81,9 @@ pub struct TransformerXl {
     pub vocab_size: usize,
     /// Positions kept as memory after each segment.
     pub mem_len: usize,
+    /// Memory lengths a training step draws the length it reads from
+    /// ([`XlConfig::train_memory_lengths`]; empty: the whole memory).
+    pub train_memory_lengths: Vec<usize>,
     /// Every query sees exactly `mem_len` keys.
     pub same_length: bool,
     /// Pairs each kNN layer retrieves per query.

@@ -4,13 +4,75 @@
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use memzoo_reformer::ForwardOptions;
 use memzoo_relative::AttentionMask;
 
 use super::*;
 use crate::error::XlError;
-use crate::memory::XlState;
+use crate::memory::{XlMemory, XlState};
 
 impl TransformerXl {
+    /// The memory length a training step reads, drawn from
+    /// [`train_memory_lengths`](XlConfig::train_memory_lengths) with the step's seed (`opts`;
+    /// a device stack without one: the model's step counter); `None` when the list is empty.
+    fn memory_read(&self, opts: Option<&ForwardOptions>) -> Option<usize> {
+        let n = self.train_memory_lengths.len() as u64;
+        if n == 0 {
+            return None;
+        }
+        let seed = match opts {
+            Some(o) => o.child(TAG_MEMORY_READ).seed,
+            None => memzoo_reformer::rng::mix(self.train_seed ^ TAG_MEMORY_READ, self.steps.next()),
+        };
+        Some(self.train_memory_lengths[(seed % n) as usize])
+    }
+
+    /// [`forward_state_with`](Self::forward_state_with) for a training step, which with
+    /// [`train_memory_lengths`](XlConfig::train_memory_lengths) reads only the most recent `m`
+    /// positions of the XL memory ([`memory_read`](Self::memory_read)): the segment then sees
+    /// keys up to `m + qlen` back, and its positions are added to the whole memory, which
+    /// keeps `mem_len`.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]` → `[batch, qlen, d_model]`
+    fn forward_training(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        opts: Option<&ForwardOptions>,
+    ) -> Result<Tensor<3>, XlError> {
+        let read = self.memory_read(opts).filter(|&m| m < state.xl.len());
+        let Some(read) = read else {
+            return self.forward_state_with(tokens, state, reset, opts);
+        };
+        let [batch, qlen] = tokens.dims();
+        let full = std::mem::replace(&mut state.xl, XlMemory::empty());
+        let full_valid = std::mem::take(&mut state.xl_valid);
+        state.xl = full.recent(read);
+        state.xl_valid = full_valid.iter().map(|&v| v.min(read)).collect();
+        let hidden = self.forward_state_with(tokens, state, reset, opts)?;
+        // The segment's own positions, last in the memory the pass left: onto the whole one.
+        let appended: Vec<Tensor<3>> = (state.xl.layers().iter())
+            .map(|m| {
+                let n = m.dims()[1];
+                m.clone().narrow(1, n - qlen.min(n), qlen.min(n))
+            })
+            .collect();
+        state.xl = full.update(&appended, self.mem_len);
+        if self.document_resets {
+            let len = state.xl.len();
+            let before = match full_valid.len() == batch {
+                true => full_valid,
+                false => vec![full.len(); batch],
+            };
+            state.xl_valid = (before.iter().zip(reset))
+                .map(|(&v, &r)| (if r { 0 } else { v } + qlen).min(len))
+                .collect();
+        }
+        Ok(hidden)
+    }
+
     /// Training step: the mean loss of one segment ([`mean_nll`] of
     /// [`eval_step`](Self::eval_step)'s losses, weighted by `step.weights`) and the parameter
     /// gradients, updating `state` as [`forward_state`](Self::forward_state) does. The pass
@@ -71,7 +133,7 @@ impl TransformerXl {
                     self.forward_compressive(tokens, state, reset, opts.as_ref(), true, None)?
                 }
                 None => (
-                    self.forward_state_with(tokens, state, reset, opts.as_ref())?,
+                    self.forward_training(tokens, state, reset, opts.as_ref())?,
                     None,
                 ),
             };

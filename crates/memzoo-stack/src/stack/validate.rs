@@ -33,6 +33,29 @@ impl XlConfig {
         if self.d_head == Some(0) {
             return bad("d_head must be positive, got 0".into());
         }
+        if let Some(&m) = self
+            .train_memory_lengths
+            .iter()
+            .find(|&&m| m > self.mem_len)
+        {
+            return bad(format!(
+                "train_memory_lengths holds {m}, beyond mem_len ({}): a step reads at most the \
+                 memory kept",
+                self.mem_len
+            ));
+        }
+        if !self.train_memory_lengths.is_empty() {
+            let other = [
+                (self.compressive.is_some(), "a compressive stack"),
+                (self.rmt.is_some(), "an RMT stack"),
+                (self.residual == Residual::Reversible, "a reversible stack"),
+            ];
+            if let Some((_, what)) = other.iter().find(|(is, _)| *is) {
+                return bad(format!(
+                    "train_memory_lengths is for sequential XL stacks, not {what}"
+                ));
+            }
+        }
         if self.same_length && self.mem_len == 0 {
             return bad("same_length needs mem_len > 0 (every query sees mem_len keys)".into());
         }
