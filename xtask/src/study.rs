@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! cargo xtask study                      # T1-T6 (about 85 minutes on 2 cores)
-//! cargo xtask study --table t1b,t6b      # the extras: T1 on a book, T6's models trained to copy
+//! cargo xtask study --table t1b,t6b,t1v  # the extras: T1 on a book, T6's models trained to
+//!                                        # copy, T1 with an XL trained with varied memory
 //! cargo xtask study --table t1,t2        # some tables (models trained earlier are reused)
 //! cargo xtask study --quick --out DIR    # a smoke run of the whole pipeline (minutes)
 //! ```
@@ -15,7 +16,9 @@
 //! - **T1**, Transformer-XL's memory at evaluation (Dai et al. 2019, Tables 6 and 9): an XL
 //!   trained with memory `M`, evaluated with memory 0 .. 8M, with and without `same_length`
 //!   (and `clamp_len` at the training span); the same model trained without recurrence; a
-//!   vanilla Transformer with absolute positions (`LayerKind::Absolute`).
+//!   vanilla Transformer with absolute positions (`LayerKind::Absolute`). **T1V** (an extra):
+//!   the same evaluation of an XL trained with varied memory lengths (it keeps 8M; each step
+//!   reads 0 .. 8M of it, `XlConfig::train_memory_lengths`).
 //! - **T2**, relative effective context length (Dai et al. 2019, Table 8) of {XL, XL without
 //!   recurrence, vanilla, Memorizing}, with [`memzoo_train::recl`].
 //! - **T3**, the Memorizing Transformer's memory size (Wu et al. 2022, Tables 4 and 5): a model
@@ -57,7 +60,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// The tables, in the order they run.
-pub const TABLES: [&str; 8] = ["t1", "t1b", "t2", "t3", "t4", "t5", "t6", "t6b"];
+pub const TABLES: [&str; 9] = ["t1", "t1b", "t1v", "t2", "t3", "t4", "t5", "t6", "t6b"];
 
 /// The tables `cargo xtask study` runs when none is named: the papers' tables (T1-T5) and
 /// T6 reading their models, about 85 minutes on 2 cores. The extras T1B (T1 on a book, about
@@ -71,8 +74,8 @@ const READER_TABLES: [&str; 2] = ["t2", "t6"];
 /// `cargo xtask study` options.
 #[derive(Args, Clone, Debug)]
 pub struct StudyArgs {
-    /// Tables to run (comma-separated: t1, t1b, t2, t3, t4, t5, t6, t6b; default: t1-t6, the
-    /// papers' tables and T6 on their models). T2 and T6 use T1's and T3's models (trained here
+    /// Tables to run (comma-separated: t1, t1b, t1v, t2, t3, t4, t5, t6, t6b; default: t1-t6,
+    /// the papers' tables and T6 on their models). T2 and T6 use T1's and T3's models (trained here
     /// if they are not yet).
     #[arg(long, value_delimiter = ',')]
     pub table: Option<Vec<String>>,
@@ -608,6 +611,9 @@ pub enum CodeModel {
     KnnNone,
     /// A kNN layer in the XL stack (XL positions in the other layers), XL cache `M`.
     KnnXl,
+    /// Transformer-XL trained with varied memory lengths: it keeps `8M`, and each training
+    /// step reads the most recent `0, M/2, M, 2M, 4M` or `8M` of it (T1V).
+    XlVaried,
 }
 
 impl CodeModel {
@@ -621,6 +627,7 @@ impl CodeModel {
             CodeModel::KnnCache => "memorizing-xl-cache",
             CodeModel::KnnNone => "memorizing-no-cache",
             CodeModel::KnnXl => "knn-among-xl",
+            CodeModel::XlVaried => "xl-varied-memory",
         }
     }
 }
@@ -737,6 +744,17 @@ impl Study {
         let t5 = |c: XlConfig| c.with_positions(t5.clone()).with_pre_ln(true);
         match kind {
             CodeModel::Xl => base.with_mem_len(s.mem_len),
+            CodeModel::XlVaried => {
+                let m = s.mem_len;
+                base.with_mem_len(8 * m).with_train_memory_lengths(vec![
+                    0,
+                    m / 2,
+                    m,
+                    2 * m,
+                    4 * m,
+                    8 * m,
+                ])
+            }
             CodeModel::XlNoRecurrence => base.with_mem_len(0),
             CodeModel::Vanilla => base
                 .with_mem_len(0)
@@ -845,7 +863,13 @@ impl Study {
         let s = self.scale.clone();
         let steps = match (self.corpus, kind) {
             (Corpus::Books, _) => s.steps_books,
-            (_, CodeModel::Xl | CodeModel::XlNoRecurrence | CodeModel::Vanilla) => s.steps,
+            (
+                _,
+                CodeModel::Xl
+                | CodeModel::XlNoRecurrence
+                | CodeModel::Vanilla
+                | CodeModel::XlVaried,
+            ) => s.steps,
             _ => s.steps_memorizing,
         };
         let train = self.train_config(steps, s.batch, s.tgt_len, s.lr);
@@ -972,7 +996,11 @@ impl Study {
         let reach = s.tgt_len + m;
         let mems = [0, m / 2, m, 2 * m, 4 * m, 8 * m];
         let mut out = Vec::new();
-        for kind in [CodeModel::Xl, CodeModel::XlNoRecurrence, CodeModel::Vanilla] {
+        let models = match table {
+            "t1v" => vec![CodeModel::XlVaried],
+            _ => vec![CodeModel::Xl, CodeModel::XlNoRecurrence, CodeModel::Vanilla],
+        };
+        for kind in models {
             let (ckpt, secs) = self.code_model(kind)?;
             let config = self.code_config(kind);
             let settings: Vec<(usize, bool)> = if kind == CodeModel::Vanilla {
@@ -994,7 +1022,8 @@ impl Study {
                 if same {
                     // The paper's evaluation: every query sees `mem` keys, distances clamped
                     // at the training span.
-                    let clamped = c.positions.clone().with_clamp_len(Some(s.tgt_len + m));
+                    let span = s.tgt_len + m.max(config.mem_len);
+                    let clamped = c.positions.clone().with_clamp_len(Some(span));
                     c = c.with_same_length(true).with_positions(clamped);
                 }
                 let v = self.score_code(
@@ -1453,6 +1482,7 @@ impl Study {
                     book_names = names;
                     r?
                 }
+                "t1v" => self.t1("t1v")?,
                 "t2" => self.t2()?,
                 "t3" => self.t3()?,
                 "t4" => self.t4()?,

@@ -50,11 +50,19 @@ fn t1_bpc(lines: &[Value], table: &str, model: &str, mem: usize, same: bool) -> 
 /// The charts the lines allow: `(file name, SVG)`.
 pub fn charts(lines: &[Value]) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for (table, data) in [("t1", "rust-code test"), ("t1b", "book test")] {
+    for (table, data) in [
+        ("t1", "rust-code test"),
+        ("t1v", "rust-code test"),
+        ("t1b", "book test"),
+    ] {
         let t1 = rows(lines, table);
         if !t1.is_empty() {
             let mut series = Vec::new();
-            for (model, label) in [("xl", "XL"), ("xl-no-recurrence", "XL, no recurrence")] {
+            for (model, label) in [
+                ("xl", "XL"),
+                ("xl-no-recurrence", "XL, no recurrence"),
+                ("xl-varied-memory", "XL trained with varied memory"),
+            ] {
                 for (same, how) in [(false, "memory m"), (true, "same_length, clamp_len")] {
                     let mut points: Vec<(f64, f64)> = t1
                         .iter()
@@ -311,6 +319,7 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
         let _ = writeln!(md, "{t}\n");
     }
     t1_section(&mut md, lines, dir, "t1");
+    t1_section(&mut md, lines, dir, "t1v");
     t1_section(&mut md, lines, dir, "t1b");
     t2_section(&mut md, lines, dir);
     t3_section(&mut md, lines, dir);
@@ -320,7 +329,7 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
     md
 }
 
-const TABLE_NAMES: [&str; 8] = ["t1", "t1b", "t2", "t3", "t4", "t5", "t6", "t6b"];
+const TABLE_NAMES: [&str; 9] = ["t1", "t1b", "t1v", "t2", "t3", "t4", "t5", "t6", "t6b"];
 
 /// What each table took on the machine of its meta line, from scratch: its wall time plus the
 /// training of the models it reused from an earlier run of the study (not for T2 and T6, which
@@ -361,14 +370,14 @@ fn time_summary(lines: &[Value]) -> Option<String> {
     if default.is_empty() {
         return None;
     }
-    let (extra, extra_total) = part(&["t1b", "t6b"]);
+    let (extra, extra_total) = part(&["t1b", "t6b", "t1v"]);
     let mut text = format!(
         "Time, training included (minutes): {}; the default `cargo xtask study` {total:.0}.",
         default.join(", ")
     );
     if !extra.is_empty() {
         text.push_str(&format!(
-            " The extras (`--table t1b,t6b`): {}; {extra_total:.0} together.",
+            " The extras (`--table t1b,t6b,t1v`): {}; {extra_total:.0} together.",
             extra.join(", ")
         ));
     }
@@ -440,6 +449,17 @@ fn t1_section(md: &mut String, lines: &[Value], dir: &str, table: &str) {
             "## T1: Transformer-XL, memory at evaluation".to_string(),
             format!("**Paper** (Dai et al. 2019): {PAPER_T1}"),
         )
+    } else if table == "t1v" {
+        (
+            "## T1V: an XL trained with varied memory lengths, memory at evaluation".to_string(),
+            "**Paper**: as T1. **The change**: T1's XL reads M = 64 in every training step, so \
+             it never sees keys further back than M + the segment; this one keeps 8M and each \
+             training step reads the most recent 0, M/2, M, 2M, 4M or 8M of it (drawn per step, \
+             `XlConfig::train_memory_lengths`), the same steps and data as T1's XL. Its rows \
+             below are read as T1's (`same_length` clamps at its training span, 8M + the \
+             segment). Compare with T1's `xl` rows."
+                .to_string(),
+        )
     } else {
         (
             "## T1B: Transformer-XL on a book, memory at evaluation".to_string(),
@@ -453,17 +473,19 @@ fn t1_section(md: &mut String, lines: &[Value], dir: &str, table: &str) {
                 .to_string(),
         )
     };
-    let _ = writeln!(
-        md,
-        "{heading}\n\n\
-         {paper}\n\n\
-         **Here**: an XL trained with memory M, evaluated with memory 0 .. 8M (`memory m`: \
+    let here = if table == "t1v" {
+        "**Here**: memory m as in T1 (query i of a segment sees m + i earlier tokens; \
+         `same_length`: every query sees exactly m keys). *far bpc*: as T1, the bytes whose \
+         8-byte string last occurred further back than the segment plus M.\n"
+    } else {
+        "**Here**: an XL trained with memory M, evaluated with memory 0 .. 8M (`memory m`: \
          query i of a segment sees m + i earlier tokens; `same_length`: every query sees \
          exactly m keys, distances clamped at the training span, as the paper evaluates); the \
          same model trained without recurrence; a vanilla Transformer (absolute sinusoidal \
          positions, no memory). *far bpc*: the bytes whose 8-byte string last occurred further \
          back than the segment plus M, the ones only a longer memory can copy.\n"
-    );
+    };
+    let _ = writeln!(md, "{heading}\n\n{paper}\n\n{here}");
     scale_line(md, lines, table);
     let _ = writeln!(
         md,
@@ -485,10 +507,15 @@ fn t1_section(md: &mut String, lines: &[Value], dir: &str, table: &str) {
     let m = meta(lines, table).map_or(0, |m| u(&m["scale"]["mem_len"]));
     if m > 0 {
         let steps = [m / 2, m, 2 * m, 4 * m];
+        let xl_model = if table == "t1v" {
+            "xl-varied-memory"
+        } else {
+            "xl"
+        };
         let falls = |same: bool| {
             let b: Vec<Option<f64>> = steps
                 .iter()
-                .map(|&s| t1_bpc(lines, table, "xl", s, same))
+                .map(|&s| t1_bpc(lines, table, xl_model, s, same))
                 .collect();
             b.windows(2)
                 // A fall smaller than 0.1% (0.002 bpc at 2 bpc) is noise, not a gain.
@@ -501,6 +528,23 @@ fn t1_section(md: &mut String, lines: &[Value], dir: &str, table: &str) {
                 .filter_map(|r| f(&r["test_bpc"]))
                 .fold(f64::INFINITY, f64::min)
         };
+        if table == "t1v" {
+            let _ = writeln!(
+                md,
+                "Target (T1's, for this model): bpc falls (by at least 0.1%) with every step of \
+                 the evaluation memory from M/2 to 4M — with `same_length` {}, with memory m {}. \
+                 Best: {:.3} (T1's XL: {:.3}).\n",
+                verdict(falls(true)),
+                verdict(falls(false)),
+                best(xl_model),
+                rows(lines, "t1")
+                    .iter()
+                    .filter(|r| r["model"] == "xl")
+                    .filter_map(|r| f(&r["test_bpc"]))
+                    .fold(f64::INFINITY, f64::min)
+            );
+            return;
+        }
         let (xl, norec, van) = (best("xl"), best("xl-no-recurrence"), best("vanilla"));
         let _ = writeln!(
             md,
