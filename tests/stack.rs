@@ -626,7 +626,7 @@ fn same_length_holds_with_document_resets() {
 /// Training with varied memory lengths (`train_memory_lengths`): a step that draws `m` reads
 /// only the most recent `m` memory positions — its loss is the loss of the same weights given
 /// a state holding just those — and adds its positions to the whole memory, which keeps
-/// `mem_len`. The draws cover the list; a length beyond `mem_len` is refused by name.
+/// `mem_len`. The draws cover the list; a stack with another memory refuses it by name.
 #[test]
 fn training_with_varied_memory_lengths_reads_the_most_recent_positions() {
     let dev = flex().autodiff();
@@ -728,14 +728,12 @@ fn training_with_varied_memory_lengths_reads_the_most_recent_positions() {
         seen.insert(read.expect("the loss of one of the lengths"));
     }
     assert_eq!(seen.len(), 3, "draws {seen:?}");
-    let err = tiny()
-        .with_mem_len(4)
-        .with_train_memory_lengths(vec![2, 9])
-        .init(&dev)
-        .unwrap_err();
+    let rmt = (tiny().with_mem_len(0))
+        .with_rmt(Some(memzoo_stack::RmtConfig::new()))
+        .with_train_memory_lengths(vec![2]);
     assert_mentions(
-        &err,
-        &["train_memory_lengths", "9", "mem_len (4)"],
-        "a length beyond mem_len",
+        &rmt.init(&dev).unwrap_err(),
+        &["train_memory_lengths", "RMT"],
+        "an RMT stack",
     );
 }

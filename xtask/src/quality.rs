@@ -263,8 +263,10 @@ pub fn memorizing_small() -> Family {
 /// mem_len=128, cmem_len=32, cmem_ratio=4, enhanced_recurrence=False,
 /// gru_gated_residual=False, attn_dropout=0.0, ff_dropout=0.1, attn_layer_dropout=0.1,
 /// reconstruction_loss_weight=1.0)`, with its in-place detach of `to_kv.weight` replaced by a
-/// detached copy in the reconstruction loss (see the script's header). Not matched: where
-/// dropout applies (memzoo also drops the embedding), the initialisation.
+/// detached copy in the reconstruction loss (see the script's header). memzoo starts from the
+/// peer's initial scale (PyTorch's defaults: linears std ≈ 0.05, embedding N(0, 1)) and has
+/// no final dropout, as the peer. Not matched: memzoo also drops the embedding and the
+/// feed-forward's output; the peer's position table starts at zero.
 pub fn compressive_small() -> Family {
     let (batch, tgt_len) = (8, 128);
     let peer_model = serde_json::json!({
@@ -275,10 +277,16 @@ pub fn compressive_small() -> Family {
     });
     let peer: memzoo_import::CompressivePeerConfig =
         serde_json::from_value(peer_model.clone()).expect("the peer's arguments");
+    // The peer's initial scale (PyTorch's defaults): linears ~ U(±1/sqrt(fan_in)), std
+    // 1/sqrt(3 · 128) ≈ 0.05; the token embedding N(0, 1).
     let c = peer
         .xl_config()
         .expect("a stack memzoo computes")
-        .with_dropout(0.1);
+        .with_dropout(0.1)
+        .with_init_std(0.05)
+        .with_embedding_std(Some(1.0))
+        // The peer has no dropout on the final hidden states.
+        .with_final_dropout(false);
     Family {
         name: "compressive",
         model: FamilyModel::Xl(c),

@@ -52,9 +52,9 @@ pub struct XlConfig {
     /// Training with varied memory lengths: each training step reads only the most recent
     /// `m` positions of the XL memory, `m` drawn per step from this list (from the step's
     /// seed, so a run replays and resumes exactly); the memory still keeps `mem_len`, and
-    /// evaluation reads all of it. Empty: every step reads the whole memory. Each length at
-    /// most `mem_len`; sequential XL stacks only (not compressive, RMT or reversible).
-    /// Default: empty.
+    /// evaluation reads all of it (a length beyond `mem_len` reads the whole memory, so the
+    /// same model evaluates with any `mem_len`). Empty: every step reads the whole memory.
+    /// Sequential XL stacks only (not compressive, RMT or reversible). Default: empty.
     #[config(default = "Vec::new()")]
     pub train_memory_lengths: Vec<usize>,
     /// Every query attends to exactly `mem_len` keys (itself and the `mem_len - 1` before it)

@@ -33,17 +33,6 @@ impl XlConfig {
         if self.d_head == Some(0) {
             return bad("d_head must be positive, got 0".into());
         }
-        if let Some(&m) = self
-            .train_memory_lengths
-            .iter()
-            .find(|&&m| m > self.mem_len)
-        {
-            return bad(format!(
-                "train_memory_lengths holds {m}, beyond mem_len ({}): a step reads at most the \
-                 memory kept",
-                self.mem_len
-            ));
-        }
         if !self.train_memory_lengths.is_empty() {
             let other = [
                 (self.compressive.is_some(), "a compressive stack"),
