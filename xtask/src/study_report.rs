@@ -418,17 +418,24 @@ fn scale_line(md: &mut String, lines: &[Value], table: &str) {
         } else {
             format!("{} train crates, test crates {test}", m["train_crates"])
         };
+        let memory = match table {
+            "t1v" => format!(
+                "XL memory {} kept and 0 .. {} of it read per training step",
+                8 * u(&s["mem_len"]),
+                8 * u(&s["mem_len"])
+            ),
+            _ => format!("XL memory {} in training", s["mem_len"]),
+        };
         let _ = writeln!(
             md,
-            "Recipe: {} layers, d_model {}, {} heads, d_inner {}, segments of {}, XL memory {} in \
-             training, batch {}, {steps}; AdamW, lr {}, warm-up then cosine, clip 0.25, no \
-             dropout; bytes; {data}. The table took {:.0} s.\n",
+            "Recipe: {} layers, d_model {}, {} heads, d_inner {}, segments of {}, {memory}, \
+             batch {}, {steps}; AdamW, lr {}, warm-up then cosine, clip 0.25, no dropout; \
+             bytes; {data}. The table took {:.0} s.\n",
             s["n_layers"],
             s["d_model"],
             s["n_heads"],
             s["d_inner"],
             s["tgt_len"],
-            s["mem_len"],
             s["batch"],
             s["lr"],
             m["seconds"].as_f64().unwrap_or(0.0)
