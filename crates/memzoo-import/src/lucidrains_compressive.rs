@@ -171,7 +171,8 @@ impl CompressivePeerConfig {
             .with_positions(
                 PositionConfig::new()
                     .with_kind(PositionKind::Learned)
-                    .with_max_distance(self.table_len() - 1),
+                    .with_max_distance(self.table_len() - 1)
+                    .with_learned_biases(false),
             )
             .with_compressive(Some(
                 CompressiveConfig::new()

@@ -282,11 +282,18 @@ impl RelativeAttentionConfig {
                 r_net: linear(self.d_model, inner),
                 biases: self.own_biases.then(|| XlBiases::init(h, dh, init, device)),
             }),
-            PositionKind::Learned => PositionParams::Learned(LearnedPositionParams {
-                embedding: init.init([table, h, dh], device),
-                query_bias: init.init([h, dh], device),
-                key_bias: init.init([table, h], device),
-            }),
+            PositionKind::Learned => {
+                // Without the biases (`learned_biases = false`) they stay at zero.
+                let bias = match self.positions.learned_biases {
+                    true => init,
+                    false => &Initializer::Zeros,
+                };
+                PositionParams::Learned(LearnedPositionParams {
+                    embedding: init.init([table, h, dh], device),
+                    query_bias: bias.init([h, dh], device),
+                    key_bias: bias.init([table, h], device),
+                })
+            }
             PositionKind::T5 => PositionParams::T5(T5PositionParams {
                 bias: init.init([table, h], device),
             }),
@@ -628,6 +635,12 @@ impl RelativeMultiHeadAttention {
                     .select(0, idx.clone())
                     .permute([1, 2, 0])
                     .unsqueeze_dim::<4>(0);
+                if !self.positions.learned_biases {
+                    // q_i·k_j + q_i·E_d (compressive-transformer-pytorch's scores).
+                    let ac = q.clone().mul_scalar(scale).matmul(kt);
+                    let bd = q.mul_scalar(scale).matmul(e);
+                    return Ok(ac + relative_shift(bd, klen));
+                }
                 let bk = p
                     .key_bias
                     .val()

@@ -74,6 +74,12 @@ pub struct PositionConfig {
     /// causal mask still uses the true distance. Default: true.
     #[config(default = true)]
     pub memory_offset: bool,
+    /// Learned only: the query bias `b_q` and the per-distance key bias `b_k,d` (labml's
+    /// scheme) take part in the scores. false: the scores are `q_i·k_j + q_i·E_d` alone, as
+    /// compressive-transformer-pytorch's (the two parameters stay in the model at zero, and no
+    /// gradient reaches them, so a fine-tuned import still exports). Default: true.
+    #[config(default = true)]
+    pub learned_biases: bool,
 }
 
 impl Default for PositionConfig {

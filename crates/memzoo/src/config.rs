@@ -357,7 +357,8 @@ impl RunConfig {
     }
 
     /// The config as TOML (what a run directory keeps): the fields the run uses. The kNN
-    /// settings only with kNN layers, the LSH ones only with LSH or local layers, the
+    /// settings only with kNN layers, the LSH ones only with LSH or local layers,
+    /// `train_memory_lengths` only when not empty, `positions.learned_biases` only when off, the
     /// peer-compatibility switches (`[model.compat]`) only where they differ from the preset's,
     /// the generated corpus only when it is the data; what is left out reads back as the
     /// preset's.
@@ -373,6 +374,16 @@ impl RunConfig {
                 .any(|k| matches!(k, LayerKind::Lsh | LayerKind::Local))
             {
                 model.remove("lsh");
+            }
+            // Training with varied memory lengths only where the run does.
+            if self.model.train_memory_lengths.is_empty() {
+                model.remove("train_memory_lengths");
+            }
+            // The learned scheme's biases switch only where it is off (as imports set it).
+            if self.model.positions.learned_biases
+                && let Some(p) = model.get_mut("positions").and_then(Value::as_object_mut)
+            {
+                p.remove("learned_biases");
             }
         }
         // The peer-compatibility switches only where they differ from the starting point's.
