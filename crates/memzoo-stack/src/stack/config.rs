@@ -182,6 +182,11 @@ pub struct XlConfig {
     /// Default: none.
     #[config(default = "None")]
     pub rmt: Option<crate::rmt::RmtConfig>,
+    /// The Block-Recurrent Transformer (Hutchins et al. 2022): one recurrent layer carrying a
+    /// state of `S` vectors from segment to segment (see
+    /// [`BlockRecurrentConfig`](crate::BlockRecurrentConfig)). Default: none.
+    #[config(default = "None")]
+    pub block_recurrent: Option<crate::block_recurrent::BlockRecurrentConfig>,
 }
 
 impl XlConfig {
@@ -308,6 +313,9 @@ impl XlConfig {
         }
         if self.rmt.is_some() {
             return "rmt";
+        }
+        if self.block_recurrent.is_some() {
+            return "block-recurrent";
         }
         LayerKind::family_of(&self.layer_kinds())
     }
@@ -544,6 +552,7 @@ impl XlConfig {
                 .rmt
                 .as_ref()
                 .map(|r| r.init(self.d_model, self.init_std, device)),
+            block_recurrent: self.block_recurrent.as_ref().map(|r| r.init(self, device)),
         })
     }
 }

@@ -30,6 +30,9 @@ impl XlConfig {
         if let Some(r) = &self.rmt {
             r.validate(self)?;
         }
+        if let Some(r) = &self.block_recurrent {
+            r.validate(self)?;
+        }
         if self.d_head == Some(0) {
             return bad("d_head must be positive, got 0".into());
         }

@@ -1,0 +1,516 @@
+//! The Block-Recurrent Transformer in the stack: its invalid combinations refused by name, one
+//! recurrent step against a naive host implementation of the paper's equations (both gates,
+//! with and without the state's feed-forward), its state carried over segments against a naive
+//! host replay, reset and checkpointed, and its backpropagation through `k` blocks checked
+//! against finite differences.
+
+use burn::module::Param;
+use burn::nn::{LayerNorm, Linear};
+use burn::tensor::{Int, Tensor, TensorData};
+use memzoo_stack::{
+    Activation, BlockRecurrent, BlockRecurrentConfig, GateKind, LayerKind, Residual, RmtConfig,
+    StateGate, TransformerXl, UnrollSegment, XlConfig, XlState,
+};
+use memzoo_tests::*;
+use memzoo_train::SegmentModel;
+
+const D: usize = 16;
+const HEADS: usize = 2;
+const S: usize = 3;
+
+fn recurrent(gate: GateKind, state_ff: bool, layer: usize) -> BlockRecurrentConfig {
+    BlockRecurrentConfig::new()
+        .with_state_len(S)
+        .with_layer(layer)
+        .with_gate(gate)
+        .with_state_ff(state_ff)
+}
+
+fn tiny() -> XlConfig {
+    XlConfig::new()
+        .with_n_layers(2)
+        .with_d_model(D)
+        .with_n_heads(HEADS)
+        .with_d_inner(32)
+        .with_mem_len(4)
+        .with_dropout(0.0)
+        .with_document_resets(true)
+        .with_block_recurrent(Some(recurrent(GateKind::Fixed, true, 1)))
+}
+
+fn tokens(batch: usize, len: usize, seed: usize) -> Tensor<2, Int> {
+    let data: Vec<i64> = (0..batch * len)
+        .map(|i| ((i * 37 + seed * 101 + 11) % 256) as i64)
+        .collect();
+    Tensor::from_data(TensorData::new(data, [batch, len]), &flex())
+}
+
+/// A model of `cfg` with every weight drawn from a seeded host generator at scale 0.3 (so the
+/// attention is not uniform), and every bias and the fixed gates' `b_g` too (they start at 0).
+fn model_of(cfg: &XlConfig, seed: u64, dev: &burn::tensor::Device) -> TransformerXl {
+    let dev = dev.clone();
+    let model = seeded_weights(cfg.init(&dev).unwrap(), seed, |p: &str| {
+        if p.ends_with("gamma") { 0.1 } else { 0.3 }
+    });
+    let mut model = model;
+    let rec = model.block_recurrent.as_mut().unwrap();
+    let mut k = 0;
+    let mut shift = |g: &mut StateGate| {
+        k += 1;
+        if let Some(b) = g.bias.as_mut() {
+            *b = Param::from_tensor(randn([D], seed + k, &dev).mul_scalar(0.5));
+        }
+        for l in [Some(&mut g.candidate), g.input.as_mut(), g.forget.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            l.bias = Some(Param::from_tensor(
+                randn([D], seed + 10 + k, &dev).mul_scalar(0.3),
+            ));
+        }
+    };
+    shift(&mut rec.attention_gate);
+    if let Some(ff) = rec.ff.as_mut() {
+        shift(&mut ff.gate);
+    }
+    model
+}
+
+#[test]
+fn block_recurrent_refuses_invalid_combinations_by_name() {
+    let dev = flex();
+    let err = |c: XlConfig| c.init(&dev).unwrap_err().to_string();
+    let with = |r: BlockRecurrentConfig| tiny().with_block_recurrent(Some(r));
+    assert!(err(with(recurrent(GateKind::Fixed, true, 2))).contains("block_recurrent.layer (2)"));
+    assert!(err(with(recurrent(GateKind::Lstm, true, 0).with_state_len(0))).contains("state_len"));
+    assert!(
+        err(with(
+            recurrent(GateKind::Fixed, false, 0).with_bptt_segments(0)
+        ))
+        .contains("block_recurrent.bptt_segments")
+    );
+    assert!(err(tiny().with_residual(Residual::Reversible)).contains("Reversible"));
+    assert!(err(tiny().with_layers(vec![LayerKind::Xl, LayerKind::Knn])).contains("Knn"));
+    assert!(err(tiny().with_layers(vec![LayerKind::Lsh, LayerKind::Xl])).contains("Lsh"));
+    assert!(err(tiny().with_mem_len(0).with_rmt(Some(RmtConfig::new()))).contains("rmt"));
+    let m = tiny().init(&dev).unwrap();
+    assert_eq!(m.stack_family(), "block-recurrent");
+    assert_eq!(tiny().family(), "block-recurrent");
+    // The plain forward has no place for the state.
+    let e = m
+        .forward(tokens(1, 4, 0), &memzoo_stack::XlMemory::empty())
+        .unwrap_err();
+    assert!(e.to_string().contains("block-recurrent"), "{e}");
+}
+
+// ---- A naive host implementation of one recurrent step (one row). ----
+
+fn v(t: Tensor<1>) -> Vec<f32> {
+    host(t)
+}
+
+/// `x W + b`, `x` of `rows` rows.
+fn lin(l: &Linear, x: &[f32], rows: usize) -> Vec<f32> {
+    let [i, o] = l.weight.dims();
+    let w = host(l.weight.val());
+    let b = l.bias.as_ref().map(|b| v(b.val()));
+    let mut y = vec![0f32; rows * o];
+    for r in 0..rows {
+        for c in 0..o {
+            let mut s = b.as_ref().map_or(0.0, |b| b[c]);
+            for k in 0..i {
+                s += x[r * i + k] * w[k * o + c];
+            }
+            y[r * o + c] = s;
+        }
+    }
+    y
+}
+
+fn norm(n: &LayerNorm, x: &[f32], rows: usize) -> Vec<f32> {
+    let (g, b) = (v(n.gamma.val()), v(n.beta.as_ref().unwrap().val()));
+    let d = g.len();
+    let mut y = vec![0f32; x.len()];
+    for r in 0..rows {
+        let row = &x[r * d..(r + 1) * d];
+        let mean = row.iter().sum::<f32>() / d as f32;
+        let var = row.iter().map(|a| (a - mean).powi(2)).sum::<f32>() / d as f32;
+        for c in 0..d {
+            y[r * d + c] = (row[c] - mean) / (var + 1e-5).sqrt() * g[c] + b[c];
+        }
+    }
+    y
+}
+
+/// Per head, `softmax(q kᵀ / sqrt(dh)) v`; `q` `[n, H dh]`, `k`, `v` `[m, H dh]`.
+fn mha(q: &[f32], k: &[f32], val: &[f32], n: usize, m: usize) -> Vec<f32> {
+    let dh = D / HEADS;
+    let w = HEADS * dh;
+    let mut out = vec![0f32; n * w];
+    for h in 0..HEADS {
+        for i in 0..n {
+            let s: Vec<f32> = (0..m)
+                .map(|j| {
+                    (0..dh)
+                        .map(|c| q[i * w + h * dh + c] * k[j * w + h * dh + c])
+                        .sum::<f32>()
+                        / (dh as f32).sqrt()
+                })
+                .collect();
+            let max = s.iter().cloned().fold(f32::MIN, f32::max);
+            let e: Vec<f32> = s.iter().map(|a| (a - max).exp()).collect();
+            let z: f32 = e.iter().sum();
+            for j in 0..m {
+                for c in 0..dh {
+                    out[i * w + h * dh + c] += e[j] / z * val[j * w + h * dh + c];
+                }
+            }
+        }
+    }
+    out
+}
+
+fn sigmoid(a: f32) -> f32 {
+    1.0 / (1.0 + (-a).exp())
+}
+
+/// Hutchins et al. sec. 3.2: fixed `c g + z (1 - g)`, LSTM `c f + tanh(z) i`.
+fn gate(g: &StateGate, c: &[f32], h: &[f32]) -> Vec<f32> {
+    let z = lin(&g.candidate, h, S);
+    match (&g.bias, &g.input, &g.forget) {
+        (_, Some(wi), Some(wf)) => {
+            let (i, f) = (lin(wi, h, S), lin(wf, h, S));
+            (0..c.len())
+                .map(|e| c[e] * sigmoid(f[e] + 1.0) + z[e].tanh() * sigmoid(i[e] - 1.0))
+                .collect()
+        }
+        (Some(b), _, _) => {
+            let b = v(b.val());
+            (0..c.len())
+                .map(|e| {
+                    let g = sigmoid(b[e % D]);
+                    c[e] * g + z[e] * (1.0 - g)
+                })
+                .collect()
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// One recurrent step of one row: `x` `[n, D]`, `kx`, `vx` `[n, H dh]`, `c` `[S, D]` → (what
+/// the tokens read, `[n, D]`; the next state, `[S, D]`).
+fn naive_step(
+    r: &BlockRecurrent,
+    x: &[f32],
+    kx: &[f32],
+    vx: &[f32],
+    c: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let n = x.len() / D;
+    let ids = host(r.state_ids.val());
+    let hat: Vec<f32> = norm(&r.state_norm, c, S)
+        .iter()
+        .zip(&ids)
+        .map(|(a, b)| a + b)
+        .collect();
+    let kv = lin(&r.state_key_value, &hat, S);
+    let w = D; // heads x d_head
+    let kc: Vec<f32> = (0..S)
+        .flat_map(|j| kv[j * 2 * w..j * 2 * w + w].to_vec())
+        .collect();
+    let vc: Vec<f32> = (0..S)
+        .flat_map(|j| kv[j * 2 * w + w..(j + 1) * 2 * w].to_vec())
+        .collect();
+    let q = lin(&r.to_state_query, x, n);
+    let read = lin(&r.to_state_output, &mha(&q, &kc, &vc, n, S), n);
+    let own = mha(&lin(&r.state_query, &hat, S), &kc, &vc, S, S);
+    let cross = mha(&lin(&r.from_state_query, &hat, S), kx, vx, S, n);
+    let cat: Vec<f32> = (0..S)
+        .flat_map(|j| [&own[j * w..(j + 1) * w], &cross[j * w..(j + 1) * w]].concat())
+        .collect();
+    let h = lin(&r.state_output, &cat, S);
+    let mut next = gate(&r.attention_gate, c, &h);
+    if let Some(ff) = &r.ff {
+        let inner = lin(&ff.ff_in, &norm(&ff.norm, &next, S), S);
+        let inner: Vec<f32> = inner.iter().map(|a| a.max(0.0)).collect();
+        let out = lin(&ff.ff_out, &inner, S);
+        next = gate(&ff.gate, &next, &out);
+    }
+    (read, next)
+}
+
+fn rows(t: &[f32], batch: usize) -> Vec<&[f32]> {
+    let per = t.len() / batch;
+    (0..batch).map(|b| &t[b * per..(b + 1) * per]).collect()
+}
+
+/// One recurrent step ([`BlockRecurrent::step`]) equals the naive host implementation of the
+/// paper's equations, for both gates, with and without the state's feed-forward.
+#[test]
+fn block_recurrent_step_matches_naive_equations() {
+    let dev = flex();
+    for (gate, state_ff) in [
+        (GateKind::Fixed, true),
+        (GateKind::Lstm, true),
+        (GateKind::Fixed, false),
+        (GateKind::Lstm, false),
+    ] {
+        let cfg = tiny().with_block_recurrent(Some(recurrent(gate, state_ff, 1)));
+        let model = model_of(&cfg, 3, &dev);
+        let rec = model.block_recurrent.as_ref().unwrap();
+        let (b, n) = (2, 5);
+        let x = randn([b, n, D], 1, &dev);
+        let kx = randn([b, n, HEADS, D / HEADS], 2, &dev);
+        let vx = randn([b, n, HEADS, D / HEADS], 4, &dev);
+        let c = randn([b, S, D], 5, &dev);
+        let (read, next) = rec.step(x.clone(), kx.clone(), vx.clone(), c.clone());
+        assert_eq!(read.dims(), [b, n, D]);
+        assert_eq!(next.dims(), [b, S, D]);
+        let (read, next) = (host(read), host(next));
+        let (x, kx, vx, c) = (host(x), host(kx), host(vx), host(c));
+        for r in 0..b {
+            let (want_read, want_next) = naive_step(
+                rec,
+                rows(&x, b)[r],
+                rows(&kx, b)[r],
+                rows(&vx, b)[r],
+                rows(&c, b)[r],
+            );
+            let what = format!("{gate:?}, state_ff {state_ff}, row {r}");
+            assert_close(
+                rows(&read, b)[r],
+                &want_read,
+                1e-5,
+                &format!("read ({what})"),
+            );
+            assert_close(
+                rows(&next, b)[r],
+                &want_next,
+                1e-5,
+                &format!("state ({what})"),
+            );
+        }
+    }
+}
+
+/// Over 4 segments of a one-layer post-LN stack (the recurrent layer reads the scaled
+/// embeddings), the carried state equals a naive host replay of the recurrence from `c_0`; with
+/// the state's read projection at zero the tokens' outputs are those of the plain XL stack with
+/// the same weights (its memory carried alike), and with it they are not.
+#[test]
+fn block_recurrent_state_over_segments_matches_naive_replay() {
+    let dev = flex();
+    let cfg =
+        tiny()
+            .with_n_layers(1)
+            .with_block_recurrent(Some(recurrent(GateKind::Lstm, true, 0)));
+    let model = model_of(&cfg, 7, &dev);
+    let rec = model.block_recurrent.as_ref().unwrap();
+    let a = model.layers[0].attention.local();
+    let wkv = host(a.key_value.weight.val()); // [D, 2 D]: keys, then values
+    let table = host(model.embedding.plain().unwrap().weight.val());
+    let (b, n) = (2, 4);
+    let mut state = XlState::new();
+    let mut c: Vec<f32> = (0..b).flat_map(|_| host(rec.initial.val())).collect();
+    for s in 0..4 {
+        let t = tokens(b, n, s);
+        model
+            .forward_state(t.clone(), &mut state, &[false; 2])
+            .unwrap();
+        let ids: Vec<i64> = t.into_data().convert::<i64>().try_to_vec().unwrap();
+        let scale = (D as f32).sqrt();
+        let mut next = Vec::new();
+        for r in 0..b {
+            let x: Vec<f32> = ids[r * n..(r + 1) * n]
+                .iter()
+                .flat_map(|&id| {
+                    table[id as usize * D..(id as usize + 1) * D]
+                        .iter()
+                        .map(|e| e * scale)
+                })
+                .collect();
+            let mut kx = vec![0f32; n * D];
+            let mut vx = vec![0f32; n * D];
+            for i in 0..n {
+                for o in 0..D {
+                    for k in 0..D {
+                        kx[i * D + o] += x[i * D + k] * wkv[k * 2 * D + o];
+                        vx[i * D + o] += x[i * D + k] * wkv[k * 2 * D + D + o];
+                    }
+                }
+            }
+            next.extend(naive_step(rec, &x, &kx, &vx, rows(&c, b)[r]).1);
+        }
+        c = next;
+        let got = host(state.block_recurrent.state.clone().unwrap());
+        assert_close(&got, &c, 1e-4, &format!("state after segment {s}"));
+        assert!(
+            !state
+                .block_recurrent
+                .state
+                .as_ref()
+                .unwrap()
+                .is_require_grad()
+        );
+    }
+
+    // The read projection at zero: the plain XL stack's outputs.
+    let mut silent = model.clone();
+    let r = silent.block_recurrent.as_mut().unwrap();
+    r.to_state_output.weight = Param::from_tensor(r.to_state_output.weight.val().zeros_like());
+    let mut plain = silent.clone();
+    plain.block_recurrent = None;
+    let (mut s1, mut s2, mut s3) = (XlState::new(), XlState::new(), XlState::new());
+    let mut differs = 0f32;
+    for s in 0..3 {
+        let t = tokens(b, n, s);
+        let reset = [false; 2];
+        let a = host(silent.forward_state(t.clone(), &mut s1, &reset).unwrap());
+        let p = host(plain.forward_state(t.clone(), &mut s2, &reset).unwrap());
+        let m = host(model.forward_state(t, &mut s3, &reset).unwrap());
+        assert_close(&a, &p, 1e-5, &format!("silent state, segment {s}"));
+        differs = differs.max(max_abs_diff(&m, &p));
+    }
+    assert!(differs > 1e-3, "the state read changes the outputs");
+}
+
+/// The state is carried (the second segment reads differently than with `c_0`), a reset row
+/// reads as a fresh state does, `without_carried_memory` reads every segment from `c_0`, and
+/// the state survives a checkpoint.
+#[test]
+fn block_recurrent_state_is_carried_reset_and_checkpointed() {
+    let dev = flex();
+    let model = model_of(&tiny(), 11, &dev);
+    let mut state = XlState::new();
+    model
+        .forward_state(tokens(2, 5, 0), &mut state, &[false, false])
+        .unwrap();
+    let c = state.block_recurrent.state.clone().unwrap();
+    assert_eq!(c.dims(), [2, S, D]);
+    // The next segment with the carried state only (no XL memory), and with nothing.
+    let copy = |s: &XlState| {
+        let mut c = XlState::new();
+        c.block_recurrent = s.block_recurrent.clone();
+        c
+    };
+    let carried = host(
+        model
+            .forward_state(tokens(2, 5, 1), &mut copy(&state), &[false, true])
+            .unwrap(),
+    );
+    let fresh = host(
+        model
+            .forward_state(tokens(2, 5, 1), &mut XlState::new(), &[false, false])
+            .unwrap(),
+    );
+    let half = carried.len() / 2;
+    assert!(
+        max_abs_diff(&carried[..half], &fresh[..half]) > 1e-4,
+        "row 0 carries"
+    );
+    assert!(
+        max_abs_diff(&carried[half..], &fresh[half..]) < 1e-5,
+        "row 1 was reset"
+    );
+    let base = model.clone().without_carried_memory();
+    let read = host(
+        base.forward_state(tokens(2, 5, 1), &mut copy(&state), &[false, false])
+            .unwrap(),
+    );
+    assert!(max_abs_diff(&read, &fresh) < 1e-5, "no carried state");
+
+    let dir = std::env::temp_dir().join(format!("memzoo-brt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    TransformerXl::save_state(&state, &dir).unwrap();
+    let back = model.load_state(&dir, &dev).unwrap();
+    assert_eq!(host(back.block_recurrent.state.unwrap()), host(c));
+    assert_eq!(back.xl.len(), 4);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn segments(k: usize, batch: usize) -> Vec<UnrollSegment> {
+    (0..k)
+        .map(|s| UnrollSegment {
+            inputs: tokens(batch, 4, s).to_device(&flex().autodiff()),
+            targets: tokens(batch, 4, s + 7).to_device(&flex().autodiff()),
+            reset: vec![false; batch],
+            weights: None,
+        })
+        .collect()
+}
+
+/// For both gates: the loss of a 3-block unroll is the mean of the three blocks' losses read
+/// one by one with the state carried; its gradient along a random direction of `c_0` (which
+/// reaches the second and third blocks only through the recurrence) matches central finite
+/// differences; and detaching the state every block gives another gradient.
+#[test]
+fn block_recurrent_backpropagates_through_blocks() {
+    let dev = flex().autodiff();
+    for gate in [GateKind::Fixed, GateKind::Lstm] {
+        // GELU: no ReLU kinks for the finite differences to straddle.
+        let cfg = tiny()
+            .with_ff_activation(Activation::Gelu)
+            .with_block_recurrent(Some(recurrent(gate, true, 1).with_bptt_segments(3)));
+        let mut model = model_of(&cfg, 13, &dev);
+        let r = model.block_recurrent.as_mut().unwrap();
+        r.initial = Param::from_tensor(randn([S, D], 9, &dev));
+        let loss = |m: &TransformerXl| {
+            let (l, g) = m.train_unroll(segments(3, 2), &mut XlState::new()).unwrap();
+            (l.into_scalar::<f64>(), g)
+        };
+        let (unrolled, grads) = loss(&model);
+        // The same losses read segment by segment.
+        let mut state = XlState::new();
+        let mut sum = 0.0;
+        for s in segments(3, 2) {
+            let step = memzoo_stack::Step::reset(&s.reset);
+            let nll = model
+                .eval_step(s.inputs, s.targets, &mut state, &step)
+                .unwrap()
+                .nll;
+            sum += nll.mean().into_scalar::<f64>() / 3.0;
+        }
+        assert!(
+            (sum - unrolled).abs() < 1e-5,
+            "{gate:?}: unrolled loss {unrolled} vs read one by one {sum}"
+        );
+        let id = model.block_recurrent.as_ref().unwrap().initial.id;
+        let g = host(grads.get::<2>(id).unwrap());
+        let dir = randn([S, D], 5, &dev);
+        let dir = dir
+            .clone()
+            .div_scalar(dir.powf_scalar(2.0).sum().sqrt().into_scalar::<f32>());
+        let v = host(dir.clone());
+        let analytic: f64 = g.iter().zip(&v).map(|(a, b)| f64::from(a * b)).sum();
+        let shifted = |eps: f32| {
+            let mut m = model.clone();
+            let r = m.block_recurrent.as_mut().unwrap();
+            let w = r.initial.val() + dir.clone().mul_scalar(eps);
+            r.initial = Param::from_tensor(w.detach());
+            loss(&m).0
+        };
+        let eps = 1e-2;
+        let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * f64::from(eps));
+        assert!(
+            (analytic - numeric).abs() < 0.01 * numeric.abs().max(1e-3),
+            "{gate:?}: d loss / d c_0 along v: backward {analytic:.6}, finite differences \
+             {numeric:.6}"
+        );
+        // With the state detached after every block the gradient is another one.
+        let mut state = XlState::new();
+        let mut cut = vec![0.0f32; g.len()];
+        for s in segments(3, 2) {
+            let (_, gs) = model.train_unroll(vec![s], &mut state).unwrap();
+            if let Some(gs) = gs.get::<2>(id) {
+                for (c, x) in cut.iter_mut().zip(host(gs)) {
+                    *c += x / 3.0;
+                }
+            }
+        }
+        assert!(
+            max_abs_diff(&cut, &g) > 1e-5,
+            "{gate:?}: k = 3 reaches past the first block"
+        );
+        assert!(!state.block_recurrent.state.unwrap().is_require_grad());
+    }
+}
