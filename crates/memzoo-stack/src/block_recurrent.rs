@@ -85,9 +85,10 @@ pub struct BlockRecurrentConfig {
     #[config(default = "GateKind::Fixed")]
     pub gate: GateKind,
     /// The state's feed-forward (`MLP(LN(c))`, `d_inner` wide, the stack's activation) and its
-    /// second gate; false: the state's update is the attention and its gate alone (as the
-    /// peer). Default: true (the paper's).
-    #[config(default = true)]
+    /// second gate (the paper's `:dual` configurations); false: the state's update is the
+    /// attention and its gate alone (the paper's `:skip` configurations, its best, and the
+    /// peer's). Default: false.
+    #[config(default = false)]
     pub state_ff: bool,
     /// Blocks one training step unrolls with the state in the graph (backpropagation through
     /// time over `k` blocks, then the state is detached); 1: detached after every block, and
@@ -136,7 +137,7 @@ pub struct StateFeedForward {
 ///   `state_key_value`: `d_model → 2 heads d_head`; `state_output`: `2 heads d_head → d_model`
 #[derive(Module, Debug)]
 pub struct BlockRecurrent {
-    /// `c_0`, the state of a first block, `N(0, init_std)`.
+    /// `c_0`, the state of a first block, `N(0, 1)`.
     pub initial: Param<Tensor<2>>,
     /// `P`, the learned state IDs added to the normalised state, `N(0, 1)` (they are added
     /// after a LayerNorm; the peer's scale).
@@ -232,41 +233,57 @@ impl BlockRecurrentConfig {
     }
 
     /// Initialises the state's parameters for a stack (its width, heads, feed-forward and
-    /// initialiser: weights `N(0, init_std)`, biases 0, LayerNorms as the stack's).
+    /// LayerNorms). The tokens' side (`to_state_query`, `to_state_output`) is drawn as the
+    /// stack's attention, `N(0, init_std)`; the state's own projections (`state_query`,
+    /// `from_state_query`, `state_key_value`, `state_output`, the gates, the state's
+    /// feed-forward) from `N(0, 1/sqrt(fan_in))` (the reference implementation's variance
+    /// scaling), and `c_0`, `P` from `N(0, 1)`: the state is then unit-scale from the first
+    /// block. (At `init_std` the update `z` is about 1e-3 of `c_0` and vanishes under the
+    /// state's LayerNorm: a tiny stack then learned to read its state far later.) Biases are 0.
     pub fn init(&self, stack: &XlConfig, device: &Device) -> BlockRecurrent {
         let (d, hd) = (stack.d_model, stack.n_heads * stack.head_width());
-        let linear = |i: usize, o: usize, bias: bool| {
+        let plain = |i: usize, o: usize| {
             let mut l = stack.init_linear(i, o, device);
+            l.bias = None;
+            l
+        };
+        let scaled = |i: usize, o: usize, bias: bool| {
+            let mut l = stack.init_linear(i, o, device);
+            l.weight = Initializer::Normal {
+                mean: 0.0,
+                std: 1.0 / (i as f64).sqrt(),
+            }
+            .init([i, o], device);
             if !bias {
                 l.bias = None;
             }
             l
         };
+        let unit = Initializer::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
         let gate = || StateGate {
-            candidate: linear(d, d, true),
+            candidate: scaled(d, d, true),
             bias: (self.gate == GateKind::Fixed).then(|| Initializer::Zeros.init([d], device)),
-            input: (self.gate == GateKind::Lstm).then(|| linear(d, d, true)),
-            forget: (self.gate == GateKind::Lstm).then(|| linear(d, d, true)),
+            input: (self.gate == GateKind::Lstm).then(|| scaled(d, d, true)),
+            forget: (self.gate == GateKind::Lstm).then(|| scaled(d, d, true)),
         };
         BlockRecurrent {
-            initial: stack.initializer().init([self.state_len, d], device),
-            state_ids: Initializer::Normal {
-                mean: 0.0,
-                std: 1.0,
-            }
-            .init([self.state_len, d], device),
+            initial: unit.init([self.state_len, d], device),
+            state_ids: unit.init([self.state_len, d], device),
             state_norm: stack.init_norm(device),
-            to_state_query: linear(d, hd, false),
-            to_state_output: linear(hd, d, false),
-            state_query: linear(d, hd, false),
-            from_state_query: linear(d, hd, false),
-            state_key_value: linear(d, 2 * hd, false),
-            state_output: linear(2 * hd, d, false),
+            to_state_query: plain(d, hd),
+            to_state_output: plain(hd, d),
+            state_query: scaled(d, hd, false),
+            from_state_query: scaled(d, hd, false),
+            state_key_value: scaled(d, 2 * hd, false),
+            state_output: scaled(2 * hd, d, false),
             attention_gate: gate(),
             ff: self.state_ff.then(|| StateFeedForward {
                 norm: stack.init_norm(device),
-                ff_in: linear(d, stack.d_inner, true),
-                ff_out: linear(stack.d_inner, d, true),
+                ff_in: scaled(d, stack.d_inner, true),
+                ff_out: scaled(stack.d_inner, d, true),
                 gate: gate(),
                 activation: stack.ff_activation,
             }),

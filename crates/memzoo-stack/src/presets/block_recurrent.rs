@@ -9,8 +9,8 @@ use crate::stack::XlConfig;
 
 /// A tiny Block-Recurrent Transformer for CPU runs: 2 post-LN layers of 64 (8 heads of 8,
 /// feed-forward 128, no dropout), XL memory 8 (the window over the previous block of the tiny
-/// schedule's 8-byte segments), the top layer recurrent with 8 state vectors and the fixed
-/// gate, backpropagation through 2 blocks, state and memory reset at document starts.
+/// schedule's 8-byte segments), the top layer recurrent with 8 state vectors, the fixed gate
+/// and no feed-forward on the state, backpropagation through 2 blocks, state and memory reset at document starts.
 pub fn tiny() -> XlConfig {
     XlConfig::new()
         .with_n_layers(2)
@@ -30,8 +30,8 @@ pub fn tiny() -> XlConfig {
 
 /// The paper's PG-19 model (Hutchins et al. 2022, sec. 4): 12 pre-LN layers, embedding 1024,
 /// 8 heads of 128, feed-forward 4096, T5 relative positions, a window of 512 (here the XL
-/// memory over the previous block of 512), the 10th layer recurrent with 512 state vectors and
-/// the fixed gate, segments of 4096 tokens (here 8 blocks of 512 unrolled per step), a 32K
+/// memory over the previous block of 512), the 10th layer recurrent with 512 state vectors, the
+/// fixed gate and no feed-forward on the state (`Rec:fixed:skip`, the paper's best), segments of 4096 tokens (here 8 blocks of 512 unrolled per step), a 32K
 /// SentencePiece vocabulary (memzoo's byte tokenizer needs `vocab_size` 256 instead).
 ///
 /// What differs: the window is the XL memory, whose keys are detached (the paper's sliding
