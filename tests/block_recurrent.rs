@@ -514,3 +514,40 @@ fn block_recurrent_backpropagates_through_blocks() {
         assert!(!state.block_recurrent.state.unwrap().is_require_grad());
     }
 }
+
+/// Two replicas, each unrolling its rows of two blocks, give one replica's loss and gradients.
+#[test]
+fn block_recurrent_sharded_unroll_matches_one_replica() {
+    let dev = flex().autodiff();
+    let model = model_of(&tiny(), 17, &dev);
+    let segs: Vec<memzoo_data::Batch> = (0..2)
+        .map(|s| {
+            let x: Vec<i64> = (0..20).map(|i| ((i * 13 + s * 29) % 256) as i64).collect();
+            let y: Vec<i64> = (0..20).map(|i| ((i * 7 + s * 31 + 1) % 256) as i64).collect();
+            memzoo_data::Batch::new(4, 5, x, y).unwrap()
+        })
+        .collect();
+    let run = |r: usize| {
+        let mut states: Vec<XlState> = (0..r).map(|_| XlState::new()).collect();
+        let placement = vec![dev.clone(); r];
+        let (loss, grads) = memzoo_train::unroll::train_unroll_streamed(
+            &model,
+            &dev,
+            &placement,
+            &segs,
+            &mut states,
+            None,
+        )
+        .unwrap();
+        (loss, param_vectors(&model, Some(&grads)))
+    };
+    let (l1, g1) = run(1);
+    let (l2, g2) = run(2);
+    assert!((l1 - l2).abs() < 1e-5, "{l1} vs {l2}");
+    for (a, b) in g1.iter().zip(&g2) {
+        match (a, b) {
+            (Some(a), Some(b)) => assert_close(a, b, 1e-5, "gradient"),
+            (a, b) => assert_eq!(a.is_some(), b.is_some()),
+        }
+    }
+}
