@@ -523,7 +523,9 @@ fn block_recurrent_sharded_unroll_matches_one_replica() {
     let segs: Vec<memzoo_data::Batch> = (0..2)
         .map(|s| {
             let x: Vec<i64> = (0..20).map(|i| ((i * 13 + s * 29) % 256) as i64).collect();
-            let y: Vec<i64> = (0..20).map(|i| ((i * 7 + s * 31 + 1) % 256) as i64).collect();
+            let y: Vec<i64> = (0..20)
+                .map(|i| ((i * 7 + s * 31 + 1) % 256) as i64)
+                .collect();
             memzoo_data::Batch::new(4, 5, x, y).unwrap()
         })
         .collect();
@@ -550,4 +552,43 @@ fn block_recurrent_sharded_unroll_matches_one_replica() {
             (a, b) => assert_eq!(a.is_some(), b.is_some()),
         }
     }
+}
+
+/// `--preset block-recurrent-tiny` trains (on the generated corpus, whose documents reset the
+/// state), resumes with its state from the checkpoint, evaluates and generates.
+#[test]
+fn block_recurrent_preset_trains_resumes_evaluates_and_generates() {
+    use memzoo::commands;
+    use memzoo::config::RunConfig;
+    use memzoo::preset::Preset;
+
+    let dir = std::env::temp_dir().join(format!("memzoo-brt-preset-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = dir.join("run");
+    let config = |steps: usize| {
+        let sets: Vec<String> = [
+            format!("train.steps={steps}"),
+            "train.batch=2".into(),
+            "train.eval_segments=1".into(),
+            "train.replicas=1".into(),
+        ]
+        .into();
+        RunConfig::resolve_preset(Some(Preset::BlockRecurrentTiny), None, &sets).unwrap()
+    };
+    commands::train(&config(2), "flex", &run, false, false, true, true).unwrap();
+    let ckpts = run.join("checkpoints");
+    let newest = || memzoo_train::checkpoint::latest(&ckpts).unwrap().unwrap();
+    assert!(
+        newest()
+            .join("state/block_recurrent_state.safetensors")
+            .exists()
+    );
+    let state = memzoo_train::checkpoint::read_trainer_state(&newest()).unwrap();
+    assert_eq!(state.family, "block-recurrent");
+    commands::train(&config(3), "flex", &run, true, false, true, true).unwrap();
+    let state = memzoo_train::checkpoint::read_trainer_state(&newest()).unwrap();
+    assert_eq!(state.step, 3);
+    commands::eval(&run, "flex", "valid", None, None, Some(2), true).unwrap();
+    commands::generate(&run, "flex", &generate_options("ab", 4), true).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
 }
