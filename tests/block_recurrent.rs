@@ -90,7 +90,7 @@ fn block_recurrent_refuses_invalid_combinations_by_name() {
         .contains("block_recurrent.bptt_segments")
     );
     assert!(err(tiny().with_residual(Residual::Reversible)).contains("Reversible"));
-    assert!(err(tiny().with_layers(vec![LayerKind::Xl, LayerKind::Knn])).contains("Knn"));
+    assert!(err(tiny().with_layers(vec![LayerKind::Xl, LayerKind::Local])).contains("Local"));
     assert!(err(tiny().with_layers(vec![LayerKind::Lsh, LayerKind::Xl])).contains("Lsh"));
     assert!(err(tiny().with_mem_len(0).with_rmt(Some(RmtConfig::new()))).contains("rmt"));
     let m = tiny().init(&dev).unwrap();
@@ -591,4 +591,68 @@ fn block_recurrent_preset_trains_resumes_evaluates_and_generates() {
     commands::eval(&run, "flex", "valid", None, None, Some(2), true).unwrap();
     commands::generate(&run, "flex", &generate_options("ab", 4), true).unwrap();
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// kNN layers in a block-recurrent stack, the recurrent layer one of them: unrolled training
+/// steps run with the state, the XL memory and the kNN memories; every block's pairs reach the
+/// kNN memory, a reset row's are cleared, and generation reads the stack without adding any.
+#[test]
+fn block_recurrent_stack_with_knn_layers_trains_and_generates() {
+    use memzoo_stack::RecurrentModel;
+    let dev = flex().autodiff();
+    for recurrent_layer in [0, 1] {
+        let cfg = tiny()
+            .with_layers(vec![LayerKind::Knn, LayerKind::Xl])
+            .with_knn(tiny_knn())
+            .with_block_recurrent(Some(
+                recurrent(GateKind::Lstm, false, recurrent_layer).with_bptt_segments(2),
+            ));
+        let model = cfg.init(&dev).unwrap();
+        assert_eq!(model.stack_family(), "block-recurrent");
+        assert_eq!(RecurrentModel::bptt_segments(&model), 2);
+        let mut state = XlState::new();
+        for _ in 0..2 {
+            let (loss, grads) =
+                RecurrentModel::train_unroll(&model, segments(2, 2), &mut state).unwrap();
+            assert!(loss.is_finite());
+            let id = model
+                .block_recurrent
+                .as_ref()
+                .unwrap()
+                .state_output
+                .weight
+                .id;
+            assert!(
+                grads.get::<2>(id).is_some(),
+                "the state's update is trained"
+            );
+        }
+        assert_eq!(
+            state.knn_len(0, 0),
+            16,
+            "every block's pairs in the kNN memory"
+        );
+        assert_eq!(
+            state.block_recurrent.state.as_ref().unwrap().dims(),
+            [2, S, D]
+        );
+        // A row that starts a document clears its kNN memory and reads c_0.
+        let (_, _) = RecurrentModel::train_unroll(
+            &model,
+            segments(1, 2)
+                .into_iter()
+                .map(|mut s| {
+                    s.reset = vec![false, true];
+                    s
+                })
+                .collect(),
+            &mut state,
+        )
+        .unwrap();
+        assert_eq!((state.knn_len(0, 0), state.knn_len(0, 1)), (20, 4));
+        let x = tokens(2, 3, 5).to_device(&dev);
+        let logits = model.peek_logits(x, &mut state, &[false, false]).unwrap();
+        assert_eq!(logits.dims(), [2, 3, 256]);
+        assert_eq!(state.knn_len(0, 0), 20, "peeking adds nothing");
+    }
 }

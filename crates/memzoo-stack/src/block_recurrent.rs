@@ -35,6 +35,9 @@
 //! learned initial state `c_0` (`[S, d_model]`). The state stays in the graph for
 //! `bptt_segments` blocks (the trainer's unrolled step, as the RMT's), then is detached.
 //!
+//! kNN layers (the Memorizing Transformer's) combine with it, the recurrent one included (its
+//! local attention's keys and values are the ones the state reads).
+//!
 //! Dropout: the cross-attention's output is dropped with the self-attention's by the block in
 //! seeded passes; in a device pass (whose relative attention drops its own output) it is not.
 //!
@@ -55,7 +58,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::XlError;
 use crate::memory::XlState;
-use crate::stack::{Activation, LayerContext, Replay, Residual, TransformerXl, XlConfig, XlLayer};
+use crate::stack::{
+    Activation, LayerAttention, LayerContext, LayerKind, Replay, Residual, TransformerXl, XlConfig,
+    XlLayer,
+};
 
 /// The gate that replaces the state's residual connections (Hutchins et al. 2022, sec. 3.2).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -220,10 +226,15 @@ impl BlockRecurrentConfig {
                 stack.residual
             ));
         }
-        if let Some(k) = stack.layer_kinds().iter().find(|k| k.positions().is_none()) {
+        if let Some(k) = stack
+            .layer_kinds()
+            .iter()
+            .find(|k| matches!(k, LayerKind::Lsh | LayerKind::Local))
+        {
             return bad(format!(
-                "block_recurrent stacks need xl, learned, t5 or absolute layers (the recurrent \
-                 layer shares their keys and values); layer kind {k:?} is not one"
+                "block_recurrent stacks need xl, learned, t5, absolute or knn layers (the \
+                 recurrent layer shares its relative attention's keys and values); layer kind \
+                 {k:?} is not one"
             ));
         }
         if stack.compat.memory_keys_values {
@@ -514,9 +525,20 @@ impl TransformerXl {
         let mut h = self.embed(tokens, opts)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
         let mut next = None;
+        // kNN layers search and then extend their memories (`prepare` made and cleared them).
+        let mut stores = state.knn.iter_mut();
         for (l, layer) in self.layers.iter().enumerate() {
             inputs.push(h.clone());
-            let cx = self.layer_context(l, &contexts, None, opts);
+            let store = match layer.attention {
+                LayerAttention::Knn(_) => Some(
+                    stores
+                        .next()
+                        .ok_or_else(|| XlError::Input("fewer kNN memories than kNN layers".into()))?
+                        .as_mut(),
+                ),
+                _ => None,
+            };
+            let cx = self.layer_context(l, &contexts, store, opts);
             let memory = state.xl.layer(l).cloned();
             h = if l == rec.config.layer {
                 let (out, c_next) = layer.forward_recurrent(h, memory, cx, rec, c.clone())?;
@@ -527,6 +549,7 @@ impl TransformerXl {
             };
         }
         drop(contexts);
+        drop(stores);
         self.advance(state, &inputs, qlen);
         state.block_recurrent.state = next.map(|c| if keep_graph { c } else { c.detach() });
         Ok(self.finish(h, opts))
