@@ -38,8 +38,9 @@
 //! kNN layers (the Memorizing Transformer's) combine with it, the recurrent one included (its
 //! local attention's keys and values are the ones the state reads).
 //!
-//! Dropout: the cross-attention's output is dropped with the self-attention's by the block in
-//! seeded passes; in a device pass (whose relative attention drops its own output) it is not.
+//! Dropout: what the tokens read from the state is dropped at the stack's `dropout` as the
+//! self-attention's output is (with it by the block in a seeded stack; on its own in a device
+//! stack, whose relative attention drops its own output); the state's update has no dropout.
 //!
 //! **Peer** (lucidrains' `block-recurrent-transformer-pytorch` 0.4.4): the same reads and
 //! writes, keys and values shared the same way, but its layers are not this stack's (rotary
@@ -59,8 +60,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::XlError;
 use crate::memory::XlState;
 use crate::stack::{
-    Activation, LayerAttention, LayerContext, LayerKind, Replay, Residual, TransformerXl, XlConfig,
-    XlLayer,
+    Activation, LayerAttention, LayerContext, LayerKind, Replay, Residual, TAG_DROP_STATE_READ,
+    TransformerXl, XlConfig, XlLayer, seeded_dropout,
 };
 
 /// The gate that replaces the state's residual connections (Hutchins et al. 2022, sec. 3.2).
@@ -484,6 +485,15 @@ impl XlLayer {
             let (kx, vx) = a.keys_values(x.clone());
             let (read, c_next) = recurrent.step(x.clone(), kx, vx, c);
             next = Some(c_next);
+            // Dropped as the attention's output is: by the block in a seeded stack, here in a
+            // device stack (whose relative attention drops only its own output).
+            let read = match (&opts, self.block.drops_attention) {
+                (_, true) => read,
+                (Some(o), false) => {
+                    seeded_dropout(read, self.block.dropout.prob, o, TAG_DROP_STATE_READ)
+                }
+                (None, false) => self.block.dropout.forward(read),
+            };
             Ok::<_, XlError>(self.attend(x, m, &mut cx, Replay::Nothing)?.0 + read)
         })?;
         let next = next.ok_or_else(|| XlError::Input("the state was not updated".into()))?;

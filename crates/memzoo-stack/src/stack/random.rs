@@ -18,6 +18,9 @@ pub(crate) const TAG_DROP_FF_INNER: u64 = 4;
 /// The relative or kNN attention's own dropout masks (its probabilities; in a device stack
 /// its output too), from `child(TAG_ATTENTION_DROPOUT)` of the layer's options.
 pub(crate) const TAG_ATTENTION_DROPOUT: u64 = 5;
+/// A device stack's dropout on what a block-recurrent layer's tokens read from the state (a
+/// seeded stack's block drops it with the attention's output, `TAG_DROP_F`).
+pub(crate) const TAG_DROP_STATE_READ: u64 = 6;
 pub(crate) const TAG_LAYER: u64 = 1_000;
 pub(crate) const TAG_EMBED: u64 = 1_000_001;
 pub(crate) const TAG_FINAL: u64 = 1_000_002;
