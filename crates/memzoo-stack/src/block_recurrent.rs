@@ -61,7 +61,7 @@ use crate::error::XlError;
 use crate::memory::XlState;
 use crate::stack::{
     Activation, LayerAttention, LayerContext, LayerKind, Replay, Residual, TAG_DROP_STATE_READ,
-    TransformerXl, XlConfig, XlLayer, seeded_dropout,
+    Trace, TransformerXl, XlConfig, XlLayer, seeded_dropout,
 };
 
 /// The gate that replaces the state's residual connections (Hutchins et al. 2022, sec. 3.2).
@@ -509,7 +509,8 @@ impl TransformerXl {
 
     /// Reads one block of a Block-Recurrent stack on top of `state` (its XL memory and its
     /// carried state `c_τ`) and writes `c_{τ+1}` into it (in the graph with `keep_graph`,
-    /// detached otherwise). `reset[b]`: row `b` starts a document (with `document_resets`: it
+    /// detached otherwise); every layer's attention (the recurrent one's self-attention, not
+    /// its read of the state) records into `trace` when given. `reset[b]`: row `b` starts a document (with `document_resets`: it
     /// reads `c_0` and its XL memory is hidden).
     ///
     /// # Shapes
@@ -521,6 +522,7 @@ impl TransformerXl {
         reset: &[bool],
         opts: Option<&ForwardOptions>,
         keep_graph: bool,
+        trace: Option<&Trace>,
     ) -> Result<Tensor<3>, XlError> {
         let rec = self.block_recurrent.as_ref().ok_or_else(|| {
             XlError::Input("this stack is not a Block-Recurrent Transformer".into())
@@ -548,7 +550,8 @@ impl TransformerXl {
                 ),
                 _ => None,
             };
-            let cx = self.layer_context(l, &contexts, store, opts);
+            let mut cx = self.layer_context(l, &contexts, store, opts);
+            cx.trace = trace.map(|t| t.slot(l));
             let memory = state.xl.layer(l).cloned();
             h = if l == rec.config.layer {
                 let (out, c_next) = layer.forward_recurrent(h, memory, cx, rec, c.clone())?;

@@ -116,7 +116,7 @@ impl TransformerXl {
             };
             let hidden = match self.block_recurrent {
                 Some(_) => {
-                    self.forward_block_recurrent(s.inputs, state, &s.reset, o.as_ref(), true)?
+                    self.forward_block_recurrent(s.inputs, state, &s.reset, o.as_ref(), true, None)?
                 }
                 None => self.forward_rmt(s.inputs, state, &s.reset, o.as_ref(), true)?,
             };

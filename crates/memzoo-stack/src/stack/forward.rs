@@ -454,7 +454,7 @@ impl TransformerXl {
         }
         // A Block-Recurrent Transformer carries its state (detached after the read).
         if self.block_recurrent.is_some() {
-            return self.forward_block_recurrent(tokens, state, reset, opts, false);
+            return self.forward_block_recurrent(tokens, state, reset, opts, false, trace);
         }
         let qlen = tokens.dims()[1];
         let mask = self.prepare(&tokens, state, reset)?;
