@@ -673,3 +673,189 @@ fn block_recurrent_dropout_replays_from_its_seed() {
     assert_eq!(loss(3), loss(3));
     assert!((loss(3) - loss(4)).abs() > 1e-6);
 }
+
+/// The state of block-recurrent-transformer-pytorch 0.4.4 (its `StateContainer`, fixtures by
+/// `xtask/peers/fixtures/lucidrains_block_recurrent.py`) mapped onto [`BlockRecurrent`]: the
+/// tokens' reads and the states over 3 blocks (carried in the graph) and every gradient
+/// (parameters and inputs) at 1e-4. The package's one key/value head is every head's here, its
+/// `[self_h ; cross_h]` per-head layout of `to_state_out` is permuted to memzoo's `[self ;
+/// cross]`, and its learned EMA is the fixed gate with `b_g = −learned_ema_beta`.
+#[test]
+fn block_recurrent_state_matches_the_package() {
+    use memzoo_import::TensorMap;
+    let dev = flex().autodiff();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/lucidrains-block-recurrent-state");
+    let m = TensorMap::read(&dir.join("model.safetensors")).unwrap();
+    let r = TensorMap::read(&dir.join("reference.safetensors")).unwrap();
+    let f = |map: &TensorMap, name: &str| -> TensorData {
+        map.get(name)
+            .unwrap_or_else(|| panic!("{name} missing"))
+            .clone()
+            .convert::<f32>()
+    };
+    let t1 = |name: &str| Tensor::<1>::from_data(f(&m, name), &dev);
+    let t2 = |name: &str| Tensor::<2>::from_data(f(&m, name), &dev);
+    let (dh, heads) = (D / HEADS, HEADS);
+    let cfg =
+        tiny()
+            .with_n_layers(1)
+            .with_block_recurrent(Some(recurrent(GateKind::Fixed, false, 0)));
+    let mut model = cfg.init(&dev).unwrap();
+    let rec = model.block_recurrent.as_mut().unwrap();
+    let p1 = |t: Tensor<1>| Param::from_tensor(t);
+    let p2 = |t: Tensor<2>| Param::from_tensor(t);
+    // The package's per-head rows `[self_h ; cross_h]` of `to_state_out`'s input, as memzoo's
+    // `[self_0 .. self_H ; cross_0 .. cross_H]` (applied to the weight and its gradient).
+    let permute = |t: Tensor<2>| {
+        let rows: Vec<Tensor<2>> = [0, dh]
+            .into_iter()
+            .flat_map(|o| (0..heads).map(move |h| h * 2 * dh + o))
+            .map(|start| t.clone().narrow(0, start, dh))
+            .collect();
+        Tensor::cat(rows, 0)
+    };
+    let kv = t2("state_to_kv.weight").transpose();
+    let repeat = |t: Tensor<2>| Tensor::cat(vec![t; heads], 1);
+    rec.initial = p2(t2("init_state"));
+    rec.state_ids = p2(t2("state_pos_ids"));
+    rec.state_norm.gamma = p1(t1("state_norm.gamma"));
+    rec.state_norm.beta = Some(p1(t1("state_norm.beta")));
+    rec.to_state_query.weight = p2(t2("q_to_state.weight").transpose());
+    rec.to_state_output.weight = p2(t2("w_read").transpose());
+    rec.state_query.weight = p2(t2("state_to_q.weight").transpose());
+    rec.from_state_query.weight = p2(t2("q_from_state.weight").transpose());
+    rec.state_key_value.weight = p2(Tensor::cat(
+        vec![
+            repeat(kv.clone().narrow(1, 0, dh)),
+            repeat(kv.narrow(1, dh, dh)),
+        ],
+        1,
+    ));
+    rec.state_output.weight = p2(permute(t2("to_state_out.weight").transpose()));
+    let gate = &mut rec.attention_gate;
+    gate.candidate.weight = p2(t2("state_out_to_gate.weight").transpose());
+    gate.candidate.bias = Some(p1(t1("state_out_to_gate.bias")));
+    gate.bias = Some(p1(t1("learned_ema_beta").neg()));
+    let rec = model.block_recurrent.as_ref().unwrap();
+
+    let leaf = |name: String| Tensor::<3>::from_data(f(&r, &name), &dev).require_grad();
+    let floats = |name: String| host(Tensor::<3>::from_data(f(&r, &name), &dev));
+    let mut c = rec.read_state(None, 2, None).unwrap();
+    let mut total: Option<Tensor<1>> = None;
+    let mut leaves = Vec::new();
+    for s in 0..3 {
+        let (x, k, v) = (
+            leaf(format!("x.{s}")),
+            leaf(format!("k.{s}")),
+            leaf(format!("v.{s}")),
+        );
+        let per_head = |t: Tensor<3>| {
+            let [b, n, _] = t.dims();
+            t.unsqueeze_dim::<4>(2).expand([b, n, heads, dh])
+        };
+        let (read, next) = rec.step(x.clone(), per_head(k.clone()), per_head(v.clone()), c);
+        assert_close(
+            &host(read.clone()),
+            &floats(format!("read.{s}")),
+            1e-4,
+            &format!("read {s}"),
+        );
+        assert_close(
+            &host(next.clone()),
+            &floats(format!("state.{s}")),
+            1e-4,
+            &format!("state {s}"),
+        );
+        let w = |name: String| Tensor::<3>::from_data(f(&r, &name), &dev);
+        let l = (read * w(format!("r_read.{s}"))).sum()
+            + (next.clone() * w(format!("r_state.{s}"))).sum();
+        total = Some(match total {
+            Some(t) => t + l,
+            None => l,
+        });
+        leaves.push((x, k, v));
+        c = next;
+    }
+    let grads = total.unwrap().backward();
+    let want = |name: &str| Tensor::<2>::from_data(f(&r, &format!("grad.{name}")), &dev);
+    let want1 = |name: &str| host(Tensor::<1>::from_data(f(&r, &format!("grad.{name}")), &dev));
+    let got = |p: &Param<Tensor<2>>| host(p.val().grad(&grads).unwrap());
+    let got1 = |p: &Param<Tensor<1>>| host(p.val().grad(&grads).unwrap());
+    let check = |a: Vec<f32>, b: Vec<f32>, what: &str| assert_close(&a, &b, 1e-4, what);
+    check(got(&rec.initial), host(want("init_state")), "grad c_0");
+    check(
+        got(&rec.state_ids),
+        host(want("state_pos_ids")),
+        "grad state IDs",
+    );
+    check(
+        got1(&rec.state_norm.gamma),
+        want1("state_norm.gamma"),
+        "grad LN_s gain",
+    );
+    let t = |name: &str| host(want(name).transpose());
+    check(
+        got(&rec.to_state_query.weight),
+        t("q_to_state.weight"),
+        "grad W_qx",
+    );
+    check(got(&rec.to_state_output.weight), t("w_read"), "grad W_read");
+    check(
+        got(&rec.state_query.weight),
+        t("state_to_q.weight"),
+        "grad W_qc",
+    );
+    check(
+        got(&rec.from_state_query.weight),
+        t("q_from_state.weight"),
+        "grad W_qcx",
+    );
+    // The shared key/value head's gradient is the sum over the heads it serves.
+    let g = rec.state_key_value.weight.val().grad(&grads).unwrap();
+    let summed = |o: usize| {
+        (0..heads)
+            .map(|h| g.clone().narrow(1, o + h * dh, dh))
+            .reduce(|a, b| a + b)
+            .unwrap()
+    };
+    let kv_grad = want("state_to_kv.weight").transpose();
+    check(
+        host(summed(0)),
+        host(kv_grad.clone().narrow(1, 0, dh)),
+        "grad W_k (state)",
+    );
+    check(
+        host(summed(heads * dh)),
+        host(kv_grad.narrow(1, dh, dh)),
+        "grad W_v (state)",
+    );
+    check(
+        got(&rec.state_output.weight),
+        host(permute(want("to_state_out.weight").transpose())),
+        "grad W^c_o",
+    );
+    let gate = &rec.attention_gate;
+    check(
+        got(&gate.candidate.weight),
+        t("state_out_to_gate.weight"),
+        "grad W_z",
+    );
+    check(
+        got1(gate.candidate.bias.as_ref().unwrap()),
+        want1("state_out_to_gate.bias"),
+        "grad b_z",
+    );
+    let neg: Vec<f32> = want1("learned_ema_beta").iter().map(|g| -g).collect();
+    check(got1(gate.bias.as_ref().unwrap()), neg, "grad b_g");
+    for (s, (x, k, v)) in leaves.iter().enumerate() {
+        for (name, leaf) in [("x", x), ("k", k), ("v", v)] {
+            let want = floats(format!("grad.{name}.{s}"));
+            check(
+                host(leaf.grad(&grads).unwrap()),
+                want,
+                &format!("grad {name}.{s}"),
+            );
+        }
+    }
+}
