@@ -141,7 +141,7 @@ pub struct StateFeedForward {
 ///
 /// # Shapes
 /// - `initial`, `state_ids`: `[S, d_model]`; query projections `d_model → heads d_head`;
-///   `state_key_value`: `d_model → 2 heads d_head`; `state_output`: `2 heads d_head → d_model`
+///   `state_key_value`: `d_model → 2 kv_heads d_head`; `state_output`: `2 heads d_head → d_model`
 #[derive(Module, Debug)]
 pub struct BlockRecurrent {
     /// `c_0`, the state of a first block, `N(0, 1)`.
@@ -159,7 +159,8 @@ pub struct BlockRecurrent {
     pub state_query: Linear,
     /// `W_qcx`: the state's queries of the block's tokens.
     pub from_state_query: Linear,
-    /// `W^c_kv`: the state's keys and values.
+    /// `W^c_kv`: the state's keys and values, `d_model → 2 kv_heads d_head` (the stack's
+    /// `kv_heads`, each key/value head shared by `n_heads / kv_heads` query heads).
     pub state_key_value: Linear,
     /// `W^c_o` of `[self ; cross]`.
     pub state_output: Linear,
@@ -170,6 +171,9 @@ pub struct BlockRecurrent {
     /// Heads.
     #[module(skip)]
     pub n_heads: usize,
+    /// Key/value heads of the state (the stack's `kv_heads`, else `n_heads`).
+    #[module(skip)]
+    pub n_kv_heads: usize,
     /// Width of a head.
     #[module(skip)]
     pub d_head: usize,
@@ -254,6 +258,7 @@ impl BlockRecurrentConfig {
     /// state's LayerNorm: a tiny stack then learned to read its state far later.) Biases are 0.
     pub fn init(&self, stack: &XlConfig, device: &Device) -> BlockRecurrent {
         let (d, hd) = (stack.d_model, stack.n_heads * stack.head_width());
+        let n_kv_heads = stack.kv_heads.unwrap_or(stack.n_heads);
         let plain = |i: usize, o: usize| {
             let mut l = stack.init_linear(i, o, device);
             l.bias = None;
@@ -289,7 +294,7 @@ impl BlockRecurrentConfig {
             to_state_output: plain(hd, d),
             state_query: scaled(d, hd, false),
             from_state_query: scaled(d, hd, false),
-            state_key_value: scaled(d, 2 * hd, false),
+            state_key_value: scaled(d, 2 * n_kv_heads * stack.head_width(), false),
             state_output: scaled(2 * hd, d, false),
             attention_gate: gate(),
             ff: self.state_ff.then(|| StateFeedForward {
@@ -300,6 +305,7 @@ impl BlockRecurrentConfig {
                 activation: stack.ff_activation,
             }),
             n_heads: stack.n_heads,
+            n_kv_heads,
             d_head: stack.head_width(),
             config: self.clone(),
             carry: true,
@@ -364,6 +370,17 @@ impl BlockRecurrent {
         t.reshape([b, n, self.n_heads, self.d_head]).swap_dims(1, 2)
     }
 
+    /// `[batch, n, kv_heads d_head]` → `[batch, heads, n, d_head]`, each key/value head
+    /// repeated for the query heads it serves.
+    fn kv_heads(&self, t: Tensor<3>) -> Tensor<4> {
+        let [b, n, _] = t.dims();
+        let (h, hk, dh) = (self.n_heads, self.n_kv_heads, self.d_head);
+        t.reshape([b, n, hk, 1, dh])
+            .expand([b, n, hk, h / hk, dh])
+            .reshape([b, n, h, dh])
+            .swap_dims(1, 2)
+    }
+
     /// `[batch, heads, n, d_head]` → `[batch, n, heads d_head]`.
     fn merge(&self, t: Tensor<4>) -> Tensor<3> {
         let [b, _, n, _] = t.dims();
@@ -423,13 +440,13 @@ impl BlockRecurrent {
         vx: Tensor<4>,
         c: Tensor<3>,
     ) -> (Tensor<3>, Tensor<3>) {
-        let hd = self.n_heads * self.d_head;
+        let hkd = self.n_kv_heads * self.d_head;
         // ĉ = LN_s(c) + P
         let norm = self.state_norm.forward(c.clone()) + self.state_ids.val().unsqueeze_dim(0);
         // K_c, V_c = W^c_kv ĉ
         let kv = linear_rows(&self.state_key_value, norm.clone());
-        let kc = self.heads(kv.clone().narrow(2, 0, hd));
-        let vc = self.heads(kv.narrow(2, hd, hd));
+        let kc = self.kv_heads(kv.clone().narrow(2, 0, hkd));
+        let vc = self.kv_heads(kv.narrow(2, hkd, hkd));
         // Vertical: Attn(W_qx x, K_c, V_c), projected.
         let q = self.heads(linear_rows(&self.to_state_query, x));
         let read = linear_rows(
