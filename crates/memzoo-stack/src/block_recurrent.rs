@@ -42,11 +42,15 @@
 //! self-attention's output is (with it by the block in a seeded stack; on its own in a device
 //! stack, whose relative attention drops its own output); the state's update has no dropout.
 //!
-//! **Peer** (lucidrains' `block-recurrent-transformer-pytorch` 0.4.4): the same reads and
-//! writes, keys and values shared the same way, but its layers are not this stack's (rotary
-//! positions, one key/value head, GEGLU feed-forward, bias-free LayerNorms and projections),
-//! its state has no feed-forward and one fixed gate written as a learned EMA; see
-//! `docs/import.md`.
+//! **Peer** (lucidrains' `block-recurrent-transformer-pytorch` 0.4.4): its `StateContainer` is
+//! this state with `kv_heads = 1`, `state_ff = false` and the fixed gate (its learned EMA, `b_g
+//! = −β`), checked at 1e-4 (`tests/block_recurrent.rs`); its layers are not yet this stack's
+//! (rotary positions, qk-RMSNorm, GEGLU feed-forward, bias-free LayerNorms and projections):
+//! see `docs/import.md`.
+//!
+//! The gates follow the paper's equations (sec. 3.2); `state_ff = false` is its `:skip`
+//! configurations, and the fan-in initialisation of the state's projections
+//! ([`BlockRecurrentConfig::init`]) the scaling of the authors' code.
 
 use burn::config::Config;
 use burn::module::{Module, Param};
