@@ -162,6 +162,8 @@ fn config_toml_holds_what_the_run_uses_and_reads_back() {
         Preset::CompressivePaper,
         Preset::RmtTiny,
         Preset::RmtPaper,
+        Preset::BlockRecurrentTiny,
+        Preset::BlockRecurrentPaper,
     ] {
         let config = RunConfig::resolve_preset(Some(preset), None, &[]).unwrap();
         let path = dir.join(format!("{}.toml", preset.name()));

@@ -441,6 +441,27 @@ fn rmt_learns_tiny_shakespeare() {
     assert_memory_helps("rmt", "carried memory", with, without);
 }
 
+/// The Block-Recurrent Transformer (the top layer recurrent with 8 state vectors, the fixed gate
+/// and no feed-forward on the state, the paper's `fixed:skip`; no XL memory, blocks of 8 bytes,
+/// backpropagation through 2 blocks) learns the text and reads its carried state to a lower bpc
+/// than the same weights reading the initial state every block (measured: 3.160 against
+/// 3.223; with the state's feed-forward 3.161 against 3.166, with an XL memory of 8 as well
+/// 3.006 against 3.030).
+#[test]
+fn block_recurrent_learns_tiny_shakespeare() {
+    let recurrent = memzoo_stack::BlockRecurrentConfig::new()
+        .with_state_len(8)
+        .with_layer(1)
+        .with_state_ff(false)
+        .with_bptt_segments(2);
+    let config = memory_stack(0).with_block_recurrent(Some(recurrent));
+    let (model, valid, unigram) = trained_memory_stack("block-recurrent", config);
+    let with = valid_bpc(&model, &valid, MEMORY_TGT_LEN);
+    let without = valid_bpc(&model.without_carried_memory(), &valid, MEMORY_TGT_LEN);
+    assert_learns("block-recurrent", with, unigram);
+    assert_memory_helps("block-recurrent", "carried state", with, without);
+}
+
 const STEPS: usize = 600;
 
 /// The stack of the memory families' learning tests: 2 layers of 64 (4 heads), seeded, no

@@ -250,8 +250,28 @@ pub fn xl_init_std(cfg: &XlConfig) -> impl Fn(&str) -> f64 + use<> {
     let embedding = cfg.embedding_std.unwrap_or(init);
     let axial = cfg.axial.as_ref().and_then(|a| a.std).unwrap_or(embedding);
     let gain = cfg.norm_gain_std.unwrap_or(init);
+    // A Block-Recurrent stack's state projections: N(0, 1/sqrt(fan_in)); c_0 and the state IDs
+    // N(0, 1) (`BlockRecurrentConfig::init`).
+    let (d, hd, inner) = (
+        cfg.d_model as f64,
+        (cfg.n_heads * cfg.head_width()) as f64,
+        cfg.d_inner as f64,
+    );
+    let state = move |path: &str| -> Option<f64> {
+        let rest = path.strip_prefix("block_recurrent.")?;
+        let fan_in = match rest {
+            "initial" | "state_ids" => return Some(1.0),
+            _ if !rest.ends_with(".weight") || rest.starts_with("to_state_") => return None,
+            _ if rest.starts_with("state_output") => 2.0 * hd,
+            _ if rest.starts_with("ff.ff_out") => inner,
+            _ => d,
+        };
+        Some(1.0 / fan_in.sqrt())
+    };
     move |path: &str| {
-        if path.starts_with("embedding.") {
+        if let Some(std) = state(path) {
+            std
+        } else if path.starts_with("embedding.") {
             embedding
         } else if path.starts_with("axial.") {
             axial

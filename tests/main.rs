@@ -2,6 +2,7 @@
 
 mod adaptive;
 mod backend;
+mod block_recurrent;
 mod cli;
 mod compressive;
 mod config;

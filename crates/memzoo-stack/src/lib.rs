@@ -5,7 +5,9 @@
 //! ([`presets`]): the Memorizing Transformer is this stack with `knn` layers
 //! ([`MemorizingConfig`]; [`XlState`] carries its kNN memories), the Reformer this stack with
 //! `lsh` / `local` layers, reversible residuals and axial positions ([`ReformerConfig`], its
-//! model named [`ReformerLm`]). The attention kinds come from their crates: `memzoo_relative`
+//! model named [`ReformerLm`]), and the memory families are options of it: the Compressive
+//! Transformer ([`CompressiveConfig`]), the Recurrent Memory Transformer ([`RmtConfig`]) and the
+//! Block-Recurrent Transformer ([`BlockRecurrentConfig`]). The attention kinds come from their crates: `memzoo_relative`
 //! (`xl`, `learned`, `t5`), `memzoo_knn` (`knn`), `memzoo_reformer` (`lsh`, `local`).
 //!
 //! ```no_run
@@ -25,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod adaptive;
+pub mod block_recurrent;
 pub mod compressive;
 /// The errors of the layer stack.
 pub mod error;
@@ -39,6 +42,9 @@ pub mod unroll;
 pub use adaptive::{
     AdaptiveEmbedding, AdaptiveEmbeddingConfig, AdaptiveLogSoftmax, AdaptiveLogSoftmaxConfig,
     AdaptiveLogSoftmaxTensors,
+};
+pub use block_recurrent::{
+    BlockRecurrent, BlockRecurrentConfig, GateKind, RecurrentState, StateFeedForward, StateGate,
 };
 pub use compressive::{CompressedMemory, Compression, CompressionKind, CompressiveConfig};
 pub use error::XlError;

@@ -163,6 +163,8 @@ pub struct XlState {
     pub compressed: crate::compressive::CompressedMemory,
     /// The carried memory tokens of a Recurrent Memory Transformer (empty otherwise).
     pub rmt: crate::rmt::RmtMemory,
+    /// The carried state of a Block-Recurrent Transformer (empty otherwise).
+    pub block_recurrent: crate::block_recurrent::RecurrentState,
 }
 
 impl XlState {
@@ -201,6 +203,7 @@ impl XlState {
             xl_valid: Vec::new(),
             compressed: Default::default(),
             rmt: Default::default(),
+            block_recurrent: Default::default(),
         })
     }
 }

@@ -210,7 +210,10 @@ impl RecurrentModel for TransformerXl {
     }
 
     fn carries_state(&self) -> bool {
-        self.mem_len > 0 || self.n_knn_layers() > 0 || self.rmt.is_some()
+        self.mem_len > 0
+            || self.n_knn_layers() > 0
+            || self.rmt.is_some()
+            || self.block_recurrent.is_some()
     }
 
     fn train_step(
@@ -227,9 +230,9 @@ impl RecurrentModel for TransformerXl {
         Ok((loss.into_scalar::<f64>(), grads))
     }
 
-    /// An RMT stack's `bptt_segments`; 1 for every other stack.
+    /// An RMT's or a Block-Recurrent stack's `bptt_segments`; 1 for every other stack.
     fn bptt_segments(&self) -> usize {
-        self.rmt_config().map_or(1, |r| r.bptt_segments)
+        self.unrolled_segments()
     }
 
     fn train_unroll(
@@ -294,6 +297,7 @@ impl RecurrentModel for TransformerXl {
             xl_valid: state.xl_valid.clone(),
             compressed: state.compressed.clone(),
             rmt: state.rmt.clone(),
+            block_recurrent: state.block_recurrent.clone(),
         };
         let logits = self.segment_logits(inputs, &mut view, reset);
         drop(view);

@@ -252,11 +252,14 @@ impl TransformerXl {
         self.rmt.as_ref().map(|r| &r.config)
     }
 
-    /// The same model with every segment reading a fresh memory (`H^mem_0`) instead of the
-    /// carried one: the baseline that shows what the carried memory adds. A stack that is not
-    /// an RMT is returned as it is.
+    /// The same model with every segment reading a fresh memory (an RMT's `H^mem_0`, a
+    /// Block-Recurrent stack's initial state `c_0`) instead of the carried one: the baseline
+    /// that shows what the carried memory adds. Any other stack is returned as it is.
     pub fn without_carried_memory(mut self) -> Self {
         if let Some(r) = self.rmt.as_mut() {
+            r.carry = false;
+        }
+        if let Some(r) = self.block_recurrent.as_mut() {
             r.carry = false;
         }
         self

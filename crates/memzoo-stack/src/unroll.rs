@@ -1,6 +1,7 @@
 //! Backpropagation through several segments: one training step over `k` consecutive segments
-//! whose carried state stays in the graph ([`TransformerXl::train_unroll`]; the Recurrent
-//! Memory Transformer's `bptt_segments`, see [`crate::rmt`]).
+//! whose carried state stays in the graph ([`TransformerXl::train_unroll`]; the `bptt_segments`
+//! of the Recurrent Memory Transformer, see [`crate::rmt`], and of the Block-Recurrent
+//! Transformer, see [`crate::block_recurrent`]).
 
 use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor};
@@ -31,10 +32,28 @@ pub struct UnrollSegment {
 const TAG_UNROLL: u64 = 2_000_000;
 
 impl TransformerXl {
+    /// Whether the stack carries a memory that stays in the graph across an unroll (an RMT's
+    /// memory tokens, a Block-Recurrent stack's state; sequential residuals).
+    pub(crate) fn unrolls(&self) -> bool {
+        (self.rmt.is_some() || self.block_recurrent.is_some())
+            && self.residual == Residual::Sequential
+    }
+
+    /// Segments one training step unrolls: the `bptt_segments` of an RMT or a Block-Recurrent
+    /// stack, 1 for every other stack.
+    pub(crate) fn unrolled_segments(&self) -> usize {
+        match (self.rmt_config(), self.block_recurrent_config()) {
+            (Some(r), _) => r.bptt_segments,
+            (None, Some(b)) => b.bptt_segments,
+            (None, None) => 1,
+        }
+    }
+
     /// Training step over `k = segments.len()` consecutive segments with the carried memory in
     /// the graph: `L = (1/k) Σ_τ L_τ` (each `L_τ` the segment's [`mean_nll`]), one backward
     /// through all `k` segments, and the memory carried on detached. For a stack that carries
-    /// no graph-bearing memory (every family but the RMT) only `k = 1` is accepted, which is
+    /// no graph-bearing memory (every family but the RMT and the Block-Recurrent Transformer)
+    /// only `k = 1` is accepted, which is
     /// [`TransformerXl::train_step`].
     ///
     /// # Shapes
@@ -50,7 +69,7 @@ impl TransformerXl {
                 "an unrolled step needs at least one segment".into(),
             ));
         }
-        if self.rmt.is_none() || self.residual != Residual::Sequential {
+        if !self.unrolls() {
             let mut segments = segments;
             let Some(s) = segments.pop().filter(|_| k == 1) else {
                 return Err(XlError::Input(format!(
@@ -67,12 +86,12 @@ impl TransformerXl {
                 "train_unroll needs the model on an autodiff device (device.autodiff())".into(),
             ));
         }
-        self.rmt_unroll(segments, state, self.train_options())
+        self.carried_unroll(segments, state, self.train_options())
     }
 
-    /// [`train_unroll`](Self::train_unroll) of an RMT stack, drawing from `opts` (the `i`-th
-    /// segment from its child `TAG_UNROLL + i`).
-    pub(crate) fn rmt_unroll(
+    /// [`train_unroll`](Self::train_unroll) of an RMT or Block-Recurrent stack, drawing from
+    /// `opts` (the `i`-th segment from its child `TAG_UNROLL + i`).
+    pub(crate) fn carried_unroll(
         &self,
         segments: Vec<UnrollSegment>,
         state: &mut XlState,
@@ -95,7 +114,12 @@ impl TransformerXl {
                 0 => opts.clone(),
                 _ => opts.as_ref().map(|o| o.child(TAG_UNROLL + i as u64)),
             };
-            let hidden = self.forward_rmt(s.inputs, state, &s.reset, o.as_ref(), true, None)?;
+            let hidden = match self.block_recurrent {
+                Some(_) => {
+                    self.forward_block_recurrent(s.inputs, state, &s.reset, o.as_ref(), true, None)?
+                }
+                None => self.forward_rmt(s.inputs, state, &s.reset, o.as_ref(), true, None)?,
+            };
             let loss = mean_nll(self.score(hidden, s.targets, false)?.nll, s.weights);
             total = Some(match total {
                 Some(t) => t + loss,
@@ -107,6 +131,7 @@ impl TransformerXl {
             .div_scalar(k as f64);
         let grads = GradientsParams::from_grads(loss.backward(), self);
         state.rmt.detach();
+        state.block_recurrent.detach();
         Ok((loss.inner(), grads))
     }
 }

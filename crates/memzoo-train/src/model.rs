@@ -34,8 +34,8 @@ pub trait SegmentModel: RecurrentModel {
 }
 
 /// The layer stack's checkpoints: its parameters (older layouts converted), its XL memory (and a
-/// compressive stack's compressed memory, an RMT's memory tokens) as safetensors, its kNN memories, and each row's
-/// document position.
+/// compressive stack's compressed memory, an RMT's memory tokens, a Block-Recurrent stack's
+/// state) as safetensors, its kNN memories, and each row's document position.
 impl SegmentModel for TransformerXl {
     /// Also reads checkpoints written before the layer stack (converted on load, with a
     /// warning on stderr).
@@ -74,6 +74,13 @@ impl SegmentModel for TransformerXl {
             save_tensors(
                 &dir.join("rmt_memory.safetensors"),
                 std::slice::from_ref(tokens),
+            )?;
+        }
+        // A Block-Recurrent Transformer's carried state.
+        if let Some(c) = &state.block_recurrent.state {
+            save_tensors(
+                &dir.join("block_recurrent_state.safetensors"),
+                std::slice::from_ref(c),
             )?;
         }
         if !state.xl_valid.is_empty() {
@@ -125,6 +132,18 @@ impl SegmentModel for TransformerXl {
                 )));
             }
             state.rmt.tokens = tokens.pop();
+        }
+        let recurrent = dir.join("block_recurrent_state.safetensors");
+        if recurrent.exists() {
+            let mut states = load_tensors(&recurrent, device)?;
+            if states.len() != 1 {
+                return Err(TrainError::Checkpoint(format!(
+                    "{} holds {} tensors, a block-recurrent state is one",
+                    recurrent.display(),
+                    states.len()
+                )));
+            }
+            state.block_recurrent.state = states.pop();
         }
         let valid = dir.join("xl_valid.json");
         if valid.exists() {

@@ -8,6 +8,7 @@
 //! initialises its embedding from `init_std` unless the paper's recipe says otherwise.
 
 use memzoo_relative::{PositionConfig, PositionKind};
+use memzoo_stack::presets::block_recurrent;
 use memzoo_stack::{
     CompressionKind, CompressiveConfig, LayerKind, MemorizingConfig, ReformerConfig, RmtConfig,
     XlConfig,
@@ -72,6 +73,18 @@ pub enum Preset {
     /// schedule; `docs/paper-recipes.md` says which of these were not checked against the
     /// paper.
     RmtPaper,
+    /// A tiny Block-Recurrent Transformer (2 layers, d_model 64, 8 heads of 8, XL memory 8
+    /// as the window over the previous block, the top layer recurrent with 8 state vectors and
+    /// the fixed gate, backpropagation through 2 blocks, state reset at document starts;
+    /// `memzoo_stack::presets::block_recurrent::tiny`) on the default run's schedule (each step
+    /// reads 2 segments).
+    BlockRecurrentTiny,
+    /// The Block-Recurrent Transformer's PG-19 model (Hutchins et al. 2022: 12 x 1024, 8 heads
+    /// of 128, T5 positions, window 512, the 10th layer recurrent with 512 state vectors, fixed
+    /// gate; `memzoo_stack::presets::block_recurrent::paper`, which says what differs) on
+    /// blocks of 512 with 8 unrolled per step (the paper's segments of 4096), batch 32, 500K
+    /// steps, with Transformer-XL's schedule as a stand-in for the paper's Adafactor.
+    BlockRecurrentPaper,
 }
 
 impl Preset {
@@ -132,6 +145,8 @@ impl Preset {
                 .with_rmt(Some(
                     RmtConfig::new().with_mem_tokens(10).with_bptt_segments(2),
                 )),
+            Preset::BlockRecurrentTiny => block_recurrent::tiny(),
+            Preset::BlockRecurrentPaper => block_recurrent::paper(),
         }
     }
 
@@ -178,7 +193,8 @@ impl Preset {
             | Preset::ReformerTiny
             | Preset::MemorizingTiny
             | Preset::CompressiveTiny
-            | Preset::RmtTiny => TrainConfig::sized(5000, 16, 8)
+            | Preset::RmtTiny
+            | Preset::BlockRecurrentTiny => TrainConfig::sized(5000, 16, 8)
                 .with_replicas(Some(1))
                 .with_log_every(100)
                 .with_eval_every(2500)
@@ -201,6 +217,8 @@ impl Preset {
             Preset::CompressivePaper => paper(8, 768, 400_000),
             // Segments of 128 with 2 unrolled per step; batch and steps not verified.
             Preset::RmtPaper => paper(22, 128, 400_000),
+            // The paper's batch 32 and 500K steps, blocks of 512 (8 unrolled per step).
+            Preset::BlockRecurrentPaper => paper(32, 512, 500_000),
         }
     }
 

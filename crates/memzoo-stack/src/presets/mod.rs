@@ -3,5 +3,6 @@
 //! presets are [`XlConfig::small`](crate::XlConfig::small),
 //! [`enwik8_base`](crate::XlConfig::enwik8_base) and [`wt103_base`](crate::XlConfig::wt103_base).
 
+pub mod block_recurrent;
 pub mod memorizing;
 pub mod reformer;

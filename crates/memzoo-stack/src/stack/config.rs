@@ -54,7 +54,8 @@ pub struct XlConfig {
     /// seed, so a run replays and resumes exactly); the memory still keeps `mem_len`, and
     /// evaluation reads all of it (a length beyond `mem_len` reads the whole memory, so the
     /// same model evaluates with any `mem_len`). Empty: every step reads the whole memory.
-    /// Sequential XL stacks only (not compressive, RMT or reversible). Default: empty.
+    /// Sequential XL stacks only (not compressive, RMT, Block-Recurrent or reversible).
+    /// Default: empty.
     #[config(default = "Vec::new()")]
     pub train_memory_lengths: Vec<usize>,
     /// Every query attends to exactly `mem_len` keys (itself and the `mem_len - 1` before it)
@@ -190,6 +191,11 @@ pub struct XlConfig {
     /// Default: none.
     #[config(default = "None")]
     pub rmt: Option<crate::rmt::RmtConfig>,
+    /// The Block-Recurrent Transformer (Hutchins et al. 2022): one recurrent layer carrying a
+    /// state of `S` vectors from segment to segment (see
+    /// [`BlockRecurrentConfig`](crate::BlockRecurrentConfig)). Default: none.
+    #[config(default = "None")]
+    pub block_recurrent: Option<crate::block_recurrent::BlockRecurrentConfig>,
 }
 
 impl XlConfig {
@@ -316,6 +322,9 @@ impl XlConfig {
         }
         if self.rmt.is_some() {
             return "rmt";
+        }
+        if self.block_recurrent.is_some() {
+            return "block-recurrent";
         }
         LayerKind::family_of(&self.layer_kinds())
     }
@@ -553,6 +562,7 @@ impl XlConfig {
                 .rmt
                 .as_ref()
                 .map(|r| r.init(self.d_model, self.init_std, device)),
+            block_recurrent: self.block_recurrent.as_ref().map(|r| r.init(self, device)),
         })
     }
 }

@@ -126,6 +126,9 @@ pub struct TransformerXl {
     pub compressive: Option<crate::compressive::Compression>,
     /// The memory tokens of a Recurrent Memory Transformer (`XlConfig::rmt`).
     pub rmt: Option<crate::rmt::Rmt>,
+    /// The recurrent layer's state parameters of a Block-Recurrent Transformer
+    /// (`XlConfig::block_recurrent`).
+    pub block_recurrent: Option<crate::block_recurrent::BlockRecurrent>,
 }
 
 /// The input embedding of the stack.
@@ -293,6 +296,9 @@ impl TransformerXl {
         if self.rmt.is_some() {
             return "rmt";
         }
+        if self.block_recurrent.is_some() {
+            return "block-recurrent";
+        }
         LayerKind::family_of(&self.layer_kinds())
     }
 
@@ -345,6 +351,7 @@ impl TransformerXl {
             xl_valid: Vec::new(),
             compressed: Default::default(),
             rmt: Default::default(),
+            block_recurrent: Default::default(),
         })
     }
 
@@ -376,11 +383,16 @@ impl TransformerXl {
         memory: &XlMemory,
         mask: &AttentionMask,
     ) -> Result<XlOutput, XlError> {
-        if self.n_knn_layers() > 0 || self.compressive.is_some() || self.rmt.is_some() {
+        if self.n_knn_layers() > 0
+            || self.compressive.is_some()
+            || self.rmt.is_some()
+            || self.block_recurrent.is_some()
+        {
             return Err(XlError::Input(format!(
-                "this stack has kNN layers or a compressed memory ({:?}): read it with \
-                 forward_state and an XlState",
-                self.layer_kinds()
+                "this stack has kNN layers or a carried memory besides the XL memory ({:?}, \
+                 {}): read it with forward_state and an XlState",
+                self.layer_kinds(),
+                self.stack_family()
             )));
         }
         let first = self.first_memory(memory, tokens.dims()[0], &tokens.device());
@@ -442,6 +454,10 @@ impl TransformerXl {
         // A Recurrent Memory Transformer reads its memory tokens (detached after the read).
         if self.rmt.is_some() {
             return self.forward_rmt(tokens, state, reset, opts, false, trace);
+        }
+        // A Block-Recurrent Transformer carries its state (detached after the read).
+        if self.block_recurrent.is_some() {
+            return self.forward_block_recurrent(tokens, state, reset, opts, false, trace);
         }
         let qlen = tokens.dims()[1];
         let mask = self.prepare(&tokens, state, reset)?;

@@ -20,6 +20,9 @@ pub(crate) const TAG_DROP_FF_INNER: u64 = 4;
 pub(crate) const TAG_ATTENTION_DROPOUT: u64 = 5;
 /// The memory length a training step reads ([`XlConfig::train_memory_lengths`](crate::XlConfig)).
 pub(crate) const TAG_MEMORY_READ: u64 = 6;
+/// A device stack's dropout on what a block-recurrent layer's tokens read from the state (a
+/// seeded stack's block drops it with the attention's output, `TAG_DROP_F`).
+pub(crate) const TAG_DROP_STATE_READ: u64 = 7;
 pub(crate) const TAG_LAYER: u64 = 1_000;
 pub(crate) const TAG_EMBED: u64 = 1_000_001;
 pub(crate) const TAG_FINAL: u64 = 1_000_002;

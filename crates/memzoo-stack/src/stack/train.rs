@@ -115,15 +115,16 @@ impl TransformerXl {
                 targets.dims()
             )));
         }
-        // A Recurrent Memory Transformer: a one-segment unroll (memory detached after it).
-        if self.rmt.is_some() && self.residual == Residual::Sequential {
+        // A Recurrent Memory or Block-Recurrent Transformer: a one-segment unroll (its memory
+        // detached after it).
+        if self.unrolls() {
             let s = crate::UnrollSegment {
                 inputs: tokens,
                 targets,
                 reset: reset.to_vec(),
                 weights,
             };
-            return self.rmt_unroll(vec![s], state, opts);
+            return self.carried_unroll(vec![s], state, opts);
         }
         if self.residual == Residual::Sequential {
             // A compressive stack adds its attention-reconstruction loss (the LM loss is

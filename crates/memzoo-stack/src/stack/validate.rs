@@ -30,6 +30,9 @@ impl XlConfig {
         if let Some(r) = &self.rmt {
             r.validate(self)?;
         }
+        if let Some(r) = &self.block_recurrent {
+            r.validate(self)?;
+        }
         if self.d_head == Some(0) {
             return bad("d_head must be positive, got 0".into());
         }
@@ -37,6 +40,7 @@ impl XlConfig {
             let other = [
                 (self.compressive.is_some(), "a compressive stack"),
                 (self.rmt.is_some(), "an RMT stack"),
+                (self.block_recurrent.is_some(), "a Block-Recurrent stack"),
                 (self.residual == Residual::Reversible, "a reversible stack"),
             ];
             if let Some((_, what)) = other.iter().find(|(is, _)| *is) {
