@@ -342,12 +342,12 @@ fn block_recurrent_state_over_segments_matches_naive_replay() {
             next.extend(naive_step(rec, &x, &kx, &vx, rows(&c, b)[r]).1);
         }
         c = next;
-        let got = host(state.block_recurrent.state.clone().unwrap());
+        let got = host(state.block_recurrent.value.clone().unwrap());
         assert_close(&got, &c, 1e-4, &format!("state after segment {s}"));
         assert!(
             !state
                 .block_recurrent
-                .state
+                .value
                 .as_ref()
                 .unwrap()
                 .is_require_grad()
@@ -385,45 +385,21 @@ fn block_recurrent_state_is_carried_reset_and_checkpointed() {
     model
         .forward_state(tokens(2, 5, 0), &mut state, &[false, false])
         .unwrap();
-    let c = state.block_recurrent.state.clone().unwrap();
+    let c = state.block_recurrent.value.clone().unwrap();
     assert_eq!(c.dims(), [2, S, D]);
     // The next segment with the carried state only (no XL memory), and with nothing.
-    let copy = |s: &XlState| {
+    let carried = |s: &XlState| {
         let mut c = XlState::new();
         c.block_recurrent = s.block_recurrent.clone();
         c
     };
-    let carried = host(
-        model
-            .forward_state(tokens(2, 5, 1), &mut copy(&state), &[false, true])
-            .unwrap(),
-    );
-    let fresh = host(
-        model
-            .forward_state(tokens(2, 5, 1), &mut XlState::new(), &[false, false])
-            .unwrap(),
-    );
-    let half = carried.len() / 2;
-    assert!(
-        max_abs_diff(&carried[..half], &fresh[..half]) > 1e-4,
-        "row 0 carries"
-    );
-    assert!(
-        max_abs_diff(&carried[half..], &fresh[half..]) < 1e-5,
-        "row 1 was reset"
-    );
-    let base = model.clone().without_carried_memory();
-    let read = host(
-        base.forward_state(tokens(2, 5, 1), &mut copy(&state), &[false, false])
-            .unwrap(),
-    );
-    assert!(max_abs_diff(&read, &fresh) < 1e-5, "no carried state");
+    assert_carried_and_reset(&model, &state, carried, tokens(2, 5, 1));
 
     let dir = std::env::temp_dir().join(format!("memzoo-brt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     TransformerXl::save_state(&state, &dir).unwrap();
     let back = model.load_state(&dir, &dev).unwrap();
-    assert_eq!(host(back.block_recurrent.state.unwrap()), host(c));
+    assert_eq!(host(back.block_recurrent.value.unwrap()), host(c));
     assert_eq!(back.xl.len(), 4);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -511,7 +487,7 @@ fn block_recurrent_backpropagates_through_blocks() {
             max_abs_diff(&cut, &g) > 1e-5,
             "{gate:?}: k = 3 reaches past the first block"
         );
-        assert!(!state.block_recurrent.state.unwrap().is_require_grad());
+        assert!(!state.block_recurrent.value.unwrap().is_require_grad());
     }
 }
 
@@ -633,7 +609,7 @@ fn block_recurrent_stack_with_knn_layers_trains_and_generates() {
             "every block's pairs in the kNN memory"
         );
         assert_eq!(
-            state.block_recurrent.state.as_ref().unwrap().dims(),
+            state.block_recurrent.value.as_ref().unwrap().dims(),
             [2, S, D]
         );
         // A row that starts a document clears its kNN memory and reads c_0.

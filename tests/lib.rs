@@ -483,3 +483,37 @@ pub fn assert_mentions(err: &dyn std::fmt::Display, parts: &[&str], what: &str) 
         assert!(err.contains(p), "{what}: `{p}` not in the error: {err}");
     }
 }
+
+/// The contract of a carried state (an RMT's memory, a Block-Recurrent state): after `state`'s
+/// segment, the next one (`next`, two rows, row 1 starting a document) read with the carried
+/// part alone (`carried(state)`) differs from a fresh read in row 0 and equals it in row 1;
+/// and the model `without_carried_memory()` reads as a fresh one.
+#[track_caller]
+pub fn assert_carried_and_reset(
+    model: &memzoo_stack::TransformerXl,
+    state: &memzoo_stack::XlState,
+    carried: impl Fn(&memzoo_stack::XlState) -> memzoo_stack::XlState,
+    next: Tensor<2, burn::tensor::Int>,
+) {
+    let read =
+        |m: &memzoo_stack::TransformerXl, s: &mut memzoo_stack::XlState, reset: [bool; 2]| {
+            host(m.forward_state(next.clone(), s, &reset).unwrap())
+        };
+    let with = read(model, &mut carried(state), [false, true]);
+    let fresh = read(model, &mut memzoo_stack::XlState::new(), [false, false]);
+    let half = with.len() / 2;
+    assert!(
+        max_abs_diff(&with[..half], &fresh[..half]) > 1e-4,
+        "row 0 carries"
+    );
+    assert!(
+        max_abs_diff(&with[half..], &fresh[half..]) < 1e-5,
+        "row 1 was reset"
+    );
+    let base = model.clone().without_carried_memory();
+    let without = read(&base, &mut carried(state), [false, false]);
+    assert!(
+        max_abs_diff(&without, &fresh) < 1e-5,
+        "without the carried state"
+    );
+}

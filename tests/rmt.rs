@@ -69,45 +69,21 @@ fn rmt_memory_is_carried_reset_and_checkpointed() {
         model
             .forward_state(tokens(2, 5, 0), &mut state, &[false, false])
             .unwrap();
-        let mem = state.rmt.tokens.clone().unwrap();
+        let mem = state.rmt.value.clone().unwrap();
         assert_eq!(mem.dims(), [2, 3, 16]);
-        let copy = |s: &XlState| {
+        let carried = |s: &XlState| {
             let mut c = XlState::new();
             c.rmt = s.rmt.clone();
             c
         };
-        let carried = host(
-            model
-                .forward_state(tokens(2, 5, 1), &mut copy(&state), &[false, true])
-                .unwrap(),
-        );
-        let fresh = host(
-            model
-                .forward_state(tokens(2, 5, 1), &mut XlState::new(), &[false, false])
-                .unwrap(),
-        );
-        let half = carried.len() / 2;
-        assert!(
-            max_abs_diff(&carried[..half], &fresh[..half]) > 1e-4,
-            "row 0 carries"
-        );
-        assert!(
-            max_abs_diff(&carried[half..], &fresh[half..]) < 1e-5,
-            "row 1 was reset"
-        );
-        let base = model.clone().without_carried_memory();
-        let read = host(
-            base.forward_state(tokens(2, 5, 1), &mut copy(&state), &[false, false])
-                .unwrap(),
-        );
-        assert!(max_abs_diff(&read, &fresh) < 1e-5, "no carried memory");
+        assert_carried_and_reset(&model, &state, carried, tokens(2, 5, 1));
 
         let dir =
             std::env::temp_dir().join(format!("memzoo-rmt-{}-{peer_layout}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         TransformerXl::save_state(&state, &dir).unwrap();
         let back = model.load_state(&dir, &dev).unwrap();
-        assert_eq!(host(back.rmt.tokens.unwrap()), host(mem));
+        assert_eq!(host(back.rmt.value.unwrap()), host(mem));
         let _ = std::fs::remove_dir_all(dir);
     }
 }
@@ -178,7 +154,7 @@ fn rmt_backpropagates_through_segments() {
         max_abs_diff(&cut, &g) > 1e-5,
         "k = 3 reaches past the first segment"
     );
-    assert!(!state.rmt.tokens.unwrap().is_require_grad());
+    assert!(!state.rmt.value.unwrap().is_require_grad());
 }
 
 fn batch(k: usize, rows: usize, len: usize) -> Vec<Batch> {

@@ -205,6 +205,17 @@ mod quality {
             let f = family(name).unwrap();
             let m = &f.peer_model;
             match &f.model {
+                FamilyModel::Xl(c) if f.name == "compressive" => {
+                    c.validate().unwrap();
+                    let cc = c.compressive.as_ref().expect("a compressive stack");
+                    assert_eq!(m["depth"], c.n_layers);
+                    assert_eq!(m["dim"], c.d_model);
+                    assert_eq!(m["heads"], c.n_heads);
+                    assert_eq!(m["mem_len"], c.mem_len);
+                    assert_eq!(m["cmem_len"], cc.cmem_len);
+                    assert_eq!(m["cmem_ratio"], cc.ratio);
+                    assert_eq!(m["seq_len"], f.tgt_len, "the peer's window is one segment");
+                }
                 FamilyModel::Xl(c) => {
                     c.validate().unwrap();
                     assert_eq!(m["n_layer"], c.n_layers);

@@ -62,7 +62,7 @@ use memzoo_relative::linear_rows;
 use serde::{Deserialize, Serialize};
 
 use crate::error::XlError;
-use crate::memory::XlState;
+use crate::memory::{Carried, XlState};
 use crate::stack::{
     Activation, LayerAttention, LayerContext, LayerKind, Replay, Residual, TAG_DROP_STATE_READ,
     Trace, TransformerXl, XlConfig, XlLayer, seeded_dropout,
@@ -191,30 +191,17 @@ pub struct BlockRecurrent {
 }
 
 /// The carried state of a Block-Recurrent Transformer, `c_τ`: `[batch, S, d_model]` (`None`: no
-/// block read yet). In the graph during a training unroll, detached otherwise.
-#[derive(Debug, Clone, Default)]
-pub struct RecurrentState {
-    /// The state after the last block.
-    pub state: Option<Tensor<3>>,
-}
-
-impl RecurrentState {
-    /// Cuts the state from the graph (the end of a backpropagation window).
-    pub fn detach(&mut self) {
-        self.state = self.state.take().map(Tensor::detach);
-    }
-}
+/// block read yet).
+pub type RecurrentState = Carried;
 
 impl BlockRecurrentConfig {
     /// Checks the settings against the stack's, naming the bad value.
     pub fn validate(&self, stack: &XlConfig) -> Result<(), XlError> {
         let bad = |m: String| Err(XlError::Config(m));
-        if self.state_len == 0 {
-            return bad("block_recurrent.state_len must be positive, got 0".into());
-        }
-        if self.bptt_segments == 0 {
-            return bad("block_recurrent.bptt_segments must be positive, got 0".into());
-        }
+        crate::stack::positive(&[
+            ("block_recurrent.state_len", self.state_len),
+            ("block_recurrent.bptt_segments", self.bptt_segments),
+        ])?;
         if self.layer >= stack.n_layers {
             return bad(format!(
                 "block_recurrent.layer ({}) must be below n_layers ({})",
@@ -553,7 +540,7 @@ impl TransformerXl {
         let mask = self.prepare(&tokens, state, reset)?;
         self.check_memory(batch, &state.xl)?;
         let resets = self.document_resets.then_some(reset);
-        let c = rec.read_state(state.block_recurrent.state.as_ref(), batch, resets)?;
+        let c = rec.read_state(state.block_recurrent.value.as_ref(), batch, resets)?;
         let contexts = self.contexts(batch, qlen, state.xl.len(), &mask, &device)?;
         let mut h = self.embed(tokens, opts)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
@@ -585,7 +572,7 @@ impl TransformerXl {
         drop(contexts);
         drop(stores);
         self.advance(state, &inputs, qlen);
-        state.block_recurrent.state = next.map(|c| if keep_graph { c } else { c.detach() });
+        state.block_recurrent.value = next.map(|c| if keep_graph { c } else { c.detach() });
         Ok(self.finish(h, opts))
     }
 }

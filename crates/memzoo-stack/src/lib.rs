@@ -48,7 +48,7 @@ pub use block_recurrent::{
 };
 pub use compressive::{CompressedMemory, Compression, CompressionKind, CompressiveConfig};
 pub use error::XlError;
-pub use memory::{XlMemory, XlState};
+pub use memory::{Carried, XlMemory, XlState};
 pub use memzoo_reformer::LshConfig;
 pub use presets::memorizing::{
     MemorizingConfig, MemorizingState, MemorizingTransformer, recall_reference,

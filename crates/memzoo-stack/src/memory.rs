@@ -207,3 +207,19 @@ impl XlState {
         })
     }
 }
+
+/// A tensor a stack carries from segment to segment in its [`XlState`] (an RMT's written
+/// memory, a Block-Recurrent layer's state), `[batch, n, d_model]`; `None` before the first
+/// segment. In the graph during a training unroll, detached otherwise.
+#[derive(Debug, Clone, Default)]
+pub struct Carried {
+    /// The tensor after the last segment.
+    pub value: Option<Tensor<3>>,
+}
+
+impl Carried {
+    /// Cuts the tensor from the graph (the end of a backpropagation window).
+    pub fn detach(&mut self) {
+        self.value = self.value.take().map(Tensor::detach);
+    }
+}

@@ -49,7 +49,7 @@ use memzoo_reformer::ForwardOptions;
 use memzoo_relative::AttentionMask;
 
 use crate::error::XlError;
-use crate::memory::XlState;
+use crate::memory::{Carried, XlState};
 use crate::stack::{LayerKind, ProbeLayout, Residual, Trace, TransformerXl, XlConfig};
 
 /// Settings of the Recurrent Memory Transformer ([`XlConfig::rmt`](crate::XlConfig::rmt)).
@@ -101,31 +101,17 @@ pub struct Rmt {
 }
 
 /// The carried memory of a Recurrent Memory Transformer: the last segment's written memory
-/// `H^mem_{τ+1}`, `[batch, m, d_model]` (`None`: no segment read yet). In the graph during a
-/// training unroll, detached otherwise.
-#[derive(Debug, Clone, Default)]
-pub struct RmtMemory {
-    /// The written memory of the last segment.
-    pub tokens: Option<Tensor<3>>,
-}
-
-impl RmtMemory {
-    /// Cuts the memory from the graph (the end of a backpropagation window).
-    pub fn detach(&mut self) {
-        self.tokens = self.tokens.take().map(Tensor::detach);
-    }
-}
+/// `H^mem_{τ+1}`, `[batch, m, d_model]` (`None`: no segment read yet).
+pub type RmtMemory = Carried;
 
 impl RmtConfig {
     /// Checks the settings against the stack's, naming the bad value.
     pub fn validate(&self, stack: &XlConfig) -> Result<(), XlError> {
         let bad = |m: String| Err(XlError::Config(m));
-        if self.mem_tokens == 0 {
-            return bad("rmt.mem_tokens must be positive, got 0".into());
-        }
-        if self.bptt_segments == 0 {
-            return bad("rmt.bptt_segments must be positive, got 0".into());
-        }
+        crate::stack::positive(&[
+            ("rmt.mem_tokens", self.mem_tokens),
+            ("rmt.bptt_segments", self.bptt_segments),
+        ])?;
         if stack.mem_len != 0 {
             return bad(format!(
                 "rmt stacks carry memory tokens, not an XL memory: mem_len must be 0, got {}",
@@ -302,7 +288,7 @@ impl TransformerXl {
         let m = rmt.config.mem_tokens;
         let fresh = rmt.fresh(batch);
         // H^mem_τ: the carried memory, a fresh one for rows that start a document.
-        let mem = match (&state.rmt.tokens, rmt.carry) {
+        let mem = match (&state.rmt.value, rmt.carry) {
             (Some(t), true) => {
                 if t.dims() != [batch, m, self.d_model] {
                     return Err(XlError::Input(format!(
@@ -340,7 +326,7 @@ impl TransformerXl {
             Some(norm) => norm.forward(written),
             None => written,
         };
-        state.rmt.tokens = Some(match keep_graph {
+        state.rmt.value = Some(match keep_graph {
             true => written,
             false => written.detach(),
         });

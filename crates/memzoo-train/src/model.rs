@@ -70,14 +70,14 @@ impl SegmentModel for TransformerXl {
                 .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))?;
         }
         // A Recurrent Memory Transformer's carried memory tokens.
-        if let Some(tokens) = &state.rmt.tokens {
+        if let Some(tokens) = &state.rmt.value {
             save_tensors(
                 &dir.join("rmt_memory.safetensors"),
                 std::slice::from_ref(tokens),
             )?;
         }
         // A Block-Recurrent Transformer's carried state.
-        if let Some(c) = &state.block_recurrent.state {
+        if let Some(c) = &state.block_recurrent.value {
             save_tensors(
                 &dir.join("block_recurrent_state.safetensors"),
                 std::slice::from_ref(c),
@@ -131,7 +131,7 @@ impl SegmentModel for TransformerXl {
                     tokens.len()
                 )));
             }
-            state.rmt.tokens = tokens.pop();
+            state.rmt.value = tokens.pop();
         }
         let recurrent = dir.join("block_recurrent_state.safetensors");
         if recurrent.exists() {
@@ -143,7 +143,7 @@ impl SegmentModel for TransformerXl {
                     states.len()
                 )));
             }
-            state.block_recurrent.state = states.pop();
+            state.block_recurrent.value = states.pop();
         }
         let valid = dir.join("xl_valid.json");
         if valid.exists() {

@@ -32,6 +32,7 @@ mod random;
 mod trace;
 mod train;
 mod validate;
+pub(crate) use validate::positive;
 
 pub use block::*;
 pub use compat::*;

@@ -7,17 +7,13 @@ impl XlConfig {
     /// Checks every field, naming the bad value.
     pub fn validate(&self) -> Result<(), XlError> {
         let bad = |m: String| Err(XlError::Config(m));
-        for (name, v) in [
+        positive(&[
             ("vocab_size", self.vocab_size),
             ("d_model", self.d_model),
             ("n_layers", self.n_layers),
             ("n_heads", self.n_heads),
             ("d_inner", self.d_inner),
-        ] {
-            if v == 0 {
-                return bad(format!("{name} must be positive, got 0"));
-            }
-        }
+        ])?;
         if self.d_head.is_none() && !self.d_model.is_multiple_of(self.n_heads) {
             return bad(format!(
                 "d_model ({}) is not divisible by n_heads ({}); set d_head explicitly or change one",
@@ -276,5 +272,13 @@ impl XlConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Each `(name, value)` is positive, else an error naming the first that is 0.
+pub(crate) fn positive(fields: &[(&str, usize)]) -> Result<(), XlError> {
+    match fields.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(XlError::Config(format!("{name} must be positive, got 0"))),
+        None => Ok(()),
     }
 }
