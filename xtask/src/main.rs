@@ -21,6 +21,7 @@
 //! [`quality`].
 
 mod attention;
+mod flops;
 mod generate;
 mod measure;
 mod memory;

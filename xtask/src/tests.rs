@@ -349,3 +349,57 @@ mod study {
         let _ = std::fs::remove_dir_all(&out);
     }
 }
+
+/// `flops::train_flops_per_token` against a count of every matrix product of one training
+/// segment of a tiny two-layer stack (one XL layer, one kNN layer with one key/value head),
+/// written out product by product: `(m, k, n)` costs `2 m k n`, batched products times their
+/// batch, the backward twice the forward.
+#[test]
+fn flops_per_token_match_a_hand_count() {
+    use memzoo_stack::{KnnLayerConfig, LayerKind, XlConfig};
+    let (b, t, m) = (2usize, 4usize, 3usize); // rows, segment, memory
+    let (d, h, e, f, v, k) = (8usize, 2usize, 4usize, 16usize, 10usize, 2usize);
+    let config = XlConfig::new()
+        .with_n_layers(2)
+        .with_d_model(d)
+        .with_n_heads(h)
+        .with_d_head(Some(e))
+        .with_d_inner(f)
+        .with_vocab_size(v)
+        .with_mem_len(m)
+        .with_kv_heads(Some(1))
+        .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
+        .with_knn(KnnLayerConfig::new().with_top_k(k));
+    let l = t + m; // keys: memory + segment
+    let mm = |m: usize, k: usize, n: usize| 2 * m * k * n;
+    let g = 1; // key/value heads
+    // Layer 0 (XL): Q of the segment, K and V of memory + segment, W_R of the L relative
+    // positions (once for all rows), per (row, head) q·k, (q + v)·r and p·v, the output.
+    let xl = mm(b * t, d, h * e)
+        + mm(b * l, d, 2 * g * e)
+        + mm(l, d, h * e)
+        + b * h * (mm(t, e, l) + mm(t, e, l) + mm(t, l, e))
+        + mm(b * t, h * e, d)
+        + mm(b * t, d, f)
+        + mm(b * t, f, d);
+    // Layer 1 (kNN): the same without positions (T5 is a bias), and per (row, token, head)
+    // the k retrieved keys' scores and values.
+    let knn = mm(b * t, d, h * e)
+        + mm(b * l, d, 2 * g * e)
+        + b * h * (mm(t, e, l) + mm(t, l, e))
+        + b * t * h * (mm(1, e, k) + mm(1, k, e))
+        + mm(b * t, h * e, d)
+        + mm(b * t, d, f)
+        + mm(b * t, f, d);
+    let head = mm(b * t, d, v);
+    let hand = 3.0 * (xl + knn + head) as f64 / (b * t) as f64;
+    let counted = crate::flops::train_flops_per_token(&config, t, b);
+    assert!(
+        (counted - hand).abs() < 1e-9 * hand,
+        "counted {counted}, by hand {hand}"
+    );
+    // XL-small: about 42 MFLOP per trained token (issue 27).
+    let small =
+        crate::flops::train_flops_per_token(&XlConfig::small().with_untie_rel_bias(true), 128, 8);
+    assert!((40e6..43e6).contains(&small), "{small}");
+}
