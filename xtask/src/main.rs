@@ -5,6 +5,8 @@
 //! cargo xtask bench models --compare peers.jsonl
 //! cargo xtask bench attention generate --quick --out bench/run.jsonl   # + SVG plots in bench/
 //! cargo xtask bench memory-crossover            # exact vs HNSW per stored size (MEMZOO_BENCH_*)
+//! cargo xtask bench scale [--families xl,memorizing,reformer] [--quick] [--no-peers]
+//!     [--out FILE.jsonl] [--plot DIR]           # cost against memory / store / sequence length
 //! cargo xtask bench reformer-step-6-rev-2048-128   # one Reformer step, reversible or plain
 //! cargo xtask bench quality [--families xl,reformer,memorizing] [--steps 400]
 //!     [--eval-at 50,100,200,300,400] [--out FILE.jsonl] [--plot DIR] [--no-peers] [--data PATH]
@@ -28,6 +30,7 @@ mod memory;
 mod models;
 mod plot;
 mod quality;
+mod scale;
 mod study;
 mod study_report;
 #[cfg(test)]
@@ -201,6 +204,20 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 quality::run(&args, &device)?;
                 continue;
             }
+            "scale" => {
+                for m in scale::suite(&args, &device)? {
+                    emit(&m, args.out.as_ref())?;
+                    results.push(m);
+                }
+                continue;
+            }
+            point if point.starts_with("scale-") => {
+                for m in scale::point(point, &args, &device)? {
+                    emit(&m, args.out.as_ref())?;
+                    results.push(m);
+                }
+                continue;
+            }
             other => vec![other],
         };
         for config in configs {
@@ -240,7 +257,10 @@ fn bench(args: BenchArgs) -> Result<(), String> {
             .map(|p| p.parent().map(PathBuf::from).unwrap_or_default())
     });
     if let Some(dir) = plot_dir {
-        for path in plot::write_plots(&results, &dir)? {
+        for path in plot::write_plots(&results, &dir)?
+            .into_iter()
+            .chain(scale::write_plots(&results, &dir)?)
+        {
             eprintln!("plot: {}", path.display());
         }
     }

@@ -71,7 +71,7 @@ fn replicas(args: &BenchArgs, device: &Device, batch: usize) -> usize {
 
 /// The XL-small preset (`XlConfig::small`) as the peers' reference run has it: no dropout, `u`/`v`
 /// per layer.
-fn bench_xl() -> XlConfig {
+pub(crate) fn bench_xl() -> XlConfig {
     XlConfig::small()
         .with_dropout(0.0)
         .with_untie_rel_bias(true)
