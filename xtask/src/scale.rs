@@ -100,11 +100,7 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
             }
             "memorizing" => {
                 let max = xs.iter().copied().max().unwrap_or(0);
-                let keys = model_keys(max + 512, device)?;
-                let path = std::env::temp_dir()
-                    .join(format!("memzoo-scale-keys-{}.f32", std::process::id()));
-                let bytes: Vec<u8> = keys.iter().flat_map(|x| x.to_le_bytes()).collect();
-                std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+                let path = keys_file(max + 512, device)?;
                 let env = [("MEMZOO_SCALE_KEYS", path.display().to_string())];
                 for &n in &xs {
                     for kind in ["exact", "hnsw"] {
@@ -112,7 +108,6 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                         out.extend(child(&target, args, &env)?);
                     }
                 }
-                let _ = std::fs::remove_file(&path);
             }
             "reformer" => {
                 let mut peer_ok = !args.no_peers;
@@ -200,7 +195,11 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
         eprintln!("scale: no {} (bash ../shared/peers/setup.sh): no peer", python.display());
         return Ok(Vec::new());
     }
-    let (warmup, steps) = steps(args);
+    let (warmup, steps) = if point[0] == "reformer" {
+        (1, args.steps.unwrap_or(1))
+    } else {
+        steps(args)
+    };
     eprintln!("scale: peer {}", point.join(" "));
     let output = Command::new("nice")
         .args(["-n", "5"])
@@ -444,6 +443,22 @@ fn model_keys(n: usize, device: &Device) -> Result<Vec<f32>, String> {
     Ok(keys)
 }
 
+/// The file of [`model_keys`] for `n` keys (little-endian `f32`, `[n, 32]`), written into the
+/// temporary directory on the first run and reused after (the keys are deterministic: seed 0,
+/// the same text; delete `memzoo-scale-keys-*.f32` after changing the model's code).
+fn keys_file(n: usize, device: &Device) -> Result<PathBuf, String> {
+    let path = std::env::temp_dir().join(format!("memzoo-scale-keys-{n}.f32"));
+    let d = MemorizingConfig::small().memory().d_head;
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() == (n * d * 4) as u64) {
+        eprintln!("scale: the model's keys from {}", path.display());
+        return Ok(path);
+    }
+    let keys = model_keys(n, device)?;
+    let bytes: Vec<u8> = keys.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
 /// Memorizing-small trained with its kNN stores (`kind`) filled with `stored` of the model's
 /// keys per row (`MEMZOO_SCALE_KEYS`, written by the suite); HNSW points also measure recall@32
 /// of row 0's store against exact search over the same keys.
@@ -461,7 +476,8 @@ fn memorizing_point(
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
-    let (warmup, steps) = steps(args);
+    // One warm-up and two timed steps unless given: a step searches the whole store.
+    let (warmup, steps) = (args.warmup.unwrap_or(1), args.steps.unwrap_or(2));
     let config = memorizing_config(kind, stored, (warmup + steps) * len);
     let d = config.memory().d_head;
     let heads = config.xl.n_heads;
@@ -632,6 +648,14 @@ pub fn markdown(results: &[Measurement]) -> String {
                 xb as f64 / xa as f64,
                 time.ln() / (xb as f64 / xa as f64).ln(),
             );
+            let search = |m: &Measurement| m.config.get("search_s").and_then(|v| v.as_f64());
+            if let (Some(sa), Some(sb)) = (search(a), search(b)) {
+                s += &format!(
+                    "search of one segment x{:.2} (log-log slope {:.2})\n",
+                    sb / sa,
+                    (sb / sa).ln() / (xb as f64 / xa as f64).ln()
+                );
+            }
         }
     }
     s
