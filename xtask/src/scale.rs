@@ -46,8 +46,8 @@ use memzoo_memory::keys::{fill, recall, retrieved_ids, segment_tensors};
 use memzoo_memory::{IndexKind, KnnMemoryConfig};
 use memzoo_stack::{MemorizingConfig, ReformerConfig, XlMemory, XlState};
 use memzoo_train::Segment;
-use memzoo_train::parallel::{eval_step_sharded, shard_rows, train_step_sharded};
 use memzoo_train::TrainConfig;
+use memzoo_train::parallel::{eval_step_sharded, shard_rows, train_step_sharded};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::BenchArgs;
@@ -192,7 +192,10 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
     let python = PathBuf::from(home).join(format!(".cache/memzoo-peers/{venv}/bin/python"));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/scale.py");
     if !python.exists() {
-        eprintln!("scale: no {} (bash ../shared/peers/setup.sh): no peer", python.display());
+        eprintln!(
+            "scale: no {} (bash ../shared/peers/setup.sh): no peer",
+            python.display()
+        );
         return Ok(Vec::new());
     }
     let (warmup, steps) = if point[0] == "reformer" {
@@ -206,7 +209,12 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
         .arg(python)
         .arg(script)
         .args(point)
-        .args(["--warmup", &warmup.to_string(), "--steps", &steps.to_string()])
+        .args([
+            "--warmup",
+            &warmup.to_string(),
+            "--steps",
+            &steps.to_string(),
+        ])
         .env("OMP_NUM_THREADS", args.threads.to_string())
         .env("OMP_WAIT_POLICY", "PASSIVE")
         .output()
@@ -227,10 +235,7 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
 pub fn point(target: &str, args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, String> {
     let bad = || format!("bad target `{target}`");
     let parts: Vec<&str> = target.split('-').collect();
-    let x: usize = parts
-        .last()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(bad)?;
+    let x: usize = parts.last().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
     match parts.get(1..parts.len() - 1) {
         Some(["xl", mode]) => Ok(vec![xl_point(*mode == "train", x, args, device)?]),
         Some(["memorizing", kind]) => {
@@ -398,9 +403,11 @@ fn model_keys(n: usize, device: &Device) -> Result<Vec<f32>, String> {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tinyshakespeare.txt");
     let text: Vec<u8> = match std::fs::read(&data) {
         Ok(t) => t,
-        Err(_) => memzoo_data::generate_corpus(&memzoo_data::LongRangeConfig::default())
-            .map_err(|e| e.to_string())?
-            .train,
+        Err(_) => {
+            memzoo_data::generate_corpus(&memzoo_data::LongRangeConfig::default())
+                .map_err(|e| e.to_string())?
+                .train
+        }
     };
     if text.len() < rows * (per_row + 1) {
         return Err(format!(
@@ -482,7 +489,11 @@ fn memorizing_point(
     let d = config.memory().d_head;
     let heads = config.xl.n_heads;
     if keys.len() < (stored + len) * d {
-        return Err(format!("{path} holds {} keys, {} needed", keys.len() / d, stored + len));
+        return Err(format!(
+            "{path} holds {} keys, {} needed",
+            keys.len() / d,
+            stored + len
+        ));
     }
     let device = device.clone().autodiff();
     let mut model = config.init(&device).map_err(|e| e.to_string())?;
@@ -616,7 +627,12 @@ pub fn markdown(results: &[Measurement]) -> String {
                 .config
                 .get("recall_at_k")
                 .and_then(|r| r.as_f64())
-                .map(|r| format!("recall@32 {r:.3}, search {:.3} s", m.config["search_s"].as_f64().unwrap_or(0.0)))
+                .map(|r| {
+                    format!(
+                        "recall@32 {r:.3}, search {:.3} s",
+                        m.config["search_s"].as_f64().unwrap_or(0.0)
+                    )
+                })
                 .unwrap_or_default();
             let (ptps, prss, ratio) = match peer_of(x) {
                 Some(p) => (
@@ -701,13 +717,20 @@ pub fn write_plots(results: &[Measurement], dir: &Path) -> Result<Vec<PathBuf>, 
     for (chart, rate, memory) in charts {
         let (title, x_label) = match chart.as_str() {
             "xl" => ("XL-small", "memory length (tokens)"),
-            "memorizing" => ("Memorizing-small training", "kNN store size per row (pairs)"),
+            "memorizing" => (
+                "Memorizing-small training",
+                "kNN store size per row (pairs)",
+            ),
             "reformer" => ("Reformer-small training", "sequence length (tokens)"),
             _ => (chart.as_str(), "x"),
         };
         for (file, y_label, series) in [
             (format!("scale-{chart}.svg"), "tokens / s", rate),
-            (format!("scale-{chart}-memory.svg"), "peak RSS (MiB)", memory),
+            (
+                format!("scale-{chart}-memory.svg"),
+                "peak RSS (MiB)",
+                memory,
+            ),
         ] {
             let path = dir.join(file);
             let svg = line_chart(&format!("{title} ({backend})"), x_label, y_label, &series);

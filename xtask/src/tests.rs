@@ -403,3 +403,49 @@ fn flops_per_token_match_a_hand_count() {
         crate::flops::train_flops_per_token(&XlConfig::small().with_untie_rel_bias(true), 128, 8);
     assert!((40e6..43e6).contains(&small), "{small}");
 }
+
+/// `bench scale`'s table pairs each point with the peer's at the same x and states the growth
+/// between the first and the last point; its charts are one per curve.
+#[test]
+fn scale_table_pairs_points_with_the_peer() {
+    let line = |imp: &str, x: usize, tps: f64, step: f64| Measurement {
+        name: format!("scale-xl-train-{x}"),
+        implementation: imp.into(),
+        config: serde_json::json!({"curve": "xl-train", "x": x}),
+        tokens_per_s: tps,
+        step_s_median: step,
+        flops_per_token: (imp == "memzoo").then_some(1e6 * x as f64),
+        ..Default::default()
+    };
+    let results = vec![
+        line("memzoo", 128, 1000.0, 1.0),
+        line("HF TransfoXL", 128, 400.0, 2.5),
+        line("memzoo", 512, 500.0, 2.0),
+    ];
+    let table = crate::scale::markdown(&results);
+    assert!(table.contains("| 128 | 1000 |"), "{table}");
+    assert!(
+        table.contains("| 400 |") && table.contains("| 2.50x |"),
+        "{table}"
+    );
+    // No peer at 512: dashes.
+    assert!(table.contains("| - | - | - |"), "{table}");
+    // Step time x2 over 4x the memory: slope 0.5; FLOPs per step x4.
+    assert!(
+        table.contains("step time x2.00 (log-log slope 0.50), FLOPs per step x4.00"),
+        "{table}"
+    );
+    let dir = std::env::temp_dir().join(format!("memzoo-scale-plot-{}", std::process::id()));
+    let files = crate::scale::write_plots(&results, &dir).unwrap();
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["scale-xl.svg", "scale-xl-memory.svg"]);
+    let svg = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(
+        svg.contains("memzoo train") && svg.contains("HF TransfoXL train"),
+        "{svg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
