@@ -10,6 +10,11 @@ Usage: scale.py CURVE MODE X [--warmup W] [--steps S] [--mem-budget-gb G]
                       clamp_len, the memory filled with N(0, 1) hidden states before the first
                       step (as memzoo's side). train: zero_grad + forward + loss + backward +
                       AdamW; eval: forward under no_grad, memory carried.
+  xl generate CTX     HF TransfoXL, the same XL-small with mem_len CTX + steps, batch 1: the prompt
+                      of CTX random tokens read in one forward, then --steps tokens greedily, one
+                      token per forward with `mems` (what its `generate` does after the prompt:
+                      prepare_inputs_for_generation feeds the last token and the mems), under
+                      no_grad; the prompt is not timed. tokens_per_s = 1 / median token time.
   reformer train LEN  reformer-pytorch ReformerLM (~/.cache/memzoo-peers/venv/bin/python) as
                       bench_peers.py's `reformer-small` (6 x 256, 8 heads x 32, bucket 64,
                       4 rounds, causal, reversible, ff_chunks 16, axial positions) at length
@@ -105,10 +110,44 @@ def build_reformer(seq):
     return step, seq, {"impl": "reformer-pytorch", "seq": seq, "reversible": True, "batch": 1}
 
 
+def generate_xl(context, tokens):
+    import torch
+    import transformers
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+    conf = TransfoXLConfig(vocab_size=VOCAB, cutoffs=[], d_model=256, d_embed=256, n_head=8,
+                           d_head=32, d_inner=1024, div_val=1, pre_lnorm=False, n_layer=6,
+                           mem_len=context + tokens, clamp_len=0, same_length=False,
+                           adaptive=False, dropout=0.0, dropatt=0.0, untie_r=True,
+                           tie_word_embeddings=True)
+    model = TransfoXLLMHeadModel(conf).eval()
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (1, context), generator=g)
+    times = []
+    with torch.no_grad():
+        reset_peak()
+        out = model(input_ids=prompt)
+        mems = out.mems
+        token = out.prediction_scores[:, -1:].argmax(-1)
+        for _ in range(tokens):
+            t0 = time.perf_counter()
+            out = model(input_ids=token, mems=mems)
+            mems = out.mems
+            token = out.prediction_scores[:, -1:].argmax(-1)
+            times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    info = {"impl": "HF TransfoXL", "transformers": transformers.__version__, "context": context,
+            "tokens": tokens, "mem_len": context + tokens, "curve": "generate", "x": context}
+    print(json.dumps({"name": f"scale-generate-{context}", "implementation": "HF TransfoXL",
+                      "backend": "torch " + torch.__version__, "threads": 2, "config": info,
+                      "steps": tokens, "step_s_median": med, "step_s_min": min(times),
+                      "step_s_max": max(times), "tokens_per_s": 1.0 / med,
+                      "peak_rss_mb": status_kb("VmHWM") / 1024.0}))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("curve", choices=["xl", "reformer"])
-    ap.add_argument("mode", choices=["train", "eval"])
+    ap.add_argument("mode", choices=["train", "eval", "generate"])
     ap.add_argument("x", type=int)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
@@ -121,6 +160,9 @@ def main():
         lim = int(status_kb("VmSize") * 1024 + a.mem_budget_gb * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
     curve = f"{a.curve}-{a.mode}" if a.curve == "xl" else a.curve
+    if a.mode == "generate":
+        generate_xl(a.x, a.steps)
+        return
     try:
         if a.curve == "xl":
             step, tokens, info = build_xl(a.x, a.mode == "train")

@@ -205,10 +205,8 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 continue;
             }
             "scale" => {
-                for m in scale::suite(&args, &device)? {
-                    emit(&m, args.out.as_ref())?;
-                    results.push(m);
-                }
+                // The suite prints and appends each point as it comes.
+                results.extend(scale::suite(&args, &device)?);
                 continue;
             }
             point if point.starts_with("scale-") => {
@@ -271,7 +269,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn emit<T: serde::Serialize>(m: &T, out: Option<&PathBuf>) -> Result<(), String> {
+pub(crate) fn emit<T: serde::Serialize>(m: &T, out: Option<&PathBuf>) -> Result<(), String> {
     let line = serde_json::to_string(m).map_err(|e| e.to_string())?;
     println!("{line}");
     if let Some(path) = out {

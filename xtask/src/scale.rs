@@ -6,7 +6,7 @@
 //!     [--steps N] [--warmup N] [--no-peers] [--out FILE.jsonl] [--plot DIR]
 //! ```
 //!
-//! Curves (`--families`; default `xl,memorizing`; `--lengths` overrides the x values of each):
+//! Curves (`--families`; default `xl,memorizing`, also `reformer` and `generate`; `--lengths` overrides the x values of each):
 //!
 //! - **`xl`**: XL-small (`bench xl-small`'s config: batch 8, segments of 128) against its
 //!   memory length, 128 -> 4,096 (quick: 128, 512). Training (forward + backward + AdamW) and
@@ -30,8 +30,16 @@
 //!   (about logarithmic) with HNSW.
 //! - **`reformer`**: Reformer-small (reversible, LSH bucket 64, 4 rounds, batch 1) against the
 //!   sequence length, 4K -> 64K (quick: 4K, 8K), one training step per point in its own
-//!   process. Expected growth: **n log n** (chunked attention is linear, the sort n log n; the
+//!   process; reformer-pytorch beside it (`xtask/peers/scale.py`, the peers' `venv`) until a
+//!   point fails: out of its 12 GiB address space or past 200 s. Expected growth: **n log n** (chunked attention is linear, the sort n log n; the
 //!   hashing's `n / 64` buckets per round make a small quadratic term, see [`crate::flops`]).
+//!
+//! - **`generate`**: XL-small generating 16 tokens (quick 8; `--steps`) after a prompt of
+//!   128 -> 4,096 tokens (quick: 128, 512), one token per step over a memory covering the
+//!   context (the key/value cache), greedy, batch 1, the prompt's reading not timed; HF
+//!   TransfoXL beside it, one token per forward with `mems` (what its `generate` does after the
+//!   prompt). Expected growth: time per token **linear** in the context (each token's keys
+//!   and values over the whole memory).
 //!
 //! Every line is a [`Measurement`] named `scale-<curve>-<x>`, its `implementation` memzoo or
 //! the peer, its `config` holding `curve` and `x`; the suite prints one table per curve and
@@ -65,6 +73,8 @@ fn points(curve: &str, args: &BenchArgs) -> Vec<usize> {
         ("memorizing", true) => vec![8_192, 32_768],
         ("memorizing", false) => vec![8_192, 16_384, 32_768, 65_536, 131_072, 262_144],
         ("reformer", true) => vec![4_096, 8_192],
+        ("generate", true) => vec![128, 512],
+        ("generate", false) => vec![128, 512, 1_024, 2_048, 4_096],
         _ => vec![4_096, 8_192, 16_384, 32_768, 65_536],
     }
 }
@@ -91,9 +101,9 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 for &mem in &xs {
                     for mode in ["train", "eval"] {
                         let target = format!("scale-xl-{mode}-{mem}");
-                        out.extend(child(&target, args, &[])?);
+                        keep(&mut out, args, child(&target, args, &[])?)?;
                         if !args.no_peers {
-                            out.extend(peer(&["xl", mode, &mem.to_string()], args)?);
+                            keep(&mut out, args, peer(&["xl", mode, &mem.to_string()], args)?)?;
                         }
                     }
                 }
@@ -105,30 +115,67 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 for &n in &xs {
                     for kind in ["exact", "hnsw"] {
                         let target = format!("scale-memorizing-{kind}-{n}");
-                        out.extend(child(&target, args, &env)?);
+                        keep(&mut out, args, child(&target, args, &env)?)?;
                     }
                 }
             }
             "reformer" => {
                 let mut peer_ok = !args.no_peers;
                 for &len in &xs {
-                    out.extend(child(&format!("scale-reformer-{len}"), args, &[])?);
+                    keep(
+                        &mut out,
+                        args,
+                        child(&format!("scale-reformer-{len}"), args, &[])?,
+                    )?;
                     if peer_ok {
                         let p = peer(&["reformer", "train", &len.to_string()], args)?;
                         peer_ok = !p.is_empty();
-                        out.extend(p);
+                        keep(&mut out, args, p)?;
+                        if !peer_ok {
+                            eprintln!("scale: the peer's Reformer curve stops at {len}");
+                        }
+                    }
+                }
+            }
+            "generate" => {
+                for &context in &xs {
+                    keep(
+                        &mut out,
+                        args,
+                        child(&format!("scale-generate-{context}"), args, &[])?,
+                    )?;
+                    if !args.no_peers {
+                        keep(
+                            &mut out,
+                            args,
+                            peer(&["xl", "generate", &context.to_string()], args)?,
+                        )?;
                     }
                 }
             }
             other => {
                 return Err(format!(
-                    "unknown curve `{other}`: expected xl, memorizing or reformer"
+                    "unknown curve `{other}`: expected xl, memorizing, reformer or generate"
                 ));
             }
         }
     }
     println!("{}", markdown(&out));
     Ok(out)
+}
+
+/// Prints a point's lines and appends them to `--out` as they come (a run cut short keeps its
+/// points), then keeps them for the tables and charts.
+fn keep(
+    out: &mut Vec<Measurement>,
+    args: &BenchArgs,
+    lines: Vec<Measurement>,
+) -> Result<(), String> {
+    for m in lines {
+        crate::emit(&m, args.out.as_ref())?;
+        out.push(m);
+    }
+    Ok(())
 }
 
 /// Runs `cargo xtask bench <target>` (this binary) with the suite's options; its JSON lines.
@@ -179,9 +226,12 @@ fn json_lines(stdout: &[u8]) -> Vec<Measurement> {
         .collect()
 }
 
+/// Seconds a peer's point may take (build, warm-up and steps) before it is stopped.
+const PEER_LIMIT_S: u64 = 200;
+
 /// The peer's point (`xtask/peers/scale.py CURVE MODE X`), with 2 threads under `nice`; no line
 /// when the venv is missing or the point fails (out of memory: the script's address-space
-/// limit), which ends the peer's curve.
+/// limit of 12 GiB; or longer than [`PEER_LIMIT_S`]), which ends the peer's Reformer curve.
 fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
     let home = std::env::var("HOME").unwrap_or_default();
     let venv = if point[0] == "xl" {
@@ -198,14 +248,16 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
         );
         return Ok(Vec::new());
     }
-    let (warmup, steps) = if point[0] == "reformer" {
-        (1, args.steps.unwrap_or(1))
-    } else {
-        steps(args)
+    let (warmup, steps) = match point {
+        ["reformer", ..] => (1, args.steps.unwrap_or(1)),
+        [_, "generate", ..] => (0, args.steps.unwrap_or(if args.quick { 8 } else { 16 })),
+        _ => steps(args),
     };
     eprintln!("scale: peer {}", point.join(" "));
-    let output = Command::new("nice")
-        .args(["-n", "5"])
+    // A point past PEER_LIMIT_S is killed (`timeout`): it gives no line and ends the curve.
+    let output = Command::new("timeout")
+        .arg(PEER_LIMIT_S.to_string())
+        .args(["nice", "-n", "5"])
         .arg(python)
         .arg(script)
         .args(point)
@@ -247,6 +299,7 @@ pub fn point(target: &str, args: &BenchArgs, device: &Device) -> Result<Vec<Meas
             Ok(vec![memorizing_point(kind, x, args, device)?])
         }
         Some(["reformer"]) => Ok(vec![reformer_point(x, args, device)?]),
+        Some(["generate"]) => Ok(vec![generate_point(x, args, device)?]),
         _ => Err(bad()),
     }
 }
@@ -588,6 +641,48 @@ fn reformer_point(len: usize, args: &BenchArgs, device: &Device) -> Result<Measu
     Ok(m)
 }
 
+/// XL-small (no dropout) generating after a prompt of `context` random tokens, one token per
+/// step over a memory covering the whole context (`segment_len` 1, `mem_len` = context +
+/// tokens: the key/value cache of `memzoo generate --segment-len 1`), greedy; the prompt's
+/// reading is not timed. `--steps` tokens (default 16, quick 8).
+fn generate_point(
+    context: usize,
+    args: &BenchArgs,
+    device: &Device,
+) -> Result<Measurement, String> {
+    use memzoo_train::generate::{GenerateConfig, SampleConfig, generate};
+    let tokens = args.steps.unwrap_or(if args.quick { 8 } else { 16 });
+    let config = memzoo_stack::XlConfig::small()
+        .with_dropout(0.0)
+        .with_mem_len(context + tokens);
+    let model = config.init(device).map_err(|e| e.to_string())?;
+    let params = model.num_params();
+    let mut rng = StdRng::seed_from_u64(0);
+    let prompt: Vec<i64> = (0..context).map(|_| rng.random_range(0..256)).collect();
+    let greedy = |tokens| {
+        GenerateConfig::new(tokens, 1).with_sampler(SampleConfig::new().with_temperature(0.0))
+    };
+    let err = |e: memzoo_train::generate::GenerateError| e.to_string();
+    generate(&model, &prompt[..context.min(64)], &greedy(2), device).map_err(err)?;
+    let run = generate(&model, &prompt, &greedy(tokens), device).map_err(err)?;
+    let flops = crate::flops::forward_flops_per_token(&config.clone().with_mem_len(context), 1, 1);
+    let mut m = measurement(
+        "generate",
+        context,
+        serde_json::json!({"model": "xl-small", "context": context, "tokens": tokens,
+            "segment_len": 1, "mem_len": context + tokens, "greedy": true, "batch": 1,
+            "prompt_read_excluded": true}),
+        &[run.seconds_per_token],
+        1,
+        params,
+        flops,
+        args,
+        device,
+    );
+    m.steps = tokens;
+    Ok(m)
+}
+
 /// Curve name, x, implementation of a scale line.
 fn key(m: &Measurement) -> Option<(String, usize)> {
     let curve = m.config.get("curve")?.as_str()?.to_string();
@@ -722,6 +817,7 @@ pub fn write_plots(results: &[Measurement], dir: &Path) -> Result<Vec<PathBuf>, 
                 "kNN store size per row (pairs)",
             ),
             "reformer" => ("Reformer-small training", "sequence length (tokens)"),
+            "generate" => ("XL-small generation, batch 1", "context (tokens)"),
             _ => (chart.as_str(), "x"),
         };
         for (file, y_label, series) in [
