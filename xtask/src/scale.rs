@@ -435,11 +435,19 @@ fn random_segment(batch: usize, len: usize, rng: &mut StdRng) -> Segment {
 fn memorizing_config(kind: IndexKind, stored: usize, room: usize) -> MemorizingConfig {
     let small = MemorizingConfig::small();
     let xl = small.xl.clone().with_dropout(0.0).with_kv_heads(Some(1));
+    // HNSW's search expansion as a store of `stored` gets by default (by size: the room for
+    // the timed steps must not move it to the next power of two).
+    let hnsw = small
+        .knn
+        .hnsw
+        .clone()
+        .with_expansion_search(Some(small.knn.hnsw.expansion_search_for(stored.max(1))));
     let knn = small
         .knn
         .clone()
         .with_index(kind)
-        .with_max_memories(stored + room);
+        .with_max_memories(stored + room)
+        .with_hnsw(hnsw);
     small
         .with_xl(xl)
         .with_xl_memory(false)
@@ -605,7 +613,8 @@ fn memorizing_point(
         &format!("memorizing-{kind_name}"),
         stored,
         serde_json::json!({"model": "memorizing-small", "stored_per_row": stored,
-            "index": kind_name, "hnsw": format!("{:?}", config.knn.hnsw), "seq": len,
+            "index": kind_name, "hnsw": format!("{:?}", config.knn.hnsw),
+            "expansion_search": config.knn.hnsw.expansion_search, "seq": len,
             "batch": batch, "top_k": k, "replicas": replicas, "fill_s": fill_s,
             "search_s": search_s, "recall_at_k": recall_at_k,
             "keys": "the untrained model's kNN-layer keys on tiny Shakespeare"}),
