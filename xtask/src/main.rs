@@ -5,7 +5,7 @@
 //! cargo xtask bench models --compare peers.jsonl
 //! cargo xtask bench attention generate --quick --out bench/run.jsonl   # + SVG plots in bench/
 //! cargo xtask bench memory-crossover            # exact vs HNSW per stored size (MEMZOO_BENCH_*)
-//! cargo xtask bench scale [--families xl,memorizing,reformer] [--quick] [--no-peers]
+//! cargo xtask bench scale [--families xl,memorizing,reformer,generate] [--quick] [--no-peers]
 //!     [--out FILE.jsonl] [--plot DIR]           # cost against memory / store / sequence length
 //! cargo xtask bench reformer-step-6-rev-2048-128   # one Reformer step, reversible or plain
 //! cargo xtask bench quality [--families xl,reformer,memorizing] [--steps 400]
@@ -88,8 +88,8 @@ pub struct BenchArgs {
     /// Append the JSON lines to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Sequence lengths of the attention suite / context lengths of the generate suite
-    /// (comma-separated), instead of the defaults.
+    /// Sequence lengths of the attention suite / context lengths of the generate suite / the
+    /// x values of `scale`'s curves (comma-separated), instead of the defaults.
     #[arg(long, value_delimiter = ',')]
     pub lengths: Option<Vec<usize>>,
     /// Write SVG plots of the attention and generate suites into this directory (default:
@@ -105,14 +105,15 @@ pub struct BenchArgs {
     #[arg(long)]
     pub real_keys: Option<PathBuf>,
     /// `quality`: the families to train (comma-separated: xl, reformer, memorizing; default:
-    /// all three).
+    /// all three). `scale`: the curves (xl, memorizing, reformer, generate; default: xl,
+    /// memorizing).
     #[arg(long, value_delimiter = ',')]
     pub families: Option<Vec<String>>,
     /// `quality`: the steps at which both sides score the whole validation split
     /// (comma-separated; default: 50, 100, 200, 300, 400 within --steps, and --steps).
     #[arg(long, value_delimiter = ',')]
     pub eval_at: Option<Vec<usize>>,
-    /// `quality`: memzoo only, no PyTorch peer.
+    /// `quality`, `scale`: memzoo only, no PyTorch peer.
     #[arg(long)]
     pub no_peers: bool,
     /// `quality`: the seed of both sides (initialisation, data order, dropout). Default: 0.

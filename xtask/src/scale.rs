@@ -2,49 +2,51 @@
 //! by side with the PyTorch peer where it runs (issue 27).
 //!
 //! ```text
-//! cargo xtask bench scale [--families xl,memorizing,reformer] [--quick] [--lengths ...]
+//! cargo xtask bench scale [--families xl,memorizing,reformer,generate] [--quick] [--lengths ...]
 //!     [--steps N] [--warmup N] [--no-peers] [--out FILE.jsonl] [--plot DIR]
 //! ```
 //!
-//! Curves (`--families`; default `xl,memorizing`, also `reformer` and `generate`; `--lengths` overrides the x values of each):
+//! Curves (`--families`; default `xl,memorizing`; `--lengths` overrides the x values of each):
 //!
 //! - **`xl`**: XL-small (`bench xl-small`'s config: batch 8, segments of 128) against its
 //!   memory length, 128 -> 4,096 (quick: 128, 512). Training (forward + backward + AdamW) and
-//!   evaluation (forward) tokens/s and peak RSS, each point in its own process, the memory
-//!   filled (random hidden states of the full length) before the first step. HF TransfoXL
-//!   4.37.2 beside it at the same points with the same filled memory (`xtask/peers/scale.py`,
-//!   run with `~/.cache/memzoo-peers/venv-tfxl`; `bench_peers.py` has no memory-length
-//!   option). Expected growth: **linear** in the memory length (keys, values and scores over
+//!   evaluation (forward) tokens/s and peak RSS, the memory filled (random hidden states of
+//!   the full length) before the first step. HF TransfoXL 4.37.2 beside it at the same points
+//!   with the same filled memory (`xtask/peers/scale.py`, run with
+//!   `~/.cache/memzoo-peers/venv-tfxl`; `bench_peers.py` has no memory-length option).
+//!   Expected growth: **linear** in the memory length (keys, values and scores over
 //!   `mem + 128` keys, the memory's keys and values recomputed each segment): the table
-//!   compares each point's step time with the FLOP count's prediction ([`crate::flops`]).
+//!   compares the step time's growth with the FLOP count's ([`crate::flops`]).
 //! - **`memorizing`**: Memorizing-small (`bench memorizing-small`'s config: batch 2, seq 512,
 //!   kNN layer 4, top-32, multi-query) against the kNN store size per row, 8K -> 262K (quick:
-//!   8K, 32K), exact and HNSW (the preset's `HnswConfig`), each point in its own process. The
-//!   stores are filled with **the model's own keys**: the kNN layer's normalised keys of the
-//!   untrained Memorizing-small (seed 0) reading tiny Shakespeare (8 rows of ~33K bytes,
-//!   row by row; the generated corpus where `../shared` is missing), so HNSW is measured on
-//!   the key distribution it serves. Each HNSW point also reports recall@32 of the model's
-//!   store (row 0) against an exact search over the same keys, with the next 512 keys of the
-//!   text as queries (real queries are not stored; queries and keys share the unit sphere).
-//!   Expected growth: search **linear** in the store size with exact search, **sublinear**
-//!   (about logarithmic) with HNSW.
+//!   8K, 32K), exact and HNSW (the preset's connectivity; the search expansion of a store of
+//!   that size, `HnswConfig::expansion_search_for`). The stores are filled with **the model's
+//!   own keys**: the kNN layer's normalised keys of the untrained Memorizing-small (seed 0)
+//!   reading tiny Shakespeare (8 rows of ~33K bytes, row by row; the generated corpus where
+//!   `../shared` is missing; kept in the temporary directory, see [`keys_file`]). Each point
+//!   also times one search of the next 512 keys of the text (real queries are not stored;
+//!   queries and keys share the unit sphere) against row 0's store, and each HNSW point its
+//!   recall@32 against an exact search over the same keys. Expected growth: search **linear**
+//!   in the store size with exact search, **sublinear** (about logarithmic) with HNSW at a
+//!   fixed expansion.
 //! - **`reformer`**: Reformer-small (reversible, LSH bucket 64, 4 rounds, batch 1) against the
-//!   sequence length, 4K -> 64K (quick: 4K, 8K), one training step per point in its own
-//!   process; reformer-pytorch beside it (`xtask/peers/scale.py`, the peers' `venv`) until a
-//!   point fails: out of its 12 GiB address space or past 200 s. Expected growth: **n log n** (chunked attention is linear, the sort n log n; the
+//!   sequence length, 4K -> 64K (quick: 4K, 8K), one training step per point after a warm-up
+//!   step on a short sequence; reformer-pytorch beside it (`xtask/peers/scale.py`, the peers'
+//!   `venv`) until a point fails: out of its 12 GiB address space or past [`PEER_LIMIT_S`].
+//!   Expected growth: **n log n** (chunked attention is linear, the sort n log n; the
 //!   hashing's `n / 64` buckets per round make a small quadratic term, see [`crate::flops`]).
-//!
 //! - **`generate`**: XL-small generating 16 tokens (quick 8; `--steps`) after a prompt of
 //!   128 -> 2,048 tokens (quick: 128, 512; 4,096 with `--lengths`: memzoo's `Generator` reads
-//!   the prompt in segments of `segment_len`, here token by token, quadratic in the prompt), one token per step over a memory covering the
-//!   context (the key/value cache), greedy, batch 1, the prompt's reading not timed; HF
-//!   TransfoXL beside it, one token per forward with `mems` (what its `generate` does after the
-//!   prompt). Expected growth: time per token **linear** in the context (each token's keys
-//!   and values over the whole memory).
+//!   the prompt in segments of `segment_len`, here token by token, quadratic in the prompt),
+//!   one token per step over an XL memory covering the context, greedy, batch 1, the prompt's
+//!   reading not timed; HF TransfoXL beside it, one token per forward with `mems` (what its
+//!   `generate` does after the prompt). Expected growth: time per token **linear** in the
+//!   context (each token recomputes the memory's keys and values).
 //!
-//! Every line is a [`Measurement`] named `scale-<curve>-<x>`, its `implementation` memzoo or
-//! the peer, its `config` holding `curve` and `x`; the suite prints one table per curve and
-//! writes one SVG per curve (`scale-<curve>.svg`: tokens/s against x, log-log) beside `--out`.
+//! Every point runs in its own process (its own peak RSS). Every line is a [`Measurement`]
+//! named `scale-<curve>-<x>`, its `implementation` memzoo or the peer, its `config` holding
+//! `curve` and `x`, printed and appended to `--out` as it comes; the suite then prints one table
+//! per curve and writes two SVGs per curve beside `--out` ([`write_plots`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
