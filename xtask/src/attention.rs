@@ -115,6 +115,7 @@ pub fn one(target: &str, args: &BenchArgs, device: &Device) -> Result<Measuremen
         tokens_per_s: len as f64 / seconds,
         params: 0,
         peak_rss_mb: peak_kib as f64 / 1024.0,
+        ..Default::default()
     })
 }
 

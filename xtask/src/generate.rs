@@ -69,6 +69,7 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 tokens_per_s: 1.0 / s,
                 params,
                 peak_rss_mb: peak_rss_mb(),
+                ..Default::default()
             });
         }
     }

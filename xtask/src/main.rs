@@ -5,6 +5,8 @@
 //! cargo xtask bench models --compare peers.jsonl
 //! cargo xtask bench attention generate --quick --out bench/run.jsonl   # + SVG plots in bench/
 //! cargo xtask bench memory-crossover            # exact vs HNSW per stored size (MEMZOO_BENCH_*)
+//! cargo xtask bench scale [--families xl,memorizing,reformer,generate] [--quick] [--no-peers]
+//!     [--out FILE.jsonl] [--plot DIR]           # cost against memory / store / sequence length
 //! cargo xtask bench reformer-step-6-rev-2048-128   # one Reformer step, reversible or plain
 //! cargo xtask bench quality [--families xl,reformer,memorizing,compressive] [--steps 400]
 //!     [--eval-at 50,100,200,300,400] [--out FILE.jsonl] [--plot DIR] [--no-peers] [--data PATH]
@@ -21,12 +23,14 @@
 //! [`quality`].
 
 mod attention;
+mod flops;
 mod generate;
 mod measure;
 mod memory;
 mod models;
 mod plot;
 mod quality;
+mod scale;
 mod study;
 mod study_report;
 #[cfg(test)]
@@ -84,8 +88,8 @@ pub struct BenchArgs {
     /// Append the JSON lines to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Sequence lengths of the attention suite / context lengths of the generate suite
-    /// (comma-separated), instead of the defaults.
+    /// Sequence lengths of the attention suite / context lengths of the generate suite / the
+    /// x values of `scale`'s curves (comma-separated), instead of the defaults.
     #[arg(long, value_delimiter = ',')]
     pub lengths: Option<Vec<usize>>,
     /// Write SVG plots of the attention and generate suites into this directory (default:
@@ -101,14 +105,15 @@ pub struct BenchArgs {
     #[arg(long)]
     pub real_keys: Option<PathBuf>,
     /// `quality`: the families to train (comma-separated: xl, reformer, memorizing,
-    /// compressive; default: all four).
+    /// compressive; default: all four). `scale`: the curves (xl, memorizing, reformer,
+    /// generate; default: xl, memorizing).
     #[arg(long, value_delimiter = ',')]
     pub families: Option<Vec<String>>,
     /// `quality`: the steps at which both sides score the whole validation split
     /// (comma-separated; default: 50, 100, 200, 300, 400 within --steps, and --steps).
     #[arg(long, value_delimiter = ',')]
     pub eval_at: Option<Vec<usize>>,
-    /// `quality`: memzoo only, no PyTorch peer.
+    /// `quality`, `scale`: memzoo only, no PyTorch peer.
     #[arg(long)]
     pub no_peers: bool,
     /// `quality`: the seed of both sides (initialisation, data order, dropout). Default: 0.
@@ -200,6 +205,18 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 quality::run(&args, &device)?;
                 continue;
             }
+            "scale" => {
+                // The suite prints and appends each point as it comes.
+                results.extend(scale::suite(&args, &device)?);
+                continue;
+            }
+            point if point.starts_with("scale-") => {
+                for m in scale::point(point, &args, &device)? {
+                    emit(&m, args.out.as_ref())?;
+                    results.push(m);
+                }
+                continue;
+            }
             other => vec![other],
         };
         for config in configs {
@@ -239,7 +256,10 @@ fn bench(args: BenchArgs) -> Result<(), String> {
             .map(|p| p.parent().map(PathBuf::from).unwrap_or_default())
     });
     if let Some(dir) = plot_dir {
-        for path in plot::write_plots(&results, &dir)? {
+        for path in plot::write_plots(&results, &dir)?
+            .into_iter()
+            .chain(scale::write_plots(&results, &dir)?)
+        {
             eprintln!("plot: {}", path.display());
         }
     }
@@ -250,7 +270,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn emit<T: serde::Serialize>(m: &T, out: Option<&PathBuf>) -> Result<(), String> {
+pub(crate) fn emit<T: serde::Serialize>(m: &T, out: Option<&PathBuf>) -> Result<(), String> {
     let line = serde_json::to_string(m).map_err(|e| e.to_string())?;
     println!("{line}");
     if let Some(path) = out {

@@ -46,6 +46,20 @@ pub struct Measurement {
     /// Peak resident memory of the process (MiB).
     #[serde(default)]
     pub peak_rss_mb: f64,
+    /// Model FLOPs per token counted from the config (`flops::train_flops_per_token`: x3 for
+    /// training, x1 for an evaluation); model benchmarks only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flops_per_token: Option<f64>,
+    /// Achieved GFLOP/s: `flops_per_token` x `tokens_per_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gflops: Option<f64>,
+    /// The backend's own float32 matrix-product rate in the same process
+    /// (`flops::sgemm_gflops`, GFLOP/s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sgemm_gflops: Option<f64>,
+    /// `gflops / sgemm_gflops`: the fraction of the backend's matrix-product rate reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of_sgemm: Option<f64>,
 }
 
 /// Times `steps` calls of `step` after `warmup` untimed ones; returns the sorted durations (s).
@@ -107,12 +121,12 @@ fn proc_status_kb(key: &str) -> f64 {
 /// A Markdown table of the results.
 pub fn markdown(results: &[Measurement]) -> String {
     let mut s = String::from(
-        "| benchmark | backend | threads | step (median) | min..max | tokens/s | params | peak RSS |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| benchmark | backend | threads | step (median) | min..max | tokens/s | params | peak RSS | GFLOP/s (of sgemm) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     for m in results {
         s += &format!(
-            "| {} | {} | {} | {:.3} s | {:.3}..{:.3} | {} | {:.2} M | {:.0} MiB |\n",
+            "| {} | {} | {} | {:.3} s | {:.3}..{:.3} | {} | {:.2} M | {:.0} MiB | {} |\n",
             m.name,
             m.backend,
             m.threads,
@@ -121,7 +135,11 @@ pub fn markdown(results: &[Measurement]) -> String {
             m.step_s_max,
             rate(m.tokens_per_s),
             m.params as f64 / 1e6,
-            m.peak_rss_mb
+            m.peak_rss_mb,
+            match (m.gflops, m.of_sgemm, m.sgemm_gflops) {
+                (Some(g), Some(r), Some(s)) => format!("{g:.0} ({:.0}% of {s:.0})", 100.0 * r),
+                _ => "-".into(),
+            }
         );
     }
     s

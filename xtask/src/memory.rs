@@ -51,6 +51,7 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 tokens_per_s: tokens as f64 / seg,
                 params: 0,
                 peak_rss_mb: crate::measure::peak_rss_mb(),
+                ..Default::default()
             });
         }
     }
@@ -149,6 +150,7 @@ pub fn real_keys(
                 tokens_per_s: tokens as f64 / t.search_s,
                 params: 0,
                 peak_rss_mb: crate::measure::peak_rss_mb(),
+                ..Default::default()
             });
             if kind == IndexKind::Hnsw {
                 println!(
@@ -237,6 +239,7 @@ pub fn crossover(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, 
                 tokens_per_s: t as f64 / seg,
                 params: 0,
                 peak_rss_mb: crate::measure::peak_rss_mb(),
+                ..Default::default()
             });
         }
     }

@@ -14,7 +14,10 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use crate::BenchArgs;
 use crate::measure::{Measurement, median, peak_rss_kib, peak_rss_mb, rss_kib, time_steps};
 
-/// memzoo's measurement of steps of `tokens` tokens that took `times` seconds (sorted).
+/// memzoo's measurement of steps of `tokens` tokens that took `times` seconds (sorted), each
+/// `flops_per_token` model FLOPs per token ([`crate::flops`]), against `device`'s matrix-product
+/// rate.
+#[allow(clippy::too_many_arguments)]
 fn measured(
     name: String,
     args: &BenchArgs,
@@ -22,9 +25,11 @@ fn measured(
     times: &[f64],
     tokens: usize,
     params: usize,
+    flops_per_token: f64,
+    device: &Device,
 ) -> Measurement {
     let med = median(times);
-    Measurement {
+    let mut m = Measurement {
         name,
         implementation: "memzoo".into(),
         backend: args.device.clone(),
@@ -37,7 +42,10 @@ fn measured(
         tokens_per_s: tokens as f64 / med,
         params,
         peak_rss_mb: peak_rss_mb(),
-    }
+        ..Default::default()
+    };
+    crate::flops::annotate(&mut m, flops_per_token, device);
+    m
 }
 
 /// A segment of random byte tokens, `batch` rows of `len` (no document starts).
@@ -63,7 +71,7 @@ fn replicas(args: &BenchArgs, device: &Device, batch: usize) -> usize {
 
 /// The XL-small preset (`XlConfig::small`) as the peers' reference run has it: no dropout, `u`/`v`
 /// per layer.
-fn bench_xl() -> XlConfig {
+pub(crate) fn bench_xl() -> XlConfig {
     XlConfig::small()
         .with_dropout(0.0)
         .with_untie_rel_bias(true)
@@ -102,6 +110,8 @@ pub fn xl_small(args: &BenchArgs, device: &Device) -> Result<Measurement, String
         &times,
         batch * tgt_len,
         params,
+        crate::flops::train_flops_per_token(&config, tgt_len, batch),
+        &device,
     ))
 }
 
@@ -130,6 +140,8 @@ pub fn xl_small_eval(args: &BenchArgs, device: &Device) -> Result<Measurement, S
         &times,
         batch * tgt_len,
         params,
+        crate::flops::forward_flops_per_token(&config, tgt_len, batch),
+        device,
     ))
 }
 
@@ -183,6 +195,8 @@ pub fn xl_small_trainer(args: &BenchArgs, device: &Device) -> Result<Measurement
         &step_s,
         batch * tgt_len,
         params,
+        crate::flops::train_flops_per_token(&config, tgt_len, batch),
+        &device,
     ))
 }
 
@@ -193,11 +207,21 @@ pub fn reformer_small(args: &BenchArgs, device: &Device) -> Result<Measurement, 
     let len = if args.quick { 1024 } else { config.max_seq_len };
     let reps = args.steps.unwrap_or(if args.quick { 1 } else { 3 });
     let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
-    let config = serde_json::json!({"n_layers": config.n_layers, "d_model": config.d_model,
-        "n_heads": config.n_heads, "d_head": config.d_head, "seq": len,
-        "bucket_size": config.lsh.chunk_len, "n_rounds": config.lsh.n_rounds,
-        "reversible": config.reversible, "batch": 1});
-    Ok(step_measurement("reformer-small", args, config, &t, reps))
+    let config_r = config;
+    let config = serde_json::json!({"n_layers": config_r.n_layers, "d_model": config_r.d_model,
+        "n_heads": config_r.n_heads, "d_head": config_r.d_head, "seq": len,
+        "bucket_size": config_r.lsh.chunk_len, "n_rounds": config_r.lsh.n_rounds,
+        "reversible": config_r.reversible, "batch": 1});
+    let flops = crate::flops::train_flops_per_token(&stack_of(&config_r, len), len, 1);
+    Ok(step_measurement(
+        "reformer-small",
+        args,
+        config,
+        &t,
+        reps,
+        flops,
+        device,
+    ))
 }
 
 /// `reformer-step-<layers>-<rev|plain>-<len>[-<d_model>]`: one training step of a Reformer LM
@@ -235,23 +259,34 @@ pub fn reformer_step(
         .with_d_head(d_model / 8);
     let reps = args.steps.unwrap_or(1);
     let t = train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
+    let flops = crate::flops::train_flops_per_token(&stack_of(&config, len), len, 1);
     let config = serde_json::json!({"n_layers": layers, "reversible": reversible, "seq": len,
         "d_model": d_model, "batch": 1});
-    Ok(step_measurement(target, args, config, &t, reps))
+    Ok(step_measurement(
+        target, args, config, &t, reps, flops, device,
+    ))
+}
+
+/// The stack of a Reformer read in sequences of `len` (its LSH buckets follow the length).
+pub fn stack_of(config: &ReformerConfig, len: usize) -> XlConfig {
+    config.clone().with_max_seq_len(len.max(64)).stack()
 }
 
 /// A [`StepTiming`] of `reps` steps as a measurement named `name`, its `config` completed with
-/// the memory the steps took above the model's (`rss_above_baseline_mb`).
+/// the memory the steps took above the model's (`rss_above_baseline_mb`), with `flops_per_token`
+/// model FLOPs per token against `device`'s matrix-product rate.
 fn step_measurement(
     name: &str,
     args: &BenchArgs,
     mut config: serde_json::Value,
     t: &StepTiming,
     reps: usize,
+    flops_per_token: f64,
+    device: &Device,
 ) -> Measurement {
     config["rss_above_baseline_mb"] =
         serde_json::json!((t.peak_rss_kib - t.rss_baseline_kib) as f64 / 1024.0);
-    Measurement {
+    let mut m = Measurement {
         name: name.to_string(),
         implementation: "memzoo".into(),
         backend: args.device.clone(),
@@ -264,7 +299,10 @@ fn step_measurement(
         tokens_per_s: t.tokens_per_s,
         params: 0,
         peak_rss_mb: t.peak_rss_kib as f64 / 1024.0,
-    }
+        ..Default::default()
+    };
+    crate::flops::annotate(&mut m, flops_per_token, device);
+    m
 }
 
 /// One measurement of [`train_step_timing`].
@@ -424,5 +462,7 @@ pub fn memorizing_small(
         &times,
         batch * len,
         params,
+        crate::flops::train_flops_per_token(&config.stack(), len, batch),
+        &device,
     ))
 }

@@ -360,3 +360,103 @@ mod study {
         let _ = std::fs::remove_dir_all(&out);
     }
 }
+
+/// `flops::train_flops_per_token` against a count of every matrix product of one training
+/// segment of a tiny two-layer stack (one XL layer, one kNN layer with one key/value head),
+/// written out product by product: `(m, k, n)` costs `2 m k n`, batched products times their
+/// batch, the backward twice the forward.
+#[test]
+fn flops_per_token_match_a_hand_count() {
+    use memzoo_stack::{KnnLayerConfig, LayerKind, XlConfig};
+    let (b, t, m) = (2usize, 4usize, 3usize); // rows, segment, memory
+    let (d, h, e, f, v, k) = (8usize, 2usize, 4usize, 16usize, 10usize, 2usize);
+    let config = XlConfig::new()
+        .with_n_layers(2)
+        .with_d_model(d)
+        .with_n_heads(h)
+        .with_d_head(Some(e))
+        .with_d_inner(f)
+        .with_vocab_size(v)
+        .with_mem_len(m)
+        .with_kv_heads(Some(1))
+        .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
+        .with_knn(KnnLayerConfig::new().with_top_k(k));
+    let l = t + m; // keys: memory + segment
+    let mm = |m: usize, k: usize, n: usize| 2 * m * k * n;
+    let g = 1; // key/value heads
+    // Layer 0 (XL): Q of the segment, K and V of memory + segment, W_R of the L relative
+    // positions (once for all rows), per (row, head) q·k, (q + v)·r and p·v, the output.
+    let xl = mm(b * t, d, h * e)
+        + mm(b * l, d, 2 * g * e)
+        + mm(l, d, h * e)
+        + b * h * (mm(t, e, l) + mm(t, e, l) + mm(t, l, e))
+        + mm(b * t, h * e, d)
+        + mm(b * t, d, f)
+        + mm(b * t, f, d);
+    // Layer 1 (kNN): the same without positions (T5 is a bias), and per (row, token, head)
+    // the k retrieved keys' scores and values.
+    let knn = mm(b * t, d, h * e)
+        + mm(b * l, d, 2 * g * e)
+        + b * h * (mm(t, e, l) + mm(t, l, e))
+        + b * t * h * (mm(1, e, k) + mm(1, k, e))
+        + mm(b * t, h * e, d)
+        + mm(b * t, d, f)
+        + mm(b * t, f, d);
+    let head = mm(b * t, d, v);
+    let hand = 3.0 * (xl + knn + head) as f64 / (b * t) as f64;
+    let counted = crate::flops::train_flops_per_token(&config, t, b);
+    assert!(
+        (counted - hand).abs() < 1e-9 * hand,
+        "counted {counted}, by hand {hand}"
+    );
+    // XL-small: about 42 MFLOP per trained token (issue 27).
+    let small =
+        crate::flops::train_flops_per_token(&XlConfig::small().with_untie_rel_bias(true), 128, 8);
+    assert!((40e6..43e6).contains(&small), "{small}");
+}
+
+/// `bench scale`'s table pairs each point with the peer's at the same x and states the growth
+/// between the first and the last point; its charts are one per curve.
+#[test]
+fn scale_table_pairs_points_with_the_peer() {
+    let line = |imp: &str, x: usize, tps: f64, step: f64| Measurement {
+        name: format!("scale-xl-train-{x}"),
+        implementation: imp.into(),
+        config: serde_json::json!({"curve": "xl-train", "x": x}),
+        tokens_per_s: tps,
+        step_s_median: step,
+        flops_per_token: (imp == "memzoo").then_some(1e6 * x as f64),
+        ..Default::default()
+    };
+    let results = vec![
+        line("memzoo", 128, 1000.0, 1.0),
+        line("HF TransfoXL", 128, 400.0, 2.5),
+        line("memzoo", 512, 500.0, 2.0),
+    ];
+    let table = crate::scale::markdown(&results);
+    assert!(table.contains("| 128 | 1000 |"), "{table}");
+    assert!(
+        table.contains("| 400 |") && table.contains("| 2.50x |"),
+        "{table}"
+    );
+    // No peer at 512: dashes.
+    assert!(table.contains("| - | - | - |"), "{table}");
+    // Step time x2 over 4x the memory: slope 0.5; FLOPs per step x4.
+    assert!(
+        table.contains("step time x2.00 (log-log slope 0.50), FLOPs per step x4.00"),
+        "{table}"
+    );
+    let dir = std::env::temp_dir().join(format!("memzoo-scale-plot-{}", std::process::id()));
+    let files = crate::scale::write_plots(&results, &dir).unwrap();
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["scale-xl.svg", "scale-xl-memory.svg"]);
+    let svg = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(
+        svg.contains("memzoo train") && svg.contains("HF TransfoXL train"),
+        "{svg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""The peers' points of `cargo xtask bench scale` (xtask/src/scale.rs), one per process.
+
+Usage: scale.py CURVE MODE X [--warmup W] [--steps S] [--mem-budget-gb G]
+
+  xl train|eval MEM   HF TransfoXL 4.37.2 (run with ~/.cache/memzoo-peers/venv-tfxl/bin/python),
+                      XL-small as ../../shared/peers/bench_peers.py builds it (`xl-small-hf`:
+                      6 x 256, 8 heads x 32, d_inner 1024, tied, untied r biases, no dropout,
+                      no adaptive softmax, batch 8, segments of 128) with mem_len MEM and no
+                      clamp_len, the memory filled with N(0, 1) hidden states before the first
+                      step (as memzoo's side). train: zero_grad + forward + loss + backward +
+                      AdamW; eval: forward under no_grad, memory carried.
+  xl generate CTX     HF TransfoXL, the same XL-small with mem_len CTX + steps, batch 1: the prompt
+                      of CTX random tokens read in one forward, then --steps tokens greedily, one
+                      token per forward with `mems` (what its `generate` does after the prompt:
+                      prepare_inputs_for_generation feeds the last token and the mems), under
+                      no_grad; the prompt is not timed. tokens_per_s = 1 / median token time.
+  reformer train LEN  reformer-pytorch ReformerLM (~/.cache/memzoo-peers/venv/bin/python) as
+                      bench_peers.py's `reformer-small` (6 x 256, 8 heads x 32, bucket 64,
+                      4 rounds, causal, reversible, ff_chunks 16, axial positions) at length
+                      LEN (axial shape 64 x LEN/64), batch 1; its warm-up steps read the
+                      first 1,024 tokens (as memzoo's reformer points).
+
+bench_peers.py fixes the memory length and the sequence length in its CONFIGS; this script
+takes them as arguments. Prints one JSON line (the fields of bench_peers.py's, `name`
+scale-<curve>-<x>, `config` with `curve` and `x`), or {"status": "oom"} when the address
+space limit (--mem-budget-gb, default 12, above what the process holds after the imports) is
+hit. torch.set_num_threads(2), float32, seed 0.
+"""
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+
+VOCAB = 256
+
+
+def status_kb(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def build_xl(mem_len, train):
+    import torch
+    import transformers
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+    n_layer, d, batch, tgt = 6, 256, 8, 128
+    conf = TransfoXLConfig(vocab_size=VOCAB, cutoffs=[], d_model=d, d_embed=d, n_head=8, d_head=32,
+                           d_inner=1024, div_val=1, pre_lnorm=False, n_layer=n_layer,
+                           mem_len=mem_len, clamp_len=0, same_length=False, adaptive=False,
+                           dropout=0.0, dropatt=0.0, untie_r=True, tie_word_embeddings=True)
+    model = TransfoXLLMHeadModel(conf)
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, VOCAB, (batch, tgt + 1), generator=g)
+    state = {"mems": [torch.randn(mem_len, batch, d, generator=g) for _ in range(n_layer)]}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None
+
+    def step(warm=False):
+        if train:
+            model.train()
+            opt.zero_grad(set_to_none=True)
+            out = model(input_ids=data[:, :-1], labels=data[:, 1:], mems=state["mems"])
+            out.losses.mean().backward()
+            opt.step()
+        else:
+            model.eval()
+            with torch.no_grad():
+                out = model(input_ids=data[:, :-1], labels=data[:, 1:], mems=state["mems"])
+        state["mems"] = [m.detach() for m in out.mems]
+
+    info = {"impl": "HF TransfoXL", "transformers": transformers.__version__, "mem_len": mem_len,
+            "tgt_len": tgt, "batch": batch}
+    return step, batch * tgt, info
+
+
+def build_reformer(seq):
+    import torch
+    import torch.nn.functional as F
+    from reformer_pytorch import ReformerLM
+    model = ReformerLM(num_tokens=VOCAB, dim=256, depth=6, max_seq_len=seq, heads=8, dim_head=32,
+                       bucket_size=64, n_hashes=4, causal=True, ff_chunks=16,
+                       axial_position_emb=True, axial_position_shape=(64, seq // 64),
+                       reverse_thres=0)
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, VOCAB, (1, seq + 1), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(warm=False):
+        # The warm-up steps read the first 1,024 tokens (memzoo's side warms up on a short
+        # sequence too): the timed steps' cost is the length's, not the first call's.
+        n = min(seq, 1024) if warm else seq
+        opt.zero_grad(set_to_none=True)
+        logits = model(data[:, :n])
+        F.cross_entropy(logits.reshape(-1, VOCAB), data[:, 1:n + 1].reshape(-1)).backward()
+        opt.step()
+
+    return step, seq, {"impl": "reformer-pytorch", "seq": seq, "reversible": True, "batch": 1}
+
+
+def generate_xl(context, tokens):
+    import torch
+    import transformers
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+    conf = TransfoXLConfig(vocab_size=VOCAB, cutoffs=[], d_model=256, d_embed=256, n_head=8,
+                           d_head=32, d_inner=1024, div_val=1, pre_lnorm=False, n_layer=6,
+                           mem_len=context + tokens, clamp_len=0, same_length=False,
+                           adaptive=False, dropout=0.0, dropatt=0.0, untie_r=True,
+                           tie_word_embeddings=True)
+    model = TransfoXLLMHeadModel(conf).eval()
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (1, context), generator=g)
+    times = []
+    with torch.no_grad():
+        reset_peak()
+        out = model(input_ids=prompt)
+        mems = out.mems
+        token = out.prediction_scores[:, -1:].argmax(-1)
+        for _ in range(tokens):
+            t0 = time.perf_counter()
+            out = model(input_ids=token, mems=mems)
+            mems = out.mems
+            token = out.prediction_scores[:, -1:].argmax(-1)
+            times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    info = {"impl": "HF TransfoXL", "transformers": transformers.__version__, "context": context,
+            "tokens": tokens, "mem_len": context + tokens, "curve": "generate", "x": context}
+    print(json.dumps({"name": f"scale-generate-{context}", "implementation": "HF TransfoXL",
+                      "backend": "torch " + torch.__version__, "threads": 2, "config": info,
+                      "steps": tokens, "step_s_median": med, "step_s_min": min(times),
+                      "step_s_max": max(times), "tokens_per_s": 1.0 / med,
+                      "peak_rss_mb": status_kb("VmHWM") / 1024.0}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("curve", choices=["xl", "reformer"])
+    ap.add_argument("mode", choices=["train", "eval", "generate"])
+    ap.add_argument("x", type=int)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--mem-budget-gb", type=float, default=12.0)
+    a = ap.parse_args()
+    import torch
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    if a.mem_budget_gb > 0:
+        lim = int(status_kb("VmSize") * 1024 + a.mem_budget_gb * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+    curve = f"{a.curve}-{a.mode}" if a.curve == "xl" else a.curve
+    if a.mode == "generate":
+        generate_xl(a.x, a.steps)
+        return
+    try:
+        if a.curve == "xl":
+            step, tokens, info = build_xl(a.x, a.mode == "train")
+        else:
+            step, tokens, info = build_reformer(a.x)
+        reset_peak()
+        times = []
+        for i in range(a.warmup + a.steps):
+            t0 = time.perf_counter()
+            step(warm=i < a.warmup)
+            if i >= a.warmup:
+                times.append(time.perf_counter() - t0)
+    except (MemoryError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "alloc" not in str(e).lower() and "memory" not in str(e).lower():
+            raise
+        print(json.dumps({"name": f"scale-{curve}-{a.x}", "status": "oom",
+                          "error": str(e)[:200]}))
+        sys.exit(0)
+    med = statistics.median(times)
+    info.update(curve=curve, x=a.x)
+    print(json.dumps({"name": f"scale-{curve}-{a.x}", "implementation": info["impl"],
+                      "backend": "torch " + torch.__version__, "threads": 2, "config": info,
+                      "steps": a.steps, "step_s_median": med, "step_s_min": min(times),
+                      "step_s_max": max(times), "tokens_per_s": tokens / med,
+                      "peak_rss_mb": status_kb("VmHWM") / 1024.0}))
+
+
+if __name__ == "__main__":
+    main()

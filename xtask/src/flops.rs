@@ -1,0 +1,143 @@
+//! FLOPs per trained token, counted from a model's configuration, and the backend's own
+//! matrix-product rate measured in the same run: the ceiling a model benchmark is held against.
+//!
+//! [`train_flops_per_token`] counts **model FLOPs** (as MFU counts them): the multiply-adds of
+//! the matrix products the architecture needs, two FLOPs each, forward once and backward twice
+//! (the gradients of the inputs and of the weights: x3 in all). Not counted: element-wise work
+//! (LayerNorm, softmax, GELU, dropout, the optimizer), the embedding lookup, the kNN search
+//! (not a trained product: its cost is the memory curve's), and recomputation (a reversible
+//! layer's backward recomputes its forward; that is the implementation's cost, not the
+//! model's). Attention is counted dense over every key a query may see (the causal half that a
+//! kernel can skip is counted too, as the papers' implementations compute it), so the
+//! achieved rate of an attention-heavy point is an *effective* rate.
+//!
+//! Per token, with `d` = `d_model`, `h` query heads and `g` key/value heads of width `e`,
+//! `T` = `tgt_len`, `M` = `mem_len`, `L = T + M` keys, `B` rows, `V` the vocabulary, `f` =
+//! `d_inner`, the forward pass of a layer costs:
+//!
+//! | part | FLOPs per token |
+//! |---|---|
+//! | `Q` (queries of the segment only) | `2 d h e` |
+//! | `K`, `V` over `cat(memory, segment)` (the memory's are recomputed every segment) | `2 · 2 d g e · L / T` |
+//! | output projection | `2 h e d` |
+//! | scores `q·k` and values `Σ p v` over the `L` keys | `2 h e L + 2 h e L` |
+//! | XL's position term `(q + v)·W_R r` (learned: `q·r`) | `2 h e L` |
+//! | XL's `W_R r` over `L` relative positions, shared by the rows | `2 d h e · L / (T B)` |
+//! | T5 (the Memorizing Transformer's local attention) | no product: a bias |
+//! | kNN layer: the top-`k` retrieved pairs, scores and values | `+ 2 h e k + 2 h e k` |
+//! | LSH (shared `QK`, `V`, output over `L`; `r` rounds of chunks of `c` that see `c (1 + before + after)` keys) | `2 · 2 d h e · L / T + 2 h e d + r · 2 · 2 h e c (1 + before + after)` |
+//! | LSH hashing: the rotations of every key, `n_b / 2` per round | `2 h e · r n_b / 2 · L / T` |
+//! | local (chunked, its own `Q`, `K`, `V`) | projections as dense, scores and values over `c (1 + before + after)` keys |
+//! | feed-forward | `2 d f + 2 f d` |
+//!
+//! and the head `2 d V` (logits; no adaptive softmax). The train step is 3x the sum.
+
+use std::sync::OnceLock;
+
+use burn::tensor::{Device, Tensor};
+use memzoo_stack::LayerKind;
+use memzoo_stack::XlConfig;
+
+/// FLOPs per trained token (forward + backward, x3) of `config` read in segments of `tgt_len`
+/// tokens over its `mem_len` memory, `batch` rows per step. See the module docs for the
+/// formula; `config` is the stack (`MemorizingConfig::stack`, `ReformerConfig::stack`).
+pub fn train_flops_per_token(config: &XlConfig, tgt_len: usize, batch: usize) -> f64 {
+    3.0 * forward_flops_per_token(config, tgt_len, batch)
+}
+
+/// FLOPs per token of the forward pass alone (evaluation): a third of
+/// [`train_flops_per_token`].
+pub fn forward_flops_per_token(config: &XlConfig, tgt_len: usize, batch: usize) -> f64 {
+    let d = config.d_model as f64;
+    let h = config.n_heads as f64;
+    let e = config.head_width() as f64;
+    let g = config.kv_heads.unwrap_or(config.n_heads) as f64;
+    let t = tgt_len.max(1) as f64;
+    let l = (tgt_len + config.mem_len) as f64;
+    let b = batch.max(1) as f64;
+    let f = config.d_inner as f64;
+    let lsh = &config.lsh;
+    let window = |chunk: usize, before: usize, after: usize| (chunk * (1 + before + after)) as f64;
+    let mut total = 0.0;
+    for kind in config.layer_kinds() {
+        let ffn = 2.0 * d * f + 2.0 * f * d;
+        let out = 2.0 * h * e * d;
+        let dense = 2.0 * d * h * e + 2.0 * 2.0 * d * g * e * l / t + out;
+        let scores_values = 2.0 * h * e * l + 2.0 * h * e * l;
+        let attention = match kind {
+            LayerKind::Xl => {
+                dense + scores_values + 2.0 * h * e * l + 2.0 * d * h * e * l / (t * b)
+            }
+            LayerKind::Learned => dense + scores_values + 2.0 * h * e * l,
+            LayerKind::T5 | LayerKind::Absolute => dense + scores_values,
+            LayerKind::Knn => {
+                let k = config.knn.top_k as f64;
+                dense + scores_values + 2.0 * h * e * k + 2.0 * h * e * k
+            }
+            LayerKind::Lsh => {
+                let r = lsh.n_rounds as f64;
+                let padded = (tgt_len + config.mem_len).div_ceil(lsh.chunk_len) * lsh.chunk_len;
+                // The rotations' width (`ReformerAttention::buckets_for`; factored buckets
+                // hash once per factor).
+                let n_b = if lsh.bucket_factors.is_empty() {
+                    lsh.n_buckets.unwrap_or_else(|| {
+                        let n = padded.div_ceil(lsh.chunk_len).max(2);
+                        n + n % 2
+                    })
+                } else {
+                    lsh.bucket_factors.iter().sum()
+                } as f64;
+                let w = window(lsh.chunk_len, lsh.n_chunks_before, lsh.n_chunks_after);
+                2.0 * 2.0 * d * h * e * l / t
+                    + out
+                    + r * (2.0 * h * e * w + 2.0 * h * e * w)
+                    + 2.0 * h * e * r * (n_b / 2.0) * l / t
+            }
+            LayerKind::Local => {
+                let w = window(
+                    lsh.local_chunk_len.unwrap_or(lsh.chunk_len),
+                    lsh.local_n_chunks_before.unwrap_or(lsh.n_chunks_before),
+                    lsh.local_n_chunks_after.unwrap_or(lsh.n_chunks_after),
+                );
+                2.0 * d * h * e + 2.0 * 2.0 * d * h * e * l / t + out + 2.0 * h * e * w * 2.0
+            }
+        };
+        total += attention + ffn;
+    }
+    total + 2.0 * d * config.vocab_size as f64
+}
+
+/// The size of the matrix product [`sgemm_gflops`] times: XL-small's feed-forward input
+/// (`[8 x 128, 256] x [256, 1024]`), the product that dominates the reference configs.
+pub const SGEMM_SHAPE: [usize; 3] = [1024, 256, 1024];
+
+/// The backend's own rate for one float32 matrix product of [`SGEMM_SHAPE`] (`m x k` times
+/// `k x n`) on `device`, in GFLOP/s: the median of 20 products after 3 untimed ones, each
+/// synchronised. Measured once per process (the first call; later calls return it), with the
+/// threads the benchmark runs with.
+pub fn sgemm_gflops(device: &Device) -> f64 {
+    static RATE: OnceLock<f64> = OnceLock::new();
+    *RATE.get_or_init(|| {
+        let [m, k, n] = SGEMM_SHAPE;
+        let a = Tensor::<2>::random([m, k], burn::tensor::Distribution::Normal(0.0, 1.0), device);
+        let b = Tensor::<2>::random([k, n], burn::tensor::Distribution::Normal(0.0, 1.0), device);
+        let run = || {
+            let c = a.clone().matmul(b.clone());
+            let _ = c.into_data();
+        };
+        let times = crate::measure::time_steps(3, 20, run);
+        2.0 * (m * k * n) as f64 / crate::measure::median(&times) / 1e9
+    })
+}
+
+/// The FLOP fields of a model measurement: `flops_per_token` (x3 for training, x1 for an
+/// evaluation), the achieved GFLOP/s at the measured tokens/s and its ratio to the backend's
+/// matrix-product rate measured in the same process ([`sgemm_gflops`]).
+pub fn annotate(m: &mut crate::measure::Measurement, flops_per_token: f64, device: &Device) {
+    let sgemm = sgemm_gflops(device);
+    let achieved = flops_per_token * m.tokens_per_s / 1e9;
+    m.flops_per_token = Some(flops_per_token);
+    m.gflops = Some(achieved);
+    m.sgemm_gflops = Some(sgemm);
+    m.of_sgemm = Some(achieved / sgemm);
+}

@@ -1,0 +1,853 @@
+//! `cargo xtask bench scale`: how memzoo's cost grows with the dimension each family grows, side
+//! by side with the PyTorch peer where it runs (issue 27).
+//!
+//! ```text
+//! cargo xtask bench scale [--families xl,memorizing,reformer,generate] [--quick] [--lengths ...]
+//!     [--steps N] [--warmup N] [--no-peers] [--out FILE.jsonl] [--plot DIR]
+//! ```
+//!
+//! Curves (`--families`; default `xl,memorizing`; `--lengths` overrides the x values of each):
+//!
+//! - **`xl`**: XL-small (`bench xl-small`'s config: batch 8, segments of 128) against its
+//!   memory length, 128 -> 4,096 (quick: 128, 512). Training (forward + backward + AdamW) and
+//!   evaluation (forward) tokens/s and peak RSS, the memory filled (random hidden states of
+//!   the full length) before the first step. HF TransfoXL 4.37.2 beside it at the same points
+//!   with the same filled memory (`xtask/peers/scale.py`, run with
+//!   `~/.cache/memzoo-peers/venv-tfxl`; `bench_peers.py` has no memory-length option).
+//!   Expected growth: **linear** in the memory length (keys, values and scores over
+//!   `mem + 128` keys, the memory's keys and values recomputed each segment): the table
+//!   compares the step time's growth with the FLOP count's ([`crate::flops`]).
+//! - **`memorizing`**: Memorizing-small (`bench memorizing-small`'s config: batch 2, seq 512,
+//!   kNN layer 4, top-32, multi-query) against the kNN store size per row, 8K -> 262K (quick:
+//!   8K, 32K), exact and HNSW (the preset's connectivity; the search expansion of a store of
+//!   that size, `HnswConfig::expansion_search_for`). The stores are filled with **the model's
+//!   own keys**: the kNN layer's normalised keys of the untrained Memorizing-small (seed 0)
+//!   reading tiny Shakespeare (8 rows of ~33K bytes, row by row; the generated corpus where
+//!   `../shared` is missing; kept in the temporary directory, see [`keys_file`]). Each point
+//!   also times one search of the next 512 keys of the text (real queries are not stored;
+//!   queries and keys share the unit sphere) against row 0's store, and each HNSW point its
+//!   recall@32 against an exact search over the same keys. Expected growth: search **linear**
+//!   in the store size with exact search, **sublinear** (about logarithmic) with HNSW at a
+//!   fixed expansion.
+//! - **`reformer`**: Reformer-small (reversible, LSH bucket 64, 4 rounds, batch 1) against the
+//!   sequence length, 4K -> 64K (quick: 4K, 8K), one training step per point after a warm-up
+//!   step on a short sequence; reformer-pytorch beside it (`xtask/peers/scale.py`, the peers'
+//!   `venv`) until a point fails: out of its 12 GiB address space or past [`PEER_LIMIT_S`].
+//!   Expected growth: **n log n** (chunked attention is linear, the sort n log n; the
+//!   hashing's `n / 64` buckets per round make a small quadratic term, see [`crate::flops`]).
+//! - **`generate`**: XL-small generating 16 tokens (quick 8; `--steps`) after a prompt of
+//!   128 -> 2,048 tokens (quick: 128, 512; 4,096 with `--lengths`: memzoo's `Generator` reads
+//!   the prompt in segments of `segment_len`, here token by token, quadratic in the prompt),
+//!   one token per step over an XL memory covering the context, greedy, batch 1, the prompt's
+//!   reading not timed; HF TransfoXL beside it, one token per forward with `mems` (what its
+//!   `generate` does after the prompt). Expected growth: time per token **linear** in the
+//!   context (each token recomputes the memory's keys and values).
+//!
+//! Every point runs in its own process (its own peak RSS). Every line is a [`Measurement`]
+//! named `scale-<curve>-<x>`, its `implementation` memzoo or the peer, its `config` holding
+//! `curve` and `x`, printed and appended to `--out` as it comes; the suite then prints one table
+//! per curve and writes two SVGs per curve beside `--out` ([`write_plots`]).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use burn::module::Module;
+use burn::tensor::{Device, Distribution, Tensor};
+use memzoo_memory::keys::{fill, recall, retrieved_ids, segment_tensors};
+use memzoo_memory::{IndexKind, KnnMemoryConfig};
+use memzoo_stack::{MemorizingConfig, ReformerConfig, XlMemory, XlState};
+use memzoo_train::Segment;
+use memzoo_train::TrainConfig;
+use memzoo_train::parallel::{eval_step_sharded, shard_rows, train_step_sharded};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+use crate::BenchArgs;
+use crate::measure::{Measurement, median, peak_rss_mb, time_steps};
+use crate::plot::{Series, line_chart};
+
+/// The x values of a curve: `--lengths`, else the defaults.
+fn points(curve: &str, args: &BenchArgs) -> Vec<usize> {
+    if let Some(l) = &args.lengths {
+        return l.clone();
+    }
+    match (curve, args.quick) {
+        ("xl", true) => vec![128, 512],
+        ("xl", false) => vec![128, 256, 512, 1024, 2048, 4096],
+        ("memorizing", true) => vec![8_192, 32_768],
+        ("memorizing", false) => vec![8_192, 16_384, 32_768, 65_536, 131_072, 262_144],
+        ("reformer", true) => vec![4_096, 8_192],
+        ("generate", true) => vec![128, 512],
+        // 4,096 takes ten minutes under load: memzoo's `Generator` reads the prompt in
+        // segments of `segment_len`, here one token at a time (`--lengths` adds it).
+        ("generate", false) => vec![128, 512, 1_024, 2_048],
+        _ => vec![4_096, 8_192, 16_384, 32_768, 65_536],
+    }
+}
+
+/// Warm-up and timed steps of a point: `--warmup` / `--steps`, else 1 and 3 (quick: 1 and 2).
+fn steps(args: &BenchArgs) -> (usize, usize) {
+    (
+        args.warmup.unwrap_or(1),
+        args.steps.unwrap_or(if args.quick { 2 } else { 3 }),
+    )
+}
+
+/// The suite: every curve of `--families`, every point in a child process, the peer's beside.
+pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, String> {
+    let curves = args
+        .families
+        .clone()
+        .unwrap_or_else(|| vec!["xl".into(), "memorizing".into()]);
+    let mut out = Vec::new();
+    for curve in &curves {
+        let xs = points(curve, args);
+        match curve.as_str() {
+            "xl" => {
+                for &mem in &xs {
+                    for mode in ["train", "eval"] {
+                        let target = format!("scale-xl-{mode}-{mem}");
+                        keep(&mut out, args, child(&target, args, &[])?)?;
+                        if !args.no_peers {
+                            keep(&mut out, args, peer(&["xl", mode, &mem.to_string()], args)?)?;
+                        }
+                    }
+                }
+            }
+            "memorizing" => {
+                let max = xs.iter().copied().max().unwrap_or(0);
+                let path = keys_file(max + 512, device)?;
+                let env = [("MEMZOO_SCALE_KEYS", path.display().to_string())];
+                for &n in &xs {
+                    for kind in ["exact", "hnsw"] {
+                        let target = format!("scale-memorizing-{kind}-{n}");
+                        keep(&mut out, args, child(&target, args, &env)?)?;
+                    }
+                }
+            }
+            "reformer" => {
+                let mut peer_ok = !args.no_peers;
+                for &len in &xs {
+                    keep(
+                        &mut out,
+                        args,
+                        child(&format!("scale-reformer-{len}"), args, &[])?,
+                    )?;
+                    if peer_ok {
+                        let p = peer(&["reformer", "train", &len.to_string()], args)?;
+                        peer_ok = !p.is_empty();
+                        keep(&mut out, args, p)?;
+                        if !peer_ok {
+                            eprintln!("scale: the peer's Reformer curve stops at {len}");
+                        }
+                    }
+                }
+            }
+            "generate" => {
+                for &context in &xs {
+                    keep(
+                        &mut out,
+                        args,
+                        child(&format!("scale-generate-{context}"), args, &[])?,
+                    )?;
+                    if !args.no_peers {
+                        keep(
+                            &mut out,
+                            args,
+                            peer(&["xl", "generate", &context.to_string()], args)?,
+                        )?;
+                    }
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown curve `{other}`: expected xl, memorizing, reformer or generate"
+                ));
+            }
+        }
+    }
+    println!("{}", markdown(&out));
+    Ok(out)
+}
+
+/// Prints a point's lines and appends them to `--out` as they come (a run cut short keeps its
+/// points), then keeps them for the tables and charts.
+fn keep(
+    out: &mut Vec<Measurement>,
+    args: &BenchArgs,
+    lines: Vec<Measurement>,
+) -> Result<(), String> {
+    for m in lines {
+        crate::emit(&m, args.out.as_ref())?;
+        out.push(m);
+    }
+    Ok(())
+}
+
+/// Runs `cargo xtask bench <target>` (this binary) with the suite's options; its JSON lines.
+/// A point that fails (out of memory) is reported on stderr and gives no line.
+fn child(
+    target: &str,
+    args: &BenchArgs,
+    env: &[(&str, String)],
+) -> Result<Vec<Measurement>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["bench", target, "--device", &args.device])
+        .args(["--threads", &args.threads.to_string()]);
+    if args.quick {
+        cmd.arg("--quick");
+    }
+    for (flag, v) in [
+        ("--steps", args.steps),
+        ("--warmup", args.warmup),
+        ("--replicas", args.replicas),
+    ] {
+        if let Some(v) = v {
+            cmd.args([flag, &v.to_string()]);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    eprintln!("scale: {target}");
+    let output = cmd.output().map_err(|e| e.to_string())?;
+    let lines = json_lines(&output.stdout);
+    if !output.status.success() || lines.is_empty() {
+        eprintln!(
+            "scale: {target} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(lines)
+}
+
+fn json_lines(stdout: &[u8]) -> Vec<Measurement> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| serde_json::from_str::<Measurement>(l).ok())
+        .filter(|m| m.tokens_per_s > 0.0)
+        .collect()
+}
+
+/// Seconds a peer's point may take (build, warm-up and steps) before it is stopped.
+const PEER_LIMIT_S: u64 = 200;
+
+/// The peer's point (`xtask/peers/scale.py CURVE MODE X`), with 2 threads under `nice`; no line
+/// when the venv is missing or the point fails (out of memory: the script's address-space
+/// limit of 12 GiB; or longer than [`PEER_LIMIT_S`]), which ends the peer's Reformer curve.
+fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let venv = if point[0] == "xl" {
+        "venv-tfxl"
+    } else {
+        "venv"
+    };
+    let python = PathBuf::from(home).join(format!(".cache/memzoo-peers/{venv}/bin/python"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/scale.py");
+    if !python.exists() {
+        eprintln!(
+            "scale: no {} (bash ../shared/peers/setup.sh): no peer",
+            python.display()
+        );
+        return Ok(Vec::new());
+    }
+    let (warmup, steps) = match point {
+        ["reformer", ..] => (1, args.steps.unwrap_or(1)),
+        [_, "generate", ..] => (0, args.steps.unwrap_or(if args.quick { 8 } else { 16 })),
+        _ => steps(args),
+    };
+    eprintln!("scale: peer {}", point.join(" "));
+    // A point past PEER_LIMIT_S is killed (`timeout`): it gives no line and ends the curve.
+    let output = Command::new("timeout")
+        .arg(PEER_LIMIT_S.to_string())
+        .args(["nice", "-n", "5"])
+        .arg(python)
+        .arg(script)
+        .args(point)
+        .args([
+            "--warmup",
+            &warmup.to_string(),
+            "--steps",
+            &steps.to_string(),
+        ])
+        .env("OMP_NUM_THREADS", args.threads.to_string())
+        .env("OMP_WAIT_POLICY", "PASSIVE")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let lines = json_lines(&output.stdout);
+    if lines.is_empty() {
+        eprintln!(
+            "scale: peer {} gave no measurement: {}",
+            point.join(" "),
+            String::from_utf8_lossy(&output.stdout).trim()
+        );
+    }
+    Ok(lines)
+}
+
+/// A child's point: `scale-xl-<train|eval>-<mem>`, `scale-memorizing-<exact|hnsw>-<n>`,
+/// `scale-reformer-<len>`.
+pub fn point(target: &str, args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, String> {
+    let bad = || format!("bad target `{target}`");
+    let parts: Vec<&str> = target.split('-').collect();
+    let x: usize = parts.last().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    match parts.get(1..parts.len() - 1) {
+        Some(["xl", mode]) => Ok(vec![xl_point(*mode == "train", x, args, device)?]),
+        Some(["memorizing", kind]) => {
+            let kind = match *kind {
+                "exact" => IndexKind::Exact,
+                "hnsw" => IndexKind::Hnsw,
+                _ => return Err(bad()),
+            };
+            Ok(vec![memorizing_point(kind, x, args, device)?])
+        }
+        Some(["reformer"]) => Ok(vec![reformer_point(x, args, device)?]),
+        Some(["generate"]) => Ok(vec![generate_point(x, args, device)?]),
+        _ => Err(bad()),
+    }
+}
+
+/// A scale measurement: `curve`, `x` and the rest in `config`, FLOPs from `flops_per_token`.
+#[allow(clippy::too_many_arguments)]
+fn measurement(
+    curve: &str,
+    x: usize,
+    mut config: serde_json::Value,
+    times: &[f64],
+    tokens: usize,
+    params: usize,
+    flops_per_token: f64,
+    args: &BenchArgs,
+    device: &Device,
+) -> Measurement {
+    let med = median(times);
+    config["curve"] = curve.into();
+    config["x"] = x.into();
+    let mut m = Measurement {
+        name: format!("scale-{curve}-{x}"),
+        implementation: "memzoo".into(),
+        backend: args.device.clone(),
+        threads: args.threads,
+        config,
+        steps: times.len(),
+        step_s_median: med,
+        step_s_min: times.first().copied().unwrap_or(f64::NAN),
+        step_s_max: times.last().copied().unwrap_or(f64::NAN),
+        tokens_per_s: tokens as f64 / med,
+        params,
+        peak_rss_mb: peak_rss_mb(),
+        ..Default::default()
+    };
+    crate::flops::annotate(&mut m, flops_per_token, device);
+    m
+}
+
+/// XL-small with a memory of `mem`, filled before the first step, trained or evaluated.
+fn xl_point(
+    train: bool,
+    mem: usize,
+    args: &BenchArgs,
+    device: &Device,
+) -> Result<Measurement, String> {
+    let (batch, tgt_len) = (8, 128);
+    let config = crate::models::bench_xl().with_mem_len(mem);
+    let (warmup, steps) = steps(args);
+    let replicas = args
+        .replicas
+        .unwrap_or_else(|| memzoo_train::parallel::auto_replicas(device, batch));
+    let device = if train {
+        device.clone().autodiff()
+    } else {
+        device.clone()
+    };
+    let full_memory = |rows: usize| XlState {
+        xl: XlMemory::from_layers(
+            (0..config.n_layers)
+                .map(|_| {
+                    Tensor::<3>::random(
+                        [rows, mem, config.d_model],
+                        Distribution::Normal(0.0, 1.0),
+                        &device,
+                    )
+                })
+                .collect(),
+        )
+        .expect("one shape"),
+        ..XlState::new()
+    };
+    let mut states: Vec<XlState> = shard_rows(batch, replicas)
+        .into_iter()
+        .map(|rows| full_memory(rows.len()))
+        .collect();
+    let mut model = config.init(&device).map_err(|e| e.to_string())?;
+    let params = model.num_params();
+    let mut rng = StdRng::seed_from_u64(0);
+    let times = if train {
+        let mut optim = TrainConfig::new().optimizer();
+        time_steps(warmup, steps, || {
+            let segment = random_segment(batch, tgt_len, &mut rng);
+            let (_, grads) =
+                train_step_sharded(&model, &device, &segment, &mut states).expect("valid shapes");
+            model = optim.step(2.5e-4, model.clone(), grads);
+            device.sync().expect("device sync");
+        })
+    } else {
+        time_steps(warmup, steps, || {
+            let segment = random_segment(batch, tgt_len, &mut rng);
+            eval_step_sharded(&model, &device, &segment, &mut states).expect("valid shapes");
+        })
+    };
+    let mode = if train { "train" } else { "eval" };
+    let flops = if train {
+        crate::flops::train_flops_per_token(&config, tgt_len, batch)
+    } else {
+        crate::flops::forward_flops_per_token(&config, tgt_len, batch)
+    };
+    Ok(measurement(
+        &format!("xl-{mode}"),
+        mem,
+        serde_json::json!({"model": "xl-small", "mem_len": mem, "tgt_len": tgt_len,
+            "batch": batch, "replicas": replicas, "memory": "filled before the first step"}),
+        &times,
+        batch * tgt_len,
+        params,
+        flops,
+        args,
+        &device,
+    ))
+}
+
+/// A segment of random byte tokens (`models::random_segment`).
+fn random_segment(batch: usize, len: usize, rng: &mut StdRng) -> Segment {
+    let data: Vec<i64> = (0..batch * (len + 1))
+        .map(|_| rng.random_range(0..256))
+        .collect();
+    let rows = data.chunks(len + 1);
+    Segment::new(
+        batch,
+        len,
+        rows.clone().flat_map(|r| r[..len].to_vec()).collect(),
+        rows.flat_map(|r| r[1..].to_vec()).collect(),
+    )
+    .expect("batch x len tokens")
+}
+
+/// Memorizing-small as `bench memorizing-small` runs it (multi-query, no XL memory, no
+/// dropout), its kNN memory of `kind` with room for `stored` pairs per row plus the timed
+/// steps' (no eviction while timed).
+fn memorizing_config(kind: IndexKind, stored: usize, room: usize) -> MemorizingConfig {
+    let small = MemorizingConfig::small();
+    let xl = small.xl.clone().with_dropout(0.0).with_kv_heads(Some(1));
+    // HNSW's search expansion as a store of `stored` gets by default (by size: the room for
+    // the timed steps must not move it to the next power of two).
+    let hnsw = small
+        .knn
+        .hnsw
+        .clone()
+        .with_expansion_search(Some(small.knn.hnsw.expansion_search_for(stored.max(1))));
+    let knn = small
+        .knn
+        .clone()
+        .with_index(kind)
+        .with_max_memories(stored + room)
+        .with_hnsw(hnsw);
+    small
+        .with_xl(xl)
+        .with_xl_memory(false)
+        .with_knn_layers(vec![3])
+        .with_knn(knn)
+}
+
+/// The kNN layer's normalised keys of the untrained Memorizing-small (seed 0) reading tiny
+/// Shakespeare (or the generated corpus): 8 rows of contiguous text, segments of 512, the
+/// keys of row 0 first, then row 1's, ...; `n` keys of width 32.
+fn model_keys(n: usize, device: &Device) -> Result<Vec<f32>, String> {
+    let (rows, len) = (8usize, 512usize);
+    let per_row = n.div_ceil(rows).div_ceil(len) * len;
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tinyshakespeare.txt");
+    let text: Vec<u8> = match std::fs::read(&data) {
+        Ok(t) => t,
+        Err(_) => {
+            memzoo_data::generate_corpus(&memzoo_data::LongRangeConfig::default())
+                .map_err(|e| e.to_string())?
+                .train
+        }
+    };
+    if text.len() < rows * (per_row + 1) {
+        return Err(format!(
+            "{} bytes of text, {} needed for {n} keys",
+            text.len(),
+            rows * (per_row + 1)
+        ));
+    }
+    let stride = text.len() / rows;
+    // Room for one segment: every segment's keys replace the last ones, read back each time.
+    let config = memorizing_config(IndexKind::Exact, 0, len);
+    let model = config.init(device).map_err(|e| e.to_string())?;
+    let mut states = vec![model.new_state(rows, device).map_err(|e| e.to_string())?];
+    let d = config.memory().d_head;
+    let mut by_row: Vec<Vec<f32>> = vec![Vec::new(); rows];
+    let start = std::time::Instant::now();
+    for s in 0..per_row / len {
+        let row = |r: usize, shift: usize| {
+            let at = r * stride + s * len + shift;
+            text[at..at + len].iter().map(|&b| b as i64)
+        };
+        let inputs: Vec<i64> = (0..rows).flat_map(|r| row(r, 0)).collect();
+        let targets: Vec<i64> = (0..rows).flat_map(|r| row(r, 1)).collect();
+        let segment = Segment::new(rows, len, inputs, targets).map_err(|e| e.to_string())?;
+        eval_step_sharded(&model, device, &segment, &mut states).map_err(|e| e.to_string())?;
+        let snap = states[0].knn[0].snapshot().map_err(|e| e.to_string())?;
+        // `[rows, kv_heads = 1, slots, d]`, the segment's keys in slot order.
+        for (r, keys) in by_row.iter_mut().enumerate() {
+            let at = r * snap.slots * d;
+            keys.extend_from_slice(&snap.keys[at..at + len * d]);
+        }
+    }
+    eprintln!(
+        "scale: {} keys of the model's kNN layer in {:.1} s",
+        rows * per_row,
+        start.elapsed().as_secs_f64()
+    );
+    let mut keys: Vec<f32> = by_row.concat();
+    keys.truncate(n * d);
+    Ok(keys)
+}
+
+/// The file of [`model_keys`] for `n` keys (little-endian `f32`, `[n, 32]`), written into the
+/// temporary directory on the first run and reused after (the keys are deterministic: seed 0,
+/// the same text; delete `memzoo-scale-keys-*.f32` after changing the model's code).
+fn keys_file(n: usize, device: &Device) -> Result<PathBuf, String> {
+    let path = std::env::temp_dir().join(format!("memzoo-scale-keys-{n}.f32"));
+    let d = MemorizingConfig::small().memory().d_head;
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() == (n * d * 4) as u64) {
+        eprintln!("scale: the model's keys from {}", path.display());
+        return Ok(path);
+    }
+    let keys = model_keys(n, device)?;
+    let bytes: Vec<u8> = keys.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Memorizing-small trained with its kNN stores (`kind`) filled with `stored` of the model's
+/// keys per row (`MEMZOO_SCALE_KEYS`, written by the suite); HNSW points also measure recall@32
+/// of row 0's store against exact search over the same keys.
+fn memorizing_point(
+    kind: IndexKind,
+    stored: usize,
+    args: &BenchArgs,
+    device: &Device,
+) -> Result<Measurement, String> {
+    let (batch, len, k) = (2usize, 512usize, 32usize);
+    let path = std::env::var("MEMZOO_SCALE_KEYS")
+        .map_err(|_| "MEMZOO_SCALE_KEYS is not set: run `bench scale`".to_string())?;
+    let bytes = std::fs::read(&path).map_err(|e| format!("{path}: {e}"))?;
+    let keys: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    // One warm-up and two timed steps unless given: a step searches the whole store.
+    let (warmup, steps) = (args.warmup.unwrap_or(1), args.steps.unwrap_or(2));
+    let config = memorizing_config(kind, stored, (warmup + steps) * len);
+    let d = config.memory().d_head;
+    let heads = config.xl.n_heads;
+    if keys.len() < (stored + len) * d {
+        return Err(format!(
+            "{path} holds {} keys, {} needed",
+            keys.len() / d,
+            stored + len
+        ));
+    }
+    let device = device.clone().autodiff();
+    let mut model = config.init(&device).map_err(|e| e.to_string())?;
+    let params = model.num_params();
+    let replicas = args
+        .replicas
+        .unwrap_or_else(|| memzoo_train::parallel::auto_replicas(&device, batch));
+    let start = std::time::Instant::now();
+    let mut states = Vec::new();
+    for rows in shard_rows(batch, replicas) {
+        let mut state = model
+            .new_state(rows.len(), &device)
+            .map_err(|e| e.to_string())?;
+        for store in state.knn.iter_mut() {
+            fill(store.as_mut(), &keys, stored, 4096, &device).map_err(|e| e.to_string())?;
+        }
+        states.push(state);
+    }
+    let fill_s = start.elapsed().as_secs_f64();
+    // Recall and one search of the held-out keys: the store of row 0 against exact search.
+    let pool = keys.len() / d;
+    let (q, _) = segment_tensors(&keys, pool, stored, len, 1, heads, d, &device);
+    let rows0 = states[0].knn[0].batch();
+    let q0 = if rows0 > 1 {
+        Tensor::cat(vec![q.clone(); rows0], 0)
+    } else {
+        q.clone()
+    };
+    let t = std::time::Instant::now();
+    let found = states[0].knn[0].search(q0, k).map_err(|e| e.to_string())?;
+    let ids = retrieved_ids(&found);
+    let search_s = t.elapsed().as_secs_f64();
+    let recall_at_k = if kind == IndexKind::Exact {
+        1.0
+    } else {
+        let exact = KnnMemoryConfig::new(heads, d)
+            .with_n_kv_heads(Some(1))
+            .with_max_memories(stored)
+            .with_kind(IndexKind::Exact);
+        let mut index = exact.init(1, &device).map_err(|e| e.to_string())?;
+        fill(index.as_mut(), &keys, stored, 4096, &device).map_err(|e| e.to_string())?;
+        let want = retrieved_ids(&index.search(q, k).map_err(|e| e.to_string())?);
+        recall(&ids[..want.len()], &want, k)
+    };
+    let mut optim = TrainConfig::new().optimizer();
+    let mut rng = StdRng::seed_from_u64(0);
+    let times = time_steps(warmup, steps, || {
+        let segment = random_segment(batch, len, &mut rng);
+        let (_, grads) =
+            train_step_sharded(&model, &device, &segment, &mut states).expect("valid shapes");
+        model = optim.step(2.5e-4, model.clone(), grads);
+        device.sync().expect("device sync");
+    });
+    let kind_name = format!("{kind:?}").to_lowercase();
+    Ok(measurement(
+        &format!("memorizing-{kind_name}"),
+        stored,
+        serde_json::json!({"model": "memorizing-small", "stored_per_row": stored,
+            "index": kind_name, "hnsw": format!("{:?}", config.knn.hnsw),
+            "expansion_search": config.knn.hnsw.expansion_search, "seq": len,
+            "batch": batch, "top_k": k, "replicas": replicas, "fill_s": fill_s,
+            "search_s": search_s, "recall_at_k": recall_at_k,
+            "keys": "the untrained model's kNN-layer keys on tiny Shakespeare"}),
+        &times,
+        batch * len,
+        params,
+        crate::flops::train_flops_per_token(&config.stack(), len, batch),
+        args,
+        &device,
+    ))
+}
+
+/// One training step of Reformer-small (reversible) on a sequence of `len`.
+fn reformer_point(len: usize, args: &BenchArgs, device: &Device) -> Result<Measurement, String> {
+    let config = ReformerConfig::small().with_max_seq_len(len);
+    let reps = args.steps.unwrap_or(1);
+    let t = crate::models::train_step_timing(&config, 1, len, reps, &device.clone().autodiff())?;
+    let flops = crate::flops::train_flops_per_token(&crate::models::stack_of(&config, len), len, 1);
+    let mut m = measurement(
+        "reformer",
+        len,
+        serde_json::json!({"model": "reformer-small", "seq": len, "reversible": true,
+            "batch": 1, "rss_above_baseline_mb":
+                (t.peak_rss_kib - t.rss_baseline_kib) as f64 / 1024.0}),
+        &[t.seconds],
+        len,
+        0,
+        flops,
+        args,
+        device,
+    );
+    m.steps = reps;
+    Ok(m)
+}
+
+/// XL-small (no dropout) generating after a prompt of `context` random tokens, one token per
+/// step over a memory covering the whole context (`segment_len` 1, `mem_len` = context +
+/// tokens: the key/value cache of `memzoo generate --segment-len 1`), greedy; the prompt's
+/// reading is not timed. `--steps` tokens (default 16, quick 8).
+fn generate_point(
+    context: usize,
+    args: &BenchArgs,
+    device: &Device,
+) -> Result<Measurement, String> {
+    use memzoo_train::generate::{GenerateConfig, SampleConfig, generate};
+    let tokens = args.steps.unwrap_or(if args.quick { 8 } else { 16 });
+    let config = memzoo_stack::XlConfig::small()
+        .with_dropout(0.0)
+        .with_mem_len(context + tokens);
+    let model = config.init(device).map_err(|e| e.to_string())?;
+    let params = model.num_params();
+    let mut rng = StdRng::seed_from_u64(0);
+    let prompt: Vec<i64> = (0..context).map(|_| rng.random_range(0..256)).collect();
+    let greedy = |tokens| {
+        GenerateConfig::new(tokens, 1).with_sampler(SampleConfig::new().with_temperature(0.0))
+    };
+    let err = |e: memzoo_train::generate::GenerateError| e.to_string();
+    generate(&model, &prompt[..context.min(64)], &greedy(2), device).map_err(err)?;
+    let run = generate(&model, &prompt, &greedy(tokens), device).map_err(err)?;
+    let flops = crate::flops::forward_flops_per_token(&config.clone().with_mem_len(context), 1, 1);
+    let mut m = measurement(
+        "generate",
+        context,
+        serde_json::json!({"model": "xl-small", "context": context, "tokens": tokens,
+            "segment_len": 1, "mem_len": context + tokens, "greedy": true, "batch": 1,
+            "prompt_read_excluded": true}),
+        &[run.seconds_per_token],
+        1,
+        params,
+        flops,
+        args,
+        device,
+    );
+    m.steps = tokens;
+    Ok(m)
+}
+
+/// Curve name, x, implementation of a scale line.
+fn key(m: &Measurement) -> Option<(String, usize)> {
+    let curve = m.config.get("curve")?.as_str()?.to_string();
+    let x = m.config.get("x")?.as_u64()? as usize;
+    Some((curve, x))
+}
+
+/// One table per curve: per x, memzoo's tokens/s, step time and peak RSS, the peer's beside and
+/// the ratio; the growth of the step time between the first and the last point against the
+/// FLOP count's.
+pub fn markdown(results: &[Measurement]) -> String {
+    let mut curves: Vec<String> = Vec::new();
+    for m in results {
+        if let Some((c, _)) = key(m)
+            && !curves.contains(&c)
+        {
+            curves.push(c);
+        }
+    }
+    let mut s = String::new();
+    for curve in curves {
+        let ours: Vec<&Measurement> = results
+            .iter()
+            .filter(|m| key(m).is_some_and(|(c, _)| c == curve) && m.implementation == "memzoo")
+            .collect();
+        let peer_of = |x: usize| {
+            results.iter().find(|p| {
+                p.implementation != "memzoo" && key(p).is_some_and(|(c, px)| c == curve && px == x)
+            })
+        };
+        s += &format!(
+            "\n{curve}\n\n| x | memzoo tokens/s | step | peak RSS | GFLOP/s (of sgemm) | extra | peer tokens/s | peer RSS | memzoo / peer |\n|---|---|---|---|---|---|---|---|---|\n"
+        );
+        for m in &ours {
+            let (_, x) = key(m).expect("scale line");
+            let extra = m
+                .config
+                .get("recall_at_k")
+                .and_then(|r| r.as_f64())
+                .map(|r| {
+                    format!(
+                        "recall@32 {r:.3}, search {:.3} s",
+                        m.config["search_s"].as_f64().unwrap_or(0.0)
+                    )
+                })
+                .unwrap_or_default();
+            let (ptps, prss, ratio) = match peer_of(x) {
+                Some(p) => (
+                    format!("{:.0}", p.tokens_per_s),
+                    format!("{:.0} MiB", p.peak_rss_mb),
+                    format!("{:.2}x", m.tokens_per_s / p.tokens_per_s),
+                ),
+                None => ("-".into(), "-".into(), "-".into()),
+            };
+            s += &format!(
+                "| {x} | {:.0} | {:.3} s | {:.0} MiB | {:.0} ({:.0}%) | {extra} | {ptps} | {prss} | {ratio} |\n",
+                m.tokens_per_s,
+                m.step_s_median,
+                m.peak_rss_mb,
+                m.gflops.unwrap_or(0.0),
+                100.0 * m.of_sgemm.unwrap_or(0.0),
+            );
+        }
+        if let (Some(a), Some(b)) = (ours.first(), ours.last())
+            && ours.len() > 1
+        {
+            let (xa, xb) = (key(a).expect("line").1, key(b).expect("line").1);
+            let time = b.step_s_median / a.step_s_median;
+            let flops = b.flops_per_token.unwrap_or(0.0) / a.flops_per_token.unwrap_or(1.0)
+                * (b.tokens_per_s * b.step_s_median)
+                / (a.tokens_per_s * a.step_s_median);
+            s += &format!(
+                "\nx {xa} -> {xb} ({:.0}x): step time x{time:.2} (log-log slope {:.2}), FLOPs per step x{flops:.2}\n",
+                xb as f64 / xa as f64,
+                time.ln() / (xb as f64 / xa as f64).ln(),
+            );
+            let search = |m: &Measurement| m.config.get("search_s").and_then(|v| v.as_f64());
+            if let (Some(sa), Some(sb)) = (search(a), search(b)) {
+                s += &format!(
+                    "search of one segment x{:.2} (log-log slope {:.2})\n",
+                    sb / sa,
+                    (sb / sa).ln() / (xb as f64 / xa as f64).ln()
+                );
+            }
+        }
+    }
+    s
+}
+
+/// Two SVGs per curve (`scale-<curve>.svg`: tokens/s against x; `scale-<curve>-memory.svg`:
+/// peak RSS), one line per implementation and mode (`xl`: train and eval; `memorizing`: exact
+/// and HNSW).
+pub fn write_plots(results: &[Measurement], dir: &Path) -> Result<Vec<PathBuf>, String> {
+    type Chart = (String, Vec<Series>, Vec<Series>);
+    let mut charts: Vec<Chart> = Vec::new();
+    for m in results {
+        let Some((curve, x)) = key(m) else { continue };
+        let (chart, mode) = curve.split_once('-').unwrap_or((curve.as_str(), ""));
+        let name = format!("{} {mode}", m.implementation).trim().to_string();
+        let i = match charts.iter().position(|(c, _, _)| c == chart) {
+            Some(i) => i,
+            None => {
+                charts.push((chart.to_string(), Vec::new(), Vec::new()));
+                charts.len() - 1
+            }
+        };
+        let (_, rate, memory) = &mut charts[i];
+        for (series, y) in [(rate, m.tokens_per_s), (memory, m.peak_rss_mb)] {
+            match series.iter_mut().find(|s| s.name == name) {
+                Some(s) => s.points.push((x as f64, y)),
+                None => series.push(Series {
+                    name: name.clone(),
+                    points: vec![(x as f64, y)],
+                }),
+            }
+        }
+    }
+    if charts.is_empty() {
+        return Ok(Vec::new());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let backend = results
+        .first()
+        .map(|m| format!("{}, {} threads", m.backend, m.threads))
+        .unwrap_or_default();
+    let mut written = Vec::new();
+    for (chart, rate, memory) in charts {
+        let (title, x_label) = match chart.as_str() {
+            "xl" => ("XL-small", "memory length (tokens)"),
+            "memorizing" => (
+                "Memorizing-small training",
+                "kNN store size per row (pairs)",
+            ),
+            "reformer" => ("Reformer-small training", "sequence length (tokens)"),
+            "generate" => ("XL-small generation, batch 1", "context (tokens)"),
+            _ => (chart.as_str(), "x"),
+        };
+        for (file, y_label, series) in [
+            (format!("scale-{chart}.svg"), "tokens / s", rate),
+            (
+                format!("scale-{chart}-memory.svg"),
+                "peak RSS (MiB)",
+                memory,
+            ),
+        ] {
+            let path = dir.join(file);
+            let svg = line_chart(&format!("{title} ({backend})"), x_label, y_label, &series);
+            std::fs::write(&path, svg)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            written.push(path);
+        }
+    }
+    Ok(written)
+}
