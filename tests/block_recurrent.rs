@@ -27,13 +27,8 @@ fn recurrent(gate: GateKind, state_ff: bool, layer: usize) -> BlockRecurrentConf
 }
 
 fn tiny() -> XlConfig {
-    XlConfig::new()
-        .with_n_layers(2)
-        .with_d_model(D)
-        .with_n_heads(HEADS)
-        .with_d_inner(32)
+    tiny_stack()
         .with_mem_len(4)
-        .with_dropout(0.0)
         .with_document_resets(true)
         .with_block_recurrent(Some(recurrent(GateKind::Fixed, true, 1)))
 }
@@ -763,27 +758,24 @@ fn block_recurrent_state_matches_the_package() {
         "grad LN_s gain",
     );
     let t = |name: &str| host(want(name).transpose());
-    check(
-        got(&rec.to_state_query.weight),
-        t("q_to_state.weight"),
-        "grad W_qx",
-    );
-    check(got(&rec.to_state_output.weight), t("w_read"), "grad W_read");
-    check(
-        got(&rec.state_query.weight),
-        t("state_to_q.weight"),
-        "grad W_qc",
-    );
-    check(
-        got(&rec.from_state_query.weight),
-        t("q_from_state.weight"),
-        "grad W_qcx",
-    );
-    check(
-        got(&rec.state_key_value.weight),
-        t("state_to_kv.weight"),
-        "grad W^c_kv",
-    );
+    // The projections, stored transposed in the peer.
+    for (param, name, what) in [
+        (&rec.to_state_query.weight, "q_to_state.weight", "grad W_qx"),
+        (&rec.to_state_output.weight, "w_read", "grad W_read"),
+        (&rec.state_query.weight, "state_to_q.weight", "grad W_qc"),
+        (
+            &rec.from_state_query.weight,
+            "q_from_state.weight",
+            "grad W_qcx",
+        ),
+        (
+            &rec.state_key_value.weight,
+            "state_to_kv.weight",
+            "grad W^c_kv",
+        ),
+    ] {
+        check(got(param), t(name), what);
+    }
     check(
         got(&rec.state_output.weight),
         host(permute(want("to_state_out.weight").transpose())),

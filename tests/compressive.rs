@@ -7,16 +7,9 @@ use memzoo_tests::*;
 use memzoo_train::SegmentModel;
 
 fn tiny() -> XlConfig {
-    XlConfig::new()
-        .with_n_layers(2)
-        .with_d_model(16)
-        .with_n_heads(2)
-        .with_d_inner(32)
-        .with_mem_len(4)
-        .with_dropout(0.0)
-        .with_compressive(Some(
-            CompressiveConfig::new().with_cmem_len(3).with_ratio(2),
-        ))
+    tiny_stack().with_mem_len(4).with_compressive(Some(
+        CompressiveConfig::new().with_cmem_len(3).with_ratio(2),
+    ))
 }
 
 #[test]

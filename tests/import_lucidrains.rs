@@ -422,12 +422,8 @@ fn training_from_the_package_weights_follows_pytorch_step_by_step() {
         let config = TrainConfig::sized(steps, batch, tgt_len)
             .with_schedule(ScheduleConfig::cosine(lr, warmup, 0.0))
             .with_weight_decay(0.01)
-            .with_adam(
-                AdamConfig::new()
-                    .with_beta_1(0.9)
-                    .with_beta_2(0.999)
-                    .with_epsilon(1e-8),
-            )
+            // PyTorch's AdamW: betas (0.9, 0.999), eps 1e-8 (the defaults).
+            .with_adam(AdamConfig::new())
             .with_clip_norm(Some(clip))
             .with_grad_accum(1)
             .with_replicas(Some(replicas))

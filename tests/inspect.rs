@@ -523,14 +523,7 @@ fn masses_by_segment(ins: &Inspection, layer: usize) -> Vec<[f32; 4]> {
 fn inspect_masses_of_compressed_memories_memory_tokens_and_lsh_layers() {
     let dev = flex();
     let tokens = tokens();
-    let tiny = || {
-        memzoo_stack::XlConfig::new()
-            .with_n_layers(2)
-            .with_d_model(16)
-            .with_n_heads(2)
-            .with_d_inner(32)
-            .with_dropout(0.0)
-    };
+    let tiny = tiny_stack;
     // Compressive: XL memory of 8 (one segment), 2 compressed vectors at rate 4: the first
     // segment reads nothing, the second the XL memory, the third also a compressed memory.
     let compressive = tiny().with_mem_len(SEG).with_compressive(Some(

@@ -517,3 +517,14 @@ pub fn assert_carried_and_reset(
         "without the carried state"
     );
 }
+
+/// The tiny stack the memory families' tests build on: 2 layers, d_model 16, 2 heads,
+/// d_inner 32, no dropout (their own memory added by each test).
+pub fn tiny_stack() -> XlConfig {
+    XlConfig::new()
+        .with_n_layers(2)
+        .with_d_model(16)
+        .with_n_heads(2)
+        .with_d_inner(32)
+        .with_dropout(0.0)
+}

@@ -12,13 +12,8 @@ use memzoo_tests::*;
 use memzoo_train::SegmentModel;
 
 fn tiny() -> XlConfig {
-    XlConfig::new()
-        .with_n_layers(2)
-        .with_d_model(16)
-        .with_n_heads(2)
-        .with_d_inner(32)
+    tiny_stack()
         .with_mem_len(0)
-        .with_dropout(0.0)
         .with_document_resets(true)
         .with_rmt(Some(RmtConfig::new().with_mem_tokens(3)))
 }

@@ -36,23 +36,15 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 recall(&t.ids, &exact_ids, k)
             };
             let seg = t.add_s + t.search_s;
-            out.push(Measurement {
-                name: format!("memory-{}-{n}", format!("{kind:?}").to_lowercase()),
-                implementation: "memzoo".into(),
-                backend: args.device.clone(),
-                threads: args.threads,
-                config: serde_json::json!({"stored_per_row": n, "heads": heads, "d_head": d,
+            out.push(one_pass(
+                format!("memory-{}-{n}", format!("{kind:?}").to_lowercase()),
+                args,
+                serde_json::json!({"stored_per_row": n, "heads": heads, "d_head": d,
                     "tokens": tokens, "k": k, "kind": format!("{kind:?}"), "fill_s": t.fill_s,
                     "add_s": t.add_s, "search_s": t.search_s, "recall_at_k": rec}),
-                steps: 1,
-                step_s_median: seg,
-                step_s_min: seg,
-                step_s_max: seg,
-                tokens_per_s: tokens as f64 / seg,
-                params: 0,
-                peak_rss_mb: crate::measure::peak_rss_mb(),
-                ..Default::default()
-            });
+                seg,
+                tokens,
+            ));
         }
     }
     Ok(out)
@@ -219,28 +211,20 @@ pub fn crossover(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, 
                 recall(&r.ids, &exact_ids, k)
             };
             let seg = r.add_s + r.search_s;
-            out.push(Measurement {
-                name: format!(
+            out.push(one_pass(
+                format!(
                     "memory-crossover-{}-{n}",
                     format!("{kind:?}").to_lowercase()
                 ),
-                implementation: "memzoo".into(),
-                backend: args.device.clone(),
-                threads: args.threads,
-                config: serde_json::json!({"stored_per_row": n, "heads": heads,
+                args,
+                serde_json::json!({"stored_per_row": n, "heads": heads,
                     "kv_heads": kv_heads, "d_head": d, "tokens": t, "k": k,
                     "kind": format!("{kind:?}"), "fill_s": r.fill_s, "add_s": r.add_s,
                     "search_s": r.search_s, "recall_at_k": rec,
                     "expansion_search": expansion, "connectivity": connectivity}),
-                steps: 1,
-                step_s_median: seg,
-                step_s_min: seg,
-                step_s_max: seg,
-                tokens_per_s: t as f64 / seg,
-                params: 0,
-                peak_rss_mb: crate::measure::peak_rss_mb(),
-                ..Default::default()
-            });
+                seg,
+                t,
+            ));
         }
     }
     Ok(out)
@@ -297,4 +281,30 @@ pub fn time_segment(
         search_s,
         ids,
     })
+}
+
+/// A memory measurement of one pass (adding a segment's pairs and searching them) of `seg`
+/// seconds over `tokens` tokens.
+fn one_pass(
+    name: String,
+    args: &BenchArgs,
+    config: serde_json::Value,
+    seg: f64,
+    tokens: usize,
+) -> Measurement {
+    Measurement {
+        name,
+        implementation: "memzoo".into(),
+        backend: args.device.clone(),
+        threads: args.threads,
+        config,
+        steps: 1,
+        step_s_median: seg,
+        step_s_min: seg,
+        step_s_max: seg,
+        tokens_per_s: tokens as f64 / seg,
+        params: 0,
+        peak_rss_mb: crate::measure::peak_rss_mb(),
+        ..Default::default()
+    }
 }

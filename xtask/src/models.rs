@@ -18,7 +18,7 @@ use crate::measure::{Measurement, median, peak_rss_kib, peak_rss_mb, rss_kib, ti
 /// `flops_per_token` model FLOPs per token ([`crate::flops`]), against `device`'s matrix-product
 /// rate.
 #[allow(clippy::too_many_arguments)]
-fn measured(
+pub(crate) fn measured(
     name: String,
     args: &BenchArgs,
     config: serde_json::Value,
@@ -49,7 +49,7 @@ fn measured(
 }
 
 /// A segment of random byte tokens, `batch` rows of `len` (no document starts).
-fn random_segment(batch: usize, len: usize, rng: &mut StdRng) -> Segment {
+pub(crate) fn random_segment(batch: usize, len: usize, rng: &mut StdRng) -> Segment {
     let data: Vec<i64> = (0..batch * (len + 1))
         .map(|_| rng.random_range(0..256))
         .collect();

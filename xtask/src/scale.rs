@@ -62,7 +62,7 @@ use memzoo_train::parallel::{eval_step_sharded, shard_rows, train_step_sharded};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::BenchArgs;
-use crate::measure::{Measurement, median, peak_rss_mb, time_steps};
+use crate::measure::{Measurement, time_steps};
 use crate::plot::{Series, line_chart};
 
 /// The x values of a curve: `--lengths`, else the defaults.
@@ -322,26 +322,18 @@ fn measurement(
     args: &BenchArgs,
     device: &Device,
 ) -> Measurement {
-    let med = median(times);
     config["curve"] = curve.into();
     config["x"] = x.into();
-    let mut m = Measurement {
-        name: format!("scale-{curve}-{x}"),
-        implementation: "memzoo".into(),
-        backend: args.device.clone(),
-        threads: args.threads,
+    crate::models::measured(
+        format!("scale-{curve}-{x}"),
+        args,
         config,
-        steps: times.len(),
-        step_s_median: med,
-        step_s_min: times.first().copied().unwrap_or(f64::NAN),
-        step_s_max: times.last().copied().unwrap_or(f64::NAN),
-        tokens_per_s: tokens as f64 / med,
+        times,
+        tokens,
         params,
-        peak_rss_mb: peak_rss_mb(),
-        ..Default::default()
-    };
-    crate::flops::annotate(&mut m, flops_per_token, device);
-    m
+        flops_per_token,
+        device,
+    )
 }
 
 /// XL-small with a memory of `mem`, filled before the first step, trained or evaluated.
@@ -387,7 +379,7 @@ fn xl_point(
     let times = if train {
         let mut optim = TrainConfig::new().optimizer();
         time_steps(warmup, steps, || {
-            let segment = random_segment(batch, tgt_len, &mut rng);
+            let segment = crate::models::random_segment(batch, tgt_len, &mut rng);
             let (_, grads) =
                 train_step_sharded(&model, &device, &segment, &mut states).expect("valid shapes");
             model = optim.step(2.5e-4, model.clone(), grads);
@@ -395,7 +387,7 @@ fn xl_point(
         })
     } else {
         time_steps(warmup, steps, || {
-            let segment = random_segment(batch, tgt_len, &mut rng);
+            let segment = crate::models::random_segment(batch, tgt_len, &mut rng);
             eval_step_sharded(&model, &device, &segment, &mut states).expect("valid shapes");
         })
     };
@@ -417,21 +409,6 @@ fn xl_point(
         args,
         &device,
     ))
-}
-
-/// A segment of random byte tokens (`models::random_segment`).
-fn random_segment(batch: usize, len: usize, rng: &mut StdRng) -> Segment {
-    let data: Vec<i64> = (0..batch * (len + 1))
-        .map(|_| rng.random_range(0..256))
-        .collect();
-    let rows = data.chunks(len + 1);
-    Segment::new(
-        batch,
-        len,
-        rows.clone().flat_map(|r| r[..len].to_vec()).collect(),
-        rows.flat_map(|r| r[1..].to_vec()).collect(),
-    )
-    .expect("batch x len tokens")
 }
 
 /// Memorizing-small as `bench memorizing-small` runs it (multi-query, no XL memory, no
@@ -607,7 +584,7 @@ fn memorizing_point(
     let mut optim = TrainConfig::new().optimizer();
     let mut rng = StdRng::seed_from_u64(0);
     let times = time_steps(warmup, steps, || {
-        let segment = random_segment(batch, len, &mut rng);
+        let segment = crate::models::random_segment(batch, len, &mut rng);
         let (_, grads) =
             train_step_sharded(&model, &device, &segment, &mut states).expect("valid shapes");
         model = optim.step(2.5e-4, model.clone(), grads);

@@ -173,6 +173,11 @@ impl XlState {
         Self::default()
     }
 
+    /// A fresh state holding the kNN memories `knn` (one per kNN layer) and nothing else.
+    pub fn with_knn(knn: Vec<Box<dyn KnnIndex>>) -> Self {
+        Self { knn, ..Self::new() }
+    }
+
     /// Entries stored per row in kNN layer `l` (counting kNN layers only, bottom to top).
     pub fn knn_len(&self, l: usize, row: usize) -> usize {
         self.knn.get(l).map_or(0, |m| m.len(row))
@@ -197,14 +202,7 @@ impl XlState {
         let knn = (0..n)
             .map(|i| memzoo_memory::open(&dir.join(format!("knn-{i}")), config, device))
             .collect::<Result<_, _>>()?;
-        Ok(Self {
-            xl: XlMemory::empty(),
-            knn,
-            xl_valid: Vec::new(),
-            compressed: Default::default(),
-            rmt: Default::default(),
-            block_recurrent: Default::default(),
-        })
+        Ok(Self::with_knn(knn))
     }
 }
 

@@ -247,12 +247,8 @@ pub fn quality(batch: usize, tgt_len: usize) -> TrainConfig {
     TrainConfig::sized(400, batch, tgt_len)
         .with_schedule(ScheduleConfig::cosine(1e-3, 50, 0.0))
         .with_weight_decay(0.01)
-        .with_adam(
-            AdamConfig::new()
-                .with_beta_1(0.9)
-                .with_beta_2(0.999)
-                .with_epsilon(1e-8),
-        )
+        // PyTorch's AdamW: betas (0.9, 0.999), eps 1e-8 (the defaults).
+        .with_adam(AdamConfig::new())
         .with_clip_norm(Some(0.25))
         .with_log_every(50)
         .with_eval_every(100)

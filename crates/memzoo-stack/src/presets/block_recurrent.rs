@@ -39,14 +39,7 @@ pub fn tiny() -> XlConfig {
 /// stack's default (0.1), not checked against the paper; the paper's Adafactor is not
 /// memzoo's (the `--preset` recipe uses Adam).
 pub fn paper() -> XlConfig {
-    XlConfig::new()
-        .with_vocab_size(32_000)
-        .with_n_layers(12)
-        .with_d_model(1024)
-        .with_n_heads(8)
-        .with_d_head(Some(128))
-        .with_d_inner(4096)
-        .with_mem_len(512)
+    super::meliad_decoder(XlConfig::new())
         .with_pre_ln(true)
         .with_positions(PositionConfig::new().with_kind(PositionKind::T5))
         .with_document_resets(true)

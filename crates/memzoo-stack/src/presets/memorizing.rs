@@ -55,17 +55,7 @@ impl MemorizingConfig {
     /// byte tokenizer needs `vocab_size` 256 instead). Their recipe: segments of 512 tokens.
     pub fn paper() -> Self {
         Self::new()
-            .with_xl(
-                Self::new()
-                    .xl
-                    .with_vocab_size(32_000)
-                    .with_n_layers(12)
-                    .with_d_model(1024)
-                    .with_n_heads(8)
-                    .with_d_head(Some(128))
-                    .with_d_inner(4096)
-                    .with_mem_len(512),
-            )
+            .with_xl(super::meliad_decoder(Self::new().xl))
             .with_knn_layers(vec![8])
             .with_knn(
                 KnnLayerConfig::new()

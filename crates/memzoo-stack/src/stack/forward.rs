@@ -345,14 +345,7 @@ impl TransformerXl {
         let knn = (0..self.n_knn_layers())
             .map(|_| self.knn_memory.init(batch, device))
             .collect::<Result<_, _>>()?;
-        Ok(XlState {
-            xl: XlMemory::empty(),
-            knn,
-            xl_valid: Vec::new(),
-            compressed: Default::default(),
-            rmt: Default::default(),
-            block_recurrent: Default::default(),
-        })
+        Ok(XlState::with_knn(knn))
     }
 
     /// With `zero_first_memory`, the memory a sequence starts from when `memory` is empty:
