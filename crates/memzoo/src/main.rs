@@ -100,8 +100,8 @@ enum Command {
     },
     /// One self-contained HTML page showing what a run's memory does on a text: per token the
     /// loss with the memory and with the same weights reading none, per layer and head where
-    /// the attention went (XL memory, retrieved kNN pairs, segment), the retrieved neighbours,
-    /// LSH buckets (docs/inspect.md).
+    /// the attention went (XL or compressed memory, memory tokens, retrieved kNN pairs,
+    /// segment), the retrieved neighbours, LSH buckets (docs/inspect.md).
     Inspect {
         #[command(flatten)]
         common: Common,
