@@ -728,6 +728,26 @@ fn training_with_varied_memory_lengths_reads_the_most_recent_positions() {
         seen.insert(read.expect("the loss of one of the lengths"));
     }
     assert_eq!(seen.len(), 3, "draws {seen:?}");
+    // With document resets: a row that starts a document hides the whole memory (the part
+    // read and the part kept), and keeps only the segment it has just read.
+    let resets = (tiny().with_mem_len(mem_len))
+        .with_document_resets(true)
+        .with_randomness(Randomness::Seeded)
+        .with_train_memory_lengths(vec![read])
+        .init(&dev)
+        .unwrap()
+        .load_record(plain.clone().into_record());
+    let mut state = whole();
+    state.xl_valid = vec![mem_len, mem_len];
+    let (x, y) = (fixture_tokens(2, &dev), fixture_tokens(3, &dev));
+    let step = Step::reset(&[false, true]).with_options(plain.eval_options());
+    resets.train_step(x, y, &mut state, &step).unwrap();
+    assert_eq!(state.xl.len(), mem_len);
+    assert_eq!(
+        state.xl_valid,
+        vec![mem_len, 6],
+        "row 1 keeps its own segment only"
+    );
     let rmt = (tiny().with_mem_len(0))
         .with_rmt(Some(memzoo_stack::RmtConfig::new()))
         .with_train_memory_lengths(vec![2]);
