@@ -2,9 +2,10 @@
 //! where as tensor ops.
 //!
 //! On the `flex` backend, with no dropout on the probabilities, Transformer-XL's and T5's
-//! schemes run scores, relative shift, mask, softmax and `P V` (forward and backward) as one
-//! multi-threaded op; everywhere else (other backends, the learned scheme, `dropatt > 0` in
-//! training) the tensor-op path [`attend_tensor_ops`](RelativeMultiHeadAttention::attend_tensor_ops)
+//! schemes (and the learned one without its biases, `learned_biases = false`, which is XL's
+//! shifted form) run scores, relative shift, mask, softmax and `P V` (forward and backward) as
+//! one multi-threaded op; everywhere else (other backends, the learned scheme with its biases,
+//! `dropatt > 0` in training) the tensor-op path [`attend_tensor_ops`](RelativeMultiHeadAttention::attend_tensor_ops)
 //! runs, which is also the reference the kernel is tested against (`tests/fused_relative.rs`).
 //!
 //! The kNN layer (`memzoo_knn::KnnAttention`) reads its retrieved pairs with a fused kernel on
@@ -59,14 +60,19 @@ impl RelativeMultiHeadAttention {
     }
 
     /// Whether [`attend`](Self::attend) runs the fused kernel: on `flex`, f32, XL or T5
-    /// positions, and no dropout on the probabilities (none configured, or no autodiff).
+    /// positions (or learned ones without their biases), and no dropout on the probabilities
+    /// (none configured, or no autodiff).
     pub fn fused_applies(&self, q: &Tensor<4>, ctx: &RelativeContext) -> bool {
         let device = q.device();
-        let scheme = matches!(
-            (&self.scheme, &ctx.index),
+        let scheme = match (&self.scheme, &ctx.index) {
             (PositionParams::Xl(_), PositionIndex::Xl(_))
-                | (PositionParams::T5(_), PositionIndex::T5(_))
-        );
+            | (PositionParams::T5(_), PositionIndex::T5(_)) => true,
+            // The learned scheme without its biases is XL's shifted form (below).
+            (PositionParams::Learned(_), PositionIndex::Learned(_)) => {
+                !self.positions.learned_biases
+            }
+            _ => false,
+        };
         memzoo_fused::supports(&device)
             && q.dtype() == DType::F32
             && scheme
@@ -102,6 +108,14 @@ impl RelativeMultiHeadAttention {
                 let qc = (q + per_head(&biases.content)).mul_scalar(scale);
                 (qc, RelativePosition::Shifted { qp, r })
             }
+            (PositionParams::Learned(p), PositionIndex::Learned(idx))
+                if !self.positions.learned_biases =>
+            {
+                // q·k s + relative_shift(q·E_d s): XL's shifted form, E_d read per column.
+                let r = p.embedding.val().select(0, idx.clone()); // [W, h, dh]
+                let q = q.mul_scalar(scale);
+                (q.clone(), RelativePosition::Shifted { qp: q, r })
+            }
             (PositionParams::T5(p), PositionIndex::T5(idx)) => {
                 // β_{bucket(i + mlen - j)}, read per pair inside the kernel.
                 let position = RelativePosition::Buckets {
@@ -112,7 +126,8 @@ impl RelativeMultiHeadAttention {
             }
             _ => {
                 return Err(RelativeError::Input(format!(
-                    "the fused kernel takes XL or T5 positions, not {:?} (context) / {:?} (layer)",
+                    "the fused kernel takes XL, T5 or bias-free learned positions, not {:?} \
+                     (context) / {:?} (layer)",
                     ctx.index.kind(),
                     self.positions.kind
                 )));
