@@ -248,8 +248,11 @@ fn xl_cached_generation_equals_recomputation() {
         check_cached_equals_recomputed(&model, 4, &prompt, 12, &dev, "xl, segments of 4");
     assert_eq!(segments, (5 + 12) / 4);
 
+    // With a memory covering the context, the generator reads the prompt in one pass
+    // (`split_free_tokens`): the same logits as token by token.
     let new = 10;
     let model = model.with_mem_len(prompt.len() + new);
+    assert_eq!(model.split_free_tokens(), prompt.len() + new);
     check_cached_equals_recomputed(&model, 1, &prompt, new, &dev, "xl, one-token steps");
     let mut generator = Generator::new(&model, 1, &dev).unwrap();
     generator.read(&prompt).unwrap();
@@ -269,6 +272,14 @@ fn xl_cached_generation_equals_recomputation() {
         worst < 1e-4,
         "one-token steps vs one pass: max |diff| = {worst:e}"
     );
+    // The generator read through its key/value cache: every layer's memory holds the
+    // `[k; v]` of 4 heads of 8 (width 64), not the layer inputs (d_model 32).
+    let memory = &generator.state().xl;
+    assert_eq!(memory.len(), prompt.len() + new);
+    for l in 0..3 {
+        assert_eq!(memory.layer(l).unwrap().dims()[2], 2 * 4 * 8, "layer {l}");
+    }
+    assert!(model.for_generation(1).unwrap().for_generation(1).is_none());
 }
 
 /// The Memorizing Transformer generates retrieving from its kNN memory and adding to it: the
@@ -287,6 +298,9 @@ fn memorizing_cached_generation_equals_recomputation() {
         .with_knn(tiny_knn());
     let std = xl_init_std(&model.stack());
     let model = seeded_weights(model.init(&dev).unwrap(), 2, std);
+    // A kNN layer reads a segment's own keys locally and earlier ones from its memory: the
+    // split into segments matters, so a prompt is read segment by segment.
+    assert_eq!(model.split_free_tokens(), 0);
     let (prompt, new, len) = (walk(6, 40, 3), 13, 4);
     let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, "memorizing");
     assert_eq!(segments, (6 + 13) / len);
@@ -348,6 +362,10 @@ fn reformer_generation_reads_a_sliding_window() {
         .init(&dev)
         .unwrap();
     let model = seeded_weights(model, 3, |_| 0.3);
+    assert!(
+        model.for_generation(6).is_none(),
+        "LSH and local layers cache no keys: the model generates as it is"
+    );
     let prompt = walk(5, 40, 5);
     let segments = check_cached_equals_recomputed(&model, 6, &prompt, 10, &dev, "reformer");
     assert_eq!(segments, 0, "no state: nothing committed");

@@ -292,14 +292,55 @@ fn check_with(
         case.causal,
         case.window,
     );
+    let what = format!(
+        "{:?} qlen {} mlen {} causal {} window {:?}",
+        case.positions.kind, case.qlen, case.mlen, case.causal, case.window
+    );
+    assert_close(&got, &want, 2e-4, &what);
+
+    // Generation's form of XL positions: `W_R R_d` read from a table per distance gives
+    // the same outputs (fused kernel) and scores (tensor ops) as the projected sinusoids.
+    let klen = case.qlen + case.mlen;
+    let rows = |max| {
+        RelativeContext::with_table_rows(&case.positions, max, case.qlen, case.mlen, &mask, dev)
+    };
+    if case.positions.kind != PositionKind::Xl || !case.causal {
+        assert!(rows(klen).is_none(), "{what}: no table rows");
+        return;
+    }
+    let reach = case.positions.clamped(klen as i64 - 1) as usize;
+    if reach > 0 {
+        assert!(
+            rows(reach - 1).is_none(),
+            "{what}: a table short of the pass"
+        );
+    }
+    let tabled = att.clone().with_position_table(reach + 3);
+    let rows = rows(reach + 3).expect("a causal XL pass within the table");
+    let out = tabled
+        .forward(x.clone(), mem.clone(), &rows, shared.as_ref())
+        .unwrap();
+    assert_close(&host(out), &want, 2e-4, &format!("{what}, table"));
+    let (q, k, _) = att.project(x, mem, &ctx).unwrap();
+    let [q, k] = [q, k].map(|t| t.swap_dims(1, 2));
+    let scores = |a: &RelativeMultiHeadAttention, c| {
+        host(a.scores(q.clone(), k.clone(), c, shared.as_ref()).unwrap())
+    };
     assert_close(
-        &got,
-        &want,
-        2e-4,
-        &format!(
-            "{:?} qlen {} mlen {} causal {} window {:?}",
-            case.positions.kind, case.qlen, case.mlen, case.causal, case.window
-        ),
+        &scores(&tabled, &rows),
+        &scores(&att, &ctx),
+        1e-5,
+        &format!("{what}, table scores"),
+    );
+    // A layer without the table refuses a context that reads one.
+    assert!(
+        att.forward(
+            randn([batch, case.qlen, dm], 3, dev),
+            None,
+            &rows,
+            shared.as_ref()
+        )
+        .is_err()
     );
 }
 

@@ -15,6 +15,11 @@ Usage: scale.py CURVE MODE X [--warmup W] [--steps S] [--mem-budget-gb G]
                       token per forward with `mems` (what its `generate` does after the prompt:
                       prepare_inputs_for_generation feeds the last token and the mems), under
                       no_grad; the prompt is not timed. tokens_per_s = 1 / median token time.
+  reformer generate CTX  reformer-pytorch, the same ReformerLM with max_seq_len CTX (axial
+                      shape 64 x CTX/64), batch 1, under no_grad: --steps tokens greedily, each
+                      one forward over the window of the last CTX tokens (what its
+                      TrainingWrapper.generate does once the sequence is longer than
+                      max_seq_len); the first window is not timed.
   reformer train LEN  reformer-pytorch ReformerLM (~/.cache/memzoo-peers/venv/bin/python) as
                       bench_peers.py's `reformer-small` (6 x 256, 8 heads x 32, bucket 64,
                       4 rounds, causal, reversible, ff_chunks 16, axial positions) at length
@@ -134,10 +139,39 @@ def generate_xl(context, tokens):
             mems = out.mems
             token = out.prediction_scores[:, -1:].argmax(-1)
             times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
     info = {"impl": "HF TransfoXL", "transformers": transformers.__version__, "context": context,
-            "tokens": tokens, "mem_len": context + tokens, "curve": "generate", "x": context}
-    print(json.dumps({"name": f"scale-generate-{context}", "implementation": "HF TransfoXL",
+            "tokens": tokens, "mem_len": context + tokens, "curve": "generate-xl", "x": context}
+    print_generation("xl", context, "HF TransfoXL", torch, info, times, tokens)
+
+
+def generate_reformer(context, tokens):
+    import torch
+    from reformer_pytorch import ReformerLM
+    model = ReformerLM(num_tokens=VOCAB, dim=256, depth=6, max_seq_len=context, heads=8,
+                       dim_head=32, bucket_size=64, n_hashes=4, causal=True, ff_chunks=16,
+                       axial_position_emb=True, axial_position_shape=(64, context // 64),
+                       reverse_thres=0).eval()
+    g = torch.Generator().manual_seed(1)
+    seq = torch.randint(0, VOCAB, (1, context), generator=g)
+    times = []
+    with torch.no_grad():
+        reset_peak()
+        for i in range(tokens + 1):
+            t0 = time.perf_counter()
+            logits = model(seq[:, -context:])
+            token = logits[:, -1:].argmax(-1)
+            seq = torch.cat([seq, token], dim=1)
+            if i > 0:
+                times.append(time.perf_counter() - t0)
+    info = {"impl": "reformer-pytorch", "context": context, "tokens": tokens,
+            "window": context, "curve": "generate-reformer", "x": context}
+    print_generation("reformer", context, "reformer-pytorch", torch, info, times, tokens)
+
+
+def print_generation(family, context, implementation, torch, info, times, tokens):
+    med = statistics.median(times)
+    print(json.dumps({"name": f"scale-generate-{family}-{context}",
+                      "implementation": implementation,
                       "backend": "torch " + torch.__version__, "threads": 2, "config": info,
                       "steps": tokens, "step_s_median": med, "step_s_min": min(times),
                       "step_s_max": max(times), "tokens_per_s": 1.0 / med,
@@ -161,7 +195,7 @@ def main():
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
     curve = f"{a.curve}-{a.mode}" if a.curve == "xl" else a.curve
     if a.mode == "generate":
-        generate_xl(a.x, a.steps)
+        (generate_xl if a.curve == "xl" else generate_reformer)(a.x, a.steps)
         return
     try:
         if a.curve == "xl":

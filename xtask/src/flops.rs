@@ -107,6 +107,57 @@ pub fn forward_flops_per_token(config: &XlConfig, tgt_len: usize, batch: usize) 
     total + 2.0 * d * config.vocab_size as f64
 }
 
+/// FLOPs per generated token (model FLOPs, forward only) of `config` generating `tokens`
+/// tokens in segments of `segment_len` after a context of `context` tokens, as
+/// `memzoo_train::generate` does:
+/// - a stack that carries state (XL memory or kNN memory) reads, for the `i`-th new token, its
+///   unfinished segment again: `n_i = (context + i) mod segment_len + 1` tokens (the segment
+///   read for good when it completes is the same pass). Its copy for generation
+///   (`TransformerXl::for_generation`) caches the memory's keys and values and XL's `W_R r`,
+///   so that pass projects only its own `n_i` positions: the forward pass of `n_i` tokens
+///   without memory, plus the scores, the position term (XL) and the values of its queries
+///   over the `m = min(context, mem_len)` memory keys, `(2 + 2 [+ 2 XL]) h e m` per query;
+/// - a stack without state (the Reformer) reads the window of the last `segment_len` tokens
+///   again for every token: `segment_len` tokens' forward pass.
+///
+/// The mean over the `tokens` new tokens.
+pub fn generation_flops_per_token(
+    config: &XlConfig,
+    context: usize,
+    segment_len: usize,
+    tokens: usize,
+) -> f64 {
+    let s = segment_len.max(1);
+    let stateful = config.mem_len > 0 || config.layer_kinds().contains(&LayerKind::Knn);
+    if !stateful {
+        return forward_flops_per_token(config, s, 1) * s as f64;
+    }
+    let h = config.n_heads as f64;
+    let e = config.head_width() as f64;
+    let m = context.min(config.mem_len) as f64;
+    let local = config.clone().with_mem_len(0);
+    let d = config.d_model as f64;
+    // Per query: the memory keys' scores, values and (XL) position term; less XL's `W_R r` of
+    // the pass's own positions, which the forward pass counts and the table reads instead.
+    let per_query: f64 = config
+        .layer_kinds()
+        .iter()
+        .map(|k| match k {
+            LayerKind::Xl => 6.0 * h * e * m - 2.0 * d * h * e,
+            LayerKind::Learned => 6.0 * h * e * m,
+            _ => 4.0 * h * e * m,
+        })
+        .sum();
+    let tokens = tokens.max(1);
+    let total: f64 = (0..tokens)
+        .map(|i| {
+            let n = (context + i) % s + 1;
+            n as f64 * (forward_flops_per_token(&local, n, 1) + per_query)
+        })
+        .sum();
+    total / tokens as f64
+}
+
 /// The size of the matrix product [`sgemm_gflops`] times: XL-small's feed-forward input
 /// (`[8 x 128, 256] x [256, 1024]`), the product that dominates the reference configs.
 pub const SGEMM_SHAPE: [usize; 3] = [1024, 256, 1024];

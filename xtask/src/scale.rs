@@ -76,10 +76,12 @@ fn points(curve: &str, args: &BenchArgs) -> Vec<usize> {
         ("memorizing", true) => vec![8_192, 32_768],
         ("memorizing", false) => vec![8_192, 16_384, 32_768, 65_536, 131_072, 262_144],
         ("reformer", true) => vec![4_096, 8_192],
-        ("generate", true) => vec![128, 512],
-        // 4,096 takes ten minutes under load: memzoo's `Generator` reads the prompt in
-        // segments of `segment_len`, here one token at a time (`--lengths` adds it).
-        ("generate", false) => vec![128, 512, 1_024, 2_048],
+        ("generate-xl", true) => vec![128, 512],
+        ("generate-xl", false) => vec![128, 512, 1_024, 2_048, 4_096],
+        ("generate-memorizing", true) => vec![512, 2_048],
+        ("generate-memorizing", false) => vec![512, 2_048, 8_192, 32_768],
+        ("generate-reformer", true) => vec![512, 1_024],
+        ("generate-reformer", false) => vec![512, 1_024, 2_048, 4_096],
         _ => vec![4_096, 8_192, 16_384, 32_768, 65_536],
     }
 }
@@ -143,18 +145,15 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 }
             }
             "generate" => {
-                for &context in &xs {
-                    keep(
-                        &mut out,
-                        args,
-                        child(&format!("scale-generate-{context}"), args, &[])?,
-                    )?;
-                    if !args.no_peers {
-                        keep(
-                            &mut out,
-                            args,
-                            peer(&["xl", "generate", &context.to_string()], args)?,
-                        )?;
+                for family in GENERATORS {
+                    for &context in &points(&format!("generate-{family}"), args) {
+                        let target = format!("scale-generate-{family}-{context}");
+                        keep(&mut out, args, child(&target, args, &[])?)?;
+                        // memorizing-transformers-pytorch has no generation.
+                        if !args.no_peers && family != "memorizing" {
+                            let point = [family, "generate", &context.to_string()];
+                            keep(&mut out, args, peer(&point, args)?)?;
+                        }
                     }
                 }
             }
@@ -304,7 +303,7 @@ pub fn point(target: &str, args: &BenchArgs, device: &Device) -> Result<Vec<Meas
             Ok(vec![memorizing_point(kind, x, args, device)?])
         }
         Some(["reformer"]) => Ok(vec![reformer_point(x, args, device)?]),
-        Some(["generate"]) => Ok(vec![generate_point(x, args, device)?]),
+        Some(["generate", family]) => Ok(vec![generate_point(family, x, args, device)?]),
         _ => Err(bad()),
     }
 }
@@ -632,37 +631,80 @@ fn reformer_point(len: usize, args: &BenchArgs, device: &Device) -> Result<Measu
     Ok(m)
 }
 
-/// XL-small (no dropout) generating after a prompt of `context` random tokens, one token per
-/// step over a memory covering the whole context (`segment_len` 1, `mem_len` = context +
-/// tokens: the key/value cache of `memzoo generate --segment-len 1`), greedy; the prompt's
-/// reading is not timed. `--steps` tokens (default 16, quick 8).
+/// The families of the generation curves (`--families generate`), one curve each,
+/// `generate-<family>`.
+const GENERATORS: [&str; 3] = ["xl", "memorizing", "reformer"];
+
+/// Memorizing-small's generation segments: its training segment length (`memzoo generate`'s
+/// default `--segment-len`).
+const MEMORIZING_SEGMENT: usize = 512;
+
+/// A model of `family` (no dropout) generating greedily after a prompt of `context` random
+/// tokens, batch 1, through [`memzoo_train::generate::generate`]; `--steps` tokens (default 16,
+/// quick 8), the prompt's reading not timed:
+/// - `xl`: XL-small, one token per segment over an XL memory covering the context
+///   (`memzoo generate --segment-len 1 --mem-len N`): the generator's key/value and position
+///   caches ([`memzoo_stack::TransformerXl::for_generation`]);
+/// - `memorizing`: Memorizing-small in its training segments of [`MEMORIZING_SEGMENT`], its
+///   kNN memory (exact search) holding every completed segment of the context: each token
+///   reads its unfinished segment again over the XL memory and the kNN memory;
+/// - `reformer`: Reformer-small (axial positions for `context`) reading the window of the last
+///   `context` tokens again for every token (no sound cache for LSH attention).
 fn generate_point(
+    family: &str,
     context: usize,
     args: &BenchArgs,
     device: &Device,
 ) -> Result<Measurement, String> {
     use memzoo_train::generate::{GenerateConfig, SampleConfig, generate};
     let tokens = args.steps.unwrap_or(if args.quick { 8 } else { 16 });
-    let config = memzoo_stack::XlConfig::small()
-        .with_dropout(0.0)
-        .with_mem_len(context + tokens);
-    let model = config.init(device).map_err(|e| e.to_string())?;
+    let (stack, segment_len) = match family {
+        "xl" => (
+            memzoo_stack::XlConfig::small()
+                .with_dropout(0.0)
+                .with_mem_len(context + tokens),
+            1,
+        ),
+        "memorizing" => {
+            let small = MemorizingConfig::small();
+            let knn = small
+                .knn
+                .clone()
+                .with_index(IndexKind::Exact)
+                .with_max_memories(context + tokens);
+            let config = small
+                .clone()
+                .with_xl(small.xl.clone().with_dropout(0.0))
+                .with_knn(knn);
+            (config.stack(), MEMORIZING_SEGMENT)
+        }
+        "reformer" => (
+            ReformerConfig::small()
+                .with_dropout(0.0)
+                .with_max_seq_len(context)
+                .stack(),
+            context,
+        ),
+        other => return Err(format!("no generation curve for `{other}`")),
+    };
+    let model = stack.init(device).map_err(|e| e.to_string())?;
     let params = model.num_params();
     let mut rng = StdRng::seed_from_u64(0);
     let prompt: Vec<i64> = (0..context).map(|_| rng.random_range(0..256)).collect();
     let greedy = |tokens| {
-        GenerateConfig::new(tokens, 1).with_sampler(SampleConfig::new().with_temperature(0.0))
+        GenerateConfig::new(tokens, segment_len)
+            .with_sampler(SampleConfig::new().with_temperature(0.0))
     };
     let err = |e: memzoo_train::generate::GenerateError| e.to_string();
     generate(&model, &prompt[..context.min(64)], &greedy(2), device).map_err(err)?;
     let run = generate(&model, &prompt, &greedy(tokens), device).map_err(err)?;
-    let flops = crate::flops::forward_flops_per_token(&config.clone().with_mem_len(context), 1, 1);
+    let flops = crate::flops::generation_flops_per_token(&stack, context, segment_len, tokens);
     let mut m = measurement(
-        "generate",
+        &format!("generate-{family}"),
         context,
-        serde_json::json!({"model": "xl-small", "context": context, "tokens": tokens,
-            "segment_len": 1, "mem_len": context + tokens, "greedy": true, "batch": 1,
-            "prompt_read_excluded": true}),
+        serde_json::json!({"model": format!("{family}-small"), "context": context,
+            "tokens": tokens, "segment_len": segment_len, "mem_len": stack.mem_len,
+            "greedy": true, "batch": 1, "prompt_read_excluded": true}),
         &[run.seconds_per_token],
         1,
         params,
@@ -808,7 +850,7 @@ pub fn write_plots(results: &[Measurement], dir: &Path) -> Result<Vec<PathBuf>, 
                 "kNN store size per row (pairs)",
             ),
             "reformer" => ("Reformer-small training", "sequence length (tokens)"),
-            "generate" => ("XL-small generation, batch 1", "context (tokens)"),
+            "generate" => ("Generation, batch 1", "context (tokens)"),
             _ => (chart.as_str(), "x"),
         };
         for (file, y_label, series) in [

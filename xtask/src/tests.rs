@@ -415,6 +415,45 @@ fn flops_per_token_match_a_hand_count() {
     assert!((40e6..43e6).contains(&small), "{small}");
 }
 
+/// `flops::generation_flops_per_token` against a hand count of one generated token of the
+/// same two-layer stack, one token per segment over a memory of `c` positions: the token's own
+/// projections (its key and value enter the cache), its scores and values over the `c` cached
+/// keys and itself, XL's position term over those `c + 1` distances read from the table (no
+/// `W_R` product), the kNN layer's retrieved pairs, the feed-forward and the head.
+#[test]
+fn generation_flops_match_a_hand_count() {
+    use memzoo_stack::{KnnLayerConfig, LayerKind, XlConfig};
+    let c = 7usize;
+    let (d, h, e, f, v, k) = (8usize, 2usize, 4usize, 16usize, 10usize, 2usize);
+    let config = XlConfig::new()
+        .with_n_layers(2)
+        .with_d_model(d)
+        .with_n_heads(h)
+        .with_d_head(Some(e))
+        .with_d_inner(f)
+        .with_vocab_size(v)
+        .with_mem_len(c)
+        .with_kv_heads(Some(1))
+        .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
+        .with_knn(KnnLayerConfig::new().with_top_k(k));
+    let mm = |m: usize, k: usize, n: usize| 2 * m * k * n;
+    let keys = c + 1;
+    let own = mm(1, d, h * e) + mm(1, d, 2 * e) + mm(1, h * e, d) + mm(1, d, f) + mm(1, f, d);
+    let xl = own + h * (mm(1, e, keys) + mm(1, e, keys) + mm(1, keys, e));
+    let knn = own + h * (mm(1, e, keys) + mm(1, keys, e)) + h * (mm(1, e, k) + mm(1, k, e));
+    let hand = (xl + knn + mm(1, d, v)) as f64;
+    let counted = crate::flops::generation_flops_per_token(&config, c, 1, 5);
+    assert!(
+        (counted - hand).abs() < 1e-9 * hand,
+        "counted {counted}, by hand {hand}"
+    );
+    // A stack without state reads its whole window again: the forward pass of the window.
+    let window = XlConfig::small().with_mem_len(0);
+    let once = crate::flops::forward_flops_per_token(&window, 64, 1) * 64.0;
+    let counted = crate::flops::generation_flops_per_token(&window, 1000, 64, 3);
+    assert!((counted - once).abs() < 1e-9 * once);
+}
+
 /// `bench scale`'s table pairs each point with the peer's at the same x and states the growth
 /// between the first and the last point; its charts are one per curve.
 #[test]

@@ -371,6 +371,20 @@ impl KnnAttention {
         })
     }
 
+    /// The same layer reading its XL memory as cached keys and values when `on`
+    /// ([`RelativeMultiHeadAttention::with_memory_keys_values`]).
+    pub fn with_memory_keys_values(mut self, on: bool) -> Self {
+        self.attention = self.attention.with_memory_keys_values(on);
+        self
+    }
+
+    /// The same layer holding its local attention's `W_R R_d` per distance
+    /// ([`RelativeMultiHeadAttention::with_position_table`]; unchanged unless XL positions).
+    pub fn with_position_table(mut self, max_distance: usize) -> Self {
+        self.attention = self.attention.with_position_table(max_distance);
+        self
+    }
+
     /// What a key/value XL memory caches for inputs `h`: the normalised keys `k̂` and the
     /// values, as [`RelativeMultiHeadAttention::cache_entry`] lays them out.
     ///

@@ -3,12 +3,12 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use memzoo_reformer::rng::{dropout_mask, mix};
 
 use crate::error::RelativeError;
-use crate::positions::{PositionConfig, PositionIndex, PositionKind, RelativeContext};
+use crate::positions::{PositionConfig, PositionIndex, PositionKind, RelativeContext, sinusoid};
 use crate::rows::linear_rows;
 use crate::shift::relative_shift;
 
@@ -221,6 +221,12 @@ pub struct RelativeMultiHeadAttention {
     /// before); `None`, Burn's `Dropout` draws them from the device's generator.
     #[module(skip)]
     pub dropout_seed: Option<u64>,
+    /// XL only, for generation: `W_R R_d` of every distance `d` in `-1 ..= n`, row `d + 1`,
+    /// `[n + 2, n_heads * d_head]`, detached
+    /// ([`with_position_table`](Self::with_position_table)); read by contexts of
+    /// [`PositionIndex::XlRows`]. `None`: every pass projects its sinusoids.
+    #[module(skip)]
+    pub position_table: Option<Box<Tensor<2>>>,
 }
 
 impl RelativeAttentionConfig {
@@ -315,6 +321,7 @@ impl RelativeAttentionConfig {
             memory_gradients: self.memory_gradients,
             memory_keys_values: self.memory_keys_values,
             dropout_seed: None,
+            position_table: None,
         })
     }
 }
@@ -393,6 +400,59 @@ impl RelativeMultiHeadAttention {
         };
         let q = linear_rows(&self.query, x).reshape([batch, qlen, h, dh]);
         Ok((q, k, v))
+    }
+
+    /// The same layer reading its memory as cached keys and values
+    /// ([`cache_entry`](Self::cache_entry)) when `on`, as layer inputs to project otherwise:
+    /// the two compute the same outputs from the same history (the cache holds what the
+    /// projection would compute again), so a trained layer can generate from a cache.
+    pub fn with_memory_keys_values(mut self, on: bool) -> Self {
+        self.memory_keys_values = on;
+        self
+    }
+
+    /// The same layer holding `W_R R_d` for every distance `d` in `-1 ..= max_distance`
+    /// (`clamp_len` applied), computed once with the current `W_R`, detached, for contexts of
+    /// [`PositionIndex::XlRows`] ([`RelativeContext::with_table_rows`]). In generation one
+    /// token at a time over a memory of `m` positions, projecting the sinusoids of the
+    /// `m + 2` columns is `2 d_model h d_head` FLOPs per position and layer in every pass;
+    /// the table reads them. For inference: `W_R` gets no gradient through the table. Layers
+    /// of another scheme are returned unchanged.
+    pub fn with_position_table(mut self, max_distance: usize) -> Self {
+        let PositionParams::Xl(p) = &self.scheme else {
+            return self;
+        };
+        let device = p.r_net.weight.device();
+        let mut data = Vec::with_capacity((max_distance + 2) * self.d_model);
+        for d in -1..=max_distance as i64 {
+            sinusoid(self.positions.clamped(d), self.d_model, &mut data);
+        }
+        let r = Tensor::<2>::from_data(
+            TensorData::new(data, [max_distance + 2, self.d_model]),
+            &device,
+        );
+        self.position_table = Some(Box::new(p.r_net.forward(r).detach()));
+        self
+    }
+
+    /// `W_R R` of the context's columns read from [`position_table`](Self::position_table).
+    ///
+    /// # Shapes
+    /// - `rows`: `[W]` → `[W, n_heads, d_head]`
+    pub(crate) fn table_rows(&self, rows: &Tensor<1, Int>) -> Result<Tensor<3>, RelativeError> {
+        let table = self.position_table.as_ref().ok_or_else(|| {
+            RelativeError::Input(
+                "the context reads XL positions from a table this layer does not hold \
+                 (RelativeMultiHeadAttention::with_position_table)"
+                    .into(),
+            )
+        })?;
+        let w = rows.dims()[0];
+        Ok(table
+            .as_ref()
+            .clone()
+            .select(0, rows.clone())
+            .reshape([w, self.n_heads, self.d_head]))
     }
 
     /// The per-head keys `W_k h_j` and values `W_v h_j (+ b_v)` of the inputs `h` (key/value
@@ -620,6 +680,19 @@ impl RelativeMultiHeadAttention {
                     .permute([1, 2, 0])
                     .unsqueeze_dim::<4>(0);
                 // (a) + (c): (q + u)·k ;  (b) + (d): (q + v)·W_R R, re-indexed by key.
+                let ac = (q.clone() + per_head(&biases.content))
+                    .mul_scalar(scale)
+                    .matmul(kt);
+                let bd = (q + per_head(&biases.position)).mul_scalar(scale).matmul(r);
+                Ok(ac + relative_shift(bd, klen))
+            }
+            (PositionParams::Xl(p), PositionIndex::XlRows(rows)) => {
+                let biases = p.biases_or(shared)?;
+                // W_R R from the table: [W, h, dh] -> [1, h, dh, W]
+                let r = self
+                    .table_rows(rows)?
+                    .permute([1, 2, 0])
+                    .unsqueeze_dim::<4>(0);
                 let ac = (q.clone() + per_head(&biases.content))
                     .mul_scalar(scale)
                     .matmul(kt);

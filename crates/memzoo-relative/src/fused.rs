@@ -65,7 +65,7 @@ impl RelativeMultiHeadAttention {
     pub fn fused_applies(&self, q: &Tensor<4>, ctx: &RelativeContext) -> bool {
         let device = q.device();
         let scheme = match (&self.scheme, &ctx.index) {
-            (PositionParams::Xl(_), PositionIndex::Xl(_))
+            (PositionParams::Xl(_), PositionIndex::Xl(_) | PositionIndex::XlRows(_))
             | (PositionParams::T5(_), PositionIndex::T5(_)) => true,
             // The learned scheme without its biases is XL's shifted form (below).
             (PositionParams::Learned(_), PositionIndex::Learned(_)) => {
@@ -104,6 +104,14 @@ impl RelativeMultiHeadAttention {
                 let w = sinusoid.dims()[0];
                 let r = p.r_net.forward(sinusoid.clone()).reshape([w, h, dh]);
                 // (a) + (c) scored with s (q + u), (b) + (d) with s (q + v).
+                let qp = (q.clone() + per_head(&biases.position)).mul_scalar(scale);
+                let qc = (q + per_head(&biases.content)).mul_scalar(scale);
+                (qc, RelativePosition::Shifted { qp, r })
+            }
+            (PositionParams::Xl(p), PositionIndex::XlRows(rows)) => {
+                let biases = p.biases_or(shared)?;
+                // W_R R read from the layer's table: [W, h, dh]
+                let r = self.table_rows(rows)?;
                 let qp = (q.clone() + per_head(&biases.position)).mul_scalar(scale);
                 let qc = (q + per_head(&biases.content)).mul_scalar(scale);
                 (qc, RelativePosition::Shifted { qp, r })

@@ -364,6 +364,39 @@ impl RelativeContext {
         }
     }
 
+    /// The context of an XL scheme whose layers hold their `W_R R` per distance in a table
+    /// covering distances `-1 ..= max_distance` ([`PositionIndex::XlRows`]), where this pass
+    /// fits it: a causal mask and no (clamped) distance beyond `max_distance`; else `None`
+    /// (build it with [`new`](Self::new)). It computes the same scores as the sinusoid
+    /// context without projecting a sinusoid per column in every pass.
+    pub fn with_table_rows(
+        positions: &PositionConfig,
+        max_distance: usize,
+        qlen: usize,
+        mlen: usize,
+        mask: &AttentionMask,
+        device: &Device,
+    ) -> Option<Self> {
+        let klen = qlen + mlen;
+        let causal = matches!(mask, AttentionMask::Causal { .. });
+        let farthest = positions.clamped(klen as i64 - 1);
+        if positions.kind != PositionKind::Xl || !causal || farthest > max_distance as i64 {
+            return None;
+        }
+        let w = n_columns(qlen, klen, true);
+        let rows: Vec<i64> = (0..w)
+            .map(|c| positions.clamped(distance_of_column(c, klen)) + 1)
+            .collect();
+        Some(Self {
+            qlen,
+            mlen,
+            index: PositionIndex::XlRows(Tensor::from_data(TensorData::new(rows, [w]), device)),
+            mask: mask.build(qlen, mlen, device),
+            mask_value: f32::NEG_INFINITY,
+            t5_table: None,
+        })
+    }
+
     /// The same context with a T5 table that every T5 layer reading it uses instead of its
     /// own (a table shared across layers; its gradient is the sum over those layers).
     ///
@@ -404,6 +437,11 @@ impl RelativeContext {
 pub enum PositionIndex {
     /// XL: the sinusoid of every (clamped) distance, `[columns, d_model]`.
     Xl(Tensor<2>),
+    /// XL read from each layer's table of `W_R R` per distance
+    /// ([`RelativeMultiHeadAttention::with_position_table`](crate::RelativeMultiHeadAttention::with_position_table),
+    /// for generation): the table row of every column, `clamped(d) + 1` (row 0 is distance
+    /// -1, the causal shift's extra column), `[columns]`.
+    XlRows(Tensor<1, Int>),
     /// Learned: the parameter-table row of every distance, `[columns]`.
     Learned(Tensor<1, Int>),
     /// T5: the bucket of every (query, key) pair, `bucket(i + mlen - j)` at `i * klen + j`,
@@ -417,7 +455,7 @@ impl PositionIndex {
     /// The scheme these indices belong to.
     pub fn kind(&self) -> PositionKind {
         match self {
-            PositionIndex::Xl(_) => PositionKind::Xl,
+            PositionIndex::Xl(_) | PositionIndex::XlRows(_) => PositionKind::Xl,
             PositionIndex::Learned(_) => PositionKind::Learned,
             PositionIndex::T5(_) => PositionKind::T5,
             PositionIndex::Absolute => PositionKind::Absolute,

@@ -153,9 +153,27 @@ pub trait RecurrentModel: Module + Clone + core::fmt::Debug + Send + 'static {
         )))
     }
 
+    /// Tokens from a document's start up to which the model reads any split of them into
+    /// segments alike: one segment of them gives the same logits and the same state as
+    /// several (the layer stack: an XL memory that still holds every token read, and nothing
+    /// else carried). Generation reads a prompt's complete segments in one pass up to it.
+    /// Default: 0 (no such tokens).
+    fn split_free_tokens(&self) -> usize {
+        0
+    }
+
     /// The model for evaluation with another memory length (where it has one).
     fn with_eval_mem_len(self, _mem_len: usize) -> Self {
         self
+    }
+
+    /// A copy of the model for generation in segments of at most `segment_len` tokens that
+    /// computes the same logits from the same inputs at less cost per segment, with a state
+    /// of its own (e.g. the layer stack's memory caching keys and values instead of layer
+    /// inputs); `None`: generate with `self`. A state the copy wrote is read by the copy
+    /// alone. Default: `None`.
+    fn for_generation(&self, _segment_len: usize) -> Option<Self> {
+        None
     }
 
     /// The model whose next [`Self::train_step`] draws its own randomness (replayable dropout
@@ -214,6 +232,29 @@ impl RecurrentModel for TransformerXl {
             || self.n_knn_layers() > 0
             || self.rmt.is_some()
             || self.block_recurrent.is_some()
+    }
+
+    /// `mem_len` for a stack whose only carried state is the XL memory read in full (no
+    /// `same_length`, no kNN, LSH or local layers, no compressed memory, memory tokens or
+    /// recurrent state, no zero first memory): while the memory holds every token read, a
+    /// query sees all earlier tokens whatever the segments. 0 for every other stack.
+    fn split_free_tokens(&self) -> usize {
+        let plain = !self.same_length
+            && !self.zero_first_memory
+            && self.compressive.is_none()
+            && self.rmt.is_none()
+            && self.block_recurrent.is_none()
+            && self
+                .layers
+                .iter()
+                .all(|l| matches!(l.attention, crate::stack::LayerAttention::Relative(_)));
+        if plain { self.mem_len } else { 0 }
+    }
+
+    /// The stack caching its memory's keys and values and its layers' projected positions
+    /// ([`TransformerXl::for_generation`]), where it can.
+    fn for_generation(&self, segment_len: usize) -> Option<Self> {
+        TransformerXl::for_generation(self, segment_len)
     }
 
     fn train_step(

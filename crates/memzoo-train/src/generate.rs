@@ -22,6 +22,16 @@
 //! logits and the same tokens (the integration tests check both for every family, across
 //! several segment boundaries).
 //!
+//! The generator reads a copy of the model made for it
+//! ([`RecurrentModel::for_generation`](crate::RecurrentModel::for_generation)), which computes
+//! the same logits at less cost: the layer stack's copy keeps **keys and values** in its XL
+//! memory instead of layer inputs (each position projected once, when it enters the memory,
+//! not again in every later pass) and reads Transformer-XL's projected positions `W_R R_d`
+//! from a table per distance (projected once for every distance a pass can reach, not per
+//! column in every pass). One token over a memory of `m` positions then costs each layer the
+//! scores and values over the `m` keys, not their projections: about 3x faster than
+//! recomputing them on the 2-core CPU at 2K tokens of context (`docs/benchmarks.md`).
+//!
 //! - **Transformer-XL**: with `segment_len` 1 every token is one step over the memory; with a
 //!   `mem_len` covering the whole context, that is exactly one causal pass over the whole
 //!   context (the classic key/value cache; `memzoo generate --segment-len 1 --mem-len N`).
@@ -44,6 +54,7 @@
 //! # }
 //! ```
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use burn::config::Config;
@@ -247,7 +258,11 @@ pub struct Generation {
 /// Reads a context token by token, carrying the model's state across completed segments, and
 /// gives the logits of the next token (see the module docs). Batch of one.
 pub struct Generator<'m, M: SegmentModel> {
-    model: &'m M,
+    /// The model, or its copy for generation ([`RecurrentModel::for_generation`]: the layer
+    /// stack caching its memory's keys and values), which computes the same logits.
+    ///
+    /// [`RecurrentModel::for_generation`]: crate::RecurrentModel::for_generation
+    model: Cow<'m, M>,
     segment_len: usize,
     device: Device,
     /// The state after the completed segments.
@@ -266,6 +281,10 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
         if segment_len == 0 {
             return Err(GenerateError::SegmentLen(segment_len));
         }
+        let model = match model.for_generation(segment_len) {
+            Some(copy) => Cow::Owned(copy),
+            None => Cow::Borrowed(model),
+        };
         Ok(Self {
             model,
             segment_len,
@@ -278,9 +297,32 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
     }
 
     /// Reads `tokens` after what was read before; each segment they complete is read into
-    /// the state.
+    /// the state. Complete segments that the model reads alike in any split
+    /// ([`RecurrentModel::split_free_tokens`](crate::RecurrentModel::split_free_tokens): an XL
+    /// memory still holding every token) are read in one pass: the same logits and state as
+    /// one segment at a time, in one pass instead of many (a long prompt with `segment_len` 1).
     pub fn read(&mut self, tokens: &[i64]) -> Result<(), GenerateError> {
         let vocab = self.model.vocab_size();
+        let read = self.segments * self.segment_len;
+        let whole = (tokens.len() / self.segment_len) * self.segment_len;
+        let tokens = if self.current.is_empty()
+            && self.model.carries_state()
+            && whole > self.segment_len
+            && read + whole <= self.model.split_free_tokens()
+        {
+            let (merged, rest) = tokens.split_at(whole);
+            for &token in merged {
+                check_token(token, vocab)?;
+            }
+            let ids = token_tensor(merged, &self.device);
+            let reset = [self.segments == 0];
+            let logits = self.model.segment_logits(ids, &mut self.state, &reset)?;
+            self.next = Some(last_position(logits));
+            self.segments += whole / self.segment_len;
+            rest
+        } else {
+            tokens
+        };
         for &token in tokens {
             check_token(token, vocab)?;
             self.next = None;
@@ -341,7 +383,9 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
         Ok(out)
     }
 
-    /// The state after the completed segments (e.g. the kNN memory, to save it).
+    /// The state after the completed segments (e.g. the kNN memory, to save it). The layer
+    /// stack's XL memory here holds cached keys and values
+    /// ([`memzoo_stack::TransformerXl::caching_keys_values`]), which only the generator reads.
     pub fn state(&self) -> &M::State {
         &self.state
     }

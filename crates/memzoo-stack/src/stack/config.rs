@@ -546,6 +546,7 @@ impl XlConfig {
             },
             zero_first_memory: self.compat.zero_first_memory,
             memory_keys_values: self.compat.memory_keys_values,
+            position_table: None,
             residual: self.residual,
             final_dropout: self.final_dropout,
             randomness: self.randomness,

@@ -66,6 +66,11 @@ pub struct TransformerXl {
     /// The XL memory caches keys/values (`XlConfig::memory_keys_values`).
     #[module(skip)]
     pub memory_keys_values: bool,
+    /// For generation: every XL-position layer holds `W_R R_d` for the distances
+    /// `-1 ..= n` ([`RelativeMultiHeadAttention::with_position_table`]), and passes whose
+    /// distances it covers read it ([`TransformerXl::for_generation`]). `None`: none does.
+    #[module(skip)]
+    pub position_table: Option<usize>,
     /// Final LayerNorm (pre-LN with `final_norm` only).
     pub final_norm: Option<LayerNorm>,
     /// The output distribution: tied, a linear layer, or an adaptive log-softmax.
@@ -223,6 +228,61 @@ impl TransformerXl {
             }
         }
         self
+    }
+
+    /// The model for generating in segments of at most `segment_len` tokens: the same
+    /// logits from the same tokens at less cost per pass, with a state of its own. Its XL
+    /// memory caches every layer's keys and values ([`caching_keys_values`](Self::caching_keys_values)),
+    /// and its XL-position layers hold `W_R R_d` for every distance a pass can reach,
+    /// `mem_len + segment_len - 1` (or `clamp_len`), instead of projecting a sinusoid per
+    /// column in every pass. `None` where the stack caches no keys.
+    ///
+    /// Per token of one-token generation over a memory of `m` positions, each layer then
+    /// computes only the scores and the weighted values over the `m` keys (`~4 h d_head`
+    /// FLOPs per position) instead of also projecting their keys, values and positions
+    /// (`6 d_model h d_head`).
+    pub fn for_generation(&self, segment_len: usize) -> Option<Self> {
+        let mut model = self.caching_keys_values()?;
+        let max_distance = self.mem_len + segment_len.max(1) - 1;
+        model.layers = std::mem::take(&mut model.layers)
+            .into_iter()
+            .map(|l| l.with_position_table(max_distance))
+            .collect();
+        model.position_table = Some(max_distance);
+        Some(model)
+    }
+
+    /// The same model with an XL memory that caches every layer's keys and values
+    /// (`XlConfig::compat.memory_keys_values`) instead of its inputs; `None` where the stack
+    /// cannot (LSH or local layers, reversible residuals, `zero_first_memory`, a compressive,
+    /// RMT or Block-Recurrent stack) or already does.
+    ///
+    /// Both compute the same logits from the same tokens: the cache holds `W_k h`, `W_v h`
+    /// (pre-LN: of `LN(h)`), which the input memory projects again in every segment. In
+    /// generation one token at a time over a memory of `m` positions, that projection is
+    /// `4 d_model h d_head` FLOPs per position and layer, most of a token's cost; the cache
+    /// computes it once per position. Not for training: gradients do not reach `W_k`, `W_v`
+    /// through the memory (they never do across segments, which are detached).
+    pub fn caching_keys_values(&self) -> Option<Self> {
+        let unsupported = self.memory_keys_values
+            || self.residual == Residual::Reversible
+            || self.zero_first_memory
+            || self.compressive.is_some()
+            || self.rmt.is_some()
+            || self.block_recurrent.is_some();
+        if unsupported {
+            return None;
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| l.clone().caching_keys_values())
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self {
+            layers,
+            memory_keys_values: true,
+            ..self.clone()
+        })
     }
 
     /// Options of a seeded evaluation pass: rotations fixed by `lsh.seed`, no dropout (and
@@ -550,7 +610,15 @@ impl TransformerXl {
         {
             let key = self.shared_t5_key(layer, p);
             if !contexts.iter().any(|(q, k, _)| *q == p && *k == key) {
-                let ctx = RelativeContext::new(p, self.d_model, qlen, mlen, mask, device);
+                // Generation: XL positions from the layers' tables where they reach.
+                let ctx = self
+                    .position_table
+                    .and_then(|max| {
+                        RelativeContext::with_table_rows(p, max, qlen, mlen, mask, device)
+                    })
+                    .unwrap_or_else(|| {
+                        RelativeContext::new(p, self.d_model, qlen, mlen, mask, device)
+                    });
                 // With `shared_t5`: the model's table of this kind of layer.
                 let ctx = match (key, &self.shared_t5) {
                     (Some(knn), Some(t)) => match t.table(knn) {

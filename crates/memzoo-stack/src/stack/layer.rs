@@ -122,6 +122,34 @@ impl XlLayer {
         }
     }
 
+    /// The same layer reading its XL memory as cached keys and values
+    /// ([`cache_entry`](Self::cache_entry)); `None` for LSH and local layers, which cache none.
+    pub fn caching_keys_values(self) -> Option<Self> {
+        let attention = match self.attention {
+            LayerAttention::Relative(a) => {
+                LayerAttention::Relative(a.with_memory_keys_values(true))
+            }
+            LayerAttention::Knn(a) => LayerAttention::Knn(a.with_memory_keys_values(true)),
+            LayerAttention::Hashed(_) => return None,
+        };
+        let mut block = self.block;
+        block.memory_keys_values = true;
+        Some(Self { attention, block })
+    }
+
+    /// The same layer holding `W_R R_d` for the distances `-1 ..= max_distance` where its
+    /// attention has XL positions (`RelativeMultiHeadAttention::with_position_table`).
+    pub fn with_position_table(self, max_distance: usize) -> Self {
+        let attention = match self.attention {
+            LayerAttention::Relative(a) => {
+                LayerAttention::Relative(a.with_position_table(max_distance))
+            }
+            LayerAttention::Knn(a) => LayerAttention::Knn(a.with_position_table(max_distance)),
+            hashed => hashed,
+        };
+        Self { attention, ..self }
+    }
+
     /// Applies the layer (see [`LayerContext`] for what it reads besides `x` and `memory`); a
     /// kNN layer searches its kNN memory and then adds the segment's pairs to it.
     pub fn forward(
