@@ -60,7 +60,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// The tables, in the order they run.
-pub const TABLES: [&str; 9] = ["t1", "t1b", "t1v", "t2", "t3", "t4", "t5", "t6", "t6b"];
+pub const TABLES: [&str; 10] = [
+    "t1", "t1b", "t1v", "t2", "t3", "t4", "t5", "t6", "t6b", "t7",
+];
 
 /// The tables `cargo xtask study` runs when none is named: the papers' tables (T1-T5) and
 /// T6 reading their models, about 85 minutes on 2 cores. The extras T1B (T1 on a book, about
@@ -74,7 +76,7 @@ const READER_TABLES: [&str; 2] = ["t2", "t6"];
 /// `cargo xtask study` options.
 #[derive(Args, Clone, Debug)]
 pub struct StudyArgs {
-    /// Tables to run (comma-separated: t1, t1b, t1v, t2, t3, t4, t5, t6, t6b; default: t1-t6,
+    /// Tables to run (comma-separated: t1, t1b, t1v, t2, t3, t4, t5, t6, t6b, t7; default: t1-t6,
     /// the papers' tables and T6 on their models). T2 and T6 use T1's and T3's models (trained here
     /// if they are not yet).
     #[arg(long, value_delimiter = ',')]
@@ -614,6 +616,16 @@ pub enum CodeModel {
     /// Transformer-XL trained with varied memory lengths: it keeps `8M`, and each training
     /// step reads the most recent `0, M/2, M, 2M, 4M` or `8M` of it (T1V).
     XlVaried,
+    /// Compressive Transformer (T7): XL memory `M` and a compressed memory of `M` slots fed
+    /// at rate 4 (1D convolution) by what leaves it, with the reconstruction loss.
+    Compressive,
+    /// Recurrent Memory Transformer (T7): 16 memory tokens read before and written after
+    /// every segment, backpropagated through 2 segments, no XL memory.
+    Rmt,
+    /// Block-Recurrent Transformer (T7): XL memory `M` (the window over the previous block)
+    /// and the middle layer recurrent with `M` state vectors (fixed gate), backpropagated
+    /// through 2 blocks.
+    BlockRecurrent,
 }
 
 impl CodeModel {
@@ -628,6 +640,9 @@ impl CodeModel {
             CodeModel::KnnNone => "memorizing-no-cache",
             CodeModel::KnnXl => "knn-among-xl",
             CodeModel::XlVaried => "xl-varied-memory",
+            CodeModel::Compressive => "compressive",
+            CodeModel::Rmt => "rmt",
+            CodeModel::BlockRecurrent => "block-recurrent",
         }
     }
 }
@@ -768,6 +783,22 @@ impl Study {
                 base.with_mem_len(s.mem_len).with_pre_ln(true),
                 LayerKind::Xl,
             ),
+            CodeModel::Compressive => base.with_mem_len(s.mem_len).with_compressive(Some(
+                memzoo_stack::CompressiveConfig::new()
+                    .with_cmem_len(s.mem_len)
+                    .with_ratio(4),
+            )),
+            CodeModel::Rmt => base.with_mem_len(0).with_rmt(Some(
+                memzoo_stack::RmtConfig::new()
+                    .with_mem_tokens(16)
+                    .with_bptt_segments(2),
+            )),
+            CodeModel::BlockRecurrent => base.with_mem_len(s.mem_len).with_block_recurrent(Some(
+                memzoo_stack::BlockRecurrentConfig::new()
+                    .with_state_len(s.mem_len)
+                    .with_layer(s.n_layers / 2)
+                    .with_bptt_segments(2),
+            )),
         }
     }
 
@@ -868,7 +899,10 @@ impl Study {
                 CodeModel::Xl
                 | CodeModel::XlNoRecurrence
                 | CodeModel::Vanilla
-                | CodeModel::XlVaried,
+                | CodeModel::XlVaried
+                | CodeModel::Compressive
+                | CodeModel::Rmt
+                | CodeModel::BlockRecurrent,
             ) => s.steps,
             _ => s.steps_memorizing,
         };
@@ -1045,13 +1079,19 @@ impl Study {
     // T2
 
     fn t2(&mut self) -> Result<Vec<Value>, String> {
-        let s = self.scale.clone();
         let group = [
             CodeModel::Xl,
             CodeModel::XlNoRecurrence,
             CodeModel::Vanilla,
             CodeModel::KnnCache,
         ];
+        self.recl_group("t2", &group)
+    }
+
+    /// RECL of `group` on the test documents (one baseline: the group's best at each context),
+    /// at r = 0.1, 0.5 and 1.0, and each model's bpc against the context: `table`'s lines.
+    fn recl_group(&mut self, table: &str, group: &[CodeModel]) -> Result<Vec<Value>, String> {
+        let s = self.scale.clone();
         let contexts: Vec<usize> = (0..=s.recl_max_context / s.tgt_len)
             .map(|k| k * s.tgt_len)
             .collect();
@@ -1071,12 +1111,12 @@ impl Study {
             ));
         }
         let mut tables = Vec::new();
-        for kind in group {
+        for &kind in group {
             let (ckpt, _) = self.code_model(kind)?;
             let best = best_t1_memory(&read_lines(&self.out.join("study.jsonl")), kind.name());
             let config = eval_config_for_recl(&self.code_config(kind), best, &s);
             eprintln!(
-                "study: t2 {} reads with XL memory {}",
+                "study: {table} {} reads with XL memory {}",
                 kind.name(),
                 config.mem_len
             );
@@ -1085,7 +1125,7 @@ impl Study {
             let t = recl::context_losses(&model, &docs, &blocks, s.tgt_len, &contexts, 8)
                 .map_err(|e| format!("{}: {e}", kind.name()))?;
             eprintln!(
-                "study: t2 {}: losses at {} contexts x {} tokens in {:.0}s",
+                "study: {table} {}: losses at {} contexts x {} tokens in {:.0}s",
                 kind.name(),
                 contexts.len(),
                 blocks.len() * s.tgt_len,
@@ -1101,7 +1141,7 @@ impl Study {
                 .map(|l| l / std::f64::consts::LN_2)
                 .collect();
             out.push(line(
-                "t2",
+                table,
                 json!({"kind": "curve", "model": kind.name(), "contexts": contexts, "bpc": bpc}),
             ));
         }
@@ -1109,7 +1149,7 @@ impl Study {
             let res = recl::recl(&tables, r, 0.01).map_err(|e| e.to_string())?;
             for (kind, x) in group.iter().zip(res) {
                 let v = line(
-                    "t2",
+                    table,
                     json!({"kind": "recl", "model": kind.name(), "r": r, "recl": x.recl,
                            "at_least": x.at_least, "gains": x.gains,
                            "tokens": blocks.len() * s.tgt_len}),
@@ -1118,6 +1158,42 @@ impl Study {
                 out.push(v);
             }
         }
+        Ok(out)
+    }
+
+    // ------------------------------------------------------------------------------------
+    // T7
+
+    /// Every memory of the stack on the same documents with T1's recipe: the XL memory, the
+    /// compressed memory, memory tokens and a recurrent state, beside the XL without
+    /// recurrence; each one's test bpc (and far bpc) as trained, its training time, and RECL
+    /// across the group: which memory reaches furthest, for what cost.
+    fn t7(&mut self) -> Result<Vec<Value>, String> {
+        let s = self.scale.clone();
+        let reach = s.tgt_len + s.mem_len;
+        let group = [
+            CodeModel::XlNoRecurrence,
+            CodeModel::Xl,
+            CodeModel::Compressive,
+            CodeModel::Rmt,
+            CodeModel::BlockRecurrent,
+        ];
+        let mut out = Vec::new();
+        for kind in group {
+            let (ckpt, secs) = self.code_model(kind)?;
+            let config = self.code_config(kind);
+            let params = burn::module::Module::num_params(&self.load(&ckpt, &config)?);
+            let v = self.score_code(
+                "t7",
+                &ckpt,
+                &config,
+                reach,
+                secs,
+                json!({"kind": "score", "model": kind.name(), "params": params}),
+            )?;
+            out.push(v);
+        }
+        out.extend(self.recl_group("t7", &group)?);
         Ok(out)
     }
 
@@ -1489,6 +1565,7 @@ impl Study {
                 "t5" => self.t5()?,
                 "t6" => self.t6(false)?,
                 "t6b" => self.t6(true)?,
+                "t7" => self.t7()?,
                 other => {
                     return Err(format!(
                         "unknown table `{other}`: expected {}",

@@ -110,34 +110,16 @@ pub fn charts(lines: &[Value]) -> Vec<(String, String)> {
             ));
         }
     }
-    let curves: Vec<&Value> = rows(lines, "t2")
-        .into_iter()
-        .filter(|r| r["kind"] == "curve")
-        .collect();
-    if !curves.is_empty() {
-        let series: Vec<Series> = curves
-            .iter()
-            .map(|r| Series {
-                name: r["model"].as_str().unwrap_or("?").into(),
-                points: r["contexts"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .zip(r["bpc"].as_array().into_iter().flatten())
-                    .filter_map(|(c, b)| Some((c.as_f64()?, b.as_f64()?)))
-                    .collect(),
-            })
-            .collect();
-        out.push((
-            "t2.svg".into(),
-            chart(
-                "T2: bpc of the scored blocks against context",
-                "context before the block (tokens)",
-                "bpc",
-                &series,
-                Axes::Linear,
-            ),
-        ));
+    for (table, title) in [
+        ("t2", "T2: bpc of the scored blocks against context"),
+        (
+            "t7",
+            "T7: every memory, bpc of the scored blocks against context",
+        ),
+    ] {
+        if let Some(svg) = context_chart(lines, table, title) {
+            out.push((format!("{table}.svg"), svg));
+        }
     }
     let t3 = rows(lines, "t3");
     if !t3.is_empty() {
@@ -326,10 +308,85 @@ pub fn markdown(lines: &[Value], dir: &str) -> String {
     t4_section(&mut md, lines, dir);
     t5_section(&mut md, lines, dir);
     t6_section(&mut md, lines, dir);
+    t7_section(&mut md, lines, dir);
     md
 }
 
-const TABLE_NAMES: [&str; 9] = ["t1", "t1b", "t1v", "t2", "t3", "t4", "t5", "t6", "t6b"];
+/// What each of T7's models carries from one segment to the next, and how far back that
+/// reaches in one layer.
+fn t7_memory(model: &str, m: usize, segment: usize) -> String {
+    match model {
+        "xl-no-recurrence" => "none (its segment)".into(),
+        "xl" => format!("XL memory {m}: {} tokens", m + segment),
+        "compressive" => format!(
+            "XL memory {m} + compressed {m} at rate 4: {} tokens",
+            m + 4 * m + segment
+        ),
+        "rmt" => "16 memory tokens, written every segment: unbounded".into(),
+        "block-recurrent" => format!("XL memory {m} + a state of {m} vectors: unbounded"),
+        other => other.into(),
+    }
+}
+
+fn t7_section(md: &mut String, lines: &[Value], dir: &str) {
+    let t7 = rows(lines, "t7");
+    if t7.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "## T7: every memory on the same documents\n\n\
+         **Papers**: each of these memories is proposed as reaching further than \
+         Transformer-XL's for a similar cost: the Compressive Transformer (Rae et al. 2019) \
+         keeps what leaves the XL memory, compressed; the Recurrent Memory Transformer \
+         (Bulatov et al. 2022) carries memory tokens written by each segment; the \
+         Block-Recurrent Transformer (Hutchins et al. 2022) carries a state updated by a \
+         recurrent layer with gates. Their numbers are on enwik8, WikiText-103, PG-19 and \
+         arXiv at full scale; only the direction (a longer reach than XL's, a lower loss) is \
+         the question here.\n\n\
+         **Here**: T1's recipe and documents for each memory of memzoo's stack, beside the XL \
+         without recurrence; test bpc and far bpc (as T1) as each was trained; RECL (as T2) \
+         across this group. `cargo xtask study --table t7` (an extra).\n"
+    );
+    scale_line(md, lines, "t7");
+    let s = meta(lines, "t7").map(|m| &m["scale"]);
+    let (m, segment) = s.map_or((0, 0), |s| (u(&s["mem_len"]), u(&s["tgt_len"])));
+    let recl = |model: &str, r: f64| {
+        t7.iter()
+            .find(|x| x["kind"] == "recl" && x["model"] == model && f(&x["r"]) == Some(r))
+            .map_or("-".to_string(), |x| {
+                let at_least = if x["at_least"] == true { "≥ " } else { "" };
+                format!("{at_least}{}", u(&x["recl"]))
+            })
+    };
+    let _ = writeln!(
+        md,
+        "| model | carried memory: reach in one layer | params | train min | test bpc | far bpc (tokens) | RECL r = 0.1 | r = 1.0 |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in t7.iter().filter(|r| r["kind"] == "score") {
+        let model = r["model"].as_str().unwrap_or("?");
+        let _ = writeln!(
+            md,
+            "| {model} | {} | {:.2} M | {:.1} | {:.3} | {:.3} ({}) | {} | {} |",
+            t7_memory(model, m, segment),
+            u(&r["params"]) as f64 / 1e6,
+            f(&r["train_seconds"]).unwrap_or(f64::NAN) / 60.0,
+            f(&r["test_bpc"]).unwrap_or(f64::NAN),
+            f(&r["far_bpc"]).unwrap_or(f64::NAN),
+            u(&r["far_tokens"]),
+            recl(model, 0.1),
+            recl(model, 1.0),
+        );
+    }
+    let _ = writeln!(md, "\n| model | bpc at each context |\n|---|---|");
+    context_rows(md, &t7);
+    let _ = writeln!(md, "\n![T7]({dir}/t7.svg)\n");
+}
+
+const TABLE_NAMES: [&str; 10] = [
+    "t1", "t1b", "t1v", "t2", "t3", "t4", "t5", "t6", "t6b", "t7",
+];
 
 /// What each table took on the machine of its meta line, from scratch: its wall time plus the
 /// training of the models it reused from an earlier run of the study (not for T2 and T6, which
@@ -370,14 +427,14 @@ fn time_summary(lines: &[Value]) -> Option<String> {
     if default.is_empty() {
         return None;
     }
-    let (extra, extra_total) = part(&["t1b", "t6b", "t1v"]);
+    let (extra, extra_total) = part(&["t1b", "t6b", "t1v", "t7"]);
     let mut text = format!(
         "Time, training included (minutes): {}; the default `cargo xtask study` {total:.0}.",
         default.join(", ")
     );
     if !extra.is_empty() {
         text.push_str(&format!(
-            " The extras (`--table t1b,t6b,t1v`): {}; {extra_total:.0} together.",
+            " The extras (`--table t1b,t6b,t1v,t7`): {}; {extra_total:.0} together.",
             extra.join(", ")
         ));
     }
@@ -609,21 +666,7 @@ fn t2_section(md: &mut String, lines: &[Value], dir: &str) {
         );
     }
     let _ = writeln!(md, "\n| model | bpc at each context |\n|---|---|");
-    for r in t2.iter().filter(|x| x["kind"] == "curve") {
-        let pairs: Vec<String> = r["contexts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .zip(r["bpc"].as_array().into_iter().flatten())
-            .map(|(c, b)| format!("{}: {:.3}", c, b.as_f64().unwrap_or(f64::NAN)))
-            .collect();
-        let _ = writeln!(
-            md,
-            "| {} | {} |",
-            r["model"].as_str().unwrap_or("?"),
-            pairs.join(", ")
-        );
-    }
+    context_rows(md, &t2);
     let _ = writeln!(md, "\n![T2]({dir}/t2.svg)\n");
     let order = |r: f64| {
         let v: Vec<Option<usize>> = ["xl", "xl-no-recurrence", "vanilla"]
@@ -1006,4 +1049,54 @@ fn t6_section(md: &mut String, lines: &[Value], dir: &str) {
         }
     }
     let _ = writeln!(md, "\n![T6]({dir}/t6.svg)\n");
+}
+
+/// The bpc of a RECL group's scored blocks against the context (`table`'s curve lines).
+fn context_chart(lines: &[Value], table: &str, title: &str) -> Option<String> {
+    let curves: Vec<&Value> = rows(lines, table)
+        .into_iter()
+        .filter(|r| r["kind"] == "curve")
+        .collect();
+    if curves.is_empty() {
+        return None;
+    }
+    let series: Vec<Series> = curves
+        .iter()
+        .map(|r| Series {
+            name: r["model"].as_str().unwrap_or("?").into(),
+            points: r["contexts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .zip(r["bpc"].as_array().into_iter().flatten())
+                .filter_map(|(c, b)| Some((c.as_f64()?, b.as_f64()?)))
+                .collect(),
+        })
+        .collect();
+    Some(chart(
+        title,
+        "context before the block (tokens)",
+        "bpc",
+        &series,
+        Axes::Linear,
+    ))
+}
+
+/// One markdown row per curve line of a RECL group: the bpc at each context.
+fn context_rows(md: &mut String, lines: &[&Value]) {
+    for r in lines.iter().filter(|x| x["kind"] == "curve") {
+        let pairs: Vec<String> = r["contexts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .zip(r["bpc"].as_array().into_iter().flatten())
+            .map(|(c, b)| format!("{}: {:.3}", c, b.as_f64().unwrap_or(f64::NAN)))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} |",
+            r["model"].as_str().unwrap_or("?"),
+            pairs.join(", ")
+        );
+    }
 }
