@@ -15,6 +15,9 @@ Usage: scale.py CURVE MODE X [--warmup W] [--steps S] [--mem-budget-gb G]
                       token per forward with `mems` (what its `generate` does after the prompt:
                       prepare_inputs_for_generation feeds the last token and the mems), under
                       no_grad; the prompt is not timed. tokens_per_s = 1 / median token time.
+  memorizing train N  memorizing-transformers-pytorch as bench_peers.py's `memorizing-small`
+                      (faiss HNSW, M 15), each row's kNN memory prefilled with N random unit keys
+                      (its curve: memorizing-faiss), training steps as bench_peers.py's.
   reformer generate CTX  reformer-pytorch, the same ReformerLM with max_seq_len CTX (axial
                       shape 64 x CTX/64), batch 1, under no_grad: --steps tokens greedily, each
                       one forward over the window of the last CTX tokens (what its
@@ -115,6 +118,49 @@ def build_reformer(seq):
     return step, seq, {"impl": "reformer-pytorch", "seq": seq, "reversible": True, "batch": 1}
 
 
+def build_memorizing(stored, room):
+    """memorizing-transformers-pytorch as bench_peers.py's `memorizing-small` (6 x 256, 8 heads
+    x 32, kNN layer 4, top-32, batch 2, segments of 512, faiss IndexHNSWFlat M=15 on the CPU),
+    each row's kNN memory prefilled with `stored` random unit keys (bench_peers.py's prefill)
+    and room for the timed steps' (`room`), so that no step resets it."""
+    import tempfile
+    import torch
+    import faiss
+    from memorizing_transformers_pytorch import MemorizingTransformer
+    faiss.omp_set_num_threads(2)
+    seq, batch, dim_head = 512, 2, 32
+    model = MemorizingTransformer(num_tokens=VOCAB, dim=256, depth=6, dim_head=dim_head, heads=8,
+                                  memorizing_layers=(4,), max_knn_memories=stored + room,
+                                  num_retrieved_memories=32,
+                                  knn_memories_directory=tempfile.mkdtemp(prefix="knnmem-"),
+                                  knn_memory_multiprocessing=False)
+    mems = model.create_knn_memories(batch_size=batch)
+    g = torch.Generator().manual_seed(2)
+    left = stored
+    t0 = time.perf_counter()
+    while left > 0:
+        n = min(left, 4096)
+        kv = torch.randn(batch, n, 2, dim_head, generator=g)
+        kv[:, :, 0] = torch.nn.functional.normalize(kv[:, :, 0], dim=-1)
+        for m in mems:
+            m.add(kv)
+        left -= n
+    fill_s = time.perf_counter() - t0
+    data = torch.randint(0, VOCAB, (batch, seq + 1), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(warm=False):
+        opt.zero_grad(set_to_none=True)
+        loss = model(data[:, :-1], knn_memories=mems, labels=data[:, 1:])
+        loss.backward()
+        opt.step()
+
+    info = {"impl": "memorizing-transformers-pytorch", "stored_per_row": stored, "batch": batch,
+            "seq": seq, "knn_index": "faiss IndexHNSWFlat(M=15, inner product)",
+            "keys": "random unit vectors", "fill_s": fill_s}
+    return step, seq * batch, info
+
+
 def generate_xl(context, tokens):
     import torch
     import transformers
@@ -180,7 +226,7 @@ def print_generation(family, context, implementation, torch, info, times, tokens
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("curve", choices=["xl", "reformer"])
+    ap.add_argument("curve", choices=["xl", "reformer", "memorizing"])
     ap.add_argument("mode", choices=["train", "eval", "generate"])
     ap.add_argument("x", type=int)
     ap.add_argument("--warmup", type=int, default=1)
@@ -200,6 +246,10 @@ def main():
     try:
         if a.curve == "xl":
             step, tokens, info = build_xl(a.x, a.mode == "train")
+        elif a.curve == "memorizing":
+            # Its own curve name: a faiss HNSW store, beside memzoo's exact and HNSW ones.
+            curve = "memorizing-faiss"
+            step, tokens, info = build_memorizing(a.x, 1024 * (a.warmup + a.steps + 1))
         else:
             step, tokens, info = build_reformer(a.x)
         reset_peak()

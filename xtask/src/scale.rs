@@ -28,20 +28,30 @@
 //!   queries and keys share the unit sphere) against row 0's store, and each HNSW point its
 //!   recall@32 against an exact search over the same keys. Expected growth: search **linear**
 //!   in the store size with exact search, **sublinear** (about logarithmic) with HNSW at a
-//!   fixed expansion.
+//!   fixed expansion. memorizing-transformers-pytorch beside it (`xtask/peers/scale.py
+//!   memorizing train N`: `bench_peers.py`'s `memorizing-small`, faiss HNSW with M 15, each
+//!   row's memory prefilled with N random unit keys) until a point fails.
 //! - **`reformer`**: Reformer-small (reversible, LSH bucket 64, 4 rounds, batch 1) against the
 //!   sequence length, 4K -> 64K (quick: 4K, 8K), one training step per point after a warm-up
 //!   step on a short sequence; reformer-pytorch beside it (`xtask/peers/scale.py`, the peers'
 //!   `venv`) until a point fails: out of its 12 GiB address space or past [`PEER_LIMIT_S`].
 //!   Expected growth: **n log n** (chunked attention is linear, the sort n log n; the
 //!   hashing's `n / 64` buckets per round make a small quadratic term, see [`crate::flops`]).
-//! - **`generate`**: XL-small generating 16 tokens (quick 8; `--steps`) after a prompt of
-//!   128 -> 2,048 tokens (quick: 128, 512; 4,096 with `--lengths`: memzoo's `Generator` reads
-//!   the prompt in segments of `segment_len`, here token by token, quadratic in the prompt),
-//!   one token per step over an XL memory covering the context, greedy, batch 1, the prompt's
-//!   reading not timed; HF TransfoXL beside it, one token per forward with `mems` (what its
-//!   `generate` does after the prompt). Expected growth: time per token **linear** in the
-//!   context (each token recomputes the memory's keys and values).
+//! - **`generate`**: three curves, `generate-xl`, `generate-memorizing` and
+//!   `generate-reformer`: each family's small model generating 16 tokens (quick 8; `--steps`)
+//!   greedily, batch 1, after a prompt of random tokens, the prompt's reading not timed
+//!   ([`generate_point`]). XL-small one token per segment over an XL memory covering the
+//!   context (128 -> 4,096; quick 128, 512), with the generator's key/value and position
+//!   caches: HF TransfoXL beside it, one token per forward with `mems` (what its `generate`
+//!   does after the prompt). Memorizing-small in its 512-token training segments, its kNN
+//!   memory (exact search) holding the context (512 -> 32K; quick 512, 2K): no peer
+//!   (memorizing-transformers-pytorch has no generation). Reformer-small reading the window of
+//!   the last `context` tokens again per token (512 -> 4,096; quick 512, 1K):
+//!   reformer-pytorch beside it, the same window per token. Expected growth per token: XL
+//!   **linear** in the context with a small slope (scores and values over the cached keys;
+//!   before the caches, the keys', values' and positions' projections too); Memorizing
+//!   **flat** but for the exact search, linear in the store; the Reformer **n log n** in the
+//!   window (a whole forward pass per token).
 //!
 //! Every point runs in its own process (its own peak RSS). Every line is a [`Measurement`]
 //! named `scale-<curve>-<x>`, its `implementation` memzoo or the peer, its `config` holding
@@ -119,10 +129,20 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 let max = xs.iter().copied().max().unwrap_or(0);
                 let path = keys_file(max + 512, device)?;
                 let env = [("MEMZOO_SCALE_KEYS", path.display().to_string())];
+                let mut peer_ok = !args.no_peers;
                 for &n in &xs {
                     for kind in ["exact", "hnsw"] {
                         let target = format!("scale-memorizing-{kind}-{n}");
                         keep(&mut out, args, child(&target, args, &env)?)?;
+                    }
+                    // memorizing-transformers-pytorch (faiss HNSW) until a point fails.
+                    if peer_ok {
+                        let p = peer(&["memorizing", "train", &n.to_string()], args)?;
+                        peer_ok = !p.is_empty();
+                        keep(&mut out, args, p)?;
+                        if !peer_ok {
+                            eprintln!("scale: the peer's Memorizing curve stops at {n}");
+                        }
                     }
                 }
             }
@@ -254,6 +274,7 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
     }
     let (warmup, steps) = match point {
         ["reformer", ..] => (1, args.steps.unwrap_or(1)),
+        ["memorizing", ..] => (1, args.steps.unwrap_or(2)),
         [_, "generate", ..] => (0, args.steps.unwrap_or(if args.quick { 8 } else { 16 })),
         _ => steps(args),
     };
@@ -728,7 +749,7 @@ fn key(m: &Measurement) -> Option<(String, usize)> {
 /// FLOP count's.
 pub fn markdown(results: &[Measurement]) -> String {
     let mut curves: Vec<String> = Vec::new();
-    for m in results {
+    for m in results.iter().filter(|m| m.implementation == "memzoo") {
         if let Some((c, _)) = key(m)
             && !curves.contains(&c)
         {
@@ -741,9 +762,11 @@ pub fn markdown(results: &[Measurement]) -> String {
             .iter()
             .filter(|m| key(m).is_some_and(|(c, _)| c == curve) && m.implementation == "memzoo")
             .collect();
+        let peer_curve = peer_curve(&curve);
         let peer_of = |x: usize| {
             results.iter().find(|p| {
-                p.implementation != "memzoo" && key(p).is_some_and(|(c, px)| c == curve && px == x)
+                p.implementation != "memzoo"
+                    && key(p).is_some_and(|(c, px)| c == peer_curve && px == x)
             })
         };
         s += &format!(
@@ -803,6 +826,16 @@ pub fn markdown(results: &[Measurement]) -> String {
         }
     }
     s
+}
+
+/// The peer's curve beside memzoo's `curve`: the same, but for the Memorizing curves, whose
+/// exact and HNSW stores both stand beside the peer's one faiss HNSW store.
+fn peer_curve(curve: &str) -> &str {
+    if curve.starts_with("memorizing-") {
+        "memorizing-faiss"
+    } else {
+        curve
+    }
 }
 
 /// Two SVGs per curve (`scale-<curve>.svg`: tokens/s against x; `scale-<curve>-memory.svg`:
