@@ -435,11 +435,33 @@ impl RelativeMultiHeadAttention {
         self
     }
 
+    /// XL's `W_R R` of the context's columns, `[W, n_heads, d_head]`: the sinusoids
+    /// projected by `W_R`, or read from [`position_table`](Self::position_table).
+    pub(crate) fn projected_positions(
+        &self,
+        p: &XlPositionParams,
+        index: &PositionIndex,
+    ) -> Result<Tensor<3>, RelativeError> {
+        match index {
+            PositionIndex::Xl(sinusoid) => {
+                let w = sinusoid.dims()[0];
+                Ok(p.r_net
+                    .forward(sinusoid.clone())
+                    .reshape([w, self.n_heads, self.d_head]))
+            }
+            PositionIndex::XlRows(rows) => self.table_rows(rows),
+            other => Err(RelativeError::Input(format!(
+                "XL positions from a {:?} context",
+                other.kind()
+            ))),
+        }
+    }
+
     /// `W_R R` of the context's columns read from [`position_table`](Self::position_table).
     ///
     /// # Shapes
     /// - `rows`: `[W]` → `[W, n_heads, d_head]`
-    pub(crate) fn table_rows(&self, rows: &Tensor<1, Int>) -> Result<Tensor<3>, RelativeError> {
+    fn table_rows(&self, rows: &Tensor<1, Int>) -> Result<Tensor<3>, RelativeError> {
         let table = self.position_table.as_ref().ok_or_else(|| {
             RelativeError::Input(
                 "the context reads XL positions from a table this layer does not hold \
@@ -669,30 +691,14 @@ impl RelativeMultiHeadAttention {
             ))
         };
         match (&self.scheme, &ctx.index) {
-            (PositionParams::Xl(p), PositionIndex::Xl(sinusoid)) => {
+            (PositionParams::Xl(p), index @ (PositionIndex::Xl(_) | PositionIndex::XlRows(_))) => {
                 let biases = p.biases_or(shared)?;
-                let w = sinusoid.dims()[0];
-                // W_R R: [W, h*dh] -> [1, h, dh, W]
-                let r = p
-                    .r_net
-                    .forward(sinusoid.clone())
-                    .reshape([w, h, dh])
+                // W_R R: [W, h, dh] -> [1, h, dh, W]
+                let r = self
+                    .projected_positions(p, index)?
                     .permute([1, 2, 0])
                     .unsqueeze_dim::<4>(0);
                 // (a) + (c): (q + u)·k ;  (b) + (d): (q + v)·W_R R, re-indexed by key.
-                let ac = (q.clone() + per_head(&biases.content))
-                    .mul_scalar(scale)
-                    .matmul(kt);
-                let bd = (q + per_head(&biases.position)).mul_scalar(scale).matmul(r);
-                Ok(ac + relative_shift(bd, klen))
-            }
-            (PositionParams::Xl(p), PositionIndex::XlRows(rows)) => {
-                let biases = p.biases_or(shared)?;
-                // W_R R from the table: [W, h, dh] -> [1, h, dh, W]
-                let r = self
-                    .table_rows(rows)?
-                    .permute([1, 2, 0])
-                    .unsqueeze_dim::<4>(0);
                 let ac = (q.clone() + per_head(&biases.content))
                     .mul_scalar(scale)
                     .matmul(kt);

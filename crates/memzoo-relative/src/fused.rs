@@ -98,20 +98,11 @@ impl RelativeMultiHeadAttention {
         let scale = 1.0 / (dh as f32).sqrt();
         let per_head = |p: &Param<Tensor<2>>| p.val().reshape([1, h, 1, dh]);
         let position = match (&self.scheme, &ctx.index) {
-            (PositionParams::Xl(p), PositionIndex::Xl(sinusoid)) => {
+            (PositionParams::Xl(p), index @ (PositionIndex::Xl(_) | PositionIndex::XlRows(_))) => {
                 let biases = p.biases_or(shared)?;
-                // W_R R: [W, d_model] -> [W, h, dh]
-                let w = sinusoid.dims()[0];
-                let r = p.r_net.forward(sinusoid.clone()).reshape([w, h, dh]);
+                // W_R R: [W, h, dh] (projected, or read from the layer's table)
+                let r = self.projected_positions(p, index)?;
                 // (a) + (c) scored with s (q + u), (b) + (d) with s (q + v).
-                let qp = (q.clone() + per_head(&biases.position)).mul_scalar(scale);
-                let qc = (q + per_head(&biases.content)).mul_scalar(scale);
-                (qc, RelativePosition::Shifted { qp, r })
-            }
-            (PositionParams::Xl(p), PositionIndex::XlRows(rows)) => {
-                let biases = p.biases_or(shared)?;
-                // W_R R read from the layer's table: [W, h, dh]
-                let r = self.table_rows(rows)?;
                 let qp = (q.clone() + per_head(&biases.position)).mul_scalar(scale);
                 let qc = (q + per_head(&biases.content)).mul_scalar(scale);
                 (qc, RelativePosition::Shifted { qp, r })
