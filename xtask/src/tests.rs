@@ -361,26 +361,37 @@ mod study {
     }
 }
 
-/// `flops::train_flops_per_token` against a count of every matrix product of one training
-/// segment of a tiny two-layer stack (one XL layer, one kNN layer with one key/value head),
-/// written out product by product: `(m, k, n)` costs `2 m k n`, batched products times their
-/// batch, the backward twice the forward.
-#[test]
-fn flops_per_token_match_a_hand_count() {
+/// The hand counts' sizes: `d_model`, heads, head width, `d_inner`, vocabulary, top-k.
+const HAND: (usize, usize, usize, usize, usize, usize) = (8, 2, 4, 16, 10, 2);
+
+/// The hand counts' two-layer stack (an XL layer, a kNN layer with one key/value head) with an
+/// XL memory of `mem_len`.
+fn hand_count_stack(mem_len: usize) -> memzoo_stack::XlConfig {
     use memzoo_stack::{KnnLayerConfig, LayerKind, XlConfig};
-    let (b, t, m) = (2usize, 4usize, 3usize); // rows, segment, memory
-    let (d, h, e, f, v, k) = (8usize, 2usize, 4usize, 16usize, 10usize, 2usize);
-    let config = XlConfig::new()
+    let (d, h, e, f, v, k) = HAND;
+    XlConfig::new()
         .with_n_layers(2)
         .with_d_model(d)
         .with_n_heads(h)
         .with_d_head(Some(e))
         .with_d_inner(f)
         .with_vocab_size(v)
-        .with_mem_len(m)
+        .with_mem_len(mem_len)
         .with_kv_heads(Some(1))
         .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
-        .with_knn(KnnLayerConfig::new().with_top_k(k));
+        .with_knn(KnnLayerConfig::new().with_top_k(k))
+}
+
+/// `flops::train_flops_per_token` against a count of every matrix product of one training
+/// segment of a tiny two-layer stack (one XL layer, one kNN layer with one key/value head),
+/// written out product by product: `(m, k, n)` costs `2 m k n`, batched products times their
+/// batch, the backward twice the forward.
+#[test]
+fn flops_per_token_match_a_hand_count() {
+    use memzoo_stack::XlConfig;
+    let (b, t, m) = (2usize, 4usize, 3usize); // rows, segment, memory
+    let (d, h, e, f, v, k) = HAND;
+    let config = hand_count_stack(m);
     let l = t + m; // keys: memory + segment
     let mm = |m: usize, k: usize, n: usize| 2 * m * k * n;
     let g = 1; // key/value heads
@@ -422,20 +433,10 @@ fn flops_per_token_match_a_hand_count() {
 /// `W_R` product), the kNN layer's retrieved pairs, the feed-forward and the head.
 #[test]
 fn generation_flops_match_a_hand_count() {
-    use memzoo_stack::{KnnLayerConfig, LayerKind, XlConfig};
+    use memzoo_stack::XlConfig;
     let c = 7usize;
-    let (d, h, e, f, v, k) = (8usize, 2usize, 4usize, 16usize, 10usize, 2usize);
-    let config = XlConfig::new()
-        .with_n_layers(2)
-        .with_d_model(d)
-        .with_n_heads(h)
-        .with_d_head(Some(e))
-        .with_d_inner(f)
-        .with_vocab_size(v)
-        .with_mem_len(c)
-        .with_kv_heads(Some(1))
-        .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
-        .with_knn(KnnLayerConfig::new().with_top_k(k));
+    let (d, h, e, f, v, k) = HAND;
+    let config = hand_count_stack(c);
     let mm = |m: usize, k: usize, n: usize| 2 * m * k * n;
     let keys = c + 1;
     let own = mm(1, d, h * e) + mm(1, d, 2 * e) + mm(1, h * e, d) + mm(1, d, f) + mm(1, f, d);
