@@ -274,7 +274,11 @@ fn device_count_must_fit_the_batch_and_replicas() {
 /// `dispatch_distributed_float!` has arms for no other backend): on `flex`, LibTorch and wgpu
 /// it panics, "Distributed operations are not supported for tensor kind ...". Should this
 /// start to pass, Burn has grown the collective on the CPU and `memzoo_train::parallel` could
-/// use it.
+/// use it. Burn's `remote` devices do not help on CPUs (probed, not tested here, as Burn's
+/// `remote` feature is a heavy build): an all-reduce over two remote `flex` servers panics in
+/// burn-remote's client ("cross-peer all_reduce is not supported yet"), and over two devices of
+/// one `flex` server the server's session dies in `flex`'s `unimplemented!()` collective
+/// ("Past one machine" in docs/runs.md).
 #[test]
 fn burn_all_reduce_is_not_supported_on_flex() {
     use burn::tensor::distributed::{ReduceOperation, all_reduce};

@@ -38,7 +38,11 @@
 //! `DistributedDataParallel` strategy) runs in Burn 0.22.1 on CUDA (NCCL) and `remote`
 //! devices alone: on `flex`, LibTorch and wgpu it panics ("Distributed operations are not
 //! supported", burn-dispatch; the test `burn_all_reduce_is_not_supported_on_flex` reproduces
-//! it), so it is not used either.
+//! it), so it is not used either. Nor does it reach past one machine of CPUs: over two Burn
+//! `remote` servers it panics in burn-remote's client ("cross-peer all_reduce is not supported
+//! yet"), and a `flex` server cannot run one itself (`unimplemented!()`), while this module's
+//! path (`fork`, `to_device`, [`GradientsAccumulator`]) gave the same gradients over two remote
+//! servers as one local pass ("Past one machine" in docs/runs.md).
 //!
 //! Random draws (dropout masks, the Reformer's rotations) come from the backend's global
 //! generator in whatever order the replicas reach it: with dropout and `R > 1` a run is not
