@@ -146,6 +146,7 @@ def build_memorizing(stored, room):
             m.add(kv)
         left -= n
     fill_s = time.perf_counter() - t0
+    recall, search_s = knn_recall(mems[0], stored, dim_head, g)
     data = torch.randint(0, VOCAB, (batch, seq + 1), generator=g)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -157,8 +158,25 @@ def build_memorizing(stored, room):
 
     info = {"impl": "memorizing-transformers-pytorch", "stored_per_row": stored, "batch": batch,
             "seq": seq, "knn_index": "faiss IndexHNSWFlat(M=15, inner product)",
-            "keys": "random unit vectors", "fill_s": fill_s}
+            "keys": "random unit vectors", "fill_s": fill_s, "recall_at_k": recall,
+            "search_s": search_s}
     return step, seq * batch, info
+
+
+def knn_recall(memory, stored, dim, g, queries=512, k=32):
+    """Recall@k of row 0's faiss index (as the model searches it: faiss's default efSearch)
+    against an exact search over the same stored keys, for `queries` random unit queries; and
+    the index's search time for them."""
+    import numpy as np
+    import torch
+    keys = np.asarray(memory.db[0, :stored, 0], dtype=np.float32)
+    q = torch.nn.functional.normalize(torch.randn(queries, dim, generator=g), dim=-1).numpy()
+    t0 = time.perf_counter()
+    _, found = memory.knns[0].index.search(q, k)
+    search_s = time.perf_counter() - t0
+    exact = np.argpartition(-(q @ keys.T), k, axis=1)[:, :k]
+    hits = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(found, exact))
+    return hits / (queries * k), search_s
 
 
 def generate_xl(context, tokens):
