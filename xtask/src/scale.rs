@@ -28,7 +28,9 @@
 //!   queries and keys share the unit sphere) against row 0's store, and each HNSW point its
 //!   recall@32 against an exact search over the same keys. Expected growth: search **linear**
 //!   in the store size with exact search, **sublinear** (about logarithmic) with HNSW at a
-//!   fixed expansion. memorizing-transformers-pytorch beside it (`xtask/peers/scale.py
+//!   fixed expansion. A third kind, `hnsw64`, searches HNSW at a fixed expansion of 64 (a
+//!   recall/speed setting of the kind the peer's faiss index uses, its recall measured).
+//!   memorizing-transformers-pytorch beside it (`xtask/peers/scale.py
 //!   memorizing train N`: `bench_peers.py`'s `memorizing-small`, faiss HNSW with M 15, each
 //!   row's memory prefilled with N random unit keys) until a point fails.
 //! - **`reformer`**: Reformer-small (reversible, LSH bucket 64, 4 rounds, batch 1) against the
@@ -131,7 +133,9 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 let env = [("MEMZOO_SCALE_KEYS", path.display().to_string())];
                 let mut peer_ok = !args.no_peers;
                 for &n in &xs {
-                    for kind in ["exact", "hnsw"] {
+                    // `hnsw64`: HNSW at a fixed small expansion, the kind of setting the
+                    // peer's faiss index searches with.
+                    for kind in ["exact", "hnsw", "hnsw64"] {
                         let target = format!("scale-memorizing-{kind}-{n}");
                         keep(&mut out, args, child(&target, args, &env)?)?;
                     }
@@ -316,12 +320,16 @@ pub fn point(target: &str, args: &BenchArgs, device: &Device) -> Result<Vec<Meas
     match parts.get(1..parts.len() - 1) {
         Some(["xl", mode]) => Ok(vec![xl_point(*mode == "train", x, args, device)?]),
         Some(["memorizing", kind]) => {
-            let kind = match *kind {
-                "exact" => IndexKind::Exact,
-                "hnsw" => IndexKind::Hnsw,
-                _ => return Err(bad()),
+            // `hnsw<ef>`: HNSW searched with the fixed expansion `ef` (a recall/speed setting).
+            let (kind, ef) = match *kind {
+                "exact" => (IndexKind::Exact, None),
+                "hnsw" => (IndexKind::Hnsw, None),
+                k => match k.strip_prefix("hnsw").and_then(|e| e.parse().ok()) {
+                    Some(ef) => (IndexKind::Hnsw, Some(ef)),
+                    None => return Err(bad()),
+                },
             };
-            Ok(vec![memorizing_point(kind, x, args, device)?])
+            Ok(vec![memorizing_point(kind, ef, x, args, device)?])
         }
         Some(["reformer"]) => Ok(vec![reformer_point(x, args, device)?]),
         Some(["generate", family]) => Ok(vec![generate_point(family, x, args, device)?]),
@@ -433,17 +441,21 @@ fn xl_point(
 
 /// Memorizing-small as `bench memorizing-small` runs it (multi-query, no XL memory, no
 /// dropout), its kNN memory of `kind` with room for `stored` pairs per row plus the timed
-/// steps' (no eviction while timed).
-fn memorizing_config(kind: IndexKind, stored: usize, room: usize) -> MemorizingConfig {
+/// steps' (no eviction while timed); HNSW searched with expansion `ef`, else the one a store
+/// of `stored` gets by default.
+fn memorizing_config(
+    kind: IndexKind,
+    stored: usize,
+    room: usize,
+    ef: Option<usize>,
+) -> MemorizingConfig {
     let small = MemorizingConfig::small();
     let xl = small.xl.clone().with_dropout(0.0).with_kv_heads(Some(1));
     // HNSW's search expansion as a store of `stored` gets by default (by size: the room for
     // the timed steps must not move it to the next power of two).
-    let hnsw = small
-        .knn
-        .hnsw
-        .clone()
-        .with_expansion_search(Some(small.knn.hnsw.expansion_search_for(stored.max(1))));
+    let hnsw = small.knn.hnsw.clone().with_expansion_search(Some(
+        ef.unwrap_or_else(|| small.knn.hnsw.expansion_search_for(stored.max(1))),
+    ));
     let knn = small
         .knn
         .clone()
@@ -481,7 +493,7 @@ fn model_keys(n: usize, device: &Device) -> Result<Vec<f32>, String> {
     }
     let stride = text.len() / rows;
     // Room for one segment: every segment's keys replace the last ones, read back each time.
-    let config = memorizing_config(IndexKind::Exact, 0, len);
+    let config = memorizing_config(IndexKind::Exact, 0, len, None);
     let model = config.init(device).map_err(|e| e.to_string())?;
     let mut states = vec![model.new_state(rows, device).map_err(|e| e.to_string())?];
     let d = config.memory().d_head;
@@ -534,6 +546,7 @@ fn keys_file(n: usize, device: &Device) -> Result<PathBuf, String> {
 /// of row 0's store against exact search over the same keys.
 fn memorizing_point(
     kind: IndexKind,
+    ef: Option<usize>,
     stored: usize,
     args: &BenchArgs,
     device: &Device,
@@ -548,7 +561,7 @@ fn memorizing_point(
         .collect();
     // One warm-up and two timed steps unless given: a step searches the whole store.
     let (warmup, steps) = (args.warmup.unwrap_or(1), args.steps.unwrap_or(2));
-    let config = memorizing_config(kind, stored, (warmup + steps) * len);
+    let config = memorizing_config(kind, stored, (warmup + steps) * len, ef);
     let d = config.memory().d_head;
     let heads = config.xl.n_heads;
     if keys.len() < (stored + len) * d {
@@ -610,7 +623,10 @@ fn memorizing_point(
         model = optim.step(2.5e-4, model.clone(), grads);
         device.sync().expect("device sync");
     });
-    let kind_name = format!("{kind:?}").to_lowercase();
+    let kind_name = match ef {
+        Some(ef) => format!("hnsw{ef}"),
+        None => format!("{kind:?}").to_lowercase(),
+    };
     Ok(measurement(
         &format!("memorizing-{kind_name}"),
         stored,
