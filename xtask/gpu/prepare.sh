@@ -2,10 +2,11 @@
 # Builds, on a machine with cargo and network, what `xtask/gpu/run.sh` needs on a lent GPU
 # machine that has neither (docs/backends.md, "On a GPU"), into one ignored folder (.gpu/):
 #
-#   memzoo       the CLI built with `--features wgpu` (wgpu with CubeCL's autotune and fusion;
-#                Vulkan is the GPU path that builds offline), stripped
-#   corpus.txt   the text the runs train on: this checkout's tracked .rs, .md and .toml files
-#                concatenated (about 3 MB; read as one stream, not as documents)
+#   memzoo.gz    the CLI built with `--features wgpu` (wgpu with CubeCL's autotune and fusion;
+#                Vulkan is the GPU path that builds offline), stripped and gzipped: stripped
+#                it is still ~80 MB (CubeCL's kernels), over what the device call carries
+#   corpus.txt.gz  the text the runs train on: this checkout's tracked .rs, .md and .toml
+#                files concatenated (about 3 MB; read as one stream, not as documents)
 #   gl/*.deb     the Vulkan and EGL loaders (Debian amd64 packages), unpacked there only when the
 #                image lacks libvulkan.so.1
 #   MANIFEST     commit, features, profile, build time and sizes (run.sh prints it)
@@ -58,14 +59,17 @@ subdir=debug
 start=$(date +%s)
 cargo build "${flags[@]}"
 build_s=$(( $(date +%s) - start ))
+"$target/$subdir/memzoo" devices | grep -q '^wgpu-vulkan .*compiled in' \
+  || die "the built binary has no wgpu backend ('$target/$subdir/memzoo devices')"
 strip -o "$out/memzoo" "$target/$subdir/memzoo"
-echo "prepare: built memzoo (--features $features, $profile) in ${build_s}s; stripped: $(du -h "$out/memzoo" | cut -f1)"
-"$out/memzoo" devices | grep -q '^wgpu-vulkan .*compiled in' \
-  || die "the built binary has no wgpu backend ('$out/memzoo devices')"
+stripped=$(wc -c <"$out/memzoo")
+gzip -9 -f "$out/memzoo"
+echo "prepare: built memzoo (--features $features, $profile) in ${build_s}s;" \
+  "stripped $((stripped / 1048576)) MiB, gzipped $(( $(wc -c <"$out/memzoo.gz") / 1048576 )) MiB"
 
 # 2. The corpus: real text that every checkout has, in a fixed order.
-git ls-files -z -- '*.rs' '*.md' '*.toml' | xargs -0 cat >"$out/corpus.txt"
-echo "prepare: corpus.txt, $(wc -c <"$out/corpus.txt") bytes"
+git ls-files -z -- '*.rs' '*.md' '*.toml' | xargs -0 cat | gzip -9 >"$out/corpus.txt.gz"
+echo "prepare: corpus.txt.gz, $(gzip -dc "$out/corpus.txt.gz" | wc -c) bytes of text"
 
 # 3. The loaders, as the workplace's device notes say: Debian's amd64 packages, downloaded with
 #    a package list of their own (the system's lists are left alone).
@@ -87,7 +91,7 @@ fi
   echo "features=$features"
   echo "profile=$profile"
   echo "built=$(date -u +%FT%TZ) in ${build_s}s"
-  echo "binary_bytes=$(wc -c <"$out/memzoo")"
+  echo "binary_bytes=$stripped (stripped, before gzip)"
 } >"$out/MANIFEST"
 
 # The device tool carries at most 64 MiB with the working tree.

@@ -21,7 +21,8 @@ set -euo pipefail
 usage() {
   cat <<'EOF'
 usage: xtask/gpu/run.sh [OPTIONS]
-  --dir DIR           what prepare.sh built: memzoo, corpus.txt, gl/*.deb, MANIFEST (default .gpu)
+  --dir DIR           what prepare.sh built: memzoo.gz, corpus.txt.gz, gl/*.deb, MANIFEST
+                      (default .gpu)
   --device DEV        memzoo device string (default wgpu-vulkan)
   --presets "A B"     presets to run, in order (default "xl-enwik8-base memorizing-paper")
   --steps N           optimizer steps per run (default 300)
@@ -186,13 +187,17 @@ done
 
 [ -d "$dir" ] || die "no folder '$dir': run xtask/gpu/prepare.sh first (here, with cargo), and carry it"
 dir=$(cd "$dir" && pwd)
-bin="$dir/memzoo"
-corpus="$dir/corpus.txt"
-[ -x "$bin" ] || die "no executable '$bin': run xtask/gpu/prepare.sh first"
+corpus="$dir/corpus.txt.gz"
+[ -s "$dir/memzoo.gz" ] || die "no '$dir/memzoo.gz': run xtask/gpu/prepare.sh first"
 [ -s "$corpus" ] || die "no corpus '$corpus': run xtask/gpu/prepare.sh first"
 
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
+# The binary travels gzipped (stripped it is ~80 MB); unpacked once per copy of it.
+bin="$work/memzoo"
+if [ ! -x "$bin" ] || [ "$dir/memzoo.gz" -nt "$bin" ]; then
+  gzip -dc "$dir/memzoo.gz" >"$bin.part" && chmod +x "$bin.part" && mv "$bin.part" "$bin"
+fi
 log="$work/gpu-check.log"
 summary_file="$work/gpu-check-summary.txt"
 rm -f "$summary_file"
