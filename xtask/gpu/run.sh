@@ -267,9 +267,8 @@ check() {
     say "no nvidia-smi (or no GPU): peak GPU memory is not measured"
   fi
 
-  # wgpu wants a private runtime folder; CubeCL's autotune cache goes under the scratch folder
-  # (it writes to target/environment beside the outermost Cargo.toml above its working folder,
-  # and the runs start in $work, which has none).
+  # wgpu wants a private runtime folder. (The runs start in $work, which has no Cargo.toml
+  # above it, so CubeCL keeps its autotune cache in ~/.cache/cubecl, not under the checkout.)
   if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
     export XDG_RUNTIME_DIR="$work/xdg-runtime"
   fi
