@@ -59,7 +59,7 @@ subdir=debug
 start=$(date +%s)
 cargo build "${flags[@]}"
 build_s=$(( $(date +%s) - start ))
-"$target/$subdir/memzoo" devices | grep -q '^wgpu-vulkan .*compiled in' \
+"$target/$subdir/memzoo" devices | grep '^wgpu-vulkan .*compiled in' >/dev/null \
   || die "the built binary has no wgpu backend ('$target/$subdir/memzoo devices')"
 strip -o "$out/memzoo" "$target/$subdir/memzoo"
 stripped=$(wc -c <"$out/memzoo")

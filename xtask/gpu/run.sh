@@ -224,7 +224,10 @@ check() {
   # (root only; README of the workplace's device notes).
   needed_lib=libvulkan.so.1
   case "$device" in wgpu-gl*) needed_lib=libEGL.so.1 ;; esac
-  if ! ldconfig -p 2>/dev/null | grep -q "$needed_lib "; then
+  # (grep without -q reads all of ldconfig's output: -q would stop early and, under pipefail,
+  # ldconfig's SIGPIPE on a long listing would read as "not found".)
+  has_lib() { ldconfig -p 2>/dev/null | grep -F "$1 " >/dev/null; }
+  if ! has_lib "$needed_lib"; then
     debs=("$dir"/gl/*.deb)
     if [ -e "${debs[0]}" ] && [ "$(id -u)" = 0 ]; then
       say "$needed_lib not found: unpacking ${#debs[@]} loader packages from $dir/gl into /"
@@ -236,7 +239,9 @@ check() {
       say "warning: $needed_lib not found and no loader packages in $dir/gl (prepare.sh downloads them)"
     fi
   fi
-  ldconfig -p 2>/dev/null | grep -q "$needed_lib " && say "$needed_lib: $(ldconfig -p | grep "$needed_lib " | head -1 | sed 's/.*=> //')"
+  if has_lib "$needed_lib"; then
+    say "$needed_lib: $(ldconfig -p | grep -F "$needed_lib " | sed -n '1s/.*=> //p')"
+  fi
 
   # NVIDIA's Vulkan and EGL driver manifests: where the loaders look first, else the driver's
   # own folder (a read-only mount on these machines).
