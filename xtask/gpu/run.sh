@@ -1,0 +1,359 @@
+#!/usr/bin/env bash
+# The GPU check (issue 27, item 3): trains Transformer-XL's enwik8 base and the Memorizing
+# Transformer of Wu et al. 2022 for a few hundred steps each with a prebuilt memzoo, and prints
+# tokens/s, peak GPU memory and the loss of each.
+#
+# Made for a lent GPU machine with no network and no Rust toolchain: `xtask/gpu/prepare.sh`
+# builds the binary, a text corpus and the Vulkan/EGL loader packages into .gpu/ beforehand,
+# and the device call carries that folder (docs/backends.md, "On a GPU"). The same script runs
+# on the CPU through Mesa's llvmpipe (`--device wgpu-gl`, a `wgpu-plain` build, tiny sizes
+# through --set) to test it without a GPU.
+#
+#   bash xtask/gpu/run.sh                       # on the GPU: wgpu on Vulkan, 300 steps each
+#   bash xtask/gpu/run.sh --dir /tmp/gpu-plain --device wgpu-gl --steps 4 --log-every 2 \
+#        --set model.n_layers=2 --set model.d_model=64 ...   # the CPU test (see docs/backends.md)
+#   bash xtask/gpu/run.sh --self-test           # checks the summary arithmetic; needs no binary
+#
+# With $OUT set (the device tool's output folder) the whole log and the summary are written
+# there too. Exit status: 0 when every run finished, 1 when one failed or timed out.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: xtask/gpu/run.sh [OPTIONS]
+  --dir DIR           what prepare.sh built: memzoo.gz, corpus.txt.gz, gl/*.deb, MANIFEST
+                      (default .gpu)
+  --device DEV        memzoo device string (default wgpu-vulkan)
+  --presets "A B"     presets to run, in order (default "xl-enwik8-base memorizing-paper")
+  --steps N           optimizer steps per run (default 300)
+  --max-seconds S     training time cap per run, memzoo's train.max_seconds (default 150)
+  --grace S           after the cap, seconds left for the final evaluation and checkpoint
+                      before the run is interrupted (default 60)
+  --log-every N       steps per logged window (default 25)
+  --eval-segments N   validation segments at the end of each run (default 4)
+  --set K=V           extra memzoo config override for every run (repeatable);
+                      --set PRESET:K=V for that preset's run only
+  --tiny              shrink both presets to 2 layers of 64 on batches of 2 x 16 (kNN memory
+                      256, vocabulary 256): the CPU test on llvmpipe, which runs ~0.6 GFLOP/s
+  --work DIR          scratch folder for the run directories (default /tmp/memzoo-gpu-check)
+  --keep              keep the run directories (default: removed after the summary)
+  --self-test         check the summary arithmetic on a made-up metrics file, then exit
+EOF
+}
+
+die() { echo "run.sh: $*" >&2; exit 2; }
+
+# A positive whole number, or an error naming the option and the bad value.
+positive() {
+  [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive whole number, got '$2'"
+}
+
+# ------------------------------------------------------------------------------------------
+# The summary of one run from its metrics.jsonl (one JSON object a line, written by memzoo:
+# {"step":N,"split":"train"|"valid","metric":NAME,"value":X}). Prints, tab-separated:
+#   last_step  steady_tokens_per_s  first_window_tokens_per_s  last_train_loss  valid_loss
+# steady tokens/s leaves out the first logged window (kernel compilation, CubeCL's autotune)
+# and weighs each later window by its steps: total tokens over total time, the windows being
+# `log_every` steps of equal size. A missing value is "-".
+summarize_metrics() {
+  awk '
+    function field(name,   m) {
+      # the value of "name": a number or a quoted string
+      if (match($0, "\"" name "\":(\"[^\"]*\"|[-+0-9.eE]+|null)")) {
+        m = substr($0, RSTART + length(name) + 3, RLENGTH - length(name) - 3)
+        gsub(/"/, "", m)
+        return m
+      }
+      return ""
+    }
+    {
+      step = field("step") + 0; split_ = field("split"); metric = field("metric")
+      value = field("value")
+      if (split_ == "train" && metric == "tokens_per_s" && value != "null") {
+        n++
+        if (n == 1) { first = value }
+        else if (value + 0 > 0) { steps += step - prev; secs += (step - prev) / value }
+        prev = step
+      }
+      if (split_ == "train" && metric == "loss") { train_loss = value; last = step }
+      if (split_ == "valid" && metric == "loss") { valid_loss = value }
+    }
+    END {
+      printf "%s\t%s\t%s\t%s\t%s\n",
+        (last == "" ? "-" : last),
+        (secs > 0 ? sprintf("%.1f", steps / secs) : "-"),
+        (first == "" ? "-" : sprintf("%.1f", first)),
+        (train_loss == "" ? "-" : sprintf("%.4f", train_loss)),
+        (valid_loss == "" ? "-" : sprintf("%.4f", valid_loss))
+    }' "$1"
+}
+
+# The largest number in a file of nvidia-smi samples (MiB a line), or "-".
+peak_of() {
+  awk '$1 ~ /^[0-9]+$/ && $1 + 0 > max { max = $1 + 0; seen = 1 }
+       END { if (seen) print max; else print "-" }' "$1" 2>/dev/null || echo "-"
+}
+
+self_test() {
+  local tmp got
+  tmp=$(mktemp -d)
+  # Windows of 10 steps: the first (compilation) at 100 tokens/s is left out; the next two at
+  # 1000 and 4000 tokens/s take 0.01 and 0.0025 s per token, so 20 steps' tokens over
+  # 0.0125 s of tokens: 1600 tokens/s; the last, 5-step window at 2000 tokens/s adds 5 steps
+  # in 0.0025: 25 / 0.015 = 1666.7.
+  cat >"$tmp/metrics.jsonl" <<'EOF'
+{"step":10,"split":"train","metric":"loss","value":5.5}
+{"step":10,"split":"train","metric":"tokens_per_s","value":100.0}
+{"step":20,"split":"train","metric":"loss","value":4.0}
+{"step":20,"split":"train","metric":"tokens_per_s","value":1000}
+{"step":30,"split":"train","metric":"loss","value":3.5}
+{"step":30,"split":"train","metric":"tokens_per_s","value":4.0e3}
+{"step":35,"split":"train","metric":"loss","value":3.25}
+{"step":35,"split":"train","metric":"tokens_per_s","value":2000.0}
+{"step":35,"split":"valid","metric":"loss","value":3.125}
+{"step":35,"split":"valid","metric":"bpc","value":4.5}
+EOF
+  got=$(summarize_metrics "$tmp/metrics.jsonl")
+  local want=$'35\t1666.7\t100.0\t3.2500\t3.1250'
+  printf '%s\n' 250 1200 81000 abc 900 >"$tmp/smi"
+  local peak empty
+  peak=$(peak_of "$tmp/smi")
+  : >"$tmp/empty"
+  empty=$(summarize_metrics "$tmp/empty")
+  rm -rf "$tmp"
+  if [ "$got" != "$want" ]; then
+    echo "self-test FAILED: summary '$got', expected '$want'" >&2
+    exit 1
+  fi
+  if [ "$peak" != 81000 ]; then
+    echo "self-test FAILED: peak '$peak', expected 81000" >&2
+    exit 1
+  fi
+  if [ "$empty" != $'-\t-\t-\t-\t-' ]; then
+    echo "self-test FAILED: an empty metrics file gave '$empty'" >&2
+    exit 1
+  fi
+  echo "self-test passed"
+}
+
+# ------------------------------------------------------------------------------------------
+dir=.gpu
+device=wgpu-vulkan
+presets="xl-enwik8-base memorizing-paper"
+steps=300
+max_seconds=150
+grace=60
+log_every=25
+eval_segments=4
+work=/tmp/memzoo-gpu-check
+keep=0
+extra=()        # --set arguments, each "PRESET:K=V" or ":K=V" (every preset)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dir) dir=${2:?--dir needs a folder}; shift 2 ;;
+    --device) device=${2:?--device needs a device string}; shift 2 ;;
+    --presets) presets=${2:?--presets needs names}; shift 2 ;;
+    --steps) steps=${2:-}; positive --steps "$steps"; shift 2 ;;
+    --max-seconds) max_seconds=${2:-}; positive --max-seconds "$max_seconds"; shift 2 ;;
+    --grace) grace=${2:-}; positive --grace "$grace"; shift 2 ;;
+    --log-every) log_every=${2:-}; positive --log-every "$log_every"; shift 2 ;;
+    --eval-segments) eval_segments=${2:-}; positive --eval-segments "$eval_segments"; shift 2 ;;
+    --set)
+      arg=${2:-}
+      if [[ "$arg" =~ ^([a-z0-9-]+):([a-z_][a-z0-9_.]*=.*)$ ]]; then
+        extra+=("${BASH_REMATCH[1]}:${BASH_REMATCH[2]}")
+      elif [[ "$arg" =~ ^[a-z_][a-z0-9_.]*=.*$ ]]; then
+        extra+=(":$arg")
+      else
+        die "--set takes SECTION.FIELD=VALUE or PRESET:SECTION.FIELD=VALUE, got '$arg'"
+      fi
+      shift 2 ;;
+    --work) work=${2:?--work needs a folder}; shift 2 ;;
+    --keep) keep=1; shift ;;
+    --tiny)
+      # The presets' layer kinds and schedules stay; only sizes shrink. Put before the
+      # caller's own --set (memzoo applies them in order), so those win wherever given.
+      tiny=(model.n_layers=2 model.d_model=64 model.n_heads=4 model.d_head=16 model.d_inner=128
+            model.mem_len=16 train.batch=2 train.tgt_len=16)
+      for t in "${tiny[@]}"; do extra=(":$t" ${extra[@]+"${extra[@]}"}); done
+      extra=('memorizing-paper:model.layers=["t5","knn"]' 'memorizing-paper:model.knn.max_memories=256'
+             'memorizing-paper:model.vocab_size=256' "${extra[@]}")
+      shift ;;
+    --self-test) self_test; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option '$1'" ;;
+  esac
+done
+
+[ -d "$dir" ] || die "no folder '$dir': run xtask/gpu/prepare.sh first (here, with cargo), and carry it"
+dir=$(cd "$dir" && pwd)
+corpus="$dir/corpus.txt.gz"
+[ -s "$dir/memzoo.gz" ] || die "no '$dir/memzoo.gz': run xtask/gpu/prepare.sh first"
+[ -s "$corpus" ] || die "no corpus '$corpus': run xtask/gpu/prepare.sh first"
+
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+# The binary travels gzipped (stripped it is ~80 MB); unpacked once per copy of it.
+bin="$work/memzoo"
+if [ ! -x "$bin" ] || [ "$dir/memzoo.gz" -nt "$bin" ]; then
+  gzip -dc "$dir/memzoo.gz" >"$bin.part" && chmod +x "$bin.part" && mv "$bin.part" "$bin"
+fi
+log="$work/gpu-check.log"
+summary_file="$work/gpu-check-summary.txt"
+rm -f "$summary_file"
+
+say() { echo "gpu-check: $*"; }
+
+# The check itself; its output goes to the terminal and the log (below).
+check() {
+  started=$(date +%s)
+  say "$(date -u +%FT%TZ) on $(uname -n), device $device, $steps steps and at most ${max_seconds}s of training per run"
+  [ -f "$dir/MANIFEST" ] && sed 's/^/  built: /' "$dir/MANIFEST"
+
+  # What the binary was built with: autotune and fusion (`wgpu`) are for a real GPU; llvmpipe
+  # needs `wgpu-plain` (docs/backends.md).
+  features=$(sed -n 's/^features=//p' "$dir/MANIFEST" 2>/dev/null || true)
+  case "$device:$features" in
+    wgpu-gl*:wgpu) say "warning: a '--features wgpu' build on GL: on llvmpipe CubeCL's autotune can deadlock wgpu's GL backend; build with --features wgpu-plain for the CPU" ;;
+    wgpu-vulkan*:wgpu-plain) say "warning: a '--features wgpu-plain' build: no autotune or fusion, so the GPU numbers understate what 'wgpu' gives" ;;
+  esac
+
+  # ------------------------------------------------------------------------------------------
+  # The loaders and the driver. wgpu opens libvulkan.so.1 (Vulkan) or libEGL.so.1 (GL) at run
+  # time; an image without them gets the Debian packages prepare.sh downloaded, unpacked into /
+  # (root only; README of the workplace's device notes).
+  needed_lib=libvulkan.so.1
+  case "$device" in wgpu-gl*) needed_lib=libEGL.so.1 ;; esac
+  # (grep without -q reads all of ldconfig's output: -q would stop early and, under pipefail,
+  # ldconfig's SIGPIPE on a long listing would read as "not found".)
+  has_lib() { ldconfig -p 2>/dev/null | grep -F "$1 " >/dev/null; }
+  if ! has_lib "$needed_lib"; then
+    debs=("$dir"/gl/*.deb)
+    if [ -e "${debs[0]}" ] && [ "$(id -u)" = 0 ]; then
+      say "$needed_lib not found: unpacking ${#debs[@]} loader packages from $dir/gl into /"
+      for f in "${debs[@]}"; do dpkg -x "$f" /; done
+      ldconfig
+    elif [ -e "${debs[0]}" ]; then
+      say "warning: $needed_lib not found, and unpacking $dir/gl/*.deb into / needs root"
+    else
+      say "warning: $needed_lib not found and no loader packages in $dir/gl (prepare.sh downloads them)"
+    fi
+  fi
+  if has_lib "$needed_lib"; then
+    say "$needed_lib: $(ldconfig -p | grep -F "$needed_lib " | sed -n '1s/.*=> //p')"
+  fi
+
+  # NVIDIA's Vulkan and EGL driver manifests: where the loaders look first, else the driver's
+  # own folder (a read-only mount on these machines).
+  smi=0
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    smi=1
+    say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)"
+    case "$device" in
+      wgpu-vulkan*|wgpu|wgpu:*)
+        icd=""
+        for d in /etc/vulkan/icd.d /usr/share/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+          for f in "$d"/nvidia*.json; do [ -f "$f" ] && icd=$f && break 2; done
+        done
+        if [ -n "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ]; then
+          say "Vulkan driver manifest from the environment: ${VK_DRIVER_FILES:-$VK_ICD_FILENAMES}"
+        elif [ -n "$icd" ]; then
+          say "Vulkan driver manifest: $icd"
+        elif [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+          export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+          egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+          [ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES=$egl
+          say "Vulkan driver manifest: $VK_DRIVER_FILES (the driver's folder)"
+        else
+          say "warning: no NVIDIA Vulkan driver manifest (nvidia*_icd.json) found; wgpu may find no GPU"
+        fi ;;
+    esac
+  else
+    say "no nvidia-smi (or no GPU): peak GPU memory is not measured"
+  fi
+
+  # wgpu wants a private runtime folder. (The runs start in $work, which has no Cargo.toml
+  # above it, so CubeCL keeps its autotune cache in ~/.cache/cubecl, not under the checkout.)
+  if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
+    export XDG_RUNTIME_DIR="$work/xdg-runtime"
+  fi
+  mkdir -p "$XDG_RUNTIME_DIR" && chmod 0700 "$XDG_RUNTIME_DIR"
+
+  # ------------------------------------------------------------------------------------------
+  rows=()
+  failed=0
+  for preset in $presets; do
+    run_dir="$work/runs/$preset"
+    samples="$work/$preset.smi"
+    : >"$samples"
+    say "---- $preset: $steps steps on $device (cap ${max_seconds}s of training, then ${grace}s for the end)"
+    sampler=""
+    if [ "$smi" = 1 ]; then
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$samples" 2>/dev/null &
+      sampler=$!
+    fi
+    sets=()
+    for e in ${extra[@]+"${extra[@]}"}; do
+      case "$e" in
+        ":"*) sets+=(--set "${e#:}") ;;
+        "$preset:"*) sets+=(--set "${e#"$preset":}") ;;
+      esac
+    done
+    t0=$(date +%s)
+    status=0
+    # SIGINT first: memzoo then saves a checkpoint and stops cleanly; SIGKILL 30 s later.
+    (cd "$work" && timeout -s INT -k 30 $((max_seconds + grace)) "$bin" train \
+        --device "$device" --preset "$preset" --data "$corpus" \
+        --steps "$steps" --run-dir "$run_dir" --overwrite \
+        --set train.max_seconds="$max_seconds" --set train.log_every="$log_every" \
+        --set train.eval_every=0 --set train.eval_segments="$eval_segments" \
+        --set train.checkpoint_every=0 --set train.keep_checkpoints=1 \
+        ${sets[@]+"${sets[@]}"}) || status=$?
+    wall=$(( $(date +%s) - t0 ))
+    if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; fi
+    peak=$(peak_of "$samples")
+    result=ok
+    case "$status" in
+      0) ;;
+      124|137) result="timed out after ${wall}s"; failed=1 ;;
+      *) result="failed (exit $status)"; failed=1 ;;
+    esac
+    metrics="$run_dir/metrics.jsonl"
+    if [ -f "$metrics" ]; then
+      IFS=$'\t' read -r last tps first loss vloss < <(summarize_metrics "$metrics")
+    else
+      last=- tps=- first=- loss=- vloss=-
+    fi
+    rows+=("$(printf '%-18s %6s %12s %12s %9s %8s %8s %6s  %s' \
+      "$preset" "$last" "$tps" "$first" "$peak" "$loss" "$vloss" "$wall" "$result")")
+  done
+
+  summary=$(
+    echo "memzoo GPU check on $device ($(sed -n 's/^commit=//p' "$dir/MANIFEST" 2>/dev/null || echo '?'), features ${features:-?}):"
+    printf '%-18s %6s %12s %12s %9s %8s %8s %6s  %s\n' \
+      preset steps "tokens/s" "1st window" "peak MiB" "loss" "valid" "wall s" result
+    printf '%s\n' "${rows[@]}"
+    echo "tokens/s: over the logged windows after the first; 1st window: its tokens/s (compilation,"
+    echo "autotune); peak MiB: nvidia-smi's memory.used, the whole GPU, sampled every 200 ms ('-': not"
+    echo "measured); loss: the last window's training loss (nats); valid: $eval_segments validation segments at the end."
+  )
+  echo
+  echo "$summary"
+  say "total $(( $(date +%s) - started ))s; log: $log"
+
+  echo "$summary" >"$summary_file"
+  [ "$keep" = 1 ] || rm -rf "$work/runs"
+  return "$failed"
+}
+
+# (Not `check | tee || rc=$?`: under `||` bash ignores `set -e` inside the function.)
+set +e
+(set -e; check) 2>&1 | tee "$log"
+rc=$?
+set -e
+# The device tool brings back what is under $OUT.
+if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
+  cp "$log" "$OUT/gpu-check.log"
+  [ -f "$summary_file" ] && cp "$summary_file" "$OUT/gpu-check-summary.txt"
+fi
+exit "$rc"
