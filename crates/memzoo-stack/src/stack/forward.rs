@@ -67,7 +67,7 @@ pub struct TransformerXl {
     #[module(skip)]
     pub memory_keys_values: bool,
     /// For generation: every XL-position layer holds `W_R R_d` for the distances
-    /// `-1 ..= n` ([`RelativeMultiHeadAttention::with_position_table`]), and passes whose
+    /// `-1 ..= n` ([`memzoo_relative::RelativeMultiHeadAttention::with_position_table`]), and passes whose
     /// distances it covers read it ([`TransformerXl::for_generation`]). `None`: none does.
     #[module(skip)]
     pub position_table: Option<usize>,
