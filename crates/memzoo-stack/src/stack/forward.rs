@@ -66,9 +66,10 @@ pub struct TransformerXl {
     /// The XL memory caches keys/values (`XlConfig::memory_keys_values`).
     #[module(skip)]
     pub memory_keys_values: bool,
-    /// For generation: every XL-position layer holds `W_R R_d` for the distances
-    /// `-1 ..= n` ([`memzoo_relative::RelativeMultiHeadAttention::with_position_table`]), and passes whose
-    /// distances it covers read it ([`TransformerXl::for_generation`]). `None`: none does.
+    /// For generation: every XL-position layer holds `W_R R_d` for the distances `-1 ..= n`
+    /// ([`memzoo_relative::RelativeMultiHeadAttention::with_position_table`]), and passes
+    /// whose distances it covers read it ([`TransformerXl::for_generation`]). `None`: none
+    /// does.
     #[module(skip)]
     pub position_table: Option<usize>,
     /// Final LayerNorm (pre-LN with `final_norm` only).
