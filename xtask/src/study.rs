@@ -1085,12 +1085,20 @@ impl Study {
             CodeModel::Vanilla,
             CodeModel::KnnCache,
         ];
-        self.recl_group("t2", &group)
+        let mut runs = Vec::new();
+        for kind in group {
+            runs.push((kind, self.code_model(kind)?.0));
+        }
+        self.recl_group("t2", &runs)
     }
 
     /// RECL of `group` on the test documents (one baseline: the group's best at each context),
     /// at r = 0.1, 0.5 and 1.0, and each model's bpc against the context: `table`'s lines.
-    fn recl_group(&mut self, table: &str, group: &[CodeModel]) -> Result<Vec<Value>, String> {
+    fn recl_group(
+        &mut self,
+        table: &str,
+        group: &[(CodeModel, PathBuf)],
+    ) -> Result<Vec<Value>, String> {
         let s = self.scale.clone();
         let contexts: Vec<usize> = (0..=s.recl_max_context / s.tgt_len)
             .map(|k| k * s.tgt_len)
@@ -1111,8 +1119,8 @@ impl Study {
             ));
         }
         let mut tables = Vec::new();
-        for &kind in group {
-            let (ckpt, _) = self.code_model(kind)?;
+        for (kind, ckpt) in group {
+            let kind = *kind;
             let best = best_t1_memory(&read_lines(&self.out.join("study.jsonl")), kind.name());
             let config = eval_config_for_recl(&self.code_config(kind), best, &s);
             eprintln!(
@@ -1134,7 +1142,7 @@ impl Study {
             tables.push(t);
         }
         let mut out = Vec::new();
-        for (kind, t) in group.iter().zip(&tables) {
+        for ((kind, _), t) in group.iter().zip(&tables) {
             let bpc: Vec<f64> = t
                 .mean_losses()
                 .iter()
@@ -1147,7 +1155,7 @@ impl Study {
         }
         for r in [0.1, 0.5, 1.0] {
             let res = recl::recl(&tables, r, 0.01).map_err(|e| e.to_string())?;
-            for (kind, x) in group.iter().zip(res) {
+            for ((kind, _), x) in group.iter().zip(res) {
                 let v = line(
                     table,
                     json!({"kind": "recl", "model": kind.name(), "r": r, "recl": x.recl,
@@ -1179,8 +1187,10 @@ impl Study {
             CodeModel::BlockRecurrent,
         ];
         let mut out = Vec::new();
+        let mut runs = Vec::new();
         for kind in group {
             let (ckpt, secs) = self.code_model(kind)?;
+            runs.push((kind, ckpt.clone()));
             let config = self.code_config(kind);
             let params = burn::module::Module::num_params(&self.load(&ckpt, &config)?);
             let v = self.score_code(
@@ -1193,7 +1203,7 @@ impl Study {
             )?;
             out.push(v);
         }
-        out.extend(self.recl_group("t7", &group)?);
+        out.extend(self.recl_group("t7", &runs)?);
         Ok(out)
     }
 
