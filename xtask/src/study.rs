@@ -1128,7 +1128,7 @@ impl Study {
                 kind.name(),
                 config.mem_len
             );
-            let model = self.load(&ckpt, &config)?;
+            let model = self.load(ckpt, &config)?;
             let start = Instant::now();
             let t = recl::context_losses(&model, &docs, &blocks, s.tgt_len, &contexts, 8)
                 .map_err(|e| format!("{}: {e}", kind.name()))?;
