@@ -1003,12 +1003,13 @@ impl Study {
         fields: Value,
     ) -> Result<Value, String> {
         let model = self.load(ckpt, config)?;
+        let params = burn::module::Module::num_params(&model);
         let start = Instant::now();
         let r = self.evaluate_code(&model, reach)?;
         let mut v = line(table, fields);
         if let Some(o) = v.as_object_mut() {
             o.extend(
-                json!({"test_bpc": r.bpc, "tokens": r.tokens,
+                json!({"test_bpc": r.bpc, "tokens": r.tokens, "params": params,
                        "far_bpc": r.selected_loss.map(|l| l / std::f64::consts::LN_2),
                        "far_tokens": r.selected_tokens, "train_seconds": train_seconds,
                        "eval_seconds": start.elapsed().as_secs_f64()})
@@ -1192,14 +1193,13 @@ impl Study {
             let (ckpt, secs) = self.code_model(kind)?;
             runs.push((kind, ckpt.clone()));
             let config = self.code_config(kind);
-            let params = burn::module::Module::num_params(&self.load(&ckpt, &config)?);
             let v = self.score_code(
                 "t7",
                 &ckpt,
                 &config,
                 reach,
                 secs,
-                json!({"kind": "score", "model": kind.name(), "params": params}),
+                json!({"kind": "score", "model": kind.name()}),
             )?;
             out.push(v);
         }

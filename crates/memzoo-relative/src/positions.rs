@@ -351,6 +351,17 @@ impl RelativeContext {
                 ))
             }
         };
+        Self::of_index(index, qlen, mlen, mask, device)
+    }
+
+    /// The context of `index` for `qlen` queries over `mlen` memory keys under `mask`.
+    fn of_index(
+        index: PositionIndex,
+        qlen: usize,
+        mlen: usize,
+        mask: &AttentionMask,
+        device: &Device,
+    ) -> Self {
         Self {
             qlen,
             mlen,
@@ -387,14 +398,8 @@ impl RelativeContext {
         let rows: Vec<i64> = (0..w)
             .map(|c| positions.clamped(distance_of_column(c, klen)) + 1)
             .collect();
-        Some(Self {
-            qlen,
-            mlen,
-            index: PositionIndex::XlRows(Tensor::from_data(TensorData::new(rows, [w]), device)),
-            mask: mask.build(qlen, mlen, device),
-            mask_value: f32::NEG_INFINITY,
-            t5_table: None,
-        })
+        let index = PositionIndex::XlRows(Tensor::from_data(TensorData::new(rows, [w]), device));
+        Some(Self::of_index(index, qlen, mlen, mask, device))
     }
 
     /// The same context with a T5 table that every T5 layer reading it uses instead of its

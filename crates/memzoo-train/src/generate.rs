@@ -29,8 +29,9 @@
 //! not again in every later pass) and reads Transformer-XL's projected positions `W_R R_d`
 //! from a table per distance (projected once for every distance a pass can reach, not per
 //! column in every pass). One token over a memory of `m` positions then costs each layer the
-//! scores and values over the `m` keys, not their projections: about 3x faster than
-//! recomputing them on the 2-core CPU at 2K tokens of context (`docs/benchmarks.md`).
+//! scores and values over the `m` keys, not their projections: XL-small generated 2.6-2.9x
+//! faster with the caches than without at 512-2K tokens of context on the 2-core CPU
+//! (`cargo xtask bench scale --families generate`; `docs/benchmarks.md`).
 //!
 //! - **Transformer-XL**: with `segment_len` 1 every token is one step over the memory; with a
 //!   `mem_len` covering the whole context, that is exactly one causal pass over the whole
@@ -306,7 +307,6 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
         let read = self.segments * self.segment_len;
         let whole = (tokens.len() / self.segment_len) * self.segment_len;
         let tokens = if self.current.is_empty()
-            && self.model.carries_state()
             && whole > self.segment_len
             && read + whole <= self.model.split_free_tokens()
         {

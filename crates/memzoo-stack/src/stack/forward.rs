@@ -274,16 +274,13 @@ impl TransformerXl {
         if unsupported {
             return None;
         }
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| l.clone().caching_keys_values())
+        let mut model = self.clone();
+        model.layers = std::mem::take(&mut model.layers)
+            .into_iter()
+            .map(XlLayer::caching_keys_values)
             .collect::<Option<Vec<_>>>()?;
-        Some(Self {
-            layers,
-            memory_keys_values: true,
-            ..self.clone()
-        })
+        model.memory_keys_values = true;
+        Some(model)
     }
 
     /// Options of a seeded evaluation pass: rotations fixed by `lsh.seed`, no dropout (and
