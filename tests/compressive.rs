@@ -204,3 +204,105 @@ fn compressive_stack_with_a_knn_layer_trains_and_generates() {
     assert_eq!(logits.dims(), [1, 3, 256]);
     assert_eq!(state.knn_len(0, 0), 16, "peeking adds nothing");
 }
+
+/// Most-used compression (Rae et al. 2019, sec. 3.1), against a replay written here: with
+/// weights of 1e-7 every query attends uniformly over the keys it sees, so the attention mass
+/// each position receives, its average over the segments that read it, which positions win and
+/// the order they are kept in are all known by hand. The usage survives a checkpoint.
+#[test]
+fn most_used_compression_keeps_the_most_attended_positions() {
+    let dev = flex();
+    let (mem_len, cmem_len, ratio, qlen, d) = (4, 3, 2, 3, 16);
+    let cfg = tiny().with_init_std(1e-7).with_compressive(Some(
+        CompressiveConfig::new()
+            .with_cmem_len(cmem_len)
+            .with_ratio(ratio)
+            .with_function(memzoo_stack::CompressionKind::MostUsed),
+    ));
+    let model = cfg.init(&dev).unwrap();
+    let mut state = XlState::new();
+    // The replay: global positions in the XL and compressed memories, each position's summed
+    // usage and reads, and (per layer) each position's vector while it sat in the XL memory.
+    let (mut mem, mut cmem): (Vec<usize>, Vec<usize>) = (vec![], vec![]);
+    let (mut usage, mut reads) = (vec![0.0f64; 64], vec![0usize; 64]);
+    let mut vectors: Vec<Vec<Vec<f32>>> = vec![vec![vec![]; 64]; 2];
+    for s in 0..6 {
+        let segment: Vec<usize> = (s * qlen..(s + 1) * qlen).collect();
+        let keys: Vec<usize> = mem.iter().chain(&segment).copied().collect();
+        let (clen, mlen) = (cmem.len(), mem.len());
+        for i in 0..qlen {
+            // Query i sees the compressed memory, the memory and the segment up to itself.
+            let seen = clen + mlen + i + 1;
+            for &k in &keys[..mlen + i + 1] {
+                usage[k] += 1.0 / seen as f64;
+            }
+        }
+        for &k in &keys {
+            reads[k] += 1;
+        }
+        let n_old = keys.len().saturating_sub(mem_len);
+        let old = &keys[..n_old];
+        mem = keys[n_old..].to_vec();
+        if n_old > 0 {
+            let mut order = old.to_vec();
+            let avg = |k: usize| usage[k] / reads[k] as f64;
+            order.sort_by(|&a, &b| avg(b).total_cmp(&avg(a)).then(b.cmp(&a)));
+            let mut kept = order[..n_old.div_ceil(ratio)].to_vec();
+            kept.sort();
+            cmem.extend(kept);
+            cmem = cmem[cmem.len().saturating_sub(cmem_len)..].to_vec();
+        }
+
+        let tokens = tokens(
+            &[(0..qlen).map(|i| (s * qlen + i) as i64 * 7 % 256).collect()],
+            &dev,
+        );
+        model.forward_state(tokens, &mut state, &[false]).unwrap();
+        for l in 0..2 {
+            let kept = host(state.xl.layer(l).unwrap().clone());
+            for (p, v) in mem.iter().zip(kept.chunks(d)) {
+                if vectors[l][*p].is_empty() {
+                    vectors[l][*p] = v.to_vec();
+                }
+            }
+            // The compressed vectors are the winners' own vectors, bit for bit, in order.
+            if !cmem.is_empty() {
+                let want: Vec<f32> = cmem.iter().flat_map(|&p| vectors[l][p].clone()).collect();
+                let got = host(state.compressed.layers.layer(l).unwrap().clone());
+                assert_eq!(got, want, "segment {s}, layer {l}: kept {cmem:?}");
+            }
+            let got = host(state.compressed.usage.layer(l).unwrap().clone());
+            for (p, u) in mem.iter().zip(&got) {
+                assert!(
+                    (*u as f64 - usage[*p]).abs() < 1e-4,
+                    "usage of {p}: {u} vs {}",
+                    usage[*p]
+                );
+            }
+        }
+        let want_reads: Vec<usize> = mem.iter().map(|&p| reads[p]).collect();
+        assert_eq!(state.compressed.usage_reads, want_reads, "segment {s}");
+    }
+    // Not simply the most recent: usage decides (position 0 was read alone by its own queries).
+    assert!(cmem.windows(2).any(|w| w[1] - w[0] > 1), "kept {cmem:?}");
+    let dir = std::env::temp_dir().join(format!("memzoo-most-used-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    memzoo_stack::TransformerXl::save_state(&state, &dir).unwrap();
+    let back = model.load_state(&dir, &dev).unwrap();
+    assert_eq!(back.compressed.usage_reads, state.compressed.usage_reads);
+    for l in 0..2 {
+        assert_eq!(
+            host(back.compressed.usage.layer(l).unwrap().clone()),
+            host(state.compressed.usage.layer(l).unwrap().clone())
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    // A kNN layer's attention is not the relative attention whose usage it reads.
+    let knn = tiny()
+        .with_layers(vec![LayerKind::Xl, LayerKind::Knn])
+        .with_compressive(Some(
+            CompressiveConfig::new().with_function(memzoo_stack::CompressionKind::MostUsed),
+        ));
+    let err = knn.init(&dev).unwrap_err().to_string();
+    assert!(err.contains("most_used") && err.contains("Knn"), "{err}");
+}

@@ -47,8 +47,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::XlError;
 use crate::memory::{XlMemory, XlState};
 use crate::stack::{
-    KnnFeed, LayerAttention, LayerKind, ProbeLayout, Replay, Residual, Trace, TransformerXl,
-    XlConfig, XlLayer, document_mask,
+    KnnFeed, LayerAttention, LayerContext, LayerKind, ProbeLayout, Replay, Residual, Trace,
+    TransformerXl, XlConfig, XlLayer, document_mask,
 };
 
 /// How old memories are compressed (Rae et al. 2019, sec. 3.1), windows of `c` positions to
@@ -67,6 +67,15 @@ pub enum CompressionKind {
     /// Mean pooling, kernel and stride `c`: `f_c(old)_i = (1/c) Σ_{k<c} old_{ic+k}` (no
     /// parameters, no reconstruction loss).
     Mean,
+    /// Most-used (sec. 3.1, after the DNC's usage-based freeing): of the `n c` leaving
+    /// positions, the `n` with the highest average attention are kept as they are, in their
+    /// order, the rest dropped. A position's usage `u_j = (1/R_j) Σ_τ Σ_i ā_τ(i, j)` is the
+    /// attention mass the queries `i` of each segment `τ` that read it gave it (`ā` averaged
+    /// over heads), averaged over the `R_j` segments that read it (as a segment position and
+    /// in the XL memory); ties keep the more recent. No parameters, no reconstruction loss;
+    /// every layer `xl`, `learned` or `t5`.
+    #[serde(rename = "most_used")]
+    MostUsed,
 }
 
 /// Settings of the Compressive Transformer ([`XlConfig::compressive`](crate::XlConfig::compressive));
@@ -125,13 +134,21 @@ pub struct Compression {
 
 /// The compressed memories of a compressive stack: per layer `[batch, cmem, d_model]`, detached,
 /// and per row how many of the most recent belong to the row's current document (with
-/// `document_resets`; empty: all).
+/// `document_resets`; empty: all). With the most-used function it also carries the usage of
+/// every XL memory position.
 #[derive(Debug, Clone, Default)]
 pub struct CompressedMemory {
     /// The compressed vectors of every layer.
     pub layers: XlMemory,
     /// Per row, the valid most recent compressed vectors.
     pub valid: Vec<usize>,
+    /// Most-used compression: per layer `[batch, mlen, 1]`, the attention mass each XL
+    /// memory position has received, summed over the segments that read it (aligned with
+    /// the XL memory; empty otherwise).
+    pub usage: XlMemory,
+    /// Most-used compression: per XL memory position, how many segments have read it (`R_j`;
+    /// the same for every row and layer).
+    pub usage_reads: Vec<usize>,
 }
 
 impl CompressiveConfig {
@@ -184,6 +201,16 @@ impl CompressiveConfig {
                     .into(),
             );
         }
+        if self.function == CompressionKind::MostUsed
+            && let Some(k) = kinds
+                .iter()
+                .find(|k| !matches!(k, LayerKind::Xl | LayerKind::Learned | LayerKind::T5))
+        {
+            return bad(format!(
+                "compressive.function = \"most_used\" needs every layer xl, learned or t5 (its \
+                 usage is the relative attention's); layer kind {k:?} is not one"
+            ));
+        }
         if self.window_end_positions && kinds.iter().any(|k| *k != LayerKind::Learned) {
             return bad("compressive.window_end_positions needs every layer `learned`".into());
         }
@@ -218,7 +245,7 @@ impl CompressiveConfig {
                         .init(device)
                 })
                 .collect(),
-            CompressionKind::Max | CompressionKind::Mean => Vec::new(),
+            CompressionKind::Max | CompressionKind::Mean | CompressionKind::MostUsed => Vec::new(),
         };
         Compression {
             convs,
@@ -253,8 +280,36 @@ impl Compression {
             }
             CompressionKind::Max => old.reshape([b, w, c, d]).max_dim(2).reshape([b, w, d]),
             CompressionKind::Mean => old.reshape([b, w, c, d]).mean_dim(2).reshape([b, w, d]),
+            CompressionKind::MostUsed => {
+                return Err(XlError::Input(
+                    "most-used compression selects by usage (the stack's forward pass), not by \
+                     windows"
+                        .into(),
+                ));
+            }
         })
     }
+}
+
+/// Most-used compression: per row, the `n` positions of `old` with the highest `usage`
+/// (`[batch, len]` row-major, host), kept in their order; ties keep the more recent.
+///
+/// # Shapes
+/// - `old`: `[batch, len, d_model]` → `[batch, n, d_model]`
+fn select_most_used(old: Tensor<3>, usage: &[f32], n: usize) -> Tensor<3> {
+    let [b, len, d] = old.dims();
+    let mut index = Vec::with_capacity(b * n * d);
+    for row in usage.chunks(len) {
+        let mut order: Vec<usize> = (0..len).collect();
+        // Highest usage first; on a tie the more recent position.
+        order.sort_by(|&i, &j| row[j].total_cmp(&row[i]).then(j.cmp(&i)));
+        let mut kept = order[..n.min(len)].to_vec();
+        kept.sort_unstable();
+        index.extend(kept.iter().flat_map(|&i| std::iter::repeat_n(i as i64, d)));
+    }
+    let device = old.device();
+    let index = Tensor::<3, Int>::from_data(TensorData::new(index, [b, n.min(len), d]), &device);
+    old.gather(1, index)
 }
 
 /// The content attention of the reconstruction loss, `softmax(q kᵀ / sqrt(d_head)) v`, no
@@ -279,6 +334,38 @@ fn constant_keys_values(a: &RelativeMultiHeadAttention, h: Tensor<3>) -> (Tensor
 }
 
 impl XlLayer {
+    /// The attention mass each key of `cat(m, x)` receives from the segment's queries, summed
+    /// over the queries and averaged over the heads, `Σ_i ā(i, j)` (the usage of most-used
+    /// compression), as constants. Relative layers only.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, qlen, d_model]`, `m`: `[batch, mlen, d_model]` → `[batch, mlen + qlen]`
+    pub(crate) fn received_attention(
+        &self,
+        x: Tensor<3>,
+        m: Option<Tensor<3>>,
+        cx: &LayerContext<'_>,
+    ) -> Result<Tensor<2>, XlError> {
+        let kind = self.attention.kind();
+        let a = match &self.attention {
+            LayerAttention::Relative(a) => a,
+            _ => {
+                return Err(XlError::Input(format!(
+                    "most-used compression reads a relative layer's attention, not a {kind:?} \
+                     layer's"
+                )));
+            }
+        };
+        let ctx = cx.positions.ok_or_else(|| {
+            XlError::Input(format!("a {kind:?} layer needs its position context"))
+        })?;
+        let probs = a
+            .probabilities(x.detach(), m.map(Tensor::detach), ctx, cx.shared)?
+            .detach();
+        let [b, _, _, k] = probs.dims();
+        Ok(probs.sum_dim(2).mean_dim(1).reshape([b, k]))
+    }
+
     /// The memory as this layer's attention reads it: `LN(m)` in a pre-LN block (the
     /// LayerNorm constant unless `norm_gradients`), `m` in a post-LN one.
     ///
@@ -407,6 +494,8 @@ impl TransformerXl {
         let mut inputs = Vec::with_capacity(self.layers.len());
         let norm_grads = cfg.memory_norm_gradients;
         let mut stores = state.knn.iter_mut();
+        let most_used = cfg.function == CompressionKind::MostUsed && cfg.cmem_len > 0;
+        let mut received = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
             inputs.push(h.clone());
             let mem = state
@@ -425,23 +514,31 @@ impl TransformerXl {
             let layout = ProbeLayout::Compressed { compressed: clen };
             cx.trace = trace.map(|t| t.slot(l, layout));
             h = layer.block.forward(h, None, opts, |x, _| {
+                if most_used {
+                    let all = layer.received_attention(x.clone(), prefix.clone(), &cx)?;
+                    // The keys after the compressed ones: cat(m, x).
+                    received.push(all.narrow(1, clen, mlen + qlen));
+                }
                 Ok::<_, XlError>(layer.attend(x, prefix, &mut cx, Replay::Nothing)?.0)
             })?;
         }
         drop(contexts);
         drop(stores);
         let hidden = self.finish(h, opts);
-        let aux = self.compress_memories(comp, state, &inputs, qlen, train)?;
+        let aux = self.compress_memories(comp, state, &inputs, &received, qlen, train)?;
         Ok((hidden, aux))
     }
 
     /// Moves the XL and compressed memories on past a segment whose layers read `inputs`; with
-    /// `train` and a trainable `f_c`, the weighted reconstruction loss.
+    /// `train` and a trainable `f_c`, the weighted reconstruction loss. `received`: per layer
+    /// the attention mass each position of `cat(m, h)` received in this segment (most-used
+    /// compression; empty otherwise).
     fn compress_memories(
         &self,
         comp: &Compression,
         state: &mut XlState,
         inputs: &[Tensor<3>],
+        received: &[Tensor<2>],
         qlen: usize,
         train: bool,
     ) -> Result<Option<Tensor<1>>, XlError> {
@@ -461,6 +558,29 @@ impl TransformerXl {
         let mut new_cmem = Vec::with_capacity(inputs.len());
         let mut aux: Option<Tensor<1>> = None;
         let mut windows = 0;
+        // Most-used: R_j of every position of cat(m, h), this segment's read counted.
+        let most_used = !received.is_empty();
+        let batch = inputs.first().map_or(0, |t| t.dims()[0]);
+        let carried = &state.compressed;
+        let usage_fits = carried.usage_reads.len() == mlen
+            && carried.usage.n_layers() == inputs.len()
+            && carried.usage.len() == mlen;
+        let reads: Vec<usize> = match usage_fits {
+            true => carried.usage_reads.clone(),
+            false => vec![0; mlen],
+        }
+        .into_iter()
+        .chain(std::iter::repeat_n(0, qlen))
+        .map(|r| r + 1)
+        .collect();
+        // Positions of cat(m, h) before a row's current document never win.
+        let stale: Vec<usize> = (0..batch)
+            .map(|b| match state.xl_valid.get(b) {
+                Some(&v) if self.document_resets => total.saturating_sub(v + qlen),
+                _ => 0,
+            })
+            .collect();
+        let mut new_usage = Vec::with_capacity(received.len());
         for (l, (layer, input)) in self.layers.iter().zip(inputs).enumerate() {
             let input = input.clone().detach();
             let all = match state.xl.layer(l) {
@@ -468,6 +588,24 @@ impl TransformerXl {
                 None => input.clone(),
             };
             new_mem.push(all.clone().narrow(1, n_old, keep));
+            let usage = match received.get(l) {
+                Some(now) => {
+                    let device = now.device();
+                    let before = match (usage_fits, carried.usage.layer(l)) {
+                        (true, Some(u)) => u.clone().reshape([batch, mlen]),
+                        _ => Tensor::zeros([batch, mlen], &device),
+                    };
+                    let sums = Tensor::cat(vec![before, Tensor::zeros([batch, qlen], &device)], 1)
+                        + now.clone();
+                    new_usage.push(
+                        sums.clone()
+                            .narrow(1, n_old, keep)
+                            .reshape([batch, keep, 1]),
+                    );
+                    (n_old > 0).then(|| sums.narrow(1, 0, n_old))
+                }
+                None => None,
+            };
             let old_cmem = state.compressed.layers.layer(l).cloned();
             if n_old == 0 || cfg.cmem_len == 0 {
                 if let Some(c) = old_cmem {
@@ -477,7 +615,24 @@ impl TransformerXl {
             }
             // What the attention read of the leaving positions, constant.
             let old = layer.read_memory(all.narrow(1, 0, n_old), false).detach();
-            let compressed = comp.compress(l, old.clone())?;
+            let compressed = match usage {
+                Some(sums) => {
+                    // u_j = (1/R_j) Σ_τ Σ_i ā_τ(i, j); stale positions below any usage.
+                    let sums: Vec<f32> = sums.into_data().try_to_vec::<f32>().map_err(|e| {
+                        XlError::Input(format!("usage is not f32 on the host: {e:?}"))
+                    })?;
+                    let u: Vec<f32> = sums
+                        .chunks(n_old)
+                        .zip(&stale)
+                        .flat_map(|(row, &s)| {
+                            let row = row.iter().zip(&reads).enumerate();
+                            row.map(move |(j, (&x, &r))| if j < s { -1.0 } else { x / r as f32 })
+                        })
+                        .collect();
+                    select_most_used(old.clone(), &u, n_old.div_ceil(cfg.ratio))
+                }
+                _ => comp.compress(l, old.clone())?,
+            };
             windows = compressed.dims()[1];
             let cat = match old_cmem {
                 Some(c) => Tensor::cat(vec![c, compressed.clone().detach()], 1),
@@ -530,7 +685,11 @@ impl TransformerXl {
                 let seen = *v + qlen;
                 if windows > 0 {
                     let valid_old = seen.saturating_sub(keep);
-                    let full = valid_old / cfg.ratio.max(1);
+                    // Most-used keeps positions, the valid ones the most recent selected.
+                    let full = match most_used {
+                        true => valid_old,
+                        false => valid_old / cfg.ratio.max(1),
+                    };
                     *cv = if full >= windows { *cv + windows } else { full }.min(n_c);
                 } else {
                     *cv = (*cv).min(n_c);
@@ -540,6 +699,10 @@ impl TransformerXl {
         }
         state.xl = XlMemory::from_layers(new_mem).map_err(XlError::Input)?;
         state.compressed.layers = XlMemory::from_layers(new_cmem).map_err(XlError::Input)?;
+        if most_used {
+            state.compressed.usage = XlMemory::from_layers(new_usage).map_err(XlError::Input)?;
+            state.compressed.usage_reads = reads[n_old..].to_vec();
+        }
         let n_layers = self.layers.len().max(1) as f64;
         Ok(aux.map(|a| a.mul_scalar(cfg.reconstruction_weight / n_layers)))
     }

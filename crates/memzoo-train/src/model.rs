@@ -69,6 +69,16 @@ impl SegmentModel for TransformerXl {
             std::fs::write(dir.join("compressed_valid.json"), valid)
                 .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))?;
         }
+        // Most-used compression: the XL memory's usage and how often each position was read.
+        if !state.compressed.usage.is_empty() {
+            save_tensors(
+                &dir.join("compressed_usage.safetensors"),
+                state.compressed.usage.layers(),
+            )?;
+            let reads = serde_json::to_string(&state.compressed.usage_reads).expect("plain vector");
+            std::fs::write(dir.join("compressed_usage_reads.json"), reads)
+                .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))?;
+        }
         // A Recurrent Memory Transformer's carried memory tokens.
         if let Some(tokens) = &state.rmt.value {
             save_tensors(
@@ -119,6 +129,18 @@ impl SegmentModel for TransformerXl {
                 .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", valid.display())))?;
             state.compressed.valid = serde_json::from_str(&text).map_err(|e| {
                 TrainError::Checkpoint(format!("compressed_valid.json is damaged: {e}"))
+            })?;
+        }
+        let usage = dir.join("compressed_usage.safetensors");
+        if usage.exists() {
+            let layers = load_tensors(&usage, device)?;
+            state.compressed.usage =
+                XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
+            let reads = dir.join("compressed_usage_reads.json");
+            let text = std::fs::read_to_string(&reads)
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", reads.display())))?;
+            state.compressed.usage_reads = serde_json::from_str(&text).map_err(|e| {
+                TrainError::Checkpoint(format!("compressed_usage_reads.json is damaged: {e}"))
             })?;
         }
         let rmt = dir.join("rmt_memory.safetensors");
