@@ -528,3 +528,47 @@ pub fn tiny_stack() -> XlConfig {
         .with_d_inner(32)
         .with_dropout(0.0)
 }
+
+/// Memory-replay backpropagation (`replayed`: `model` with `memory_replay` on) against the
+/// one-graph unroll, over two steps of `segments()` (the second on the memory the first
+/// carried): the same losses, every gradient and the carried memory at 1e-5. Returns the
+/// number of gradients compared.
+pub fn assert_replay_matches_unroll(
+    model: &memzoo_stack::TransformerXl,
+    replayed: &memzoo_stack::TransformerXl,
+    segments: impl Fn() -> Vec<memzoo_stack::UnrollSegment>,
+) -> usize {
+    use memzoo_stack::XlState;
+    let (mut a, mut b) = (XlState::new(), XlState::new());
+    let mut compared = 0;
+    for step in 0..2 {
+        let (la, ga) = model.train_unroll(segments(), &mut a).unwrap();
+        let (lb, gb) = replayed.train_unroll(segments(), &mut b).unwrap();
+        let (la, lb) = (la.into_scalar::<f64>(), lb.into_scalar::<f64>());
+        assert!((la - lb).abs() < 1e-5, "step {step}: loss {la} vs {lb}");
+        let (ga, gb) = (
+            param_vectors(model, Some(&ga)),
+            param_vectors(replayed, Some(&gb)),
+        );
+        for (x, y) in ga.iter().zip(&gb) {
+            match (x, y) {
+                (Some(x), Some(y)) => {
+                    assert_close(x, y, 1e-5, &format!("step {step} gradient"));
+                    compared += 1;
+                }
+                (x, y) => assert_eq!(x.is_some(), y.is_some(), "step {step}: a gradient missing"),
+            }
+        }
+        let carried = |s: &XlState| {
+            let v = s
+                .rmt
+                .value
+                .clone()
+                .or_else(|| s.block_recurrent.value.clone());
+            host(v.expect("a carried memory"))
+        };
+        assert_close(&carried(&a), &carried(&b), 1e-5, "carried memory");
+        assert!(!b.rmt.value.as_ref().is_some_and(|v| v.is_require_grad()));
+    }
+    compared
+}

@@ -106,6 +106,11 @@ pub struct BlockRecurrentConfig {
     /// the update of the state gets no gradient. Default: 2.
     #[config(default = 2)]
     pub bptt_segments: usize,
+    /// Memory-replay backpropagation through the `bptt_segments` blocks (as the RMT's
+    /// [`memory_replay`](crate::RmtConfig::memory_replay)): the same gradients in the memory
+    /// of one block. Default: false.
+    #[config(default = false)]
+    pub memory_replay: bool,
 }
 
 /// One gate of the state (see [`GateKind`]); `h` is the update, `c` the state it replaces.

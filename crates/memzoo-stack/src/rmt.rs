@@ -65,6 +65,12 @@ pub struct RmtConfig {
     /// detached after every segment. Default: 2.
     #[config(default = 2)]
     pub bptt_segments: usize,
+    /// Memory-replay backpropagation through the `bptt_segments`: the forward keeps no
+    /// graph, only each segment's starting memory, and the backward replays the segments last
+    /// to first, one graph at a time. The same gradients (exact, up to the order of float
+    /// sums) in the memory of one segment, for one more forward pass. Default: false.
+    #[config(default = false)]
+    pub memory_replay: bool,
     /// The paper's causal mask over `[read, segment, write]` (read token `i` sees read tokens
     /// `<= i`, write token `i` sees write tokens `<= i`); false: the read tokens see each
     /// other and the write tokens see each other (the peer's `memory_not_causal = True`).

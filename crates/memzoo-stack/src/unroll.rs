@@ -3,7 +3,7 @@
 //! of the Recurrent Memory Transformer, see [`crate::rmt`], and of the Block-Recurrent
 //! Transformer, see [`crate::block_recurrent`]).
 
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Int, Tensor};
 use memzoo_reformer::ForwardOptions;
 
@@ -89,8 +89,20 @@ impl TransformerXl {
         self.carried_unroll(segments, state, self.train_options())
     }
 
+    /// Whether the unroll replays its segments for the backward (`memory_replay` of the RMT or
+    /// Block-Recurrent settings).
+    fn replays_memory(&self) -> bool {
+        match (self.rmt_config(), self.block_recurrent_config()) {
+            (Some(r), _) => r.memory_replay,
+            (None, Some(b)) => b.memory_replay,
+            (None, None) => false,
+        }
+    }
+
     /// [`train_unroll`](Self::train_unroll) of an RMT or Block-Recurrent stack, drawing from
-    /// `opts` (the `i`-th segment from its child `TAG_UNROLL + i`).
+    /// `opts` (the `i`-th segment from its child `TAG_UNROLL + i`): one graph through all `k`
+    /// segments, or with `memory_replay` one segment's graph at a time
+    /// ([`replayed_unroll`](Self::replayed_unroll)).
     pub(crate) fn carried_unroll(
         &self,
         segments: Vec<UnrollSegment>,
@@ -98,29 +110,12 @@ impl TransformerXl {
         opts: Option<ForwardOptions>,
     ) -> Result<(Tensor<1>, GradientsParams), XlError> {
         let k = segments.len();
+        if k > 1 && self.replays_memory() {
+            return self.replayed_unroll(segments, state, opts);
+        }
         let mut total: Option<Tensor<1>> = None;
         for (i, s) in segments.into_iter().enumerate() {
-            crate::stack::check_targets(&s.inputs, &s.targets)?;
-            if let Some(w) = &s.weights
-                && w.dims() != s.targets.dims()
-            {
-                return Err(XlError::Input(format!(
-                    "weights {:?} do not match targets {:?}",
-                    w.dims(),
-                    s.targets.dims()
-                )));
-            }
-            let o = match i {
-                0 => opts.clone(),
-                _ => opts.as_ref().map(|o| o.child(TAG_UNROLL + i as u64)),
-            };
-            let hidden = match self.block_recurrent {
-                Some(_) => {
-                    self.forward_block_recurrent(s.inputs, state, &s.reset, o.as_ref(), true, None)?
-                }
-                None => self.forward_rmt(s.inputs, state, &s.reset, o.as_ref(), true, None)?,
-            };
-            let loss = mean_nll(self.score(hidden, s.targets, false)?.nll, s.weights);
+            let loss = self.unrolled_loss(s, i, state, opts.as_ref())?;
             total = Some(match total {
                 Some(t) => t + loss,
                 None => loss,
@@ -133,5 +128,157 @@ impl TransformerXl {
         state.rmt.detach();
         state.block_recurrent.detach();
         Ok((loss.inner(), grads))
+    }
+
+    /// The mean loss `L_τ` of the `i`-th segment of an unroll, read on top of `state` (its
+    /// carried memory left in the graph).
+    fn unrolled_loss(
+        &self,
+        s: UnrollSegment,
+        i: usize,
+        state: &mut XlState,
+        opts: Option<&ForwardOptions>,
+    ) -> Result<Tensor<1>, XlError> {
+        crate::stack::check_targets(&s.inputs, &s.targets)?;
+        if let Some(w) = &s.weights
+            && w.dims() != s.targets.dims()
+        {
+            return Err(XlError::Input(format!(
+                "weights {:?} do not match targets {:?}",
+                w.dims(),
+                s.targets.dims()
+            )));
+        }
+        let o = match i {
+            0 => opts.cloned(),
+            _ => opts.map(|o| o.child(TAG_UNROLL + i as u64)),
+        };
+        let hidden = match self.block_recurrent {
+            Some(_) => {
+                self.forward_block_recurrent(s.inputs, state, &s.reset, o.as_ref(), true, None)?
+            }
+            None => self.forward_rmt(s.inputs, state, &s.reset, o.as_ref(), true, None)?,
+        };
+        Ok(mean_nll(
+            self.score(hidden, s.targets, false)?.nll,
+            s.weights,
+        ))
+    }
+
+    /// Memory-replay backpropagation through `k` segments: exactly the gradients of
+    /// [`carried_unroll`](Self::carried_unroll)'s one graph, holding one segment's graph at a
+    /// time.
+    ///
+    /// 1. Forward, no graph kept: each segment reads on top of the last (its carried memory
+    ///    detached after it); what each segment starts from (`S_τ`: XL memory, document
+    ///    positions, carried memory `M_τ`) is kept.
+    /// 2. Backward, `τ = k .. 1`: the segment is read again from `S_τ`, with `M_τ` a leaf, and
+    ///    `L_τ / k + Σ(M_{τ+1} ⊙ G_{τ+1})` is backpropagated, `G_{τ+1} = ∂L/∂M_{τ+1}` the
+    ///    leaf gradient the later segment left (none for the last). Its parameter gradients
+    ///    are summed, and `G_τ = ∂L/∂M_τ` goes to the segment before.
+    ///
+    /// The replayed read must draw what the first did, so every segment's dropout is seeded:
+    /// by `opts`, or (a device stack without a dropout seed) by one seed drawn from the
+    /// device's generator for this step.
+    fn replayed_unroll(
+        &self,
+        segments: Vec<UnrollSegment>,
+        state: &mut XlState,
+        opts: Option<ForwardOptions>,
+    ) -> Result<(Tensor<1>, GradientsParams), XlError> {
+        if !state.knn.is_empty() || !state.compressed.layers.is_empty() {
+            return Err(XlError::Input(
+                "memory replay restores the XL and carried memories only; this state also \
+                 holds kNN or compressed memories"
+                    .into(),
+            ));
+        }
+        let k = segments.len();
+        let opts = match opts {
+            Some(o) => o,
+            None => {
+                let draw = Tensor::<1>::random(
+                    [2],
+                    burn::tensor::Distribution::Uniform(0.0, 65_536.0),
+                    &self.device(),
+                );
+                let v: Vec<f32> = draw.into_data().try_to_vec::<f32>().map_err(|e| {
+                    XlError::Input(format!("a seed drawn on the device is not f32: {e:?}"))
+                })?;
+                ForwardOptions::train(((v[0] as u64) << 16) ^ v[1] as u64)
+            }
+        };
+        // 1. Forward without a graph, keeping each segment's start.
+        let mut starts = Vec::with_capacity(k);
+        let mut total = 0.0;
+        for (i, s) in segments.iter().enumerate() {
+            starts.push(SegmentStart::of(state));
+            let loss = self.unrolled_loss(s.clone(), i, state, Some(&opts))?;
+            total += loss.into_scalar::<f64>();
+            state.rmt.detach();
+            state.block_recurrent.detach();
+        }
+        // 2. Backward, last segment first.
+        let mut acc = GradientsAccumulator::<TransformerXl>::new();
+        let mut later: Option<Tensor<3>> = None;
+        for (i, s) in segments.into_iter().enumerate().rev() {
+            let start = starts
+                .pop()
+                .ok_or_else(|| XlError::Input("no start".into()))?;
+            let (mut replay, leaf) = start.replay();
+            let loss = self
+                .unrolled_loss(s, i, &mut replay, Some(&opts))?
+                .div_scalar(k as f64);
+            let carried = replay
+                .rmt
+                .value
+                .take()
+                .or_else(|| replay.block_recurrent.value.take());
+            let objective = match (later.take(), carried) {
+                (Some(g), Some(m)) => loss + (m * g).sum(),
+                _ => loss,
+            };
+            let mut grads = objective.backward();
+            later = leaf.and_then(|m| m.grad(&grads)).map(Tensor::autodiff);
+            acc.accumulate(self, GradientsParams::from_module(&mut grads, self));
+        }
+        let loss = Tensor::<1>::from_floats([total / k as f64], &self.device());
+        Ok((loss.inner(), acc.grads()))
+    }
+}
+
+/// What a segment of a replayed unroll starts from (detached): the XL memory, its rows'
+/// document positions and the carried memory (an RMT's memory tokens or a Block-Recurrent
+/// state).
+struct SegmentStart {
+    xl: crate::memory::XlMemory,
+    xl_valid: Vec<usize>,
+    rmt: Option<Tensor<3>>,
+    recurrent: Option<Tensor<3>>,
+}
+
+impl SegmentStart {
+    fn of(state: &XlState) -> Self {
+        let detached = |t: &Option<Tensor<3>>| t.clone().map(Tensor::detach);
+        Self {
+            xl: state.xl.clone(),
+            xl_valid: state.xl_valid.clone(),
+            rmt: detached(&state.rmt.value),
+            recurrent: detached(&state.block_recurrent.value),
+        }
+    }
+
+    /// A state to read the segment again from, and its carried memory as a leaf that keeps
+    /// its gradient (`None`: no memory carried yet).
+    fn replay(self) -> (XlState, Option<Tensor<3>>) {
+        let rmt = self.rmt.map(Tensor::require_grad);
+        let recurrent = self.recurrent.map(Tensor::require_grad);
+        let leaf = rmt.clone().or_else(|| recurrent.clone());
+        let mut state = XlState::new();
+        state.xl = self.xl;
+        state.xl_valid = self.xl_valid;
+        state.rmt.value = rmt;
+        state.block_recurrent.value = recurrent;
+        (state, leaf)
     }
 }
