@@ -226,6 +226,20 @@ fn rmt_memory_replay_matches_the_unroll() {
         let compared = assert_replay_matches_unroll(&model, &replayed, segs);
         assert!(compared >= 20, "{compared} gradients compared");
     }
+    // A model whose parameters are not drawn yet: every one gets its gradient.
+    let rmt = RmtConfig::new()
+        .with_mem_tokens(3)
+        .with_bptt_segments(3)
+        .with_memory_replay(true);
+    let lazy = tiny().with_rmt(Some(rmt)).init(&dev).unwrap();
+    let (_, grads) = lazy
+        .train_unroll(segments(3, 2), &mut XlState::new())
+        .unwrap();
+    let got = param_vectors(&lazy, Some(&grads));
+    assert!(
+        got.iter().all(Option::is_some),
+        "a parameter without gradient"
+    );
     // Without dropout and without a dropout seed (the replay draws one for its step).
     let rmt = RmtConfig::new().with_mem_tokens(3).with_bptt_segments(3);
     let model = seeded_weights(
@@ -236,4 +250,71 @@ fn rmt_memory_replay_matches_the_unroll() {
     let mut replayed = model.clone();
     replayed.rmt.as_mut().unwrap().config.memory_replay = true;
     assert_replay_matches_unroll(&model, &replayed, || segments(3, 2));
+}
+
+/// Through the trainer (a model as `memzoo train` builds it, its parameters initialised
+/// lazily), memory replay trains exactly as the one-graph unroll: the same loss at every step
+/// and the same weights after four.
+#[test]
+fn rmt_memory_replay_trains_as_the_unroll() {
+    let dev = flex().autodiff();
+    let rmt = RmtConfig::new().with_mem_tokens(3).with_bptt_segments(3);
+    let model = tiny().with_rmt(Some(rmt)).init(&dev).unwrap();
+    // The same weights for both: drawn now, in the module's order (a lazy parameter is drawn
+    // at its first read, and the replay reads them all before its first segment).
+    let _ = param_vectors(&model, None);
+    let run = |replay: bool| {
+        let mut model = model.clone();
+        model.rmt.as_mut().unwrap().config.memory_replay = replay;
+        let dir =
+            std::env::temp_dir().join(format!("memzoo-replay-{}-{replay}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let options = memzoo_train::RunOptions {
+            run_dir: dir.clone(),
+            resume: false,
+            quiet: true,
+        };
+        let mut data = memzoo_data::OrderedBatcher::new(small_corpus(), 4, 8)
+            .unwrap()
+            .drop_last(true);
+        let config = memzoo_train::TrainConfig::sized(4, 4, 8)
+            .with_replicas(Some(1))
+            .with_log_every(1)
+            .with_eval_every(0)
+            .with_checkpoint_every(0)
+            .with_schedule(
+                memzoo_train::ScheduleConfig::new()
+                    .with_lr(3e-3)
+                    .with_warmup(1),
+            );
+        let out = memzoo_train::train_on_devices(
+            model,
+            &config,
+            &[dev.clone()],
+            &mut data,
+            None,
+            &options,
+        )
+        .unwrap();
+        let losses: Vec<f64> = std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|r| r["split"] == "train" && r["metric"] == "loss")
+            .map(|r| r["value"].as_f64().unwrap())
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        let weights: Vec<f32> = param_vectors(&out.model, None)
+            .into_iter()
+            .flat_map(|p| p.unwrap())
+            .collect();
+        (losses, weights)
+    };
+    let (l1, w1) = run(false);
+    let (l2, w2) = run(true);
+    assert_eq!(l1.len(), 4);
+    for (a, b) in l1.iter().zip(&l2) {
+        assert!((a - b).abs() < 1e-5, "losses {l1:?} vs {l2:?}");
+    }
+    assert_close(&w1, &w2, 1e-5, "weights after 4 steps");
 }

@@ -3,6 +3,7 @@
 //! of the Recurrent Memory Transformer, see [`crate::rmt`], and of the Block-Recurrent
 //! Transformer, see [`crate::block_recurrent`]).
 
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Int, Tensor};
 use memzoo_reformer::ForwardOptions;
@@ -208,24 +209,27 @@ impl TransformerXl {
                 ForwardOptions::train(((v[0] as u64) << 16) ^ v[1] as u64)
             }
         };
-        // 1. Forward without a graph, keeping each segment's start.
+        // 1. Forward with the parameters as constants (no graph is recorded), keeping each
+        //    segment's start.
+        self.visit(&mut Initialize);
+        let constant = self.clone().no_grad();
+        let (mut ahead, _) = SegmentStart::of(state).into_state(|t| t);
         let mut starts = Vec::with_capacity(k);
         let mut total = 0.0;
         for (i, s) in segments.iter().enumerate() {
-            starts.push(SegmentStart::of(state));
-            let loss = self.unrolled_loss(s.clone(), i, state, Some(&opts))?;
+            starts.push(SegmentStart::of(&ahead));
+            let loss = constant.unrolled_loss(s.clone(), i, &mut ahead, Some(&opts))?;
             total += loss.into_scalar::<f64>();
-            state.rmt.detach();
-            state.block_recurrent.detach();
         }
-        // 2. Backward, last segment first.
+        *state = ahead;
+        // 2. Backward, last segment first, each segment read again with its graph.
         let mut acc = GradientsAccumulator::<TransformerXl>::new();
         let mut later: Option<Tensor<3>> = None;
         for (i, s) in segments.into_iter().enumerate().rev() {
             let start = starts
                 .pop()
                 .ok_or_else(|| XlError::Input("no start".into()))?;
-            let (mut replay, leaf) = start.replay();
+            let (mut replay, leaf) = start.into_state(Tensor::require_grad);
             let loss = self
                 .unrolled_loss(s, i, &mut replay, Some(&opts))?
                 .div_scalar(k as f64);
@@ -244,6 +248,18 @@ impl TransformerXl {
         }
         let loss = Tensor::<1>::from_floats([total / k as f64], &self.device());
         Ok((loss.inner(), acc.grads()))
+    }
+}
+
+/// Initialises every parameter not yet initialised (in place: a parameter initialises
+/// lazily, on first read). Before `Module::no_grad` on a clone: a lazy parameter shares its
+/// gradient setting with its clones, so the original would otherwise initialise without
+/// gradients.
+struct Initialize;
+
+impl ModuleVisitor for Initialize {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let _ = param.val();
     }
 }
 
@@ -268,11 +284,12 @@ impl SegmentStart {
         }
     }
 
-    /// A state to read the segment again from, and its carried memory as a leaf that keeps
-    /// its gradient (`None`: no memory carried yet).
-    fn replay(self) -> (XlState, Option<Tensor<3>>) {
-        let rmt = self.rmt.map(Tensor::require_grad);
-        let recurrent = self.recurrent.map(Tensor::require_grad);
+    /// A state to read the segment from, its carried memory passed through `carried` (e.g.
+    /// made a leaf that keeps its gradient) and returned beside it (`None`: no memory carried
+    /// yet).
+    fn into_state(self, carried: impl Fn(Tensor<3>) -> Tensor<3>) -> (XlState, Option<Tensor<3>>) {
+        let rmt = self.rmt.map(&carried);
+        let recurrent = self.recurrent.map(&carried);
         let leaf = rmt.clone().or_else(|| recurrent.clone());
         let mut state = XlState::new();
         state.xl = self.xl;
