@@ -1,6 +1,7 @@
 //! The Recurrent Memory Transformer in the stack: its invalid combinations refused by name,
 //! its memory carried, reset and checkpointed, its backpropagation through `k` segments
-//! checked against finite differences, and its sharded unroll against one replica.
+//! checked against finite differences, and its sharded unroll against one replica; its
+//! memory-replay backpropagation against the one-graph unroll; RMT + Transformer-XL.
 
 use burn::module::Param;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -29,7 +30,6 @@ fn tokens(batch: usize, len: usize, seed: usize) -> Tensor<2, Int> {
 fn rmt_refuses_invalid_combinations_by_name() {
     let dev = flex();
     let err = |c: XlConfig| c.init(&dev).unwrap_err().to_string();
-    assert!(err(tiny().with_mem_len(4)).contains("mem_len must be 0, got 4"));
     assert!(err(tiny().with_residual(Residual::Reversible)).contains("Reversible"));
     assert!(err(tiny().with_layers(vec![LayerKind::Xl, LayerKind::Lsh])).contains("Lsh"));
     assert!(err(tiny().with_layers(vec![LayerKind::Xl, LayerKind::Knn])).contains("Knn"));
@@ -37,12 +37,8 @@ fn rmt_refuses_invalid_combinations_by_name() {
     assert!(err(tiny().with_rmt(Some(zero))).contains("rmt.mem_tokens"));
     let zero = RmtConfig::new().with_bptt_segments(0);
     assert!(err(tiny().with_rmt(Some(zero))).contains("rmt.bptt_segments"));
-    // A model asked to read an XL memory at run time says so.
-    let model = tiny().init(&dev).unwrap().with_mem_len(8);
-    let e = model
-        .forward_state(tokens(1, 4, 0), &mut XlState::new(), &[false])
-        .unwrap_err();
-    assert!(e.to_string().contains("mem_len must be 0, got 8"));
+    let cmp = tiny().with_compressive(Some(memzoo_stack::CompressiveConfig::new()));
+    assert!(err(cmp.with_mem_len(4)).contains("compressive"));
     assert_eq!(tiny().init(&dev).unwrap().stack_family(), "rmt");
 }
 
@@ -317,4 +313,67 @@ fn rmt_memory_replay_trains_as_the_unroll() {
         assert!((a - b).abs() < 1e-5, "losses {l1:?} vs {l2:?}");
     }
     assert_close(&w1, &w2, 1e-5, "weights after 4 steps");
+}
+
+/// RMT + Transformer-XL (`mem_len > 0`): the first segment reads as the RMT alone (same
+/// weights, no XL memory yet); the XL memory holds the segment tokens' layer inputs, sliding
+/// by the segment; the next segment reads it (emptying it changes the output); a row starting
+/// a document reads as a fresh row; and memory replay through it is the one-graph unroll.
+#[test]
+fn rmt_with_an_xl_memory() {
+    let dev = flex();
+    let model = seeded_weights(tiny().with_mem_len(6).init(&dev).unwrap(), 3, |_: &str| 0.3);
+    let alone = model.clone().with_mem_len(0);
+    let read = |m: &TransformerXl, s: &mut XlState, t: Tensor<2, Int>, reset: [bool; 2]| {
+        host(m.forward_state(t, s, &reset).unwrap())
+    };
+    let (mut s, mut a) = (XlState::new(), XlState::new());
+    let first = read(&model, &mut s, tokens(2, 5, 0), [false; 2]);
+    assert_close(
+        &first,
+        &read(&alone, &mut a, tokens(2, 5, 0), [false; 2]),
+        1e-5,
+        "first",
+    );
+    assert_eq!((s.xl.len(), s.xl.n_layers()), (5, 2));
+    let before: Vec<Vec<f32>> = (0..2)
+        .map(|l| host(s.xl.layer(l).unwrap().clone()))
+        .collect();
+    let mut emptied = XlState::new();
+    emptied.rmt = s.rmt.clone();
+    let next = read(&model, &mut s, tokens(2, 5, 1), [false, true]);
+    // The window slid by 5: the oldest kept position is the first segment's last (row 0).
+    let d = 16;
+    for (l, b) in before.iter().enumerate() {
+        let after = host(s.xl.layer(l).unwrap().clone());
+        assert_eq!(s.xl.len(), 6);
+        assert_eq!(&after[..d], &b[4 * d..5 * d], "layer {l}");
+    }
+    let no_xl = read(&model, &mut emptied, tokens(2, 5, 1), [false, true]);
+    let half = next.len() / 2;
+    assert!(
+        max_abs_diff(&next[..half], &no_xl[..half]) > 1e-4,
+        "row 0 reads the XL memory"
+    );
+    // Row 1 starts a document: neither memory reaches it.
+    let fresh = read(&model, &mut XlState::new(), tokens(2, 5, 1), [false; 2]);
+    assert_close(
+        &next[half..],
+        &fresh[half..],
+        1e-5,
+        "row 1 reads as a fresh row",
+    );
+    // Memory replay through the XL memory (and a reset) is the one-graph unroll.
+    let ad = flex().autodiff();
+    let rmt = RmtConfig::new().with_mem_tokens(3).with_bptt_segments(3);
+    let cfg = tiny().with_mem_len(6).with_rmt(Some(rmt));
+    let model = seeded_weights(cfg.init(&ad).unwrap(), 4, |_: &str| 0.3);
+    let mut replayed = model.clone();
+    replayed.rmt.as_mut().unwrap().config.memory_replay = true;
+    let segs = || {
+        let mut s = segments(3, 2);
+        s[2].reset[0] = true;
+        s
+    };
+    assert_replay_matches_unroll(&model, &replayed, segs);
 }

@@ -37,9 +37,14 @@
 //! layers themselves (RMSNorm, GEGLU feed-forward, a null key/value, value residuals, hyper
 //! connections) are not layers of this stack: see `docs/import.md`.
 //!
-//! RMT reads no XL memory here (`mem_len = 0`; the paper's RMT + Transformer-XL combination
-//! is not implemented) and needs sequential residuals and layers with `xl`, `t5` or
-//! `absolute` positions.
+//! **RMT + Transformer-XL** (the paper's combination, sec. 3 and its Tr-XL + RMT runs): with
+//! `mem_len > 0` every layer also reads an XL memory of the last `mem_len` segment tokens'
+//! inputs (not the memory tokens'), before the read tokens: `cat(xl_l, [read, segment,
+//! write])`, every query seeing all of it (under `document_resets` only the row's current
+//! document), its relative distances counted from each query's place in that sequence. The
+//! XL memory is detached between segments, as XL's; the memory tokens carry the gradient.
+//!
+//! RMT needs sequential residuals and layers with `xl`, `t5` or `absolute` positions.
 
 use burn::config::Config;
 use burn::module::{Module, Param};
@@ -118,15 +123,11 @@ impl RmtConfig {
             ("rmt.mem_tokens", self.mem_tokens),
             ("rmt.bptt_segments", self.bptt_segments),
         ])?;
-        if stack.mem_len != 0 {
-            return bad(format!(
-                "rmt stacks carry memory tokens, not an XL memory: mem_len must be 0, got {}",
-                stack.mem_len
-            ));
-        }
         if stack.compressive.is_some() {
             return bad(
-                "rmt and compressive cannot be combined (compressive needs mem_len > 0)".into(),
+                "rmt and compressive cannot be combined (one memory beside the XL memory per \
+                 stack)"
+                    .into(),
             );
         }
         if stack.residual != Residual::Sequential {
@@ -209,31 +210,54 @@ impl Rmt {
     }
 }
 
-/// The attention mask over `[read (m), segment (len), write (m)]`: the causal mask, or with
-/// `causal_memory = false` the peer's (read tokens see all read tokens; segment tokens the
-/// read tokens and their past; write tokens everything).
+/// The attention mask of `[read (m), segment (len), write (m)]` over `cat(xl, [read, segment,
+/// write])` (`mlen` XL memory positions, `valid[b]` of them, the most recent, in row `b`'s
+/// document; `None`: all): the causal mask, or with `causal_memory = false` the peer's (read
+/// tokens see all read tokens; segment tokens the read tokens and their past; write tokens
+/// everything). Every query sees the row's valid XL memory.
 ///
 /// # Shapes
-/// - → `[1, 2m + len, 2m + len]`, `true` = hidden
-fn memory_mask(m: usize, len: usize, causal_memory: bool, device: &Device) -> AttentionMask {
-    if causal_memory {
+/// - → `[1 or batch, 2m + len, mlen + 2m + len]`, `true` = hidden
+fn memory_mask(
+    m: usize,
+    len: usize,
+    causal_memory: bool,
+    mlen: usize,
+    valid: Option<&[usize]>,
+    device: &Device,
+) -> AttentionMask {
+    let all_valid = valid.is_none_or(|v| v.iter().all(|&v| v >= mlen));
+    if causal_memory && all_valid {
         return AttentionMask::causal();
     }
     let n = 2 * m + len;
-    let hidden: Vec<bool> = (0..n * n)
-        .map(|ij| {
-            let (i, j) = (ij / n, ij % n);
-            if i < m {
-                j >= m
-            } else if i < m + len {
-                j > i
-            } else {
-                false
-            }
-        })
-        .collect();
+    let hidden_in_sequence = |i: usize, j: usize| {
+        if causal_memory {
+            j > i
+        } else if i < m {
+            j >= m
+        } else if i < m + len {
+            j > i
+        } else {
+            false
+        }
+    };
+    let rows: Vec<usize> = match valid {
+        Some(v) if !all_valid => v.to_vec(),
+        _ => vec![mlen],
+    };
+    let mut hidden = Vec::with_capacity(rows.len() * n * (mlen + n));
+    for &v in &rows {
+        let first = mlen - v.min(mlen);
+        for i in 0..n {
+            hidden.extend((0..mlen + n).map(|j| match j < mlen {
+                true => j < first,
+                false => hidden_in_sequence(i, j - mlen),
+            }));
+        }
+    }
     AttentionMask::Explicit(Tensor::<3, Bool>::from_data(
-        TensorData::new(hidden, [1, n, n]),
+        TensorData::new(hidden, [rows.len(), n, mlen + n]),
         device,
     ))
 }
@@ -285,12 +309,6 @@ impl TransformerXl {
                 reset.len()
             )));
         }
-        if self.mem_len != 0 {
-            return Err(XlError::Input(format!(
-                "an RMT stack reads no XL memory: mem_len must be 0, got {}",
-                self.mem_len
-            )));
-        }
         let m = rmt.config.mem_tokens;
         let fresh = rmt.fresh(batch);
         // H^mem_τ: the carried memory, a fresh one for rows that start a document.
@@ -316,16 +334,29 @@ impl TransformerXl {
         };
         // H̃⁰_τ = [read ∘ H⁰_τ ∘ write].
         let (read, write) = rmt.read_write(mem);
+        // RMT + Transformer-XL: every query also reads the XL memory of the segments' tokens.
+        // (`prepare` hides, per row, what came before the row's document.)
+        self.prepare(&tokens, state, reset)?;
+        self.check_memory(batch, &state.xl)?;
+        let mlen = state.xl.len();
+        let valid = (self.document_resets && mlen > 0).then_some(state.xl_valid.as_slice());
+        let mask = memory_mask(m, len, rmt.config.causal_memory, mlen, valid, &device);
         let h = self.embed(tokens, opts)?;
         let mut h = Tensor::cat(vec![read, h, write], 1);
-        let mask = memory_mask(m, len, rmt.config.causal_memory, &device);
-        let contexts = self.contexts(batch, 2 * m + len, 0, &mask, &device)?;
+        let contexts = self.contexts(batch, 2 * m + len, mlen, &mask, &device)?;
+        let mut inputs = Vec::with_capacity(self.layers.len());
         for l in 0..self.layers.len() {
+            if self.mem_len > 0 {
+                inputs.push(h.clone().narrow(1, m, len));
+            }
             let mut cx = self.layer_context(l, &contexts, None, opts);
             cx.trace = trace.map(|t| t.slot(l, ProbeLayout::MemoryTokens { m, len }));
-            h = self.layers[l].forward(h, None, cx)?;
+            h = self.layers[l].forward(h, state.xl.layer(l).cloned(), cx)?;
         }
         drop(contexts);
+        if self.mem_len > 0 {
+            self.advance(state, &inputs, len);
+        }
         // [H^read ∘ H^N ∘ H^write] := H̃^N_τ; H^mem_{τ+1} := H^write_τ.
         let written = h.clone().narrow(1, m + len, m);
         let written = match &self.final_norm {

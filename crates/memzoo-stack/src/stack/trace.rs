@@ -97,7 +97,8 @@ impl ProbeLayout {
                 compressed: compressed.min(mlen),
                 memory: mlen.saturating_sub(compressed),
             },
-            Self::MemoryTokens { m, .. } => KeySplit::memory(m),
+            // An XL memory before the read tokens counts as memory with them.
+            Self::MemoryTokens { m, .. } => KeySplit::memory(mlen + m),
         }
     }
 
