@@ -572,3 +572,14 @@ pub fn assert_replay_matches_unroll(
     }
     compared
 }
+
+/// The training loss of every step of a run, from its `metrics.jsonl`.
+pub fn train_losses(run_dir: &std::path::Path) -> Vec<f64> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["split"] == "train" && r["metric"] == "loss")
+        .map(|r| r["value"].as_f64().unwrap())
+        .collect()
+}

@@ -2,7 +2,7 @@
 //! and memories as one device on the same batches; device lists refused with errors naming the
 //! bad entry; and a reproduction of what keeps Burn's collective all-reduce out.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use burn::tensor::{Device, Tensor};
 use memzoo::commands;
@@ -59,17 +59,6 @@ fn few_steps() -> TrainConfig {
         .with_schedule(ScheduleConfig::new().with_lr(3e-3).with_warmup(1))
 }
 
-/// The training loss of every step, from `metrics.jsonl`.
-fn losses(run_dir: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|r| r["split"] == "train" && r["metric"] == "loss")
-        .map(|r| r["value"].as_f64().unwrap())
-        .collect()
-}
-
 /// What a run leaves: its per-step losses, its weights, and per layer the XL memory of every
 /// row (rows in order: the replicas' shards one after the other) with the kNN memory sizes.
 struct Ran {
@@ -118,7 +107,7 @@ fn run<M: SegmentModel<State = XlState>>(
         })
         .collect();
     let ran = Ran {
-        losses: losses(&dir),
+        losses: train_losses(&dir),
         weights: param_vectors(&out.model, None)
             .into_iter()
             .flat_map(|p| p.unwrap())

@@ -292,13 +292,7 @@ fn rmt_memory_replay_trains_as_the_unroll() {
             &options,
         )
         .unwrap();
-        let losses: Vec<f64> = std::fs::read_to_string(dir.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|r| r["split"] == "train" && r["metric"] == "loss")
-            .map(|r| r["value"].as_f64().unwrap())
-            .collect();
+        let losses = train_losses(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         let weights: Vec<f32> = param_vectors(&out.model, None)
             .into_iter()

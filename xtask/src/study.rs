@@ -622,6 +622,12 @@ pub enum CodeModel {
     /// Recurrent Memory Transformer (T7): 16 memory tokens read before and written after
     /// every segment, backpropagated through 2 segments, no XL memory.
     Rmt,
+    /// Compressive Transformer with most-used compression (T7): as [`CodeModel::Compressive`],
+    /// the most attended of the leaving positions kept instead of their convolution.
+    CompressiveMostUsed,
+    /// Recurrent Memory Transformer + Transformer-XL (T7): [`CodeModel::Rmt`]'s memory tokens
+    /// and an XL memory `M` of the segment tokens.
+    RmtXl,
     /// Block-Recurrent Transformer (T7): XL memory `M` (the window over the previous block)
     /// and the middle layer recurrent with `M` state vectors (fixed gate), backpropagated
     /// through 2 blocks.
@@ -641,7 +647,9 @@ impl CodeModel {
             CodeModel::KnnXl => "knn-among-xl",
             CodeModel::XlVaried => "xl-varied-memory",
             CodeModel::Compressive => "compressive",
+            CodeModel::CompressiveMostUsed => "compressive-most-used",
             CodeModel::Rmt => "rmt",
+            CodeModel::RmtXl => "rmt-xl",
             CodeModel::BlockRecurrent => "block-recurrent",
         }
     }
@@ -788,11 +796,24 @@ impl Study {
                     .with_cmem_len(s.mem_len)
                     .with_ratio(4),
             )),
-            CodeModel::Rmt => base.with_mem_len(0).with_rmt(Some(
-                memzoo_stack::RmtConfig::new()
-                    .with_mem_tokens(16)
-                    .with_bptt_segments(2),
+            CodeModel::CompressiveMostUsed => base.with_mem_len(s.mem_len).with_compressive(Some(
+                memzoo_stack::CompressiveConfig::new()
+                    .with_cmem_len(s.mem_len)
+                    .with_ratio(4)
+                    .with_function(memzoo_stack::CompressionKind::MostUsed),
             )),
+            CodeModel::Rmt | CodeModel::RmtXl => {
+                let mem_len = if kind == CodeModel::RmtXl {
+                    s.mem_len
+                } else {
+                    0
+                };
+                base.with_mem_len(mem_len).with_rmt(Some(
+                    memzoo_stack::RmtConfig::new()
+                        .with_mem_tokens(16)
+                        .with_bptt_segments(2),
+                ))
+            }
             CodeModel::BlockRecurrent => base.with_mem_len(s.mem_len).with_block_recurrent(Some(
                 memzoo_stack::BlockRecurrentConfig::new()
                     .with_state_len(s.mem_len)
@@ -901,7 +922,9 @@ impl Study {
                 | CodeModel::Vanilla
                 | CodeModel::XlVaried
                 | CodeModel::Compressive
+                | CodeModel::CompressiveMostUsed
                 | CodeModel::Rmt
+                | CodeModel::RmtXl
                 | CodeModel::BlockRecurrent,
             ) => s.steps,
             _ => s.steps_memorizing,
@@ -1184,7 +1207,9 @@ impl Study {
             CodeModel::XlNoRecurrence,
             CodeModel::Xl,
             CodeModel::Compressive,
+            CodeModel::CompressiveMostUsed,
             CodeModel::Rmt,
+            CodeModel::RmtXl,
             CodeModel::BlockRecurrent,
         ];
         let mut out = Vec::new();

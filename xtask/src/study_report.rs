@@ -322,7 +322,13 @@ fn t7_memory(model: &str, m: usize, segment: usize) -> String {
             "XL memory {m} + compressed {m} at rate 4: {} tokens",
             m + 4 * m + segment
         ),
+        "compressive-most-used" => format!(
+            "XL memory {m} + the {m} most attended of {} leaving: {} tokens",
+            4 * m,
+            m + 4 * m + segment
+        ),
         "rmt" => "16 memory tokens, written every segment: unbounded".into(),
+        "rmt-xl" => format!("XL memory {m} + 16 memory tokens: unbounded"),
         "block-recurrent" => format!("XL memory {m} + a state of {m} vectors: unbounded"),
         other => other.into(),
     }

@@ -65,9 +65,7 @@ impl SegmentModel for TransformerXl {
             )?;
         }
         if !state.compressed.valid.is_empty() {
-            let valid = serde_json::to_string(&state.compressed.valid).expect("plain vector");
-            std::fs::write(dir.join("compressed_valid.json"), valid)
-                .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))?;
+            write_counts(dir, "compressed_valid.json", &state.compressed.valid)?;
         }
         // Most-used compression: the XL memory's usage and how often each position was read.
         if !state.compressed.usage.is_empty() {
@@ -75,9 +73,11 @@ impl SegmentModel for TransformerXl {
                 &dir.join("compressed_usage.safetensors"),
                 state.compressed.usage.layers(),
             )?;
-            let reads = serde_json::to_string(&state.compressed.usage_reads).expect("plain vector");
-            std::fs::write(dir.join("compressed_usage_reads.json"), reads)
-                .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))?;
+            write_counts(
+                dir,
+                "compressed_usage_reads.json",
+                &state.compressed.usage_reads,
+            )?;
         }
         // A Recurrent Memory Transformer's carried memory tokens.
         if let Some(tokens) = &state.rmt.value {
@@ -94,9 +94,7 @@ impl SegmentModel for TransformerXl {
             )?;
         }
         if !state.xl_valid.is_empty() {
-            let valid = serde_json::to_string(&state.xl_valid).expect("plain vector");
-            std::fs::write(dir.join("xl_valid.json"), valid)
-                .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))?;
+            write_counts(dir, "xl_valid.json", &state.xl_valid)?;
         }
         Ok(())
     }
@@ -123,25 +121,22 @@ impl SegmentModel for TransformerXl {
             state.compressed.layers =
                 XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
         }
-        let valid = dir.join("compressed_valid.json");
-        if valid.exists() {
-            let text = std::fs::read_to_string(&valid)
-                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", valid.display())))?;
-            state.compressed.valid = serde_json::from_str(&text).map_err(|e| {
-                TrainError::Checkpoint(format!("compressed_valid.json is damaged: {e}"))
-            })?;
+        if let Some(valid) = read_counts(dir, "compressed_valid.json")? {
+            state.compressed.valid = valid;
         }
         let usage = dir.join("compressed_usage.safetensors");
         if usage.exists() {
             let layers = load_tensors(&usage, device)?;
             state.compressed.usage =
                 XlMemory::from_layers(layers).map_err(TrainError::Checkpoint)?;
-            let reads = dir.join("compressed_usage_reads.json");
-            let text = std::fs::read_to_string(&reads)
-                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", reads.display())))?;
-            state.compressed.usage_reads = serde_json::from_str(&text).map_err(|e| {
-                TrainError::Checkpoint(format!("compressed_usage_reads.json is damaged: {e}"))
-            })?;
+            state.compressed.usage_reads = read_counts(dir, "compressed_usage_reads.json")?
+                .ok_or_else(|| {
+                    TrainError::Checkpoint(format!(
+                        "{} has the usage of most-used compression but no \
+                         compressed_usage_reads.json",
+                        dir.display()
+                    ))
+                })?;
         }
         let rmt = dir.join("rmt_memory.safetensors");
         if rmt.exists() {
@@ -167,15 +162,31 @@ impl SegmentModel for TransformerXl {
             }
             state.block_recurrent.value = states.pop();
         }
-        let valid = dir.join("xl_valid.json");
-        if valid.exists() {
-            let text = std::fs::read_to_string(&valid)
-                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", valid.display())))?;
-            state.xl_valid = serde_json::from_str(&text)
-                .map_err(|e| TrainError::Checkpoint(format!("xl_valid.json is damaged: {e}")))?;
+        if let Some(valid) = read_counts(dir, "xl_valid.json")? {
+            state.xl_valid = valid;
         }
         Ok(state)
     }
+}
+
+/// Writes per-row or per-position counts of a carried state as `dir/name` (JSON).
+fn write_counts(dir: &Path, name: &str, counts: &[usize]) -> Result<(), TrainError> {
+    let text = serde_json::to_string(counts).expect("plain vector");
+    std::fs::write(dir.join(name), text)
+        .map_err(|e| TrainError::io(format!("cannot write {}", dir.display()), e))
+}
+
+/// Reads counts written by [`write_counts`]; `None` when the checkpoint has no `name`.
+fn read_counts(dir: &Path, name: &str) -> Result<Option<Vec<usize>>, TrainError> {
+    let path = dir.join(name);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| TrainError::Checkpoint(format!("{name} is damaged: {e}")))
 }
 
 /// Writes rank-3 f32 tensors to a safetensors file (`layer.0`, `layer.1`, ...).
