@@ -62,9 +62,9 @@ pub use rmt::{Rmt, RmtConfig, RmtMemory};
 pub use stack::LshLayerConfig;
 pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
-    LayerAttention, LayerContext, LayerKind, OutputLayer, PeerCompat, Randomness, Replay, Residual,
-    SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
-    absolute_positions, mean_nll, target_nll,
+    LayerAttention, LayerContext, LayerKind, Norm, NormKind, OutputLayer, PeerCompat, Randomness,
+    Replay, Residual, SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig,
+    XlLayer, XlOutput, absolute_positions, mean_nll, target_nll,
 };
 pub use stack::{LayerTrace, Trace, TraceSlot};
 pub use unroll::UnrollSegment;

@@ -15,6 +15,7 @@
 //! | `validate.rs` | [`XlConfig::validate`] |
 //! | `random.rs` | seeded randomness: tags, masks, [`StepCounter`] |
 //! | `block.rs` | the residual block [`XlBlock`] |
+//! | `norm.rs` | LayerNorm or RMSNorm ([`Norm`], [`NormKind`]) |
 //! | `layer.rs` | one layer [`XlLayer`] and what it reads ([`LayerContext`]) |
 //! | `forward.rs` | the stack [`TransformerXl`] and its forward pass |
 //! | `loss.rs` | the one loss path ([`Step`], [`TargetScores`]) and the evaluation step |
@@ -28,6 +29,7 @@ mod forward;
 mod kinds;
 mod layer;
 mod loss;
+mod norm;
 mod random;
 mod trace;
 mod train;
@@ -41,6 +43,7 @@ pub use forward::*;
 pub use kinds::*;
 pub use layer::*;
 pub use loss::*;
+pub use norm::*;
 pub use random::*;
 pub use trace::*;
 pub(crate) use train::*;
