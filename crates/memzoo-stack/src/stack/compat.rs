@@ -86,9 +86,10 @@ pub struct PeerCompat {
 }
 
 impl PeerCompat {
-    /// The names of the switches, as `[model.compat]` keys (before they had a section of their
-    /// own they were `[model]` keys of the same names).
-    pub const KEYS: [&'static str; 12] = [
+    /// The names of the switches that were `[model]` keys before they had a section of their
+    /// own (`[model.compat]` keys of the same names; the switches added since have no older
+    /// place).
+    pub const KEYS: [&'static str; 8] = [
         "zero_first_memory",
         "value_output_bias",
         "attention_output_bias",
@@ -97,9 +98,5 @@ impl PeerCompat {
         "shared_t5",
         "final_norm",
         "head_input",
-        "ff_bias",
-        "null_key_value",
-        "value_residual",
-        "embedding_gradient_scale",
     ];
 }
