@@ -396,7 +396,7 @@ fn null_key_value_and_value_residual_match_naive() {
     let naive = |a: &memzoo_relative::RelativeMultiHeadAttention,
                  x: &Tensor<3>,
                  v1: Option<&Mat>|
-     -> (Vec<f32>, Mat) {
+     -> (Vec<f32>, Mat, Vec<f32>) {
         let xm = Mat::from_tensor(x.clone().reshape([n, d]));
         let q = xm.matmul(&Mat::from_tensor(a.query.weight.val()));
         let kv = xm.matmul(&Mat::from_tensor(a.key_value.weight.val()));
@@ -429,6 +429,8 @@ fn null_key_value_and_value_residual_match_naive() {
                 .collect(),
         );
         let mut ctxv = vec![0.0f64; n * h * dh];
+        // The mass on the real keys, per head and query.
+        let mut real = vec![0.0f32; h * n];
         for head in 0..h {
             let cols = head * dh..(head + 1) * dh;
             let nk: Vec<f64> = (0..dh).map(|e| f64::from(null[head * dh + e])).collect();
@@ -443,6 +445,7 @@ fn null_key_value_and_value_residual_match_naive() {
                     scores.push((!hidden[i * n + j]).then(|| dot(&qi, &kj) / (dh as f64).sqrt()));
                 }
                 let p = masked_softmax(&scores);
+                real[head * n + i] = (1.0 - p[0]) as f32;
                 for e in 0..dh {
                     let mut acc = p[0] * nv[e];
                     for j in 0..n {
@@ -458,11 +461,19 @@ fn null_key_value_and_value_residual_match_naive() {
             .flat_map(|i| (0..d).map(move |o| (i, o)))
             .map(|(i, o)| out.at(i, o) as f32)
             .collect();
-        (out, own_v)
+        (out, own_v, real)
     };
-    let (want1, v1) = naive(&first, &x1, None);
+    let (want1, v1, real) = naive(&first, &x1, None);
+    // `memzoo inspect`'s probabilities: the real keys' share, the rest on the null key.
+    let probs = first.probabilities(x1.clone(), None, &plain, None).unwrap();
+    assert_close(
+        &host(probs.sum_dim(3)),
+        &real,
+        1e-5,
+        "probabilities beside the null key",
+    );
     assert_close(&out1, &want1, 1e-5, "null key/value");
-    let (want2, _) = naive(&second, &x2, Some(&v1));
+    let (want2, _, _) = naive(&second, &x2, Some(&v1));
     assert_close(&out2, &want2, 1e-5, "value residual");
 }
 
@@ -551,6 +562,12 @@ fn learned_positions_and_embedding_gradient_scale() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("learned_positions"), "{err}");
+}
+
+/// The fixture's `config.json`.
+fn cfg_of_fixture() -> memzoo_import::RmtPeerConfig {
+    let text = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
 }
 
 /// A host matrix of `rows`.
@@ -675,6 +692,11 @@ fn lucidrains_rmt_imports_into_a_run_dir() {
             &format!("run dir: logits {s}"),
         );
     }
+    // `memzoo eval` and `generate` read it (memory tokens carried, segments of 4).
+    memzoo::commands::eval(&run, "flex", "test", None, None, Some(5), true).unwrap();
+    let mut sampling = generate_options("\u{1}\u{2}\u{3}", 10);
+    sampling.compare_recompute = true;
+    memzoo::commands::generate(&run, "flex", &sampling, true).unwrap();
     let sets: Vec<String> = [
         "train.batch=2",
         "train.steps=2",
@@ -687,6 +709,11 @@ fn lucidrains_rmt_imports_into_a_run_dir() {
     let config = memzoo::config::RunConfig::resolve(Some(&run.join("config.toml")), &sets).unwrap();
     memzoo::commands::train(&config, "flex", &run, true, false, true, true).unwrap();
     assert!(run.join("checkpoints/step-00000002").is_dir());
+    // The fine-tuned run exports and imports back.
+    let out = tmp.join("export");
+    memzoo::import::export("lucidrains-rmt", &run, &out, &dev, true).unwrap();
+    let (_, back) = lucidrains_rmt::load(&out, &dev).unwrap();
+    assert_eq!(back, cfg_of_fixture());
     // A longer segment than the learned positions is refused by name.
     let long = memzoo::config::RunConfig::resolve(
         Some(&run.join("config.toml")),

@@ -459,6 +459,17 @@ impl RelativeMultiHeadAttention {
         }
     }
 
+    /// The scores of the null key, `s q·k_null`.
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, heads, qlen, d_head]`, `null`: `[2, heads, d_head]` → `[batch, heads, qlen, 1]`
+    pub(crate) fn null_scores(q: Tensor<4>, null: Tensor<3>) -> Tensor<4> {
+        let [_, h, _, dh] = q.dims();
+        let nk = null.narrow(0, 0, 1).reshape([1, h, 1, dh]);
+        let scale = 1.0 / (dh as f32).sqrt();
+        (q.mul_scalar(scale) * nk).sum_dim(3)
+    }
+
     /// [`attend`](Self::attend) with a null key and value (`[2, heads, d_head]`) prepended,
     /// visible to every query: `softmax(s q·k_null ∘ mask(scores)) [v_null ∘ v]`.
     ///
@@ -474,11 +485,8 @@ impl RelativeMultiHeadAttention {
         shared: Option<&XlBiases>,
     ) -> Result<Tensor<4>, RelativeError> {
         let [b, h, _, dh] = q.dims();
-        let nk = null.clone().narrow(0, 0, 1).reshape([1, h, 1, dh]);
-        let nv = null.narrow(0, 1, 1).reshape([1, h, 1, dh]);
-        let scale = 1.0 / (dh as f32).sqrt();
-        // s q·k_null: [b, h, qlen, 1]
-        let null_scores = (q.clone().mul_scalar(scale) * nk).sum_dim(3);
+        let nv = null.clone().narrow(0, 1, 1).reshape([1, h, 1, dh]);
+        let null_scores = Self::null_scores(q.clone(), null);
         let scores = ctx.mask_scores(self.scores(q, k, ctx, shared)?);
         let probs = self.drop_probs(softmax(Tensor::cat(vec![null_scores, scores], 3), 3));
         let v = Tensor::cat(vec![nv.expand([b, h, 1, dh]), v], 2);

@@ -54,10 +54,10 @@ impl Norm {
         }
     }
 
-    /// Normalises `x` over its last dimension (half precision in f32, as Burn's LayerNorm).
+    /// Normalises `x` over its last dimension (f16 in f32, as Burn's LayerNorm).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = x.dtype();
-        let wide = matches!(dtype, DType::F16 | DType::BF16);
+        let wide = dtype == DType::F16;
         let x = if wide { x.cast(DType::F32) } else { x };
         let cast = |t: Tensor<1>| if wide { t.cast(DType::F32) } else { t };
         let gamma = cast(self.gamma.val());
