@@ -49,19 +49,32 @@ fn report(got: &[f32], want: &[f32], what: &str) -> f32 {
 
 #[test]
 fn lucidrains_rmt_matches_the_package() {
+    matches_the_package(&fixture(), 1);
+}
+
+/// The same with the package's default 4 residual streams (hyper-connections).
+#[test]
+fn lucidrains_rmt_hyper_connections_match_the_package() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-rmt-hyper");
+    matches_the_package(&dir, 4);
+}
+
+/// The fixture in `dir` (`streams` residual streams) against the package's run.
+fn matches_the_package(dir: &Path, streams: usize) {
     let dev = flex();
-    let (model, cfg) = lucidrains_rmt::load(&fixture(), &dev).expect("import");
+    let (model, cfg) = lucidrains_rmt::load(dir, &dev).expect("import");
     assert_eq!(model.stack_family(), "rmt");
     assert_eq!(
         (
             cfg.depth,
             cfg.seq_len,
             cfg.num_memory_tokens,
-            cfg.truncate_at_step
+            cfg.truncate_at_step,
+            cfg.num_residual_streams
         ),
-        (3, 4, 3, Some(2))
+        (3, 4, 3, Some(2), streams)
     );
-    let r = Reference::at(&fixture());
+    let r = Reference::at(dir);
     let batch = r.data("input_ids.0").shape()[0];
     let reset = vec![false; batch];
     // Values: logits, losses and the written memories of every segment.
@@ -88,13 +101,13 @@ fn lucidrains_rmt_matches_the_package() {
         check(&host(mem.clone()), &want, &format!("memories {s}"));
         d_mem = d_mem.max(report(&host(mem), &want, &format!("memories {s}")));
     }
-    eprintln!("max over segments: logits {d_logits:e}, memories {d_mem:e}");
+    eprintln!("{streams} streams, max over segments: logits {d_logits:e}, memories {d_mem:e}");
 
     // Gradients: the wrapper's loss (1/4) Σ_s L_s with the memory detached after every
     // second segment is the mean of two unrolled steps of 2 segments, (1/2)(L_0 + L_1) and
     // (1/2)(L_2 + L_3).
     let ad = dev.autodiff();
-    let (model, _) = lucidrains_rmt::load(&fixture(), &ad).unwrap();
+    let (model, _) = lucidrains_rmt::load(dir, &ad).unwrap();
     let k = cfg.truncate_at_step.unwrap();
     assert_eq!(model.rmt_config().unwrap().bptt_segments, k);
     let mut state = XlState::new();
@@ -139,7 +152,7 @@ fn lucidrains_rmt_matches_the_package() {
         let want = r.floats(&format!("grad.{name}"));
         d_grad = d_grad.max(max_abs_diff(&floats(g), &want));
     }
-    eprintln!("max over every gradient: {d_grad:e}");
+    eprintln!("{streams} streams, max over every gradient: {d_grad:e}");
 }
 
 /// Without each of the package's options the import is another function: the parity test
@@ -219,7 +232,7 @@ fn lucidrains_rmt_refuses_what_it_cannot_express() {
     type Edit = fn(&mut memzoo_import::RmtPeerConfig);
     let edits: [(&str, Edit); 5] = [
         ("use_xl_memories", |c| c.use_xl_memories = true),
-        ("num_residual_streams", |c| c.num_residual_streams = 4),
+        ("num_residual_streams", |c| c.num_residual_streams = 0),
         ("rotary_pos_emb", |c| c.rotary_pos_emb = true),
         ("memory_not_causal", |c| c.memory_not_causal = false),
         ("add_write_to_next_write_mem", |c| {
@@ -232,7 +245,7 @@ fn lucidrains_rmt_refuses_what_it_cannot_express() {
         let err = c.xl_config().unwrap_err().to_string();
         assert!(err.contains(name), "{name}: {err}");
     }
-    // The package's defaults (XL memories, hyper-connections) are refused too.
+    // The package's default XL memories are refused too.
     let defaults: memzoo_import::RmtPeerConfig = serde_json::from_str(
         r#"{"dim": 16, "num_tokens": 20, "depth": 2, "num_memory_tokens": 2, "seq_len": 4}"#,
     )
@@ -262,6 +275,17 @@ fn lucidrains_rmt_export_round_trips() {
         let g = got.get(name).unwrap().clone().convert::<f32>();
         assert_eq!(g, w, "{name}");
     }
+    // The hyper-connections' fixture (0-d scales) round-trips too.
+    let hyper = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-rmt-hyper");
+    let (hmodel, hcfg) = lucidrains_rmt::load(&hyper, &dev).unwrap();
+    let hdir = crate::import::scratch("rmt-hyper-export");
+    format
+        .export(&hmodel, &hcfg.xl_config().unwrap(), &hdir)
+        .unwrap();
+    assert_same_tensors(
+        &hyper.join("model.safetensors"),
+        &hdir.join("model.safetensors"),
+    );
     let err = format
         .export(&model, &stack.clone().with_norm(NormKind::Layer), &dir)
         .unwrap_err()
@@ -539,19 +563,10 @@ fn learned_positions_and_embedding_gradient_scale() {
         .grad(&g1)
         .unwrap();
     let tenth = |v: Vec<f32>| v.into_iter().map(|x| x * 0.1).collect::<Vec<_>>();
-    assert_close(
-        &host(e2),
-        &tenth(host(e1)),
-        1e-6,
-        "token table gradient x 0.1",
-    );
+    // (`check`: within 1e-4 of the largest; the two passes round differently.)
+    check(&host(e2), &tenth(host(e1)), "token table gradient x 0.1");
     let (p1, p2) = (host(p1), host(p2));
-    assert_close(
-        &p2,
-        &tenth(p1.clone()),
-        1e-6,
-        "position table gradient x 0.1",
-    );
+    check(&p2, &tenth(p1.clone()), "position table gradient x 0.1");
     // Rows 4 and 5 are not read by a segment of 4.
     assert!(p1[4 * 8..].iter().all(|v| *v == 0.0));
     assert!(p1[..4 * 8].iter().any(|v| *v != 0.0));
@@ -642,6 +657,24 @@ fn rmt_layer_options_refuse_invalid_combinations() {
             "learned_positions must be positive",
         ),
         (
+            stack(PeerCompat::new()).with_residual_streams(0),
+            "residual_streams must be positive",
+        ),
+        (
+            stack(PeerCompat::new())
+                .with_residual_streams(4)
+                .with_mem_len(8)
+                .with_layers(vec![LayerKind::Xl; 2])
+                .with_positions(PositionConfig::new()),
+            "mem_len = 8",
+        ),
+        (
+            stack(PeerCompat::new())
+                .with_residual_streams(4)
+                .with_pre_ln(false),
+            "pre_ln = false",
+        ),
+        (
             stack(PeerCompat::new())
                 .with_ff_activation(Activation::Geglu)
                 .with_block_recurrent(Some(memzoo_stack::BlockRecurrentConfig::new())),
@@ -656,7 +689,7 @@ fn rmt_layer_options_refuse_invalid_combinations() {
     let plain = XlConfig::new();
     assert_eq!(plain.norm, NormKind::Layer);
     assert_eq!(plain.ff_activation, Activation::Relu);
-    assert!(plain.learned_positions.is_none());
+    assert!(plain.learned_positions.is_none() && plain.residual_streams == 1);
     let c = &plain.compat;
     assert!(c.ff_bias && !c.null_key_value && !c.value_residual);
     assert_eq!(c.embedding_gradient_scale, 1.0);
@@ -725,4 +758,70 @@ fn lucidrains_rmt_imports_into_a_run_dir() {
     .to_string();
     assert!(long.contains("learned_positions"), "{long}");
     std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// Hyper-connections around a branch `f`, against loops: `H̄ = normalize(H) sqrt(d) (γ + 1)`,
+/// `A = tanh(H̄ W_α) a + A_0`, `B = tanh(H̄ w_β) b + B_0`, `[x ; H'] = Aᵀ H`,
+/// `H ← B f(x) + H'`; expanding to `s` streams and summing them back.
+#[test]
+fn hyper_connections_match_naive() {
+    let dev = flex();
+    let (s, d, n) = (3, 4, 2);
+    let scalar =
+        |v: f32| Param::from_tensor(Tensor::from_data(TensorData::new(vec![v], [1]), &dev));
+    let mut hc = memzoo_stack::HyperConnection::new(s, d, 1, &dev);
+    hc.gamma = Param::from_tensor(randn([d], 1, &dev).mul_scalar(0.3));
+    let noise = randn([s, 1 + s], 2, &dev).mul_scalar(0.3);
+    hc.static_alpha = Param::from_tensor(hc.static_alpha.val() + noise);
+    hc.dynamic_alpha = Param::from_tensor(randn([d, 1 + s], 3, &dev).mul_scalar(0.5));
+    hc.dynamic_alpha_scale = scalar(0.7);
+    hc.static_beta = Param::from_tensor(randn([s], 4, &dev).add_scalar(1.0));
+    hc.dynamic_beta = Param::from_tensor(randn([d], 5, &dev).mul_scalar(0.5));
+    hc.dynamic_beta_scale = scalar(0.4);
+    let h = randn([1, n, s * d], 6, &dev);
+    let (x, state) = hc.width(h.clone());
+    // f(x) = 2x + 1, a stand-in branch.
+    let got = host(hc.depth(x.clone().mul_scalar(2.0).add_scalar(1.0), state));
+    let got_x = host(x);
+
+    let hv = host(h);
+    let gamma = host(hc.gamma.val());
+    let (sa, da) = (host(hc.static_alpha.val()), host(hc.dynamic_alpha.val()));
+    let (sb, db) = (host(hc.static_beta.val()), host(hc.dynamic_beta.val()));
+    let (a_scale, b_scale) = (0.7f32, 0.4f32);
+    let (mut want, mut want_x) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let stream = |k: usize| &hv[i * s * d + k * d..i * s * d + (k + 1) * d];
+        let mut alpha = vec![vec![0.0f32; 1 + s]; s];
+        let mut beta = vec![0.0f32; s];
+        for k in 0..s {
+            let v = stream(k);
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            let normed: Vec<f32> = v
+                .iter()
+                .zip(&gamma)
+                .map(|(x, g)| x / norm * (d as f32).sqrt() * (g + 1.0))
+                .collect();
+            for (t, a) in alpha[k].iter_mut().enumerate() {
+                let z: f32 = (0..d).map(|e| normed[e] * da[e * (1 + s) + t]).sum();
+                *a = z.tanh() * a_scale + sa[k * (1 + s) + t];
+            }
+            let z: f32 = normed.iter().zip(&db).map(|(a, b)| a * b).sum();
+            beta[k] = z.tanh() * b_scale + sb[k];
+        }
+        let mixed = |t: usize, e: usize| (0..s).map(|k| alpha[k][t] * stream(k)[e]).sum::<f32>();
+        let x: Vec<f32> = (0..d).map(|e| mixed(0, e)).collect();
+        want_x.extend(&x);
+        for (k, b) in beta.iter().enumerate() {
+            for (e, xe) in x.iter().enumerate() {
+                want.push(b * (2.0 * xe + 1.0) + mixed(1 + k, e));
+            }
+        }
+    }
+    assert_close(&got_x, &want_x, 1e-5, "branch input");
+    assert_close(&got, &want, 1e-5, "streams after the branch");
+    let e = randn([1, n, d], 7, &dev);
+    let round = memzoo_stack::reduce_streams(memzoo_stack::expand_streams(e.clone(), s), s);
+    let want = host(e.mul_scalar(s as f32));
+    assert_close(&host(round), &want, 1e-6, "expand, reduce");
 }

@@ -19,9 +19,10 @@
 //!   per head (`compat.null_key_value`) and, in every layer but the first, the first layer's
 //!   values mixed in by a learned sigmoid gate per head (`compat.value_residual`); a GEGLU
 //!   feed-forward of width `int(dim · ff_mult · 2 / 3)` without biases
-//!   (`ff_activation = "geglu"`, `d_inner` written out, `compat.ff_bias = false`); one residual
-//!   stream (`num_residual_streams = 1`: the hyper-connections package's plain `x + f(x)`);
-//!   an untied head with a bias.
+//!   (`ff_activation = "geglu"`, `d_inner` written out, `compat.ff_bias = false`); its
+//!   hyper-connections (`num_residual_streams`, 4 by default: `residual_streams`, see
+//!   [`HyperConnection`]; with 1 the hyper-connections package's plain `x + f(x)`); an untied
+//!   head with a bias.
 //!
 //! Not the same, and why:
 //! - memzoo's `dropout` (set to the package's `ff_dropout`) also drops the attention output
@@ -29,7 +30,7 @@
 //!   same function;
 //! - refused by name: `use_xl_memories = true` (memzoo's RMT reads no XL memory; the package's
 //!   wrapper only reads its XL memories in `generate` and memory-replay backpropagation),
-//!   `num_residual_streams` other than 1 (hyper-connections), `rotary_pos_emb`,
+//!   `rotary_pos_emb`,
 //!   `abs_pos_emb = false`, `memory_not_causal = false` (the package's causal path offsets its
 //!   mask by the null key), `add_write_to_next_write_mem`, `always_have_read_memories = false`,
 //!   `causal = false`; the package's loss ignores targets equal to `ignore_index`, memzoo's
@@ -46,15 +47,16 @@
 //! | `layers.l.0.branch.null_kv` `[2, h, dh]` | `attention.peer.null_kv` |
 //! | `layers.l.0.branch.learned_value_residual_mix.0.weight` `[h, d]` | `attention.peer.value_gate` (`l > 0`) |
 //! | `layers.l.1.branch.0.weight`, `.1.weight`, `.4.weight` | `block.norm_ff`, `block.ff_in`, `block.ff_out` |
+//! | `layers.l.b.static_alpha`, `.dynamic_alpha_fn`, `.dynamic_alpha_scale` `[]`, `.static_beta`, `.dynamic_beta_fn`, `.dynamic_beta_scale` `[]`, `.norm.gamma` (`b` 0: attention, 1: feed-forward) | `block.hyper_attention`, `block.hyper_ff` (scales `[1]`) |
 //! | `norm.weight`, `to_logits.weight`, `.bias` | the final norm, the linear output |
 
 use std::path::Path;
 
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor, TensorData};
 use memzoo_relative::{PositionConfig, PositionKind};
 use memzoo_stack::{
-    Activation, InputEmbedding, LayerKind, NormKind, OutputLayer, PeerCompat, RmtConfig,
-    TransformerXl, XlConfig,
+    Activation, HyperConnection, InputEmbedding, LayerKind, NormKind, OutputLayer, PeerCompat,
+    RmtConfig, TransformerXl, XlConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -128,7 +130,7 @@ pub struct RmtPeerConfig {
     /// Must be true (the first segment reads `read_memory_emb`).
     #[serde(default = "yes")]
     pub always_have_read_memories: bool,
-    /// Must be 1 (no hyper-connections).
+    /// Residual streams of its hyper-connections (1: plain residuals).
     #[serde(default = "four_streams")]
     pub num_residual_streams: usize,
     /// Flash attention (the same function).
@@ -176,10 +178,7 @@ impl RmtPeerConfig {
         mapping::expressible(
             &[
                 (self.use_xl_memories, "use_xl_memories = true"),
-                (
-                    self.num_residual_streams != 1,
-                    "num_residual_streams other than 1 (hyper-connections)",
-                ),
+                (self.num_residual_streams == 0, "num_residual_streams = 0"),
                 (self.rotary_pos_emb, "rotary_pos_emb = true"),
                 (!self.abs_pos_emb, "abs_pos_emb = false"),
                 (!self.causal, "causal = false"),
@@ -223,6 +222,7 @@ impl RmtPeerConfig {
             .with_final_dropout(false)
             .with_mem_len(0)
             .with_pre_ln(true)
+            .with_residual_streams(self.num_residual_streams)
             .with_norm(NormKind::Rms)
             .with_layer_norm_epsilon(RMS_EPS)
             .with_tie_weights(false)
@@ -324,7 +324,7 @@ impl RmtPeerConfig {
             add_write_to_next_write_mem: false,
             next_write_mem_stop_grad: true,
             always_have_read_memories: true,
-            num_residual_streams: 1,
+            num_residual_streams: xl.residual_streams,
             use_flash_attn: false,
             ignore_index: -1,
             truncate_at_step: Some(rmt.bptt_segments),
@@ -424,6 +424,12 @@ impl PeerFormat for LucidrainsRmt {
                 mapping::linear(map, &name, gate, false, device)?;
             }
             block_names(l).take(map, &mut layer.block, device)?;
+            let block = &mut layer.block;
+            for (branch, hyper) in [(0, &mut block.hyper_attention), (1, &mut block.hyper_ff)] {
+                if let Some(hc) = hyper.as_mut() {
+                    take_hyper(map, &format!("layers.{l}.{branch}"), hc, device)?;
+                }
+            }
         }
         let norm = model
             .final_norm
@@ -477,6 +483,12 @@ pub fn rmt_to_peer(model: &TransformerXl, src: Source<'_>) -> PeerTensors {
             }
         }
         block_names(l).put(&mut out, &layer.block, src);
+        let block = &layer.block;
+        for (branch, hyper) in [(0, &block.hyper_attention), (1, &block.hyper_ff)] {
+            if let Some(hc) = hyper {
+                put_hyper(&mut out, &format!("layers.{l}.{branch}"), hc, src);
+            }
+        }
     }
     if let Some(n) = &model.final_norm {
         mapping::put_norm(&mut out, "norm", n, src);
@@ -485,6 +497,63 @@ pub fn rmt_to_peer(model: &TransformerXl, src: Source<'_>) -> PeerTensors {
         mapping::put_linear(&mut out, "to_logits", o, src);
     }
     out
+}
+
+/// A branch's hyper-connection (`{prefix}.static_alpha`, `.dynamic_alpha_fn`,
+/// `.dynamic_alpha_scale` (a 0-d tensor), `.static_beta`, `.dynamic_beta_fn`,
+/// `.dynamic_beta_scale`, `.norm.gamma`) into `hc`.
+fn take_hyper(
+    map: &mut TensorMap,
+    prefix: &str,
+    hc: &mut HyperConnection,
+    device: &Device,
+) -> Result<(), ImportError> {
+    let name = |n: &str| format!("{prefix}.{n}");
+    mapping::param(map, &name("static_alpha"), &mut hc.static_alpha, device)?;
+    mapping::param(
+        map,
+        &name("dynamic_alpha_fn"),
+        &mut hc.dynamic_alpha,
+        device,
+    )?;
+    mapping::param(map, &name("static_beta"), &mut hc.static_beta, device)?;
+    mapping::param(map, &name("dynamic_beta_fn"), &mut hc.dynamic_beta, device)?;
+    mapping::param(map, &name("norm.gamma"), &mut hc.gamma, device)?;
+    for (n, p) in [
+        ("dynamic_alpha_scale", &mut hc.dynamic_alpha_scale),
+        ("dynamic_beta_scale", &mut hc.dynamic_beta_scale),
+    ] {
+        // PyTorch's scalar parameter, `[]`; memzoo's `[1]`.
+        let n = name(n);
+        let data = crate::reader::float_data(&n, map.take(&n, &[])?)?;
+        let value = data.try_to_vec::<f32>().map_err(|e| ImportError::Value {
+            name: n.clone(),
+            message: format!("{e:?}"),
+        })?;
+        let value = Tensor::from_data(TensorData::new(value, [1]), device);
+        mapping::set(p, value, &n)?;
+    }
+    Ok(())
+}
+
+/// `hc` under the package's names (its scales as 0-d tensors).
+fn put_hyper(out: &mut PeerTensors, prefix: &str, hc: &HyperConnection, src: Source<'_>) {
+    let name = |n: &str| format!("{prefix}.{n}");
+    mapping::put(out, name("static_alpha"), src.get(&hc.static_alpha));
+    mapping::put(out, name("dynamic_alpha_fn"), src.get(&hc.dynamic_alpha));
+    mapping::put(out, name("static_beta"), src.get(&hc.static_beta));
+    mapping::put(out, name("dynamic_beta_fn"), src.get(&hc.dynamic_beta));
+    mapping::put(out, name("norm.gamma"), src.get(&hc.gamma));
+    for (n, p) in [
+        ("dynamic_alpha_scale", &hc.dynamic_alpha_scale),
+        ("dynamic_beta_scale", &hc.dynamic_beta_scale),
+    ] {
+        if let Some(t) = src.get(p)
+            && let Ok(v) = t.into_data().convert::<f32>().try_to_vec::<f32>()
+        {
+            out.insert(name(n), TensorData::new(v, Vec::<usize>::new()));
+        }
+    }
 }
 
 /// Loads a `RecurrentMemoryTransformer` checkpoint (a directory with `model.safetensors` and

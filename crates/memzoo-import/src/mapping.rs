@@ -301,11 +301,15 @@ pub fn expressible(checks: &[(bool, &str)], peer: &str) -> Result<(), ImportErro
 }
 
 /// The layer options of recurrent-memory-transformer-pytorch, which no other peer has, as
-/// checks for [`expressible`]: RMSNorm, GEGLU, bias-free feed-forward, a null key/value, value
-/// residuals, learned absolute positions, a scaled embedding gradient.
-pub fn rmt_layer_checks(xl: &XlConfig) -> [(bool, &'static str); 7] {
+/// checks for [`expressible`]: hyper-connections, RMSNorm, GEGLU, bias-free feed-forward, a
+/// null key/value, value residuals, learned absolute positions, a scaled embedding gradient.
+pub fn rmt_layer_checks(xl: &XlConfig) -> [(bool, &'static str); 8] {
     let c = &xl.compat;
     [
+        (
+            xl.residual_streams > 1,
+            "residual_streams above 1 (hyper-connections)",
+        ),
         (xl.norm == NormKind::Rms, "norm = \"rms\""),
         (
             xl.ff_activation == memzoo_stack::Activation::Geglu,

@@ -312,7 +312,8 @@ impl TransformerXl {
         // H̃⁰_τ = [read ∘ H⁰_τ ∘ write].
         let (read, write) = rmt.read_write(mem);
         let h = self.embed(tokens, opts)?;
-        let mut h = Tensor::cat(vec![read, h, write], 1);
+        let h = Tensor::cat(vec![read, h, write], 1);
+        let mut h = crate::stack::expand_streams(h, self.residual_streams);
         let mask = memory_mask(m, len, rmt.config.causal_memory, &device);
         let contexts = self.contexts(batch, 2 * m + len, 0, &mask, &device)?;
         for l in 0..self.layers.len() {
@@ -321,6 +322,7 @@ impl TransformerXl {
             h = self.layers[l].forward(h, None, cx)?;
         }
         drop(contexts);
+        let h = crate::stack::reduce_streams(h, self.residual_streams);
         // [H^read ∘ H^N ∘ H^write] := H̃^N_τ; H^mem_{τ+1} := H^write_τ.
         let written = h.clone().narrow(1, m + len, m);
         let written = match &self.final_norm {

@@ -31,6 +31,11 @@ pub struct XlBlock {
     pub ff_out: Linear,
     /// LayerNorm (or RMSNorm) of the feed-forward block.
     pub norm_ff: Norm,
+    /// The attention branch's hyper-connection (`XlConfig::residual_streams > 1`; the block's
+    /// input and output are then the `s` streams, `[batch, len, s d_model]`).
+    pub hyper_attention: Option<HyperConnection>,
+    /// The feed-forward branch's hyper-connection.
+    pub hyper_ff: Option<HyperConnection>,
     /// The feed-forward's activation.
     #[module(skip)]
     pub activation: Activation,
@@ -89,6 +94,14 @@ impl XlBlock {
         opts: Option<&ForwardOptions>,
         attend: impl FnOnce(Tensor<3>, Option<Tensor<3>>) -> Result<Tensor<3>, E>,
     ) -> Result<Tensor<3>, E> {
+        if let (Some(ha), Some(hf)) = (&self.hyper_attention, &self.hyper_ff) {
+            // Hyper-connections: each branch reads a mix of the streams and is added back to
+            // every stream with its weights (`hyper.rs`).
+            let (input, state) = ha.width(x);
+            let h = ha.depth(self.attention_branch(input, memory, opts, attend)?, state);
+            let (input, state) = hf.width(h);
+            return Ok(hf.depth(self.ff_branch(input, opts), state));
+        }
         if self.pre_ln {
             // h = x + F(x);  out = h + G(h)
             let h = x.clone() + self.attention_branch(x, memory, opts, attend)?;

@@ -161,6 +161,13 @@ pub struct XlConfig {
     /// [`Residual`]). Default: sequential.
     #[config(default = "Residual::Sequential")]
     pub residual: Residual,
+    /// Residual streams: 1, the one residual stream `h + f(h)`; `s > 1`, hyper-connections
+    /// (Zhu et al. 2024; recurrent-memory-transformer-pytorch's `num_residual_streams`): `s`
+    /// streams mixed into each branch's input and receiving its output by learned weights
+    /// (see [`HyperConnection`]). Needs `pre_ln`, sequential residuals and `mem_len = 0`.
+    /// Default: 1.
+    #[config(default = 1)]
+    pub residual_streams: usize,
     /// The feed-forward's activation. Default: relu (Transformer-XL; the Reformer: gelu).
     #[config(default = "Activation::Relu")]
     pub ff_activation: Activation,
@@ -469,6 +476,11 @@ impl XlConfig {
             ff_in: linear(self.d_model, ff_width),
             ff_out: linear(self.d_inner, self.d_model),
             norm_ff: self.init_stack_norm(self.d_model, device),
+            // The attention branch reads stream 0 at first, the feed-forward stream 1.
+            hyper_attention: (self.residual_streams > 1)
+                .then(|| HyperConnection::new(self.residual_streams, self.d_model, 0, device)),
+            hyper_ff: (self.residual_streams > 1)
+                .then(|| HyperConnection::new(self.residual_streams, self.d_model, 1, device)),
             activation: self.ff_activation,
             dropout: DropoutConfig::new(self.dropout).init(),
             pre_ln: self.pre_ln,
@@ -577,6 +589,7 @@ impl XlConfig {
                     .init(device)
             }),
             embedding_gradient_scale: self.compat.embedding_gradient_scale,
+            residual_streams: self.residual_streams,
             output,
             dropout: DropoutConfig::new(self.dropout).init(),
             knn_memory: self.knn_memory(),

@@ -80,6 +80,9 @@ pub struct TransformerXl {
     /// Factor of the gradient reaching the input embedding (`compat.embedding_gradient_scale`).
     #[module(skip)]
     pub embedding_gradient_scale: f64,
+    /// Residual streams of the layers (`XlConfig::residual_streams`; above 1: hyper-connections).
+    #[module(skip)]
+    pub residual_streams: usize,
     /// The output distribution: tied, a linear layer, or an adaptive log-softmax.
     pub output: OutputLayer,
     /// Dropout on embeddings and final output.
@@ -778,7 +781,7 @@ impl TransformerXl {
         };
         let h = match self.residual {
             Residual::Sequential => {
-                let mut h = h;
+                let mut h = expand_streams(h, self.residual_streams);
                 for (l, layer) in self.layers.iter().enumerate() {
                     // The layer's input, or its keys/values (`memory_keys_values`).
                     let cached = match self.memory_keys_values {
@@ -792,7 +795,7 @@ impl TransformerXl {
                     cx.trace = trace.map(|t| t.slot(l, ProbeLayout::XlMemory));
                     h = layer.forward(h, memory.layer(l).cloned(), cx)?;
                 }
-                h
+                reduce_streams(h, self.residual_streams)
             }
             Residual::Reversible => {
                 let (mut x1, mut x2) = (h.clone(), h);

@@ -15,6 +15,7 @@
 //! | `validate.rs` | [`XlConfig::validate`] |
 //! | `random.rs` | seeded randomness: tags, masks, [`StepCounter`] |
 //! | `block.rs` | the residual block [`XlBlock`] |
+//! | `hyper.rs` | hyper-connections: several residual streams ([`HyperConnection`]) |
 //! | `norm.rs` | LayerNorm or RMSNorm ([`Norm`], [`NormKind`]) |
 //! | `layer.rs` | one layer [`XlLayer`] and what it reads ([`LayerContext`]) |
 //! | `forward.rs` | the stack [`TransformerXl`] and its forward pass |
@@ -26,6 +27,7 @@ mod block;
 mod compat;
 mod config;
 mod forward;
+mod hyper;
 mod kinds;
 mod layer;
 mod loss;
@@ -40,6 +42,7 @@ pub use block::*;
 pub use compat::*;
 pub use config::*;
 pub use forward::*;
+pub use hyper::*;
 pub use kinds::*;
 pub use layer::*;
 pub use loss::*;

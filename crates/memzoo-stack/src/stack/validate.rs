@@ -305,6 +305,31 @@ impl XlConfig {
                     .into(),
             );
         }
+        if self.residual_streams == 0 {
+            return bad("residual_streams must be positive, got 0".into());
+        }
+        if self.residual_streams > 1 {
+            let why = if !self.pre_ln {
+                Some("pre_ln = false (hyper-connections wrap pre-norm branches)".to_string())
+            } else if self.residual != Residual::Sequential {
+                Some("residual = \"reversible\"".into())
+            } else if self.mem_len != 0 {
+                Some(format!(
+                    "mem_len = {} (a memory of layer inputs of one stream)",
+                    self.mem_len
+                ))
+            } else if self.block_recurrent.is_some() {
+                Some("block_recurrent".into())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return bad(format!(
+                    "residual_streams = {} (hyper-connections) is not supported with {why}",
+                    self.residual_streams
+                ));
+            }
+        }
         if let Some(len) = self.learned_positions {
             if len == 0 {
                 return bad("learned_positions must be positive, got 0".into());
