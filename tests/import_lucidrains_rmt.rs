@@ -757,6 +757,27 @@ fn lucidrains_rmt_imports_into_a_run_dir() {
     .unwrap_err()
     .to_string();
     assert!(long.contains("learned_positions"), "{long}");
+    // With hyper-connections: the run's config.toml keeps the 4 streams.
+    std::fs::create_dir_all(tmp.join("hyper")).unwrap();
+    let hyper = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-rmt-hyper");
+    let run = import_with_data(
+        "lucidrains-rmt",
+        &hyper,
+        &tmp.join("hyper"),
+        "\u{1}\u{2}".repeat(2000),
+    );
+    let (config, model) = memzoo::commands::load_xl(&run, &dev).unwrap();
+    assert_eq!(config.model.residual_streams, 4);
+    let r = Reference::at(&hyper);
+    let x = r.tokens::<2>("input_ids.0", &dev);
+    let h = model
+        .forward_state(x, &mut XlState::new(), &vec![false; batch])
+        .unwrap();
+    check(
+        &host(model.logits(h)),
+        &r.floats("logits.0"),
+        "hyper run dir: logits 0",
+    );
     std::fs::remove_dir_all(&tmp).ok();
 }
 

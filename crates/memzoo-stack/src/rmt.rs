@@ -35,8 +35,8 @@
 //! read tokens see each other and the write tokens each other (the peer's
 //! `memory_not_causal = True`), where the paper's mask is the plain causal one. The peer's
 //! layers (RMSNorm, a GEGLU feed-forward, a null key/value, value residuals, learned absolute
-//! positions) are options of the stack, which `memzoo import --from lucidrains-rmt` sets; its
-//! hyper-connections are not (see `docs/import.md`).
+//! positions, hyper-connections) are options of the stack, which `memzoo import --from
+//! lucidrains-rmt` sets (see `docs/import.md`).
 //!
 //! RMT reads no XL memory here (`mem_len = 0`; the paper's RMT + Transformer-XL combination
 //! is not implemented) and needs sequential residuals and layers with `xl`, `t5` or

@@ -383,9 +383,13 @@ impl RunConfig {
             {
                 model.remove("lsh");
             }
-            // The norm kind only where it is not LayerNorm (an imported RMSNorm stack).
+            // The norm kind and the residual streams only where they are not the plain
+            // stack's (an imported RMSNorm stack, hyper-connections).
             if self.model.norm == NormKind::Layer {
                 model.remove("norm");
+            }
+            if self.model.residual_streams == 1 {
+                model.remove("residual_streams");
             }
             // Training with varied memory lengths only where the run does.
             if self.model.train_memory_lengths.is_empty() {
