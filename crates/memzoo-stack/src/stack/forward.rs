@@ -707,7 +707,8 @@ impl TransformerXl {
             let rows = table.weight.dims()[0];
             if qlen > rows {
                 return Err(XlError::Input(format!(
-                    "a segment of {qlen} tokens, the learned positions cover {rows}                      (learned_positions)"
+                    "a segment of {qlen} tokens, the learned positions cover {rows} \
+                     (learned_positions)"
                 )));
             }
             h = h + table.weight.val().narrow(0, 0, qlen).unsqueeze_dim::<3>(0);

@@ -285,9 +285,9 @@ pub(crate) fn positive(fields: &[(&str, usize)]) -> Result<(), XlError> {
 }
 
 impl XlConfig {
-    /// The settings of recurrent-memory-transformer-pytorch's layers (RMSNorm, GEGLU, learned
-    /// absolute positions, a null key/value, value residuals, the embedding's gradient scale),
-    /// each against what it needs.
+    /// The settings of recurrent-memory-transformer-pytorch's layers (RMSNorm, GEGLU,
+    /// hyper-connections, learned absolute positions, a null key/value, value residuals, the
+    /// embedding's gradient scale), each against what it needs.
     fn validate_peer_layers(&self, kinds: &[LayerKind]) -> Result<(), XlError> {
         let bad = |m: String| Err(XlError::Config(m));
         let absolute = kinds.iter().all(|&k| k == LayerKind::Absolute);
