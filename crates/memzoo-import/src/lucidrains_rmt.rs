@@ -30,11 +30,11 @@
 //!   same function;
 //! - refused by name: `use_xl_memories = true` (memzoo's RMT reads no XL memory; the package's
 //!   wrapper only reads its XL memories in `generate` and memory-replay backpropagation),
-//!   `rotary_pos_emb`,
-//!   `abs_pos_emb = false`, `memory_not_causal = false` (the package's causal path offsets its
-//!   mask by the null key), `add_write_to_next_write_mem`, `always_have_read_memories = false`,
-//!   `causal = false`; the package's loss ignores targets equal to `ignore_index`, memzoo's
-//!   does not;
+//!   `rotary_pos_emb`, `abs_pos_emb = false`, `memory_not_causal = false` (the package's
+//!   causal path fails on the null key's extra column, or with flash attention hides each
+//!   token from itself), `add_write_to_next_write_mem`,
+//!   `always_have_read_memories = false`, `causal = false`; the package's loss ignores targets
+//!   equal to `ignore_index`, memzoo's does not;
 //! - export writes the package's `config.json` and `model.safetensors` of a stack it can
 //!   express ([`RmtPeerConfig::from_xl`] names the first field it cannot).
 //!
