@@ -405,6 +405,12 @@ impl RelativeMultiHeadAttention {
         Ok(self.project_output(context))
     }
 
+    /// Whether the layer mixes the first layer's values into its own
+    /// ([`RelativeAttentionConfig::value_gate`]).
+    pub fn has_value_gate(&self) -> bool {
+        self.peer.as_ref().is_some_and(|p| p.value_gate.is_some())
+    }
+
     /// Value residual learning ([`RelativeAttentionConfig::value_gate`]): the first layer of
     /// a context with a [`ValueResidual`] stores its values `v_1`; a layer with a gate returns
     /// `v + σ(W_g x)_h (v_1 − v)`. Without a value residual in the context, `v` unchanged

@@ -826,12 +826,9 @@ impl TransformerXl {
     /// Whether layers mix the first layer's values into theirs (`compat.value_residual`: some
     /// layer has a value gate).
     pub fn value_residual(&self) -> bool {
-        self.layers.iter().any(|l| {
-            l.attention
-                .relative()
-                .and_then(|a| a.peer.as_ref())
-                .is_some_and(|p| p.value_gate.is_some())
-        })
+        self.layers
+            .iter()
+            .any(|l| l.attention.relative().is_some_and(|a| a.has_value_gate()))
     }
 
     /// Whether the stack's layers are absolute ([`LayerKind::Absolute`]): its embeddings then
