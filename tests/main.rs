@@ -17,6 +17,7 @@ mod import_family;
 mod import_labml;
 mod import_lucidrains;
 mod import_lucidrains_reformer;
+mod import_lucidrains_rmt;
 mod import_reformer;
 mod inspect;
 mod learning;

@@ -222,6 +222,7 @@ pub static FORMATS: &[&dyn Format] = &[
     &crate::hf_reformer::HfReformer,
     &crate::lucidrains_reformer::LucidrainsReformer,
     &crate::lucidrains_compressive::LucidrainsCompressive,
+    &crate::lucidrains_rmt::LucidrainsRmt,
 ];
 
 /// The names of [`FORMATS`].

@@ -395,6 +395,7 @@ impl HfReformerConfig {
             peer,
         )?;
         mapping::expressible(&mapping::reformer_checks(xl), peer)?;
+        mapping::expressible(&mapping::rmt_layer_checks(xl), peer)?;
         let num_buckets = match (&lsh.bucket_factors[..], lsh.n_buckets) {
             ([], Some(n)) => Some(NumBuckets::One(n)),
             ([], None) => None,
@@ -414,6 +415,8 @@ impl HfReformerConfig {
             hidden_act: match xl.ff_activation {
                 Activation::Relu => "relu".into(),
                 Activation::Gelu => "gelu".into(),
+                // Refused above (`rmt_layer_checks`).
+                Activation::Geglu => return no("ff_activation = \"geglu\"".into()),
             },
             hidden_dropout_prob: xl.dropout,
             hidden_size: xl.d_model,

@@ -282,6 +282,7 @@ impl LabmlXlConfig {
             ),
         ];
         mapping::expressible(&checks, "labml's TransformerXL")?;
+        mapping::expressible(&mapping::rmt_layer_checks(xl), "labml's TransformerXL")?;
         Ok(Self {
             n_tokens: xl.vocab_size,
             d_model: xl.d_model,

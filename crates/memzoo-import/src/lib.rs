@@ -17,6 +17,8 @@
 //!   back.
 //! - [`lucidrains_reformer`]: reformer-pytorch's `ReformerLM` (summed axial positions, LSH
 //!   layers, the mean of the two streams), optionally with the rotations of one pass; and back.
+//! - [`lucidrains_rmt`]: recurrent-memory-transformer-pytorch's `RecurrentMemoryTransformer`
+//!   (memory tokens, RMSNorm, GEGLU, a null key/value, value residuals), and back.
 //! - [`format`](mod@format): the one trait every peer implements ([`format::PeerFormat`]: its config
 //!   into a stack config, its tensors in, and back out), and the registry of formats by the
 //!   name `memzoo import --from` and `memzoo export --to` take ([`format::format`]).
@@ -53,6 +55,7 @@ pub mod labml_xl;
 pub mod lucidrains_compressive;
 pub mod lucidrains_memorizing;
 pub mod lucidrains_reformer;
+pub mod lucidrains_rmt;
 pub mod mapping;
 pub mod reader;
 
@@ -63,4 +66,5 @@ pub use hf_transfo_xl::HfTransfoXlConfig;
 pub use labml_xl::LabmlXlConfig;
 pub use lucidrains_compressive::CompressivePeerConfig;
 pub use lucidrains_memorizing::MemorizingPeerConfig;
+pub use lucidrains_rmt::RmtPeerConfig;
 pub use reader::TensorMap;

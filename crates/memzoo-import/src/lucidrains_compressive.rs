@@ -200,6 +200,10 @@ impl CompressivePeerConfig {
         let window = xl.positions.max_distance + 1;
         let seq_len = window.saturating_sub(xl.mem_len + c.cmem_len);
         mapping::expressible(
+            &mapping::rmt_layer_checks(xl),
+            "compressive-transformer-pytorch",
+        )?;
+        mapping::expressible(
             &[
                 (!xl.pre_ln, "pre_ln = false"),
                 (xl.compat.final_norm, "compat.final_norm = true"),

@@ -476,6 +476,10 @@ impl MemorizingPeerConfig {
             ),
         ];
         mapping::expressible(&checks, "memorizing-transformers-pytorch")?;
+        mapping::expressible(
+            &mapping::rmt_layer_checks(xl),
+            "memorizing-transformers-pytorch",
+        )?;
         Ok(Self {
             num_tokens: xl.vocab_size,
             dim: xl.d_model,

@@ -366,6 +366,7 @@ impl LucidrainsReformerConfig {
             peer,
         )?;
         mapping::expressible(&mapping::reformer_checks(xl), peer)?;
+        mapping::expressible(&mapping::rmt_layer_checks(xl), peer)?;
         Ok(Self {
             num_tokens: xl.vocab_size,
             dim: xl.d_model,

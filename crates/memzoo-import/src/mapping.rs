@@ -23,13 +23,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::module::Param;
-use burn::nn::{Embedding, LayerNorm, Linear};
+use burn::nn::{Embedding, Linear};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_store::KeyRemapper;
 use memzoo_reformer::ReformerAttention;
 use memzoo_stack::{
-    LayerAttention, Randomness, Residual, TransformerXl, XlBlock, XlConfig, XlError,
+    LayerAttention, Norm, NormKind, Randomness, Residual, TransformerXl, XlBlock, XlConfig, XlError,
 };
 use serde::de::DeserializeOwned;
 
@@ -133,14 +133,17 @@ pub fn linear(
 }
 
 /// Takes PyTorch's LayerNorm `{prefix}.weight` and `{prefix}.bias` into `norm`'s gain and
-/// shift.
+/// shift (an RMSNorm: `{prefix}.weight` alone).
 pub fn norm(
     map: &mut TensorMap,
     prefix: &str,
-    norm: &mut LayerNorm,
+    norm: &mut Norm,
     device: &Device,
 ) -> Result<(), ImportError> {
     param(map, &format!("{prefix}.weight"), &mut norm.gamma, device)?;
+    if norm.kind == NormKind::Rms {
+        return Ok(());
+    }
     let name = format!("{prefix}.bias");
     let shift = map.float(&name, norm.gamma.dims(), device)?;
     norm.beta = Some(Param::from_tensor(shift));
@@ -214,8 +217,8 @@ pub fn tied_copies<S: AsRef<str>>(
 }
 
 /// A layer's residual block in a peer's state dict: the names (without `.weight` / `.bias`)
-/// of its two LayerNorms and its feed-forward's two linear layers (both with a bias, in every
-/// peer), memzoo's [`XlBlock`]. Both directions use it: [`take`](Self::take) and
+/// of its two norms and its feed-forward's two linear layers (with a bias where the block has
+/// one, `compat.ff_bias`), memzoo's [`XlBlock`]. Both directions use it: [`take`](Self::take) and
 /// [`put`](Self::put).
 pub struct BlockNames {
     /// The norm before (pre-LN) or after (post-LN) the attention.
@@ -229,7 +232,8 @@ pub struct BlockNames {
 }
 
 impl BlockNames {
-    /// Takes the block's tensors (a weight and a bias each) into `block`.
+    /// Takes the block's tensors (a weight and, where `block` has one, a bias each) into
+    /// `block`.
     pub fn take(
         &self,
         map: &mut TensorMap,
@@ -238,8 +242,9 @@ impl BlockNames {
     ) -> Result<(), ImportError> {
         norm(map, &self.norm_attention, &mut block.norm_attention, device)?;
         norm(map, &self.norm_ff, &mut block.norm_ff, device)?;
-        linear(map, &self.ff_in, &mut block.ff_in, true, device)?;
-        linear(map, &self.ff_out, &mut block.ff_out, true, device)
+        let (b_in, b_out) = (block.ff_in.bias.is_some(), block.ff_out.bias.is_some());
+        linear(map, &self.ff_in, &mut block.ff_in, b_in, device)?;
+        linear(map, &self.ff_out, &mut block.ff_out, b_out, device)
     }
 
     /// `block`'s values (or gradients) under these names.
@@ -273,8 +278,8 @@ pub fn put_linear(out: &mut PeerTensors, prefix: &str, linear: &Linear, src: Sou
     }
 }
 
-/// `norm` as PyTorch's `{prefix}.weight` and `{prefix}.bias`.
-pub fn put_norm(out: &mut PeerTensors, prefix: &str, norm: &LayerNorm, src: Source<'_>) {
+/// `norm` as PyTorch's `{prefix}.weight` and `{prefix}.bias` (an RMSNorm: no bias).
+pub fn put_norm(out: &mut PeerTensors, prefix: &str, norm: &Norm, src: Source<'_>) {
     put(out, format!("{prefix}.weight"), src.get(&norm.gamma));
     if let Some(b) = &norm.beta {
         put(out, format!("{prefix}.bias"), src.get(b));
@@ -293,6 +298,32 @@ pub fn expressible(checks: &[(bool, &str)], peer: &str) -> Result<(), ImportErro
         ))),
         None => Ok(()),
     }
+}
+
+/// The layer options of recurrent-memory-transformer-pytorch, which no other peer has, as
+/// checks for [`expressible`]: hyper-connections, RMSNorm, GEGLU, bias-free feed-forward, a
+/// null key/value, value residuals, learned absolute positions, a scaled embedding gradient.
+pub fn rmt_layer_checks(xl: &XlConfig) -> [(bool, &'static str); 8] {
+    let c = &xl.compat;
+    [
+        (
+            xl.residual_streams > 1,
+            "residual_streams above 1 (hyper-connections)",
+        ),
+        (xl.norm == NormKind::Rms, "norm = \"rms\""),
+        (
+            xl.ff_activation == memzoo_stack::Activation::Geglu,
+            "ff_activation = \"geglu\"",
+        ),
+        (!c.ff_bias, "compat.ff_bias = false"),
+        (c.null_key_value, "compat.null_key_value = true"),
+        (c.value_residual, "compat.value_residual = true"),
+        (xl.learned_positions.is_some(), "learned_positions"),
+        (
+            c.embedding_gradient_scale != 1.0,
+            "compat.embedding_gradient_scale other than 1",
+        ),
+    ]
 }
 
 /// What every Reformer peer's model is, as checks for [`expressible`]: reversible pre-LN

@@ -3,7 +3,9 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use std::sync::{Arc, Mutex};
 
 use memzoo_reformer::rng::{dropout_mask, mix};
 
@@ -69,10 +71,30 @@ pub struct RelativeAttentionConfig {
     /// Default: false.
     #[config(default = false)]
     pub memory_keys_values: bool,
+    /// A learned null key and value per head, `[2, n_heads, d_head]`, prepended to the keys
+    /// and visible to every query (recurrent-memory-transformer-pytorch's `null_kv`): the
+    /// output is `softmax_j(s q·[k_null, k_j]) [v_null, v_j]`. Absolute positions only (the
+    /// null key has no distance) and a key/value per head. Default: false.
+    #[config(default = false)]
+    pub null_key_value: bool,
+    /// A value gate `W_g`: `d_model -> n_heads`, no bias: the layer mixes the values of the
+    /// pass's first layer into its own, `v ← v + σ(W_g x)_h (v_1 − v)`, read from the
+    /// context's [`ValueResidual`] (value residual learning; recurrent-memory-transformer-pytorch's
+    /// `learned_value_residual_mix`). A layer without a gate reading such a context stores
+    /// its values there when it is the first. Absolute positions only, a key/value per head.
+    /// Default: false.
+    #[config(default = false)]
+    pub value_gate: bool,
     /// Initialiser of every weight. Default: normal(0, 0.02), as Transformer-XL.
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
 }
+
+/// The values of the first layer of one forward pass (`[batch, klen, n_heads, d_head]`, in
+/// the graph), which the later layers with a value gate mix into theirs (value residual
+/// learning). A context carries one ([`RelativeContext::with_value_residual`]); clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct ValueResidual(Arc<Mutex<Option<Tensor<4>>>>);
 
 /// Transformer-XL's global content bias `u` and position bias `v`, `[n_heads, d_head]` each.
 ///
@@ -158,6 +180,16 @@ pub enum PositionParams {
     Absolute(AbsolutePositionParams),
 }
 
+/// The extra parameters of a peer's attention ([`RelativeAttentionConfig::null_key_value`],
+/// [`RelativeAttentionConfig::value_gate`]).
+#[derive(Module, Debug)]
+pub struct PeerAttentionParams {
+    /// The null key and value per head, `[2, n_heads, d_head]` (`[0]` the key, `[1]` the value).
+    pub null_kv: Option<Param<Tensor<3>>>,
+    /// `W_g`: `d_model -> n_heads`, the value residual's gate.
+    pub value_gate: Option<Linear>,
+}
+
 /// Multi-head attention whose scores depend on the distance between query and key.
 ///
 /// Queries come from the segment `x`; keys and values from `cat(memory, x)`, so `qlen` queries
@@ -192,6 +224,8 @@ pub struct RelativeMultiHeadAttention {
     pub value_bias: Option<Param<Tensor<1>>>,
     /// The position scheme's parameters.
     pub scheme: PositionParams,
+    /// A null key/value and a value gate (`None`: neither).
+    pub peer: Option<PeerAttentionParams>,
     /// Dropout on the output.
     pub dropout: Dropout,
     /// Dropout on the attention probabilities.
@@ -251,6 +285,15 @@ impl RelativeAttentionConfig {
                 self.n_heads
             ));
         }
+        if (self.null_key_value || self.value_gate)
+            && (self.positions.kind != PositionKind::Absolute || hk != self.n_heads)
+        {
+            return bad(format!(
+                "a null key/value and a value gate need absolute positions and a key/value per \
+                 head, got {:?} positions and {hk} key/value heads for {} heads",
+                self.positions.kind, self.n_heads
+            ));
+        }
         for (name, p) in [("dropout", self.dropout), ("dropatt", self.dropatt)] {
             if !(0.0..1.0).contains(&p) {
                 return bad(format!("{name} must be in [0, 1), got {p}"));
@@ -305,12 +348,17 @@ impl RelativeAttentionConfig {
             }),
             PositionKind::Absolute => PositionParams::Absolute(AbsolutePositionParams { heads: h }),
         };
+        let peer = (self.null_key_value || self.value_gate).then(|| PeerAttentionParams {
+            null_kv: self.null_key_value.then(|| init.init([2, h, dh], device)),
+            value_gate: self.value_gate.then(|| linear(self.d_model, h)),
+        });
         Ok(RelativeMultiHeadAttention {
             query: linear(self.d_model, inner),
             key_value: linear(self.d_model, 2 * hk * dh),
             output,
             value_bias,
             scheme,
+            peer,
             dropout: DropoutConfig::new(self.dropout).init(),
             dropatt: DropoutConfig::new(self.dropatt).init(),
             positions: self.positions.clone(),
@@ -344,14 +392,111 @@ impl RelativeMultiHeadAttention {
     ) -> Result<Tensor<3>, RelativeError> {
         let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
-        let (q, k, v) = self.project(x, memory, ctx)?;
+        let (q, k, v) = self.project(x.clone(), memory, ctx)?;
+        let v = self.mix_values(x, v, ctx)?;
         // [batch, len, heads, d_head] -> [batch, heads, len, d_head]; fused where it applies.
         let [q, k, v] = [q, k, v].map(|t| t.swap_dims(1, 2));
-        let context =
-            self.attend(q, k, v, ctx, shared)?
-                .swap_dims(1, 2)
-                .reshape([batch, qlen, h * dh]);
+        let null_kv = self.peer.as_ref().and_then(|p| p.null_kv.as_ref());
+        let context = match null_kv {
+            Some(null) => self.attend_null(q, k, v, null.val(), ctx, shared)?,
+            None => self.attend(q, k, v, ctx, shared)?,
+        };
+        let context = context.swap_dims(1, 2).reshape([batch, qlen, h * dh]);
         Ok(self.project_output(context))
+    }
+
+    /// Whether the layer mixes the first layer's values into its own
+    /// ([`RelativeAttentionConfig::value_gate`]).
+    pub fn has_value_gate(&self) -> bool {
+        self.peer.as_ref().is_some_and(|p| p.value_gate.is_some())
+    }
+
+    /// Value residual learning ([`RelativeAttentionConfig::value_gate`]): the first layer of
+    /// a context with a [`ValueResidual`] stores its values `v_1`; a layer with a gate returns
+    /// `v + σ(W_g x)_h (v_1 − v)`. Without a value residual in the context, `v` unchanged
+    /// (a gate then is an error).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, len, d_model]`, `v`: `[batch, len, heads, d_head]` → as `v`
+    fn mix_values(
+        &self,
+        x: Tensor<3>,
+        v: Tensor<4>,
+        ctx: &RelativeContext,
+    ) -> Result<Tensor<4>, RelativeError> {
+        let gate = self.peer.as_ref().and_then(|p| p.value_gate.as_ref());
+        let Some(slot) = &ctx.value_residual else {
+            return match gate {
+                Some(_) => Err(RelativeError::Input(
+                    "a layer with a value gate reads a context without a value residual \
+                     (RelativeContext::with_value_residual)"
+                        .into(),
+                )),
+                None => Ok(v),
+            };
+        };
+        let mut first = slot
+            .0
+            .lock()
+            .map_err(|_| RelativeError::Input("the value residual's lock is poisoned".into()))?;
+        match (gate, first.as_ref()) {
+            (None, None) => {
+                *first = Some(v.clone());
+                Ok(v)
+            }
+            (None, Some(_)) => Ok(v),
+            (Some(_), None) => Err(RelativeError::Input(
+                "a layer with a value gate runs before any layer stored its values (the \
+                 first layer has no gate)"
+                    .into(),
+            )),
+            (Some(gate), Some(v1)) => {
+                if v1.dims() != v.dims() {
+                    return Err(RelativeError::Input(format!(
+                        "the first layer's values are {:?}, this layer's {:?}",
+                        v1.dims(),
+                        v.dims()
+                    )));
+                }
+                let [b, len, h, _] = v.dims();
+                let g = sigmoid(linear_rows(gate, x)).reshape([b, len, h, 1]);
+                Ok(v.clone() + g * (v1.clone() - v))
+            }
+        }
+    }
+
+    /// The scores of the null key, `s q·k_null`.
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, heads, qlen, d_head]`, `null`: `[2, heads, d_head]` → `[batch, heads, qlen, 1]`
+    pub(crate) fn null_scores(q: Tensor<4>, null: Tensor<3>) -> Tensor<4> {
+        let [_, h, _, dh] = q.dims();
+        let nk = null.narrow(0, 0, 1).reshape([1, h, 1, dh]);
+        let scale = 1.0 / (dh as f32).sqrt();
+        (q.mul_scalar(scale) * nk).sum_dim(3)
+    }
+
+    /// [`attend`](Self::attend) with a null key and value (`[2, heads, d_head]`) prepended,
+    /// visible to every query: `softmax(s q·k_null ∘ mask(scores)) [v_null ∘ v]`.
+    ///
+    /// # Shapes
+    /// As [`attend`](Self::attend); `null`: `[2, heads, d_head]`.
+    pub fn attend_null(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        null: Tensor<3>,
+        ctx: &RelativeContext,
+        shared: Option<&XlBiases>,
+    ) -> Result<Tensor<4>, RelativeError> {
+        let [b, h, _, dh] = q.dims();
+        let nv = null.clone().narrow(0, 1, 1).reshape([1, h, 1, dh]);
+        let null_scores = Self::null_scores(q.clone(), null);
+        let scores = ctx.mask_scores(self.scores(q, k, ctx, shared)?);
+        let probs = self.drop_probs(softmax(Tensor::cat(vec![null_scores, scores], 3), 3));
+        let v = Tensor::cat(vec![nv.expand([b, h, 1, dh]), v], 2);
+        Ok(probs.matmul(v))
     }
 
     /// The per-head queries of `x` and keys and values of `cat(memory, x)`, checked against

@@ -42,8 +42,9 @@ pub mod rows;
 pub mod shift;
 
 pub use attention::{
-    AbsolutePositionParams, LearnedPositionParams, PositionParams, RelativeAttentionConfig,
-    RelativeMultiHeadAttention, T5PositionParams, XlBiases, XlPositionParams,
+    AbsolutePositionParams, LearnedPositionParams, PeerAttentionParams, PositionParams,
+    RelativeAttentionConfig, RelativeMultiHeadAttention, T5PositionParams, ValueResidual, XlBiases,
+    XlPositionParams,
 };
 pub use error::RelativeError;
 pub use positions::{

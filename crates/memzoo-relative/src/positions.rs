@@ -299,6 +299,9 @@ pub struct RelativeContext {
     /// instead of its own (one table shared across layers, as memorizing-transformers-pytorch
     /// has); `None`: each layer its own. See [`with_t5_table`](Self::with_t5_table).
     pub t5_table: Option<Tensor<2>>,
+    /// The first layer's values, for the later layers with a value gate (value residual
+    /// learning); `None`: none. See [`with_value_residual`](Self::with_value_residual).
+    pub value_residual: Option<crate::attention::ValueResidual>,
 }
 
 impl RelativeContext {
@@ -372,6 +375,7 @@ impl RelativeContext {
                 _ => -1.0e9,
             },
             t5_table: None,
+            value_residual: None,
         }
     }
 
@@ -409,6 +413,14 @@ impl RelativeContext {
     /// - `table`: `[num_buckets, heads]`
     pub fn with_t5_table(mut self, table: Tensor<2>) -> Self {
         self.t5_table = Some(table);
+        self
+    }
+
+    /// The same context carrying a fresh [`ValueResidual`](crate::ValueResidual): its first
+    /// layer stores its values, the later layers with a value gate mix them into theirs. One
+    /// per forward pass.
+    pub fn with_value_residual(mut self) -> Self {
+        self.value_residual = Some(Default::default());
         self
     }
 

@@ -132,7 +132,8 @@ pub fn split_mass(
 
 impl RelativeMultiHeadAttention {
     /// The attention probabilities of the segment `x` over `cat(memory, x)`, as tensor ops:
-    /// `softmax(mask(scores))` (see the type docs for the scores), no dropout.
+    /// `softmax(mask(scores))` (see the type docs for the scores), no dropout; with a null
+    /// key/value, the probabilities of the real keys (the rest is on the null key).
     ///
     /// # Shapes
     /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`
@@ -145,8 +146,16 @@ impl RelativeMultiHeadAttention {
         shared: Option<&XlBiases>,
     ) -> Result<Tensor<4>, RelativeError> {
         let (q, k, _) = self.project(x, memory, ctx)?;
-        let scores = self.scores(q.swap_dims(1, 2), k.swap_dims(1, 2), ctx, shared)?;
-        Ok(softmax(ctx.mask_scores(scores), 3))
+        let q = q.swap_dims(1, 2);
+        let scores = ctx.mask_scores(self.scores(q.clone(), k.swap_dims(1, 2), ctx, shared)?);
+        match self.peer.as_ref().and_then(|p| p.null_kv.as_ref()) {
+            Some(null) => {
+                let klen = scores.dims()[3];
+                let all = Tensor::cat(vec![Self::null_scores(q, null.val()), scores], 3);
+                Ok(softmax(all, 3).narrow(3, 1, klen))
+            }
+            None => Ok(softmax(scores, 3)),
+        }
     }
 
     /// Where the segment's queries attend: the masses of

@@ -342,7 +342,8 @@ impl StateFeedForward {
         let h = linear_rows(&self.ff_in, self.norm.forward(c.clone()));
         let h = match self.activation {
             Activation::Relu => burn::tensor::activation::relu(h),
-            Activation::Gelu => burn::tensor::activation::gelu(h),
+            // GEGLU is refused with block_recurrent (`validate_peer_layers`).
+            Activation::Gelu | Activation::Geglu => burn::tensor::activation::gelu(h),
         };
         self.gate.forward(c, linear_rows(&self.ff_out, h))
     }

@@ -61,10 +61,11 @@ pub use rmt::{Rmt, RmtConfig, RmtMemory};
 #[allow(deprecated)]
 pub use stack::LshLayerConfig;
 pub use stack::{
-    Activation, AxialConfig, FfMasks, HeadInput, InputEmbedding, KnnFeed, KnnLayerConfig,
-    LayerAttention, LayerContext, LayerKind, OutputLayer, PeerCompat, Randomness, Replay, Residual,
-    SharedT5, Step, StepCounter, TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput,
-    absolute_positions, mean_nll, target_nll,
+    Activation, AxialConfig, FfMasks, HeadInput, HyperConnection, InputEmbedding, KnnFeed,
+    KnnLayerConfig, LayerAttention, LayerContext, LayerKind, Norm, NormKind, OutputLayer,
+    PeerCompat, Randomness, Replay, Residual, SharedT5, Step, StepCounter, TargetScores,
+    TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput, absolute_positions, expand_streams,
+    mean_nll, reduce_streams, target_nll,
 };
 pub use stack::{LayerTrace, Trace, TraceSlot};
 pub use unroll::UnrollSegment;

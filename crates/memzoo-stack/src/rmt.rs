@@ -34,8 +34,9 @@
 //! peer's `always_have_read_memories`, i.e. a zero memory); with `causal_memory = false` the
 //! read tokens see each other and the write tokens each other (the peer's
 //! `memory_not_causal = True`), where the paper's mask is the plain causal one. The peer's
-//! layers themselves (RMSNorm, GEGLU feed-forward, a null key/value, value residuals, hyper
-//! connections) are not layers of this stack: see `docs/import.md`.
+//! layers (RMSNorm, a GEGLU feed-forward, a null key/value, value residuals, learned absolute
+//! positions, hyper-connections) are options of the stack, which `memzoo import --from
+//! lucidrains-rmt` sets (see `docs/import.md`).
 //!
 //! **RMT + Transformer-XL** (the paper's combination, sec. 3 and its Tr-XL + RMT runs): with
 //! `mem_len > 0` every layer also reads an XL memory of the last `mem_len` segment tokens'
@@ -342,7 +343,9 @@ impl TransformerXl {
         let valid = (self.document_resets && mlen > 0).then_some(state.xl_valid.as_slice());
         let mask = memory_mask(m, len, rmt.config.causal_memory, mlen, valid, &device);
         let h = self.embed(tokens, opts)?;
-        let mut h = Tensor::cat(vec![read, h, write], 1);
+        let h = Tensor::cat(vec![read, h, write], 1);
+        // (Hyper-connections' streams never meet an XL memory: validation refuses both.)
+        let mut h = crate::stack::expand_streams(h, self.residual_streams);
         let contexts = self.contexts(batch, 2 * m + len, mlen, &mask, &device)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
         for l in 0..self.layers.len() {
@@ -357,6 +360,7 @@ impl TransformerXl {
         if self.mem_len > 0 {
             self.advance(state, &inputs, len);
         }
+        let h = crate::stack::reduce_streams(h, self.residual_streams);
         // [H^read ∘ H^N ∘ H^write] := H̃^N_τ; H^mem_{τ+1} := H^write_τ.
         let written = h.clone().narrow(1, m + len, m);
         let written = match &self.final_norm {

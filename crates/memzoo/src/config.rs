@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use memzoo_data::LongRangeConfig;
-use memzoo_stack::{LayerKind, PeerCompat, XlConfig};
+use memzoo_stack::{LayerKind, NormKind, PeerCompat, XlConfig};
 use memzoo_train::TrainConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -345,6 +345,14 @@ impl RunConfig {
                 )));
             }
         }
+        if let Some(len) = self.model.learned_positions
+            && self.train.tgt_len > len
+        {
+            return Err(CliError::Config(format!(
+                "train.tgt_len ({}) exceeds the {len} positions of model.learned_positions",
+                self.train.tgt_len
+            )));
+        }
         self.train.validate()?;
         if !(0.0..1.0).contains(&(self.data.valid_fraction + self.data.test_fraction)) {
             return Err(CliError::Config(format!(
@@ -374,6 +382,14 @@ impl RunConfig {
                 .any(|k| matches!(k, LayerKind::Lsh | LayerKind::Local))
             {
                 model.remove("lsh");
+            }
+            // The norm kind and the residual streams only where they are not the plain
+            // stack's (an imported RMSNorm stack, hyper-connections).
+            if self.model.norm == NormKind::Layer {
+                model.remove("norm");
+            }
+            if self.model.residual_streams == 1 {
+                model.remove("residual_streams");
             }
             // Training with varied memory lengths only where the run does.
             if self.model.train_memory_lengths.is_empty() {

@@ -115,6 +115,10 @@ pub fn import(
     config.data.source = data;
     // Bytes at the ids the model was trained on (2 for google/reformer-enwik8).
     config.data.byte_offset = format.byte_offset(&config.model);
+    // Learned absolute positions number the segments the peer read: no longer ones.
+    if let Some(len) = config.model.learned_positions {
+        config.train.tgt_len = config.train.tgt_len.min(len);
+    }
     config.validate()?;
     // A tokenizer beside the checkpoint goes with the run, where `memzoo generate` reads it
     // (memzoo_data::TextCodec::for_dir): a word vocabulary (vocab.json, or HF's vocab.pkl read

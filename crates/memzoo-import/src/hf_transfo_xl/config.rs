@@ -233,6 +233,7 @@ impl HfTransfoXlConfig {
     /// own table with a bias). The error names the field that cannot be expressed.
     pub fn from_xl(xl: &XlConfig) -> Result<Self, ImportError> {
         let no = |m: String| Err(ImportError::Unsupported(m));
+        crate::mapping::expressible(&crate::mapping::rmt_layer_checks(xl), "HF's TransfoXL")?;
         if xl.layer_kinds().iter().any(|&k| k != LayerKind::Xl) {
             return no(format!(
                 "layers {:?}: HF's TransfoXL has only XL relative attention",

@@ -2,7 +2,7 @@
 //! pre-LN, with its dropout sites.
 
 use burn::module::Module;
-use burn::nn::{Dropout, LayerNorm, Linear};
+use burn::nn::{Dropout, Linear};
 use burn::tensor::activation::{gelu, relu};
 use burn::tensor::{Device, Tensor};
 use memzoo_reformer::{ForwardOptions, chunked};
@@ -23,14 +23,19 @@ use super::*;
 /// - output: `[batch, qlen, d_model]`
 #[derive(Module, Debug)]
 pub struct XlBlock {
-    /// LayerNorm of the attention block.
-    pub norm_attention: LayerNorm,
+    /// LayerNorm (or RMSNorm) of the attention block.
+    pub norm_attention: Norm,
     /// Feed-forward `d_model -> d_inner`.
     pub ff_in: Linear,
     /// Feed-forward `d_inner -> d_model`.
     pub ff_out: Linear,
-    /// LayerNorm of the feed-forward block.
-    pub norm_ff: LayerNorm,
+    /// LayerNorm (or RMSNorm) of the feed-forward block.
+    pub norm_ff: Norm,
+    /// The attention branch's hyper-connection (`XlConfig::residual_streams > 1`; the block's
+    /// input and output are then the `s` streams, `[batch, len, s d_model]`).
+    pub hyper_attention: Option<HyperConnection>,
+    /// The feed-forward branch's hyper-connection.
+    pub hyper_ff: Option<HyperConnection>,
     /// The feed-forward's activation.
     #[module(skip)]
     pub activation: Activation,
@@ -89,6 +94,14 @@ impl XlBlock {
         opts: Option<&ForwardOptions>,
         attend: impl FnOnce(Tensor<3>, Option<Tensor<3>>) -> Result<Tensor<3>, E>,
     ) -> Result<Tensor<3>, E> {
+        if let (Some(ha), Some(hf)) = (&self.hyper_attention, &self.hyper_ff) {
+            // Hyper-connections: each branch reads a mix of the streams and is added back to
+            // every stream with its weights (`hyper.rs`).
+            let (input, state) = ha.width(x);
+            let h = ha.depth(self.attention_branch(input, memory, opts, attend)?, state);
+            let (input, state) = hf.width(h);
+            return Ok(hf.depth(self.ff_branch(input, opts), state));
+        }
         if self.pre_ln {
             // h = x + F(x);  out = h + G(h)
             let h = x.clone() + self.attention_branch(x, memory, opts, attend)?;
@@ -150,7 +163,8 @@ impl XlBlock {
     pub fn ff_masks(&self, shape: [usize; 3], opts: &ForwardOptions, device: &Device) -> FfMasks {
         let [b, l, _] = shape;
         let p = self.dropout.prob;
-        let d_inner = self.ff_in.weight.dims()[1];
+        // The activation's width (`ff_out`'s input; GEGLU halves `ff_in`'s output).
+        let d_inner = self.ff_out.weight.dims()[0];
         FfMasks {
             inner: self
                 .ff_inner_dropout
@@ -209,6 +223,12 @@ impl XlBlock {
         match self.activation {
             Activation::Relu => relu(x),
             Activation::Gelu => gelu(x),
+            Activation::Geglu => {
+                // [a, g] = W_1 x; a · gelu(g)
+                let half = x.dims()[2] / 2;
+                let a = x.clone().narrow(2, 0, half);
+                a * gelu(x.narrow(2, half, half))
+            }
         }
     }
 }

@@ -58,11 +58,37 @@ pub struct PeerCompat {
     /// Reformer; see [`HeadInput`]). Needs `residual = "reversible"` for `concat`. Default: mean.
     #[config(default = "HeadInput::Mean")]
     pub head_input: HeadInput,
+    /// The feed-forward's two linear layers have biases (memzoo, Transformer-XL); false: none
+    /// (recurrent-memory-transformer-pytorch's bias-free `Linear`s). Default: true.
+    #[config(default = true)]
+    pub ff_bias: bool,
+    /// Every attention layer has a learned null key and value per head (`[2, n_heads,
+    /// d_head]`), prepended to its keys and visible to every query, so that a query can
+    /// attend to nothing (recurrent-memory-transformer-pytorch's `null_kv`): with `s =
+    /// 1/sqrt(d_head)`, `softmax_j(s q·[k_null, k_j]) [v_null, v_j]`. Needs absolute layers
+    /// (the null key has no position) with a key/value per head. Default: false.
+    #[config(default = false)]
+    pub null_key_value: bool,
+    /// Value residual learning (Zhou et al. 2024, recurrent-memory-transformer-pytorch): every
+    /// layer but the first mixes the first layer's values into its own by a learned gate per
+    /// head and position, `v_l ← v_l + σ(W_g x)_h (v_1 − v_l)` (`W_g`: `d_model -> n_heads`,
+    /// no bias, reading the attention's input `x`, normalised in a pre-LN block); `v_1` keeps
+    /// its graph. Needs absolute layers with a key/value per head and `mem_len = 0` (`v_1`
+    /// covers the segment's keys only). Default: false.
+    #[config(default = false)]
+    pub value_residual: bool,
+    /// The gradient reaching the input embedding (token and position tables) is scaled by
+    /// this factor, `e ← f e + (1 − f) stopgrad(e)`, the forward pass unchanged (CogView's
+    /// trick; recurrent-memory-transformer-pytorch's `emb_gradient_frac`, 0.1). In `[0, 1]`.
+    /// Default: 1 (plain gradients).
+    #[config(default = 1.0)]
+    pub embedding_gradient_scale: f64,
 }
 
 impl PeerCompat {
-    /// The names of the switches, as `[model.compat]` keys (before they had a section of their
-    /// own they were `[model]` keys of the same names).
+    /// The names of the switches that were `[model]` keys before they had a section of their
+    /// own (`[model.compat]` keys of the same names; the switches added since have no older
+    /// place).
     pub const KEYS: [&'static str; 8] = [
         "zero_first_memory",
         "value_output_bias",

@@ -95,7 +95,17 @@ pub struct XlConfig {
     /// HF, inside the adaptive embedding). Default: true.
     #[config(default = true)]
     pub scale_embedding: bool,
-    /// Epsilon of every LayerNorm. Default: 1e-5 (HF's `layer_norm_epsilon`).
+    /// The normalisation of every block and of the final norm: LayerNorm or RMSNorm (see
+    /// [`NormKind`]; the Block-Recurrent layer's own norms stay LayerNorms). Default: layer.
+    #[config(default = "NormKind::Layer")]
+    pub norm: NormKind,
+    /// Absolute layers add a learned table of this many positions (rows `0..len` for a
+    /// segment of `len` tokens, `len <=` this) to the token embedding instead of sinusoids
+    /// (recurrent-memory-transformer-pytorch's `pos_emb`, `seq_len` rows). Needs absolute
+    /// layers. Default: none (sinusoids).
+    #[config(default = "None")]
+    pub learned_positions: Option<usize>,
+    /// Epsilon of every LayerNorm (or RMSNorm). Default: 1e-5 (HF's `layer_norm_epsilon`).
     #[config(default = 1e-5)]
     pub layer_norm_epsilon: f64,
     /// XL's `u`/`v` biases per layer instead of shared across layers. Default: false (shared).
@@ -151,6 +161,13 @@ pub struct XlConfig {
     /// [`Residual`]). Default: sequential.
     #[config(default = "Residual::Sequential")]
     pub residual: Residual,
+    /// Residual streams: 1, the one residual stream `h + f(h)`; `s > 1`, hyper-connections
+    /// (Zhu et al. 2024; recurrent-memory-transformer-pytorch's `num_residual_streams`): `s`
+    /// streams mixed into each branch's input and receiving its output by learned weights
+    /// (see [`HyperConnection`]). Needs `pre_ln`, sequential residuals and `mem_len = 0`.
+    /// Default: 1.
+    #[config(default = 1)]
+    pub residual_streams: usize,
     /// The feed-forward's activation. Default: relu (Transformer-XL; the Reformer: gelu).
     #[config(default = "Activation::Relu")]
     pub ff_activation: Activation,
@@ -388,6 +405,7 @@ impl XlConfig {
             .with_n_kv_heads(self.kv_heads)
             .with_memory_gradients(self.compat.memory_gradients)
             .with_memory_keys_values(self.compat.memory_keys_values)
+            .with_null_key_value(self.compat.null_key_value)
             .with_initializer(self.initializer())
     }
 
@@ -400,6 +418,17 @@ impl XlConfig {
             .bias
             .map(|_| Initializer::Zeros.init([d_out], device));
         linear
+    }
+
+    /// A block's or the final norm ([`NormKind`]: LayerNorm or RMSNorm), `width` wide, with
+    /// the gains of [`init_norm`](Self::init_norm).
+    pub fn init_stack_norm(&self, width: usize, device: &Device) -> Norm {
+        let std = self.norm_gain_std.unwrap_or(self.init_std);
+        let gain = match std > 0.0 {
+            true => Initializer::Normal { mean: 1.0, std },
+            false => Initializer::Ones,
+        };
+        Norm::new(self.norm, width, self.layer_norm_epsilon, gain, device)
     }
 
     /// A LayerNorm with HF's initialisation: gain ~ N(1, init_std), bias 0 (gain 1 with
@@ -430,11 +459,28 @@ impl XlConfig {
 
     /// The residual block (LayerNorms and feed-forward) of one layer, for any attention.
     pub fn init_block(&self, device: &Device) -> XlBlock {
+        // GEGLU's first layer yields the value and the gate, `d_inner` each.
+        let ff_width = match self.ff_activation {
+            Activation::Geglu => 2 * self.d_inner,
+            _ => self.d_inner,
+        };
+        let linear = |d_in, d_out| {
+            let mut l = self.init_linear(d_in, d_out, device);
+            if !self.compat.ff_bias {
+                l.bias = None;
+            }
+            l
+        };
         XlBlock {
-            norm_attention: self.init_norm(device),
-            ff_in: self.init_linear(self.d_model, self.d_inner, device),
-            ff_out: self.init_linear(self.d_inner, self.d_model, device),
-            norm_ff: self.init_norm(device),
+            norm_attention: self.init_stack_norm(self.d_model, device),
+            ff_in: linear(self.d_model, ff_width),
+            ff_out: linear(self.d_inner, self.d_model),
+            norm_ff: self.init_stack_norm(self.d_model, device),
+            // The attention branch reads stream 0 at first, the feed-forward stream 1.
+            hyper_attention: (self.residual_streams > 1)
+                .then(|| HyperConnection::new(self.residual_streams, self.d_model, 0, device)),
+            hyper_ff: (self.residual_streams > 1)
+                .then(|| HyperConnection::new(self.residual_streams, self.d_model, 1, device)),
             activation: self.ff_activation,
             dropout: DropoutConfig::new(self.dropout).init(),
             pre_ln: self.pre_ln,
@@ -453,9 +499,15 @@ impl XlConfig {
         let kinds = self.layer_kinds();
         let layers = kinds
             .iter()
-            .map(|&kind| {
+            .enumerate()
+            .map(|(l, &kind)| {
                 let attention = match (kind, kind.positions()) {
-                    (_, Some(p)) => LayerAttention::Relative(self.attention(p).init(device)?),
+                    // Value residuals: every layer but the first has a gate.
+                    (_, Some(p)) => LayerAttention::Relative(
+                        self.attention(p)
+                            .with_value_gate(self.compat.value_residual && l > 0)
+                            .init(device)?,
+                    ),
                     (LayerKind::Knn, None) => {
                         let mut knn = self.knn_attention().init(device)?;
                         if self.knn.feed == KnnFeed::Evicted {
@@ -527,7 +579,17 @@ impl XlConfig {
                 }
             }),
             final_norm: (self.pre_ln && self.compat.final_norm)
-                .then(|| self.init_norm_of(self.hidden_width(), device)),
+                .then(|| self.init_stack_norm(self.hidden_width(), device)),
+            position_embedding: self.learned_positions.map(|len| {
+                EmbeddingConfig::new(len, self.d_model)
+                    .with_initializer(Initializer::Normal {
+                        mean: 0.0,
+                        std: self.embedding_std.unwrap_or(self.init_std),
+                    })
+                    .init(device)
+            }),
+            embedding_gradient_scale: self.compat.embedding_gradient_scale,
+            residual_streams: self.residual_streams,
             output,
             dropout: DropoutConfig::new(self.dropout).init(),
             knn_memory: self.knn_memory(),

@@ -2,7 +2,7 @@
 //! with its carried state.
 
 use burn::module::{Module, Param};
-use burn::nn::{Dropout, Embedding, LayerNorm, Linear};
+use burn::nn::{Dropout, Embedding, Linear};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_knn::KnnAttention;
 use memzoo_memory::{KnnIndex, KnnMemoryConfig};
@@ -72,8 +72,17 @@ pub struct TransformerXl {
     /// does.
     #[module(skip)]
     pub position_table: Option<usize>,
-    /// Final LayerNorm (pre-LN with `final_norm` only).
-    pub final_norm: Option<LayerNorm>,
+    /// Final LayerNorm or RMSNorm (pre-LN with `final_norm` only).
+    pub final_norm: Option<Norm>,
+    /// Learned absolute positions added to the token embedding (`XlConfig::learned_positions`,
+    /// absolute layers; `None`: sinusoids where the layers are absolute).
+    pub position_embedding: Option<Embedding>,
+    /// Factor of the gradient reaching the input embedding (`compat.embedding_gradient_scale`).
+    #[module(skip)]
+    pub embedding_gradient_scale: f64,
+    /// Residual streams of the layers (`XlConfig::residual_streams`; above 1: hyper-connections).
+    #[module(skip)]
+    pub residual_streams: usize,
     /// The output distribution: tied, a linear layer, or an adaptive log-softmax.
     pub output: OutputLayer,
     /// Dropout on embeddings and final output.
@@ -625,6 +634,11 @@ impl TransformerXl {
                     },
                     _ => ctx,
                 };
+                // Value residuals: the pass's first layer leaves its values to the others.
+                let ctx = match self.value_residual() {
+                    true => ctx.with_value_residual(),
+                    false => ctx,
+                };
                 contexts.push((p, key, ctx));
             }
         }
@@ -689,8 +703,22 @@ impl TransformerXl {
         if let Some(axial) = &self.axial {
             h = h + axial.forward(qlen)?;
         }
-        if self.absolute_positions() {
+        if let Some(table) = &self.position_embedding {
+            let rows = table.weight.dims()[0];
+            if qlen > rows {
+                return Err(XlError::Input(format!(
+                    "a segment of {qlen} tokens, the learned positions cover {rows} \
+                     (learned_positions)"
+                )));
+            }
+            h = h + table.weight.val().narrow(0, 0, qlen).unsqueeze_dim::<3>(0);
+        } else if self.absolute_positions() {
             h = h + absolute_positions(qlen, self.d_model, &device).unsqueeze_dim::<3>(0);
+        }
+        // e ← f e + (1 − f) stopgrad(e): the forward unchanged, the gradient scaled by f.
+        let f = self.embedding_gradient_scale;
+        if f != 1.0 {
+            h = h.clone().mul_scalar(f) + h.detach().mul_scalar(1.0 - f);
         }
         Ok(match opts {
             Some(o) => seeded_dropout(h, self.dropout.prob, o, TAG_EMBED),
@@ -754,7 +782,7 @@ impl TransformerXl {
         };
         let h = match self.residual {
             Residual::Sequential => {
-                let mut h = h;
+                let mut h = expand_streams(h, self.residual_streams);
                 for (l, layer) in self.layers.iter().enumerate() {
                     // The layer's input, or its keys/values (`memory_keys_values`).
                     let cached = match self.memory_keys_values {
@@ -768,7 +796,7 @@ impl TransformerXl {
                     cx.trace = trace.map(|t| t.slot(l, ProbeLayout::XlMemory));
                     h = layer.forward(h, memory.layer(l).cloned(), cx)?;
                 }
-                h
+                reduce_streams(h, self.residual_streams)
             }
             Residual::Reversible => {
                 let (mut x1, mut x2) = (h.clone(), h);
@@ -793,6 +821,14 @@ impl TransformerXl {
             HeadInput::Mean => (y1 + y2).mul_scalar(0.5),
             HeadInput::Concat => Tensor::cat(vec![y1, y2], 2),
         }
+    }
+
+    /// Whether layers mix the first layer's values into theirs (`compat.value_residual`: some
+    /// layer has a value gate).
+    pub fn value_residual(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| l.attention.relative().is_some_and(|a| a.has_value_gate()))
     }
 
     /// Whether the stack's layers are absolute ([`LayerKind::Absolute`]): its embeddings then

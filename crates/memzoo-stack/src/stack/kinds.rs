@@ -95,6 +95,11 @@ pub enum Activation {
     Relu,
     /// `x Φ(x)` (the Reformer).
     Gelu,
+    /// GEGLU (Shazeer 2020): the first layer is `d_model -> 2 d_inner`, its halves `a`, `g`
+    /// give `a · gelu(g)` (`d_inner` wide) for the second layer. `d_inner` is written out in
+    /// the config, never derived (recurrent-memory-transformer-pytorch takes
+    /// `int(d_model · ff_mult · 2 / 3)`).
+    Geglu,
 }
 
 /// Where dropout masks and LSH rotations come from.

@@ -15,6 +15,8 @@
 //! | `validate.rs` | [`XlConfig::validate`] |
 //! | `random.rs` | seeded randomness: tags, masks, [`StepCounter`] |
 //! | `block.rs` | the residual block [`XlBlock`] |
+//! | `hyper.rs` | hyper-connections: several residual streams ([`HyperConnection`]) |
+//! | `norm.rs` | LayerNorm or RMSNorm ([`Norm`], [`NormKind`]) |
 //! | `layer.rs` | one layer [`XlLayer`] and what it reads ([`LayerContext`]) |
 //! | `forward.rs` | the stack [`TransformerXl`] and its forward pass |
 //! | `loss.rs` | the one loss path ([`Step`], [`TargetScores`]) and the evaluation step |
@@ -25,9 +27,11 @@ mod block;
 mod compat;
 mod config;
 mod forward;
+mod hyper;
 mod kinds;
 mod layer;
 mod loss;
+mod norm;
 mod random;
 mod trace;
 mod train;
@@ -38,9 +42,11 @@ pub use block::*;
 pub use compat::*;
 pub use config::*;
 pub use forward::*;
+pub use hyper::*;
 pub use kinds::*;
 pub use layer::*;
 pub use loss::*;
+pub use norm::*;
 pub use random::*;
 pub use trace::*;
 pub(crate) use train::*;

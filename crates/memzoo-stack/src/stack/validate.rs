@@ -89,6 +89,7 @@ impl XlConfig {
             ));
         }
         let kinds = self.layer_kinds();
+        self.validate_peer_layers(&kinds)?;
         let hashed: Vec<LayerKind> = [LayerKind::Lsh, LayerKind::Local]
             .into_iter()
             .filter(|k| kinds.contains(k))
@@ -280,5 +281,110 @@ pub(crate) fn positive(fields: &[(&str, usize)]) -> Result<(), XlError> {
     match fields.iter().find(|(_, v)| *v == 0) {
         Some((name, _)) => Err(XlError::Config(format!("{name} must be positive, got 0"))),
         None => Ok(()),
+    }
+}
+
+impl XlConfig {
+    /// The settings of recurrent-memory-transformer-pytorch's layers (RMSNorm, GEGLU,
+    /// hyper-connections, learned absolute positions, a null key/value, value residuals, the
+    /// embedding's gradient scale), each against what it needs.
+    fn validate_peer_layers(&self, kinds: &[LayerKind]) -> Result<(), XlError> {
+        let bad = |m: String| Err(XlError::Config(m));
+        let absolute = kinds.iter().all(|&k| k == LayerKind::Absolute);
+        if self.norm == NormKind::Rms && self.block_recurrent.is_some() {
+            return bad(
+                "norm = \"rms\" is not supported with block_recurrent (its recurrent layer's \
+                 norms are LayerNorms): set norm = \"layer\""
+                    .into(),
+            );
+        }
+        if self.ff_activation == Activation::Geglu && self.block_recurrent.is_some() {
+            return bad(
+                "ff_activation = \"geglu\" is not supported with block_recurrent (its state's \
+                 feed-forward is one layer wide): use relu or gelu"
+                    .into(),
+            );
+        }
+        if self.residual_streams == 0 {
+            return bad("residual_streams must be positive, got 0".into());
+        }
+        if self.residual_streams > 1 {
+            let why = if !self.pre_ln {
+                Some("pre_ln = false (hyper-connections wrap pre-norm branches)".to_string())
+            } else if self.residual != Residual::Sequential {
+                Some("residual = \"reversible\"".into())
+            } else if self.mem_len != 0 {
+                Some(format!(
+                    "mem_len = {} (a memory of layer inputs of one stream)",
+                    self.mem_len
+                ))
+            } else if self.block_recurrent.is_some() {
+                Some("block_recurrent".into())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return bad(format!(
+                    "residual_streams = {} (hyper-connections) is not supported with {why}",
+                    self.residual_streams
+                ));
+            }
+        }
+        if let Some(len) = self.learned_positions {
+            if len == 0 {
+                return bad("learned_positions must be positive, got 0".into());
+            }
+            if !absolute {
+                return bad(format!(
+                    "learned_positions = {len} adds absolute positions to the embedding: all \
+                     layers must be absolute, got {kinds:?}"
+                ));
+            }
+        }
+        let f = self.compat.embedding_gradient_scale;
+        if !(0.0..=1.0).contains(&f) {
+            return bad(format!(
+                "compat.embedding_gradient_scale must be in [0, 1], got {f}"
+            ));
+        }
+        for (name, on) in [
+            ("compat.null_key_value", self.compat.null_key_value),
+            ("compat.value_residual", self.compat.value_residual),
+        ] {
+            if !on {
+                continue;
+            }
+            if !absolute {
+                return bad(format!(
+                    "{name} = true needs absolute layers (the null key has no position, the \
+                     first layer's values one scheme's context), got {kinds:?}"
+                ));
+            }
+            if self.kv_heads.is_some_and(|h| h != self.n_heads) {
+                return bad(format!(
+                    "{name} = true needs a key and value per head, got kv_heads = {:?}",
+                    self.kv_heads
+                ));
+            }
+        }
+        if self.compat.value_residual {
+            if self.mem_len != 0 {
+                return bad(format!(
+                    "compat.value_residual = true mixes the first layer's values of the segment \
+                     into the later layers': mem_len must be 0, got {}",
+                    self.mem_len
+                ));
+            }
+            if self.residual != Residual::Sequential {
+                return bad("compat.value_residual = true needs residual = \"sequential\"".into());
+            }
+            if self.n_layers < 2 {
+                return bad(format!(
+                    "compat.value_residual = true needs at least 2 layers, got {}",
+                    self.n_layers
+                ));
+            }
+        }
+        Ok(())
     }
 }
