@@ -500,3 +500,32 @@ fn scale_table_pairs_points_with_the_peer() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A run's recipe written before a config field existed (the field missing from its JSON) is
+/// still the recipe of today's config with that field at its default; a changed value is not.
+#[test]
+fn a_recipe_written_before_a_new_field_is_the_same_recipe() {
+    use crate::study::same_recipe;
+    use memzoo_stack::{RmtConfig, XlConfig};
+    use memzoo_train::TrainConfig;
+    let config = XlConfig::new().with_rmt(Some(RmtConfig::new()));
+    let train = TrainConfig::sized(10, 2, 8);
+    let recipe = serde_json::json!({"model": config, "train": train}).to_string();
+    // The same recipe as an older build wrote it: without `memory_replay`.
+    let mut old: serde_json::Value = serde_json::from_str(&recipe).unwrap();
+    let removed = old["model"]["rmt"]
+        .as_object_mut()
+        .unwrap()
+        .remove("memory_replay");
+    assert_eq!(removed, Some(serde_json::Value::Bool(false)));
+    assert!(same_recipe(&old.to_string(), &recipe));
+    // Another value is another recipe.
+    let other = XlConfig::new().with_rmt(Some(RmtConfig::new().with_mem_tokens(4)));
+    let other = serde_json::json!({"model": other, "train": train}).to_string();
+    assert!(!same_recipe(&other, &recipe));
+    assert!(!same_recipe("not json", &recipe));
+    // A field the old recipe lacks, set away from its default now: not the same recipe.
+    let replay = XlConfig::new().with_rmt(Some(RmtConfig::new().with_memory_replay(true)));
+    let replay = serde_json::json!({"model": replay, "train": train}).to_string();
+    assert!(!same_recipe(&old.to_string(), &replay));
+}
