@@ -258,16 +258,16 @@ fn most_used_compression_keeps_the_most_attended_positions() {
             &dev,
         );
         model.forward_state(tokens, &mut state, &[false]).unwrap();
-        for l in 0..2 {
+        for (l, seen) in vectors.iter_mut().enumerate() {
             let kept = host(state.xl.layer(l).unwrap().clone());
             for (p, v) in mem.iter().zip(kept.chunks(d)) {
-                if vectors[l][*p].is_empty() {
-                    vectors[l][*p] = v.to_vec();
+                if seen[*p].is_empty() {
+                    seen[*p] = v.to_vec();
                 }
             }
             // The compressed vectors are the winners' own vectors, bit for bit, in order.
             if !cmem.is_empty() {
-                let want: Vec<f32> = cmem.iter().flat_map(|&p| vectors[l][p].clone()).collect();
+                let want: Vec<f32> = cmem.iter().flat_map(|&p| seen[p].clone()).collect();
                 let got = host(state.compressed.layers.layer(l).unwrap().clone());
                 assert_eq!(got, want, "segment {s}, layer {l}: kept {cmem:?}");
             }

@@ -287,7 +287,7 @@ fn rmt_memory_replay_trains_as_the_unroll() {
         let out = memzoo_train::train_on_devices(
             model,
             &config,
-            &[dev.clone()],
+            std::slice::from_ref(&dev),
             &mut data,
             None,
             &options,

@@ -1832,6 +1832,61 @@ pub fn run_tables(args: &StudyArgs) -> Result<(), String> {
     study.run(&tables)
 }
 
+/// Whether a run's stored recipe is `recipe`: equal as written, or equal once the fields added
+/// since it was written are filled in, each only where `recipe` holds that field's default
+/// (every new option defaults to the behaviour before it, so such a recipe is the one the run
+/// was trained with).
+pub(crate) fn same_recipe(stored: &str, recipe: &str) -> bool {
+    if stored == recipe {
+        return true;
+    }
+    let (Ok(mut old), Ok(new)) = (
+        serde_json::from_str::<Value>(stored),
+        serde_json::from_str::<Value>(recipe),
+    ) else {
+        return false;
+    };
+    let defaults = json!({
+        "model": XlConfig::new(),
+        "train": TrainConfig::new(),
+    });
+    fill_defaults(&mut old, &new, &defaults) && old == new
+}
+
+/// Fills into `old` every field of `new` it lacks, where `new` holds the field's value in
+/// `default` (an optional section's defaults are its config's `new()`); false when a missing
+/// field holds anything else.
+fn fill_defaults(old: &mut Value, new: &Value, default: &Value) -> bool {
+    let (Some(old), Some(new)) = (old.as_object_mut(), new.as_object()) else {
+        return true;
+    };
+    for (key, value) in new {
+        let section = match (default.get(key), key.as_str()) {
+            (Some(Value::Null) | None, "rmt") => json!(memzoo_stack::RmtConfig::new()),
+            (Some(Value::Null) | None, "compressive") => {
+                json!(memzoo_stack::CompressiveConfig::new())
+            }
+            (Some(Value::Null) | None, "block_recurrent") => {
+                json!(memzoo_stack::BlockRecurrentConfig::new())
+            }
+            (Some(d), _) => d.clone(),
+            (None, _) => Value::Null,
+        };
+        match old.get_mut(key) {
+            Some(o) => {
+                if !fill_defaults(o, value, &section) {
+                    return false;
+                }
+            }
+            None if default.get(key) == Some(value) => {
+                old.insert(key.clone(), value.clone());
+            }
+            None => return false,
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1989,59 +2044,4 @@ mod tests {
         assert!(m[27 + 8]);
         assert!(!m[41 + 8]);
     }
-}
-
-/// Whether a run's stored recipe is `recipe`: equal as written, or equal once the fields added
-/// since it was written are filled in, each only where `recipe` holds that field's default
-/// (every new option defaults to the behaviour before it, so such a recipe is the one the run
-/// was trained with).
-pub(crate) fn same_recipe(stored: &str, recipe: &str) -> bool {
-    if stored == recipe {
-        return true;
-    }
-    let (Ok(mut old), Ok(new)) = (
-        serde_json::from_str::<Value>(stored),
-        serde_json::from_str::<Value>(recipe),
-    ) else {
-        return false;
-    };
-    let defaults = json!({
-        "model": XlConfig::new(),
-        "train": TrainConfig::new(),
-    });
-    fill_defaults(&mut old, &new, &defaults) && old == new
-}
-
-/// Fills into `old` every field of `new` it lacks, where `new` holds the field's value in
-/// `default` (an optional section's defaults are its config's `new()`); false when a missing
-/// field holds anything else.
-fn fill_defaults(old: &mut Value, new: &Value, default: &Value) -> bool {
-    let (Some(old), Some(new)) = (old.as_object_mut(), new.as_object()) else {
-        return true;
-    };
-    for (key, value) in new {
-        let section = match (default.get(key), key.as_str()) {
-            (Some(Value::Null) | None, "rmt") => json!(memzoo_stack::RmtConfig::new()),
-            (Some(Value::Null) | None, "compressive") => {
-                json!(memzoo_stack::CompressiveConfig::new())
-            }
-            (Some(Value::Null) | None, "block_recurrent") => {
-                json!(memzoo_stack::BlockRecurrentConfig::new())
-            }
-            (Some(d), _) => d.clone(),
-            (None, _) => Value::Null,
-        };
-        match old.get_mut(key) {
-            Some(o) => {
-                if !fill_defaults(o, value, &section) {
-                    return false;
-                }
-            }
-            None if default.get(key) == Some(value) => {
-                old.insert(key.clone(), value.clone());
-            }
-            None => return false,
-        }
-    }
-    true
 }
