@@ -267,14 +267,10 @@ fn lucidrains_rmt_export_round_trips() {
     format.export(&model, &stack, &dir).unwrap();
     let (_, back) = lucidrains_rmt::load(&dir, &dev).unwrap();
     assert_eq!(back, cfg);
-    let want = memzoo_import::TensorMap::read(&fixture().join("model.safetensors")).unwrap();
-    let got = memzoo_import::TensorMap::read(&dir.join("model.safetensors")).unwrap();
-    assert_eq!(got.names().count(), want.names().count());
-    for name in want.names() {
-        let w = want.get(name).unwrap().clone().convert::<f32>();
-        let g = got.get(name).unwrap().clone().convert::<f32>();
-        assert_eq!(g, w, "{name}");
-    }
+    assert_same_tensors(
+        &fixture().join("model.safetensors"),
+        &dir.join("model.safetensors"),
+    );
     // The hyper-connections' fixture (0-d scales) round-trips too.
     let hyper = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-rmt-hyper");
     let (hmodel, hcfg) = lucidrains_rmt::load(&hyper, &dev).unwrap();
