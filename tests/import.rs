@@ -667,20 +667,10 @@ fn import_writes_a_run_dir_that_scores_as_hf() {
     // Fine-tuning the import (`train --resume`) with a batch, segment length and replica count
     // of its own: the step-0 checkpoint was written with the run config's defaults (batch 16,
     // one replica) and binds none of them.
-    let sets: Vec<String> = [
-        "train.batch=4",
-        "train.tgt_len=16",
-        "train.replicas=2",
-        "train.steps=2",
-        "train.log_every=1",
-        "train.eval_every=0",
-        "train.checkpoint_every=2",
-    ]
-    .map(String::from)
-    .to_vec();
-    let config = memzoo::config::RunConfig::resolve(Some(&run.join("config.toml")), &sets).unwrap();
-    memzoo::commands::train(&config, "flex", &run, true, false, true, true).unwrap();
-    assert!(run.join("checkpoints/step-00000002").is_dir());
+    fine_tune_two_steps(
+        &run,
+        &["train.batch=4", "train.tgt_len=16", "train.replicas=2"],
+    );
     // (A source of issue 15 that is not there yet says "not supported yet"; any other is named.)
     let err = memzoo::import::import(
         "no-such-source",

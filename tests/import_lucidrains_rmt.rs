@@ -726,18 +726,7 @@ fn lucidrains_rmt_imports_into_a_run_dir() {
     let mut sampling = generate_options("\u{1}\u{2}\u{3}", 10);
     sampling.compare_recompute = true;
     memzoo::commands::generate(&run, "flex", &sampling, true).unwrap();
-    let sets: Vec<String> = [
-        "train.batch=2",
-        "train.steps=2",
-        "train.log_every=1",
-        "train.eval_every=0",
-        "train.checkpoint_every=2",
-    ]
-    .map(String::from)
-    .to_vec();
-    let config = memzoo::config::RunConfig::resolve(Some(&run.join("config.toml")), &sets).unwrap();
-    memzoo::commands::train(&config, "flex", &run, true, false, true, true).unwrap();
-    assert!(run.join("checkpoints/step-00000002").is_dir());
+    fine_tune_two_steps(&run, &["train.batch=2"]);
     // The fine-tuned run exports and imports back.
     let out = tmp.join("export");
     memzoo::import::export("lucidrains-rmt", &run, &out, &dev, true).unwrap();

@@ -583,3 +583,22 @@ pub fn train_losses(run_dir: &std::path::Path) -> Vec<f64> {
         .map(|r| r["value"].as_f64().unwrap())
         .collect()
 }
+
+/// Resumes the run in `run` for two training steps (`memzoo train --resume` with `--set`
+/// `extra` on top: e.g. another batch), and checks it wrote its step-2 checkpoint.
+pub fn fine_tune_two_steps(run: &std::path::Path, extra: &[&str]) {
+    let sets: Vec<String> = extra
+        .iter()
+        .copied()
+        .chain([
+            "train.steps=2",
+            "train.log_every=1",
+            "train.eval_every=0",
+            "train.checkpoint_every=2",
+        ])
+        .map(String::from)
+        .collect();
+    let config = memzoo::config::RunConfig::resolve(Some(&run.join("config.toml")), &sets).unwrap();
+    memzoo::commands::train(&config, "flex", run, true, false, true, true).unwrap();
+    assert!(run.join("checkpoints/step-00000002").is_dir());
+}
