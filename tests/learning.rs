@@ -441,6 +441,43 @@ fn rmt_learns_tiny_shakespeare() {
     assert_memory_helps("rmt", "carried memory", with, without);
 }
 
+/// RMT + Transformer-XL (8 memory tokens and an XL memory of 8 segment tokens, segments of 8
+/// bytes, backpropagation through 2 segments) learns the text and reads both memories: its
+/// bpc is lower than the same weights' without the XL memory and than theirs reading a fresh
+/// memory every segment (measured: 3.161 against 3.312 and 3.263; the RMT alone, below,
+/// 3.194).
+#[test]
+fn rmt_with_an_xl_memory_learns_tiny_shakespeare() {
+    let rmt = memzoo_stack::RmtConfig::new()
+        .with_mem_tokens(8)
+        .with_bptt_segments(2);
+    let config = memory_stack(8).with_rmt(Some(rmt));
+    let (model, valid, unigram) = trained_memory_stack("rmt", config);
+    let with = valid_bpc(&model, &valid, MEMORY_TGT_LEN);
+    let no_xl = valid_bpc(&model.clone().with_mem_len(0), &valid, MEMORY_TGT_LEN);
+    let no_tokens = valid_bpc(&model.without_carried_memory(), &valid, MEMORY_TGT_LEN);
+    assert_learns("rmt-xl", with, unigram);
+    assert_memory_helps("rmt-xl", "XL memory", with, no_xl);
+    assert_memory_helps("rmt-xl", "carried memory tokens", with, no_tokens);
+}
+
+/// The Compressive Transformer with most-used compression (16 kept positions at rate 2 beside
+/// an XL memory of 16) learns the text and reads what it kept to a lower bpc than the same
+/// weights without it (measured: 3.291 against 3.338; the convolution, above, 3.266).
+#[test]
+fn most_used_compression_learns_tiny_shakespeare() {
+    let compressive = memzoo_stack::CompressiveConfig::new()
+        .with_cmem_len(16)
+        .with_ratio(2)
+        .with_function(memzoo_stack::CompressionKind::MostUsed);
+    let config = memory_stack(16).with_compressive(Some(compressive));
+    let (model, valid, unigram) = trained_memory_stack("compressive", config);
+    let with = valid_bpc(&model, &valid, MEMORY_TGT_LEN);
+    let without = valid_bpc(&model.with_cmem_len(0), &valid, MEMORY_TGT_LEN);
+    assert_learns("most-used", with, unigram);
+    assert_memory_helps("most-used", "kept positions", with, without);
+}
+
 /// The Block-Recurrent Transformer (the top layer recurrent with 8 state vectors, the fixed gate
 /// and no feed-forward on the state, the paper's `fixed:skip`; no XL memory, blocks of 8 bytes,
 /// backpropagation through 2 blocks) learns the text and reads its carried state to a lower bpc
