@@ -336,8 +336,8 @@ impl TransformerXl {
         // H̃⁰_τ = [read ∘ H⁰_τ ∘ write].
         let (read, write) = rmt.read_write(mem);
         // RMT + Transformer-XL: every query also reads the XL memory of the segments' tokens.
-        // (`prepare` hides, per row, what came before the row's document.)
-        self.prepare(&tokens, state, reset)?;
+        // (`reset_rows` hides, per row, what came before the row's document.)
+        self.reset_rows(&tokens, state, reset)?;
         self.check_memory(batch, &state.xl)?;
         let mlen = state.xl.len();
         let valid = (self.document_resets && mlen > 0).then_some(state.xl_valid.as_slice());

@@ -535,7 +535,31 @@ impl TransformerXl {
         state: &mut XlState,
         reset: &[bool],
     ) -> Result<AttentionMask, XlError> {
-        let [batch, qlen] = tokens.dims();
+        self.reset_rows(tokens, state, reset)?;
+        let qlen = tokens.dims()[1];
+        Ok(if self.document_resets {
+            document_mask(
+                &state.xl_valid,
+                qlen,
+                state.xl.len(),
+                self.same_length.then_some(self.mem_len),
+                &tokens.device(),
+            )
+        } else {
+            self.default_mask()
+        })
+    }
+
+    /// [`prepare`](Self::prepare)'s work on the state alone: checks `state` against the
+    /// segment and clears the rows that start a document (their kNN memories, and with
+    /// `document_resets` their valid XL memory), for a caller that builds its own mask.
+    pub(crate) fn reset_rows(
+        &self,
+        tokens: &Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+    ) -> Result<(), XlError> {
+        let batch = tokens.dims()[0];
         let device = tokens.device();
         if reset.len() != batch {
             return Err(XlError::Input(format!(
@@ -563,7 +587,7 @@ impl TransformerXl {
             state.xl = zeros;
         }
         let mlen = state.xl.len();
-        Ok(if self.document_resets {
+        if self.document_resets {
             let rows: Vec<usize> = (0..batch).filter(|&b| reset[b]).collect();
             for m in state.knn.iter_mut() {
                 m.clear(&rows)?;
@@ -576,16 +600,8 @@ impl TransformerXl {
                     *v = 0;
                 }
             }
-            document_mask(
-                &state.xl_valid,
-                qlen,
-                mlen,
-                self.same_length.then_some(self.mem_len),
-                &device,
-            )
-        } else {
-            self.default_mask()
-        })
+        }
+        Ok(())
     }
 
     /// Moves the XL memory on past a segment of `qlen` whose layers read `inputs`.
