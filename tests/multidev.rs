@@ -121,7 +121,7 @@ fn run<M: SegmentModel<State = XlState>>(
 
 /// The same model trained 4 steps on one device (one replica) and on two (one replica each,
 /// two rows each): the same loss at every step, the same weights after the 4 updates and the
-/// same memory of every row, to float rounding (1e-5).
+/// same memory of every row, to float rounding (1e-5 of the weights, 1e-4 of the memory's scale).
 fn two_devices_match_one<M: SegmentModel<State = XlState>>(model: &M, what: &str) {
     let ([first, second], names) = device_pair();
     let model = model.clone().fork(&first);
@@ -166,7 +166,11 @@ fn two_devices_match_one<M: SegmentModel<State = XlState>>(model: &M, what: &str
         );
         let scale = a.iter().fold(0.0f32, |m, x| m.max(x.abs()));
         assert!(scale > 1e-2, "{what}: layer {l} memory is not empty");
-        assert_close(b, a, 1e-5 * scale, &format!("{what}: layer {l} memory"));
+        // The memory is the last segment's hidden states under weights that agree to 1e-5:
+        // a weight difference δ moves a d-wide product by ~δ·|x|·√d, so 1e-5 relative is
+        // below what the weight tolerance allows (a CI machine measured 2e-5). 1e-4 of the
+        // scale still fails any wrong row or segment, which differs by O(scale).
+        assert_close(b, a, 1e-4 * scale, &format!("{what}: layer {l} memory"));
     }
     assert_eq!(
         two.knn_sizes, one.knn_sizes,
