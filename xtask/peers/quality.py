@@ -5,7 +5,8 @@ Usage: quality.py FAMILY STEPS EVAL_AT DATA [--config JSON]
 
   FAMILY   xl (HF TransfoXL 4.37.2: run with ~/.cache/memzoo-peers/venv-tfxl/bin/python),
            reformer (reformer-pytorch), memorizing (memorizing-transformers-pytorch) or
-           compressive (compressive-transformer-pytorch), with ~/.cache/memzoo-peers/venv/bin/python
+           compressive (compressive-transformer-pytorch) or rmt (recurrent-memory-transformer-pytorch),
+           with ~/.cache/memzoo-peers/venv/bin/python
   STEPS    optimizer steps
   EVAL_AT  comma-separated steps at which the whole validation split is scored
   DATA     a text file (bytes are tokens, vocab 256)
@@ -26,7 +27,7 @@ torch.set_num_threads(2), float32, AdamW lr 1e-3 weight_decay 0.01 eps 1e-8 over
 50 linear warm-up steps (lr (s+1)/50) then cosine to 0 at STEPS, global grad-norm clip 0.25,
 dropout 0.1. Data: last 5% of the bytes valid, the 5% before test, the rest train; the train split
 is cut into `batch` contiguous rows, each step reads the next `tgt_len` tokens of every row
-(targets shifted by one), wrapping to the start (and clearing every memory) when a row has no full
+(`segments_per_step` segments of `tgt_len` for the RMT; targets shifted by one), wrapping to the start (and clearing every memory) when a row has no full
 segment left. Loss = mean NLL of the next byte, scored from the model's log-probabilities here
 (HF TransfoXL shifts `labels` itself: passing shifted labels would train 2-ahead prediction).
 Validation: the whole split cut into `eval_rows` contiguous rows (default: `batch`, as `memzoo train`
@@ -81,10 +82,19 @@ compressive (compressive-transformer-pytorch 0.4.0 CompressiveTransformer): the 
     of the package's `SelfAttention.forward` is replaced by a detached copy of the weight for
     the compressed keys/values (`CompressivePeer.patch`); the LM loss trains `to_kv` as usual.
   - dropout: `attn_layer_dropout` on the attention output and `ff_dropout` inside the
-    feed-forward (both 0.1); memzoo's `dropout` is on the embedding and on the attention and
-    feed-forward outputs.
-  - initialisation: the package's (its position table starts at zero); memzoo's library default.
+    feed-forward (both 0.1); memzoo drops at the same two sites (`embedding_dropout`,
+    `ff_output_dropout` and `final_dropout` off).
+  - initialisation: the same weights: `cargo xtask bench quality` has this script write the
+    seeded initial model (`--init-out`) and memzoo imports it.
   The training loss adds the model's reconstruction loss (`aux_loss`), as memzoo's does.
+rmt (recurrent-memory-transformer-pytorch 0.7.0 RecurrentMemoryTransformer): the same function
+  as memzoo's quality config (memzoo imports the package's checkpoints with parity), but for:
+  - the steps: each reads `segments_per_step` segments of every row through the package's
+    RecurrentMemoryTransformerWrapper (`truncate_at_step` = segments_per_step), the memory in the
+    graph across them, then detached and carried to the next step, as memzoo's trainer does.
+  - dropout: `ff_dropout` inside the feed-forward; memzoo drops there only (the import's
+    dropout sites).
+  - initialisation: the same weights (`--init-out`, imported by memzoo).
 """
 import argparse
 import json
@@ -112,6 +122,12 @@ DEFAULTS = {
     "compressive": dict(num_tokens=256, dim=128, seq_len=128, depth=4, heads=4, mem_len=128, cmem_len=32,
                         cmem_ratio=4, reconstruction_loss_weight=1.0, tgt_len=128, batch=8, dropout=0.1,
                         dropatt=0.0),
+    "rmt": dict(num_tokens=256, dim=128, depth=4, heads=4, dim_head=32, num_memory_tokens=16, seq_len=128,
+                ff_mult=4.0, ff_dropout=0.1, attn_dropout=0.0, use_xl_memories=False, num_residual_streams=1,
+                truncate_at_step=2, batch=8, tgt_len=128, segments_per_step=2),
+    "block-recurrent": dict(num_tokens=256, dim=128, depth=4, heads=4, dim_head=32, ff_mult=4, max_seq_len=128,
+                            block_width=64, recurrent_layers=[2], num_state_vectors=64, batch=8, tgt_len=64,
+                            segments_per_step=2),
 }
 
 
@@ -229,12 +245,13 @@ class CompressivePeer:
         import compressive_transformer_pytorch
         from compressive_transformer_pytorch import CompressiveTransformer
         self.patch()
-        self.model = CompressiveTransformer(
+        self.args = dict(
             num_tokens=c["num_tokens"], dim=c["dim"], seq_len=c["seq_len"], depth=c["depth"], heads=c["heads"],
             mem_len=c["mem_len"], cmem_len=c["cmem_len"], cmem_ratio=c["cmem_ratio"], enhanced_recurrence=False,
             gru_gated_residual=False, attn_dropout=c["dropatt"], ff_dropout=c["dropout"],
             attn_layer_dropout=c["dropout"], reconstruction_attn_dropout=0.0,
             reconstruction_loss_weight=c["reconstruction_loss_weight"])
+        self.model = CompressiveTransformer(**self.args)
         version = getattr(compressive_transformer_pytorch, "__version__", "0.4.0")
         self.name = f"compressive-transformer-pytorch {version}"
         self.aux = None
@@ -248,8 +265,62 @@ class CompressivePeer:
         return torch.log_softmax(logits, dim=-1), mem
 
 
+class RmtPeer:
+    """recurrent-memory-transformer-pytorch: a step's segments read by the package's wrapper, the
+    written memory of one read by the next; the memory leaves the step detached."""
+
+    ARGS = ("num_tokens", "dim", "depth", "heads", "dim_head", "num_memory_tokens", "seq_len", "ff_mult",
+            "ff_dropout", "attn_dropout", "use_xl_memories", "num_residual_streams")
+
+    def __init__(self, c):
+        from importlib.metadata import version
+        from recurrent_memory_transformer_pytorch import (RecurrentMemoryTransformer,
+                                                          RecurrentMemoryTransformerWrapper)
+        self.model = RecurrentMemoryTransformer(**{k: c[k] for k in self.ARGS})
+        self.wrapper = RecurrentMemoryTransformerWrapper(self.model, truncate_at_step=c["truncate_at_step"])
+        self.args = {k: c[k] for k in (*self.ARGS, "truncate_at_step")}
+        self.name = f"recurrent-memory-transformer-pytorch {version('recurrent-memory-transformer-pytorch')}"
+
+    def new_state(self, batch):
+        return None
+
+    def logprobs(self, x, state):
+        logits, memories = self.wrapper(x, state)
+        return torch.log_softmax(logits, dim=-1), memories.detach()
+
+
+class BlockRecurrentPeer:
+    """block-recurrent-transformer-pytorch: a step is one forward over `max_seq_len` tokens, its
+    blocks of `block_width` (memzoo's segments) read in turn with the states and XL memories in the
+    graph; the detached ones it returns are carried to the next step (RecurrentTrainerWrapper's
+    carry). Evaluation reads one block per forward, carrying the same way."""
+
+    ARGS = ("num_tokens", "dim", "depth", "dim_head", "heads", "ff_mult", "max_seq_len", "block_width",
+            "recurrent_layers", "read_recurrent_layers", "num_state_vectors", "all_layers_qk_rmsnorm")
+
+    def __init__(self, c):
+        from importlib.metadata import version
+        from block_recurrent_transformer_pytorch import BlockRecurrentTransformer
+        self.args = {k: c[k] for k in self.ARGS if k in c}
+        args = dict(self.args)
+        for k in ("recurrent_layers", "read_recurrent_layers"):
+            if k in args:
+                args[k] = tuple(args[k])
+        self.model = BlockRecurrentTransformer(**args)
+        self.name = f"block-recurrent-transformer-pytorch {version('block-recurrent-transformer-pytorch')}"
+
+    def new_state(self, batch):
+        return ([], [])
+
+    def logprobs(self, x, state):
+        memories, states = state
+        logits, memories, states = self.model(x, xl_memories=memories, states=states,
+                                              return_memories_and_states=True)
+        return torch.log_softmax(logits, dim=-1), (memories, states)
+
+
 PEERS = {"xl": XlPeer, "reformer": ReformerPeer, "memorizing": MemorizingPeer,
-         "compressive": CompressivePeer}
+         "compressive": CompressivePeer, "rmt": RmtPeer, "block-recurrent": BlockRecurrentPeer}
 
 
 def splits(raw, r):
@@ -285,6 +356,10 @@ def main():
     ap.add_argument("eval_at")
     ap.add_argument("data")
     ap.add_argument("--config", default=None)
+    ap.add_argument("--init-out", default=None,
+                    help="write the seeded initial model (model.safetensors, and config.json of its "
+                         "constructor's arguments, as `memzoo import` reads them) into this directory "
+                         "and stop: memzoo's side then starts from the same weights")
     a = ap.parse_args()
     c, r = dict(DEFAULTS[a.family]), dict(RECIPE)
     if a.config:
@@ -300,8 +375,20 @@ def main():
     torch.set_num_threads(r["threads"])
     train, valid = splits(open(a.data, "rb").read(), r)
     B, T, steps = c["batch"], c["tgt_len"], a.steps
+    S = T * c.get("segments_per_step", 1)  # tokens of a row read per step
     peer = PEERS[a.family](c)
     model = peer.model
+    if a.init_out:
+        if not hasattr(peer, "args"):
+            sys.exit(f"--init-out: memzoo imports no {a.family} peer's checkpoint")
+        from safetensors.torch import save_file
+        os.makedirs(a.init_out, exist_ok=True)
+        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, os.path.join(a.init_out, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(a.init_out, "config.json"), "w") as f:
+            json.dump(peer.args, f, indent=1)
+        log(f"[{a.family} peer] initial weights written to {a.init_out}")
+        return
     params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"kind": "quality-peer", "family": a.family, "impl": peer.name, "params": params,
                       "model": c, "recipe": r}), flush=True)
@@ -320,10 +407,10 @@ def main():
     model.train()
     for s in range(steps):
         t0 = time.perf_counter()
-        if pos + T + 1 > rows.size(1):
+        if pos + S + 1 > rows.size(1):
             pos, state = 0, peer.new_state(B)
-        x, y = rows[:, pos: pos + T], rows[:, pos + 1: pos + T + 1]
-        pos += T
+        x, y = rows[:, pos: pos + S], rows[:, pos + 1: pos + S + 1]
+        pos += S
         for g in opt.param_groups:
             g["lr"] = lr_at(s)
         logp, state = peer.logprobs(x, state)

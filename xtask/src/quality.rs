@@ -35,7 +35,7 @@ use crate::BenchArgs;
 use crate::plot::{Axes, Series, chart};
 
 /// The families, in the order they run by default.
-pub const FAMILIES: [&str; 4] = ["xl", "reformer", "memorizing", "compressive"];
+pub const FAMILIES: [&str; 5] = ["xl", "reformer", "memorizing", "compressive", "rmt"];
 
 /// Default evaluation points (those within `--steps`, and `--steps` itself).
 pub const DEFAULT_EVAL_AT: [usize; 5] = [50, 100, 200, 300, 400];
@@ -79,7 +79,8 @@ pub struct Family {
     pub model: FamilyModel,
     /// Rows per step.
     pub batch: usize,
-    /// Tokens per row and step (and per evaluation segment).
+    /// Tokens per row and segment (and per evaluation segment); a step reads the model's
+    /// `bptt_segments` segments of it (1 but for the RMT).
     pub tgt_len: usize,
     /// The peer's model arguments (`--config {"model": ...}` of `quality.py`).
     pub peer_model: serde_json::Value,
@@ -264,9 +265,10 @@ pub fn memorizing_small() -> Family {
 /// gru_gated_residual=False, attn_dropout=0.0, ff_dropout=0.1, attn_layer_dropout=0.1,
 /// reconstruction_loss_weight=1.0)`, with its in-place detach of `to_kv.weight` replaced by a
 /// detached copy in the reconstruction loss (see the script's header). memzoo starts from the
-/// peer's initial scale (PyTorch's defaults: linears std ≈ 0.05, embedding N(0, 1)) and has
-/// no final dropout, as the peer. Not matched: memzoo also drops the embedding and the
-/// feed-forward's output; the peer's position table starts at zero.
+/// peer's initial scale (PyTorch's defaults: linears std ≈ 0.05, embedding N(0, 1)) and drops
+/// where the peer does: the attention's output (`attn_layer_dropout`) and between the
+/// feed-forward's layers (`ff_dropout`), not the embedding, the feed-forward's output or the
+/// final hidden states. Not matched: the peer's position table starts at zero.
 pub fn compressive_small() -> Family {
     let (batch, tgt_len) = (8, 128);
     let peer_model = serde_json::json!({
@@ -285,10 +287,56 @@ pub fn compressive_small() -> Family {
         .with_dropout(0.1)
         .with_init_std(0.05)
         .with_embedding_std(Some(1.0))
-        // The peer has no dropout on the final hidden states.
+        // The peer's dropout sites: the attention's output and inside the feed-forward.
+        .with_embedding_dropout(false)
+        .with_ff_output_dropout(false)
         .with_final_dropout(false);
     Family {
         name: "compressive",
+        model: FamilyModel::Xl(c),
+        batch,
+        tgt_len,
+        peer_model,
+        peer_venv: "venv",
+    }
+}
+
+/// A Recurrent Memory Transformer against recurrent-memory-transformer-pytorch 0.7.0
+/// (`venv`), the stack `memzoo import --from lucidrains-rmt` builds for the peer's model: 4
+/// layers, d_model 128, 4 heads x 32, RMSNorm pre-norm blocks, a GEGLU feed-forward of width
+/// `int(128 · 4 · 2/3)`, learned positions over the segment, 16 memory tokens (the package's
+/// layout: read tokens = memory + a learned read embedding, learned write tokens, the memory
+/// tokens see each other), value residuals, plain residuals (`num_residual_streams = 1`), no
+/// XL memory, the embedding's gradient scaled by 0.1; segments of 128, batch 8, and
+/// backpropagation through 2 segments per step (`truncate_at_step = 2`), dropout 0.1 in the
+/// feed-forward.
+///
+/// Peer: `RecurrentMemoryTransformer(dim=128, num_tokens=256, depth=4, heads=4, dim_head=32,
+/// num_memory_tokens=16, seq_len=128, ff_mult=4, ff_dropout=0.1, attn_dropout=0.0,
+/// use_xl_memories=False, num_residual_streams=1)`; each step reads 2 segments of every row
+/// with the memory in the graph across them, then detaches it and carries it to the next
+/// step (what the package's `RecurrentMemoryTransformerWrapper` does with
+/// `truncate_at_step = 2`). memzoo drops where the peer does (between the feed-forward's
+/// layers only: the import's dropout sites) and starts from the peer's initial scale
+/// (PyTorch's defaults: linears std ≈ 0.05, embeddings N(0, 1)).
+pub fn rmt_small() -> Family {
+    let (batch, tgt_len, segments) = (8, 128, 2);
+    let peer_model = serde_json::json!({
+        "num_tokens": 256, "dim": 128, "depth": 4, "heads": 4, "dim_head": 32,
+        "num_memory_tokens": 16, "seq_len": tgt_len, "ff_mult": 4.0, "ff_dropout": 0.1,
+        "attn_dropout": 0.0, "use_xl_memories": false, "num_residual_streams": 1,
+        "truncate_at_step": segments, "batch": batch, "tgt_len": tgt_len,
+        "segments_per_step": segments,
+    });
+    let peer: memzoo_import::RmtPeerConfig =
+        serde_json::from_value(peer_model.clone()).expect("the peer's arguments");
+    let c = peer
+        .xl_config()
+        .expect("a stack memzoo computes")
+        .with_init_std(0.05)
+        .with_embedding_std(Some(1.0));
+    Family {
+        name: "rmt",
         model: FamilyModel::Xl(c),
         batch,
         tgt_len,
@@ -316,6 +364,7 @@ pub fn family(name: &str) -> Result<Family, String> {
         "reformer" => Ok(reformer_small()),
         "memorizing" => Ok(memorizing_small()),
         "compressive" => Ok(compressive_small()),
+        "rmt" => Ok(rmt_small()),
         "xl-fast" => Ok(xl_fast()),
         other => Err(format!(
             "unknown family `{other}` in --families: expected {}",
@@ -574,6 +623,8 @@ impl MemzooRun<'_> {
             let train_device = device.clone().autodiff();
             train_device.seed(config.seed);
             let model = init(&train_device)?;
+            // The RMT reads `bptt_segments` segments of every row per step.
+            let tokens_per_step = fam.batch * fam.tgt_len * model.bptt_segments().max(1);
             let name = path.display();
             let mut data = OrderedBatcher::named(
                 &format!("the train split of {name}"),
@@ -596,7 +647,7 @@ impl MemzooRun<'_> {
                 .map_err(|e| format!("memzoo {} training: {e}", fam.name))?;
             let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
                 .map_err(|e| format!("cannot read {}/metrics.jsonl: {e}", run_dir.display()))?;
-            let log = train_log(&metrics, fam.batch * fam.tgt_len);
+            let log = train_log(&metrics, tokens_per_step);
             let mut valid_data = OrderedBatcher::named(
                 &format!("the valid split of {name}"),
                 valid.to_vec(),

@@ -216,6 +216,18 @@ mod quality {
                     assert_eq!(m["cmem_ratio"], cc.ratio);
                     assert_eq!(m["seq_len"], f.tgt_len, "the peer's window is one segment");
                 }
+                FamilyModel::Xl(c) if f.name == "rmt" => {
+                    c.validate().unwrap();
+                    let r = c.rmt.as_ref().expect("an RMT stack");
+                    assert_eq!(m["depth"], c.n_layers);
+                    assert_eq!(m["dim"], c.d_model);
+                    assert_eq!(m["heads"], c.n_heads);
+                    assert_eq!(m["num_memory_tokens"], r.mem_tokens);
+                    assert_eq!(m["truncate_at_step"], r.bptt_segments);
+                    assert_eq!(m["segments_per_step"], r.bptt_segments);
+                    assert_eq!(m["seq_len"], f.tgt_len, "the peer's window is one segment");
+                    assert_eq!(c.dropout, m["ff_dropout"].as_f64().unwrap());
+                }
                 FamilyModel::Xl(c) => {
                     c.validate().unwrap();
                     assert_eq!(m["n_layer"], c.n_layers);

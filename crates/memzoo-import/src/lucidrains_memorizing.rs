@@ -39,8 +39,9 @@
 //!   reset-free overflow (`xtask/peers/fixtures/lucidrains_memorizing.py` explains it).
 //! - the package's loss ignores targets equal to `pad_id` (0); memzoo's does not.
 //! - dropout in training: the package drops attention probabilities (`attn_dropout`, memzoo's
-//!   `dropatt`) and inside the feed-forward (`ff_dropout`); memzoo's `dropout` (set to
-//!   `ff_dropout`) also drops the feed-forward's and attention's outputs and the embedding.
+//!   `dropatt`) and inside the feed-forward (`ff_dropout`): memzoo's `dropout` set to
+//!   `ff_dropout`, with `ff_output_dropout`, `attention_output_dropout` and
+//!   `embedding_dropout` off.
 //!   Evaluation is the same function.
 //! - options the package has that memzoo does not express are refused by name:
 //!   `xl_memory_layers` other than all layers, `shift_knn_memories_down`,
@@ -357,6 +358,9 @@ impl MemorizingPeerConfig {
             .with_d_head(Some(self.dim_head))
             .with_d_inner(self.ff_mult * self.dim)
             .with_dropout(self.ff_dropout)
+            .with_embedding_dropout(false)
+            .with_attention_output_dropout(false)
+            .with_ff_output_dropout(false)
             .with_dropatt(self.attn_dropout)
             .with_mem_len(self.xl_max_memories)
             .with_same_length(false)

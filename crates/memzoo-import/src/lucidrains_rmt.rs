@@ -24,10 +24,11 @@
 //!   [`HyperConnection`]; with 1 the hyper-connections package's plain `x + f(x)`); an untied
 //!   head with a bias.
 //!
+//! - its dropout: `ff_dropout` between the feed-forward's layers only (memzoo's `dropout` with
+//!   `ff_output_dropout`, `attention_output_dropout` and `embedding_dropout` off), and
+//!   `attn_dropout` on the attention probabilities (`dropatt`).
+//!
 //! Not the same, and why:
-//! - memzoo's `dropout` (set to the package's `ff_dropout`) also drops the attention output
-//!   and the embedding; the package's `attn_dropout` is memzoo's `dropatt`. Evaluation is the
-//!   same function;
 //! - refused by name: `use_xl_memories = true` (memzoo's RMT reads no XL memory; the package's
 //!   wrapper only reads its XL memories in `generate` and memory-replay backpropagation),
 //!   `rotary_pos_emb`, `abs_pos_emb = false`, `memory_not_causal = false` (the package's
@@ -217,7 +218,11 @@ impl RmtPeerConfig {
             .with_n_heads(self.heads)
             .with_d_head(Some(self.dim_head))
             .with_d_inner(d_inner)
+            // The package's `ff_dropout` sits between the feed-forward's layers only.
             .with_dropout(self.ff_dropout)
+            .with_embedding_dropout(false)
+            .with_attention_output_dropout(false)
+            .with_ff_output_dropout(false)
             .with_dropatt(self.attn_dropout)
             .with_final_dropout(false)
             .with_mem_len(0)

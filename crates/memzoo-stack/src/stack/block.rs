@@ -45,6 +45,8 @@ pub struct XlBlock {
     pub pre_ln: bool,
     /// Dropout between the feed-forward's layers too.
     pub ff_inner_dropout: bool,
+    /// Dropout on the feed-forward's output.
+    pub ff_output_dropout: bool,
     /// Positions per feed-forward chunk (0: all).
     pub ff_chunk_len: usize,
     /// Gradients through the memory's LayerNorm (pre-LN; `XlConfig::memory_gradients`).
@@ -170,12 +172,16 @@ impl XlBlock {
                 .ff_inner_dropout
                 .then(|| seeded_mask([b, l, d_inner], p, opts, TAG_DROP_FF_INNER, device))
                 .flatten(),
-            outer: seeded_mask(shape, p, opts, TAG_DROP_G, device),
+            outer: self
+                .ff_output_dropout
+                .then(|| seeded_mask(shape, p, opts, TAG_DROP_G, device))
+                .flatten(),
         }
     }
 
     /// `FF(x) = Dropout(W_2 Dropout(act(W_1 x)))` (the inner dropout only with
-    /// `ff_inner_dropout`), `ff_chunk_len` positions at a time; masks from Burn's `Dropout`.
+    /// `ff_inner_dropout`, the outer only with `ff_output_dropout`), `ff_chunk_len` positions
+    /// at a time; masks from Burn's `Dropout`.
     pub fn feed_forward(&self, x: Tensor<3>) -> Tensor<3> {
         self.feed_forward_with(x, None)
     }
@@ -200,7 +206,12 @@ impl XlBlock {
                 } else {
                     h
                 };
-                self.dropout.forward(linear_rows(&self.ff_out, h))
+                let out = linear_rows(&self.ff_out, h);
+                if self.ff_output_dropout {
+                    self.dropout.forward(out)
+                } else {
+                    out
+                }
             }),
         }
     }

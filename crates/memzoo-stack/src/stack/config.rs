@@ -40,7 +40,9 @@ pub struct XlConfig {
     /// Inner width of the position-wise feed-forward. Default: 1024.
     #[config(default = 1024)]
     pub d_inner: usize,
-    /// Dropout on embeddings, attention output, feed-forward and final output. Default: 0.1.
+    /// Dropout on embeddings, attention output, feed-forward and final output (each site can be
+    /// turned off: `embedding_dropout`, `attention_output_dropout`, `ff_inner_dropout`,
+    /// `ff_output_dropout`, `final_dropout`). Default: 0.1.
     #[config(default = 0.1)]
     pub dropout: f64,
     /// Dropout on attention probabilities. Default: 0.0.
@@ -175,6 +177,20 @@ pub struct XlConfig {
     /// false: after it only (the Reformer). Default: true.
     #[config(default = true)]
     pub ff_inner_dropout: bool,
+    /// Dropout on the feed-forward's output, before the residual sum (Transformer-XL, the
+    /// Reformer); false: only between its layers, with `ff_inner_dropout` (the lucidrains
+    /// peers' `ff_dropout`). Default: true.
+    #[config(default = true)]
+    pub ff_output_dropout: bool,
+    /// Dropout on each attention's output, before the residual sum (Transformer-XL,
+    /// compressive-transformer-pytorch's `attn_layer_dropout`); false: none
+    /// (recurrent-memory-transformer-pytorch). `dropatt` is separate. Default: true.
+    #[config(default = true)]
+    pub attention_output_dropout: bool,
+    /// Dropout on the input embedding (with its positions) before the first layer
+    /// (Transformer-XL); false: none (the lucidrains peers). Default: true.
+    #[config(default = true)]
+    pub embedding_dropout: bool,
     /// Positions per feed-forward chunk: the feed-forward (position-wise) runs this many
     /// positions at a time, so its `d_inner` activation never exists for the whole segment
     /// (the Reformer's chunking); 0: all at once. Default: 0.
@@ -387,8 +403,8 @@ impl XlConfig {
     /// in seeded passes, where the block applies it with a replayable mask.
     pub(crate) fn attention_dropout(&self) -> f64 {
         match self.randomness {
-            Randomness::Device => self.dropout,
-            Randomness::Seeded => 0.0,
+            Randomness::Device if self.attention_output_dropout => self.dropout,
+            Randomness::Device | Randomness::Seeded => 0.0,
         }
     }
 
@@ -485,10 +501,12 @@ impl XlConfig {
             dropout: DropoutConfig::new(self.dropout).init(),
             pre_ln: self.pre_ln,
             ff_inner_dropout: self.ff_inner_dropout,
+            ff_output_dropout: self.ff_output_dropout,
             ff_chunk_len: self.ff_chunk_len,
             memory_gradients: self.compat.memory_gradients,
             memory_keys_values: self.compat.memory_keys_values,
-            drops_attention: self.randomness == Randomness::Seeded,
+            drops_attention: self.randomness == Randomness::Seeded
+                && self.attention_output_dropout,
         }
     }
 
@@ -611,6 +629,7 @@ impl XlConfig {
             position_table: None,
             residual: self.residual,
             final_dropout: self.final_dropout,
+            embedding_dropout: self.embedding_dropout,
             randomness: self.randomness,
             train_seed: self.train_seed,
             head_input: self.compat.head_input,

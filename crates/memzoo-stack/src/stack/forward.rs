@@ -117,6 +117,8 @@ pub struct TransformerXl {
     pub residual: Residual,
     /// Dropout on the final hidden states.
     pub final_dropout: bool,
+    /// Dropout on the input embedding.
+    pub embedding_dropout: bool,
     /// Device or seeded randomness.
     #[module(skip)]
     pub randomness: Randomness,
@@ -735,6 +737,9 @@ impl TransformerXl {
         let f = self.embedding_gradient_scale;
         if f != 1.0 {
             h = h.clone().mul_scalar(f) + h.detach().mul_scalar(1.0 - f);
+        }
+        if !self.embedding_dropout {
+            return Ok(h);
         }
         Ok(match opts {
             Some(o) => seeded_dropout(h, self.dropout.prob, o, TAG_EMBED),
