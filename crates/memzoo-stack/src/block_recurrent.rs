@@ -712,7 +712,8 @@ impl TransformerXl {
         }
         drop(contexts);
         drop(stores);
-        self.advance_with(state, &inputs, qlen, !keep_graph);
+        // A key/value memory stays in the graph within an unroll; layer inputs never do.
+        self.advance_with(state, &inputs, qlen, !(keep_graph && self.memory_keys_values));
         state.block_recurrent.value = next.map(|c| if keep_graph { c } else { c.detach() });
         Ok(self.finish(h, opts))
     }
