@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
+use memzoo_import::BlockRecurrentPeerConfig;
 use memzoo_import::lucidrains_block_recurrent::{self, block_recurrent_to_peer};
 use memzoo_import::mapping::{PeerTensors, Source};
-use memzoo_import::BlockRecurrentPeerConfig;
 use memzoo_stack::{LayerKind, QkNormConfig, UnrollSegment, XlConfig, XlState};
 use memzoo_tests::*;
 
@@ -81,10 +81,18 @@ fn lucidrains_block_recurrent_matches_the_package() {
         let lp = log_softmax(logits, 2);
         let [b, q, _] = lp.dims();
         let nll = lp.gather(2, y.reshape([b, q, 1])).reshape([b, q]).neg();
-        check(&host(nll.clone()), &r.floats(&format!("losses.{s}")), "losses");
+        check(
+            &host(nll.clone()),
+            &r.floats(&format!("losses.{s}")),
+            "losses",
+        );
         check(&host(nll.mean()), &r.floats(&format!("loss.{s}")), "loss");
         // The carried state, [batch, S, d].
-        let c = state.block_recurrent.value.clone().expect("a written state");
+        let c = state
+            .block_recurrent
+            .value
+            .clone()
+            .expect("a written state");
         let want = r.floats(&format!("states.{s}"));
         check(&host(c.clone()), &want, &format!("state {s}"));
         d_state = d_state.max(report(&host(c), &want, &format!("state {s}")));
@@ -187,7 +195,11 @@ fn lucidrains_block_recurrent_options_each_change_the_function() {
             "no xPos",
             Box::new(|m| {
                 for l in &mut m.layers {
-                    l.attention.relative_mut().unwrap().positions.xpos_scale_base = None;
+                    l.attention
+                        .relative_mut()
+                        .unwrap()
+                        .positions
+                        .xpos_scale_base = None;
                 }
             }),
         ),
@@ -208,7 +220,10 @@ fn lucidrains_block_recurrent_options_each_change_the_function() {
         let mut other = model.clone();
         edit(&mut other);
         let d = max_abs_diff(&logits(&other), &want);
-        assert!(d > 1e-3, "{what}: the same logits without the option ({d:e})");
+        assert!(
+            d > 1e-3,
+            "{what}: the same logits without the option ({d:e})"
+        );
     }
 }
 
@@ -223,7 +238,9 @@ fn lucidrains_block_recurrent_refuses_what_it_cannot_express() {
     let edits: [(&str, Edit); 4] = [
         ("use_compressed_mem", |c| c.use_compressed_mem = true),
         ("max_seq_len", |c| c.max_seq_len = 6),
-        ("recurrent_layers", |c| c.recurrent_layers = Some(vec![2, 3])),
+        ("recurrent_layers", |c| {
+            c.recurrent_layers = Some(vec![2, 3])
+        }),
         ("read_recurrent_layers", |c| {
             c.read_recurrent_layers = Some(vec![1, 2])
         }),
@@ -239,7 +256,10 @@ fn lucidrains_block_recurrent_refuses_what_it_cannot_express() {
         serde_json::from_str(r#"{"num_tokens": 20, "dim": 16, "depth": 4}"#).unwrap();
     let d = defaults.xl_config().unwrap();
     let rec = d.block_recurrent.as_ref().unwrap();
-    assert_eq!((rec.layer, rec.read_layer, rec.bptt_segments, rec.state_len), (1, None, 2, 512));
+    assert_eq!(
+        (rec.layer, rec.read_layer, rec.bptt_segments, rec.state_len),
+        (1, None, 2, 512)
+    );
     // The stack's own refusals.
     let stack_err = |c: XlConfig| c.validate().unwrap_err().to_string();
     let mut bad = stack.clone();

@@ -448,7 +448,9 @@ fn rotary_attention_matches_naive() {
     let dev = flex();
     let rotary = PositionConfig::new().with_kind(PositionKind::Rotary);
     check_shapes(rotary.clone(), true, &dev);
-    let xpos = rotary.with_xpos_scale_base(Some(3.0)).with_rotary_theta(100.0);
+    let xpos = rotary
+        .with_xpos_scale_base(Some(3.0))
+        .with_rotary_theta(100.0);
     check_shapes(xpos.clone(), true, &dev);
     check_shapes(xpos.clone().with_rotary_width(Some(40)), true, &dev);
     check_shapes_with(xpos, true, 2, |c| c.with_qk_norm(Some(8.0)), &dev);

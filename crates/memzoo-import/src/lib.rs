@@ -19,7 +19,7 @@
 //!   layers, the mean of the two streams), optionally with the rotations of one pass; and back.
 //! - [`lucidrains_rmt`]: recurrent-memory-transformer-pytorch's `RecurrentMemoryTransformer`
 //!   (memory tokens, RMSNorm, GEGLU, a null key/value, value residuals), and back.
-//! - [`lucidrains_block_recurrent`]: block-recurrent-transformer-pytorch's
+//! - [`lucidrains_block_recurrent`], block-recurrent-transformer-pytorch's
 //!   `BlockRecurrentTransformer` (a recurrent state, rotary/xPos positions, qk-RMSNorm, a
 //!   key/value XL memory, GEGLU, bias-free LayerNorms), and back.
 //! - [`format`](mod@format): the one trait every peer implements ([`format::PeerFormat`]: its config

@@ -269,7 +269,10 @@ impl BlockRecurrentPeerConfig {
         let qk = xl.qk_norm.as_ref();
         mapping::expressible(
             &[
-                (rec.gate != GateKind::Fixed, "block_recurrent.gate = \"lstm\""),
+                (
+                    rec.gate != GateKind::Fixed,
+                    "block_recurrent.gate = \"lstm\"",
+                ),
                 (rec.state_ff, "block_recurrent.state_ff = true"),
                 (rec.memory_replay, "block_recurrent.memory_replay = true"),
                 (!xl.pre_ln, "pre_ln = false"),
@@ -490,7 +493,11 @@ impl PeerFormat for LucidrainsBlockRecurrent {
         Ok(cfg)
     }
 
-    fn stack(&self, config: &BlockRecurrentPeerConfig, _: &Located) -> Result<XlConfig, ImportError> {
+    fn stack(
+        &self,
+        config: &BlockRecurrentPeerConfig,
+        _: &Located,
+    ) -> Result<XlConfig, ImportError> {
         config.xl_config()
     }
 
@@ -503,21 +510,31 @@ impl PeerFormat for LucidrainsBlockRecurrent {
         device: &Device,
     ) -> Result<(), ImportError> {
         let InputEmbedding::Plain(emb) = &mut model.embedding else {
-            return Err(unsupported("the Block-Recurrent stack has a plain embedding"));
+            return Err(unsupported(
+                "the Block-Recurrent stack has a plain embedding",
+            ));
         };
         mapping::embedding(map, "token_emb.weight", emb, device)?;
         let rec = model
             .block_recurrent
             .as_mut()
             .ok_or_else(|| unsupported("the stack is not a Block-Recurrent Transformer"))?;
-        let (write, read) = (rec.config.layer, rec.config.read_layer.unwrap_or(rec.config.layer));
+        let (write, read) = (
+            rec.config.layer,
+            rec.config.read_layer.unwrap_or(rec.config.layer),
+        );
         for (l, layer) in model.layers.iter_mut().enumerate() {
             let p = format!("layers.{l}.0");
             let a = layer
                 .attention
                 .relative_mut()
                 .ok_or_else(|| unsupported("the Block-Recurrent stack's layers are rotary"))?;
-            take_norm(map, &format!("{p}.norm"), &mut layer.block.norm_attention, device)?;
+            take_norm(
+                map,
+                &format!("{p}.norm"),
+                &mut layer.block.norm_attention,
+                device,
+            )?;
             mapping::linear(map, &format!("{p}.to_q"), &mut a.query, false, device)?;
             mapping::linear(map, &format!("{p}.to_kv"), &mut a.key_value, false, device)?;
             // to_out reads [self-attention ; the state's read] in the reading layer.
@@ -544,7 +561,13 @@ impl PeerFormat for LucidrainsBlockRecurrent {
             let b = &mut layer.block;
             take_norm(map, &format!("layers.{l}.1.0"), &mut b.norm_ff, device)?;
             mapping::linear(map, &format!("layers.{l}.1.1"), &mut b.ff_in, false, device)?;
-            mapping::linear(map, &format!("layers.{l}.1.3"), &mut b.ff_out, false, device)?;
+            mapping::linear(
+                map,
+                &format!("layers.{l}.1.3"),
+                &mut b.ff_out,
+                false,
+                device,
+            )?;
         }
         let norm = model
             .final_norm
@@ -577,10 +600,28 @@ fn take_state(
     mapping::param(map, &n("init_state"), &mut rec.initial, device)?;
     mapping::param(map, &n("state_pos_ids"), &mut rec.state_ids, device)?;
     take_layer_norm(map, &n("state_norm"), &mut rec.state_norm, device)?;
-    mapping::linear(map, &n("q_to_state"), &mut rec.to_state_query, false, device)?;
-    mapping::linear(map, &n("q_from_state"), &mut rec.from_state_query, false, device)?;
+    mapping::linear(
+        map,
+        &n("q_to_state"),
+        &mut rec.to_state_query,
+        false,
+        device,
+    )?;
+    mapping::linear(
+        map,
+        &n("q_from_state"),
+        &mut rec.from_state_query,
+        false,
+        device,
+    )?;
     mapping::linear(map, &n("state_to_q"), &mut rec.state_query, false, device)?;
-    mapping::linear(map, &n("state_to_kv"), &mut rec.state_key_value, false, device)?;
+    mapping::linear(
+        map,
+        &n("state_to_kv"),
+        &mut rec.state_key_value,
+        false,
+        device,
+    )?;
     let name = n("to_state_out.weight");
     let (h, dh) = (rec.n_heads, rec.d_head);
     let d = rec.initial.dims()[1];
@@ -606,9 +647,24 @@ fn take_state(
         .as_mut()
         .ok_or_else(|| unsupported("the state's gate is fixed"))?;
     mapping::set(bias, beta.neg(), &name)?;
-    take_qk(map, &n("to_state_cross_attn"), rec.read_qk_norm.as_mut(), device)?;
-    take_qk(map, &n("state_self_attn"), rec.self_qk_norm.as_mut(), device)?;
-    take_qk(map, &n("from_state_cross_attn"), rec.cross_qk_norm.as_mut(), device)
+    take_qk(
+        map,
+        &n("to_state_cross_attn"),
+        rec.read_qk_norm.as_mut(),
+        device,
+    )?;
+    take_qk(
+        map,
+        &n("state_self_attn"),
+        rec.self_qk_norm.as_mut(),
+        device,
+    )?;
+    take_qk(
+        map,
+        &n("from_state_cross_attn"),
+        rec.cross_qk_norm.as_mut(),
+        device,
+    )
 }
 
 /// The model's values or gradients under the package's names (the inverse of the import).
@@ -620,10 +676,18 @@ pub fn block_recurrent_to_peer(model: &TransformerXl, src: Source<'_>) -> PeerTe
     let Some(rec) = &model.block_recurrent else {
         return out;
     };
-    let (write, read) = (rec.config.layer, rec.config.read_layer.unwrap_or(rec.config.layer));
+    let (write, read) = (
+        rec.config.layer,
+        rec.config.read_layer.unwrap_or(rec.config.layer),
+    );
     for (l, layer) in model.layers.iter().enumerate() {
         let p = format!("layers.{l}.0");
-        put_gain(&mut out, &format!("{p}.norm"), &layer.block.norm_attention.gamma, src);
+        put_gain(
+            &mut out,
+            &format!("{p}.norm"),
+            &layer.block.norm_attention.gamma,
+            src,
+        );
         if let Some(a) = layer.attention.relative() {
             mapping::put_linear(&mut out, &format!("{p}.to_q"), &a.query, src);
             mapping::put_linear(&mut out, &format!("{p}.to_kv"), &a.key_value, src);
@@ -634,7 +698,11 @@ pub fn block_recurrent_to_peer(model: &TransformerXl, src: Source<'_>) -> PeerTe
                     .map(|r| Tensor::cat(vec![own, r], 0)),
                 (_, own) => own,
             };
-            mapping::put(&mut out, format!("{p}.to_out.weight"), to_out.map(|w| w.transpose()));
+            mapping::put(
+                &mut out,
+                format!("{p}.to_out.weight"),
+                to_out.map(|w| w.transpose()),
+            );
             put_qk(&mut out, &format!("{p}.attn"), &a.qk_norm, src);
         }
         if l == write {
@@ -671,7 +739,12 @@ fn put_state(out: &mut PeerTensors, c: &str, rec: &BlockRecurrent, src: Source<'
         src.get(&rec.state_output.weight)
             .map(|w| select_rows(w, &rows).transpose()),
     );
-    mapping::put_linear(out, &n("state_out_to_gate"), &rec.attention_gate.candidate, src);
+    mapping::put_linear(
+        out,
+        &n("state_out_to_gate"),
+        &rec.attention_gate.candidate,
+        src,
+    );
     if let Some(b) = &rec.attention_gate.bias {
         mapping::put(out, n("learned_ema_beta"), src.get(b).map(|b| b.neg()));
     }

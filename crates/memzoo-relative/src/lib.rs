@@ -51,6 +51,6 @@ pub use error::RelativeError;
 pub use positions::{
     AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
 };
-pub use rotary::{QkNorm, RotaryTables, l2norm, rotate_half};
 pub use probe::{AttentionProbe, KeySplit, RetrievedProbe};
+pub use rotary::{QkNorm, RotaryTables, l2norm, rotate_half};
 pub use rows::linear_rows;

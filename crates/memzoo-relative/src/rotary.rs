@@ -63,7 +63,12 @@ impl QkNorm {
 /// # Shapes
 /// - `x`: `[..., d]` → the same
 pub fn l2norm<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    let norm = x.clone().powi_scalar(2).sum_dim(D - 1).sqrt().clamp_min(1e-12);
+    let norm = x
+        .clone()
+        .powi_scalar(2)
+        .sum_dim(D - 1)
+        .sqrt()
+        .clamp_min(1e-12);
     x / norm
 }
 

@@ -44,9 +44,12 @@
 //!
 //! **Peer** (lucidrains' `block-recurrent-transformer-pytorch` 0.4.4): its `StateContainer` is
 //! this state with `kv_heads = 1`, `state_ff = false` and the fixed gate (its learned EMA, `b_g
-//! = −β`), checked at 1e-4 (`tests/block_recurrent.rs`); its layers are not yet this stack's
-//! (rotary positions, qk-RMSNorm, GEGLU feed-forward, bias-free LayerNorms and projections):
-//! see `docs/import.md`.
+//! = −β`), checked at 1e-4 (`tests/block_recurrent.rs`); its whole model is this stack with
+//! `rotary` layers, `qk_norm`, a key/value XL memory, GEGLU, bias-free LayerNorms and
+//! `read_layer` (`memzoo import --from lucidrains-block-recurrent`, `docs/import.md`).
+//!
+//! With `compat.memory_keys_values`, the XL memory (the blocks' keys and values) stays in the
+//! graph for the `bptt_segments` blocks as the state does, and is detached with it.
 //!
 //! The gates follow the paper's equations (sec. 3.2); `state_ff = false` is its `:skip`
 //! configurations, and the fan-in initialisation of the state's projections
@@ -682,12 +685,14 @@ impl TransformerXl {
         for (l, layer) in self.layers.iter().enumerate() {
             // The layer's input, or its keys/values (`memory_keys_values`), in the graph
             // within an unroll (as the peer's memories within one forward).
-            inputs.push(match (self.memory_keys_values, keep_graph) {
-                (false, _) => Some(h.clone()),
-                (true, true) => layer.cache_entry_in_graph(h.clone()),
-                (true, false) => layer.cache_entry(h.clone()),
-            }
-            .ok_or_else(|| XlError::Input(format!("layer {l} caches no keys/values")))?);
+            inputs.push(
+                match (self.memory_keys_values, keep_graph) {
+                    (false, _) => Some(h.clone()),
+                    (true, true) => layer.cache_entry_in_graph(h.clone()),
+                    (true, false) => layer.cache_entry(h.clone()),
+                }
+                .ok_or_else(|| XlError::Input(format!("layer {l} caches no keys/values")))?,
+            );
             let store = match layer.attention {
                 LayerAttention::Knn(_) => Some(
                     stores
@@ -713,7 +718,12 @@ impl TransformerXl {
         drop(contexts);
         drop(stores);
         // A key/value memory stays in the graph within an unroll; layer inputs never do.
-        self.advance_with(state, &inputs, qlen, !(keep_graph && self.memory_keys_values));
+        self.advance_with(
+            state,
+            &inputs,
+            qlen,
+            !(keep_graph && self.memory_keys_values),
+        );
         state.block_recurrent.value = next.map(|c| if keep_graph { c } else { c.detach() });
         Ok(self.finish(h, opts))
     }
