@@ -86,7 +86,7 @@ pub struct RelativeAttentionConfig {
     /// Default: false.
     #[config(default = false)]
     pub value_gate: bool,
-    /// qk-RMSNorm with this fixed score scale (the peer's 8): queries and keys l2-normalised
+    /// qk-RMSNorm with this fixed score scale: queries and keys l2-normalised
     /// per head and scaled by learned gains before the positions, the scores `s q̂·k̂` (see
     /// [`crate::rotary`]). Rotary or absolute positions only. Default: none.
     #[config(default = "None")]

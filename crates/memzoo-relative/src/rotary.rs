@@ -18,7 +18,8 @@
 //! **qk-RMSNorm** (the peer's `qk_rmsnorm`; ViT-22B's qk-normalisation): queries and keys are
 //! l2-normalised per head, `q̂ = q / max(‖q‖, 1e-12) ⊙ g_q`, `k̂ = k / max(‖k‖, 1e-12) ⊙ g_k`
 //! (learned gains `g_q`, `g_k` of `d_head`, starting at 1), before the rotation, and the
-//! scores are `s q̂·k̂` with a fixed scale `s` (the peer's 8) instead of `1 / sqrt(d_head)`.
+//! scores are `s q̂·k̂` with a fixed scale `s` (ViT-22B's learned-temperature-free form; the
+//! peer's 0.4.4 computes `s = 1 / sqrt(d_head)`).
 
 use burn::module::{Module, Param};
 use burn::nn::Initializer;

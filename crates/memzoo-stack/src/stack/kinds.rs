@@ -225,7 +225,9 @@ pub struct QkNormConfig {
     /// peer's default). Default: false.
     #[config(default = false)]
     pub all_layers: bool,
-    /// The fixed scale `s` of the scores (the peer's `qk_rmsnorm_scale`). Default: 8.
+    /// The fixed scale `s` of the scores. Default: 8 (the peer's `qk_rmsnorm_scale`, which
+    /// its 0.4.4 stores but never applies: its import sets `1 / sqrt(d_head)`, what it
+    /// computes).
     #[config(default = 8.0)]
     pub scale: f64,
 }
