@@ -673,7 +673,9 @@ fn rmt_layer_options_refuse_invalid_combinations() {
         (
             stack(PeerCompat::new())
                 .with_ff_activation(Activation::Geglu)
-                .with_block_recurrent(Some(memzoo_stack::BlockRecurrentConfig::new())),
+                .with_block_recurrent(Some(
+                    memzoo_stack::BlockRecurrentConfig::new().with_state_ff(true),
+                )),
             "geglu",
         ),
     ];

@@ -16,6 +16,7 @@ mod import_compressive;
 mod import_family;
 mod import_labml;
 mod import_lucidrains;
+mod import_lucidrains_block_recurrent;
 mod import_lucidrains_reformer;
 mod import_lucidrains_rmt;
 mod import_reformer;

@@ -203,7 +203,29 @@ fn naive_attention(
                             scale * dot(&qi, &kj) + beta
                         }
                         // Vaswani et al. (2017): q·k / sqrt(d_head), no term per distance.
-                        PositionKind::Absolute => scale * dot(&qi, &kj),
+                        PositionKind::Absolute => match &att.qk_norm {
+                            Some(n) => {
+                                let (qn, kn) = naive_qk_norm(&qi, &kj, n);
+                                n.scale * dot(&qn, &kn)
+                            }
+                            None => scale * dot(&qi, &kj),
+                        },
+                        // Keys at positions width - klen + j, queries at the last qlen.
+                        PositionKind::Rotary => {
+                            let (qn, kn, s) = match &att.qk_norm {
+                                Some(n) => {
+                                    let (qn, kn) = naive_qk_norm(&qi, &kj, n);
+                                    (qn, kn, n.scale)
+                                }
+                                None => (qi.clone(), kj.clone(), scale),
+                            };
+                            let width = pos.rotary_width.unwrap_or(klen) as f64;
+                            let start = width - klen as f64;
+                            let centre = (width as usize / 2) as f64;
+                            let rq = naive_rotary(&qn, start + (mlen + i) as f64, centre, pos, 1.0);
+                            let rk = naive_rotary(&kn, start + j as f64, centre, pos, -1.0);
+                            s * dot(&rq, &rk)
+                        }
                     };
                     scores.push(Some(s));
                 }
@@ -389,6 +411,56 @@ fn xl_attention_matches_naive() {
         check_shapes(PositionConfig::new(), own_biases, &dev);
     }
     check_shapes(PositionConfig::new().with_clamp_len(Some(2)), true, &dev);
+}
+
+/// `x` at position `t` rotated in the planes `(c, c + d/2)` by `t θ_c`, `θ_c =
+/// b^(−2c/d)`, then scaled by `ζ_c^(sign (t − centre)/γ)` (xPos), from the papers' formulas.
+fn naive_rotary(x: &[f64], t: f64, centre: f64, pos: &PositionConfig, sign: f64) -> Vec<f64> {
+    let d = x.len();
+    let half = d / 2;
+    let mut out = vec![0.0; d];
+    for c in 0..half {
+        let theta = pos.rotary_theta.powf(-2.0 * c as f64 / d as f64);
+        let (sin, cos) = (t * theta).sin_cos();
+        let zeta = (2.0 * c as f64 + 0.4 * d as f64) / (1.4 * d as f64);
+        let s = pos
+            .xpos_scale_base
+            .map_or(1.0, |g| zeta.powf(sign * (t - centre) / g));
+        out[c] = (x[c] * cos - x[c + half] * sin) * s;
+        out[c + half] = (x[c + half] * cos + x[c] * sin) * s;
+    }
+    out
+}
+
+/// qk-RMSNorm's `q / ‖q‖ g_q`, `k / ‖k‖ g_k`.
+fn naive_qk_norm(q: &[f64], k: &[f64], n: &memzoo_relative::QkNorm) -> (Vec<f64>, Vec<f64>) {
+    let unit = |x: &[f64], g: Vec<f32>| {
+        let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-12);
+        x.iter().zip(g).map(|(v, g)| v / norm * g as f64).collect()
+    };
+    (unit(q, host(n.query.val())), unit(k, host(n.key.val())))
+}
+
+/// Rotary positions (plain, with xPos, with a wider position range, with qk-RMSNorm and
+/// learned gains) against the papers' formulas.
+#[test]
+fn rotary_attention_matches_naive() {
+    let dev = flex();
+    let rotary = PositionConfig::new().with_kind(PositionKind::Rotary);
+    check_shapes(rotary.clone(), true, &dev);
+    let xpos = rotary
+        .with_xpos_scale_base(Some(3.0))
+        .with_rotary_theta(100.0);
+    check_shapes(xpos.clone(), true, &dev);
+    check_shapes(xpos.clone().with_rotary_width(Some(40)), true, &dev);
+    check_shapes_with(xpos, true, 2, |c| c.with_qk_norm(Some(8.0)), &dev);
+    // qk-RMSNorm needs rotary or absolute positions.
+    let err = RelativeAttentionConfig::new(8, 2, 4)
+        .with_qk_norm(Some(8.0))
+        .init(&dev)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("qk_norm"), "{err}");
 }
 
 #[test]

@@ -69,7 +69,7 @@ pub fn forward_flops_per_token(config: &XlConfig, tgt_len: usize, batch: usize) 
                 dense + scores_values + 2.0 * h * e * l + 2.0 * d * h * e * l / (t * b)
             }
             LayerKind::Learned => dense + scores_values + 2.0 * h * e * l,
-            LayerKind::T5 | LayerKind::Absolute => dense + scores_values,
+            LayerKind::T5 | LayerKind::Absolute | LayerKind::Rotary => dense + scores_values,
             LayerKind::Knn => {
                 let k = config.knn.top_k as f64;
                 dense + scores_values + 2.0 * h * e * k + 2.0 * h * e * k

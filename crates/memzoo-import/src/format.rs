@@ -223,6 +223,7 @@ pub static FORMATS: &[&dyn Format] = &[
     &crate::lucidrains_reformer::LucidrainsReformer,
     &crate::lucidrains_compressive::LucidrainsCompressive,
     &crate::lucidrains_rmt::LucidrainsRmt,
+    &crate::lucidrains_block_recurrent::LucidrainsBlockRecurrent,
 ];
 
 /// The names of [`FORMATS`].

@@ -19,6 +19,9 @@
 //!   layers, the mean of the two streams), optionally with the rotations of one pass; and back.
 //! - [`lucidrains_rmt`]: recurrent-memory-transformer-pytorch's `RecurrentMemoryTransformer`
 //!   (memory tokens, RMSNorm, GEGLU, a null key/value, value residuals), and back.
+//! - [`lucidrains_block_recurrent`], block-recurrent-transformer-pytorch's
+//!   `BlockRecurrentTransformer` (a recurrent state, rotary/xPos positions, qk-RMSNorm, a
+//!   key/value XL memory, GEGLU, bias-free LayerNorms), and back.
 //! - [`format`](mod@format): the one trait every peer implements ([`format::PeerFormat`]: its config
 //!   into a stack config, its tensors in, and back out), and the registry of formats by the
 //!   name `memzoo import --from` and `memzoo export --to` take ([`format::format`]).
@@ -52,6 +55,7 @@ pub mod hf_transfo_xl;
 #[cfg(feature = "hub")]
 pub mod hub;
 pub mod labml_xl;
+pub mod lucidrains_block_recurrent;
 pub mod lucidrains_compressive;
 pub mod lucidrains_memorizing;
 pub mod lucidrains_reformer;
@@ -64,6 +68,7 @@ pub use format::{FORMATS, Format, PeerFormat, format};
 pub use hf_reformer::HfReformerConfig;
 pub use hf_transfo_xl::HfTransfoXlConfig;
 pub use labml_xl::LabmlXlConfig;
+pub use lucidrains_block_recurrent::BlockRecurrentPeerConfig;
 pub use lucidrains_compressive::CompressivePeerConfig;
 pub use lucidrains_memorizing::MemorizingPeerConfig;
 pub use lucidrains_rmt::RmtPeerConfig;

@@ -300,12 +300,24 @@ pub fn expressible(checks: &[(bool, &str)], peer: &str) -> Result<(), ImportErro
     }
 }
 
-/// The layer options of recurrent-memory-transformer-pytorch, which no other peer has, as
-/// checks for [`expressible`]: hyper-connections, RMSNorm, GEGLU, bias-free feed-forward, a
-/// null key/value, value residuals, learned absolute positions, a scaled embedding gradient.
-pub fn rmt_layer_checks(xl: &XlConfig) -> [(bool, &'static str); 8] {
+/// The layer options of recurrent-memory-transformer-pytorch and
+/// block-recurrent-transformer-pytorch, which no other peer has, as checks for
+/// [`expressible`]: hyper-connections, RMSNorm, GEGLU, bias-free feed-forward, a null
+/// key/value, value residuals, learned absolute positions, a scaled embedding gradient, rotary
+/// positions, qk-RMSNorm, bias-free LayerNorms, a bias-free output.
+pub fn rmt_layer_checks(xl: &XlConfig) -> [(bool, &'static str); 12] {
     let c = &xl.compat;
     [
+        (
+            xl.layer_kinds().contains(&memzoo_stack::LayerKind::Rotary),
+            "rotary layers",
+        ),
+        (xl.qk_norm.is_some(), "qk_norm"),
+        (!c.norm_bias, "compat.norm_bias = false"),
+        (
+            !c.output_bias && !xl.tie_weights && !xl.is_adaptive(),
+            "compat.output_bias = false",
+        ),
         (
             xl.residual_streams > 1,
             "residual_streams above 1 (hyper-connections)",

@@ -11,6 +11,7 @@ use memzoo_reformer::rng::{dropout_mask, mix};
 
 use crate::error::RelativeError;
 use crate::positions::{PositionConfig, PositionIndex, PositionKind, RelativeContext, sinusoid};
+use crate::rotary::{QkNorm, RotaryTables};
 use crate::rows::linear_rows;
 use crate::shift::relative_shift;
 
@@ -85,6 +86,11 @@ pub struct RelativeAttentionConfig {
     /// Default: false.
     #[config(default = false)]
     pub value_gate: bool,
+    /// qk-RMSNorm with this fixed score scale: queries and keys l2-normalised
+    /// per head and scaled by learned gains before the positions, the scores `s q̂·k̂` (see
+    /// [`crate::rotary`]). Rotary or absolute positions only. Default: none.
+    #[config(default = "None")]
+    pub qk_norm: Option<f64>,
     /// Initialiser of every weight. Default: normal(0, 0.02), as Transformer-XL.
     #[config(default = "Initializer::Normal { mean: 0.0, std: 0.02 }")]
     pub initializer: Initializer,
@@ -178,6 +184,8 @@ pub enum PositionParams {
     T5(T5PositionParams),
     /// Absolute positions: no parameters in the layer.
     Absolute(AbsolutePositionParams),
+    /// Rotary positions (with xPos): no parameters (the rotation is fixed).
+    Rotary(AbsolutePositionParams),
 }
 
 /// The extra parameters of a peer's attention ([`RelativeAttentionConfig::null_key_value`],
@@ -226,6 +234,8 @@ pub struct RelativeMultiHeadAttention {
     pub scheme: PositionParams,
     /// A null key/value and a value gate (`None`: neither).
     pub peer: Option<PeerAttentionParams>,
+    /// qk-RMSNorm's gains and scale ([`RelativeAttentionConfig::qk_norm`]; `None`: none).
+    pub qk_norm: Option<QkNorm>,
     /// Dropout on the output.
     pub dropout: Dropout,
     /// Dropout on the attention probabilities.
@@ -294,6 +304,25 @@ impl RelativeAttentionConfig {
                 self.positions.kind, self.n_heads
             ));
         }
+        if let Some(scale) = self.qk_norm
+            && (!scale.is_finite()
+                || !matches!(
+                    self.positions.kind,
+                    PositionKind::Rotary | PositionKind::Absolute
+                ))
+        {
+            return bad(format!(
+                "qk_norm = {scale} needs a finite scale and rotary or absolute positions, got \
+                 {:?} positions",
+                self.positions.kind
+            ));
+        }
+        if self.positions.kind == PositionKind::Rotary && !self.d_head.is_multiple_of(2) {
+            return bad(format!(
+                "rotary positions rotate pairs of dimensions: d_head must be even, got {}",
+                self.d_head
+            ));
+        }
         for (name, p) in [("dropout", self.dropout), ("dropatt", self.dropatt)] {
             if !(0.0..1.0).contains(&p) {
                 return bad(format!("{name} must be in [0, 1), got {p}"));
@@ -347,6 +376,7 @@ impl RelativeAttentionConfig {
                 bias: init.init([table, h], device),
             }),
             PositionKind::Absolute => PositionParams::Absolute(AbsolutePositionParams { heads: h }),
+            PositionKind::Rotary => PositionParams::Rotary(AbsolutePositionParams { heads: h }),
         };
         let peer = (self.null_key_value || self.value_gate).then(|| PeerAttentionParams {
             null_kv: self.null_key_value.then(|| init.init([2, h, dh], device)),
@@ -359,6 +389,7 @@ impl RelativeAttentionConfig {
             value_bias,
             scheme,
             peer,
+            qk_norm: self.qk_norm.map(|scale| QkNorm::new(dh, scale, device)),
             dropout: DropoutConfig::new(self.dropout).init(),
             dropatt: DropoutConfig::new(self.dropatt).init(),
             positions: self.positions.clone(),
@@ -641,6 +672,21 @@ impl RelativeMultiHeadAttention {
         Self::pack_entry(k, v)
     }
 
+    /// [`cache_entry`](Self::cache_entry) in the graph: the gradient of what reads the entry
+    /// reaches `h` and the projections (a Block-Recurrent stack's memory within an unroll,
+    /// as block-recurrent-transformer-pytorch keeps its memories within one forward).
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, 2 n_kv_heads d_head]`
+    pub fn cache_entry_in_graph(&self, h: Tensor<3>) -> Tensor<3> {
+        let (k, v) = self.kv_heads_of(h, false);
+        let [b, len, hk, dh] = k.dims();
+        Tensor::cat(
+            vec![k.reshape([b, len, hk * dh]), v.reshape([b, len, hk * dh])],
+            2,
+        )
+    }
+
     /// `[k; v]` of `[batch, len, n_kv_heads, d_head]` each as one cache entry, detached.
     pub fn pack_entry(k: Tensor<4>, v: Tensor<4>) -> Tensor<3> {
         let [b, len, hk, dh] = k.dims();
@@ -827,7 +873,7 @@ impl RelativeMultiHeadAttention {
         let klen = k.dims()[2];
         let scale = 1.0 / (dh as f32).sqrt();
         let per_head = |p: &Param<Tensor<2>>| p.val().reshape([1, h, 1, dh]);
-        let kt = k.transpose();
+        let kt = k.clone().transpose();
         let mismatch = || {
             RelativeError::Input(format!(
                 "the context was built for {:?} positions, the layer uses {:?}",
@@ -888,8 +934,34 @@ impl RelativeMultiHeadAttention {
                 Ok(q.mul_scalar(scale).matmul(kt) + beta)
             }
             (PositionParams::Absolute(_), PositionIndex::Absolute) => {
-                // Vaswani et al. (2017), eq. 1: QK^T / sqrt(d_k).
-                Ok(q.mul_scalar(scale).matmul(kt))
+                // Vaswani et al. (2017), eq. 1: QK^T / sqrt(d_k); with qk-RMSNorm s q̂·k̂.
+                let Some(norm) = &self.qk_norm else {
+                    return Ok(q.mul_scalar(scale).matmul(kt));
+                };
+                let (q, k) = norm.normalise(q, k);
+                Ok(q.mul_scalar(norm.scale).matmul(k.transpose()))
+            }
+            (PositionParams::Rotary(_), PositionIndex::Rotary) => {
+                // s rot(q̂_i, i + mlen)·rot(k̂_j, j) (crate::rotary): q̂, k̂ normalised with
+                // qk-RMSNorm (s its scale), else q, k (s = 1/sqrt(d_head)).
+                let (q, k, s) = match &self.qk_norm {
+                    Some(norm) => {
+                        let (q, k) = norm.normalise(q, k);
+                        (q, k, norm.scale as f32)
+                    }
+                    None => (q, k, scale),
+                };
+                let p = &self.positions;
+                let tables = RotaryTables::new(
+                    dh,
+                    klen,
+                    p.rotary_width,
+                    p.rotary_theta,
+                    p.xpos_scale_base,
+                    &q.device(),
+                );
+                let (q, k) = tables.apply(q, k);
+                Ok(q.mul_scalar(s).matmul(k.transpose()))
             }
             _ => Err(mismatch()),
         }

@@ -38,6 +38,7 @@ pub mod error;
 pub mod fused;
 pub mod positions;
 pub mod probe;
+pub mod rotary;
 pub mod rows;
 pub mod shift;
 
@@ -51,4 +52,5 @@ pub use positions::{
     AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
 };
 pub use probe::{AttentionProbe, KeySplit, RetrievedProbe};
+pub use rotary::{QkNorm, RotaryTables, l2norm, rotate_half};
 pub use rows::linear_rows;

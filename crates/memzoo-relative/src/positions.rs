@@ -27,6 +27,11 @@ pub enum PositionKind {
     /// positions of one segment. This is the vanilla Transformer of Al-Rfou et al. (2018),
     /// the baseline of the Transformer-XL paper: it cannot carry a memory (`mem_len = 0`).
     Absolute,
+    /// Rotary positions (Su et al. 2021), with xPos scaling (Sun et al. 2022) when
+    /// `xpos_scale_base` is set: queries and keys are rotated by their positions, so `s
+    /// rot(q_i)·rot(k_j)` depends on `i + mlen − j` alone (see [`crate::rotary`];
+    /// block-recurrent-transformer-pytorch's layers). No parameters.
+    Rotary,
 }
 
 impl std::str::FromStr for PositionKind {
@@ -37,8 +42,9 @@ impl std::str::FromStr for PositionKind {
             "learned" => Ok(PositionKind::Learned),
             "t5" => Ok(PositionKind::T5),
             "absolute" => Ok(PositionKind::Absolute),
+            "rotary" => Ok(PositionKind::Rotary),
             other => Err(format!(
-                "unknown position scheme `{other}`: expected xl, learned, t5 or absolute"
+                "unknown position scheme `{other}`: expected xl, learned, t5, absolute or rotary"
             )),
         }
     }
@@ -80,6 +86,19 @@ pub struct PositionConfig {
     /// gradient reaches them, so a fine-tuned import still exports). Default: true.
     #[config(default = true)]
     pub learned_biases: bool,
+    /// Rotary only: the frequency base `b`, `θ_k = b^(−2k / d_head)`. Default: 10000.
+    #[config(default = 10000.0)]
+    pub rotary_theta: f64,
+    /// Rotary only: xPos's scale base `γ` (the peer's `scale_base`, 512); `None`: plain
+    /// rotary positions, no xPos scaling. Default: none.
+    #[config(default = "None")]
+    pub xpos_scale_base: Option<f64>,
+    /// Rotary only: the keys sit at positions `width − klen .. width` and the xPos exponent is
+    /// centred at `width / 2` (block-recurrent-transformer-pytorch: `2 × block_width`); the
+    /// same relative positions whatever it is, it only fixes where the float rounding
+    /// happens. `None`: `klen`. Default: none.
+    #[config(default = "None")]
+    pub rotary_width: Option<usize>,
 }
 
 impl Default for PositionConfig {
@@ -92,6 +111,19 @@ impl PositionConfig {
     /// Checks the scheme's own fields; `d_model` is the attention width.
     pub fn validate(&self, d_model: usize) -> Result<(), String> {
         match self.kind {
+            PositionKind::Rotary => {
+                if !(self.rotary_theta.is_finite() && self.rotary_theta > 0.0) {
+                    return Err(format!(
+                        "rotary_theta must be positive, got {}",
+                        self.rotary_theta
+                    ));
+                }
+                if let Some(g) = self.xpos_scale_base
+                    && !(g.is_finite() && g > 0.0)
+                {
+                    return Err(format!("xpos_scale_base must be positive, got {g}"));
+                }
+            }
             PositionKind::Absolute => {
                 if !d_model.is_multiple_of(2) {
                     return Err(format!(
@@ -153,7 +185,7 @@ impl PositionConfig {
     /// Size of the per-distance parameter table (learned: `2 max_distance + 1`, T5: buckets).
     pub fn table_len(&self) -> usize {
         match self.kind {
-            PositionKind::Xl | PositionKind::Absolute => 0,
+            PositionKind::Xl | PositionKind::Absolute | PositionKind::Rotary => 0,
             PositionKind::Learned => 2 * self.max_distance + 1,
             PositionKind::T5 => self.num_buckets,
         }
@@ -162,7 +194,7 @@ impl PositionConfig {
     /// Row of the parameter table used for distance `d = query position - key position`.
     pub fn table_index(&self, d: i64) -> usize {
         match self.kind {
-            PositionKind::Xl | PositionKind::Absolute => 0,
+            PositionKind::Xl | PositionKind::Absolute | PositionKind::Rotary => 0,
             PositionKind::Learned => {
                 let m = self.max_distance as i64;
                 (d.clamp(-m, m) + m) as usize
@@ -322,6 +354,8 @@ impl RelativeContext {
         let distances = (0..w).map(|c| distance_of_column(c, klen));
         let index = match positions.kind {
             PositionKind::Absolute => PositionIndex::Absolute,
+            // Each layer rotates its own heads (`crate::rotary::RotaryTables`).
+            PositionKind::Rotary => PositionIndex::Rotary,
             PositionKind::Xl => {
                 let mut data = Vec::with_capacity(w * d_model);
                 for d in distances {
@@ -466,6 +500,8 @@ pub enum PositionIndex {
     T5(Tensor<1, Int>),
     /// Absolute: nothing per distance (the positions were added to the embeddings).
     Absolute,
+    /// Rotary: nothing shared (each layer builds its tables of `d_head` from `qlen`, `mlen`).
+    Rotary,
 }
 
 impl PositionIndex {
@@ -476,6 +512,7 @@ impl PositionIndex {
             PositionIndex::Learned(_) => PositionKind::Learned,
             PositionIndex::T5(_) => PositionKind::T5,
             PositionIndex::Absolute => PositionKind::Absolute,
+            PositionIndex::Rotary => PositionKind::Rotary,
         }
     }
 }

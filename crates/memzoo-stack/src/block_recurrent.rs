@@ -44,9 +44,12 @@
 //!
 //! **Peer** (lucidrains' `block-recurrent-transformer-pytorch` 0.4.4): its `StateContainer` is
 //! this state with `kv_heads = 1`, `state_ff = false` and the fixed gate (its learned EMA, `b_g
-//! = −β`), checked at 1e-4 (`tests/block_recurrent.rs`); its layers are not yet this stack's
-//! (rotary positions, qk-RMSNorm, GEGLU feed-forward, bias-free LayerNorms and projections):
-//! see `docs/import.md`.
+//! = −β`), checked at 1e-4 (`tests/block_recurrent.rs`); its whole model is this stack with
+//! `rotary` layers, `qk_norm`, a key/value XL memory, GEGLU, bias-free LayerNorms and
+//! `read_layer` (`memzoo import --from lucidrains-block-recurrent`, `docs/import.md`).
+//!
+//! With `compat.memory_keys_values`, the XL memory (the blocks' keys and values) stays in the
+//! graph for the `bptt_segments` blocks as the state does, and is detached with it.
 //!
 //! The gates follow the paper's equations (sec. 3.2); `state_ff = false` is its `:skip`
 //! configurations, and the fan-in initialisation of the state's projections
@@ -58,7 +61,7 @@ use burn::nn::{Initializer, LayerNorm, Linear};
 use burn::tensor::activation::{sigmoid, softmax, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_reformer::ForwardOptions;
-use memzoo_relative::linear_rows;
+use memzoo_relative::{QkNorm, linear_rows};
 use serde::{Deserialize, Serialize};
 
 use crate::error::XlError;
@@ -111,6 +114,16 @@ pub struct BlockRecurrentConfig {
     /// of one block. Default: false.
     #[config(default = false)]
     pub memory_replay: bool,
+    /// Index (from 0) of the layer whose tokens read the state (the vertical
+    /// cross-attention), at or below the recurrent `layer`, which writes it from its own keys
+    /// and values (block-recurrent-transformer-pytorch's `read_recurrent_layers`): the state
+    /// a block reads is still `c_τ`, read before it is written. `None`: `layer` (the paper's).
+    /// Default: none.
+    #[config(default = "None")]
+    pub read_layer: Option<usize>,
+    /// Standard deviation of `c_0`'s normal initialiser (the peer's 0.1). Default: 1.
+    #[config(default = 1.0)]
+    pub initial_std: f64,
 }
 
 /// One gate of the state (see [`GateKind`]); `h` is the update, `c` the state it replaces.
@@ -153,7 +166,7 @@ pub struct StateFeedForward {
 ///   `state_key_value`: `d_model → 2 kv_heads d_head`; `state_output`: `2 heads d_head → d_model`
 #[derive(Module, Debug)]
 pub struct BlockRecurrent {
-    /// `c_0`, the state of a first block, `N(0, 1)`.
+    /// `c_0`, the state of a first block, `N(0, initial_std)`.
     pub initial: Param<Tensor<2>>,
     /// `P`, the learned state IDs added to the normalised state, `N(0, 1)` (they are added
     /// after a LayerNorm; the peer's scale).
@@ -175,6 +188,13 @@ pub struct BlockRecurrent {
     pub state_output: Linear,
     /// The first gate (after the attention).
     pub attention_gate: StateGate,
+    /// qk-RMSNorm of the tokens' read of the state (`W_qx x` against `K_c`; see
+    /// [`QkNormConfig`](crate::QkNormConfig)), where the recurrent layer has it.
+    pub read_qk_norm: Option<QkNorm>,
+    /// qk-RMSNorm of the state's attention to itself.
+    pub self_qk_norm: Option<QkNorm>,
+    /// qk-RMSNorm of the state's attention to the block's tokens.
+    pub cross_qk_norm: Option<QkNorm>,
     /// The state's feed-forward and second gate (`state_ff`).
     pub ff: Option<StateFeedForward>,
     /// Heads.
@@ -238,8 +258,35 @@ impl BlockRecurrentConfig {
                  {k:?} is not one"
             ));
         }
-        if stack.compat.memory_keys_values {
-            return bad("block_recurrent does not support compat.memory_keys_values = true".into());
+        if stack.compat.memory_keys_values && self.memory_replay {
+            return bad(
+                "block_recurrent.memory_replay = true is not supported with \
+                 compat.memory_keys_values = true (the key/value memory stays in the graph \
+                 across the unrolled blocks, which a replay does not restore)"
+                    .into(),
+            );
+        }
+        if let Some(r) = self.read_layer
+            && r > self.layer
+        {
+            return bad(format!(
+                "block_recurrent.read_layer ({r}) must be at or below block_recurrent.layer \
+                 ({}): the state is read before it is written",
+                self.layer
+            ));
+        }
+        if !(self.initial_std.is_finite() && self.initial_std > 0.0) {
+            return bad(format!(
+                "block_recurrent.initial_std must be positive, got {}",
+                self.initial_std
+            ));
+        }
+        if self.state_ff && stack.ff_activation == Activation::Geglu {
+            return bad(
+                "ff_activation = \"geglu\" is not supported with block_recurrent.state_ff = \
+                 true (the state's feed-forward is one layer wide): use relu or gelu"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -276,6 +323,16 @@ impl BlockRecurrentConfig {
             mean: 0.0,
             std: 1.0,
         };
+        let initial = Initializer::Normal {
+            mean: 0.0,
+            std: self.initial_std,
+        };
+        // qk-RMSNorm in the state's three attentions where the recurrent layer has it.
+        let qk = || {
+            stack
+                .qk_norm_scale(self.layer)
+                .map(|s| QkNorm::new(stack.head_width(), s, device))
+        };
         let gate = || StateGate {
             candidate: scaled(d, d, true),
             bias: (self.gate == GateKind::Fixed).then(|| Initializer::Zeros.init([d], device)),
@@ -283,7 +340,7 @@ impl BlockRecurrentConfig {
             forget: (self.gate == GateKind::Lstm).then(|| scaled(d, d, true)),
         };
         BlockRecurrent {
-            initial: unit.init([self.state_len, d], device),
+            initial: initial.init([self.state_len, d], device),
             state_ids: unit.init([self.state_len, d], device),
             state_norm: stack.init_norm(device),
             to_state_query: plain(d, hd),
@@ -293,6 +350,9 @@ impl BlockRecurrentConfig {
             state_key_value: scaled(d, 2 * n_kv_heads * stack.head_width(), false),
             state_output: scaled(2 * hd, d, false),
             attention_gate: gate(),
+            read_qk_norm: qk(),
+            self_qk_norm: qk(),
+            cross_qk_norm: qk(),
             ff: self.state_ff.then(|| StateFeedForward {
                 norm: stack.init_norm(device),
                 ff_in: scaled(d, stack.d_inner, true),
@@ -349,15 +409,37 @@ impl StateFeedForward {
     }
 }
 
-/// `softmax(q kᵀ / sqrt(d_head)) v` per head, no mask.
+/// `softmax(q kᵀ / sqrt(d_head)) v` per head, no mask; with qk-RMSNorm `softmax(s q̂ k̂ᵀ) v`
+/// (`memzoo_relative::rotary`).
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, n, d_head]`, `k`, `v`: `[batch, heads, m, d_head]` →
 ///   `[batch, heads, n, d_head]`
-fn attend(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
-    let dh = q.dims()[3] as f64;
-    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(1.0 / dh.sqrt());
+fn attend(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, norm: Option<&QkNorm>) -> Tensor<4> {
+    let (q, k, s) = match norm {
+        Some(n) => {
+            let (q, k) = n.normalise(q, k);
+            (q, k, n.scale)
+        }
+        None => {
+            let dh = k.dims()[3] as f64;
+            (q, k, 1.0 / dh.sqrt())
+        }
+    };
+    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(s);
     softmax(scores, 3).matmul(v)
+}
+
+/// What a block's read of the state leaves for its write: `ĉ = LN_s(c) + P` and `K_c`, `V_c`
+/// (`[batch, S, d_model]`, `[batch, heads, S, d_head]` each).
+#[derive(Debug, Clone)]
+pub struct StateRead {
+    /// `ĉ`.
+    pub normed: Tensor<3>,
+    /// `K_c`.
+    pub keys: Tensor<4>,
+    /// `V_c`.
+    pub values: Tensor<4>,
 }
 
 impl BlockRecurrent {
@@ -422,9 +504,74 @@ impl BlockRecurrent {
         }
     }
 
-    /// One recurrent step of the block: what the tokens read from the state (the vertical
-    /// cross-attention, projected: add it to the layer's self-attention output) and the next
-    /// state `c_{τ+1}` (see the module docs for the equations).
+    /// `ĉ = LN_s(c) + P` and `K_c, V_c = W^c_kv ĉ`: what the block's read and write share.
+    ///
+    /// # Shapes
+    /// - `c`: `[batch, S, d_model]`
+    pub fn prepare(&self, c: Tensor<3>) -> StateRead {
+        let hkd = self.n_kv_heads * self.d_head;
+        // ĉ = LN_s(c) + P
+        let normed = self.state_norm.forward(c) + self.state_ids.val().unsqueeze_dim(0);
+        // K_c, V_c = W^c_kv ĉ
+        let kv = linear_rows(&self.state_key_value, normed.clone());
+        StateRead {
+            keys: self.kv_heads(kv.clone().narrow(2, 0, hkd)),
+            values: self.kv_heads(kv.narrow(2, hkd, hkd)),
+            normed,
+        }
+    }
+
+    /// The tokens' read of the state (vertical): `W_o^cross Attn(W_qx x, K_c, V_c)`, to add to
+    /// the reading layer's self-attention output.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, n, d_model]` (the block as the reading layer's attention reads it) →
+    ///   `[batch, n, d_model]`
+    pub fn read(&self, x: Tensor<3>, state: &StateRead) -> Tensor<3> {
+        let q = self.heads(linear_rows(&self.to_state_query, x));
+        let read = attend(
+            q,
+            state.keys.clone(),
+            state.values.clone(),
+            self.read_qk_norm.as_ref(),
+        );
+        linear_rows(&self.to_state_output, self.merge(read))
+    }
+
+    /// The next state `c_{τ+1}` (horizontal): `h_c = W^c_o [Attn(W_qc ĉ, K_c, V_c) ;
+    /// Attn(W_qcx ĉ, K_x, V_x)]`, `c' = gate_1(c, h_c)`, `c_{τ+1} = gate_2(c', MLP(LN(c')))`
+    /// with `state_ff`, else `c'`.
+    ///
+    /// # Shapes
+    /// - `kx`, `vx`: the recurrent layer's keys and values of the block, `[batch, n, heads,
+    ///   d_head]`; `c`: `[batch, S, d_model]` → `[batch, S, d_model]`
+    pub fn write(&self, kx: Tensor<4>, vx: Tensor<4>, c: Tensor<3>, state: StateRead) -> Tensor<3> {
+        let own = attend(
+            self.heads(linear_rows(&self.state_query, state.normed.clone())),
+            state.keys,
+            state.values,
+            self.self_qk_norm.as_ref(),
+        );
+        let cross = attend(
+            self.heads(linear_rows(&self.from_state_query, state.normed)),
+            kx.swap_dims(1, 2),
+            vx.swap_dims(1, 2),
+            self.cross_qk_norm.as_ref(),
+        );
+        let h = linear_rows(
+            &self.state_output,
+            Tensor::cat(vec![self.merge(own), self.merge(cross)], 2),
+        );
+        let next = self.attention_gate.forward(c, h);
+        match &self.ff {
+            Some(ff) => ff.forward(next),
+            None => next,
+        }
+    }
+
+    /// One recurrent step of the block, read and write at the same layer: what the tokens
+    /// read from the state ([`read`](Self::read)) and the next state
+    /// ([`write`](Self::write)).
     ///
     /// # Shapes
     /// - `x`: `[batch, n, d_model]` (the block as the attention reads it); `kx`, `vx`: the
@@ -437,68 +584,48 @@ impl BlockRecurrent {
         vx: Tensor<4>,
         c: Tensor<3>,
     ) -> (Tensor<3>, Tensor<3>) {
-        let hkd = self.n_kv_heads * self.d_head;
-        // ĉ = LN_s(c) + P
-        let norm = self.state_norm.forward(c.clone()) + self.state_ids.val().unsqueeze_dim(0);
-        // K_c, V_c = W^c_kv ĉ
-        let kv = linear_rows(&self.state_key_value, norm.clone());
-        let kc = self.kv_heads(kv.clone().narrow(2, 0, hkd));
-        let vc = self.kv_heads(kv.narrow(2, hkd, hkd));
-        // Vertical: Attn(W_qx x, K_c, V_c), projected.
-        let q = self.heads(linear_rows(&self.to_state_query, x));
-        let read = linear_rows(
-            &self.to_state_output,
-            self.merge(attend(q, kc.clone(), vc.clone())),
-        );
-        // Horizontal: h_c = W^c_o [Attn(W_qc ĉ, K_c, V_c) ; Attn(W_qcx ĉ, K_x, V_x)].
-        let own = attend(
-            self.heads(linear_rows(&self.state_query, norm.clone())),
-            kc,
-            vc,
-        );
-        let cross = attend(
-            self.heads(linear_rows(&self.from_state_query, norm)),
-            kx.swap_dims(1, 2),
-            vx.swap_dims(1, 2),
-        );
-        let h = linear_rows(
-            &self.state_output,
-            Tensor::cat(vec![self.merge(own), self.merge(cross)], 2),
-        );
-        // c' = gate_1(c, h_c); c_{τ+1} = gate_2(c', MLP(LN(c'))).
-        let next = self.attention_gate.forward(c, h);
-        let next = match &self.ff {
-            Some(ff) => ff.forward(next),
-            None => next,
-        };
-        (read, next)
+        let state = self.prepare(c.clone());
+        let read = self.read(x, &state);
+        (read, self.write(kx, vx, c, state))
     }
 }
 
 impl XlLayer {
-    /// The recurrent layer: the block with its attention output plus what the tokens read
-    /// from the state `c`, and the next state (see [`BlockRecurrent::step`]).
+    /// A layer of a Block-Recurrent stack that reads or writes the state: the block with its
+    /// attention output, plus, where `reads`, what the tokens read from the state
+    /// ([`BlockRecurrent::read`]); and, where `write` carries `c_τ`, the next state from this
+    /// layer's keys and values of the block ([`BlockRecurrent::write`]).
     ///
     /// # Shapes
-    /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]`, `c`: `[batch, S,
-    ///   d_model]` → (`[batch, qlen, d_model]`, `[batch, S, d_model]`)
+    /// - `x`: `[batch, qlen, d_model]`, `memory`: `[batch, mlen, d_model]` (or cached keys
+    ///   and values), `write`: `[batch, S, d_model]` → (`[batch, qlen, d_model]`, `[batch, S,
+    ///   d_model]` where written)
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_recurrent(
         &self,
         x: Tensor<3>,
         memory: Option<Tensor<3>>,
         mut cx: LayerContext<'_>,
         recurrent: &BlockRecurrent,
-        c: Tensor<3>,
-    ) -> Result<(Tensor<3>, Tensor<3>), XlError> {
+        state: &StateRead,
+        reads: bool,
+        write: Option<Tensor<3>>,
+    ) -> Result<(Tensor<3>, Option<Tensor<3>>), XlError> {
         let a = self.attention.relative().ok_or_else(|| {
             XlError::Input("the recurrent layer needs a relative attention".into())
         })?;
         let opts = cx.opts.clone();
         let mut next = None;
         let out = self.block.forward(x, memory, opts.as_ref(), |x, m| {
-            let (kx, vx) = a.keys_values(x.clone());
-            let (read, c_next) = recurrent.step(x.clone(), kx, vx, c);
-            next = Some(c_next);
+            if let Some(c) = write {
+                let (kx, vx) = a.keys_values(x.clone());
+                next = Some(recurrent.write(kx, vx, c, state.clone()));
+            }
+            let attended = self.attend(x.clone(), m, &mut cx, Replay::Nothing)?.0;
+            if !reads {
+                return Ok::<_, XlError>(attended);
+            }
+            let read = recurrent.read(x, state);
             // Dropped as the attention's output is: by the block in a seeded stack, here in a
             // device stack (whose relative attention drops only its own output).
             let read = match (&opts, self.block.drops_attention) {
@@ -508,9 +635,8 @@ impl XlLayer {
                 }
                 (None, false) => self.block.dropout.forward(read),
             };
-            Ok::<_, XlError>(self.attend(x, m, &mut cx, Replay::Nothing)?.0 + read)
+            Ok(attended + read)
         })?;
-        let next = next.ok_or_else(|| XlError::Input("the state was not updated".into()))?;
         Ok((out, next))
     }
 }
@@ -551,10 +677,22 @@ impl TransformerXl {
         let mut h = self.embed(tokens, opts)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
         let mut next = None;
+        let shared = rec.prepare(c.clone());
+        let (write_layer, read_layer) = (rec.config.layer, rec.config.read_layer);
+        let read_layer = read_layer.unwrap_or(write_layer);
         // kNN layers search and then extend their memories (`prepare` made and cleared them).
         let mut stores = state.knn.iter_mut();
         for (l, layer) in self.layers.iter().enumerate() {
-            inputs.push(h.clone());
+            // The layer's input, or its keys/values (`memory_keys_values`), in the graph
+            // within an unroll (as the peer's memories within one forward).
+            inputs.push(
+                match (self.memory_keys_values, keep_graph) {
+                    (false, _) => Some(h.clone()),
+                    (true, true) => layer.cache_entry_in_graph(h.clone()),
+                    (true, false) => layer.cache_entry(h.clone()),
+                }
+                .ok_or_else(|| XlError::Input(format!("layer {l} caches no keys/values")))?,
+            );
             let store = match layer.attention {
                 LayerAttention::Knn(_) => Some(
                     stores
@@ -567,9 +705,11 @@ impl TransformerXl {
             let mut cx = self.layer_context(l, &contexts, store, opts);
             cx.trace = trace.map(|t| t.slot(l, crate::stack::ProbeLayout::XlMemory));
             let memory = state.xl.layer(l).cloned();
-            h = if l == rec.config.layer {
-                let (out, c_next) = layer.forward_recurrent(h, memory, cx, rec, c.clone())?;
-                next = Some(c_next);
+            h = if l == write_layer || l == read_layer {
+                let write = (l == write_layer).then(|| c.clone());
+                let (out, c_next) =
+                    layer.forward_recurrent(h, memory, cx, rec, &shared, l == read_layer, write)?;
+                next = c_next.or(next);
                 out
             } else {
                 layer.forward(h, memory, cx)?
@@ -577,7 +717,13 @@ impl TransformerXl {
         }
         drop(contexts);
         drop(stores);
-        self.advance(state, &inputs, qlen);
+        // A key/value memory stays in the graph within an unroll; layer inputs never do.
+        self.advance_with(
+            state,
+            &inputs,
+            qlen,
+            !(keep_graph && self.memory_keys_values),
+        );
         state.block_recurrent.value = next.map(|c| if keep_graph { c } else { c.detach() });
         Ok(self.finish(h, opts))
     }

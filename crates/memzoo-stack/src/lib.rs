@@ -45,6 +45,7 @@ pub use adaptive::{
 };
 pub use block_recurrent::{
     BlockRecurrent, BlockRecurrentConfig, GateKind, RecurrentState, StateFeedForward, StateGate,
+    StateRead,
 };
 pub use compressive::{CompressedMemory, Compression, CompressionKind, CompressiveConfig};
 pub use error::XlError;
@@ -63,9 +64,9 @@ pub use stack::LshLayerConfig;
 pub use stack::{
     Activation, AxialConfig, FfMasks, HeadInput, HyperConnection, InputEmbedding, KnnFeed,
     KnnLayerConfig, LayerAttention, LayerContext, LayerKind, Norm, NormKind, OutputLayer,
-    PeerCompat, Randomness, Replay, Residual, SharedT5, Step, StepCounter, TargetScores,
-    TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput, absolute_positions, expand_streams,
-    mean_nll, reduce_streams, target_nll,
+    PeerCompat, QkNormConfig, Randomness, Replay, Residual, SharedT5, Step, StepCounter,
+    TargetScores, TransformerXl, XlBlock, XlConfig, XlLayer, XlOutput, absolute_positions,
+    expand_streams, mean_nll, reduce_streams, target_nll,
 };
 pub use stack::{LayerTrace, Trace, TraceSlot};
 pub use unroll::UnrollSegment;

@@ -125,6 +125,16 @@ impl XlMemory {
     /// # Shapes
     /// - `inputs[l]`: `[batch, qlen, d_model]`
     pub fn update(&self, inputs: &[Tensor<3>], mem_len: usize) -> Self {
+        self.update_with(inputs, mem_len, true)
+    }
+
+    /// [`update`](Self::update), the inputs detached, or kept in the graph (`detach =
+    /// false`: a Block-Recurrent unroll's key/value memory, detached with
+    /// [`detach`](Self::detach) when the unroll ends).
+    ///
+    /// # Shapes
+    /// - `inputs[l]`: `[batch, qlen, width]`
+    pub fn update_with(&self, inputs: &[Tensor<3>], mem_len: usize, detach: bool) -> Self {
         if mem_len == 0 {
             return Self::empty();
         }
@@ -132,7 +142,11 @@ impl XlMemory {
             .iter()
             .enumerate()
             .map(|(l, input)| {
-                let input = input.clone().detach();
+                let input = if detach {
+                    input.clone().detach()
+                } else {
+                    input.clone()
+                };
                 let cat = match self.layers.get(l) {
                     Some(old) => Tensor::cat(vec![old.clone(), input], 1),
                     None => input,
@@ -143,6 +157,13 @@ impl XlMemory {
             })
             .collect();
         Self { layers }
+    }
+
+    /// Every layer's memory detached from the graph.
+    pub fn detach(&mut self) {
+        for m in &mut self.layers {
+            *m = m.clone().detach();
+        }
     }
 }
 

@@ -128,6 +128,7 @@ impl TransformerXl {
         let grads = GradientsParams::from_grads(loss.backward(), self);
         state.rmt.detach();
         state.block_recurrent.detach();
+        state.xl.detach();
         Ok((loss.inner(), grads))
     }
 

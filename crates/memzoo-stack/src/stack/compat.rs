@@ -83,6 +83,16 @@ pub struct PeerCompat {
     /// Default: 1 (plain gradients).
     #[config(default = 1.0)]
     pub embedding_gradient_scale: f64,
+    /// Every LayerNorm has its bias `β` (blocks, final norm, a Block-Recurrent state's norms);
+    /// false: `γ` alone, `LN(x) = (x − mean(x)) / sqrt(var(x) + eps) γ`
+    /// (block-recurrent-transformer-pytorch's `LayerNorm`, whose `β` is a fixed zero). RMSNorm
+    /// has none either way. Default: true.
+    #[config(default = true)]
+    pub norm_bias: bool,
+    /// The untied linear output has a bias (`logits = W h + b`); false: `W h`
+    /// (block-recurrent-transformer-pytorch's `to_logits`). Default: true.
+    #[config(default = true)]
+    pub output_bias: bool,
 }
 
 impl PeerCompat {

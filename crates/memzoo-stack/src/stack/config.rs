@@ -211,6 +211,10 @@ pub struct XlConfig {
     /// `mix(train_seed, n)`). Default: 1.
     #[config(default = 1)]
     pub train_seed: u64,
+    /// qk-RMSNorm in the Block-Recurrent layer or in every layer (see [`QkNormConfig`]).
+    /// Default: none.
+    #[config(default = "None")]
+    pub qk_norm: Option<QkNormConfig>,
     /// Switches that reproduce a PyTorch peer's numerics (`[model.compat]`; see [`PeerCompat`]),
     /// set by `memzoo import`. Default: memzoo's own choices.
     #[config(default = "PeerCompat::new()")]
@@ -318,6 +322,14 @@ impl XlConfig {
                 mean: 0.0,
                 std: self.init_std / 2.0,
             })
+    }
+
+    /// The fixed score scale of layer `l`'s qk-RMSNorm ([`QkNormConfig`]), where it has one:
+    /// every layer with `all_layers`, else the Block-Recurrent recurrent layer.
+    pub fn qk_norm_scale(&self, l: usize) -> Option<f64> {
+        let q = self.qk_norm.as_ref()?;
+        let recurrent = self.block_recurrent.as_ref().is_some_and(|r| r.layer == l);
+        (q.all_layers || recurrent).then_some(q.scale)
     }
 
     /// The width of one head.
@@ -444,7 +456,11 @@ impl XlConfig {
             true => Initializer::Normal { mean: 1.0, std },
             false => Initializer::Ones,
         };
-        Norm::new(self.norm, width, self.layer_norm_epsilon, gain, device)
+        let mut norm = Norm::new(self.norm, width, self.layer_norm_epsilon, gain, device);
+        if !self.compat.norm_bias {
+            norm.beta = None;
+        }
+        norm
     }
 
     /// A LayerNorm with HF's initialisation: gain ~ N(1, init_std), bias 0 (gain 1 with
@@ -457,6 +473,7 @@ impl XlConfig {
     pub(crate) fn init_norm_of(&self, width: usize, device: &Device) -> LayerNorm {
         let mut norm = LayerNormConfig::new(width)
             .with_epsilon(self.layer_norm_epsilon)
+            .with_bias(self.compat.norm_bias)
             .init(device);
         let std = self.norm_gain_std.unwrap_or(self.init_std);
         if std > 0.0 {
@@ -524,6 +541,7 @@ impl XlConfig {
                     (_, Some(p)) => LayerAttention::Relative(
                         self.attention(p)
                             .with_value_gate(self.compat.value_residual && l > 0)
+                            .with_qk_norm(self.qk_norm_scale(l))
                             .init(device)?,
                     ),
                     (LayerKind::Knn, None) => {
@@ -560,7 +578,11 @@ impl XlConfig {
             let output = if self.tie_weights {
                 OutputLayer::Tied(Initializer::Zeros.init([self.vocab_size], device))
             } else {
-                OutputLayer::Linear(self.init_linear(self.hidden_width(), self.vocab_size, device))
+                let mut out = self.init_linear(self.hidden_width(), self.vocab_size, device);
+                if !self.compat.output_bias {
+                    out.bias = None;
+                }
+                OutputLayer::Linear(out)
             };
             (InputEmbedding::Plain(embedding), output)
         };

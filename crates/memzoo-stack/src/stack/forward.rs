@@ -608,7 +608,19 @@ impl TransformerXl {
 
     /// Moves the XL memory on past a segment of `qlen` whose layers read `inputs`.
     pub(crate) fn advance(&self, state: &mut XlState, inputs: &[Tensor<3>], qlen: usize) {
-        state.xl = state.xl.update(inputs, self.mem_len);
+        self.advance_with(state, inputs, qlen, true);
+    }
+
+    /// [`advance`](Self::advance), the new memory detached or (`detach = false`, a
+    /// Block-Recurrent unroll's key/value memory) in the graph.
+    pub(crate) fn advance_with(
+        &self,
+        state: &mut XlState,
+        inputs: &[Tensor<3>],
+        qlen: usize,
+        detach: bool,
+    ) {
+        state.xl = state.xl.update_with(inputs, self.mem_len, detach);
         if self.document_resets {
             let new_mlen = state.xl.len();
             for v in state.xl_valid.iter_mut() {

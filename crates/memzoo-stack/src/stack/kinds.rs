@@ -28,6 +28,10 @@ pub enum LayerKind {
     /// absolute positions to its embeddings: the vanilla Transformer (Al-Rfou et al. 2018),
     /// Transformer-XL's baseline. Needs `mem_len = 0` and every layer of this kind.
     Absolute,
+    /// Content attention over rotary positions with optional xPos scaling (Su et al. 2021;
+    /// Sun et al. 2022; block-recurrent-transformer-pytorch): relative, so it reads an XL
+    /// memory (see `memzoo_relative::rotary`).
+    Rotary,
 }
 
 impl LayerKind {
@@ -38,6 +42,7 @@ impl LayerKind {
             LayerKind::Learned => Some(PositionKind::Learned),
             LayerKind::T5 => Some(PositionKind::T5),
             LayerKind::Absolute => Some(PositionKind::Absolute),
+            LayerKind::Rotary => Some(PositionKind::Rotary),
             LayerKind::Knn | LayerKind::Lsh | LayerKind::Local => None,
         }
     }
@@ -49,6 +54,7 @@ impl LayerKind {
             PositionKind::Learned => LayerKind::Learned,
             PositionKind::T5 => LayerKind::T5,
             PositionKind::Absolute => LayerKind::Absolute,
+            PositionKind::Rotary => LayerKind::Rotary,
         }
     }
 
@@ -205,4 +211,23 @@ pub struct KnnLayerConfig {
     /// memorizing-transformers-pytorch; see `memzoo_memory::reset`). Default: evict.
     #[config(default = "WhenFull::Evict")]
     pub when_full: WhenFull,
+}
+
+/// qk-RMSNorm (`[model.qk_norm]`; block-recurrent-transformer-pytorch's `qk_rmsnorm`): in the
+/// layers it covers, queries and keys are l2-normalised per head and scaled by learned gains
+/// (`d_head` each, starting at 1) before the positions, and the scores are `s q̂·k̂` with a
+/// fixed scale `s` instead of `1 / sqrt(d_head)` (see `memzoo_relative::rotary`). It needs
+/// rotary or absolute layers where it applies.
+#[derive(Config, Debug)]
+pub struct QkNormConfig {
+    /// Every layer (the peer's `all_layers_qk_rmsnorm`); false: the Block-Recurrent
+    /// recurrent layer alone, its self-attention and the state's three attentions (the
+    /// peer's default). Default: false.
+    #[config(default = false)]
+    pub all_layers: bool,
+    /// The fixed scale `s` of the scores. Default: 8 (the peer's `qk_rmsnorm_scale`, which
+    /// its 0.4.4 stores but never applies: its import sets `1 / sqrt(d_head)`, what it
+    /// computes).
+    #[config(default = 8.0)]
+    pub scale: f64,
 }

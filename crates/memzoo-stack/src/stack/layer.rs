@@ -122,6 +122,23 @@ impl XlLayer {
         }
     }
 
+    /// [`cache_entry`](Self::cache_entry) kept in the graph (relative layers; `None` for
+    /// the others): a Block-Recurrent stack's key/value memory within an unroll.
+    ///
+    /// # Shapes
+    /// - `h`: `[batch, len, d_model]` → `[batch, len, 2 kv_heads d_head]`
+    pub fn cache_entry_in_graph(&self, h: Tensor<3>) -> Option<Tensor<3>> {
+        let h = if self.block.pre_ln {
+            self.block.norm_attention.forward(h)
+        } else {
+            h
+        };
+        match &self.attention {
+            LayerAttention::Relative(a) => Some(a.cache_entry_in_graph(h)),
+            _ => None,
+        }
+    }
+
     /// The same layer reading its XL memory as cached keys and values
     /// ([`cache_entry`](Self::cache_entry)); `None` for LSH and local layers, which cache none.
     pub fn caching_keys_values(self) -> Option<Self> {

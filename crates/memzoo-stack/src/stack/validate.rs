@@ -298,12 +298,25 @@ impl XlConfig {
                     .into(),
             );
         }
-        if self.ff_activation == Activation::Geglu && self.block_recurrent.is_some() {
-            return bad(
-                "ff_activation = \"geglu\" is not supported with block_recurrent (its state's \
-                 feed-forward is one layer wide): use relu or gelu"
-                    .into(),
-            );
+        if let Some(q) = &self.qk_norm {
+            if !(q.scale.is_finite() && q.scale > 0.0) {
+                return bad(format!("qk_norm.scale must be positive, got {}", q.scale));
+            }
+            if !q.all_layers && self.block_recurrent.is_none() {
+                return bad(
+                    "qk_norm.all_layers = false normalises the Block-Recurrent layer alone, and \
+                     this stack has no block_recurrent: set all_layers = true"
+                        .into(),
+                );
+            }
+            if let Some((l, k)) = kinds.iter().enumerate().find(|(l, k)| {
+                self.qk_norm_scale(*l).is_some()
+                    && !matches!(k, LayerKind::Rotary | LayerKind::Absolute)
+            }) {
+                return bad(format!(
+                    "qk_norm needs rotary or absolute layers where it applies; layer {l} is {k:?}"
+                ));
+            }
         }
         if self.residual_streams == 0 {
             return bad("residual_streams must be positive, got 0".into());

@@ -1,0 +1,159 @@
+//! Rotary positions with xPos scaling, and qk-RMSNorm: the attention of
+//! block-recurrent-transformer-pytorch's layers.
+//!
+//! **Rotary positions** (Su et al. 2021, arXiv 2104.09864): a query or key `x` at position `t`
+//! is rotated in `d_head / 2` planes, `rot(x, t) = x ⊙ cos(t θ) + rotate_half(x) ⊙ sin(t θ)`,
+//! with `θ_k = base^(−2k / d_head)` (the frequencies repeated for the two halves) and
+//! `rotate_half([x_1; x_2]) = [−x_2; x_1]`, so `rot(q, i)·rot(k, j)` depends on `i − j` alone.
+//!
+//! **xPos** (Sun et al. 2022, arXiv 2212.10554): the query is also scaled by `ζ^(t / γ)` and the
+//! key by `ζ^(−t / γ)` per plane, `ζ_k = (2k + 0.4 d_head) / (1.4 d_head)` and `γ` the scale
+//! base, so that the product decays with the distance `(i − j) / γ`. The exponent is centred,
+//! `t − width / 2` (as the peer computes it; the centre cancels in every product).
+//!
+//! Positions: `klen` keys (memory then segment) sit at `width − klen .. width` and the `qlen`
+//! queries at the last `qlen` of those (`width = klen` unless given: the peer's `2 ×
+//! block_width`), the same relative positions whatever `width` is.
+//!
+//! **qk-RMSNorm** (the peer's `qk_rmsnorm`; ViT-22B's qk-normalisation): queries and keys are
+//! l2-normalised per head, `q̂ = q / max(‖q‖, 1e-12) ⊙ g_q`, `k̂ = k / max(‖k‖, 1e-12) ⊙ g_k`
+//! (learned gains `g_q`, `g_k` of `d_head`, starting at 1), before the rotation, and the
+//! scores are `s q̂·k̂` with a fixed scale `s` (ViT-22B's learned-temperature-free form; the
+//! peer's 0.4.4 computes `s = 1 / sqrt(d_head)`).
+
+use burn::module::{Module, Param};
+use burn::nn::Initializer;
+use burn::tensor::{Device, Tensor, TensorData};
+
+/// The learned gains of qk-RMSNorm (see the module docs) and its fixed score scale.
+///
+/// # Shapes
+/// - `query`, `key`: `[d_head]`
+#[derive(Module, Debug)]
+pub struct QkNorm {
+    /// `g_q`, the queries' gain per dimension.
+    pub query: Param<Tensor<1>>,
+    /// `g_k`, the keys' gain per dimension.
+    pub key: Param<Tensor<1>>,
+    /// `s`, the scale of the scores (replacing `1 / sqrt(d_head)`).
+    pub scale: f64,
+}
+
+impl QkNorm {
+    /// Gains of 1 for heads of `d_head`, scores scaled by `scale`.
+    pub fn new(d_head: usize, scale: f64, device: &Device) -> Self {
+        Self {
+            query: Initializer::Ones.init([d_head], device),
+            key: Initializer::Ones.init([d_head], device),
+            scale,
+        }
+    }
+
+    /// `(q / max(‖q‖, 1e-12) ⊙ g_q, k / max(‖k‖, 1e-12) ⊙ g_k)`, per head and position.
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, heads, qlen, d_head]`, `k`: `[batch, heads, klen, d_head]` → the same
+    pub fn normalise(&self, q: Tensor<4>, k: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let gain = |p: &Param<Tensor<1>>| p.val().unsqueeze_dims::<4>(&[0, 1, 2]);
+        (l2norm(q) * gain(&self.query), l2norm(k) * gain(&self.key))
+    }
+}
+
+/// `x / max(‖x‖, 1e-12)` over the last dimension (PyTorch's `F.normalize`).
+///
+/// # Shapes
+/// - `x`: `[..., d]` → the same
+pub fn l2norm<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    let norm = x
+        .clone()
+        .powi_scalar(2)
+        .sum_dim(D - 1)
+        .sqrt()
+        .clamp_min(1e-12);
+    x / norm
+}
+
+/// The rotation and xPos scale of each key position (see the module docs).
+///
+/// # Shapes
+/// - `cos`, `sin`, `scale`: `[klen, d_head]` (row `j` is key `j`; the queries take the last
+///   `qlen` rows)
+#[derive(Debug, Clone)]
+pub struct RotaryTables {
+    /// `cos(t θ)` per key position.
+    pub cos: Tensor<2>,
+    /// `sin(t θ)` per key position.
+    pub sin: Tensor<2>,
+    /// `ζ^((t − width/2) / γ)` per key position (all 1 without xPos).
+    pub scale: Tensor<2>,
+}
+
+impl RotaryTables {
+    /// The tables of `klen` keys of `d_head` (even) at positions `width − klen .. width`
+    /// (`width`: `klen` when `None`), frequency base `theta`, xPos scale base `xpos` (`None`:
+    /// no xPos scaling).
+    pub fn new(
+        d_head: usize,
+        klen: usize,
+        width: Option<usize>,
+        theta: f64,
+        xpos: Option<f64>,
+        device: &Device,
+    ) -> Self {
+        let width = width.unwrap_or(klen) as i64;
+        let half = d_head / 2;
+        let (mut cos, mut sin, mut scale) = (vec![], vec![], vec![]);
+        for j in 0..klen as i64 {
+            let t = (width - klen as i64 + j) as f64;
+            let power = (t - (width / 2) as f64) / xpos.unwrap_or(1.0);
+            for c in 0..d_head {
+                // The peer's frequencies, cat(freqs, freqs): plane `k = c mod d_head/2`.
+                let k = (c % half) as f64;
+                let inv_freq = 1.0 / theta.powf(2.0 * k / d_head as f64);
+                cos.push((t * inv_freq).cos() as f32);
+                sin.push((t * inv_freq).sin() as f32);
+                let zeta = (2.0 * k + 0.4 * d_head as f64) / (1.4 * d_head as f64);
+                scale.push(match xpos {
+                    Some(_) => zeta.powf(power) as f32,
+                    None => 1.0,
+                });
+            }
+        }
+        let t = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [klen, d_head]), device);
+        Self {
+            cos: t(cos),
+            sin: t(sin),
+            scale: t(scale),
+        }
+    }
+
+    /// `rot(q, i) ζ^(i/γ)` and `rot(k, j) ζ^(−j/γ)`: the queries at the last `qlen` positions.
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, heads, qlen, d_head]`, `k`: `[batch, heads, klen, d_head]` → the same
+    pub fn apply(&self, q: Tensor<4>, k: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let qlen = q.dims()[2];
+        let klen = self.cos.dims()[0];
+        let rows = |t: &Tensor<2>, from: usize, n: usize| {
+            t.clone().narrow(0, from, n).unsqueeze_dims::<4>(&[0, 1])
+        };
+        let at = |x: Tensor<4>, from: usize, n: usize, inverse: bool| {
+            let scale = rows(&self.scale, from, n);
+            let scale = if inverse { scale.recip() } else { scale };
+            (x.clone() * rows(&self.cos, from, n) + rotate_half(x) * rows(&self.sin, from, n))
+                * scale
+        };
+        (at(q, klen - qlen, qlen, false), at(k, 0, klen, true))
+    }
+}
+
+/// `[x_1; x_2] ↦ [−x_2; x_1]` over the last dimension (halves of `d_head / 2`).
+///
+/// # Shapes
+/// - `x`: `[..., d_head]` → the same
+pub fn rotate_half<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    let d = x.dims()[D - 1];
+    let x1 = x.clone().narrow(D - 1, 0, d / 2);
+    let x2 = x.narrow(D - 1, d / 2, d - d / 2);
+    Tensor::cat(vec![x2.neg(), x1], D - 1)
+}
