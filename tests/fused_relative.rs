@@ -551,3 +551,90 @@ fn fused_knn_attention_rejects_bad_shapes() {
         "{e}"
     );
 }
+
+/// Absolute and rotary positions (no position term: the content scores of
+/// `content_operands`) through the fused kernel against the tensor ops, with and without
+/// qk-RMSNorm, xPos and memory, and the null key and value of recurrent-memory-transformer-
+/// pytorch: the output and every gradient (parameters, inputs, the null pair) at 1e-5.
+#[test]
+fn fused_content_attention_matches_tensor_ops() {
+    let dev = flex().autodiff();
+    let (dm, h, dh, batch) = (16, 2, 6, 2);
+    let init = Initializer::Normal {
+        mean: 0.0,
+        std: 0.4,
+    };
+    let absolute = PositionConfig::new().with_kind(PositionKind::Absolute);
+    let rotary = PositionConfig::new()
+        .with_kind(PositionKind::Rotary)
+        .with_rotary_width(Some(16));
+    let xpos = rotary.clone().with_xpos_scale_base(Some(64.0));
+    let cases = [
+        (absolute.clone(), None, false),
+        (absolute.clone(), Some(0.5), false),
+        (absolute, None, true),
+        (rotary.clone(), None, false),
+        (xpos.clone(), None, false),
+        (xpos, Some(1.0 / (dh as f64).sqrt()), false),
+    ];
+    for (positions, qk_norm, null) in cases {
+        for (qlen, mlen) in [(5, 0), (5, 3), (70, 8)] {
+            if positions.kind == PositionKind::Absolute && mlen > 0 {
+                continue; // absolute layers read no memory
+            }
+            for mask in masks() {
+                let att = RelativeAttentionConfig::new(dm, h, dh)
+                    .with_positions(positions.clone())
+                    .with_qk_norm(qk_norm)
+                    .with_initializer(init.clone())
+                    .init(&dev)
+                    .unwrap();
+                let x = randn([batch, qlen, dm], 21, &dev);
+                let mem = (mlen > 0).then(|| randn([batch, mlen, dm], 22, &dev));
+                let ctx = RelativeContext::new(&positions, dm, qlen, mlen, &mask, &dev);
+                let what = format!(
+                    "{:?} xpos {:?} qk_norm {qk_norm:?} null {null} qlen {qlen} mlen {mlen} {mask:?}",
+                    positions.kind, positions.xpos_scale_base
+                );
+                let run = |fused: bool| {
+                    let x = x.clone().require_grad();
+                    let mem = mem.clone().map(|m| m.require_grad());
+                    let pair = randn([2, h, dh], 23, &dev).require_grad();
+                    let (q, k, v) = att.project(x.clone(), mem.clone(), &ctx).unwrap();
+                    let [q, k, v] = [q, k, v].map(|t| t.swap_dims(1, 2));
+                    let heads = match (null, fused) {
+                        (false, true) => {
+                            assert!(att.fused_applies(&q, &ctx), "{what}: the kernel applies");
+                            att.attend(q, k, v, &ctx, None)
+                        }
+                        (false, false) => att.attend_tensor_ops(q, k, v, &ctx, None),
+                        (true, true) => {
+                            assert!(att.fused_null_applies(&q, &ctx), "{what}: the kernel applies");
+                            att.attend_null(q, k, v, pair.clone(), &ctx, None)
+                        }
+                        (true, false) => {
+                            att.attend_null_tensor_ops(q, k, v, pair.clone(), &ctx, None)
+                        }
+                    }
+                    .unwrap();
+                    let out = att.project_output(heads.swap_dims(1, 2).reshape([batch, qlen, h * dh]));
+                    let (mut all, grads) = output_and_input_grads(out, 99, x, mem);
+                    if null {
+                        all.push(host(pair.grad(&grads).expect("the null pair gets a gradient")));
+                    }
+                    let params = GradientsParams::from_grads(grads, &att);
+                    for g in param_vectors(&att, Some(&params)) {
+                        all.push(g.expect("every parameter gets a gradient"));
+                    }
+                    all
+                };
+                let (fused, reference) = (run(true), run(false));
+                assert_eq!(fused.len(), reference.len());
+                for (n, (a, b)) in fused.iter().zip(&reference).enumerate() {
+                    let scale = b.iter().fold(1f32, |m, v| m.max(v.abs()));
+                    assert_close(a, b, TOL * scale, &format!("{what}: output/gradient {n}"));
+                }
+            }
+        }
+    }
+}

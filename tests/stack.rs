@@ -757,3 +757,49 @@ fn training_with_varied_memory_lengths_reads_the_most_recent_positions() {
         "an RMT stack",
     );
 }
+
+/// Each dropout site turns off on its own (`embedding_dropout`, `attention_output_dropout`,
+/// `ff_inner_dropout`, `ff_output_dropout`, `final_dropout`): with every site off, a training
+/// pass at dropout 0.5 (an autodiff device, where dropout is live) computes what the
+/// evaluation pass does; turning any one site back on changes it, and leaves the evaluation
+/// pass as it was.
+#[test]
+fn dropout_sites_turn_off_one_by_one() {
+    let dev = flex().autodiff();
+    let none = tiny()
+        .with_dropout(0.5)
+        .with_embedding_dropout(false)
+        .with_attention_output_dropout(false)
+        .with_ff_inner_dropout(false)
+        .with_ff_output_dropout(false)
+        .with_final_dropout(false);
+    let tokens = fixture_tokens(0, &dev);
+    let passes = |c: &XlConfig| {
+        dev.seed(7);
+        let model = c.init(&dev).unwrap();
+        // The evaluation pass first: it draws the (lazily initialised) weights before any
+        // dropout mask is drawn, so every config gets the same weights.
+        let eval = model
+            .valid()
+            .forward(tokens.clone().inner(), &XlMemory::empty())
+            .unwrap();
+        let train = model.forward(tokens.clone(), &XlMemory::empty()).unwrap();
+        (host(train.hidden), host(eval.hidden))
+    };
+    let (train, eval) = passes(&none);
+    assert_close(&train, &eval, 1e-6, "every site off: training = evaluation");
+    for (site, c) in [
+        ("embedding", none.clone().with_embedding_dropout(true)),
+        ("attention output", none.clone().with_attention_output_dropout(true)),
+        ("feed-forward inner", none.clone().with_ff_inner_dropout(true)),
+        ("feed-forward output", none.clone().with_ff_output_dropout(true)),
+        ("final", none.clone().with_final_dropout(true)),
+    ] {
+        let (t, e) = passes(&c);
+        assert_close(&e, &eval, 1e-6, &format!("{site} on: the evaluation pass"));
+        assert!(
+            max_abs_diff(&t, &e) > 1e-2,
+            "{site} dropout on: the training pass must drop something"
+        );
+    }
+}

@@ -35,7 +35,14 @@ use crate::BenchArgs;
 use crate::plot::{Axes, Series, chart};
 
 /// The families, in the order they run by default.
-pub const FAMILIES: [&str; 5] = ["xl", "reformer", "memorizing", "compressive", "rmt"];
+pub const FAMILIES: [&str; 6] = [
+    "xl",
+    "reformer",
+    "memorizing",
+    "compressive",
+    "rmt",
+    "block-recurrent",
+];
 
 /// Default evaluation points (those within `--steps`, and `--steps` itself).
 pub const DEFAULT_EVAL_AT: [usize; 5] = [50, 100, 200, 300, 400];
@@ -86,6 +93,10 @@ pub struct Family {
     pub peer_model: serde_json::Value,
     /// The peer's virtual environment under `~/.cache/memzoo-peers`.
     pub peer_venv: &'static str,
+    /// The `memzoo import` format of the peer's checkpoints, for a family whose memzoo model
+    /// is the import of the peer's: memzoo then starts from the peer's own seeded initial
+    /// weights (`quality.py --init-out`). `None`: each side initialises its own.
+    pub peer_format: Option<&'static str>,
 }
 
 /// XL-small against HF TransfoXL 4.37.2 (`venv-tfxl`), as `../shared/peers/quality_tfxl.py`:
@@ -131,6 +142,7 @@ pub fn xl_small() -> Family {
         tgt_len,
         peer_model,
         peer_venv: "venv-tfxl",
+        peer_format: None,
     }
 }
 
@@ -189,6 +201,7 @@ pub fn reformer_small() -> Family {
         tgt_len,
         peer_model,
         peer_venv: "venv",
+        peer_format: None,
     }
 }
 
@@ -251,6 +264,7 @@ pub fn memorizing_small() -> Family {
         tgt_len,
         peer_model,
         peer_venv: "venv",
+        peer_format: None,
     }
 }
 
@@ -298,6 +312,7 @@ pub fn compressive_small() -> Family {
         tgt_len,
         peer_model,
         peer_venv: "venv",
+        peer_format: Some("lucidrains-compressive"),
     }
 }
 
@@ -342,6 +357,43 @@ pub fn rmt_small() -> Family {
         tgt_len,
         peer_model,
         peer_venv: "venv",
+        peer_format: Some("lucidrains-rmt"),
+    }
+}
+
+/// A Block-Recurrent Transformer against block-recurrent-transformer-pytorch 0.4.4 (`venv`),
+/// the stack `memzoo import --from lucidrains-block-recurrent` builds for the peer's model: 4
+/// layers, d_model 128, 4 heads x 32 with one key/value head, bias-free pre-LN blocks, rotary
+/// positions with xPos, a GEGLU feed-forward, an XL memory of the last block's keys and values,
+/// and the recurrent layer 2 with a state of 64 vectors (qk-RMSNorm, the fixed gate); blocks of
+/// 64 (memzoo's segments), two per step (`max_seq_len = 128`: the peer's forward reads them in
+/// turn, states and memories in the graph, and carries them detached to the next step), batch
+/// 8. The package has no dropout, so neither side drops (the recipe's 0.1 does not apply).
+///
+/// Peer: `BlockRecurrentTransformer(num_tokens=256, dim=128, depth=4, heads=4, dim_head=32,
+/// ff_mult=4, max_seq_len=128, block_width=64, recurrent_layers=(2,), num_state_vectors=64)`.
+pub fn block_recurrent_small() -> Family {
+    let (batch, block, blocks) = (8, 64, 2);
+    let peer_model = serde_json::json!({
+        "num_tokens": 256, "dim": 128, "depth": 4, "heads": 4, "dim_head": 32, "ff_mult": 4,
+        "max_seq_len": block * blocks, "block_width": block, "recurrent_layers": [2],
+        "num_state_vectors": 64, "batch": batch, "tgt_len": block, "segments_per_step": blocks,
+    });
+    let peer: memzoo_import::BlockRecurrentPeerConfig =
+        serde_json::from_value(peer_model.clone()).expect("the peer's arguments");
+    let c = peer
+        .xl_config()
+        .expect("a stack memzoo computes")
+        .with_init_std(0.05)
+        .with_embedding_std(Some(1.0));
+    Family {
+        name: "block-recurrent",
+        model: FamilyModel::Xl(c),
+        batch,
+        tgt_len: block,
+        peer_model,
+        peer_venv: "venv",
+        peer_format: Some("lucidrains-block-recurrent"),
     }
 }
 
@@ -365,6 +417,7 @@ pub fn family(name: &str) -> Result<Family, String> {
         "memorizing" => Ok(memorizing_small()),
         "compressive" => Ok(compressive_small()),
         "rmt" => Ok(rmt_small()),
+        "block-recurrent" => Ok(block_recurrent_small()),
         "xl-fast" => Ok(xl_fast()),
         other => Err(format!(
             "unknown family `{other}` in --families: expected {}",
@@ -505,6 +558,14 @@ pub fn run(args: &BenchArgs, device: &Device) -> Result<Vec<QualityPoint>, Strin
     let mut notes = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     for fam in &families {
+        // Where memzoo's model is the import of the peer's, both start from the peer's weights.
+        let start = match (fam.peer_format, args.no_peers) {
+            (Some(format), false) => match peer_initial_model(fam, args, steps, &eval_at, &path)? {
+                Some(dir) => Some((format, dir)),
+                None => None,
+            },
+            _ => None,
+        };
         let run = MemzooRun {
             fam,
             args,
@@ -514,6 +575,7 @@ pub fn run(args: &BenchArgs, device: &Device) -> Result<Vec<QualityPoint>, Strin
             train: &train,
             valid: &valid,
             path: &path,
+            start: start.as_ref().map(|(f, d)| (*f, d.path())),
         };
         for p in run_memzoo(run)? {
             crate::emit(&p, args.out.as_ref())?;
@@ -576,6 +638,8 @@ struct MemzooRun<'a> {
     train: &'a [Token],
     valid: &'a [Token],
     path: &'a Path,
+    /// The peer's initial model to start from: its `memzoo import` format and directory.
+    start: Option<(&'static str, &'a Path)>,
 }
 
 /// Trains one family in memzoo, checkpointing at every evaluation point, then scores each of
@@ -583,21 +647,31 @@ struct MemzooRun<'a> {
 fn run_memzoo(run: MemzooRun) -> Result<Vec<QualityPoint>, String> {
     match &run.fam.model {
         FamilyModel::Xl(c) => {
-            run.train_and_score(&|d: &Device| c.init(d).map_err(|e| e.to_string()))
+            let init = |d: &Device| c.init(d).map_err(|e| e.to_string());
+            match run.start {
+                Some((format, dir)) => {
+                    run.train_and_score(&init, &|d: &Device| start_from_peer(c, format, dir, d))
+                }
+                None => run.train_and_score(&init, &init),
+            }
         }
         FamilyModel::Reformer(c) => {
-            run.train_and_score(&|d: &Device| c.init(d).map_err(|e| e.to_string()))
+            let init = |d: &Device| c.init(d).map_err(|e| e.to_string());
+            run.train_and_score(&init, &init)
         }
         FamilyModel::Memorizing(c) => {
-            run.train_and_score(&|d: &Device| c.init(d).map_err(|e| e.to_string()))
+            let init = |d: &Device| c.init(d).map_err(|e| e.to_string());
+            run.train_and_score(&init, &init)
         }
     }
 }
 
 impl MemzooRun<'_> {
+    /// Trains from `first(device)` and scores the checkpoints, loaded into `init(device)`.
     fn train_and_score<M: SegmentModel>(
         self,
         init: &dyn Fn(&Device) -> Result<M, String>,
+        first: &dyn Fn(&Device) -> Result<M, String>,
     ) -> Result<Vec<QualityPoint>, String> {
         let MemzooRun {
             fam,
@@ -608,6 +682,7 @@ impl MemzooRun<'_> {
             train,
             valid,
             path,
+            start,
         } = self;
         let window = eval_at.iter().fold(10, |g, &s| gcd(g, s));
         let every = eval_at.iter().fold(0, |g, &s| gcd(g, s));
@@ -622,7 +697,7 @@ impl MemzooRun<'_> {
         let result = (|| {
             let train_device = device.clone().autodiff();
             train_device.seed(config.seed);
-            let model = init(&train_device)?;
+            let model = first(&train_device)?;
             // The RMT reads `bptt_segments` segments of every row per step.
             let tokens_per_step = fam.batch * fam.tgt_len * model.bptt_segments().max(1);
             let name = path.display();
@@ -635,8 +710,14 @@ impl MemzooRun<'_> {
             .map_err(|e| e.to_string())?
             .drop_last(true);
             eprintln!(
-                "quality {}: memzoo trains {steps} steps ({} rows x {} tokens), evaluating at {eval_at:?}",
-                fam.name, fam.batch, fam.tgt_len
+                "quality {}: memzoo trains {steps} steps ({} rows x {} tokens), evaluating at {eval_at:?}, from {}",
+                fam.name,
+                fam.batch,
+                fam.tgt_len,
+                match start {
+                    Some((_, dir)) => format!("the peer's initial weights ({})", dir.display()),
+                    None => "its own initialisation".into(),
+                }
             );
             let options = RunOptions {
                 run_dir: run_dir.clone(),
@@ -734,6 +815,152 @@ pub fn train_log(metrics: &str, tokens_per_step: usize) -> TrainLog {
     TrainLog { records }
 }
 
+/// The family's model `config` with the weights of the peer's checkpoint `dir` (format
+/// `format`), on `device`: the import's tensors moved into `config`'s model, whose settings
+/// the import does not carry (the quality recipe's dropout) stay the family's. Every
+/// parameter's shape must agree.
+fn start_from_peer(
+    config: &XlConfig,
+    format: &str,
+    dir: &Path,
+    device: &Device,
+) -> Result<memzoo_stack::TransformerXl, String> {
+    use burn::module::Module;
+    let reader = memzoo_import::format(format).map_err(|e| e.to_string())?;
+    let (imported, _) = reader
+        .import(dir, device)
+        .map_err(|e| format!("importing the peer's initial model {}: {e}", dir.display()))?;
+    let model = config.init(device).map_err(|e| e.to_string())?;
+    let (want, got) = (param_shapes(&model), param_shapes(&imported));
+    if want != got {
+        return Err(format!(
+            "the peer's initial model {} has parameters of shapes {got:?}, the family's model {want:?}",
+            dir.display()
+        ));
+    }
+    Ok(model.load_record(imported.into_record()))
+}
+
+/// The shapes of a model's parameters, in module order.
+fn param_shapes<M: burn::module::Module>(model: &M) -> Vec<Vec<usize>> {
+    struct Shapes(Vec<Vec<usize>>);
+    impl burn::module::ModuleVisitor for Shapes {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<burn::tensor::Tensor<D>>) {
+            self.0.push(param.val().dims().to_vec());
+        }
+    }
+    let mut v = Shapes(Vec::new());
+    model.visit(&mut v);
+    v.0
+}
+
+/// The peer's seeded initial model (`quality.py --init-out`), written into a temporary
+/// directory; `None` (said on stderr) when the peer's venv is missing.
+fn peer_initial_model(
+    fam: &Family,
+    args: &BenchArgs,
+    steps: usize,
+    eval_at: &[usize],
+    data: &Path,
+) -> Result<Option<TempDir>, String> {
+    let Some(python) = peer_python(fam) else {
+        eprintln!(
+            "quality {}: no peer venv, so memzoo starts from its own initialisation",
+            fam.name
+        );
+        return Ok(None);
+    };
+    let dir = TempDir::new(&format!("memzoo-quality-init-{}", fam.name))?;
+    let mut command = peer_command(fam, args, steps, eval_at, data, &python);
+    let out = command
+        .arg("--init-out")
+        .arg(dir.path())
+        .output()
+        .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the {} peer could not write its initial model ({}): {}",
+            fam.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(Some(dir))
+}
+
+/// A directory under the system's temporary directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Result<Self, String> {
+        let path = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(TempDir(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The peer's venv python, if it is set up.
+fn peer_python(fam: &Family) -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let python = home
+        .join(".cache")
+        .join("memzoo-peers")
+        .join(fam.peer_venv)
+        .join("bin")
+        .join("python");
+    python.exists().then_some(python)
+}
+
+/// `python quality.py FAMILY STEPS EVAL_AT DATA --config JSON` with the family's numbers and
+/// the recipe (OpenMP threads that wait passively unless `OMP_WAIT_POLICY` is set).
+fn peer_command(
+    fam: &Family,
+    args: &BenchArgs,
+    steps: usize,
+    eval_at: &[usize],
+    data: &Path,
+    python: &Path,
+) -> Command {
+    let script = workspace_root()
+        .join("xtask")
+        .join("peers")
+        .join("quality.py");
+    let window = eval_at.iter().fold(10, |g, &s| gcd(g, s));
+    let every = eval_at.iter().fold(0, |g, &s| gcd(g, s));
+    let t = train_config(args.seed, steps, fam.batch, fam.tgt_len, window, every);
+    let config =
+        serde_json::json!({"model": fam.peer_model, "recipe": peer_recipe(&t, args.threads)});
+    let csv: Vec<String> = eval_at.iter().map(|s| s.to_string()).collect();
+    let mut command = Command::new(python);
+    // On a shared machine, OpenMP threads that spin while they wait stall for seconds whenever
+    // another process holds a core (reformer-pytorch: 1-16 s per step instead of ~1.1 s).
+    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
+        command.env("OMP_WAIT_POLICY", "PASSIVE");
+    }
+    command
+        .arg(&script)
+        .arg(fam.name)
+        .arg(steps.to_string())
+        .arg(csv.join(","))
+        .arg(data)
+        .arg("--config")
+        .arg(config.to_string());
+    command
+}
+
 /// What became of a peer run.
 pub enum PeerRun {
     /// Its points.
@@ -751,50 +978,15 @@ fn run_peer(
     eval_at: &[usize],
     data: &Path,
 ) -> Result<PeerRun, String> {
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let venv = home.join(".cache").join("memzoo-peers").join(fam.peer_venv);
-    let python = venv.join("bin").join("python");
-    if !python.exists() {
+    let Some(python) = peer_python(fam) else {
         return Ok(PeerRun::Skipped(format!(
-            "quality {}: peer skipped: {} is missing; set the peers up with `bash ../shared/peers/setup.sh` (or pass --no-peers)",
-            fam.name,
-            python.display()
+            "quality {}: peer skipped: ~/.cache/memzoo-peers/{}/bin/python is missing; set the peers up with `bash ../shared/peers/setup.sh` (or pass --no-peers)",
+            fam.name, fam.peer_venv
         )));
-    }
-    let script = workspace_root()
-        .join("xtask")
-        .join("peers")
-        .join("quality.py");
-    let window = eval_at.iter().fold(10, |g, &s| gcd(g, s));
-    let every = eval_at.iter().fold(0, |g, &s| gcd(g, s));
-    let t = train_config(args.seed, steps, fam.batch, fam.tgt_len, window, every);
-    let config =
-        serde_json::json!({"model": fam.peer_model, "recipe": peer_recipe(&t, args.threads)});
-    let csv: Vec<String> = eval_at.iter().map(|s| s.to_string()).collect();
-    eprintln!(
-        "quality {}: peer {} {} {steps} {} {}",
-        fam.name,
-        python.display(),
-        script.display(),
-        csv.join(","),
-        data.display()
-    );
-    let mut command = Command::new(&python);
-    // On a shared machine, OpenMP threads that spin while they wait stall for seconds whenever
-    // another process holds a core (reformer-pytorch: 1-16 s per step instead of ~1.1 s).
-    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
-        command.env("OMP_WAIT_POLICY", "PASSIVE");
-    }
+    };
+    let mut command = peer_command(fam, args, steps, eval_at, data, &python);
+    eprintln!("quality {}: peer {command:?}", fam.name);
     let mut child = command
-        .arg(&script)
-        .arg(fam.name)
-        .arg(steps.to_string())
-        .arg(csv.join(","))
-        .arg(data)
-        .arg("--config")
-        .arg(config.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -824,10 +1016,9 @@ fn run_peer(
     let tail = echo.join().unwrap_or_default().join("\n");
     if !status.success() {
         return Err(format!(
-            "the {} peer ({} {}) failed ({status}); the end of its stderr:\n{tail}",
+            "the {} peer ({}) failed ({status}); the end of its stderr:\n{tail}",
             fam.name,
             python.display(),
-            script.display()
         ));
     }
     let points = parse_peer_output(&out, fam.name)?;

@@ -228,6 +228,19 @@ mod quality {
                     assert_eq!(m["seq_len"], f.tgt_len, "the peer's window is one segment");
                     assert_eq!(c.dropout, m["ff_dropout"].as_f64().unwrap());
                 }
+                FamilyModel::Xl(c) if f.name == "block-recurrent" => {
+                    c.validate().unwrap();
+                    let r = c.block_recurrent.as_ref().expect("a Block-Recurrent stack");
+                    assert_eq!(m["depth"], c.n_layers);
+                    assert_eq!(m["dim"], c.d_model);
+                    assert_eq!(m["num_state_vectors"], r.state_len);
+                    assert_eq!(m["recurrent_layers"][0], r.layer + 1, "1-based in the peer");
+                    assert_eq!(m["block_width"], f.tgt_len, "a segment is one block");
+                    assert_eq!(m["segments_per_step"], r.bptt_segments);
+                    assert_eq!(m["max_seq_len"], m["block_width"].as_u64().unwrap() * 2);
+                    assert_eq!(c.dropout, 0.0, "the peer has no dropout");
+                    assert_eq!(f.peer_format, Some("lucidrains-block-recurrent"));
+                }
                 FamilyModel::Xl(c) => {
                     c.validate().unwrap();
                     assert_eq!(m["n_layer"], c.n_layers);

@@ -275,6 +275,10 @@ pub enum RelativePosition {
         /// The bucket of every pair.
         bucket: Tensor<1, Int>,
     },
+    /// No position term, `B = 0`: the scores are the content term alone (absolute or rotary
+    /// positions, already in `qc` and `k`). Runs as [`Buckets`](Self::Buckets) with one
+    /// constant zero bias.
+    None,
 }
 
 /// Relative multi-head attention as one fused op (the maths is in [`relative`]):
@@ -314,6 +318,7 @@ pub fn relative_attention_fused(
     }
     let mut dtypes = vec![("qc", qc.dtype()), ("k", k.dtype()), ("v", v.dtype())];
     match &position {
+        RelativePosition::None => {}
         RelativePosition::Shifted { qp, r } => {
             if qp.dims() != qc.dims() {
                 return bad(format!("qp has shape {:?}, qc {:?}", qp.dims(), qc.dims()));
@@ -395,6 +400,16 @@ pub fn relative_attention_fused(
                 params,
             )
         }
+        // The content term alone: every pair in one bucket whose bias is a constant zero.
+        RelativePosition::None => <Dispatch as FusedBackend>::relative_attention_bucketed(
+            qc.into_dispatch(),
+            k.into_dispatch(),
+            Tensor::<2>::zeros([1, h], &device).into_dispatch(),
+            Tensor::<1, Int>::zeros([q * kl], &device).into_dispatch(),
+            v.into_dispatch(),
+            mask.into_dispatch(),
+            params,
+        ),
     };
     Ok(Tensor::from_dispatch(out))
 }

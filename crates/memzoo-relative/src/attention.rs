@@ -521,6 +521,26 @@ impl RelativeMultiHeadAttention {
         ctx: &RelativeContext,
         shared: Option<&XlBiases>,
     ) -> Result<Tensor<4>, RelativeError> {
+        if self.fused_null_applies(&q, ctx) {
+            return self.attend_null_fused(q, k, v, null, ctx);
+        }
+        self.attend_null_tensor_ops(q, k, v, null, ctx, shared)
+    }
+
+    /// [`attend_null`](Self::attend_null) as tensor ops (every backend and scheme; the
+    /// reference of its fused path).
+    ///
+    /// # Shapes
+    /// As [`attend_null`](Self::attend_null).
+    pub fn attend_null_tensor_ops(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        null: Tensor<3>,
+        ctx: &RelativeContext,
+        shared: Option<&XlBiases>,
+    ) -> Result<Tensor<4>, RelativeError> {
         let [b, h, _, dh] = q.dims();
         let nv = null.clone().narrow(0, 1, 1).reshape([1, h, 1, dh]);
         let null_scores = Self::null_scores(q.clone(), null);
@@ -858,6 +878,54 @@ impl RelativeMultiHeadAttention {
         Ok(if s == 1.0 { table } else { table.mul_scalar(s) })
     }
 
+    /// The queries and keys whose product is the whole score where positions are absolute
+    /// or rotary (no position term): `(s q', k')` with `scores = s q'·k'ᵀ`.
+    ///
+    /// - absolute: Vaswani et al. (2017), eq. 1, `q·k / sqrt(d_head)`; with qk-RMSNorm
+    ///   `s q̂·k̂` (`s` its scale);
+    /// - rotary: `s rot(q̂_i, i + mlen)·rot(k̂_j, j)` ([`crate::rotary`]), `q̂`, `k̂` normalised
+    ///   with qk-RMSNorm (`s` its scale), else `q`, `k` (`s = 1/sqrt(d_head)`).
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, heads, qlen, d_head]`; `k`: `[batch, heads, klen, d_head]`; the same out
+    pub fn content_operands(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+    ) -> Result<(Tensor<4>, Tensor<4>), RelativeError> {
+        let dh = q.dims()[3];
+        let klen = k.dims()[2];
+        let (q, k, s) = match &self.qk_norm {
+            Some(norm) => {
+                let (q, k) = norm.normalise(q, k);
+                (q, k, norm.scale as f32)
+            }
+            None => (q, k, 1.0 / (dh as f32).sqrt()),
+        };
+        let (q, k) = match self.scheme {
+            PositionParams::Absolute(_) => (q, k),
+            PositionParams::Rotary(_) => {
+                let p = &self.positions;
+                let tables = RotaryTables::new(
+                    dh,
+                    klen,
+                    p.rotary_width,
+                    p.rotary_theta,
+                    p.xpos_scale_base,
+                    &q.device(),
+                );
+                tables.apply(q, k)
+            }
+            _ => {
+                return Err(RelativeError::Input(format!(
+                    "{:?} positions add a position term to the scores",
+                    self.positions.kind
+                )));
+            }
+        };
+        Ok((q.mul_scalar(s), k))
+    }
+
     /// Pre-softmax scores `[batch, heads, qlen, klen]` (see the type docs for the formulas).
     ///
     /// # Shapes
@@ -933,35 +1001,10 @@ impl RelativeMultiHeadAttention {
                     .reshape([1, h, qlen, klen]);
                 Ok(q.mul_scalar(scale).matmul(kt) + beta)
             }
-            (PositionParams::Absolute(_), PositionIndex::Absolute) => {
-                // Vaswani et al. (2017), eq. 1: QK^T / sqrt(d_k); with qk-RMSNorm s q̂·k̂.
-                let Some(norm) = &self.qk_norm else {
-                    return Ok(q.mul_scalar(scale).matmul(kt));
-                };
-                let (q, k) = norm.normalise(q, k);
-                Ok(q.mul_scalar(norm.scale).matmul(k.transpose()))
-            }
-            (PositionParams::Rotary(_), PositionIndex::Rotary) => {
-                // s rot(q̂_i, i + mlen)·rot(k̂_j, j) (crate::rotary): q̂, k̂ normalised with
-                // qk-RMSNorm (s its scale), else q, k (s = 1/sqrt(d_head)).
-                let (q, k, s) = match &self.qk_norm {
-                    Some(norm) => {
-                        let (q, k) = norm.normalise(q, k);
-                        (q, k, norm.scale as f32)
-                    }
-                    None => (q, k, scale),
-                };
-                let p = &self.positions;
-                let tables = RotaryTables::new(
-                    dh,
-                    klen,
-                    p.rotary_width,
-                    p.rotary_theta,
-                    p.xpos_scale_base,
-                    &q.device(),
-                );
-                let (q, k) = tables.apply(q, k);
-                Ok(q.mul_scalar(s).matmul(k.transpose()))
+            (PositionParams::Absolute(_), PositionIndex::Absolute)
+            | (PositionParams::Rotary(_), PositionIndex::Rotary) => {
+                let (q, k) = self.content_operands(q, k)?;
+                Ok(q.matmul(k.transpose()))
             }
             _ => Err(mismatch()),
         }

@@ -3,8 +3,10 @@
 //!
 //! On the `flex` backend, with no dropout on the probabilities, Transformer-XL's and T5's
 //! schemes (and the learned one without its biases, `learned_biases = false`, which is XL's
-//! shifted form) run scores, relative shift, mask, softmax and `P V` (forward and backward) as
-//! one multi-threaded op; everywhere else (other backends, the learned scheme with its biases,
+//! shifted form), and absolute and rotary positions (no position term: the content scores of
+//! [`content_operands`](RelativeMultiHeadAttention::content_operands), with a null key where
+//! positions are absolute and there is no qk-RMSNorm) run scores, relative shift, mask,
+//! softmax and `P V` (forward and backward) as one multi-threaded op; everywhere else (other backends, the learned scheme with its biases,
 //! `dropatt > 0` in training) the tensor-op path [`attend_tensor_ops`](RelativeMultiHeadAttention::attend_tensor_ops)
 //! runs, which is also the reference the kernel is tested against (`tests/fused_relative.rs`).
 //!
@@ -13,7 +15,7 @@
 
 use burn::module::Param;
 use burn::tensor::activation::softmax;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 use memzoo_fused::{RelativePosition, relative_attention_fused};
 
 use crate::attention::{PositionParams, RelativeMultiHeadAttention, XlBiases};
@@ -36,7 +38,12 @@ impl RelativeMultiHeadAttention {
         shared: Option<&XlBiases>,
     ) -> Result<Tensor<4>, RelativeError> {
         if self.fused_applies(&q, ctx) {
-            return self.attend_fused(q, k, v, ctx, shared);
+            return match self.scheme {
+                PositionParams::Absolute(_) | PositionParams::Rotary(_) => {
+                    self.attend_content_fused(q, k, v, ctx)
+                }
+                _ => self.attend_fused(q, k, v, ctx, shared),
+            };
         }
         self.attend_tensor_ops(q, k, v, ctx, shared)
     }
@@ -71,6 +78,9 @@ impl RelativeMultiHeadAttention {
             (PositionParams::Learned(_), PositionIndex::Learned(_)) => {
                 !self.positions.learned_biases
             }
+            // No position term: the content scores alone.
+            (PositionParams::Absolute(_), PositionIndex::Absolute)
+            | (PositionParams::Rotary(_), PositionIndex::Rotary) => true,
             _ => false,
         };
         memzoo_fused::supports(&device)
@@ -135,6 +145,61 @@ impl RelativeMultiHeadAttention {
         let (qc, position) = position;
         // The shapes come from this layer: a rejection names them as a bad input.
         relative_attention_fused(qc, k, v, position, ctx.mask.clone(), ctx.mask_value)
+            .map_err(|e| RelativeError::Input(e.to_string()))
+    }
+
+    /// [`attend`](Self::attend) of absolute or rotary positions by the fused kernel, the
+    /// scores `s q'·k'ᵀ` of [`content_operands`](Self::content_operands) and no position term.
+    fn attend_content_fused(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        ctx: &RelativeContext,
+    ) -> Result<Tensor<4>, RelativeError> {
+        let (qc, k) = self.content_operands(q, k)?;
+        relative_attention_fused(qc, k, v, RelativePosition::None, ctx.mask.clone(), ctx.mask_value)
+            .map_err(|e| RelativeError::Input(e.to_string()))
+    }
+
+    /// Whether [`attend_null`](Self::attend_null) runs the fused kernel: where
+    /// [`attend`](Self::attend) does, with absolute positions and no qk-RMSNorm (the null key
+    /// is scored by `s q·k_null`, the content score of a plain key).
+    pub fn fused_null_applies(&self, q: &Tensor<4>, ctx: &RelativeContext) -> bool {
+        matches!(self.scheme, PositionParams::Absolute(_))
+            && self.qk_norm.is_none()
+            && self.fused_applies(q, ctx)
+    }
+
+    /// [`attend_null`](Self::attend_null) by the fused kernel: the null key and value
+    /// prepended to the keys and values as a column every query sees.
+    ///
+    /// # Shapes
+    /// As [`attend_null`](Self::attend_null).
+    pub(crate) fn attend_null_fused(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        null: Tensor<3>,
+        ctx: &RelativeContext,
+    ) -> Result<Tensor<4>, RelativeError> {
+        let [b, h, qlen, dh] = q.dims();
+        let column = |i: usize| {
+            null.clone()
+                .narrow(0, i, 1)
+                .reshape([1, h, 1, dh])
+                .expand([b, h, 1, dh])
+        };
+        let k = Tensor::cat(vec![column(0), k], 2);
+        let v = Tensor::cat(vec![column(1), v], 2);
+        let mask = ctx.mask.clone().map(|m| {
+            // The null column, seen by every query (`false`: visible).
+            let seen = Tensor::<3, Int>::zeros([m.dims()[0], qlen, 1], &m.device()).equal_elem(1);
+            Tensor::cat(vec![seen, m], 2)
+        });
+        let (qc, k) = self.content_operands(q, k)?;
+        relative_attention_fused(qc, k, v, RelativePosition::None, mask, ctx.mask_value)
             .map_err(|e| RelativeError::Input(e.to_string()))
     }
 }
