@@ -313,3 +313,61 @@ fn recl_compares_runs_and_refuses_bad_contexts() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `memzoo eval --knn-memories N --knn-top-k K`: the run's kNN memory at another size or
+/// reach without retraining (the Memorizing Transformer's Table 5). At the trained values it
+/// is the plain evaluation to the last bit; with one pair retrieved it is another function; on
+/// a run without kNN layers, or at 0, an error naming the flag.
+#[test]
+fn eval_reads_a_knn_memory_of_another_size() {
+    let dir = scratch("eval-knn-memories");
+    let run = dir.join("run");
+    commands::train(&tiny(&memzoo_tests::TINY_MEMORIZING), "flex", &run, false, false, true, true).unwrap();
+    let eval = |knn_memories, knn_top_k| {
+        let args = commands::EvalArgs {
+            run_dir: run.clone(),
+            split: "valid".into(),
+            mem_len: None,
+            tgt_len: None,
+            max_segments: Some(4),
+            knn_memories,
+            knn_top_k,
+        };
+        commands::eval_with(&args, "flex", true)
+    };
+    let plain = eval(None, None).unwrap();
+    let trained = eval(Some(64), Some(4)).unwrap();
+    assert_eq!(plain.bpc, trained.bpc, "the trained size and reach: the same evaluation");
+    let one = eval(None, Some(1)).unwrap();
+    assert!(
+        (one.bpc - plain.bpc).abs() > 1e-6,
+        "one retrieved pair: {} against {}",
+        one.bpc,
+        plain.bpc
+    );
+    assert_eq!(one.tokens, plain.tokens);
+    check(
+        eval(Some(0), None).map(|_| ()),
+        &["--knn-memories 0", "positive"],
+        2,
+        "--knn-memories 0",
+    );
+    let xl = dir.join("xl");
+    commands::train(&tiny(&[]), "flex", &xl, false, false, true, true).unwrap();
+    let args = commands::EvalArgs {
+        run_dir: xl.clone(),
+        split: "valid".into(),
+        mem_len: None,
+        tgt_len: None,
+        max_segments: Some(1),
+        knn_memories: None,
+        knn_top_k: Some(8),
+    };
+    check(
+        commands::eval_with(&args, "flex", true).map(|_| ()),
+        &["--knn-top-k 8", "has no kNN layer"],
+        2,
+        "--knn-top-k on an XL run",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

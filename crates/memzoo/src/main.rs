@@ -97,6 +97,13 @@ enum Command {
         /// Only the first N segments.
         #[arg(long)]
         max_segments: Option<usize>,
+        /// kNN memory per row and head at evaluation (`model.knn.max_memories`): a larger one
+        /// than trained with, without retraining (the Memorizing Transformer's Table 5).
+        #[arg(long)]
+        knn_memories: Option<usize>,
+        /// Pairs each query retrieves from the kNN memory at evaluation (`model.knn.top_k`).
+        #[arg(long)]
+        knn_top_k: Option<usize>,
     },
     /// One self-contained HTML page showing what a run's memory does on a text: per token the
     /// loss with the memory and with the same weights reading none, per layer and head where
@@ -384,13 +391,19 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
             mem_len,
             tgt_len,
             max_segments,
-        } => commands::eval(
-            &run_dir,
+            knn_memories,
+            knn_top_k,
+        } => commands::eval_with(
+            &commands::EvalArgs {
+                run_dir,
+                split,
+                mem_len,
+                tgt_len,
+                max_segments,
+                knn_memories,
+                knn_top_k,
+            },
             &common.device,
-            &split,
-            mem_len,
-            tgt_len,
-            max_segments,
             common.json,
         ),
         Command::Inspect {

@@ -1,10 +1,11 @@
 //! `memzoo eval`: a run's latest checkpoint over a split of its data.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use memzoo_data::Split;
-use memzoo_train::evaluate_sharded;
+use memzoo_stack::LayerKind;
+use memzoo_train::{EvalResult, evaluate_sharded};
 use serde_json::json;
 
 use super::checks::{check_mem_len_flag, check_model_memory, check_vocab};
@@ -13,9 +14,27 @@ use super::loading::{load_xl_config, source};
 use crate::config::RunConfig;
 use crate::error::CliError;
 
-/// `memzoo eval`.
+/// What `memzoo eval` reads, and with which memory.
+pub struct EvalArgs {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// `valid`, `test` or `train`.
+    pub split: String,
+    /// XL memory length (default: the run's).
+    pub mem_len: Option<usize>,
+    /// Segment length (default: the run's `train.tgt_len`).
+    pub tgt_len: Option<usize>,
+    /// Only the first N segments.
+    pub max_segments: Option<usize>,
+    /// kNN memory per row and head (default: the run's `model.knn.max_memories`).
+    pub knn_memories: Option<usize>,
+    /// Pairs retrieved per query (default: the run's `model.knn.top_k`).
+    pub knn_top_k: Option<usize>,
+}
+
+/// `memzoo eval` with the run's own kNN memory.
 pub fn eval(
-    run_dir: &Path,
+    run_dir: &std::path::Path,
     device_name: &str,
     split: &str,
     mem_len: Option<usize>,
@@ -23,7 +42,36 @@ pub fn eval(
     max_segments: Option<usize>,
     json_out: bool,
 ) -> Result<(), CliError> {
-    let split = match split {
+    let args = EvalArgs {
+        run_dir: run_dir.to_path_buf(),
+        split: split.to_string(),
+        mem_len,
+        tgt_len,
+        max_segments,
+        knn_memories: None,
+        knn_top_k: None,
+    };
+    eval_with(&args, device_name, json_out).map(|_| ())
+}
+
+/// `memzoo eval`: prints the result and returns it.
+pub fn eval_with(
+    args: &EvalArgs,
+    device_name: &str,
+    json_out: bool,
+) -> Result<EvalResult, CliError> {
+    let EvalArgs {
+        run_dir,
+        split,
+        mem_len,
+        tgt_len,
+        max_segments,
+        knn_memories,
+        knn_top_k,
+    } = args;
+    let (run_dir, mem_len, tgt_len, max_segments) =
+        (run_dir.as_path(), *mem_len, *tgt_len, *max_segments);
+    let split = match split.as_str() {
         "valid" => Split::Valid,
         "test" => Split::Test,
         "train" => Split::Train,
@@ -45,9 +93,34 @@ pub fn eval(
     if tgt_len == Some(0) {
         return Err(CliError::flag("--tgt-len", 0, "must be positive"));
     }
+    for (flag, value) in [("--knn-memories", knn_memories), ("--knn-top-k", knn_top_k)] {
+        if *value == Some(0) {
+            return Err(CliError::flag(flag, 0, "must be positive"));
+        }
+    }
     let device = device(device_name)?;
+    // The kNN memory's size and reach at evaluation, on the run's own config.
+    let sets: Vec<String> = [
+        knn_memories.map(|n| format!("model.knn.max_memories={n}")),
+        knn_top_k.map(|k| format!("model.knn.top_k={k}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     // As in training: on data made of documents, documents per row with memory resets.
-    let config = RunConfig::from_run_dir(run_dir, &[])?.on_data()?;
+    let config = RunConfig::from_run_dir(run_dir, &sets)?.on_data()?;
+    let knn_flag = knn_memories
+        .map(|n| ("--knn-memories", n))
+        .or(knn_top_k.map(|k| ("--knn-top-k", k)));
+    if let Some((flag, value)) = knn_flag
+        && !config.stack().layer_kinds().contains(&LayerKind::Knn)
+    {
+        return Err(CliError::flag(
+            flag,
+            value,
+            format!("the run in {} has no kNN layer", run_dir.display()),
+        ));
+    }
     check_mem_len_flag(mem_len, &config, run_dir)?;
     check_model_memory(&config, false)?;
     let len = tgt_len.unwrap_or(config.train.tgt_len);
@@ -65,6 +138,11 @@ pub fn eval(
         None => model,
     };
     let eval_mem_len = model.mem_len;
+    let stack = config.stack();
+    let knn = stack
+        .layer_kinds()
+        .contains(&LayerKind::Knn)
+        .then(|| (stack.knn.max_memories, stack.knn.top_k));
     let r = evaluate_sharded(&model, data, len, max_segments, replicas);
     let r = r?;
     let secs = start.elapsed().as_secs_f64();
@@ -72,6 +150,7 @@ pub fn eval(
         println!(
             "{}",
             json!({"split": split.as_str(), "mem_len": eval_mem_len, "tgt_len": len,
+                   "knn_memories": knn.map(|k| k.0), "knn_top_k": knn.map(|k| k.1),
                    "loss": r.loss, "bpc": r.bpc, "ppl": r.ppl, "tokens": r.tokens, "seconds": secs,
                    "recall_loss": r.selected_loss, "recall_tokens": r.selected_tokens})
         );
@@ -85,6 +164,9 @@ pub fn eval(
             r.tokens,
             eval_mem_len
         );
+        if let Some((memories, top_k)) = knn {
+            println!("  kNN memory {memories} per row and head, top {top_k}");
+        }
         if let Some(sel) = r.selected_loss {
             println!(
                 "  on the {} recallable positions: {:.4} bpc",
@@ -93,5 +175,5 @@ pub fn eval(
             );
         }
     }
-    Ok(())
+    Ok(r)
 }

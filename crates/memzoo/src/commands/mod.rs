@@ -34,7 +34,7 @@ mod train;
 
 pub(crate) use checks::check_import_memory;
 pub use data::{data_fetch, data_list, data_prepare, data_stats};
-pub use eval::eval;
+pub use eval::{EvalArgs, eval, eval_with};
 pub use generate::{GenerateOptions, generate};
 pub use inspect::{InspectArgs, inspect};
 pub(crate) use loading::load_checkpoint;
