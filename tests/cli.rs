@@ -322,7 +322,16 @@ fn recl_compares_runs_and_refuses_bad_contexts() {
 fn eval_reads_a_knn_memory_of_another_size() {
     let dir = scratch("eval-knn-memories");
     let run = dir.join("run");
-    commands::train(&tiny(&memzoo_tests::TINY_MEMORIZING), "flex", &run, false, false, true, true).unwrap();
+    commands::train(
+        &tiny(&memzoo_tests::TINY_MEMORIZING),
+        "flex",
+        &run,
+        false,
+        false,
+        true,
+        true,
+    )
+    .unwrap();
     let eval = |knn_memories, knn_top_k| {
         let args = commands::EvalArgs {
             run_dir: run.clone(),
@@ -337,7 +346,10 @@ fn eval_reads_a_knn_memory_of_another_size() {
     };
     let plain = eval(None, None).unwrap();
     let trained = eval(Some(64), Some(4)).unwrap();
-    assert_eq!(plain.bpc, trained.bpc, "the trained size and reach: the same evaluation");
+    assert_eq!(
+        plain.bpc, trained.bpc,
+        "the trained size and reach: the same evaluation"
+    );
     let one = eval(None, Some(1)).unwrap();
     assert!(
         (one.bpc - plain.bpc).abs() > 1e-6,

@@ -609,7 +609,10 @@ fn fused_content_attention_matches_tensor_ops() {
                         }
                         (false, false) => att.attend_tensor_ops(q, k, v, &ctx, None),
                         (true, true) => {
-                            assert!(att.fused_null_applies(&q, &ctx), "{what}: the kernel applies");
+                            assert!(
+                                att.fused_null_applies(&q, &ctx),
+                                "{what}: the kernel applies"
+                            );
                             att.attend_null(q, k, v, pair.clone(), &ctx, None)
                         }
                         (true, false) => {
@@ -617,10 +620,13 @@ fn fused_content_attention_matches_tensor_ops() {
                         }
                     }
                     .unwrap();
-                    let out = att.project_output(heads.swap_dims(1, 2).reshape([batch, qlen, h * dh]));
+                    let out =
+                        att.project_output(heads.swap_dims(1, 2).reshape([batch, qlen, h * dh]));
                     let (mut all, grads) = output_and_input_grads(out, 99, x, mem);
                     if null {
-                        all.push(host(pair.grad(&grads).expect("the null pair gets a gradient")));
+                        all.push(host(
+                            pair.grad(&grads).expect("the null pair gets a gradient"),
+                        ));
                     }
                     let params = GradientsParams::from_grads(grads, &att);
                     for g in param_vectors(&att, Some(&params)) {

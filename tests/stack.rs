@@ -790,9 +790,18 @@ fn dropout_sites_turn_off_one_by_one() {
     assert_close(&train, &eval, 1e-6, "every site off: training = evaluation");
     for (site, c) in [
         ("embedding", none.clone().with_embedding_dropout(true)),
-        ("attention output", none.clone().with_attention_output_dropout(true)),
-        ("feed-forward inner", none.clone().with_ff_inner_dropout(true)),
-        ("feed-forward output", none.clone().with_ff_output_dropout(true)),
+        (
+            "attention output",
+            none.clone().with_attention_output_dropout(true),
+        ),
+        (
+            "feed-forward inner",
+            none.clone().with_ff_inner_dropout(true),
+        ),
+        (
+            "feed-forward output",
+            none.clone().with_ff_output_dropout(true),
+        ),
         ("final", none.clone().with_final_dropout(true)),
     ] {
         let (t, e) = passes(&c);

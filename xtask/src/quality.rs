@@ -560,10 +560,9 @@ pub fn run(args: &BenchArgs, device: &Device) -> Result<Vec<QualityPoint>, Strin
     for fam in &families {
         // Where memzoo's model is the import of the peer's, both start from the peer's weights.
         let start = match (fam.peer_format, args.no_peers) {
-            (Some(format), false) => match peer_initial_model(fam, args, steps, &eval_at, &path)? {
-                Some(dir) => Some((format, dir)),
-                None => None,
-            },
+            (Some(format), false) => {
+                peer_initial_model(fam, args, steps, &eval_at, &path)?.map(|dir| (format, dir))
+            }
             _ => None,
         };
         let run = MemzooRun {
@@ -845,7 +844,10 @@ fn start_from_peer(
 fn param_shapes<M: burn::module::Module>(model: &M) -> Vec<Vec<usize>> {
     struct Shapes(Vec<Vec<usize>>);
     impl burn::module::ModuleVisitor for Shapes {
-        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<burn::tensor::Tensor<D>>) {
+        fn visit_float<const D: usize>(
+            &mut self,
+            param: &burn::module::Param<burn::tensor::Tensor<D>>,
+        ) {
             self.0.push(param.val().dims().to_vec());
         }
     }

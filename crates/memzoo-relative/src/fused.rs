@@ -158,8 +158,15 @@ impl RelativeMultiHeadAttention {
         ctx: &RelativeContext,
     ) -> Result<Tensor<4>, RelativeError> {
         let (qc, k) = self.content_operands(q, k)?;
-        relative_attention_fused(qc, k, v, RelativePosition::None, ctx.mask.clone(), ctx.mask_value)
-            .map_err(|e| RelativeError::Input(e.to_string()))
+        relative_attention_fused(
+            qc,
+            k,
+            v,
+            RelativePosition::None,
+            ctx.mask.clone(),
+            ctx.mask_value,
+        )
+        .map_err(|e| RelativeError::Input(e.to_string()))
     }
 
     /// Whether [`attend_null`](Self::attend_null) runs the fused kernel: where

@@ -405,7 +405,8 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
             },
             &common.device,
             common.json,
-        ),
+        )
+        .map(|_| ()),
         Command::Inspect {
             common,
             run_dir,

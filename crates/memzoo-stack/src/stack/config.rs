@@ -522,8 +522,7 @@ impl XlConfig {
             ff_chunk_len: self.ff_chunk_len,
             memory_gradients: self.compat.memory_gradients,
             memory_keys_values: self.compat.memory_keys_values,
-            drops_attention: self.randomness == Randomness::Seeded
-                && self.attention_output_dropout,
+            drops_attention: self.randomness == Randomness::Seeded && self.attention_output_dropout,
         }
     }
 

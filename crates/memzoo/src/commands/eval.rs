@@ -142,7 +142,7 @@ pub fn eval_with(
     let knn = stack
         .layer_kinds()
         .contains(&LayerKind::Knn)
-        .then(|| (stack.knn.max_memories, stack.knn.top_k));
+        .then_some((stack.knn.max_memories, stack.knn.top_k));
     let r = evaluate_sharded(&model, data, len, max_segments, replicas);
     let r = r?;
     let secs = start.elapsed().as_secs_f64();
