@@ -284,6 +284,55 @@ pub(crate) fn check_gradients(
     }
 }
 
+/// The mean of several unrolled steps' gradients under a peer's names, checked against a
+/// reference's `grad.*` (a peer's wrapper that averages its segments' losses).
+#[derive(Default)]
+pub(crate) struct GradientMean {
+    sum: std::collections::BTreeMap<String, Vec<f32>>,
+    shapes: std::collections::BTreeMap<String, burn::tensor::Shape>,
+}
+
+impl GradientMean {
+    /// Adds one of `steps` steps' gradients, weighted `1 / steps`.
+    pub(crate) fn add(&mut self, grads: memzoo_import::mapping::PeerTensors, steps: usize) {
+        for (name, g) in grads {
+            let add = g.clone().convert::<f32>().try_to_vec::<f32>().unwrap();
+            let acc = self
+                .sum
+                .entry(name.clone())
+                .or_insert_with(|| vec![0.0; add.len()]);
+            for (a, b) in acc.iter_mut().zip(&add) {
+                *a += b / steps as f32;
+            }
+            self.shapes.insert(name, g.shape().clone());
+        }
+    }
+
+    /// Checks the mean against every `grad.*` of `reference` ([`check_gradients`]: one for
+    /// each, none more) and returns the largest difference.
+    #[track_caller]
+    pub(crate) fn check(self, reference: &Reference) -> f32 {
+        let shapes = self.shapes;
+        let mean: memzoo_import::mapping::PeerTensors = self
+            .sum
+            .into_iter()
+            .map(|(n, v)| {
+                let shape = shapes[&n].clone();
+                (n, burn::tensor::TensorData::new(v, shape))
+            })
+            .collect();
+        assert_eq!(mean.len(), reference.names("grad.").len(), "gradients");
+        check_gradients(&mean, reference, "grad.", |_| false);
+        let mut d = 0.0f32;
+        for (name, g) in &mean {
+            let got = g.clone().convert::<f32>().try_to_vec::<f32>().unwrap();
+            let want = reference.floats(&format!("grad.{name}"));
+            d = d.max(max_abs_diff(&got, &want));
+        }
+        d
+    }
+}
+
 fn logits_log_probs(model: &memzoo_stack::TransformerXl, hidden: Tensor<3>) -> Tensor<3> {
     log_softmax(model.logits(hidden), 2)
 }

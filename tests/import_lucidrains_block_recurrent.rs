@@ -11,27 +11,22 @@
 //! segment, and every parameter's gradient of the wrapper's loss. Float comparisons: `max
 //! |memzoo - package| <= 1e-4 · max(1, max |package|)` (`import::check`).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor};
 use memzoo_import::BlockRecurrentPeerConfig;
 use memzoo_import::lucidrains_block_recurrent::{self, block_recurrent_to_peer};
-use memzoo_import::mapping::{PeerTensors, Source};
+use memzoo_import::mapping::Source;
 use memzoo_stack::{LayerKind, QkNormConfig, UnrollSegment, XlConfig, XlState};
 use memzoo_tests::*;
 
-use crate::import::{Reference, check, check_gradients};
+use crate::import::{GradientMean, Reference, check};
 
 const SEGMENTS: usize = 3;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-block-recurrent")
-}
-
-fn floats(t: &TensorData) -> Vec<f32> {
-    t.clone().convert::<f32>().try_to_vec::<f32>().unwrap()
 }
 
 /// `max |got - want|`, printed (the report's numbers) and returned.
@@ -115,8 +110,7 @@ fn lucidrains_block_recurrent_matches_the_package() {
     let ad = dev.autodiff();
     let (model, _) = lucidrains_block_recurrent::load(&dir, &ad).unwrap();
     let mut state = XlState::new();
-    let mut sum: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-    let mut shapes: BTreeMap<String, burn::tensor::Shape> = BTreeMap::new();
+    let mut mean = GradientMean::default();
     let mut total = 0.0;
     for s in 0..SEGMENTS {
         let x = r.tokens::<2>(&format!("input_ids.{s}"), &ad);
@@ -131,36 +125,17 @@ fn lucidrains_block_recurrent_matches_the_package() {
             .collect();
         let (loss, grads) = model.train_unroll(blocks, &mut state).unwrap();
         total += loss.into_scalar::<f64>() / SEGMENTS as f64;
-        for (name, g) in block_recurrent_to_peer(&model, Source::Gradients(&grads)) {
-            let add = floats(&g);
-            let acc = sum
-                .entry(name.clone())
-                .or_insert_with(|| vec![0.0; add.len()]);
-            for (a, b) in acc.iter_mut().zip(&add) {
-                *a += b / SEGMENTS as f32;
-            }
-            shapes.insert(name, g.shape().clone());
-        }
+        mean.add(
+            block_recurrent_to_peer(&model, Source::Gradients(&grads)),
+            SEGMENTS,
+        );
     }
     check(&[total as f32], &r.floats("loss"), "the wrapper's loss");
     eprintln!(
         "the wrapper's loss: max |memzoo - package| = {:e}",
         (total as f32 - r.floats("loss")[0]).abs()
     );
-    let mean: PeerTensors = sum
-        .into_iter()
-        .map(|(n, v)| {
-            let shape = shapes[&n].clone();
-            (n, TensorData::new(v, shape))
-        })
-        .collect();
-    assert_eq!(mean.len(), r.names("grad.").len(), "gradients");
-    check_gradients(&mean, &r, "grad.", |_| false);
-    let mut d_grad = 0.0f32;
-    for (name, g) in &mean {
-        let want = r.floats(&format!("grad.{name}"));
-        d_grad = d_grad.max(max_abs_diff(&floats(g), &want));
-    }
+    let d_grad = mean.check(&r);
     eprintln!("max over every gradient: {d_grad:e}");
 }
 

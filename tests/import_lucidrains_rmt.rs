@@ -10,14 +10,13 @@
 //! embedding's gradient scaled by 0.1). Float comparisons: `max |memzoo - package| <= 1e-4 ·
 //! max(1, max |package|)` (`import::check`).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::module::Param;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Tensor, TensorData};
 use memzoo_import::lucidrains_rmt::{self, rmt_to_peer};
-use memzoo_import::mapping::{PeerTensors, Source};
+use memzoo_import::mapping::Source;
 use memzoo_relative::{
     AttentionMask, PeerAttentionParams, PositionConfig, PositionKind, RelativeAttentionConfig,
     RelativeContext,
@@ -27,17 +26,12 @@ use memzoo_stack::{
 };
 use memzoo_tests::*;
 
-use crate::import::{Reference, check, check_gradients};
+use crate::import::{GradientMean, Reference, check};
 
 const SEGMENTS: usize = 4;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lucidrains-rmt")
-}
-
-/// A tensor's values on the host.
-fn floats(t: &TensorData) -> Vec<f32> {
-    t.clone().convert::<f32>().try_to_vec::<f32>().unwrap()
 }
 
 /// `max |got - want|` over two host vectors, printed (the report's numbers) and returned.
@@ -111,8 +105,7 @@ fn matches_the_package(dir: &Path, streams: usize) {
     let k = cfg.truncate_at_step.unwrap();
     assert_eq!(model.rmt_config().unwrap().bptt_segments, k);
     let mut state = XlState::new();
-    let mut sum: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-    let mut shapes: BTreeMap<String, burn::tensor::Shape> = BTreeMap::new();
+    let mut mean = GradientMean::default();
     let mut total = 0.0;
     let steps = SEGMENTS / k;
     for step in 0..steps {
@@ -126,32 +119,10 @@ fn matches_the_package(dir: &Path, streams: usize) {
             .collect();
         let (loss, grads) = model.train_unroll(segments, &mut state).unwrap();
         total += loss.into_scalar::<f64>() / steps as f64;
-        for (name, g) in rmt_to_peer(&model, Source::Gradients(&grads)) {
-            let add = floats(&g);
-            let acc = sum
-                .entry(name.clone())
-                .or_insert_with(|| vec![0.0; add.len()]);
-            for (a, b) in acc.iter_mut().zip(&add) {
-                *a += b / steps as f32;
-            }
-            shapes.insert(name, g.shape().clone());
-        }
+        mean.add(rmt_to_peer(&model, Source::Gradients(&grads)), steps);
     }
     check(&[total as f32], &r.floats("loss"), "the wrapper's loss");
-    let mean: PeerTensors = sum
-        .into_iter()
-        .map(|(n, v)| {
-            let shape = shapes[&n].clone();
-            (n, TensorData::new(v, shape))
-        })
-        .collect();
-    assert_eq!(mean.len(), r.names("grad.").len(), "gradients");
-    check_gradients(&mean, &r, "grad.", |_| false);
-    let mut d_grad = 0.0f32;
-    for (name, g) in &mean {
-        let want = r.floats(&format!("grad.{name}"));
-        d_grad = d_grad.max(max_abs_diff(&floats(g), &want));
-    }
+    let d_grad = mean.check(&r);
     eprintln!("{streams} streams, max over every gradient: {d_grad:e}");
 }
 
