@@ -5,8 +5,8 @@ Usage: quality.py FAMILY STEPS EVAL_AT DATA [--config JSON]
 
   FAMILY   xl (HF TransfoXL 4.37.2: run with ~/.cache/memzoo-peers/venv-tfxl/bin/python),
            reformer (reformer-pytorch), memorizing (memorizing-transformers-pytorch) or
-           compressive (compressive-transformer-pytorch) or rmt (recurrent-memory-transformer-pytorch),
-           with ~/.cache/memzoo-peers/venv/bin/python
+           compressive (compressive-transformer-pytorch), rmt (recurrent-memory-transformer-pytorch) or
+           block-recurrent (block-recurrent-transformer-pytorch), with ~/.cache/memzoo-peers/venv/bin/python
   STEPS    optimizer steps
   EVAL_AT  comma-separated steps at which the whole validation split is scored
   DATA     a text file (bytes are tokens, vocab 256)
@@ -95,6 +95,12 @@ rmt (recurrent-memory-transformer-pytorch 0.7.0 RecurrentMemoryTransformer): the
   - dropout: `ff_dropout` inside the feed-forward; memzoo drops there only (the import's
     dropout sites).
   - initialisation: the same weights (`--init-out`, imported by memzoo).
+block-recurrent (block-recurrent-transformer-pytorch 0.4.4 BlockRecurrentTransformer): the same
+  function (memzoo imports the package's checkpoints with parity) and, from the same weights
+  (`--init-out`), the same training: a step is one forward over `max_seq_len` tokens (memzoo's
+  unroll of `max_seq_len / block_width` segments of one block), the states and key/value memories
+  it returns carried detached to the next step. The package has no dropout (neither side drops).
+  Evaluation reads one block per forward, so both sides score the same full blocks.
 """
 import argparse
 import json

@@ -8,7 +8,8 @@
 //! cargo xtask bench scale [--families xl,memorizing,reformer,generate] [--quick] [--no-peers]
 //!     [--out FILE.jsonl] [--plot DIR]           # cost against memory / store / sequence length
 //! cargo xtask bench reformer-step-6-rev-2048-128   # one Reformer step, reversible or plain
-//! cargo xtask bench quality [--families xl,reformer,memorizing,compressive] [--steps 400]
+//! cargo xtask bench quality [--families xl,reformer,memorizing,compressive,rmt,block-recurrent]
+//!     [--steps 400]
 //!     [--eval-at 50,100,200,300,400] [--out FILE.jsonl] [--plot DIR] [--no-peers] [--data PATH]
 //! cargo xtask study [--table t1,t2,t3,t4,t5] [--quick] [--out DIR]
 //! ```
@@ -105,7 +106,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub real_keys: Option<PathBuf>,
     /// `quality`: the families to train (comma-separated: xl, reformer, memorizing,
-    /// compressive; default: all four). `scale`: the curves (xl, memorizing, reformer,
+    /// compressive, rmt, block-recurrent; default: all six). `scale`: the curves (xl, memorizing, reformer,
     /// generate; default: xl, memorizing).
     #[arg(long, value_delimiter = ',')]
     pub families: Option<Vec<String>>,

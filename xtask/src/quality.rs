@@ -1,6 +1,7 @@
 //! `cargo xtask bench quality`: learning curves of memzoo and its PyTorch peers, side by side.
 //!
-//! For each family ([`xl_small`], [`reformer_small`], [`memorizing_small`]) memzoo trains with
+//! For each family ([`xl_small`], [`reformer_small`], [`memorizing_small`],
+//! [`compressive_small`], [`rmt_small`], [`block_recurrent_small`]) memzoo trains with
 //! the real trainer ([`memzoo_train::train`]) on a text file split as `memzoo train --data FILE`
 //! splits it (last 5% of the bytes valid, the 5% before it test, the rest train; ordered
 //! batches of `batch` contiguous rows, memory carried), checkpointing at every evaluation
@@ -9,7 +10,9 @@
 //! train` evaluates (`../shared/peers/quality_tfxl.py` reads it as one row: that starts cold once
 //! instead of 8 times and runs several times slower). The peer, `xtask/peers/quality.py`,
 //! trains the same shape with the same recipe ([`train_config`]; the numbers are passed to it
-//! as JSON, so they live only here) and scores the same tokens at the same steps.
+//! as JSON, so they live only here) and scores the same tokens at the same steps. Where memzoo's
+//! model is the import of the peer's ([`Family::peer_format`]), both start from the peer's
+//! seeded initial weights (`quality.py --init-out`, imported by memzoo).
 //!
 //! Every point of both curves is one JSON line
 //! (`{"kind":"quality","family","impl","step","valid_bpc","train_loss","wall_s"}`; `train_loss`
