@@ -6,9 +6,10 @@
 //! shifted form), and absolute and rotary positions (no position term: the content scores of
 //! [`content_operands`](RelativeMultiHeadAttention::content_operands), with a null key where
 //! positions are absolute and there is no qk-RMSNorm) run scores, relative shift, mask,
-//! softmax and `P V` (forward and backward) as one multi-threaded op; everywhere else (other backends, the learned scheme with its biases,
-//! `dropatt > 0` in training) the tensor-op path [`attend_tensor_ops`](RelativeMultiHeadAttention::attend_tensor_ops)
-//! runs, which is also the reference the kernel is tested against (`tests/fused_relative.rs`).
+//! softmax and `P V` (forward and backward) as one multi-threaded op. Everywhere else (other
+//! backends, the learned scheme with its biases, `dropatt > 0` in training) the tensor-op
+//! path [`attend_tensor_ops`](RelativeMultiHeadAttention::attend_tensor_ops) runs, which is
+//! also the reference the kernel is tested against (`tests/fused_relative.rs`).
 //!
 //! The kNN layer (`memzoo_knn::KnnAttention`) reads its retrieved pairs with a fused kernel on
 //! the same terms.
