@@ -314,10 +314,10 @@ fn recl_compares_runs_and_refuses_bad_contexts() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// `memzoo eval --knn-memories N --knn-top-k K`: the run's kNN memory at another size or
-/// reach without retraining (the Memorizing Transformer's Table 5). At the trained values it
-/// is the plain evaluation to the last bit; with one pair retrieved it is another function; on
-/// a run without kNN layers, or at 0, an error naming the flag.
+/// `memzoo eval --knn-memories N --knn-top-k K --rows R`: the run's kNN memory at another size
+/// or reach without retraining (the Memorizing Transformer's Table 5), over fewer, longer rows.
+/// At the trained values it is the plain evaluation to the last bit; with one pair retrieved it
+/// is another function; on a run without kNN layers, or at 0, an error naming the flag.
 #[test]
 fn eval_reads_a_knn_memory_of_another_size() {
     let dir = scratch("eval-knn-memories");
@@ -332,7 +332,7 @@ fn eval_reads_a_knn_memory_of_another_size() {
         true,
     )
     .unwrap();
-    let eval = |knn_memories, knn_top_k| {
+    let eval_rows = |knn_memories, knn_top_k, rows| {
         let args = commands::EvalArgs {
             run_dir: run.clone(),
             split: "valid".into(),
@@ -341,9 +341,11 @@ fn eval_reads_a_knn_memory_of_another_size() {
             max_segments: Some(4),
             knn_memories,
             knn_top_k,
+            rows,
         };
         commands::eval_with(&args, "flex", true)
     };
+    let eval = |knn_memories, knn_top_k| eval_rows(knn_memories, knn_top_k, None);
     let plain = eval(None, None).unwrap();
     let trained = eval(Some(64), Some(4)).unwrap();
     assert_eq!(
@@ -358,6 +360,21 @@ fn eval_reads_a_knn_memory_of_another_size() {
         plain.bpc
     );
     assert_eq!(one.tokens, plain.tokens);
+    // `--rows 1`: one row, longer, so the same segments hold a `batch`-th of the tokens.
+    let batch = tiny(&memzoo_tests::TINY_MEMORIZING).train.batch;
+    let single = eval_rows(None, None, Some(1)).unwrap();
+    assert!(batch > 1);
+    assert_eq!(
+        single.tokens * batch as u64,
+        plain.tokens,
+        "one row of {batch}"
+    );
+    check(
+        eval_rows(None, None, Some(0)).map(|_| ()),
+        &["--rows 0", "positive"],
+        2,
+        "--rows 0",
+    );
     check(
         eval(Some(0), None).map(|_| ()),
         &["--knn-memories 0", "positive"],
@@ -374,6 +391,7 @@ fn eval_reads_a_knn_memory_of_another_size() {
         max_segments: Some(1),
         knn_memories: None,
         knn_top_k: Some(8),
+        rows: None,
     };
     check(
         commands::eval_with(&args, "flex", true).map(|_| ()),

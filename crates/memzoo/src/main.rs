@@ -104,6 +104,10 @@ enum Command {
         /// Pairs each query retrieves from the kNN memory at evaluation (`model.knn.top_k`).
         #[arg(long)]
         knn_top_k: Option<usize>,
+        /// Rows read side by side (default: the run's `train.batch`); fewer rows are longer,
+        /// so that a large memory fills.
+        #[arg(long)]
+        rows: Option<usize>,
     },
     /// One self-contained HTML page showing what a run's memory does on a text: per token the
     /// loss with the memory and with the same weights reading none, per layer and head where
@@ -393,6 +397,7 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
             max_segments,
             knn_memories,
             knn_top_k,
+            rows,
         } => commands::eval_with(
             &commands::EvalArgs {
                 run_dir,
@@ -402,6 +407,7 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
                 max_segments,
                 knn_memories,
                 knn_top_k,
+                rows,
             },
             &common.device,
             common.json,

@@ -30,6 +30,8 @@ pub struct EvalArgs {
     pub knn_memories: Option<usize>,
     /// Pairs retrieved per query (default: the run's `model.knn.top_k`).
     pub knn_top_k: Option<usize>,
+    /// Rows read side by side (default: the run's `train.batch`).
+    pub rows: Option<usize>,
 }
 
 /// `memzoo eval` with the run's own kNN memory.
@@ -50,6 +52,7 @@ pub fn eval(
         max_segments,
         knn_memories: None,
         knn_top_k: None,
+        rows: None,
     };
     eval_with(&args, device_name, json_out).map(|_| ())
 }
@@ -68,6 +71,7 @@ pub fn eval_with(
         max_segments,
         knn_memories,
         knn_top_k,
+        rows,
     } = args;
     let (run_dir, mem_len, tgt_len, max_segments) =
         (run_dir.as_path(), *mem_len, *tgt_len, *max_segments);
@@ -93,16 +97,21 @@ pub fn eval_with(
     if tgt_len == Some(0) {
         return Err(CliError::flag("--tgt-len", 0, "must be positive"));
     }
-    for (flag, value) in [("--knn-memories", knn_memories), ("--knn-top-k", knn_top_k)] {
+    for (flag, value) in [
+        ("--knn-memories", knn_memories),
+        ("--knn-top-k", knn_top_k),
+        ("--rows", rows),
+    ] {
         if *value == Some(0) {
             return Err(CliError::flag(flag, 0, "must be positive"));
         }
     }
     let device = device(device_name)?;
-    // The kNN memory's size and reach at evaluation, on the run's own config.
+    // The kNN memory's size and reach, and the rows, at evaluation, on the run's own config.
     let sets: Vec<String> = [
         knn_memories.map(|n| format!("model.knn.max_memories={n}")),
         knn_top_k.map(|k| format!("model.knn.top_k={k}")),
+        rows.map(|r| format!("train.batch={r}")),
     ]
     .into_iter()
     .flatten()
@@ -150,6 +159,7 @@ pub fn eval_with(
         println!(
             "{}",
             json!({"split": split.as_str(), "mem_len": eval_mem_len, "tgt_len": len,
+                   "rows": config.train.batch,
                    "knn_memories": knn.map(|k| k.0), "knn_top_k": knn.map(|k| k.1),
                    "loss": r.loss, "bpc": r.bpc, "ppl": r.ppl, "tokens": r.tokens, "seconds": secs,
                    "recall_loss": r.selected_loss, "recall_tokens": r.selected_tokens})
