@@ -284,6 +284,29 @@ pub(crate) fn check_gradients(
     }
 }
 
+/// A change to an imported model (one of the peer's options switched back).
+pub(crate) type ModelEdit = Box<dyn Fn(&mut memzoo_stack::TransformerXl)>;
+
+/// Each of `variants` makes `model` another function: its `logits` move by more than 1e-3
+/// from `want`, so a parity test would fail with any one of them.
+#[track_caller]
+pub(crate) fn assert_each_option_matters(
+    model: &memzoo_stack::TransformerXl,
+    variants: Vec<(&str, ModelEdit)>,
+    logits: impl Fn(&memzoo_stack::TransformerXl) -> Vec<f32>,
+    want: &[f32],
+) {
+    for (what, edit) in variants {
+        let mut other = model.clone();
+        edit(&mut other);
+        let d = max_abs_diff(&logits(&other), want);
+        assert!(
+            d > 1e-3,
+            "{what}: the same logits without the option ({d:e})"
+        );
+    }
+}
+
 /// The mean of several unrolled steps' gradients under a peer's names, checked against a
 /// reference's `grad.*` (a peer's wrapper that averages its segments' losses).
 #[derive(Default)]

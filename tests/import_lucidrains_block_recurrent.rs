@@ -21,7 +21,7 @@ use memzoo_import::mapping::Source;
 use memzoo_stack::{LayerKind, QkNormConfig, UnrollSegment, XlConfig, XlState};
 use memzoo_tests::*;
 
-use crate::import::{GradientMean, Reference, check};
+use crate::import::{GradientMean, ModelEdit, Reference, assert_each_option_matters, check};
 
 const SEGMENTS: usize = 3;
 
@@ -164,8 +164,7 @@ fn lucidrains_block_recurrent_options_each_change_the_function() {
     };
     let want = r.floats("logits.0");
     check(&logits(&model), &want, "logits 0");
-    type Edit = Box<dyn Fn(&mut memzoo_stack::TransformerXl)>;
-    let variants: Vec<(&str, Edit)> = vec![
+    let variants: Vec<(&str, ModelEdit)> = vec![
         (
             "no xPos",
             Box::new(|m| {
@@ -191,15 +190,7 @@ fn lucidrains_block_recurrent_options_each_change_the_function() {
             Box::new(|m| m.block_recurrent.as_mut().unwrap().config.read_layer = None),
         ),
     ];
-    for (what, edit) in variants {
-        let mut other = model.clone();
-        edit(&mut other);
-        let d = max_abs_diff(&logits(&other), &want);
-        assert!(
-            d > 1e-3,
-            "{what}: the same logits without the option ({d:e})"
-        );
-    }
+    assert_each_option_matters(&model, variants, logits, &want);
 }
 
 /// The import refuses what memzoo's stack cannot express, naming it; the stack refuses the

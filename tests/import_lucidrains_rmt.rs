@@ -26,7 +26,7 @@ use memzoo_stack::{
 };
 use memzoo_tests::*;
 
-use crate::import::{GradientMean, Reference, check};
+use crate::import::{GradientMean, ModelEdit, Reference, assert_each_option_matters, check};
 
 const SEGMENTS: usize = 4;
 
@@ -156,8 +156,7 @@ fn lucidrains_rmt_options_each_change_the_function() {
             );
         }
     };
-    type Edit = Box<dyn Fn(&mut memzoo_stack::TransformerXl)>;
-    let variants: Vec<(&str, Edit)> = vec![
+    let variants: Vec<(&str, ModelEdit)> = vec![
         (
             "LayerNorm",
             Box::new(|m| {
@@ -183,15 +182,7 @@ fn lucidrains_rmt_options_each_change_the_function() {
         ),
         ("sinusoids", Box::new(|m| m.position_embedding = None)),
     ];
-    for (what, edit) in variants {
-        let mut other = model.clone();
-        edit(&mut other);
-        let d = max_abs_diff(&logits(&other), &want);
-        assert!(
-            d > 1e-3,
-            "{what}: the same logits without the option ({d:e})"
-        );
-    }
+    assert_each_option_matters(&model, variants, logits, &want);
 }
 
 /// The import refuses what memzoo's stack cannot express, naming it.
