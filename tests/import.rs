@@ -307,17 +307,25 @@ pub(crate) fn assert_each_option_matters(
     }
 }
 
-/// The mean of several unrolled steps' gradients under a peer's names, checked against a
-/// reference's `grad.*` (a peer's wrapper that averages its segments' losses).
+/// The mean of several unrolled steps' losses and gradients (under a peer's names), checked
+/// against a reference's `loss` and `grad.*` (a peer's wrapper that averages its segments'
+/// losses).
 #[derive(Default)]
 pub(crate) struct GradientMean {
+    loss: f64,
     sum: std::collections::BTreeMap<String, Vec<f32>>,
     shapes: std::collections::BTreeMap<String, burn::tensor::Shape>,
 }
 
 impl GradientMean {
-    /// Adds one of `steps` steps' gradients, weighted `1 / steps`.
-    pub(crate) fn add(&mut self, grads: memzoo_import::mapping::PeerTensors, steps: usize) {
+    /// Adds one of `steps` steps' loss and gradients, weighted `1 / steps`.
+    pub(crate) fn add(
+        &mut self,
+        loss: f64,
+        grads: memzoo_import::mapping::PeerTensors,
+        steps: usize,
+    ) {
+        self.loss += loss / steps as f64;
         for (name, g) in grads {
             let add = g.clone().convert::<f32>().try_to_vec::<f32>().unwrap();
             let acc = self
@@ -331,10 +339,14 @@ impl GradientMean {
         }
     }
 
-    /// Checks the mean against every `grad.*` of `reference` ([`check_gradients`]: one for
-    /// each, none more) and returns the largest difference.
+    /// Checks the mean loss against `reference`'s `loss` and the mean gradients against every
+    /// `grad.*` ([`check_gradients`]: one for each, none more); returns the largest
+    /// differences, `(loss, gradients)`.
     #[track_caller]
-    pub(crate) fn check(self, reference: &Reference) -> f32 {
+    pub(crate) fn check(self, reference: &Reference) -> (f32, f32) {
+        let want_loss = reference.floats("loss");
+        check(&[self.loss as f32], &want_loss, "the wrapper's loss");
+        let d_loss = (self.loss as f32 - want_loss[0]).abs();
         let shapes = self.shapes;
         let mean: memzoo_import::mapping::PeerTensors = self
             .sum
@@ -352,7 +364,7 @@ impl GradientMean {
             let want = reference.floats(&format!("grad.{name}"));
             d = d.max(max_abs_diff(&got, &want));
         }
-        d
+        (d_loss, d)
     }
 }
 

@@ -90,16 +90,16 @@ pub struct BlockRecurrentPeerConfig {
     /// Layers.
     pub depth: usize,
     /// Width of each head.
-    #[serde(default = "sixty_four")]
+    #[serde(default = "crate::mapping::defaults::dim_head")]
     pub dim_head: usize,
     /// Heads.
-    #[serde(default = "eight")]
+    #[serde(default = "crate::mapping::defaults::heads")]
     pub heads: usize,
     /// qk-RMSNorm in every layer, not only the recurrent one.
     #[serde(default)]
     pub all_layers_qk_rmsnorm: bool,
     /// The feed-forward's multiplier: its width is `int(dim · ff_mult · 2 / 3)`.
-    #[serde(default = "four")]
+    #[serde(default = "crate::mapping::defaults::ff_mult")]
     pub ff_mult: f64,
     /// Tokens of one forward (blocks in the graph together): a multiple of `block_width`.
     #[serde(default = "max_seq_len")]
@@ -131,15 +131,6 @@ pub struct BlockRecurrentPeerConfig {
     pub compressed_mem_factor: usize,
 }
 
-fn sixty_four() -> usize {
-    64
-}
-fn eight() -> usize {
-    8
-}
-fn four() -> f64 {
-    4.0
-}
 fn four_usize() -> usize {
     4
 }

@@ -87,13 +87,13 @@ pub struct CompressivePeerConfig {
     #[serde(default = "one")]
     pub reconstruction_loss_weight: f64,
     /// Must be false (memzoo has plain residuals).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::mapping::defaults::yes")]
     pub gru_gated_residual: bool,
     /// Must be false.
     #[serde(default)]
     pub mogrify_gru: bool,
     /// Must be false (memzoo's layer `l` reads its own memory).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::mapping::defaults::yes")]
     pub enhanced_recurrence: bool,
     /// Must be false.
     #[serde(default)]
@@ -111,9 +111,6 @@ fn four() -> usize {
 }
 fn one() -> f64 {
     1.0
-}
-fn yes() -> bool {
-    true
 }
 
 impl CompressivePeerConfig {

@@ -84,13 +84,13 @@ pub struct RmtPeerConfig {
     /// Segment length (rows of `pos_emb`).
     pub seq_len: usize,
     /// Width of each head.
-    #[serde(default = "sixty_four")]
+    #[serde(default = "crate::mapping::defaults::dim_head")]
     pub dim_head: usize,
     /// Heads.
-    #[serde(default = "eight")]
+    #[serde(default = "crate::mapping::defaults::heads")]
     pub heads: usize,
     /// The feed-forward's multiplier: its width is `int(dim · ff_mult · 2 / 3)`.
-    #[serde(default = "four")]
+    #[serde(default = "crate::mapping::defaults::ff_mult")]
     pub ff_mult: f64,
     /// Dropout on the attention probabilities.
     #[serde(default)]
@@ -99,16 +99,16 @@ pub struct RmtPeerConfig {
     #[serde(default)]
     pub ff_dropout: f64,
     /// Must be true (memzoo's causal language model).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::mapping::defaults::yes")]
     pub causal: bool,
     /// Must be true (learned absolute positions).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::mapping::defaults::yes")]
     pub abs_pos_emb: bool,
     /// Must be false.
     #[serde(default)]
     pub rotary_pos_emb: bool,
     /// Must be false (memzoo's RMT reads no XL memory).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::mapping::defaults::yes")]
     pub use_xl_memories: bool,
     /// Unused without XL memories.
     #[serde(default)]
@@ -120,16 +120,16 @@ pub struct RmtPeerConfig {
     #[serde(default = "tenth")]
     pub emb_gradient_frac: f64,
     /// Must be true (the read and write tokens see each other).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::mapping::defaults::yes")]
     pub memory_not_causal: bool,
     /// Must be false.
     #[serde(default)]
     pub add_write_to_next_write_mem: bool,
     /// Unused without `add_write_to_next_write_mem`.
-    #[serde(default = "yes")]
+    #[serde(default = "crate::mapping::defaults::yes")]
     pub next_write_mem_stop_grad: bool,
     /// Must be true (the first segment reads `read_memory_emb`).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::mapping::defaults::yes")]
     pub always_have_read_memories: bool,
     /// Residual streams of its hyper-connections (1: plain residuals).
     #[serde(default = "four_streams")]
@@ -146,15 +146,6 @@ pub struct RmtPeerConfig {
     pub truncate_at_step: Option<usize>,
 }
 
-fn sixty_four() -> usize {
-    64
-}
-fn eight() -> usize {
-    8
-}
-fn four() -> f64 {
-    4.0
-}
 fn four_streams() -> usize {
     4
 }
@@ -163,9 +154,6 @@ fn tenth() -> f64 {
 }
 fn minus_one() -> i64 {
     -1
-}
-fn yes() -> bool {
-    true
 }
 
 /// The package's feed-forward width, `int(dim · mult · 2 / 3)` as Python computes it.

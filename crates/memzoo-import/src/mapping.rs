@@ -562,3 +562,24 @@ pub fn to_json<T: serde::Serialize>(config: &T) -> Result<serde_json::Value, Imp
     serde_json::to_value(config)
         .map_err(|e| ImportError::Unsupported(format!("a config JSON cannot hold: {e}")))
 }
+
+/// Serde defaults shared by the lucidrains packages' constructor arguments (`config.json`
+/// fields left out take the package's default).
+pub(crate) mod defaults {
+    /// `dim_head = 64`.
+    pub(crate) fn dim_head() -> usize {
+        64
+    }
+    /// `heads = 8`.
+    pub(crate) fn heads() -> usize {
+        8
+    }
+    /// `ff_mult = 4`.
+    pub(crate) fn ff_mult() -> f64 {
+        4.0
+    }
+    /// A flag that defaults to on.
+    pub(crate) fn yes() -> bool {
+        true
+    }
+}
