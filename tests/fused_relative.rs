@@ -1,6 +1,6 @@
-//! The fused relative attention and kNN attention kernels (`memzoo-fused`) against the
-//! tensor-op paths they replace on `flex`: outputs, and the gradients of every parameter and
-//! input, to 1e-5.
+//! The fused relative attention and kNN attention kernels and the fused GELU (`memzoo-fused`)
+//! against the tensor-op paths they replace on `flex`: outputs, and the gradients of every
+//! parameter and input, to 1e-5 (the GELU to 2e-7).
 
 use burn::module::Param;
 use burn::nn::Initializer;
@@ -642,5 +642,56 @@ fn fused_content_attention_matches_tensor_ops() {
                 }
             }
         }
+    }
+}
+
+/// The fused GELU (`memzoo_fused::gelu`) against Burn's exact GELU on `flex` (the C library's
+/// `erff`, one element at a time; its backward `Φ(x) + x φ(x)` with the library's `exp`): the
+/// output and the input's gradient on a dense grid over [-12, 12] (both tails and the
+/// underflow of `φ`), on normal draws, and on a strided view (a transposed tensor), within
+/// 2e-7 of `1 + |x|`. Without autodiff the output is the same.
+#[test]
+fn fused_gelu_matches_burns_exact_gelu() {
+    let dev = flex().autodiff();
+    let grid: Vec<f32> = (0..24_001).map(|i| -12.0 + i as f32 * 0.001).collect();
+    let n = grid.len();
+    let inputs = [
+        Tensor::<3>::from_data(TensorData::new(grid.clone(), [1, 1, n]), &dev),
+        randn([8, 64, 96], 31, &dev).mul_scalar(2.0),
+        randn([4, 96, 64], 32, &dev).swap_dims(1, 2),
+    ];
+    for (case, x) in inputs.into_iter().enumerate() {
+        let w = randn(x.dims(), 33, &dev);
+        let run = |fused: bool| {
+            let x = x.clone().require_grad();
+            let y = match fused {
+                true => memzoo_fused::gelu(x.clone()),
+                false => burn::tensor::activation::gelu(x.clone()),
+            };
+            let grads = (y.clone() * w.clone()).sum().backward();
+            let dx = host(x.grad(&grads).expect("x gets a gradient"));
+            (host(y.inner()), dx)
+        };
+        let (xs, (y, dx), (y_ref, dx_ref)) = (host(x.clone()), run(true), run(false));
+        let ws = host(w.clone());
+        for i in 0..xs.len() {
+            let tol = 2e-7 * (1.0 + xs[i].abs());
+            assert!(
+                (y[i] - y_ref[i]).abs() <= tol,
+                "case {case}: gelu({}) = {} against {}",
+                xs[i],
+                y[i],
+                y_ref[i]
+            );
+            assert!(
+                (dx[i] - dx_ref[i]).abs() <= tol * (1.0 + ws[i].abs()),
+                "case {case}: the gradient at {} is {} against {}",
+                xs[i],
+                dx[i],
+                dx_ref[i]
+            );
+        }
+        let plain = memzoo_fused::gelu(x.inner());
+        assert_eq!(host(plain), y, "case {case}: autodiff and plain flex agree");
     }
 }

@@ -14,7 +14,7 @@ use crate::flex::{
     KnnHost, LshHost, RelInputs, RelPosTensors, contiguous, elements, f32_vec, flex_from,
     flex_tensor,
 };
-use crate::{FusedBackend, KnnParams, LshKernelParams, RelParams, knn, lsh};
+use crate::{FusedBackend, KnnParams, LshKernelParams, RelParams, gelu, knn, lsh};
 
 /// State of the relative attention's backward: the inputs and the probabilities.
 #[derive(Clone, Debug)]
@@ -258,6 +258,37 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
                 prep.finish(host, out)
             }
             OpsKind::UnTracked(prep) => prep.finish(host.forward()),
+        }
+    }
+
+    fn gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let nodes = [x.node()];
+        let x = contiguous(x.into_primitive());
+        match GeluBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = <Flex as FusedBackend>::gelu(x.clone());
+                prep.finish(x, y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(<Flex as FusedBackend>::gelu(x)),
+        }
+    }
+}
+
+/// The GELU's backward: `dx = dy gelu'(x)`, from the input it keeps (shared, not copied).
+#[derive(Debug)]
+struct GeluBackward;
+
+impl Backward<Flex, 1> for GeluBackward {
+    type State = FloatTensor<Flex>;
+
+    fn backward(self, ops: Ops<FloatTensor<Flex>, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let [parent] = ops.parents;
+        if let Some(node) = parent {
+            let x = ops.state;
+            let mut dx = vec![0.0; x.layout().num_elements()];
+            gelu::backward(elements(&x), elements(&dy), &mut dx);
+            grads.register::<Flex>(node.id, flex_from(dx, x.layout().shape()));
         }
     }
 }

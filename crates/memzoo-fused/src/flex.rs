@@ -8,7 +8,9 @@ use burn::backend::ops::{FloatTensorOps, IntTensorOps};
 use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 use burn::tensor::TensorData;
 
-use crate::{FusedBackend, KnnParams, LshDims, LshKernelParams, RelParams, knn, lsh, relative};
+use crate::{
+    FusedBackend, KnnParams, LshDims, LshKernelParams, RelParams, gelu, knn, lsh, relative,
+};
 
 /// Host copies of the kernel's inputs.
 pub(crate) struct LshHost {
@@ -131,6 +133,13 @@ impl FusedBackend for Flex {
         params: KnnParams,
     ) -> FloatTensor<Self> {
         KnnHost::new(q, tau, keys, values, mask, params).forward()
+    }
+
+    fn gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let x = contiguous(x);
+        let mut y = vec![0.0; x.layout().num_elements()];
+        gelu::forward(elements(&x), &mut y);
+        flex_from(y, x.layout().shape())
     }
 }
 

@@ -4,8 +4,9 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, Linear, LinearConfig};
-use burn::tensor::activation::gelu;
 use burn::tensor::{Device, Tensor};
+
+use memzoo_fused::gelu;
 
 use crate::error::ReformerError;
 

@@ -403,7 +403,7 @@ impl StateFeedForward {
         let h = match self.activation {
             Activation::Relu => burn::tensor::activation::relu(h),
             // GEGLU is refused with block_recurrent (`validate_peer_layers`).
-            Activation::Gelu | Activation::Geglu => burn::tensor::activation::gelu(h),
+            Activation::Gelu | Activation::Geglu => memzoo_fused::gelu(h),
         };
         self.gate.forward(c, linear_rows(&self.ff_out, h))
     }

@@ -3,8 +3,9 @@
 
 use burn::module::Module;
 use burn::nn::{Dropout, Linear};
-use burn::tensor::activation::{gelu, relu};
+use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
+use memzoo_fused::gelu;
 use memzoo_reformer::{ForwardOptions, chunked};
 use memzoo_relative::linear_rows;
 
