@@ -6,6 +6,7 @@
 //! cargo xtask bench attention generate --quick --out bench/run.jsonl   # + SVG plots in bench/
 //! cargo xtask bench memory-crossover            # exact vs HNSW per stored size (MEMZOO_BENCH_*)
 //! cargo xtask bench scale [--families xl,memorizing,reformer,generate] [--quick] [--no-peers]
+//!     [--index-kinds exact,hnsw,hnsw64]
 //!     [--out FILE.jsonl] [--plot DIR]           # cost against memory / store / sequence length
 //! cargo xtask bench reformer-step-6-rev-2048-128   # one Reformer step, reversible or plain
 //! cargo xtask bench quality [--families xl,reformer,memorizing,compressive,rmt,block-recurrent]
@@ -117,6 +118,11 @@ pub struct BenchArgs {
     /// `quality`, `scale`: memzoo only, no PyTorch peer.
     #[arg(long)]
     pub no_peers: bool,
+    /// `scale`'s Memorizing curve: the kNN indexes measured at each store size
+    /// (comma-separated: `exact`, `hnsw` with the expansion chosen by size, `hnsw<ef>` with a
+    /// fixed expansion `ef`, e.g. `hnsw32`; default: exact, hnsw, hnsw64).
+    #[arg(long, value_delimiter = ',')]
+    pub index_kinds: Option<Vec<String>>,
     /// `quality`: the seed of both sides (initialisation, data order, dropout). Default: 0.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -132,10 +132,19 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 let path = keys_file(max + 512, device)?;
                 let env = [("MEMZOO_SCALE_KEYS", path.display().to_string())];
                 let mut peer_ok = !args.no_peers;
+                // `hnsw64`: HNSW at a fixed small expansion, the kind of setting the peer's
+                // faiss index searches with.
+                let kinds = args.index_kinds.clone().unwrap_or_else(|| {
+                    ["exact", "hnsw", "hnsw64"].map(String::from).to_vec()
+                });
+                if let Some(k) = kinds.iter().find(|k| IndexChoice::parse(k).is_none()) {
+                    return Err(format!(
+                        "--index-kinds: `{k}` is not exact, hnsw or hnsw<ef>[m<M>][a<ef_add>] \
+                         (each number > 0)"
+                    ));
+                }
                 for &n in &xs {
-                    // `hnsw64`: HNSW at a fixed small expansion, the kind of setting the
-                    // peer's faiss index searches with.
-                    for kind in ["exact", "hnsw", "hnsw64"] {
+                    for kind in &kinds {
                         let target = format!("scale-memorizing-{kind}-{n}");
                         keep(&mut out, args, child(&target, args, &env)?)?;
                     }
@@ -311,7 +320,56 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
     Ok(lines)
 }
 
-/// A child's point: `scale-xl-<train|eval>-<mem>`, `scale-memorizing-<exact|hnsw>-<n>`,
+/// The kNN index of a Memorizing point, by name: `exact`; `hnsw` (memzoo's defaults, the
+/// search expansion chosen by size); `hnsw<ef>[m<M>][a<ef_add>]`: HNSW searched with the
+/// fixed expansion `ef`, and optionally built with degree `M` and insertion expansion `ef_add`
+/// (`hnsw32m15a40`: the peer's faiss settings, `IndexHNSWFlat(M = 15)` with its default
+/// `efConstruction` 40, searched with `ef` = k = 32).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct IndexChoice {
+    pub(crate) kind: IndexKind,
+    pub(crate) name: String,
+    pub(crate) expansion_search: Option<usize>,
+    pub(crate) connectivity: Option<usize>,
+    pub(crate) expansion_add: Option<usize>,
+}
+
+impl IndexChoice {
+    /// The choice a name gives; `None` for a name that is none of the forms above.
+    pub(crate) fn parse(name: &str) -> Option<Self> {
+        let mut choice = Self {
+            kind: IndexKind::Hnsw,
+            name: name.to_string(),
+            expansion_search: None,
+            connectivity: None,
+            expansion_add: None,
+        };
+        match name {
+            "exact" => choice.kind = IndexKind::Exact,
+            "hnsw" => {}
+            _ => {
+                let rest = name.strip_prefix("hnsw")?;
+                // A number, then optional `m<M>` and `a<ef_add>`, each positive.
+                let (ef, rest) = rest.split_at(rest.find(['m', 'a']).unwrap_or(rest.len()));
+                let (m, add) = match rest.split_once('a') {
+                    Some((m, add)) => (m, Some(add)),
+                    None => (rest, None),
+                };
+                let number = |s: &str| s.parse::<usize>().ok().filter(|&v| v > 0);
+                choice.expansion_search = Some(number(ef)?);
+                if !m.is_empty() {
+                    choice.connectivity = Some(number(m.strip_prefix('m')?)?);
+                }
+                if let Some(add) = add {
+                    choice.expansion_add = Some(number(add)?);
+                }
+            }
+        }
+        Some(choice)
+    }
+}
+
+/// A child's point: `scale-xl-<train|eval>-<mem>`, `scale-memorizing-<exact|hnsw|hnsw<ef>>-<n>`,
 /// `scale-reformer-<len>`.
 pub fn point(target: &str, args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, String> {
     let bad = || format!("bad target `{target}`");
@@ -320,16 +378,8 @@ pub fn point(target: &str, args: &BenchArgs, device: &Device) -> Result<Vec<Meas
     match parts.get(1..parts.len() - 1) {
         Some(["xl", mode]) => Ok(vec![xl_point(*mode == "train", x, args, device)?]),
         Some(["memorizing", kind]) => {
-            // `hnsw<ef>`: HNSW searched with the fixed expansion `ef` (a recall/speed setting).
-            let (kind, ef) = match *kind {
-                "exact" => (IndexKind::Exact, None),
-                "hnsw" => (IndexKind::Hnsw, None),
-                k => match k.strip_prefix("hnsw").and_then(|e| e.parse().ok()) {
-                    Some(ef) => (IndexKind::Hnsw, Some(ef)),
-                    None => return Err(bad()),
-                },
-            };
-            Ok(vec![memorizing_point(kind, ef, x, args, device)?])
+            let index = IndexChoice::parse(kind).ok_or_else(bad)?;
+            Ok(vec![memorizing_point(&index, x, args, device)?])
         }
         Some(["reformer"]) => Ok(vec![reformer_point(x, args, device)?]),
         Some(["generate", family]) => Ok(vec![generate_point(family, x, args, device)?]),
@@ -443,23 +493,23 @@ fn xl_point(
 /// dropout), its kNN memory of `kind` with room for `stored` pairs per row plus the timed
 /// steps' (no eviction while timed); HNSW searched with expansion `ef`, else the one a store
 /// of `stored` gets by default.
-fn memorizing_config(
-    kind: IndexKind,
-    stored: usize,
-    room: usize,
-    ef: Option<usize>,
-) -> MemorizingConfig {
+fn memorizing_config(index: &IndexChoice, stored: usize, room: usize) -> MemorizingConfig {
     let small = MemorizingConfig::small();
     let xl = small.xl.clone().with_dropout(0.0).with_kv_heads(Some(1));
     // HNSW's search expansion as a store of `stored` gets by default (by size: the room for
     // the timed steps must not move it to the next power of two).
-    let hnsw = small.knn.hnsw.clone().with_expansion_search(Some(
-        ef.unwrap_or_else(|| small.knn.hnsw.expansion_search_for(stored.max(1))),
-    ));
+    let defaults = &small.knn.hnsw;
+    let hnsw = defaults
+        .clone()
+        .with_expansion_search(Some(index.expansion_search.unwrap_or_else(|| {
+            defaults.expansion_search_for(stored.max(1))
+        })))
+        .with_connectivity(index.connectivity.unwrap_or(defaults.connectivity))
+        .with_expansion_add(index.expansion_add.unwrap_or(defaults.expansion_add));
     let knn = small
         .knn
         .clone()
-        .with_index(kind)
+        .with_index(index.kind)
         .with_max_memories(stored + room)
         .with_hnsw(hnsw);
     small
@@ -493,7 +543,8 @@ fn model_keys(n: usize, device: &Device) -> Result<Vec<f32>, String> {
     }
     let stride = text.len() / rows;
     // Room for one segment: every segment's keys replace the last ones, read back each time.
-    let config = memorizing_config(IndexKind::Exact, 0, len, None);
+    let exact = IndexChoice::parse("exact").expect("a valid name");
+    let config = memorizing_config(&exact, 0, len);
     let model = config.init(device).map_err(|e| e.to_string())?;
     let mut states = vec![model.new_state(rows, device).map_err(|e| e.to_string())?];
     let d = config.memory().d_head;
@@ -545,8 +596,7 @@ fn keys_file(n: usize, device: &Device) -> Result<PathBuf, String> {
 /// keys per row (`MEMZOO_SCALE_KEYS`, written by the suite); HNSW points also measure recall@32
 /// of row 0's store against exact search over the same keys.
 fn memorizing_point(
-    kind: IndexKind,
-    ef: Option<usize>,
+    index: &IndexChoice,
     stored: usize,
     args: &BenchArgs,
     device: &Device,
@@ -561,7 +611,8 @@ fn memorizing_point(
         .collect();
     // One warm-up and two timed steps unless given: a step searches the whole store.
     let (warmup, steps) = (args.warmup.unwrap_or(1), args.steps.unwrap_or(2));
-    let config = memorizing_config(kind, stored, (warmup + steps) * len, ef);
+    let kind = index.kind;
+    let config = memorizing_config(index, stored, (warmup + steps) * len);
     let d = config.memory().d_head;
     let heads = config.xl.n_heads;
     if keys.len() < (stored + len) * d {
@@ -623,10 +674,7 @@ fn memorizing_point(
         model = optim.step(2.5e-4, model.clone(), grads);
         device.sync().expect("device sync");
     });
-    let kind_name = match ef {
-        Some(ef) => format!("hnsw{ef}"),
-        None => format!("{kind:?}").to_lowercase(),
-    };
+    let kind_name = &index.name;
     Ok(measurement(
         &format!("memorizing-{kind_name}"),
         stored,

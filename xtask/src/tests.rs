@@ -554,3 +554,33 @@ fn a_recipe_written_before_a_new_field_is_the_same_recipe() {
     let replay = serde_json::json!({"model": replay, "train": train}).to_string();
     assert!(!same_recipe(&old.to_string(), &replay));
 }
+
+#[test]
+fn scale_index_names_parse_to_their_settings() {
+    use crate::scale::IndexChoice;
+    use memzoo_memory::IndexKind;
+    let exact = IndexChoice::parse("exact").unwrap();
+    assert_eq!(exact.kind, IndexKind::Exact);
+    let by_size = IndexChoice::parse("hnsw").unwrap();
+    assert_eq!(
+        (by_size.kind, by_size.expansion_search, by_size.connectivity),
+        (IndexKind::Hnsw, None, None)
+    );
+    let fixed = IndexChoice::parse("hnsw64").unwrap();
+    assert_eq!(
+        (fixed.expansion_search, fixed.connectivity, fixed.expansion_add),
+        (Some(64), None, None)
+    );
+    let peer = IndexChoice::parse("hnsw32m15a40").unwrap();
+    assert_eq!(
+        (peer.expansion_search, peer.connectivity, peer.expansion_add),
+        (Some(32), Some(15), Some(40))
+    );
+    assert_eq!(
+        IndexChoice::parse("hnsw32a40").unwrap().expansion_add,
+        Some(40)
+    );
+    for bad in ["hnsw0", "hnswm15", "hnsw32m", "hnsw32x", "hnsw32a0", "flat", "hnsw32m15a"] {
+        assert!(IndexChoice::parse(bad).is_none(), "{bad} parses");
+    }
+}
