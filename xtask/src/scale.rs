@@ -134,9 +134,10 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                 let mut peer_ok = !args.no_peers;
                 // `hnsw64`: HNSW at a fixed small expansion, the kind of setting the peer's
                 // faiss index searches with.
-                let kinds = args.index_kinds.clone().unwrap_or_else(|| {
-                    ["exact", "hnsw", "hnsw64"].map(String::from).to_vec()
-                });
+                let kinds = args
+                    .index_kinds
+                    .clone()
+                    .unwrap_or_else(|| ["exact", "hnsw", "hnsw64"].map(String::from).to_vec());
                 if let Some(k) = kinds.iter().find(|k| IndexChoice::parse(k).is_none()) {
                     return Err(format!(
                         "--index-kinds: `{k}` is not exact, hnsw or hnsw<ef>[m<M>][a<ef_add>] \
@@ -501,9 +502,11 @@ fn memorizing_config(index: &IndexChoice, stored: usize, room: usize) -> Memoriz
     let defaults = &small.knn.hnsw;
     let hnsw = defaults
         .clone()
-        .with_expansion_search(Some(index.expansion_search.unwrap_or_else(|| {
-            defaults.expansion_search_for(stored.max(1))
-        })))
+        .with_expansion_search(Some(
+            index
+                .expansion_search
+                .unwrap_or_else(|| defaults.expansion_search_for(stored.max(1))),
+        ))
         .with_connectivity(index.connectivity.unwrap_or(defaults.connectivity))
         .with_expansion_add(index.expansion_add.unwrap_or(defaults.expansion_add));
     let knn = small

@@ -568,7 +568,11 @@ fn scale_index_names_parse_to_their_settings() {
     );
     let fixed = IndexChoice::parse("hnsw64").unwrap();
     assert_eq!(
-        (fixed.expansion_search, fixed.connectivity, fixed.expansion_add),
+        (
+            fixed.expansion_search,
+            fixed.connectivity,
+            fixed.expansion_add
+        ),
         (Some(64), None, None)
     );
     let peer = IndexChoice::parse("hnsw32m15a40").unwrap();
@@ -580,7 +584,15 @@ fn scale_index_names_parse_to_their_settings() {
         IndexChoice::parse("hnsw32a40").unwrap().expansion_add,
         Some(40)
     );
-    for bad in ["hnsw0", "hnswm15", "hnsw32m", "hnsw32x", "hnsw32a0", "flat", "hnsw32m15a"] {
+    for bad in [
+        "hnsw0",
+        "hnswm15",
+        "hnsw32m",
+        "hnsw32x",
+        "hnsw32a0",
+        "flat",
+        "hnsw32m15a",
+    ] {
         assert!(IndexChoice::parse(bad).is_none(), "{bad} parses");
     }
 }

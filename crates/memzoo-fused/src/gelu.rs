@@ -97,7 +97,11 @@ pub fn forward(x: &[f32], y: &mut [f32]) {
 /// # Shapes
 /// - `x`, `dy`, `dx`: the same length
 pub fn backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
-    assert_eq!(x.len(), dy.len(), "gelu backward: input and gradient lengths");
+    assert_eq!(
+        x.len(),
+        dy.len(),
+        "gelu backward: input and gradient lengths"
+    );
     assert_eq!(x.len(), dx.len(), "gelu backward: input and output lengths");
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
@@ -108,4 +112,3 @@ pub fn backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
             }
         });
 }
-
