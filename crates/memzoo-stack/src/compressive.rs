@@ -313,15 +313,28 @@ fn select_most_used(old: Tensor<3>, usage: &[f32], n: usize) -> Tensor<3> {
 }
 
 /// The content attention of the reconstruction loss, `softmax(q kᵀ / sqrt(d_head)) v`, no
-/// mask, no positions.
+/// mask, no positions: on `flex` the fused attention kernel (no position term), elsewhere
+/// tensor ops.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, qlen, d_head]`, `k`, `v`: `[batch, heads, n, d_head]` →
 ///   `[batch, heads, qlen, d_head]`
 fn content_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let dh = q.dims()[3] as f64;
-    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(1.0 / dh.sqrt());
-    softmax(scores, 3).matmul(v)
+    let q = q.mul_scalar(1.0 / dh.sqrt());
+    if memzoo_fused::supports(&q.device())
+        && let Ok(out) = memzoo_fused::relative_attention_fused(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            memzoo_fused::RelativePosition::None,
+            None,
+            f32::NEG_INFINITY,
+        )
+    {
+        return out;
+    }
+    softmax(q.matmul(k.swap_dims(2, 3)), 3).matmul(v)
 }
 
 /// Per-head keys and values of `h` with the attention's parameters as constants,
