@@ -82,32 +82,8 @@ enum Command {
     Eval {
         #[command(flatten)]
         common: Common,
-        /// The run directory to evaluate.
-        #[arg(long, default_value = "runs/default")]
-        run_dir: PathBuf,
-        /// Split: valid or test.
-        #[arg(long, default_value = "test")]
-        split: String,
-        /// Memory length at evaluation (the paper evaluates with a longer one).
-        #[arg(long)]
-        mem_len: Option<usize>,
-        /// Segment length at evaluation.
-        #[arg(long)]
-        tgt_len: Option<usize>,
-        /// Only the first N segments.
-        #[arg(long)]
-        max_segments: Option<usize>,
-        /// kNN memory per row and head at evaluation (`model.knn.max_memories`): a larger one
-        /// than trained with, without retraining (the Memorizing Transformer's Table 5).
-        #[arg(long)]
-        knn_memories: Option<usize>,
-        /// Pairs each query retrieves from the kNN memory at evaluation (`model.knn.top_k`).
-        #[arg(long)]
-        knn_top_k: Option<usize>,
-        /// Rows read side by side (default: the run's `train.batch`); fewer rows are longer,
-        /// so that a large memory fills.
-        #[arg(long)]
-        rows: Option<usize>,
+        #[command(flatten)]
+        args: commands::EvalArgs,
     },
     /// One self-contained HTML page showing what a run's memory does on a text: per token the
     /// loss with the memory and with the same weights reading none, per layer and head where
@@ -388,31 +364,9 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
         Command::Recl { common, options } => {
             memzoo::recl::run(&options, &common.device, common.json)
         }
-        Command::Eval {
-            common,
-            run_dir,
-            split,
-            mem_len,
-            tgt_len,
-            max_segments,
-            knn_memories,
-            knn_top_k,
-            rows,
-        } => commands::eval_with(
-            &commands::EvalArgs {
-                run_dir,
-                split,
-                mem_len,
-                tgt_len,
-                max_segments,
-                knn_memories,
-                knn_top_k,
-                rows,
-            },
-            &common.device,
-            common.json,
-        )
-        .map(|_| ()),
+        Command::Eval { common, args } => {
+            commands::eval_with(&args, &common.device, common.json).map(|_| ())
+        }
         Command::Inspect {
             common,
             run_dir,

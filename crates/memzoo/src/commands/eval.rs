@@ -14,23 +14,36 @@ use super::loading::{load_xl_config, source};
 use crate::config::RunConfig;
 use crate::error::CliError;
 
-/// What `memzoo eval` reads, and with which memory.
+/// What `memzoo eval` reads, and with which memory (its flags).
+#[derive(clap::Args, Debug, Clone)]
 pub struct EvalArgs {
-    /// The run directory.
+    /// The run directory to evaluate.
+    #[arg(long, default_value = "runs/default")]
     pub run_dir: PathBuf,
-    /// `valid`, `test` or `train`.
+    /// Split: valid, test or train.
+    #[arg(long, default_value = "test")]
     pub split: String,
-    /// XL memory length (default: the run's).
+    /// Memory length at evaluation (default: the run's; the paper evaluates with a longer one).
+    #[arg(long)]
     pub mem_len: Option<usize>,
-    /// Segment length (default: the run's `train.tgt_len`).
+    /// Segment length at evaluation (default: the run's `train.tgt_len`).
+    #[arg(long)]
     pub tgt_len: Option<usize>,
     /// Only the first N segments.
+    #[arg(long)]
     pub max_segments: Option<usize>,
-    /// kNN memory per row and head (default: the run's `model.knn.max_memories`).
+    /// kNN memory per row and head at evaluation (default: the run's
+    /// `model.knn.max_memories`): a larger one than trained with, without retraining (the
+    /// Memorizing Transformer's Table 5).
+    #[arg(long)]
     pub knn_memories: Option<usize>,
-    /// Pairs retrieved per query (default: the run's `model.knn.top_k`).
+    /// Pairs each query retrieves from the kNN memory at evaluation (default: the run's
+    /// `model.knn.top_k`).
+    #[arg(long)]
     pub knn_top_k: Option<usize>,
-    /// Rows read side by side (default: the run's `train.batch`).
+    /// Rows read side by side (default: the run's `train.batch`); fewer rows are longer, so
+    /// that a large memory fills.
+    #[arg(long)]
     pub rows: Option<usize>,
 }
 
