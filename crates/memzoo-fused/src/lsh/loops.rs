@@ -166,7 +166,12 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     let xc = x.clamp(-87.0, 88.0);
-    let n = (xc * LOG2E + ROUND) - ROUND;
+    // `t = ROUND + round(xc log2 e)` lies in [2^23, 2^24), where a float's ulp is 1: its bits
+    // minus ROUND's are that integer (an integer subtraction that vectorises, unlike `as i32`,
+    // whose saturating conversion compiles to one scalar instruction per lane).
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
+    let n_int = t.to_bits() as i32 - ROUND.to_bits() as i32;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let mut q = 1.987_569_1e-4_f32;
     q = q * r + 1.398_199_9e-3;
@@ -175,7 +180,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     q = q * r + 1.666_666_5e-1;
     q = q * r + 0.5;
     let e = q * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32);
+    let scale = f32::from_bits(((n_int + 127) << 23) as u32);
     if x < -87.0 { 0.0 } else { e * scale }
 }
 
