@@ -695,3 +695,38 @@ fn fused_gelu_matches_burns_exact_gelu() {
         assert_eq!(host(plain), y, "case {case}: autodiff and plain flex agree");
     }
 }
+
+/// The dropout mask drawn in parallel chunks (each from its own position of the ChaCha12
+/// stream) is the mask of the sequential loop over one `StdRng::seed_from_u64(seed)` (written
+/// here), element for element, at sizes below, at and across the chunks' boundaries; and about
+/// a fraction `p` of it is zero.
+#[test]
+fn dropout_mask_is_the_sequential_generators() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    for (n, p, seed) in [
+        (1, 0.1, 0),
+        (1000, 0.5, 7),
+        (1 << 15, 0.1, 42),
+        ((1 << 15) + 1, 0.1, 42),
+        (3 * (1 << 15) + 17, 0.25, 123_456_789),
+    ] {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let keep = (1.0 / (1.0 - p)) as f32;
+        let want: Vec<f32> = (0..n)
+            .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
+            .collect();
+        let got = memzoo_fused::dropout::mask_values(n, p, seed);
+        assert_eq!(got.len(), n);
+        if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+            panic!(
+                "n {n}, seed {seed}: element {i} is {}, the sequential draw {}",
+                got[i], want[i]
+            );
+        }
+        if n >= 1000 {
+            let zeros = got.iter().filter(|&&m| m == 0.0).count() as f64 / n as f64;
+            assert!((zeros - p).abs() < 0.05, "n {n}: {zeros} zero, p = {p}");
+        }
+    }
+}

@@ -3,16 +3,33 @@
 //! dropout seed). It lives here for the optimisation level: drawing a mask is a loop over every
 //! element of an activation, a hot loop in every training step with dropout.
 
-use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+use rayon::prelude::*;
+
+/// Elements drawn per task.
+const CHUNK: usize = 1 << 15;
 
 /// `n` values of an inverted-dropout mask drawn from `seed`: element `i` is `0` where the
 /// `i`-th uniform draw `u_i ∈ [0, 1)` of `StdRng::seed_from_u64(seed)` is below `p`, else
 /// `1 / (1 - p)`. The same `(n, p, seed)` give the same mask on every machine and thread.
+///
+/// Drawn in parallel: `StdRng` is ChaCha12, whose stream can start at any word; draw `i`
+/// reads the stream's 32-bit words `2i` and `2i + 1` (one `u64`), so each chunk of elements
+/// starts its own copy of the generator at its first element's word, and the mask is the one
+/// the sequential loop draws.
 pub fn mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(seed);
     let keep = (1.0 / (1.0 - p)) as f32;
-    (0..n)
-        .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
-        .collect()
+    let start = ChaCha12Rng::seed_from_u64(seed);
+    let mut mask = vec![0f32; n];
+    mask.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut rng = start.clone();
+            rng.set_word_pos(2 * (c * CHUNK) as u128);
+            for m in chunk {
+                *m = if rng.random::<f64>() < p { 0.0 } else { keep };
+            }
+        });
+    mask
 }
