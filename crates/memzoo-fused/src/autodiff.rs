@@ -12,9 +12,9 @@ use burn::backend::{Autodiff, Flex};
 
 use crate::flex::{
     KnnHost, LshHost, RelInputs, RelPosTensors, contiguous, elements, f32_vec, flex_from,
-    flex_tensor,
+    flex_tensor, matrix,
 };
-use crate::{FusedBackend, KnnParams, LshKernelParams, RelParams, gelu, knn, lsh};
+use crate::{FusedBackend, KnnParams, LshKernelParams, RelParams, gelu, knn, lsh, matmul};
 
 /// State of the relative attention's backward: the inputs and the probabilities.
 #[derive(Clone, Debug)]
@@ -270,6 +270,48 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
                 prep.finish(x, y)
             }
             OpsKind::UnTracked(prep) => prep.finish(<Flex as FusedBackend>::gelu(x)),
+        }
+    }
+
+    fn matmul_2d(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (lhs_tracked, rhs_tracked) = (lhs.is_tracked(), rhs.is_tracked());
+        let nodes = [lhs.node(), rhs.node()];
+        let (a, b) = (lhs.into_primitive(), rhs.into_primitive());
+        match MatmulBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = <Flex as FusedBackend>::matmul_2d(a.clone(), b.clone());
+                // dA needs B, dB needs A: keep (shared, not copied) only what a gradient reads.
+                prep.finish((rhs_tracked.then_some(a), lhs_tracked.then_some(b)), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(<Flex as FusedBackend>::matmul_2d(a, b)),
+        }
+    }
+}
+
+/// The 2-D product's backward: `dA = G Bᵀ`, `dB = Aᵀ G`, from the operands it keeps.
+#[derive(Debug)]
+struct MatmulBackward;
+
+impl Backward<Flex, 2> for MatmulBackward {
+    type State = (Option<FloatTensor<Flex>>, Option<FloatTensor<Flex>>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let g = grads.consume::<Flex>(&ops.node);
+        let (a, b) = ops.state;
+        let [a_parent, b_parent] = ops.parents;
+        if let (Some(node), Some(b)) = (a_parent, b) {
+            let (gm, bm) = (matrix(&g), matrix(&b));
+            let shape = [gm.shape[0], bm.shape[0]];
+            grads.register::<Flex>(node.id, flex_from(matmul::matmul(gm, bm.t()), &shape));
+        }
+        if let (Some(node), Some(a)) = (b_parent, a) {
+            let (am, gm) = (matrix(&a), matrix(&g));
+            let shape = [am.shape[1], gm.shape[1]];
+            grads.register::<Flex>(node.id, flex_from(matmul::matmul(am.t(), gm), &shape));
         }
     }
 }

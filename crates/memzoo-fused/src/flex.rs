@@ -9,7 +9,7 @@ use burn::backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 use burn::tensor::TensorData;
 
 use crate::{
-    FusedBackend, KnnParams, LshDims, LshKernelParams, RelParams, gelu, knn, lsh, relative,
+    FusedBackend, KnnParams, LshDims, LshKernelParams, RelParams, gelu, knn, lsh, matmul, relative,
 };
 
 /// Host copies of the kernel's inputs.
@@ -140,6 +140,24 @@ impl FusedBackend for Flex {
         let mut y = vec![0.0; x.layout().num_elements()];
         gelu::forward(elements(&x), &mut y);
         flex_from(y, x.layout().shape())
+    }
+
+    fn matmul_2d(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (a, b) = (matrix(&lhs), matrix(&rhs));
+        let shape = [a.shape[0], b.shape[1]];
+        flex_from(matmul::matmul(a, b), &shape)
+    }
+}
+
+/// A 2-D flex `f32` tensor as a strided view of its storage.
+pub(crate) fn matrix(t: &FloatTensor<Flex>) -> matmul::Matrix<'_> {
+    let layout = t.layout();
+    let (shape, strides) = (layout.shape(), layout.strides());
+    matmul::Matrix {
+        data: t.storage::<f32>(),
+        offset: layout.start_offset(),
+        shape: [shape[0], shape[1]],
+        strides: [strides[0], strides[1]],
     }
 }
 

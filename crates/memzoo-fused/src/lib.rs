@@ -18,6 +18,10 @@
 //! - [`gelu()`]: the exact GELU, forward and backward vectorised and multi-threaded (Burn's
 //!   `flex` GELU is one scalar `erff` at a time on one thread). The maths is in [`mod@gelu`].
 //!
+//! - [`linear()`] and [`matmul_2d()`]: Burn's linear layer and 2-D product, to the bit, without
+//!   the zeroing and copying of every output that Burn's `flex` matmul does first (see
+//!   [`mod@matmul`]).
+//!
 //! The kernels run on the `flex` backend (with or without autodiff); [`supports`] says whether a
 //! device can run them. Callers keep their tensor-op path for every other backend and as the
 //! reference the kernels are tested against (`memzoo-reformer`'s `attention` tests).
@@ -54,6 +58,7 @@ pub mod dropout;
 pub mod gelu;
 pub mod knn;
 pub mod lsh;
+pub mod matmul;
 pub mod relative;
 
 mod autodiff;
@@ -130,6 +135,9 @@ pub trait FusedBackend: Backend {
 
     /// See [`gelu()`].
     fn gelu(x: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// See [`matmul_2d()`].
+    fn matmul_2d(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 /// Settings of the kNN attention kernel.
@@ -510,5 +518,52 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
         Tensor::from_dispatch(<Dispatch as FusedBackend>::gelu(x.into_dispatch()))
     } else {
         burn::tensor::activation::gelu(x)
+    }
+}
+
+/// `lhs · rhs` for 2-D tensors: on the `flex` backend (autodiff or not) Burn's own product
+/// (the same `gemm` call, so the same bits) written straight into its output, without the
+/// zeroed buffer and the copy Burn's `flex` matmul makes first (see [`mod@matmul`]), with the
+/// backward `dA = G Bᵀ`, `dB = Aᵀ G`; on every other device, or for a dtype other than f32,
+/// Burn's [`Tensor::matmul`].
+///
+/// # Panics
+/// When the inner dimensions differ (as [`Tensor::matmul`]).
+///
+/// # Shapes
+/// - `lhs`: `[m, k]`, `rhs`: `[k, n]` → `[m, n]`
+pub fn matmul_2d(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
+    let fused = supports(&lhs.device())
+        && supports(&rhs.device())
+        && lhs.dtype() == DType::F32
+        && rhs.dtype() == DType::F32;
+    if !fused {
+        return lhs.matmul(rhs);
+    }
+    let ([m, k], [kr, n]) = (lhs.dims(), rhs.dims());
+    assert_eq!(k, kr, "matmul_2d: [{m}, {k}] x [{kr}, {n}]");
+    Tensor::from_dispatch(<Dispatch as FusedBackend>::matmul_2d(
+        lhs.into_dispatch(),
+        rhs.into_dispatch(),
+    ))
+}
+
+/// A linear layer on rows, `y = x W + b`, as Burn's [`linear`](burn::tensor::module::linear)
+/// computes it on `flex` (`x W` then the bias added, each to the bit), with the product by
+/// [`matmul_2d()`]. On other devices, Burn's `linear` itself.
+///
+/// # Shapes
+/// - `x`: `[rows, d_in]`, `weight`: `[d_in, d_out]`, `bias`: `[d_out]` → `[rows, d_out]`
+pub fn linear(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<2> {
+    if !(supports(&x.device()) && x.dtype() == DType::F32 && weight.dtype() == DType::F32) {
+        return burn::tensor::module::linear(x, weight, bias);
+    }
+    let y = matmul_2d(x, weight);
+    match bias {
+        Some(b) => {
+            let d_out = b.dims()[0];
+            y + b.reshape([1, d_out])
+        }
+        None => y,
     }
 }

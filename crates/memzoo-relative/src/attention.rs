@@ -761,7 +761,7 @@ impl RelativeMultiHeadAttention {
         let w = self.key_value.weight.val();
         let w = if constant { w.detach() } else { w };
         // On `[batch * len, d_model]` rows: one weight-gradient product (see `linear_rows`).
-        let rows = burn::tensor::module::linear(h.reshape([batch * len, d_model]), w, None);
+        let rows = memzoo_fused::linear(h.reshape([batch * len, d_model]), w, None);
         let kv = rows.reshape([batch, len, 2, hk, dh]);
         let k = kv.clone().narrow(2, 0, 1).reshape([batch, len, hk, dh]);
         let v = kv.narrow(2, 1, 1).reshape([batch, len, hk, dh]);
