@@ -83,13 +83,41 @@ impl Backward<Flex, 4> for RelBucketedBackward {
         let kshape = [d.batch, d.heads, d.klen, d.d_head];
         let bshape = match &inputs.pos {
             RelPosTensors::Buckets { table, .. } => [table.layout().shape()[0], d.heads],
-            RelPosTensors::Shifted { .. } => unreachable!("a bucketed op holds buckets"),
+            RelPosTensors::Shifted { .. } | RelPosTensors::None => {
+                unreachable!("a bucketed op holds buckets")
+            }
         };
         let [qc, k, table, v] = ops.parents;
         for (parent, values, shape) in [
             (qc, g.qc, &qshape[..]),
             (k, g.k, &kshape[..]),
             (table, g.table, &bshape[..]),
+            (v, g.v, &kshape[..]),
+        ] {
+            if let Some(node) = parent {
+                grads.register::<Flex>(node.id, flex_from(values, shape));
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RelContentBackward;
+
+impl Backward<Flex, 3> for RelContentBackward {
+    type State = RelState;
+
+    fn backward(self, ops: Ops<RelState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        let RelState { inputs, probs } = ops.state;
+        let d = inputs.dims();
+        let g = inputs.backward(&probs, grad);
+        let qshape = [d.batch, d.heads, d.qlen, d.d_head];
+        let kshape = [d.batch, d.heads, d.klen, d.d_head];
+        let [qc, k, v] = ops.parents;
+        for (parent, values, shape) in [
+            (qc, g.qc, &qshape[..]),
+            (k, g.k, &kshape[..]),
             (v, g.v, &kshape[..]),
         ] {
             if let Some(node) = parent {
@@ -232,6 +260,25 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
             params,
         );
         relative_op::<C, 4>(RelBucketedBackward, nodes, inputs)
+    }
+
+    fn relative_attention_content(
+        qc: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self> {
+        let nodes = [qc.node(), k.node(), v.node()];
+        let inputs = RelInputs::new(
+            qc.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            RelPosTensors::None,
+            mask,
+            params,
+        );
+        relative_op::<C, 3>(RelContentBackward, nodes, inputs)
     }
 
     fn knn_attention(

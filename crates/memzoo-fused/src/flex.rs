@@ -124,6 +124,18 @@ impl FusedBackend for Flex {
         inputs.forward().0
     }
 
+    fn relative_attention_content(
+        qc: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self> {
+        RelInputs::new(qc, k, v, RelPosTensors::None, mask, params)
+            .forward()
+            .0
+    }
+
     fn knn_attention(
         q: FloatTensor<Self>,
         tau: FloatTensor<Self>,
@@ -192,6 +204,8 @@ pub(crate) enum RelPosTensors {
         table: FloatTensor<Flex>,
         bucket: Vec<u32>,
     },
+    /// No position term: the content scores alone.
+    None,
 }
 
 impl RelPosTensors {
@@ -249,7 +263,7 @@ impl RelInputs {
         let s = self.qc.layout().shape();
         let columns = match &self.pos {
             RelPosTensors::Shifted { r, .. } => r.layout().shape()[0],
-            RelPosTensors::Buckets { .. } => 0,
+            RelPosTensors::Buckets { .. } | RelPosTensors::None => 0,
         };
         relative::RelDims {
             batch: s[0],
@@ -272,6 +286,7 @@ impl RelInputs {
                 n_buckets: table.layout().shape()[0],
                 bucket,
             },
+            RelPosTensors::None => relative::Position::None,
         }
     }
 

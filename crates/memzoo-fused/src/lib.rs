@@ -123,6 +123,16 @@ pub trait FusedBackend: Backend {
         params: RelParams,
     ) -> FloatTensor<Self>;
 
+    /// See [`relative_attention_fused`] with [`RelativePosition::None`]. `mask` as in
+    /// [`relative_attention_shifted`](FusedBackend::relative_attention_shifted).
+    fn relative_attention_content(
+        qc: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        params: RelParams,
+    ) -> FloatTensor<Self>;
+
     /// See [`knn_attention_fused`]. `mask` is `[batch, qlen, heads, k]`.
     fn knn_attention(
         q: FloatTensor<Self>,
@@ -415,12 +425,9 @@ pub fn relative_attention_fused(
                 params,
             )
         }
-        // The content term alone: every pair in one bucket whose bias is a constant zero.
-        RelativePosition::None => <Dispatch as FusedBackend>::relative_attention_bucketed(
+        RelativePosition::None => <Dispatch as FusedBackend>::relative_attention_content(
             qc.into_dispatch(),
             k.into_dispatch(),
-            Tensor::<2>::zeros([1, h], &device).into_dispatch(),
-            Tensor::<1, Int>::zeros([q * kl], &device).into_dispatch(),
             v.into_dispatch(),
             mask.into_dispatch(),
             params,

@@ -312,16 +312,14 @@ fn select_most_used(old: Tensor<3>, usage: &[f32], n: usize) -> Tensor<3> {
     old.gather(1, index)
 }
 
-/// The content attention of the reconstruction loss, `softmax(q kᵀ / sqrt(d_head)) v`, no
-/// mask, no positions: on `flex` the fused attention kernel (no position term), elsewhere
-/// tensor ops.
+/// The content attention of the reconstruction loss, `softmax(q kᵀ) v` with `q` already
+/// scaled by `1 / sqrt(d_head)`, no mask, no positions: on `flex` the fused attention kernel
+/// (no position term), elsewhere tensor ops.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, qlen, d_head]`, `k`, `v`: `[batch, heads, n, d_head]` →
 ///   `[batch, heads, qlen, d_head]`
 fn content_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
-    let dh = q.dims()[3] as f64;
-    let q = q.mul_scalar(1.0 / dh.sqrt());
     if memzoo_fused::supports(&q.device())
         && let Ok(out) = memzoo_fused::relative_attention_fused(
             q.clone(),
@@ -669,7 +667,10 @@ impl TransformerXl {
             let xq = layer.read_memory(input, false).detach();
             let [b, q, _] = xq.dims();
             let query = a.clone().no_grad();
+            // Scaled by 1 / sqrt(d_head) while the rows are contiguous (before the heads'
+            // swap, where an elementwise op would walk a strided view).
             let q_ = linear_rows(&query.query, xq)
+                .mul_scalar(1.0 / (a.d_head as f64).sqrt())
                 .reshape([b, q, a.n_heads, a.d_head])
                 .swap_dims(1, 2);
             let (kt, vt) = constant_keys_values(a, target);
