@@ -20,6 +20,10 @@ const CHUNK: usize = 1 << 15;
 /// the sequential loop draws.
 pub fn mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
     let keep = (1.0 / (1.0 - p)) as f32;
+    // `random::<f64>()` is `u = (x >> 11) 2^-53` of the next `u64` `x`; `2^53 p` is exact in
+    // f64, so `u < p` exactly when the integer `x >> 11` is below `ceil(2^53 p)` (a NaN `p`
+    // gives 0: nothing dropped, as no `u < NaN` holds).
+    let threshold = (p * (1u64 << 53) as f64).ceil() as u64;
     let start = ChaCha12Rng::seed_from_u64(seed);
     let mut mask = vec![0f32; n];
     mask.par_chunks_mut(CHUNK)
@@ -27,8 +31,15 @@ pub fn mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
         .for_each(|(c, chunk)| {
             let mut rng = start.clone();
             rng.set_word_pos(2 * (c * CHUNK) as u128);
-            for m in chunk {
-                *m = if rng.random::<f64>() < p { 0.0 } else { keep };
+            // The draws a block at a time (`fill` reads the stream's words in order, two
+            // per `u64`, as `next_u64` does), then a branch-free loop over them.
+            let mut words = [0u64; 512];
+            for block in chunk.chunks_mut(words.len()) {
+                let words = &mut words[..block.len()];
+                rng.fill(words);
+                for (m, &x) in block.iter_mut().zip(words.iter()) {
+                    *m = if (x >> 11) < threshold { 0.0 } else { keep };
+                }
             }
         });
     mask
