@@ -648,8 +648,9 @@ fn fused_content_attention_matches_tensor_ops() {
 /// The fused GELU (`memzoo_fused::gelu`) against Burn's exact GELU on `flex` (the C library's
 /// `erff`, one element at a time; its backward `Φ(x) + x φ(x)` with the library's `exp`): the
 /// output and the input's gradient on a dense grid over [-12, 12] (both tails and the
-/// underflow of `φ`), on normal draws, and on a strided view (a transposed tensor), within
-/// 2e-7 of `1 + |x|`. Without autodiff the output is the same.
+/// underflow of `φ`), on normal draws, and on strided views (a transposed tensor, GEGLU's
+/// half rows, a narrowed middle dim), within 2e-7 of `1 + |x|`. Without autodiff the output
+/// is the same.
 #[test]
 fn fused_gelu_matches_burns_exact_gelu() {
     let dev = flex().autodiff();
@@ -659,6 +660,13 @@ fn fused_gelu_matches_burns_exact_gelu() {
         Tensor::<3>::from_data(TensorData::new(grid.clone(), [1, 1, n]), &dev),
         randn([8, 64, 96], 31, &dev).mul_scalar(2.0),
         randn([4, 96, 64], 32, &dev).swap_dims(1, 2),
+        // GEGLU's gate: half of every row, read in place.
+        randn([4, 50, 96], 34, &dev).narrow(2, 48, 48),
+        randn([6, 40, 90], 35, &dev)
+            .mul_scalar(3.0)
+            .narrow(2, 3, 80),
+        // Rows that do not step evenly (copied first).
+        randn([8, 64, 96], 36, &dev).narrow(1, 5, 40),
     ];
     for (case, x) in inputs.into_iter().enumerate() {
         let w = randn(x.dims(), 33, &dev);

@@ -12,7 +12,7 @@ use burn::backend::{Autodiff, Flex};
 
 use crate::flex::{
     KnnHost, LshHost, RelInputs, RelPosTensors, contiguous, elements, f32_vec, flex_from,
-    flex_tensor, matrix,
+    flex_tensor, gelu_input, matrix, rows,
 };
 use crate::{FusedBackend, KnnParams, LshKernelParams, RelParams, gelu, knn, lsh, matmul};
 
@@ -310,7 +310,7 @@ impl<C: CheckpointStrategy> FusedBackend for Autodiff<Flex, C> {
 
     fn gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let nodes = [x.node()];
-        let x = contiguous(x.into_primitive());
+        let x = gelu_input(x.into_primitive());
         match GeluBackward.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
                 let y = <Flex as FusedBackend>::gelu(x.clone());
@@ -376,7 +376,8 @@ impl Backward<Flex, 1> for GeluBackward {
         if let Some(node) = parent {
             let x = ops.state;
             let mut dx = vec![0.0; x.layout().num_elements()];
-            gelu::backward(elements(&x), elements(&dy), &mut dx);
+            let rows = rows(&x).expect("gelu_input's result has rows");
+            gelu::backward(rows, elements(&dy), &mut dx);
             grads.register::<Flex>(node.id, flex_from(dx, x.layout().shape()));
         }
     }

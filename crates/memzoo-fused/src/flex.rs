@@ -148,9 +148,9 @@ impl FusedBackend for Flex {
     }
 
     fn gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let x = contiguous(x);
+        let x = gelu_input(x);
         let mut y = vec![0.0; x.layout().num_elements()];
-        gelu::forward(elements(&x), &mut y);
+        gelu::forward(rows(&x).expect("gelu_input's result has rows"), &mut y);
         flex_from(y, x.layout().shape())
     }
 
@@ -159,6 +159,59 @@ impl FusedBackend for Flex {
         let shape = [a.shape[0], b.shape[1]];
         flex_from(matmul::matmul(a, b), &shape)
     }
+}
+
+/// `t` as the GELU kernel reads it: itself when its elements are evenly strided runs (see
+/// [`rows`]; GEGLU's gate, half of each row of a product, is read in place), else a
+/// contiguous copy.
+pub(crate) fn gelu_input(t: FloatTensor<Flex>) -> FloatTensor<Flex> {
+    match rows(&t).is_some() {
+        true => t,
+        false => t.to_contiguous(),
+    }
+}
+
+/// A flex `f32` tensor's elements in row-major order as evenly strided runs of its last dim,
+/// when its layout has them: the last dim contiguous and the others stepping as one.
+pub(crate) fn rows(t: &FloatTensor<Flex>) -> Option<gelu::Rows<'_>> {
+    let layout = t.layout();
+    let (shape, strides) = (layout.shape(), layout.strides());
+    let (data, offset, n) = (
+        t.storage::<f32>(),
+        layout.start_offset(),
+        layout.num_elements(),
+    );
+    if t.is_contiguous() || n == 0 {
+        return Some(gelu::Rows {
+            data,
+            offset,
+            rows: 1,
+            len: n,
+            stride: n,
+        });
+    }
+    let k = shape.num_dims();
+    let len = shape[k - 1];
+    if strides[k - 1] != 1 && len > 1 {
+        return None;
+    }
+    let (mut rows, mut stride, mut outer) = (1, len as isize, None::<isize>);
+    for i in (0..k - 1).rev().filter(|&i| shape[i] > 1) {
+        match outer {
+            None if strides[i] >= len as isize => stride = strides[i],
+            Some(s) if strides[i] == s => {}
+            _ => return None,
+        }
+        outer = Some(strides[i] * shape[i] as isize);
+        rows *= shape[i];
+    }
+    Some(gelu::Rows {
+        data,
+        offset,
+        rows,
+        len,
+        stride: stride as usize,
+    })
 }
 
 /// A 2-D flex `f32` tensor as a strided view of its storage.

@@ -81,15 +81,78 @@ fn cdf_and_density(x: f32) -> (f32, f32) {
     (cdf, density)
 }
 
-/// `y_i = gelu(x_i)`, in parallel.
+/// The elements of a tensor in row-major order as `rows` runs of `len` contiguous values,
+/// `stride` apart, from `offset` in `data`: a contiguous tensor (one run), or a view whose last
+/// dim is contiguous and whose other dims step evenly (GEGLU's half of a product's columns).
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<'a> {
+    /// The storage.
+    pub data: &'a [f32],
+    /// Offset of the first element.
+    pub offset: usize,
+    /// Runs.
+    pub rows: usize,
+    /// Values per run.
+    pub len: usize,
+    /// Distance between the starts of consecutive runs.
+    pub stride: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// A contiguous slice as one run.
+    pub fn contiguous(x: &'a [f32]) -> Self {
+        Rows {
+            data: x,
+            offset: 0,
+            rows: 1,
+            len: x.len(),
+            stride: x.len(),
+        }
+    }
+
+    /// Elements.
+    pub fn n(&self) -> usize {
+        self.rows * self.len
+    }
+
+    /// Calls `f(first element's index, values)` for each contiguous piece of the elements
+    /// `start..start + count` (row-major).
+    fn pieces(&self, start: usize, count: usize, mut f: impl FnMut(usize, &[f32])) {
+        let (mut e, end) = (start, start + count);
+        while e < end {
+            let (r, c) = (e / self.len, e % self.len);
+            let take = (self.len - c).min(end - e);
+            let at = self.offset + r * self.stride + c;
+            f(e - start, &self.data[at..at + take]);
+            e += take;
+        }
+    }
+
+    fn check(&self) {
+        if self.n() > 0 {
+            let last = self.offset + (self.rows - 1) * self.stride + self.len;
+            assert!(
+                self.len <= self.stride || self.rows == 1,
+                "gelu: rows overlap"
+            );
+            assert!(last <= self.data.len(), "gelu: rows outside the storage");
+        }
+    }
+}
+
+/// `y_i = gelu(x_i)` for the elements of `x` in row-major order, in parallel.
 ///
 /// # Shapes
-/// - `x`, `y`: the same length
-pub fn forward(x: &[f32], y: &mut [f32]) {
-    assert_eq!(x.len(), y.len(), "gelu forward: input and output lengths");
-    y.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK))
-        .for_each(|(y, x)| forward_chunk(x, y));
+/// - `x`: `rows x len` elements, `y`: as many
+pub fn forward(x: Rows, y: &mut [f32]) {
+    x.check();
+    assert_eq!(x.n(), y.len(), "gelu forward: input and output lengths");
+    y.par_chunks_mut(CHUNK).enumerate().for_each(|(t, y)| {
+        let n = y.len();
+        x.pieces(t * CHUNK, n, |at, x| {
+            forward_chunk(x, &mut y[at..at + x.len()])
+        });
+    });
 }
 
 /// [`forward`] on one chunk, on AVX2 where the CPU has it (8 lanes instead of SSE's 4; the
@@ -116,20 +179,24 @@ fn forward_chunk_impl(x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// `dx_i = dy_i gelu'(x_i)`, in parallel.
+/// `dx_i = dy_i gelu'(x_i)` for the elements of `x` in row-major order, in parallel.
 ///
 /// # Shapes
-/// - `x`, `dy`, `dx`: the same length
-pub fn backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
-    assert_eq!(
-        x.len(),
-        dy.len(),
-        "gelu backward: input and gradient lengths"
-    );
-    assert_eq!(x.len(), dx.len(), "gelu backward: input and output lengths");
+/// - `x`: `rows x len` elements, `dy`, `dx`: as many
+pub fn backward(x: Rows, dy: &[f32], dx: &mut [f32]) {
+    x.check();
+    assert_eq!(x.n(), dy.len(), "gelu backward: input and gradient lengths");
+    assert_eq!(x.n(), dx.len(), "gelu backward: input and output lengths");
     dx.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-        .for_each(|(dx, (x, dy))| backward_chunk(x, dy, dx));
+        .zip(dy.par_chunks(CHUNK))
+        .enumerate()
+        .for_each(|(t, (dx, dy))| {
+            let n = dx.len();
+            x.pieces(t * CHUNK, n, |at, x| {
+                let end = at + x.len();
+                backward_chunk(x, &dy[at..end], &mut dx[at..end])
+            });
+        });
 }
 
 /// [`backward`] on one chunk, on AVX2 where the CPU has it (as [`forward_chunk`]).
