@@ -102,6 +102,31 @@ pub struct RelativeAttentionConfig {
 #[derive(Debug, Clone, Default)]
 pub struct ValueResidual(Arc<Mutex<Option<Tensor<4>>>>);
 
+/// The per-head projections of one attention call, `[batch, len, n_heads, d_head]` each: the
+/// queries `W_q x` of the segment and the keys `W_k` and values `W_v` of `cat(memory, x)`,
+/// in the graph. See [`ProjectionTap`].
+pub type Projections = (Tensor<4>, Tensor<4>, Tensor<4>);
+
+/// A slot a relative layer fills with its [`Projections`] each time it reads a context that
+/// carries it ([`RelativeContext::with_projection_tap`]), for a caller that needs them again
+/// (the Compressive Transformer's reconstruction loss reads the queries and the keys and
+/// values of the memory it compresses). Clones share it; [`take`](Self::take) empties it.
+#[derive(Debug, Clone, Default)]
+pub struct ProjectionTap(Arc<Mutex<Option<Projections>>>);
+
+impl ProjectionTap {
+    /// The projections of the last call that filled the slot since the last `take`, if any.
+    pub fn take(&self) -> Option<Projections> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
+
+    fn set(&self, projections: Projections) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(projections);
+        }
+    }
+}
+
 /// Transformer-XL's global content bias `u` and position bias `v`, `[n_heads, d_head]` each.
 ///
 /// Owned by a layer (untied) or by the model and passed to every layer (shared, as the paper).
@@ -424,6 +449,9 @@ impl RelativeMultiHeadAttention {
         let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
         let (q, k, v) = self.project(x.clone(), memory, ctx)?;
+        if let Some(tap) = &ctx.projection_tap {
+            tap.set((q.clone(), k.clone(), v.clone()));
+        }
         let v = self.mix_values(x, v, ctx)?;
         // [batch, len, heads, d_head] -> [batch, heads, len, d_head]; fused where it applies.
         let [q, k, v] = [q, k, v].map(|t| t.swap_dims(1, 2));

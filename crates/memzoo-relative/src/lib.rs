@@ -44,8 +44,8 @@ pub mod shift;
 
 pub use attention::{
     AbsolutePositionParams, LearnedPositionParams, PeerAttentionParams, PositionParams,
-    RelativeAttentionConfig, RelativeMultiHeadAttention, T5PositionParams, ValueResidual, XlBiases,
-    XlPositionParams,
+    ProjectionTap, Projections, RelativeAttentionConfig, RelativeMultiHeadAttention,
+    T5PositionParams, ValueResidual, XlBiases, XlPositionParams,
 };
 pub use error::RelativeError;
 pub use positions::{

@@ -334,6 +334,9 @@ pub struct RelativeContext {
     /// The first layer's values, for the later layers with a value gate (value residual
     /// learning); `None`: none. See [`with_value_residual`](Self::with_value_residual).
     pub value_residual: Option<crate::attention::ValueResidual>,
+    /// A slot every layer reading this context fills with its projections; `None`: none. See
+    /// [`with_projection_tap`](Self::with_projection_tap).
+    pub projection_tap: Option<crate::attention::ProjectionTap>,
 }
 
 impl RelativeContext {
@@ -410,6 +413,7 @@ impl RelativeContext {
             },
             t5_table: None,
             value_residual: None,
+            projection_tap: None,
         }
     }
 
@@ -455,6 +459,13 @@ impl RelativeContext {
     /// per forward pass.
     pub fn with_value_residual(mut self) -> Self {
         self.value_residual = Some(Default::default());
+        self
+    }
+
+    /// The same context carrying `tap`: every relative layer reading it stores its queries,
+    /// keys and values there ([`ProjectionTap`](crate::ProjectionTap)).
+    pub fn with_projection_tap(mut self, tap: crate::attention::ProjectionTap) -> Self {
+        self.projection_tap = Some(tap);
         self
     }
 

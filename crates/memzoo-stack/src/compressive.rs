@@ -40,7 +40,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use memzoo_reformer::ForwardOptions;
 use memzoo_relative::shift::{distance_of_column, n_columns};
 use memzoo_relative::{
-    AttentionMask, PositionIndex, PositionKind, RelativeMultiHeadAttention, linear_rows,
+    AttentionMask, PositionIndex, PositionKind, ProjectionTap, Projections,
+    RelativeMultiHeadAttention, linear_rows,
 };
 use serde::{Deserialize, Serialize};
 
@@ -501,6 +502,16 @@ impl TransformerXl {
                     PositionIndex::Learned(Tensor::from_data(TensorData::new(idx, [w]), &device));
             }
         }
+        // The reconstruction loss reads each layer's queries and the keys and values of what
+        // it compresses: the attention's own, kept as it computes them.
+        let tap = (train && cfg.function == CompressionKind::Conv && cfg.cmem_len > 0)
+            .then(ProjectionTap::default);
+        if let Some(tap) = &tap {
+            for (_, _, ctx) in contexts.iter_mut() {
+                ctx.projection_tap = Some(tap.clone());
+            }
+        }
+        let mut projections = Vec::with_capacity(self.layers.len());
         let mut h = self.embed(tokens, opts)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
         let norm_grads = cfg.memory_norm_gradients;
@@ -524,6 +535,8 @@ impl TransformerXl {
             let mut cx = self.layer_context(l, &contexts, store, opts);
             let layout = ProbeLayout::Compressed { compressed: clen };
             cx.trace = trace.map(|t| t.slot(l, layout));
+            // Empty, so that a layer that does not fill it (a kNN layer) leaves nothing stale.
+            let _ = tap.as_ref().and_then(ProjectionTap::take);
             h = layer.block.forward(h, None, opts, |x, _| {
                 if most_used {
                     let all = layer.received_attention(x.clone(), prefix.clone(), &cx)?;
@@ -532,11 +545,13 @@ impl TransformerXl {
                 }
                 Ok::<_, XlError>(layer.attend(x, prefix, &mut cx, Replay::Nothing)?.0)
             })?;
+            projections.push(tap.as_ref().and_then(ProjectionTap::take));
         }
         drop(contexts);
         drop(stores);
         let hidden = self.finish(h, opts);
-        let aux = self.compress_memories(comp, state, &inputs, &received, qlen, train)?;
+        let aux =
+            self.compress_memories(comp, state, &inputs, &received, &projections, qlen, train)?;
         Ok((hidden, aux))
     }
 
@@ -550,6 +565,7 @@ impl TransformerXl {
         state: &mut XlState,
         inputs: &[Tensor<3>],
         received: &[Tensor<2>],
+        projections: &[Option<Projections>],
         qlen: usize,
         train: bool,
     ) -> Result<Option<Tensor<1>>, XlError> {
@@ -561,6 +577,8 @@ impl TransformerXl {
             return Ok(None);
         }
         let mlen = state.xl.len();
+        // The compressed vectors the layers read before the memory, `cat(cm, m, h)`.
+        let clen = state.compressed.layers.len();
         let total = mlen + qlen;
         let keep = total.min(self.mem_len);
         let n_old = total - keep;
@@ -660,20 +678,38 @@ impl TransformerXl {
                 .attention
                 .relative()
                 .ok_or_else(|| XlError::Input(format!("layer {l} has no relative attention")))?;
-            let target = match (cfg.reconstruct_whole_memory, state.xl.layer(l)) {
-                (true, Some(m)) => layer.read_memory(m.clone(), false).detach(),
-                _ => old,
+            let scale = 1.0 / (a.d_head as f64).sqrt();
+            let (q_, kt, vt) = match projections.get(l).cloned().flatten() {
+                // The attention's own: its queries and the keys and values of `old` (or of
+                // the whole memory), rows `clen..` of `cat(cm, m, h)`, as constants.
+                Some((q, k, v)) => {
+                    let n = match (cfg.reconstruct_whole_memory, mlen > 0) {
+                        (true, true) => mlen,
+                        _ => n_old,
+                    };
+                    let rows = |t: Tensor<4>| t.narrow(1, clen, n).detach().swap_dims(1, 2);
+                    let q = q.detach().mul_scalar(scale).swap_dims(1, 2);
+                    (q, rows(k), rows(v))
+                }
+                // Computed again with the layer's weights held constant.
+                None => {
+                    let target = match (cfg.reconstruct_whole_memory, state.xl.layer(l)) {
+                        (true, Some(m)) => layer.read_memory(m.clone(), false).detach(),
+                        _ => old,
+                    };
+                    let xq = layer.read_memory(input, false).detach();
+                    let [b, q, _] = xq.dims();
+                    let query = a.clone().no_grad();
+                    // Scaled by 1 / sqrt(d_head) while the rows are contiguous (before the
+                    // heads' swap, where an elementwise op would walk a strided view).
+                    let q_ = linear_rows(&query.query, xq)
+                        .mul_scalar(scale)
+                        .reshape([b, q, a.n_heads, a.d_head])
+                        .swap_dims(1, 2);
+                    let (kt, vt) = constant_keys_values(a, target);
+                    (q_, kt, vt)
+                }
             };
-            let xq = layer.read_memory(input, false).detach();
-            let [b, q, _] = xq.dims();
-            let query = a.clone().no_grad();
-            // Scaled by 1 / sqrt(d_head) while the rows are contiguous (before the heads'
-            // swap, where an elementwise op would walk a strided view).
-            let q_ = linear_rows(&query.query, xq)
-                .mul_scalar(1.0 / (a.d_head as f64).sqrt())
-                .reshape([b, q, a.n_heads, a.d_head])
-                .swap_dims(1, 2);
-            let (kt, vt) = constant_keys_values(a, target);
             let (kc, vc) = constant_keys_values(a, compressed);
             let want = content_attention(q_.clone(), kt, vt).detach();
             let got = content_attention(q_, kc, vc);
