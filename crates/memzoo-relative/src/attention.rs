@@ -790,9 +790,12 @@ impl RelativeMultiHeadAttention {
         let w = if constant { w.detach() } else { w };
         // On `[batch * len, d_model]` rows: one weight-gradient product (see `linear_rows`).
         let rows = memzoo_fused::linear(h.reshape([batch * len, d_model]), w, None);
-        let kv = rows.reshape([batch, len, 2, hk, dh]);
-        let k = kv.clone().narrow(2, 0, 1).reshape([batch, len, hk, dh]);
-        let v = kv.narrow(2, 1, 1).reshape([batch, len, hk, dh]);
+        // `[W_k | W_v]`'s columns as 2 hk heads, the keys' first: each half is a strided view
+        // of the product (a reshape after the narrow would copy it), which the fused
+        // attention reads in place.
+        let kv = rows.reshape([batch, len, 2 * hk, dh]);
+        let k = kv.clone().narrow(2, 0, hk);
+        let v = kv.narrow(2, hk, hk);
         // v_j = W_v h_j (+ b_v)
         let v = match &self.value_bias {
             Some(b) => {
