@@ -14,7 +14,9 @@ use crate::flex::{
     KnnHost, LshHost, RelInputs, RelPosTensors, contiguous, elements, f32_vec, flex_from,
     flex_tensor, gelu_input, matrix, rows,
 };
-use crate::{FusedBackend, KnnParams, LshKernelParams, RelParams, gelu, knn, lsh, matmul};
+use crate::{
+    FusedBackend, KnnParams, LshKernelParams, RelParams, gelu, knn, lsh, matmul, relative,
+};
 
 /// State of the relative attention's backward: the inputs and the probabilities.
 #[derive(Clone, Debug)]
@@ -39,6 +41,37 @@ fn relative_op<C: CheckpointStrategy, const N: usize>(
     }
 }
 
+/// The relative attention's backward: the kernel's gradients from the saved state, each
+/// registered for its parent when tracked. `pick` orders them as the op's parents, with their
+/// shapes.
+fn rel_backward<const N: usize>(
+    ops: Ops<RelState, N>,
+    grads: &mut Gradients,
+    pick: impl FnOnce(
+        relative::RelGrads,
+        relative::RelDims,
+        &RelPosTensors,
+    ) -> [(Vec<f32>, Vec<usize>); N],
+) {
+    let grad = grads.consume::<Flex>(&ops.node);
+    let RelState { inputs, probs } = ops.state;
+    let d = inputs.dims();
+    let g = inputs.backward(&probs, grad);
+    for (parent, (values, shape)) in ops.parents.into_iter().zip(pick(g, d, &inputs.pos)) {
+        if let Some(node) = parent {
+            grads.register::<Flex>(node.id, flex_from(values, &shape));
+        }
+    }
+}
+
+/// Shapes of the queries' and of the keys' (and values') gradients.
+fn qk_shapes(d: relative::RelDims) -> (Vec<usize>, Vec<usize>) {
+    (
+        vec![d.batch, d.heads, d.qlen, d.d_head],
+        vec![d.batch, d.heads, d.klen, d.d_head],
+    )
+}
+
 #[derive(Debug)]
 struct RelShiftedBackward;
 
@@ -46,25 +79,17 @@ impl Backward<Flex, 5> for RelShiftedBackward {
     type State = RelState;
 
     fn backward(self, ops: Ops<RelState, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        let RelState { inputs, probs } = ops.state;
-        let d = inputs.dims();
-        let g = inputs.backward(&probs, grad);
-        let qshape = [d.batch, d.heads, d.qlen, d.d_head];
-        let kshape = [d.batch, d.heads, d.klen, d.d_head];
-        let rshape = [d.columns, d.heads, d.d_head];
-        let [qc, qp, k, r, v] = ops.parents;
-        for (parent, values, shape) in [
-            (qc, g.qc, &qshape[..]),
-            (qp, g.qp, &qshape[..]),
-            (k, g.k, &kshape[..]),
-            (r, g.table, &rshape[..]),
-            (v, g.v, &kshape[..]),
-        ] {
-            if let Some(node) = parent {
-                grads.register::<Flex>(node.id, flex_from(values, shape));
-            }
-        }
+        rel_backward(ops, grads, |g, d, _| {
+            let (q, k) = qk_shapes(d);
+            let r = vec![d.columns, d.heads, d.d_head];
+            [
+                (g.qc, q.clone()),
+                (g.qp, q),
+                (g.k, k.clone()),
+                (g.table, r),
+                (g.v, k),
+            ]
+        });
     }
 }
 
@@ -75,29 +100,21 @@ impl Backward<Flex, 4> for RelBucketedBackward {
     type State = RelState;
 
     fn backward(self, ops: Ops<RelState, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        let RelState { inputs, probs } = ops.state;
-        let d = inputs.dims();
-        let g = inputs.backward(&probs, grad);
-        let qshape = [d.batch, d.heads, d.qlen, d.d_head];
-        let kshape = [d.batch, d.heads, d.klen, d.d_head];
-        let bshape = match &inputs.pos {
-            RelPosTensors::Buckets { table, .. } => [table.layout().shape()[0], d.heads],
-            RelPosTensors::Shifted { .. } | RelPosTensors::None => {
-                unreachable!("a bucketed op holds buckets")
-            }
-        };
-        let [qc, k, table, v] = ops.parents;
-        for (parent, values, shape) in [
-            (qc, g.qc, &qshape[..]),
-            (k, g.k, &kshape[..]),
-            (table, g.table, &bshape[..]),
-            (v, g.v, &kshape[..]),
-        ] {
-            if let Some(node) = parent {
-                grads.register::<Flex>(node.id, flex_from(values, shape));
-            }
-        }
+        rel_backward(ops, grads, |g, d, pos| {
+            let (q, k) = qk_shapes(d);
+            let buckets = match pos {
+                RelPosTensors::Buckets { table, .. } => table.layout().shape()[0],
+                RelPosTensors::Shifted { .. } | RelPosTensors::None => {
+                    unreachable!("a bucketed op holds buckets")
+                }
+            };
+            [
+                (g.qc, q),
+                (g.k, k.clone()),
+                (g.table, vec![buckets, d.heads]),
+                (g.v, k),
+            ]
+        });
     }
 }
 
@@ -108,22 +125,10 @@ impl Backward<Flex, 3> for RelContentBackward {
     type State = RelState;
 
     fn backward(self, ops: Ops<RelState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        let RelState { inputs, probs } = ops.state;
-        let d = inputs.dims();
-        let g = inputs.backward(&probs, grad);
-        let qshape = [d.batch, d.heads, d.qlen, d.d_head];
-        let kshape = [d.batch, d.heads, d.klen, d.d_head];
-        let [qc, k, v] = ops.parents;
-        for (parent, values, shape) in [
-            (qc, g.qc, &qshape[..]),
-            (k, g.k, &kshape[..]),
-            (v, g.v, &kshape[..]),
-        ] {
-            if let Some(node) = parent {
-                grads.register::<Flex>(node.id, flex_from(values, shape));
-            }
-        }
+        rel_backward(ops, grads, |g, d, _| {
+            let (q, k) = qk_shapes(d);
+            [(g.qc, q), (g.k, k.clone()), (g.v, k)]
+        });
     }
 }
 

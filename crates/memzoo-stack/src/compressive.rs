@@ -336,6 +336,18 @@ fn content_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     softmax(q.matmul(k.swap_dims(2, 3)), 3).matmul(v)
 }
 
+/// What the layers of a compressive stack read in one segment, per layer.
+struct SegmentReads<'a> {
+    /// The layers' inputs `h`.
+    inputs: &'a [Tensor<3>],
+    /// Most-used compression: the attention mass each position of `cat(m, h)` received
+    /// (empty otherwise).
+    received: &'a [Tensor<2>],
+    /// The attention's queries, keys and values (`None` for a layer that did not leave them;
+    /// empty when the reconstruction loss is not computed).
+    projections: &'a [Option<Projections>],
+}
+
 /// Per-head keys and values of `h` with the attention's parameters as constants,
 /// `[batch, heads, len, d_head]` each.
 fn constant_keys_values(a: &RelativeMultiHeadAttention, h: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
@@ -550,25 +562,30 @@ impl TransformerXl {
         drop(contexts);
         drop(stores);
         let hidden = self.finish(h, opts);
-        let aux =
-            self.compress_memories(comp, state, &inputs, &received, &projections, qlen, train)?;
+        let reads = SegmentReads {
+            inputs: &inputs,
+            received: &received,
+            projections: &projections,
+        };
+        let aux = self.compress_memories(comp, state, reads, qlen, train)?;
         Ok((hidden, aux))
     }
 
-    /// Moves the XL and compressed memories on past a segment whose layers read `inputs`; with
-    /// `train` and a trainable `f_c`, the weighted reconstruction loss. `received`: per layer
-    /// the attention mass each position of `cat(m, h)` received in this segment (most-used
-    /// compression; empty otherwise).
+    /// Moves the XL and compressed memories on past a segment whose layers read `reads`; with
+    /// `train` and a trainable `f_c`, the weighted reconstruction loss.
     fn compress_memories(
         &self,
         comp: &Compression,
         state: &mut XlState,
-        inputs: &[Tensor<3>],
-        received: &[Tensor<2>],
-        projections: &[Option<Projections>],
+        reads: SegmentReads<'_>,
         qlen: usize,
         train: bool,
     ) -> Result<Option<Tensor<1>>, XlError> {
+        let SegmentReads {
+            inputs,
+            received,
+            projections,
+        } = reads;
         let cfg = &comp.config;
         if self.mem_len == 0 {
             // Read with no memory (`with_mem_len(0)`): neither memory is kept.
