@@ -30,7 +30,8 @@
 //! the [`FusedBackend`] extension are here; the plain `flex` backend's side (the inputs read on
 //! the host, the kernels called) in `flex.rs`; the autodiff side (what each op saves, the
 //! gradients it registers) in `autodiff.rs`; the maths of each kernel, forward and backward, in
-//! [`lsh`], [`relative`] and [`knn`].
+//! [`lsh`], [`relative`], [`knn`], [`mod@gelu`] and [`mod@matmul`]; the dropout masks in
+//! [`dropout`].
 //!
 //! This crate is compiled at `opt-level = 3` in the dev profile (the workspace's own crates are
 //! at 1): its loops are the hot path.
