@@ -182,13 +182,7 @@ pub(crate) fn rows(t: &FloatTensor<Flex>) -> Option<gelu::Rows<'_>> {
         layout.num_elements(),
     );
     if t.is_contiguous() || n == 0 {
-        return Some(gelu::Rows {
-            data,
-            offset,
-            rows: 1,
-            len: n,
-            stride: n,
-        });
+        return Some(gelu::Rows::contiguous(&data[offset..offset + n]));
     }
     let k = shape.num_dims();
     let len = shape[k - 1];

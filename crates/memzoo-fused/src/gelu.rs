@@ -36,14 +36,8 @@ fn exp_neg(y: f32) -> f32 {
     // ln 2 split in a part exact in f32 products with small n, and the rest.
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    // 1.5 · 2^23: adding and subtracting it rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
     let y = y.max(-87.0);
-    // `t = ROUND + round(y log2 e)` lies in [2^23, 2^24), where a float's ulp is 1: its bits
-    // minus ROUND's are that integer (vectorises, unlike the saturating `as i32`).
-    let t = y * LOG2_E + ROUND;
-    let n = t - ROUND;
-    let n_int = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    let (n, two_n) = crate::lsh::round_and_pow2(y * LOG2_E);
     let r = (y - n * LN2_HI) - n * LN2_LO;
     // e^r, Horner form of Σ_{k ≤ 7} r^k / k!.
     let mut p = 1.0 / 5040.0;
@@ -54,8 +48,6 @@ fn exp_neg(y: f32) -> f32 {
     p = p * r + 0.5;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    // 2^n from its exponent bits (n ≥ -126 after the clamp).
-    let two_n = f32::from_bits(((n_int + 127) as u32) << 23);
     p * two_n
 }
 

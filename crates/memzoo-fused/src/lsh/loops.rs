@@ -157,6 +157,19 @@ pub(super) fn mask_row(
     mask_row_impl(p, g, keys, query, row, live, scratch)
 }
 
+/// `(n, 2^n)` for `n = round(v)`, `|v| < 126` (so that `2^n` is a normal float): the range
+/// reduction of the vectorised `exp`s here and in [`crate::gelu`]. `t = 1.5·2^23 + v` lies in
+/// `[2^23, 2^24)`, where a float's ulp is 1, so adding the constant rounds `v`, and `t`'s bits
+/// minus the constant's are `n` as an integer: an integer subtraction that vectorises, unlike
+/// `n as i32`, whose saturating conversion compiles to one scalar instruction per lane.
+#[inline(always)]
+pub(crate) fn round_and_pow2(v: f32) -> (f32, f32) {
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23
+    let t = v + ROUND;
+    let n = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    (t - ROUND, f32::from_bits(((n + 127) << 23) as u32))
+}
+
 /// `e^x` to about 2 ulp, branch-free so that loops over it vectorise (Cephes' `expf`
 /// polynomial); 0 below -87 (where `e^x` is under `f32`'s smallest normal, 1.2e-38).
 #[inline(always)]
@@ -164,14 +177,8 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     let xc = x.clamp(-87.0, 88.0);
-    // `t = ROUND + round(xc log2 e)` lies in [2^23, 2^24), where a float's ulp is 1: its bits
-    // minus ROUND's are that integer (an integer subtraction that vectorises, unlike `as i32`,
-    // whose saturating conversion compiles to one scalar instruction per lane).
-    let t = xc * LOG2E + ROUND;
-    let n = t - ROUND;
-    let n_int = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    let (n, scale) = round_and_pow2(xc * LOG2E);
     let r = xc - n * LN2_HI - n * LN2_LO;
     let mut q = 1.987_569_1e-4_f32;
     q = q * r + 1.398_199_9e-3;
@@ -180,7 +187,6 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     q = q * r + 1.666_666_5e-1;
     q = q * r + 0.5;
     let e = q * r * r + r + 1.0;
-    let scale = f32::from_bits(((n_int + 127) << 23) as u32);
     if x < -87.0 { 0.0 } else { e * scale }
 }
 

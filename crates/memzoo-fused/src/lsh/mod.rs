@@ -37,7 +37,7 @@ mod loops;
 
 pub use backward::backward;
 use loops::{WindowKeys, mask_row, matmul, softmax_rows};
-pub(crate) use loops::{exp_f32, max_f32, sum_f32};
+pub(crate) use loops::{exp_f32, max_f32, round_and_pow2, sum_f32};
 
 /// Settings of the kernel: the chunk geometry, masks and the score convention.
 #[derive(Clone, Copy, Debug, PartialEq)]
