@@ -9,6 +9,9 @@
 #                files concatenated (about 3 MB; read as one stream, not as documents)
 #   gl/*.deb     the Vulkan and EGL loaders (Debian amd64 packages), unpacked there only when the
 #                image lacks libvulkan.so.1
+#   whl/*.whl    the XL peer's Python packages for the GPU machine's own python3 (which has torch):
+#                transformers 4.37.2, its last release with TransfoXL, and the tokenizers and
+#                huggingface_hub it accepts (run.sh runs xtask/gpu/peer_tfxl.py with them)
 #   MANIFEST     commit, features, profile, build time and sizes (run.sh prints it)
 #
 #   bash xtask/gpu/prepare.sh                                   # for the GPU
@@ -28,6 +31,7 @@ usage: xtask/gpu/prepare.sh [OPTIONS]
   --release        build the release profile instead of dev
   --out DIR        where to gather the files (default .gpu, ignored by git)
   --no-loaders     skip downloading the Vulkan/EGL loader packages
+  --no-peer        skip downloading the XL peer's wheels (HF TransfoXL)
 EOF
 }
 die() { echo "prepare.sh: $*" >&2; exit 2; }
@@ -36,6 +40,7 @@ features=wgpu
 profile=dev
 out=.gpu
 loaders=1
+peer=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --features) features=${2:-}; shift 2
@@ -43,6 +48,7 @@ while [ $# -gt 0 ]; do
     --release) profile=release; shift ;;
     --out) out=${2:?--out needs a folder}; shift 2 ;;
     --no-loaders) loaders=0; shift ;;
+    --no-peer) peer=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option '$1'" ;;
   esac
@@ -85,7 +91,17 @@ if [ "$loaders" = 1 ]; then
   echo "prepare: loaders: $(cd "$out/gl" && echo *.deb)"
 fi
 
-# 4. What was built, for run.sh's log.
+# 4. The XL peer's wheels, for the GPU machine's python3 (3.12, x86-64; its torch and numpy
+#    stay): transformers 4.37.2 insists on tokenizers < 0.19 and huggingface_hub < 1.0 at import.
+if [ "$peer" = 1 ]; then
+  mkdir -p "$out/whl"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$out/whl" \
+    transformers==4.37.2 tokenizers==0.15.2 huggingface_hub==0.20.3
+  echo "prepare: peer wheels: $(cd "$out/whl" && echo *.whl)"
+fi
+
+# 5. What was built, for run.sh's log.
 {
   echo "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates Cargo.toml Cargo.lock || echo '+changes')"
   echo "features=$features"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check (issue 27, item 3): trains Transformer-XL's enwik8 base and the Memorizing
 # Transformer of Wu et al. 2022 for a few hundred steps each with a prebuilt memzoo, and prints
-# tokens/s, peak GPU memory and the loss of each.
+# tokens/s, peak GPU memory and the loss of each; then the XL peer, HF TransfoXL, with the same
+# model, batch and corpus on the same GPU (xtask/gpu/peer_tfxl.py), for the ratio.
 #
 # Made for a lent GPU machine with no network and no Rust toolchain: `xtask/gpu/prepare.sh`
 # builds the binary, a text corpus and the Vulkan/EGL loader packages into .gpu/ beforehand,
@@ -26,10 +27,10 @@ usage: xtask/gpu/run.sh [OPTIONS]
   --device DEV        memzoo device string (default wgpu-vulkan)
   --presets "A B"     presets to run, in order (default "xl-enwik8-base memorizing-paper")
   --steps N           optimizer steps per run (default 300)
-  --max-seconds S     training time cap per run, memzoo's train.max_seconds (default 150)
+  --max-seconds S     training time cap per run, memzoo's train.max_seconds (default 120)
   --grace S           after the cap, seconds left for the final evaluation and checkpoint
-                      before the run is interrupted (default 60)
-  --log-every N       steps per logged window (default 25)
+                      before the run is interrupted (default 45)
+  --log-every N       steps per logged window (default 10)
   --eval-segments N   validation segments at the end of each run (default 4)
   --set K=V           extra memzoo config override for every run (repeatable);
                       --set PRESET:K=V for that preset's run only
@@ -37,6 +38,9 @@ usage: xtask/gpu/run.sh [OPTIONS]
                       256, vocabulary 256): the CPU test on llvmpipe, which runs ~0.6 GFLOP/s
   --work DIR          scratch folder for the run directories (default /tmp/memzoo-gpu-check)
   --keep              keep the run directories (default: removed after the summary)
+  --peer-seconds S    training time cap of the XL peer, HF TransfoXL (xtask/gpu/peer_tfxl.py),
+                      run after xl-enwik8-base when prepare.sh brought its wheels (default 60)
+  --no-peer           skip the peer
   --self-test         check the summary arithmetic on a made-up metrics file, then exit
 EOF
 }
@@ -138,12 +142,15 @@ EOF
 
 # ------------------------------------------------------------------------------------------
 dir=.gpu
+here=$(cd "$(dirname "$0")" && pwd)
 device=wgpu-vulkan
 presets="xl-enwik8-base memorizing-paper"
 steps=300
-max_seconds=150
-grace=60
-log_every=25
+max_seconds=120
+peer_seconds=60
+peer=1
+grace=45
+log_every=10
 eval_segments=4
 work=/tmp/memzoo-gpu-check
 keep=0
@@ -170,7 +177,10 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --work) work=${2:?--work needs a folder}; shift 2 ;;
     --keep) keep=1; shift ;;
+    --peer-seconds) peer_seconds=${2:-}; positive --peer-seconds "$peer_seconds"; shift 2 ;;
+    --no-peer) peer=0; shift ;;
     --tiny)
+      tiny_mode=1
       # The presets' layer kinds and schedules stay; only sizes shrink. Put before the
       # caller's own --set (memzoo applies them in order), so those win wherever given.
       tiny=(model.n_layers=2 model.d_model=64 model.n_heads=4 model.d_head=16 model.d_inner=128
@@ -327,6 +337,57 @@ check() {
     rows+=("$(printf '%-18s %6s %12s %12s %9s %8s %8s %6s  %s' \
       "$preset" "$last" "$tps" "$first" "$peak" "$loss" "$vloss" "$wall" "$result")")
   done
+
+  # The XL peer on the same machine: HF TransfoXL with the same model, batch and corpus
+  # (xtask/gpu/peer_tfxl.py), on this machine's python3 and torch with the wheels prepare.sh
+  # brought (transformers 4.37.2, the last with TransfoXL). Its peak is measured the same way.
+  if [ "$peer" = 1 ] && [[ " $presets " == *" xl-enwik8-base "* ]]; then
+    peer_device=cuda
+    [ "${tiny_mode:-0}" = 1 ] && peer_device=cpu
+    row=""
+    if ! ls "$dir"/whl/transformers-*.whl >/dev/null 2>&1; then
+      say "no peer wheels in $dir/whl (prepare.sh downloads them): the peer is skipped"
+    elif ! python3 -c "import torch, sys; sys.exit(0 if '$peer_device' == 'cpu' or torch.cuda.is_available() else 1)" 2>/dev/null; then
+      say "python3 has no torch with $peer_device: the peer is skipped"
+    else
+      say "---- hf-transfoxl (the peer): xl-enwik8-base's model and batch on $peer_device, ${peer_seconds}s of training"
+      # A python3 that has TransfoXL already (a peers' venv first on PATH) keeps its own.
+      if ! python3 -c "from transformers import TransfoXLLMHeadModel" >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+          --target "$work/site" "$dir"/whl/*.whl >/dev/null \
+          || say "warning: installing the peer's wheels failed; the peer will fail to import"
+      fi
+      samples="$work/peer.smi"
+      : >"$samples"
+      sampler=""
+      if [ "$smi" = 1 ]; then
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$samples" 2>/dev/null &
+        sampler=$!
+      fi
+      peer_args=(--device "$peer_device" --steps "$steps" --max-seconds "$peer_seconds" --log-every "$log_every")
+      [ "${tiny_mode:-0}" = 1 ] && peer_args+=(--tiny)
+      t0=$(date +%s)
+      status=0
+      PYTHONPATH="$work/site" PYTHONUNBUFFERED=1 timeout -k 10 $((peer_seconds + grace)) \
+        python3 "$here/peer_tfxl.py" "$corpus" "${peer_args[@]}" >"$work/peer.out" 2>&1 || status=$?
+      cat "$work/peer.out"
+      wall=$(( $(date +%s) - t0 ))
+      if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; fi
+      peak=$(peak_of "$samples")
+      result=ok
+      case "$status" in
+        0) ;;
+        124|137) result="timed out after ${wall}s"; failed=1 ;;
+        *) result="failed (exit $status)"; failed=1 ;;
+      esac
+      json=$(grep '^{"peer"' "$work/peer.out" | tail -1 || true)
+      field() { sed -n "s/.*\"$1\": \([^,}]*\).*/\1/p" <<<"$json" | tr -d '"'; }
+      last=$(field steps); tps=$(field tokens_per_s); first=$(field first_window_tokens_per_s)
+      loss=$(field loss)
+      rows+=("$(printf '%-18s %6s %12s %12s %9s %8s %8s %6s  %s' \
+        "hf-transfoxl" "${last:--}" "${tps:--}" "${first:--}" "$peak" "${loss:--}" "-" "$wall" "$result")")
+    fi
+  fi
 
   summary=$(
     echo "memzoo GPU check on $device ($(sed -n 's/^commit=//p' "$dir/MANIFEST" 2>/dev/null || echo '?'), features ${features:-?}):"
