@@ -136,36 +136,44 @@ impl ExactIndex {
     }
 
     /// Slot indices `[batch, kv_heads, n, kk]` and their emptiness for the `n` queries per
-    /// kv head of `q` (`[batch, kv_heads, n, d]`) against the first `filled` slots, in query
-    /// chunks so that a score block stays under [`SCORE_BLOCK`] elements.
+    /// kv head of `q` (`[batch, kv_heads, n, d]`) against all `slots` allocated slots of
+    /// `keys` (`[batch, kv_heads, slots, d]`; a row's slots from its length on are hidden), in
+    /// query chunks of a power of two so that a score block stays under [`SCORE_BLOCK`]
+    /// elements.
+    ///
+    /// The shapes depend only on the allocation, which doubles, and not on how full the
+    /// memory is: a GPU backend compiles (and autotunes) its kernels per shape, so a search
+    /// over exactly the filled slots, 512 more each step, would meet new shapes every step.
     fn topk(
         &self,
         q: Tensor<4>,
         keys: &Tensor<4>,
-        filled: usize,
         kk: usize,
     ) -> (Tensor<4, Int>, Tensor<4, Bool>) {
         let [batch, kv_heads, rows, _] = q.dims();
-        let hidden = self.rows.iter().any(|r| r.len < filled).then(|| {
-            let mut hidden = Vec::with_capacity(batch * filled);
+        let slots = keys.dims()[2];
+        let hidden = self.rows.iter().any(|r| r.len < slots).then(|| {
+            let mut hidden = Vec::with_capacity(batch * slots);
             for r in &self.rows {
-                hidden.extend((0..filled).map(|s| s >= r.len));
+                hidden.extend((0..slots).map(|s| s >= r.len));
             }
             Tensor::<4, Bool>::from_data(
-                TensorData::new(hidden, [batch, 1, 1, filled]),
+                TensorData::new(hidden, [batch, 1, 1, slots]),
                 &self.device,
             )
         });
-        let chunk = (SCORE_BLOCK / (batch * kv_heads * filled).max(1)).clamp(1, rows);
+        let fit = (SCORE_BLOCK / (batch * kv_heads * slots).max(1)).max(1);
+        // The largest power of two that fits.
+        let chunk = (1usize << fit.ilog2()).min(rows);
         let kt = keys.clone().transpose();
         let mut idx_parts = Vec::new();
         let mut empty_parts = Vec::new();
         for start in (0..rows).step_by(chunk) {
             let t = chunk.min(rows - start);
-            // S = Q Kᵀ: [batch, kv_heads, t, d] x [batch, kv_heads, d, filled]
+            // S = Q Kᵀ: [batch, kv_heads, t, d] x [batch, kv_heads, d, slots]
             let mut scores = q.clone().narrow(2, start, t).matmul(kt.clone());
             if let Some(h) = &hidden {
-                scores = scores.mask_fill(h.clone().expand([batch, kv_heads, t, filled]), EMPTY);
+                scores = scores.mask_fill(h.clone().expand([batch, kv_heads, t, slots]), EMPTY);
             }
             let (vals, idx) = scores.topk_with_indices(kk, 3);
             idx_parts.push(idx);
@@ -282,9 +290,10 @@ impl KnnIndex for ExactIndex {
                     ),
                 });
             }
+            // Every allocated slot, not only the filled ones (see `topk`).
             Store::Device { keys, values } => (
-                keys.clone().expect("filled").narrow(2, 0, filled),
-                values.clone().expect("filled").narrow(2, 0, filled),
+                keys.clone().expect("filled"),
+                values.clone().expect("filled"),
             ),
         };
         // [batch, tokens, kv_heads * group, d] -> [batch, kv_heads, group * tokens, d]: the
@@ -298,7 +307,7 @@ impl KnnIndex for ExactIndex {
             .permute([0, 2, 3, 1, 4])
             .reshape([batch, hk, n, d]);
         let kk = k.min(filled);
-        let (idx, empty) = self.topk(q, &keys, filled, kk);
+        let (idx, empty) = self.topk(q, &keys, kk);
         // Gather by slot: [batch, kv_heads, n * kk, d]
         let gather_idx = idx
             .reshape([batch, hk, n * kk, 1])

@@ -124,6 +124,52 @@ fn host_and_device_topk_agree() {
     assert_eq!(ids[0], ids[1]);
 }
 
+/// The device search scores every allocated slot (shapes fixed by the allocation, not the
+/// fill) and hides each row's unfilled ones: rows of 320 and 20 entries in 600 slots give
+/// the naive top-k of their own entries, the short row's missing ones masked.
+#[test]
+fn device_search_over_a_partly_filled_allocation_is_exact() {
+    let (b, h, d, n, t, k) = (2, 2, 8, 320, 5, 32);
+    let dev = device();
+    let keys = clustered_keys(n, d, 4, 0.5, 41);
+    let queries = clustered_keys(b * t * h, d, 4, 0.5, 42);
+    for topk in [TopkPlacement::Host, TopkPlacement::Device] {
+        let mut index = config(IndexKind::Exact, h, d, 1024)
+            .with_topk(topk)
+            .init(b, &dev)
+            .unwrap();
+        let (kt, vt) = segment_tensors(&keys, n, 0, 300, b, h, d, &dev);
+        index.add(kt, vt).unwrap();
+        index.clear(&[1]).unwrap();
+        let (kt, vt) = segment_tensors(&keys, n, 300, 20, b, h, d, &dev);
+        index.add(kt, vt).unwrap();
+        assert_eq!((index.len(0), index.len(1)), (320, 20));
+        let r = index
+            .search(tensor4(queries.clone(), [b, t, h, d]), k)
+            .unwrap();
+        let ids = retrieved_ids(&r);
+        let mask = r.mask.into_data().try_into_vec::<bool>().unwrap();
+        for row in 0..b {
+            let first = if row == 0 { 0 } else { 300 };
+            let own = &keys[first * d..n * d];
+            for ti in 0..t {
+                for head in 0..h {
+                    let qa = ((row * t + ti) * h + head) * d;
+                    let mut want: Vec<i64> = naive_topk(own, &queries[qa..qa + d], d, k)
+                        .into_iter()
+                        .map(|i| (first + i) as i64)
+                        .collect();
+                    want.resize(k, -1);
+                    let at = ((row * t + ti) * h + head) * k;
+                    assert_eq!(ids[at..at + k], want[..], "{topk:?} row {row} query {ti}");
+                    let empty: Vec<bool> = want.iter().map(|&i| i < 0).collect();
+                    assert_eq!(mask[at..at + k], empty[..], "{topk:?} row {row} query {ti}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn fewer_than_k_entries_are_masked_and_zero() {
     for kind in KINDS {
