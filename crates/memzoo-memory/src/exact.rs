@@ -144,12 +144,7 @@ impl ExactIndex {
     /// The shapes depend only on the allocation, which doubles, and not on how full the
     /// memory is: a GPU backend compiles (and autotunes) its kernels per shape, so a search
     /// over exactly the filled slots, 512 more each step, would meet new shapes every step.
-    fn topk(
-        &self,
-        q: Tensor<4>,
-        keys: &Tensor<4>,
-        kk: usize,
-    ) -> (Tensor<4, Int>, Tensor<4, Bool>) {
+    fn topk(&self, q: Tensor<4>, keys: &Tensor<4>, kk: usize) -> (Tensor<4, Int>, Tensor<4, Bool>) {
         let [batch, kv_heads, rows, _] = q.dims();
         let slots = keys.dims()[2];
         let hidden = self.rows.iter().any(|r| r.len < slots).then(|| {
