@@ -111,7 +111,11 @@ fn rmt_backpropagates_through_segments() {
     let (_, grads) = loss(&model);
     let id = model.rmt.as_ref().unwrap().memory.id;
     let g = host(grads.get::<2>(id).unwrap());
-    let dir = randn([3, 16], 5, &dev);
+    // Along the gradient itself: the largest directional derivative, ‖g‖ (~2.6e-4). Along a
+    // random direction it was ~5e-5, and the loss differences were a few float32 steps of a
+    // loss near 5.5 (one step is 4.8e-7): machines whose products round differently (AVX-512
+    // or not) then disagreed by more than the tolerance.
+    let dir = Tensor::<2>::from_data(TensorData::new(g.clone(), [3, 16]), &dev);
     let dir = dir
         .clone()
         .div_scalar(dir.powf_scalar(2.0).sum().sqrt().into_scalar::<f32>());
@@ -124,10 +128,13 @@ fn rmt_backpropagates_through_segments() {
         r.memory = Param::from_tensor(w.detach());
         loss(&m).0
     };
-    let eps = 1e-2;
+    // A step of 0.1 against unit-scale tokens: the loss moves by ~100 float32 steps, and
+    // the curvature term stays well under the tolerance (1e-2: 0.00023838, 1e-1: 0.00025749,
+    // backward 0.00025910).
+    let eps = 1e-1;
     let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * f64::from(eps));
     assert!(
-        (analytic - numeric).abs() < 0.03 * numeric.abs().max(1e-3),
+        (analytic - numeric).abs() < 0.03 * numeric.abs(),
         "d loss / d memory along v: backward {analytic:.6}, finite differences {numeric:.6}"
     );
     // With the memory detached after every segment the gradient is another one.
