@@ -98,6 +98,20 @@ peak_of() {
        END { if (seen) print max; else print "-" }' "$1" 2>/dev/null || echo "-"
 }
 
+# After a run: stops the memory sampler ($sampler, if any) and sets wall (seconds since $t0),
+# peak (of the samples in $samples) and result (from the exit $status; failed=1 unless 0).
+finish_run() {
+  wall=$(( $(date +%s) - t0 ))
+  if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; fi
+  peak=$(peak_of "$samples")
+  result=ok
+  case "$status" in
+    0) ;;
+    124|137) result="timed out after ${wall}s"; failed=1 ;;
+    *) result="failed (exit $status)"; failed=1 ;;
+  esac
+}
+
 self_test() {
   local tmp got
   tmp=$(mktemp -d)
@@ -319,15 +333,7 @@ check() {
         --set train.eval_every=0 --set train.eval_segments="$eval_segments" \
         --set train.checkpoint_every=0 --set train.keep_checkpoints=1 \
         ${sets[@]+"${sets[@]}"}) || status=$?
-    wall=$(( $(date +%s) - t0 ))
-    if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; fi
-    peak=$(peak_of "$samples")
-    result=ok
-    case "$status" in
-      0) ;;
-      124|137) result="timed out after ${wall}s"; failed=1 ;;
-      *) result="failed (exit $status)"; failed=1 ;;
-    esac
+    finish_run
     metrics="$run_dir/metrics.jsonl"
     if [ -f "$metrics" ]; then
       IFS=$'\t' read -r last tps first loss vloss < <(summarize_metrics "$metrics")
@@ -371,15 +377,7 @@ check() {
       PYTHONPATH="$work/site" PYTHONUNBUFFERED=1 timeout -k 10 $((peer_seconds + grace)) \
         python3 "$here/peer_tfxl.py" "$corpus" "${peer_args[@]}" >"$work/peer.out" 2>&1 || status=$?
       cat "$work/peer.out"
-      wall=$(( $(date +%s) - t0 ))
-      if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; fi
-      peak=$(peak_of "$samples")
-      result=ok
-      case "$status" in
-        0) ;;
-        124|137) result="timed out after ${wall}s"; failed=1 ;;
-        *) result="failed (exit $status)"; failed=1 ;;
-      esac
+      finish_run
       json=$(grep '^{"peer"' "$work/peer.out" | tail -1 || true)
       field() { sed -n "s/.*\"$1\": \([^,}]*\).*/\1/p" <<<"$json" | tr -d '"'; }
       last=$(field steps); tps=$(field tokens_per_s); first=$(field first_window_tokens_per_s)
