@@ -508,6 +508,12 @@ fn host_top_k_equals_a_full_sort() {
         (40, 40, 0),
         (4000, 32, 5),
         (3000, 1, 0),
+        // Long rows: the floor among maxima of groups of blocks.
+        (70_001, 32, 0),
+        (32_768, 32, 0),
+        (40_000, 32, 3),
+        (9_000, 1, 0),
+        (262_144, 32, 0),
     ] {
         let row: Vec<f32> = (0..n)
             .map(|_| {
