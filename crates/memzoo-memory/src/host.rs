@@ -15,10 +15,7 @@ use rayon::prelude::*;
 use crate::RowState;
 
 /// Query rows scored together against one (row, kv head) store (with grouped heads, a
-/// block's tokens times the group's query heads). `gemm` packs the store's keys for
-/// every product: 64 queries share one packing (16 did not amortise it; `cargo xtask bench
-/// memory`, exact search of 512 tokens x 8 heads: 16K stored 0.26-0.46 s -> 0.17 s, 65K
-/// 0.69-1.18 s -> 0.55 s on a loaded 2-core machine).
+/// block's tokens times the group's query heads): a `QUERY_BLOCK x stored` score buffer.
 const QUERY_BLOCK: usize = 64;
 
 /// Keys and values of every (row, kv head) store, `[batch, kv_heads, alloc, d_head]` each.
@@ -177,8 +174,9 @@ impl HostStore {
             }
         }
         tasks.into_par_iter().zip(outs).for_each_init(
-            || (Vec::new(), Vec::new(), TopK::default()),
-            |(scores, packed, top): &mut (Vec<f32>, Vec<f32>, TopK), ((b, t0), (ko, vo, eo))| {
+            || (Vec::new(), Vec::new(), ColumnsTopK::default()),
+            |(scores, packed, top): &mut (Vec<f32>, Vec<f32>, ColumnsTopK),
+             ((b, t0), (ko, vo, eo))| {
                 let filled = rows[b].len.min(self.alloc);
                 if filled == 0 {
                     return;
@@ -197,7 +195,10 @@ impl HostStore {
                         packed[i * group * d..(i + 1) * group * d]
                             .copy_from_slice(&q[src..src + group * d]);
                     }
-                    // S = Q Kᵀ for this block and kv head: [m group, d] x [d, filled].
+                    // S = Q Kᵀ for this block and kv head: [m group, d] x [d, filled], written
+                    // column-major (`scores[j * n_rows + r]`). With a row-major output `gemm`
+                    // transposes the problem and packs every key again for each block of
+                    // queries; column-major, it reads the keys where they are.
                     // SAFETY: every pointer/stride pair stays inside its slice: the
                     // n_rows x d packed queries, the first `filled` slots of store (b, g)
                     // read as a d x filled matrix, and the n_rows x filled buffer sized above.
@@ -207,8 +208,8 @@ impl HostStore {
                             filled,
                             d,
                             scores.as_mut_ptr(),
+                            n_rows as isize,
                             1,
-                            filled as isize,
                             false,
                             packed.as_ptr(),
                             1,
@@ -224,10 +225,10 @@ impl HostStore {
                             gemm::Parallelism::None,
                         );
                     }
+                    top_k_columns(&scores[..n_rows * filled], n_rows, kk, top);
                     for r in 0..n_rows {
                         let (i, h) = (r / group, g * group + r % group);
-                        top_k(&scores[r * filled..(r + 1) * filled], kk, top);
-                        for (j, &(_, slot)) in top.best.iter().enumerate() {
+                        for (j, &(_, slot)) in top.rows[r].best.iter().enumerate() {
                             let src = store + slot as usize * d;
                             let dst = ((i * h_n + h) * k + j) * d;
                             ko[dst..dst + d].copy_from_slice(&self.keys[src..src + d]);
@@ -271,7 +272,6 @@ const GROUP: usize = 16;
 /// matters: over 262,144 scores the selection among the block maxima took 12% of a Memorizing
 /// step with exact search (`perf`), more than the rest of the first pass.
 pub(crate) fn top_k(row: &[f32], k: usize, out: &mut TopK) {
-    let by_score = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
     let n = row.len();
     let best = &mut out.best;
     best.clear();
@@ -324,9 +324,111 @@ pub(crate) fn top_k(row: &[f32], k: usize, out: &mut TopK) {
             }
         }
     }
+    keep_best(best, k);
+}
+
+/// Keeps the best `k` of `best`, sorted best first, ties by index.
+fn keep_best(best: &mut Vec<(f32, u32)>, k: usize) {
+    let by_score = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
     if best.len() > k {
         best.select_nth_unstable_by(k - 1, by_score);
         best.truncate(k);
     }
     best.sort_unstable_by(by_score);
+}
+
+/// Scratch buffers of [`top_k_columns`], reused across calls; `rows[r].best` is row `r`'s
+/// result.
+#[derive(Debug, Default)]
+pub(crate) struct ColumnsTopK {
+    pub rows: Vec<TopK>,
+    /// Block maxima, `[blocks, n_rows]`.
+    maxima: Vec<f32>,
+    /// Group maxima (long rows), `[groups, n_rows]`.
+    groups: Vec<f32>,
+    /// One row's group or block maxima, gathered for the selection.
+    select: Vec<f32>,
+    floors: Vec<f32>,
+}
+
+/// [`top_k`] of every row of a column-major `n_rows x n` matrix (`scores[j * n_rows + r]`):
+/// the same two passes, the first one across the rows at once (the maxima of a block of
+/// [`BLOCK`] columns are elementwise maxima of contiguous vectors), the floor per row, the
+/// candidates collected block by block for all rows.
+pub(crate) fn top_k_columns(scores: &[f32], n_rows: usize, k: usize, out: &mut ColumnsTopK) {
+    let n = scores.len() / n_rows.max(1);
+    out.rows.resize_with(n_rows, TopK::default);
+    let column = |j: usize| &scores[j * n_rows..(j + 1) * n_rows];
+    if n < 4 * k * BLOCK {
+        // Short rows: each gathered and selected whole.
+        for (r, top) in out.rows.iter_mut().enumerate() {
+            out.select.clear();
+            out.select.extend((0..n).map(|j| scores[j * n_rows + r]));
+            top_k(&out.select, k, top);
+        }
+        return;
+    }
+    for top in &mut out.rows {
+        top.best.clear();
+    }
+    {
+        let blocks = n / BLOCK;
+        out.maxima.clear();
+        out.maxima.resize(blocks * n_rows, f32::NEG_INFINITY);
+        for (b, m) in out.maxima.chunks_exact_mut(n_rows).enumerate() {
+            for j in b * BLOCK..(b + 1) * BLOCK {
+                for (x, &s) in m.iter_mut().zip(column(j)) {
+                    *x = if s > *x { s } else { *x };
+                }
+            }
+        }
+        // Each row's floor, among group maxima on long rows (see `top_k`), `[groups, n_rows]`.
+        let grouped = blocks >= 4 * k * GROUP;
+        out.groups.clear();
+        if grouped {
+            for g in out.maxima.chunks(GROUP * n_rows) {
+                let at = out.groups.len();
+                out.groups.extend_from_slice(&g[..n_rows]);
+                for c in g.chunks_exact(n_rows).skip(1) {
+                    for (x, &m) in out.groups[at..].iter_mut().zip(c) {
+                        *x = if m > *x { m } else { *x };
+                    }
+                }
+            }
+        }
+        let candidates = if grouped { &out.groups } else { &out.maxima };
+        out.floors.clear();
+        for r in 0..n_rows {
+            out.select.clear();
+            out.select
+                .extend(candidates.chunks_exact(n_rows).map(|c| c[r]));
+            let floor = *out
+                .select
+                .select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a))
+                .1;
+            out.floors.push(floor);
+        }
+        for (b, m) in out.maxima.chunks_exact(n_rows).enumerate() {
+            for (r, (&mx, &floor)) in m.iter().zip(&out.floors).enumerate() {
+                if mx >= floor {
+                    for j in b * BLOCK..(b + 1) * BLOCK {
+                        let s = scores[j * n_rows + r];
+                        if s >= floor {
+                            out.rows[r].best.push((s, j as u32));
+                        }
+                    }
+                }
+            }
+        }
+        for j in blocks * BLOCK..n {
+            for (r, &s) in column(j).iter().enumerate() {
+                if s >= out.floors[r] {
+                    out.rows[r].best.push((s, j as u32));
+                }
+            }
+        }
+    }
+    for top in &mut out.rows {
+        keep_best(&mut top.best, k);
+    }
 }

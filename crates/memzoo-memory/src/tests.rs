@@ -538,6 +538,51 @@ fn host_top_k_equals_a_full_sort() {
     }
 }
 
+/// The top-k of every row of a column-major score matrix equals each row's full sort, over
+/// short rows, long rows (the floor among group maxima), ties and a tail past the last block.
+#[test]
+fn host_top_k_of_columns_equals_a_full_sort_per_row() {
+    use crate::host::{ColumnsTopK, top_k_columns};
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rand = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let mut out = ColumnsTopK::default();
+    for (n_rows, n, k, levels) in [
+        (3, 100, 7, 0),
+        (64, 5_003, 32, 0),
+        (8, 40_000, 32, 3),
+        (5, 70_001, 32, 0),
+        (1, 9_000, 1, 0),
+        (64, 32, 32, 0),
+    ] {
+        let scores: Vec<f32> = (0..n_rows * n)
+            .map(|_| {
+                let x = rand();
+                if levels > 0 {
+                    (x * levels as f32).round()
+                } else {
+                    x
+                }
+            })
+            .collect();
+        top_k_columns(&scores, n_rows, k, &mut out);
+        for r in 0..n_rows {
+            let mut want: Vec<(f32, u32)> =
+                (0..n).map(|j| (scores[j * n_rows + r], j as u32)).collect();
+            want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            want.truncate(k);
+            assert_eq!(
+                out.rows[r].best, want,
+                "rows {n_rows}, n {n}, k {k}, row {r}"
+            );
+        }
+    }
+}
+
 /// `when_full = reset` (memorizing-transformers-pytorch): an add that would take a row above
 /// `max_memories` empties the row first; the pairs that add stored are not found by the next
 /// search (the package's untrained faiss index), and are after the following add. Other rows
