@@ -3,9 +3,9 @@
 //!
 //! For every (row, block of queries) in parallel and every kv head: `S = Q_block Kᵀ` (the
 //! block's queries of every query head reading that kv head) with a GEMM
-//! into a small per-thread buffer (`block x stored` scores, cache-sized), the top-k of each
-//! score row selected while the buffer is still in cache, and the winners' keys and values
-//! copied straight into the output layout. On a CPU this replaces the device path's chain of
+//! into a per-thread buffer (`block x stored` scores, column-major so that the GEMM reads the
+//! keys in place), the top-k of every score row selected from it (`top_k_columns`), and the
+//! winners' keys and values copied straight into the output layout. On a CPU this replaces the device path's chain of
 //! tensor ops (matmul over the whole memory, copy of the scores to the host, index tensors,
 //! gather, permute, mask fill), each of which streamed the full score matrix or the
 //! `[.., k, d]` result through memory.
