@@ -4,7 +4,7 @@
 //! For every (row, block of queries) in parallel and every kv head: `S = Q_block Kᵀ` (the
 //! block's queries of every query head reading that kv head) with a GEMM
 //! into a per-thread buffer (`block x stored` scores, column-major so that the GEMM reads the
-//! keys in place), the top-k of every score row selected from it (`top_k_columns`), and the
+//! keys in place), the top-k of every score row selected from it (`ColumnsTopK`), and the
 //! winners' keys and values copied straight into the output layout. On a CPU this replaces the device path's chain of
 //! tensor ops (matmul over the whole memory, copy of the scores to the host, index tensors,
 //! gather, permute, mask fill), each of which streamed the full score matrix or the
@@ -15,8 +15,17 @@ use rayon::prelude::*;
 use crate::RowState;
 
 /// Query rows scored together against one (row, kv head) store (with grouped heads, a
-/// block's tokens times the group's query heads): a `QUERY_BLOCK x stored` score buffer.
+/// block's tokens times the group's query heads).
 const QUERY_BLOCK: usize = 64;
+
+/// Stored keys scored at once: a `QUERY_BLOCK x KEY_CHUNK` score block (2 MiB) is read for
+/// its top-k candidates right after the product writes it, so the scores of a whole store
+/// (64 MB at 262,144 keys) never go through memory. Measured on the 2-core AVX-512 machine
+/// (`bench scale --families memorizing --index-kinds exact`), against one product over the
+/// whole store: 29% off the step at 262,144 keys, level at 65,536, 2-4% slower at 8,192-32,768
+/// (one chunk, the same passes); chunks of 2,048 gained only 15% at 262,144 and lost 10% at
+/// 8,192.
+const KEY_CHUNK: usize = 8192;
 
 /// Keys and values of every (row, kv head) store, `[batch, kv_heads, alloc, d_head]` each.
 #[derive(Debug, Clone)]
@@ -185,7 +194,7 @@ impl HostStore {
                 // Score rows: r = i * group + j for token t0 + i and query head g * group + j.
                 let n_rows = m * group;
                 let kk = k.min(filled);
-                scores.resize(n_rows * filled, 0.0);
+                scores.resize(n_rows * KEY_CHUNK.min(filled), 0.0);
                 packed.resize(n_rows * d, 0.0);
                 for g in 0..hk {
                     let store = self.offset(b, g, 0);
@@ -195,40 +204,47 @@ impl HostStore {
                         packed[i * group * d..(i + 1) * group * d]
                             .copy_from_slice(&q[src..src + group * d]);
                     }
-                    // S = Q Kᵀ for this block and kv head: [m group, d] x [d, filled], written
-                    // column-major (`scores[j * n_rows + r]`). With a row-major output `gemm`
-                    // transposes the problem and packs every key again for each block of
-                    // queries; column-major, it reads the keys where they are.
-                    // SAFETY: every pointer/stride pair stays inside its slice: the
-                    // n_rows x d packed queries, the first `filled` slots of store (b, g)
-                    // read as a d x filled matrix, and the n_rows x filled buffer sized above.
-                    unsafe {
-                        gemm::gemm(
-                            n_rows,
-                            filled,
-                            d,
-                            scores.as_mut_ptr(),
-                            n_rows as isize,
-                            1,
-                            false,
-                            packed.as_ptr(),
-                            1,
-                            d as isize,
-                            self.keys.as_ptr().add(store),
-                            d as isize,
-                            1,
-                            0.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            gemm::Parallelism::None,
-                        );
+                    top.start(n_rows, kk);
+                    for c0 in (0..filled).step_by(KEY_CHUNK) {
+                        let c = KEY_CHUNK.min(filled - c0);
+                        // S = Q Kᵀ for this block, kv head and chunk of keys: [m group, d] x
+                        // [d, c], written column-major (`scores[j * n_rows + r]`). With a
+                        // row-major output `gemm` transposes the problem and packs every key
+                        // again for each block of queries; column-major, it reads the keys
+                        // where they are.
+                        // SAFETY: every pointer/stride pair stays inside its slice: the
+                        // n_rows x d packed queries, slots c0..c0 + c of store (b, g) (within
+                        // the `filled` written ones) read as a d x c matrix, and the
+                        // n_rows x KEY_CHUNK buffer sized above.
+                        unsafe {
+                            gemm::gemm(
+                                n_rows,
+                                c,
+                                d,
+                                scores.as_mut_ptr(),
+                                n_rows as isize,
+                                1,
+                                false,
+                                packed.as_ptr(),
+                                1,
+                                d as isize,
+                                self.keys.as_ptr().add(store + c0 * d),
+                                d as isize,
+                                1,
+                                0.0,
+                                1.0,
+                                false,
+                                false,
+                                false,
+                                gemm::Parallelism::None,
+                            );
+                        }
+                        top.push(&scores[..n_rows * c], c0);
                     }
-                    top_k_columns(&scores[..n_rows * filled], n_rows, kk, top);
+                    top.finish();
                     for r in 0..n_rows {
                         let (i, h) = (r / group, g * group + r % group);
-                        for (j, &(_, slot)) in top.rows[r].best.iter().enumerate() {
+                        for (j, &(_, slot)) in top.rows[r].iter().enumerate() {
                             let src = store + slot as usize * d;
                             let dst = ((i * h_n + h) * k + j) * d;
                             ko[dst..dst + d].copy_from_slice(&self.keys[src..src + d]);
@@ -243,89 +259,8 @@ impl HostStore {
     }
 }
 
-/// Scratch buffers of [`top_k`], reused across rows.
-#[derive(Debug, Default)]
-pub(crate) struct TopK {
-    /// Selected (score, index), best first after [`top_k`].
-    pub best: Vec<(f32, u32)>,
-    maxima: Vec<f32>,
-    select: Vec<f32>,
-}
-
-/// Scores per block of [`top_k`]'s first pass.
+/// Scores per block: a block whose maximum is below a row's floor is skipped whole.
 const BLOCK: usize = 16;
-
-/// Blocks per group when [`top_k`] selects its floor among group maxima (long rows).
-const GROUP: usize = 16;
-
-/// The `k` largest of `row` as (score, index) into `out.best`, best first, ties by index.
-///
-/// Two passes: the maximum of every block of 16 scores (branch-free, vectorised); the k-th
-/// largest block maximum is a floor that at least `k` scores reach, so the top `k` are among
-/// the scores ≥ floor, which live in the few blocks whose maximum reaches it. Those are
-/// collected and the best `k` selected. About 4x faster than a single pass that keeps a
-/// running top-k, whose many early replacements are branchy scalar work.
-///
-/// For long rows (at least `4 k` groups of [`GROUP`] blocks) the floor is the k-th largest
-/// maximum of a group of blocks instead: at least `k` groups reach it, each with a score ≥ floor,
-/// so it is still at most the k-th largest score. Selecting it among 16 times fewer maxima
-/// matters: over 262,144 scores the selection among the block maxima took 12% of a Memorizing
-/// step with exact search (`perf`), more than the rest of the first pass.
-pub(crate) fn top_k(row: &[f32], k: usize, out: &mut TopK) {
-    let n = row.len();
-    let best = &mut out.best;
-    best.clear();
-    if n < 4 * k * BLOCK {
-        best.extend(row.iter().enumerate().map(|(i, &s)| (s, i as u32)));
-    } else {
-        let full = n / BLOCK;
-        out.maxima.clear();
-        for c in row[..full * BLOCK].chunks_exact(BLOCK) {
-            let mut m = [0f32; BLOCK / 2];
-            for j in 0..BLOCK / 2 {
-                m[j] = if c[j] > c[j + BLOCK / 2] {
-                    c[j]
-                } else {
-                    c[j + BLOCK / 2]
-                };
-            }
-            out.maxima.push(
-                m.iter()
-                    .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }),
-            );
-        }
-        out.select.clear();
-        if out.maxima.len() >= 4 * k * GROUP {
-            out.select.extend(
-                out.maxima
-                    .chunks(GROUP)
-                    .map(|g| g.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))),
-            );
-        } else {
-            out.select.extend_from_slice(&out.maxima);
-        }
-        let floor = *out
-            .select
-            .select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a))
-            .1;
-        for (b, &m) in out.maxima.iter().enumerate() {
-            if m >= floor {
-                let at = b * BLOCK;
-                for (i, &s) in row[at..at + BLOCK].iter().enumerate() {
-                    if s >= floor {
-                        best.push((s, (at + i) as u32));
-                    }
-                }
-            }
-        }
-        for (i, &s) in row.iter().enumerate().skip(full * BLOCK) {
-            if s >= floor {
-                best.push((s, i as u32));
-            }
-        }
-    }
-    keep_best(best, k);
-}
 
 /// Keeps the best `k` of `best`, sorted best first, ties by index.
 fn keep_best(best: &mut Vec<(f32, u32)>, k: usize) {
@@ -337,98 +272,111 @@ fn keep_best(best: &mut Vec<(f32, u32)>, k: usize) {
     best.sort_unstable_by(by_score);
 }
 
-/// Scratch buffers of [`top_k_columns`], reused across calls; `rows[r].best` is row `r`'s
-/// result.
+/// The running top-k of every row of a score matrix fed to it in chunks of columns, each
+/// column-major (`scores[j * n_rows + r]`): [`start`](Self::start), [`push`](Self::push) per
+/// chunk, [`finish`](Self::finish), then `rows[r]` is row `r`'s top-k, best first, ties by
+/// index (a full sort's first `k`).
+///
+/// Each row keeps the candidates that reach its floor: at first the k-th largest block
+/// maximum of its first chunk of at least `k` blocks, later the k-th best score kept; a
+/// chunk's blocks of [`BLOCK`] columns are skipped where their maximum is below it. The maxima of a block are elementwise maxima of contiguous vectors, for all
+/// rows at once. A candidate equal to the floor but later ranks after the kept ones (ties by
+/// index), so the floor never drops one of the final top-k.
 #[derive(Debug, Default)]
 pub(crate) struct ColumnsTopK {
-    pub rows: Vec<TopK>,
-    /// Block maxima, `[blocks, n_rows]`.
-    maxima: Vec<f32>,
-    /// Group maxima (long rows), `[groups, n_rows]`.
-    groups: Vec<f32>,
-    /// One row's group or block maxima, gathered for the selection.
-    select: Vec<f32>,
+    /// Per row: candidates (score, column), after `finish` the best `k`, best first.
+    pub rows: Vec<Vec<(f32, u32)>>,
+    k: usize,
+    /// Per row: the k-th best score kept so far, or minus infinity.
     floors: Vec<f32>,
+    /// A chunk's block maxima, `[blocks, n_rows]`.
+    maxima: Vec<f32>,
+    /// One row's block maxima, gathered for a selection.
+    select: Vec<f32>,
 }
 
-/// [`top_k`] of every row of a column-major `n_rows x n` matrix (`scores[j * n_rows + r]`):
-/// the same two passes, the first one across the rows at once (the maxima of a block of
-/// [`BLOCK`] columns are elementwise maxima of contiguous vectors), the floor per row, the
-/// candidates collected block by block for all rows.
-pub(crate) fn top_k_columns(scores: &[f32], n_rows: usize, k: usize, out: &mut ColumnsTopK) {
-    let n = scores.len() / n_rows.max(1);
-    out.rows.resize_with(n_rows, TopK::default);
-    let column = |j: usize| &scores[j * n_rows..(j + 1) * n_rows];
-    if n < 4 * k * BLOCK {
-        // Short rows: each gathered and selected whole.
-        for (r, top) in out.rows.iter_mut().enumerate() {
-            out.select.clear();
-            out.select.extend((0..n).map(|j| scores[j * n_rows + r]));
-            top_k(&out.select, k, top);
+impl ColumnsTopK {
+    /// Starts `n_rows` empty rows, keeping `k` each (`k >= 1`).
+    pub fn start(&mut self, n_rows: usize, k: usize) {
+        self.rows.resize_with(n_rows, Vec::new);
+        self.rows.truncate(n_rows);
+        for best in &mut self.rows {
+            best.clear();
         }
-        return;
+        self.k = k;
+        self.floors.clear();
+        self.floors.resize(n_rows, f32::NEG_INFINITY);
     }
-    for top in &mut out.rows {
-        top.best.clear();
-    }
-    {
+
+    /// The next chunk of columns, column `j` of `scores` being column `first + j` of the row.
+    pub fn push(&mut self, scores: &[f32], first: usize) {
+        let n_rows = self.rows.len();
+        if n_rows == 0 {
+            return;
+        }
+        let n = scores.len() / n_rows;
         let blocks = n / BLOCK;
-        out.maxima.clear();
-        out.maxima.resize(blocks * n_rows, f32::NEG_INFINITY);
-        for (b, m) in out.maxima.chunks_exact_mut(n_rows).enumerate() {
-            for j in b * BLOCK..(b + 1) * BLOCK {
-                for (x, &s) in m.iter_mut().zip(column(j)) {
+        self.maxima.clear();
+        self.maxima.resize(blocks * n_rows, f32::NEG_INFINITY);
+        for (m, block) in self
+            .maxima
+            .chunks_exact_mut(n_rows)
+            .zip(scores.chunks_exact(BLOCK * n_rows))
+        {
+            for column in block.chunks_exact(n_rows) {
+                for (x, &s) in m.iter_mut().zip(column) {
                     *x = if s > *x { s } else { *x };
                 }
             }
         }
-        // Each row's floor, among group maxima on long rows (see `top_k`), `[groups, n_rows]`.
-        let grouped = blocks >= 4 * k * GROUP;
-        out.groups.clear();
-        if grouped {
-            for g in out.maxima.chunks(GROUP * n_rows) {
-                let at = out.groups.len();
-                out.groups.extend_from_slice(&g[..n_rows]);
-                for c in g.chunks_exact(n_rows).skip(1) {
-                    for (x, &m) in out.groups[at..].iter_mut().zip(c) {
-                        *x = if m > *x { m } else { *x };
-                    }
+        // A row without a floor yet takes the k-th largest block maximum of this chunk: at
+        // least k of its scores reach it, so it is at most the row's k-th best.
+        let k = self.k;
+        if blocks >= k {
+            for r in 0..n_rows {
+                if self.floors[r] == f32::NEG_INFINITY {
+                    self.select.clear();
+                    self.select
+                        .extend(self.maxima.chunks_exact(n_rows).map(|c| c[r]));
+                    self.floors[r] = *self
+                        .select
+                        .select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a))
+                        .1;
                 }
             }
         }
-        let candidates = if grouped { &out.groups } else { &out.maxima };
-        out.floors.clear();
-        for r in 0..n_rows {
-            out.select.clear();
-            out.select
-                .extend(candidates.chunks_exact(n_rows).map(|c| c[r]));
-            let floor = *out
-                .select
-                .select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a))
-                .1;
-            out.floors.push(floor);
-        }
-        for (b, m) in out.maxima.chunks_exact(n_rows).enumerate() {
-            for (r, (&mx, &floor)) in m.iter().zip(&out.floors).enumerate() {
+        for (b, m) in self.maxima.chunks_exact(n_rows).enumerate() {
+            for (r, (&mx, &floor)) in m.iter().zip(&self.floors).enumerate() {
                 if mx >= floor {
                     for j in b * BLOCK..(b + 1) * BLOCK {
                         let s = scores[j * n_rows + r];
                         if s >= floor {
-                            out.rows[r].best.push((s, j as u32));
+                            self.rows[r].push((s, (first + j) as u32));
                         }
                     }
                 }
             }
         }
         for j in blocks * BLOCK..n {
-            for (r, &s) in column(j).iter().enumerate() {
-                if s >= out.floors[r] {
-                    out.rows[r].best.push((s, j as u32));
+            for (r, &s) in scores[j * n_rows..(j + 1) * n_rows].iter().enumerate() {
+                if s >= self.floors[r] {
+                    self.rows[r].push((s, (first + j) as u32));
                 }
             }
         }
+        // Rows holding many candidates keep their best k, which raises their floor.
+        for (best, floor) in self.rows.iter_mut().zip(&mut self.floors) {
+            if best.len() >= 4 * k.max(BLOCK) {
+                keep_best(best, k);
+                *floor = best[k - 1].0;
+            }
+        }
     }
-    for top in &mut out.rows {
-        keep_best(&mut top.best, k);
+
+    /// Leaves each row's best `k`, sorted.
+    pub fn finish(&mut self) {
+        for best in &mut self.rows {
+            keep_best(best, self.k);
+        }
     }
 }

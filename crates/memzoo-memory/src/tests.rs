@@ -486,13 +486,14 @@ fn damaged_or_mismatched_files_are_errors() {
     }
 }
 
-/// The host top-k (block maxima, then the blocks that reach the floor) equals a full sort
-/// (score descending, index ascending) on long rows, rows that are not a multiple of the
-/// block, short rows and rows full of ties.
+/// The host top-k of one row (block maxima, then the blocks that reach the floor), fed in
+/// the search's chunks of 2,048 columns, equals a full sort (score descending, index
+/// ascending) on long rows, rows that are not a multiple of the block, short rows and rows
+/// full of ties.
 #[test]
 fn host_top_k_equals_a_full_sort() {
-    use crate::host::{TopK, top_k};
-    let mut out = TopK::default();
+    use crate::host::ColumnsTopK;
+    let mut out = ColumnsTopK::default();
     let mut seed = 17u64;
     let mut rand = move || {
         seed = seed
@@ -533,16 +534,21 @@ fn host_top_k_equals_a_full_sort() {
             .collect();
         want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         want.truncate(k);
-        top_k(&row, k, &mut out);
-        assert_eq!(out.best, want, "n {n}, k {k}, levels {levels}");
+        out.start(1, k);
+        for (c, chunk) in row.chunks(2048).enumerate() {
+            out.push(chunk, c * 2048);
+        }
+        out.finish();
+        assert_eq!(out.rows[0], want, "n {n}, k {k}, levels {levels}");
     }
 }
 
-/// The top-k of every row of a column-major score matrix equals each row's full sort, over
-/// short rows, long rows (the floor among group maxima), ties and a tail past the last block.
+/// The top-k of every row of a column-major score matrix, fed in chunks of columns (of
+/// several sizes, some not a multiple of the block), equals each row's full sort, over short
+/// and long rows and rows full of ties.
 #[test]
 fn host_top_k_of_columns_equals_a_full_sort_per_row() {
-    use crate::host::{ColumnsTopK, top_k_columns};
+    use crate::host::ColumnsTopK;
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut rand = move || {
         state ^= state << 13;
@@ -551,13 +557,14 @@ fn host_top_k_of_columns_equals_a_full_sort_per_row() {
         (state >> 40) as f32 / (1u64 << 24) as f32
     };
     let mut out = ColumnsTopK::default();
-    for (n_rows, n, k, levels) in [
-        (3, 100, 7, 0),
-        (64, 5_003, 32, 0),
-        (8, 40_000, 32, 3),
-        (5, 70_001, 32, 0),
-        (1, 9_000, 1, 0),
-        (64, 32, 32, 0),
+    for (n_rows, n, k, levels, chunk) in [
+        (3, 100, 7, 0, 100),
+        (64, 5_003, 32, 0, 2048),
+        (8, 40_000, 32, 3, 1000),
+        (5, 70_001, 32, 0, 2048),
+        (1, 9_000, 1, 0, 7),
+        (64, 32, 32, 0, 5),
+        (4, 3_000, 40, 0, 13),
     ] {
         let scores: Vec<f32> = (0..n_rows * n)
             .map(|_| {
@@ -569,15 +576,19 @@ fn host_top_k_of_columns_equals_a_full_sort_per_row() {
                 }
             })
             .collect();
-        top_k_columns(&scores, n_rows, k, &mut out);
+        out.start(n_rows, k);
+        for (c, part) in scores.chunks(chunk * n_rows).enumerate() {
+            out.push(part, c * chunk);
+        }
+        out.finish();
         for r in 0..n_rows {
             let mut want: Vec<(f32, u32)> =
                 (0..n).map(|j| (scores[j * n_rows + r], j as u32)).collect();
             want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             want.truncate(k);
             assert_eq!(
-                out.rows[r].best, want,
-                "rows {n_rows}, n {n}, k {k}, row {r}"
+                out.rows[r], want,
+                "rows {n_rows}, n {n}, k {k}, row {r}, chunk {chunk}"
             );
         }
     }
