@@ -22,9 +22,9 @@ const QUERY_BLOCK: usize = 64;
 /// its top-k candidates right after the product writes it, so the scores of a whole store
 /// (64 MB at 262,144 keys) never go through memory. Measured on the 2-core AVX-512 machine
 /// (`bench scale --families memorizing --index-kinds exact`), against one product over the
-/// whole store: 29% off the step at 262,144 keys, level at 65,536, 2-4% slower at 8,192-32,768
-/// (one chunk, the same passes); chunks of 2,048 gained only 15% at 262,144 and lost 10% at
-/// 8,192.
+/// whole store: 29% off the step at 262,144 keys, level at 65,536, 2-6% slower at 8,192 and
+/// 32,768, within about the runs' spread; chunks of 2,048 gained only 15% at 262,144 and lost
+/// 10% at 8,192.
 const KEY_CHUNK: usize = 8192;
 
 /// Keys and values of every (row, kv head) store, `[batch, kv_heads, alloc, d_head]` each.
