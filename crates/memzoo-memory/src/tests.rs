@@ -486,66 +486,10 @@ fn damaged_or_mismatched_files_are_errors() {
     }
 }
 
-/// The host top-k of one row (block maxima, then the blocks that reach the floor), fed in
-/// the search's chunks of 2,048 columns, equals a full sort (score descending, index
-/// ascending) on long rows, rows that are not a multiple of the block, short rows and rows
-/// full of ties.
-#[test]
-fn host_top_k_equals_a_full_sort() {
-    use crate::host::ColumnsTopK;
-    let mut out = ColumnsTopK::default();
-    let mut seed = 17u64;
-    let mut rand = move || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 40) as f32) / (1u64 << 24) as f32 - 0.5
-    };
-    for (n, k, levels) in [
-        (9000, 32, 0),
-        (5003, 7, 0),
-        (2049, 32, 0),
-        (100, 32, 0),
-        (40, 40, 0),
-        (4000, 32, 5),
-        (3000, 1, 0),
-        // Long rows: the floor among maxima of groups of blocks.
-        (70_001, 32, 0),
-        (32_768, 32, 0),
-        (40_000, 32, 3),
-        (9_000, 1, 0),
-        (262_144, 32, 0),
-    ] {
-        let row: Vec<f32> = (0..n)
-            .map(|_| {
-                let x = rand();
-                // `levels` > 0: few distinct values, many ties.
-                if levels > 0 {
-                    (x * levels as f32).round()
-                } else {
-                    x
-                }
-            })
-            .collect();
-        let mut want: Vec<(f32, u32)> = row
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| (s, i as u32))
-            .collect();
-        want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        want.truncate(k);
-        out.start(1, k);
-        for (c, chunk) in row.chunks(2048).enumerate() {
-            out.push(chunk, c * 2048);
-        }
-        out.finish();
-        assert_eq!(out.rows[0], want, "n {n}, k {k}, levels {levels}");
-    }
-}
-
-/// The top-k of every row of a column-major score matrix, fed in chunks of columns (of
-/// several sizes, some not a multiple of the block), equals each row's full sort, over short
-/// and long rows and rows full of ties.
+/// The host top-k (block maxima, then the blocks that reach the floor) of every row of a
+/// column-major score matrix, fed in chunks of columns (the search's 8,192, and sizes that are
+/// not a multiple of the block), equals each row's full sort (score descending, index
+/// ascending): single rows up to 262,144 scores, many rows, short rows and rows full of ties.
 #[test]
 fn host_top_k_of_columns_equals_a_full_sort_per_row() {
     use crate::host::ColumnsTopK;
@@ -558,6 +502,14 @@ fn host_top_k_of_columns_equals_a_full_sort_per_row() {
     };
     let mut out = ColumnsTopK::default();
     for (n_rows, n, k, levels, chunk) in [
+        (1, 9_000, 32, 0, 8192),
+        (1, 5_003, 7, 0, 8192),
+        (1, 2_049, 32, 0, 8192),
+        (1, 100, 32, 0, 8192),
+        (1, 40, 40, 0, 8192),
+        (1, 4_000, 32, 5, 8192),
+        (1, 70_001, 32, 0, 8192),
+        (1, 262_144, 32, 0, 8192),
         (3, 100, 7, 0, 100),
         (64, 5_003, 32, 0, 2048),
         (8, 40_000, 32, 3, 1000),
