@@ -2,11 +2,11 @@
 //! that never materialises the full score matrix.
 //!
 //! For every (row, block of queries) in parallel and every kv head: `S = Q_block Kᵀ` (the
-//! block's queries of every query head reading that kv head) with a GEMM
-//! into a per-thread buffer (`block x stored` scores, column-major so that the GEMM reads the
-//! keys in place), the top-k of every score row selected from it (`ColumnsTopK`), and the
-//! winners' keys and values copied straight into the output layout. On a CPU this replaces the device path's chain of
-//! tensor ops (matmul over the whole memory, copy of the scores to the host, index tensors,
+//! block's queries of every query head reading that kv head) with a GEMM per chunk of stored
+//! keys into a per-thread buffer (`block x chunk` scores, column-major so that the GEMM reads
+//! the keys in place), each chunk's top-k candidates taken while it is in cache
+//! (`ColumnsTopK`), and the winners' keys and values copied straight into the output layout.
+//! On a CPU this replaces the device path's chain of tensor ops (matmul over the whole memory, copy of the scores to the host, index tensors,
 //! gather, permute, mask fill), each of which streamed the full score matrix or the
 //! `[.., k, d]` result through memory.
 
@@ -278,9 +278,10 @@ fn keep_best(best: &mut Vec<(f32, u32)>, k: usize) {
 /// index (a full sort's first `k`).
 ///
 /// Each row keeps the candidates that reach its floor: at first the k-th largest block
-/// maximum of its first chunk of at least `k` blocks, later the k-th best score kept; a
-/// chunk's blocks of [`BLOCK`] columns are skipped where their maximum is below it. The maxima of a block are elementwise maxima of contiguous vectors, for all
-/// rows at once. A candidate equal to the floor but later ranks after the kept ones (ties by
+/// maximum of its first chunk of at least `k` blocks (at least `k` scores reach it), later the
+/// k-th best score kept. A chunk's blocks of [`BLOCK`] columns are skipped where their maximum
+/// is below the floor; the maxima of a block are elementwise maxima of contiguous vectors, for
+/// all rows at once. A later candidate equal to the floor ranks after the kept ones (ties by
 /// index), so the floor never drops one of the final top-k.
 #[derive(Debug, Default)]
 pub(crate) struct ColumnsTopK {
