@@ -6,9 +6,9 @@
 //! keys into a per-thread buffer (`block x chunk` scores, column-major so that the GEMM reads
 //! the keys in place), each chunk's top-k candidates taken while it is in cache
 //! (`ColumnsTopK`), and the winners' keys and values copied straight into the output layout.
-//! On a CPU this replaces the device path's chain of tensor ops (matmul over the whole memory, copy of the scores to the host, index tensors,
-//! gather, permute, mask fill), each of which streamed the full score matrix or the
-//! `[.., k, d]` result through memory.
+//! On a CPU this replaces the device path's chain of tensor ops (matmul over the whole
+//! memory, copy of the scores to the host, index tensors, gather, permute, mask fill), each of
+//! which streamed the full score matrix or the `[.., k, d]` result through memory.
 
 use rayon::prelude::*;
 
