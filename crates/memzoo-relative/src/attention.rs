@@ -4,7 +4,7 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::tensor::activation::{sigmoid, softmax};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use std::sync::{Arc, Mutex};
 
 use memzoo_reformer::rng::{dropout_mask, mix};
@@ -290,8 +290,8 @@ pub struct RelativeMultiHeadAttention {
     /// before); `None`, Burn's `Dropout` draws them from the device's generator.
     #[module(skip)]
     pub dropout_seed: Option<u64>,
-    /// XL only, for generation: `W_R R_d` of every distance `d` in `-1 ..= n`, row `d + 1`,
-    /// `[n + 2, n_heads * d_head]`, detached
+    /// XL only, for generation: `W_R R_d` of every distance `d` in `-1 ..= n`, row `n - d`
+    /// (farthest first, the order of a pass's columns), `[n + 2, n_heads * d_head]`, detached
     /// ([`with_position_table`](Self::with_position_table)); read by contexts of
     /// [`PositionIndex::XlRows`]. `None`: every pass projects its sinusoids.
     #[module(skip)]
@@ -608,10 +608,12 @@ impl RelativeMultiHeadAttention {
         }
         let (k, v) = match memory {
             // Keys/values cached by an earlier segment (`memory_keys_values`).
+            // The segment's entries appended to the cache's, then split: one contiguous
+            // copy of the memory (splitting the cache first would make `cat` copy each
+            // strided half element by element).
             Some(m) if self.memory_keys_values => {
-                let (km, vm) = self.cached_keys_values(m);
-                let (kx, vx) = self.keys_values(x.clone());
-                (Tensor::cat(vec![km, kx], 1), Tensor::cat(vec![vm, vx], 1))
+                let entries = Tensor::cat(vec![m, self.cache_entry_in_graph(x.clone())], 1);
+                self.cached_keys_values(entries)
             }
             // Cached inputs projected with constant parameters (`memory_gradients = false`).
             Some(m) if !self.memory_gradients => {
@@ -648,7 +650,9 @@ impl RelativeMultiHeadAttention {
         };
         let device = p.r_net.weight.device();
         let mut data = Vec::with_capacity((max_distance + 2) * self.d_model);
-        for d in -1..=max_distance as i64 {
+        // Row `max_distance - d`: the farthest distance first, as a pass's columns run
+        // (`distance_of_column`), so a pass reads a range of rows.
+        for d in (-1..=max_distance as i64).rev() {
             sinusoid(self.positions.clamped(d), self.d_model, &mut data);
         }
         let r = Tensor::<2>::from_data(
@@ -673,7 +677,7 @@ impl RelativeMultiHeadAttention {
                     .forward(sinusoid.clone())
                     .reshape([w, self.n_heads, self.d_head]))
             }
-            PositionIndex::XlRows(rows) => self.table_rows(rows),
+            PositionIndex::XlRows { first, len } => self.table_rows(*first, *len),
             other => Err(RelativeError::Input(format!(
                 "XL positions from a {:?} context",
                 other.kind()
@@ -681,11 +685,12 @@ impl RelativeMultiHeadAttention {
         }
     }
 
-    /// `W_R R` of the context's columns read from [`position_table`](Self::position_table).
+    /// `W_R R` of the context's columns read from [`position_table`](Self::position_table):
+    /// the rows `first .. first + len` (a view, no copy).
     ///
     /// # Shapes
-    /// - `rows`: `[W]` → `[W, n_heads, d_head]`
-    fn table_rows(&self, rows: &Tensor<1, Int>) -> Result<Tensor<3>, RelativeError> {
+    /// → `[len, n_heads, d_head]`
+    fn table_rows(&self, first: usize, len: usize) -> Result<Tensor<3>, RelativeError> {
         let table = self.position_table.as_ref().ok_or_else(|| {
             RelativeError::Input(
                 "the context reads XL positions from a table this layer does not hold \
@@ -693,12 +698,19 @@ impl RelativeMultiHeadAttention {
                     .into(),
             )
         })?;
-        let w = rows.dims()[0];
+        let rows = table.dims()[0];
+        if first + len > rows {
+            return Err(RelativeError::Input(format!(
+                "the context reads position-table rows {first}..{} of a table of {rows}: the \
+                 table was built for shorter passes",
+                first + len
+            )));
+        }
         Ok(table
             .as_ref()
             .clone()
-            .select(0, rows.clone())
-            .reshape([w, self.n_heads, self.d_head]))
+            .narrow(0, first, len)
+            .reshape([len, self.n_heads, self.d_head]))
     }
 
     /// The per-head keys `W_k h_j` and values `W_v h_j (+ b_v)` of the inputs `h` (key/value
@@ -762,9 +774,10 @@ impl RelativeMultiHeadAttention {
     pub fn cached_kv_heads(&self, m: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
         let [b, len, _] = m.dims();
         let (hk, dh) = (self.n_kv_heads, self.d_head);
-        let k = m.clone().narrow(2, 0, hk * dh).reshape([b, len, hk, dh]);
-        let v = m.narrow(2, hk * dh, hk * dh).reshape([b, len, hk, dh]);
-        (k, v)
+        // Heads first, then the halves: strided views of the cache (a reshape after the
+        // narrow would copy each half, the whole memory, in every pass).
+        let kv = m.reshape([b, len, 2 * hk, dh]);
+        (kv.clone().narrow(2, 0, hk), kv.narrow(2, hk, hk))
     }
 
     /// The keys `W_k h_j` and values `W_v h_j (+ b_v)` of the `n_kv_heads` heads (not yet
@@ -981,7 +994,10 @@ impl RelativeMultiHeadAttention {
             ))
         };
         match (&self.scheme, &ctx.index) {
-            (PositionParams::Xl(p), index @ (PositionIndex::Xl(_) | PositionIndex::XlRows(_))) => {
+            (
+                PositionParams::Xl(p),
+                index @ (PositionIndex::Xl(_) | PositionIndex::XlRows { .. }),
+            ) => {
                 let biases = p.biases_or(shared)?;
                 // W_R R: [W, h, dh] -> [1, h, dh, W]
                 let r = self

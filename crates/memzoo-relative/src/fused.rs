@@ -73,7 +73,7 @@ impl RelativeMultiHeadAttention {
     pub fn fused_applies(&self, q: &Tensor<4>, ctx: &RelativeContext) -> bool {
         let device = q.device();
         let scheme = match (&self.scheme, &ctx.index) {
-            (PositionParams::Xl(_), PositionIndex::Xl(_) | PositionIndex::XlRows(_))
+            (PositionParams::Xl(_), PositionIndex::Xl(_) | PositionIndex::XlRows { .. })
             | (PositionParams::T5(_), PositionIndex::T5(_)) => true,
             // The learned scheme without its biases is XL's shifted form (below).
             (PositionParams::Learned(_), PositionIndex::Learned(_)) => {
@@ -109,7 +109,10 @@ impl RelativeMultiHeadAttention {
         let scale = 1.0 / (dh as f32).sqrt();
         let per_head = |p: &Param<Tensor<2>>| p.val().reshape([1, h, 1, dh]);
         let position = match (&self.scheme, &ctx.index) {
-            (PositionParams::Xl(p), index @ (PositionIndex::Xl(_) | PositionIndex::XlRows(_))) => {
+            (
+                PositionParams::Xl(p),
+                index @ (PositionIndex::Xl(_) | PositionIndex::XlRows { .. }),
+            ) => {
                 let biases = p.biases_or(shared)?;
                 // W_R R: [W, h, dh] (projected, or read from the layer's table)
                 let r = self.projected_positions(p, index)?;

@@ -419,9 +419,14 @@ impl RelativeContext {
 
     /// The context of an XL scheme whose layers hold their `W_R R` per distance in a table
     /// covering distances `-1 ..= max_distance` ([`PositionIndex::XlRows`]), where this pass
-    /// fits it: a causal mask and no (clamped) distance beyond `max_distance`; else `None`
-    /// (build it with [`new`](Self::new)). It computes the same scores as the sinusoid
-    /// context without projecting a sinusoid per column in every pass.
+    /// fits it: a causal mask and no distance beyond `max_distance`; else `None` (build it
+    /// with [`new`](Self::new)). It computes the same scores as the sinusoid context without
+    /// projecting a sinusoid per column in every pass.
+    ///
+    /// The table holds distance `d` in row `max_distance - d` (`clamp_len` applied to what
+    /// the row holds), and column `c` of the pass is distance `klen - 1 - c`, so the pass's
+    /// `klen + 1` columns are the rows from `max_distance + 1 - klen` on, a range read in
+    /// place.
     pub fn with_table_rows(
         positions: &PositionConfig,
         max_distance: usize,
@@ -432,15 +437,15 @@ impl RelativeContext {
     ) -> Option<Self> {
         let klen = qlen + mlen;
         let causal = matches!(mask, AttentionMask::Causal { .. });
-        let farthest = positions.clamped(klen as i64 - 1);
-        if positions.kind != PositionKind::Xl || !causal || farthest > max_distance as i64 {
+        if positions.kind != PositionKind::Xl || !causal || klen == 0 || klen - 1 > max_distance {
             return None;
         }
-        let w = n_columns(qlen, klen, true);
-        let rows: Vec<i64> = (0..w)
-            .map(|c| positions.clamped(distance_of_column(c, klen)) + 1)
-            .collect();
-        let index = PositionIndex::XlRows(Tensor::from_data(TensorData::new(rows, [w]), device));
+        let len = n_columns(qlen, klen, true);
+        debug_assert_eq!(distance_of_column(0, klen), klen as i64 - 1);
+        let index = PositionIndex::XlRows {
+            first: max_distance + 1 - klen,
+            len,
+        };
         Some(Self::of_index(index, qlen, mlen, mask, device))
     }
 
@@ -501,9 +506,15 @@ pub enum PositionIndex {
     Xl(Tensor<2>),
     /// XL read from each layer's table of `W_R R` per distance
     /// ([`RelativeMultiHeadAttention::with_position_table`](crate::RelativeMultiHeadAttention::with_position_table),
-    /// for generation): the table row of every column, `clamped(d) + 1` (row 0 is distance
-    /// -1, the causal shift's extra column), `[columns]`.
-    XlRows(Tensor<1, Int>),
+    /// for generation): the columns are the table's rows `first .. first + len` (the table
+    /// holds distance `d` in row `max_distance - d`, so the columns' distances `klen - 1`
+    /// down to -1, the causal shift's extra column, are consecutive rows).
+    XlRows {
+        /// The row of the first column (distance `klen - 1`).
+        first: usize,
+        /// Columns: `klen + 1`.
+        len: usize,
+    },
     /// Learned: the parameter-table row of every distance, `[columns]`.
     Learned(Tensor<1, Int>),
     /// T5: the bucket of every (query, key) pair, `bucket(i + mlen - j)` at `i * klen + j`,
@@ -519,7 +530,7 @@ impl PositionIndex {
     /// The scheme these indices belong to.
     pub fn kind(&self) -> PositionKind {
         match self {
-            PositionIndex::Xl(_) | PositionIndex::XlRows(_) => PositionKind::Xl,
+            PositionIndex::Xl(_) | PositionIndex::XlRows { .. } => PositionKind::Xl,
             PositionIndex::Learned(_) => PositionKind::Learned,
             PositionIndex::T5(_) => PositionKind::T5,
             PositionIndex::Absolute => PositionKind::Absolute,
