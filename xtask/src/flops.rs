@@ -110,13 +110,15 @@ pub fn forward_flops_per_token(config: &XlConfig, tgt_len: usize, batch: usize) 
 /// FLOPs per generated token (model FLOPs, forward only) of `config` generating `tokens`
 /// tokens in segments of `segment_len` after a context of `context` tokens, as
 /// `memzoo_train::generate` does:
-/// - a stack that carries state (XL memory or kNN memory) reads, for the `i`-th new token, its
-///   unfinished segment again: `n_i = (context + i) mod segment_len + 1` tokens (the segment
-///   read for good when it completes is the same pass). Its copy for generation
-///   (`TransformerXl::for_generation`) caches the memory's keys and values and XL's `W_R r`,
-///   so that pass projects only its own `n_i` positions: the forward pass of `n_i` tokens
-///   without memory, plus the scores, the position term (XL) and the values of its queries
-///   over the `m = min(context, mem_len)` memory keys, `(2 + 2 [+ 2 XL]) h e m` per query;
+/// - a stack that carries state (XL memory or kNN memory) keeps the tokens of its unfinished
+///   segment as it reads them (`RecurrentModel::peek_continue`): the `i`-th new token, at
+///   position `p = (context + i) mod segment_len` of its segment, is one query over the
+///   memory's `m = min(context, mem_len)` keys and the segment's `p` earlier ones, and the token
+///   that completes a segment reads the segment for good instead (`segment_len` tokens over
+///   the memory). Its copy for generation (`TransformerXl::for_generation`) caches the
+///   memory's keys and values and XL's `W_R r`, so a pass projects only its own positions: the
+///   forward pass of its tokens without memory, plus the scores, the position term (XL) and
+///   the values of each query over the cached keys, `(2 + 2 [+ 2 XL]) h e` per key;
 /// - a stack without state (the Reformer) reads the window of the last `segment_len` tokens
 ///   again for every token: `segment_len` tokens' forward pass.
 ///
@@ -137,22 +139,27 @@ pub fn generation_flops_per_token(
     let m = context.min(config.mem_len) as f64;
     let local = config.clone().with_mem_len(0);
     let d = config.d_model as f64;
-    // Per query: the memory keys' scores, values and (XL) position term; less XL's `W_R r` of
-    // the pass's own positions, which the forward pass counts and the table reads instead.
-    let per_query: f64 = config
-        .layer_kinds()
-        .iter()
-        .map(|k| match k {
-            LayerKind::Xl => 6.0 * h * e * m - 2.0 * d * h * e,
-            LayerKind::Learned => 6.0 * h * e * m,
-            _ => 4.0 * h * e * m,
-        })
-        .sum();
+    // Per query over `keys` cached keys: their scores, values and (XL) position term; less
+    // XL's `W_R r` of the pass's own positions, which the forward pass counts and the table
+    // reads instead.
+    let per_query = |keys: f64| -> f64 {
+        config
+            .layer_kinds()
+            .iter()
+            .map(|k| match k {
+                LayerKind::Xl => 6.0 * h * e * keys - 2.0 * d * h * e,
+                LayerKind::Learned => 6.0 * h * e * keys,
+                _ => 4.0 * h * e * keys,
+            })
+            .sum()
+    };
     let tokens = tokens.max(1);
     let total: f64 = (0..tokens)
-        .map(|i| {
-            let n = (context + i) % s + 1;
-            n as f64 * (forward_flops_per_token(&local, n, 1) + per_query)
+        .map(|i| match (context + i) % s {
+            // The token completes its segment: the segment read for good over the memory.
+            p if p + 1 == s => s as f64 * (forward_flops_per_token(&local, s, 1) + per_query(m)),
+            // One query over the memory and the segment's `p` earlier tokens.
+            p => forward_flops_per_token(&local, 1, 1) + per_query(m + p as f64),
         })
         .sum();
     total / tokens as f64

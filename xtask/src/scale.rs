@@ -729,13 +729,16 @@ const MEMORIZING_SEGMENT: usize = 512;
 
 /// A model of `family` (no dropout) generating greedily after a prompt of `context` random
 /// tokens, batch 1, through [`memzoo_train::generate::generate`]; `--steps` tokens (default 16,
-/// quick 8), the prompt's reading not timed:
+/// Memorizing a whole segment, [`MEMORIZING_SEGMENT`]; quick 8), the prompt's reading not
+/// timed:
 /// - `xl`: XL-small, one token per segment over an XL memory covering the context
 ///   (`memzoo generate --segment-len 1 --mem-len N`): the generator's key/value and position
 ///   caches ([`memzoo_stack::TransformerXl::for_generation`]);
 /// - `memorizing`: Memorizing-small in its training segments of [`MEMORIZING_SEGMENT`], its
-///   kNN memory (exact search) holding every completed segment of the context: each token
-///   reads its unfinished segment again over the XL memory and the kNN memory;
+///   kNN memory (exact search) holding every completed segment of the context: each token is
+///   one query over the XL memory, the segment's earlier tokens and the kNN memory, and the
+///   last token of the segment reads it for good (into the kNN memory), all in the timed
+///   tokens;
 /// - `reformer`: Reformer-small (axial positions for `context`) reading the window of the last
 ///   `context` tokens again for every token (no sound cache for LSH attention).
 fn generate_point(
@@ -745,7 +748,11 @@ fn generate_point(
     device: &Device,
 ) -> Result<Measurement, String> {
     use memzoo_train::generate::{GenerateConfig, SampleConfig, generate};
-    let tokens = args.steps.unwrap_or(if args.quick { 8 } else { 16 });
+    let tokens = args.steps.unwrap_or(match (args.quick, family) {
+        (true, _) => 8,
+        (false, "memorizing") => MEMORIZING_SEGMENT,
+        (false, _) => 16,
+    });
     let (stack, segment_len) = match family {
         "xl" => (
             memzoo_stack::XlConfig::small()

@@ -455,7 +455,8 @@ fn flops_per_token_match_a_hand_count() {
 /// same two-layer stack, one token per segment over a memory of `c` positions: the token's own
 /// projections (its key and value enter the cache), its scores and values over the `c` cached
 /// keys and itself, XL's position term over those `c + 1` distances read from the table (no
-/// `W_R` product), the kNN layer's retrieved pairs, the feed-forward and the head.
+/// `W_R` product), the kNN layer's retrieved pairs, the feed-forward and the head; and a token
+/// inside a segment, which reads the segment's earlier tokens too.
 #[test]
 fn generation_flops_match_a_hand_count() {
     use memzoo_stack::XlConfig;
@@ -472,6 +473,17 @@ fn generation_flops_match_a_hand_count() {
     assert!(
         (counted - hand).abs() < 1e-9 * hand,
         "counted {counted}, by hand {hand}"
+    );
+    // In segments of 4 after a context of 9: the new token is the second of its segment, one
+    // query over the memory's c keys, the segment's first token and itself.
+    let keys = c + 1 + 1;
+    let xl = own + h * (mm(1, e, keys) + mm(1, e, keys) + mm(1, keys, e));
+    let knn = own + h * (mm(1, e, keys) + mm(1, keys, e)) + h * (mm(1, e, k) + mm(1, k, e));
+    let hand = (xl + knn + mm(1, d, v)) as f64;
+    let counted = crate::flops::generation_flops_per_token(&config, 9, 4, 1);
+    assert!(
+        (counted - hand).abs() < 1e-9 * hand,
+        "in a segment: counted {counted}, by hand {hand}"
     );
     // A stack without state reads its whole window again: the forward pass of the window.
     let window = XlConfig::small().with_mem_len(0);

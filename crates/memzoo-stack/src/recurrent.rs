@@ -134,9 +134,10 @@ pub trait RecurrentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     }
 
     /// Reads a segment on top of `state` as [`Self::segment_logits`] does, and leaves `state` as
-    /// it was: generation reads the current, unfinished segment again for every new token (see
-    /// `memzoo_train::generate`). The default refuses, naming the family (a model that only trains
-    /// need not have it).
+    /// it was: generation reads the current, unfinished segment with it for every new token
+    /// where the model keeps nothing of it ([`Self::peek_continue`]; see
+    /// `memzoo_train::generate`). The default refuses, naming the family (a model that only
+    /// trains need not have it).
     ///
     /// # Shapes
     /// - `inputs`: `[batch, len]` → `[batch, len, vocab]`
@@ -151,6 +152,28 @@ pub trait RecurrentModel: Module + Clone + core::fmt::Debug + Send + 'static {
              (RecurrentModel::peek_logits), so it cannot generate",
             self.family()
         )))
+    }
+
+    /// Reads `inputs`, the tokens of the current, unfinished segment that follow those `peek`
+    /// already holds, as [`Self::peek_logits`] would read the whole unfinished segment, and
+    /// keeps them in `peek`: generation then reads each new token once instead of reading the
+    /// unfinished segment again for every token. `peek` is `None` at a segment's start (the
+    /// caller empties it when the segment is complete and read with
+    /// [`Self::segment_logits`]); `state` is the committed state, left as it was; `reset`
+    /// applies where the segment starts (the first call). Returns the inputs' logits, or
+    /// `None` where the model keeps no such state (the caller then reads the unfinished
+    /// segment with [`Self::peek_logits`]). Default: `None`.
+    ///
+    /// # Shapes
+    /// - `inputs`: `[batch, len]` → `[batch, len, vocab]`
+    fn peek_continue(
+        &self,
+        _inputs: Tensor<2, Int>,
+        _state: &mut Self::State,
+        _peek: &mut Option<Self::State>,
+        _reset: &[bool],
+    ) -> Result<Option<Tensor<3>>, XlError> {
+        Ok(None)
     }
 
     /// Tokens from a document's start up to which the model reads any split of them into
@@ -324,31 +347,77 @@ impl RecurrentModel for TransformerXl {
         state: &mut XlState,
         reset: &[bool],
     ) -> Result<Tensor<3>, XlError> {
-        use std::sync::Arc;
-        let stores: Vec<Arc<Box<dyn KnnIndex>>> = std::mem::take(&mut state.knn)
-            .into_iter()
-            .map(Arc::new)
-            .collect();
         let mut view = XlState {
             xl: state.xl.clone(),
-            knn: stores
-                .iter()
-                .map(|s| Box::new(ReadOnlyIndex(Arc::clone(s))) as Box<dyn KnnIndex>)
-                .collect(),
             xl_valid: state.xl_valid.clone(),
             compressed: state.compressed.clone(),
             rmt: state.rmt.clone(),
             block_recurrent: state.block_recurrent.clone(),
+            ..XlState::new()
         };
-        let logits = self.segment_logits(inputs, &mut view, reset);
-        drop(view);
-        for store in stores {
-            let store = Arc::try_unwrap(store).map_err(|_| {
-                XlError::Input("a read-only view of the kNN memory outlived its read".into())
-            })?;
-            state.knn.push(store);
+        with_read_only_knn(state, &mut view, |view| {
+            self.segment_logits(inputs, view, reset)
+        })
+    }
+
+    /// A stack of relative and kNN layers and nothing else carried: `peek` is the committed
+    /// XL memory followed by the unfinished segment's tokens read so far, none of which
+    /// leaves it before the segment completes (in a segment pass every query sees the whole
+    /// memory), with read-only views of the kNN memories (searched as the segment pass
+    /// searches them, written by it alone). A new token then reads the memory and the
+    /// segment's earlier tokens as that pass does: the same keys at the same distances.
+    fn peek_continue(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut XlState,
+        peek: &mut Option<XlState>,
+        reset: &[bool],
+    ) -> Result<Option<Tensor<3>>, XlError> {
+        let plain = !self.same_length
+            && self.compressive.is_none()
+            && self.rmt.is_none()
+            && self.block_recurrent.is_none()
+            && self.layers.iter().all(|l| {
+                matches!(
+                    l.attention,
+                    crate::stack::LayerAttention::Relative(_)
+                        | crate::stack::LayerAttention::Knn(_)
+                )
+            });
+        if !plain {
+            return Ok(None);
         }
-        logits
+        let (mut view, reset) = match peek.take() {
+            Some(view) => (view, vec![false; reset.len()]),
+            None => {
+                let view = XlState {
+                    xl: state.xl.clone(),
+                    xl_valid: state.xl_valid.clone(),
+                    ..XlState::new()
+                };
+                (view, reset.to_vec())
+            }
+        };
+        let logits = with_read_only_knn(state, &mut view, |view| {
+            let qlen = inputs.dims()[1];
+            let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
+            let mask = self.prepare(&inputs, view, &reset)?;
+            let (hidden, entries) =
+                self.run(inputs, &view.xl, &mask, &mut view.knn, opts.as_ref())?;
+            // Every position stays: the memory grows by the inputs.
+            let len = view.xl.len() + qlen;
+            view.xl = view.xl.update(&entries, len);
+            if self.document_resets {
+                for v in view.xl_valid.iter_mut() {
+                    *v = (*v + qlen).min(len);
+                }
+            }
+            Ok(self.logits(hidden))
+        });
+        // The kNN memories a first segment's read creates belong to no committed state.
+        view.knn.clear();
+        *peek = Some(view);
+        logits.map(Some)
     }
 
     /// A seeded stack's step counter at `stream`; a device stack's dropout masks from
@@ -363,6 +432,38 @@ impl RecurrentModel for TransformerXl {
     fn with_eval_mem_len(self, mem_len: usize) -> Self {
         self.with_mem_len(mem_len)
     }
+}
+
+/// Runs `read` on `view` holding read-only views of `state`'s kNN memories (searched, not
+/// written), then hands the memories back to `state`. A `view` without kNN memories before
+/// (a stack whose state has none yet) keeps what `read` created in it.
+fn with_read_only_knn<T>(
+    state: &mut XlState,
+    view: &mut XlState,
+    read: impl FnOnce(&mut XlState) -> Result<T, XlError>,
+) -> Result<T, XlError> {
+    use std::sync::Arc;
+    let stores: Vec<Arc<Box<dyn KnnIndex>>> = std::mem::take(&mut state.knn)
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    if !stores.is_empty() {
+        view.knn = stores
+            .iter()
+            .map(|s| Box::new(ReadOnlyIndex(Arc::clone(s))) as Box<dyn KnnIndex>)
+            .collect();
+    }
+    let out = read(view);
+    if !stores.is_empty() {
+        view.knn.clear();
+    }
+    for store in stores {
+        let store = Arc::try_unwrap(store).map_err(|_| {
+            XlError::Input("a read-only view of the kNN memory outlived its read".into())
+        })?;
+        state.knn.push(store);
+    }
+    out
 }
 
 /// A kNN memory that is searched but not written: [`KnnIndex::add`] stores nothing. Generation

@@ -7,13 +7,18 @@
 //! A model that carries state across segments ([`crate::RecurrentModel::carries_state`]: the
 //! Transformer-XL's memory; the Memorizing Transformer's XL memory and kNN memory) reads the
 //! prompt and the generated text in segments of `segment_len` tokens, as in training and
-//! evaluation. The state is carried across *completed* segments only. The current, unfinished
-//! segment is read again on top of that state for every new token
-//! ([`crate::RecurrentModel::peek_logits`], which leaves the state as it was); when it is
-//! complete it is read once more for good ([`crate::RecurrentModel::segment_logits`]), which
-//! moves the state on: the XL memory keeps the last `mem_len` layer inputs, the kNN memory
-//! stores the segment's keys and values. Each new token costs one pass over at most
-//! `segment_len` tokens on top of the state.
+//! evaluation. The state is carried across *completed* segments only. The tokens of the
+//! current, unfinished segment are read on top of that state as they come
+//! ([`crate::RecurrentModel::peek_continue`]): the layer stack keeps them after its XL memory,
+//! none leaving it before the segment completes, and searches its kNN memories read-only, so
+//! each new token is one query over the memory and the segment's earlier tokens, which is what
+//! a segment pass computes for it. When the segment is complete it is read once more for good
+//! ([`crate::RecurrentModel::segment_logits`]), which moves the state on: the XL memory keeps
+//! the last `mem_len` layer inputs, the kNN memory stores the segment's keys and values. A
+//! model that keeps nothing of an unfinished segment (a compressive, RMT or Block-Recurrent
+//! stack, LSH or local layers) reads it again for every new token
+//! ([`crate::RecurrentModel::peek_logits`], which leaves the state as it was): one pass over at
+//! most `segment_len` tokens per token.
 //!
 //! Recomputing ([`recompute_logits`], [`generate_recompute`]) reads the whole context from a
 //! fresh state for every token, in the same segments. Attention inside a segment is causal,
@@ -29,8 +34,7 @@
 //! not again in every later pass) and reads Transformer-XL's projected positions `W_R R_d`
 //! from a table per distance (projected once for every distance a pass can reach, not per
 //! column in every pass). One token over a memory of `m` positions then costs each layer the
-//! scores and values over the `m` keys, not their projections: XL-small generated 2.6-2.9x
-//! faster with the caches than without at 512-2K tokens of context on the 2-core CPU
+//! scores and values over the `m` keys, not their projections
 //! (`cargo xtask bench scale --families generate`; `docs/benchmarks.md`).
 //!
 //! - **Transformer-XL**: with `segment_len` 1 every token is one step over the memory; with a
@@ -38,7 +42,7 @@
 //!   context (the classic key/value cache; `memzoo generate --segment-len 1 --mem-len N`).
 //! - **Memorizing Transformer**: it generates retrieving from its kNN memory *and* adding to
 //!   it: every completed segment's keys and values go into the memory, where every later token
-//!   finds them. The current segment is read through read-only views of the memory.
+//!   finds them. The current segment's tokens search read-only views of the memory.
 //! - **Reformer** (no state across segments): every token reads a sliding window of the last
 //!   `segment_len` tokens again, from scratch. There is no sound cache: LSH attention sorts the
 //!   whole window into hash buckets and chunks, so a new token can move every other position
@@ -270,6 +274,14 @@ pub struct Generator<'m, M: SegmentModel> {
     state: M::State,
     /// Tokens of the current, unfinished segment (no state: the window).
     current: Vec<i64>,
+    /// What the model keeps of the current segment's tokens read so far
+    /// ([`RecurrentModel::peek_continue`](crate::RecurrentModel::peek_continue)); `None` at a
+    /// segment's start.
+    peek: Option<M::State>,
+    /// Tokens of `current` that `peek` holds.
+    peeked: usize,
+    /// Whether the model keeps a peek state (known after the first peek; `None` before).
+    peeks: Option<bool>,
     /// Completed segments read into `state`.
     segments: usize,
     /// The next token's logits `[1, 1, vocab]`, once computed.
@@ -292,6 +304,9 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
             device: device.clone(),
             state: M::State::default(),
             current: Vec::new(),
+            peek: None,
+            peeked: 0,
+            peeks: None,
             segments: 0,
             next: None,
         })
@@ -338,6 +353,7 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
                 let logits = self.model.segment_logits(ids, &mut self.state, &reset)?;
                 self.next = Some(last_position(logits));
                 self.current.clear();
+                (self.peek, self.peeked) = (None, 0);
                 self.segments += 1;
             }
         }
@@ -352,11 +368,11 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
                 if self.current.is_empty() {
                     return Err(GenerateError::EmptyPrompt);
                 }
-                let ids = token_tensor(&self.current, &self.device);
                 let reset = [self.segments == 0];
                 let logits = if self.model.carries_state() {
-                    self.model.peek_logits(ids, &mut self.state, &reset)?
+                    self.peek_logits(&reset)?
                 } else {
+                    let ids = token_tensor(&self.current, &self.device);
                     self.model
                         .segment_logits(ids, &mut M::State::default(), &reset)?
                 };
@@ -366,6 +382,26 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
             }
         };
         host_logits(next)
+    }
+
+    /// Logits of the unfinished segment's tokens read since the last call: only those, on
+    /// top of what the model keeps of the earlier ones
+    /// ([`RecurrentModel::peek_continue`](crate::RecurrentModel::peek_continue)), or the
+    /// whole unfinished segment again where it keeps nothing.
+    fn peek_logits(&mut self, reset: &[bool]) -> Result<Tensor<3>, GenerateError> {
+        if self.peeks != Some(false) {
+            let ids = token_tensor(&self.current[self.peeked..], &self.device);
+            let logits = self
+                .model
+                .peek_continue(ids, &mut self.state, &mut self.peek, reset)?;
+            self.peeks = Some(logits.is_some());
+            if let Some(logits) = logits {
+                self.peeked = self.current.len();
+                return Ok(logits);
+            }
+        }
+        let ids = token_tensor(&self.current, &self.device);
+        Ok(self.model.peek_logits(ids, &mut self.state, reset)?)
     }
 
     /// Draws `tokens` new tokens with `sampler`, reading each before drawing the next.
@@ -397,7 +433,9 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
 }
 
 /// Generates `config.tokens` tokens after `prompt` with the state carried across segments:
-/// each new token costs one pass over at most `segment_len` tokens (see the module docs).
+/// each new token costs one query over the state and its segment's earlier tokens, or (a model
+/// that keeps nothing of an unfinished segment) one pass over at most `segment_len` tokens; see
+/// the module docs.
 pub fn generate<M: SegmentModel>(
     model: &M,
     prompt: &[i64],

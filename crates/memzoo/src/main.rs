@@ -143,9 +143,9 @@ enum Command {
         /// Seed of the sampler.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Tokens per segment: memory is carried across completed segments, the current one is
-        /// read again for each token (a Reformer reads a window of this length). Default: the
-        /// run's train.tgt_len.
+        /// Tokens per segment: memory is carried across completed segments, the current one's
+        /// tokens are read on top of it as they come (a Reformer reads a window of this
+        /// length). Default: the run's train.tgt_len.
         #[arg(long)]
         segment_len: Option<usize>,
         /// Memory length while generating (Transformer-XL runs; with --segment-len 1 and a
