@@ -46,6 +46,7 @@ EOF
 }
 
 die() { echo "run.sh: $*" >&2; exit 2; }
+say() { echo "gpu-check: $*"; }
 
 # A positive whole number, or an error naming the option and the bad value.
 positive() {
@@ -112,6 +113,38 @@ finish_run() {
   esac
 }
 
+# CubeCL's autotune results (its "environment" database under $XDG_CACHE_HOME/cubecl, where
+# a run outside a Cargo project keeps them): restored from $dir/cubecl-cache.tar.gz before the
+# runs, so a second device call (a fresh machine) does not autotune again, and saved to
+# $OUT/cubecl-cache.tar.gz after them (docs/backends.md, "On a GPU").
+cache_home() { echo "${XDG_CACHE_HOME:-$HOME/.cache}"; }
+
+restore_autotune_cache() {
+  local archive="$1/cubecl-cache.tar.gz" home
+  home=$(cache_home)
+  if [ -s "$archive" ]; then
+    mkdir -p "$home"
+    if tar -xzf "$archive" -C "$home" cubecl 2>/dev/null; then
+      say "autotune cache restored from $archive ($(du -sk "$home/cubecl" | cut -f1) KiB)"
+    else
+      say "warning: could not unpack $archive; the runs autotune from scratch"
+    fi
+  else
+    say "no autotune cache in $1 (cubecl-cache.tar.gz): the first steps of each run autotune"
+  fi
+}
+
+save_autotune_cache() {
+  local out="$1" home
+  home=$(cache_home)
+  [ -d "$home/cubecl" ] || return 0
+  if tar -czf "$out/cubecl-cache.tar.gz.part" -C "$home" cubecl 2>/dev/null; then
+    mv "$out/cubecl-cache.tar.gz.part" "$out/cubecl-cache.tar.gz"
+  else
+    rm -f "$out/cubecl-cache.tar.gz.part"
+  fi
+}
+
 self_test() {
   local tmp got
   tmp=$(mktemp -d)
@@ -149,6 +182,20 @@ EOF
   fi
   if [ "$empty" != $'-\t-\t-\t-\t-' ]; then
     echo "self-test FAILED: an empty metrics file gave '$empty'" >&2
+    exit 1
+  fi
+  # The autotune cache: saved from one cache folder, restored into another.
+  tmp=$(mktemp -d)
+  mkdir -p "$tmp/a/cubecl/env" "$tmp/out" "$tmp/b"
+  echo tuned >"$tmp/a/cubecl/env/db"
+  (XDG_CACHE_HOME="$tmp/a" save_autotune_cache "$tmp/out")
+  mkdir -p "$tmp/dir" && cp "$tmp/out/cubecl-cache.tar.gz" "$tmp/dir/" 2>/dev/null || true
+  (XDG_CACHE_HOME="$tmp/b" restore_autotune_cache "$tmp/dir" >/dev/null)
+  local restored
+  restored=$(cat "$tmp/b/cubecl/env/db" 2>/dev/null || echo missing)
+  rm -rf "$tmp"
+  if [ "$restored" != tuned ]; then
+    echo "self-test FAILED: the autotune cache came back as '$restored'" >&2
     exit 1
   fi
   echo "self-test passed"
@@ -226,7 +273,6 @@ log="$work/gpu-check.log"
 summary_file="$work/gpu-check-summary.txt"
 rm -f "$summary_file"
 
-say() { echo "gpu-check: $*"; }
 
 # The check itself; its output goes to the terminal and the log (below).
 check() {
@@ -302,6 +348,7 @@ check() {
     export XDG_RUNTIME_DIR="$work/xdg-runtime"
   fi
   mkdir -p "$XDG_RUNTIME_DIR" && chmod 0700 "$XDG_RUNTIME_DIR"
+  restore_autotune_cache "$dir"
 
   # ------------------------------------------------------------------------------------------
   rows=()
@@ -414,5 +461,6 @@ set -e
 if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
   cp "$log" "$OUT/gpu-check.log"
   [ -f "$summary_file" ] && cp "$summary_file" "$OUT/gpu-check-summary.txt"
+  save_autotune_cache "$OUT"
 fi
 exit "$rc"
