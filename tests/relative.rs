@@ -320,6 +320,38 @@ fn check_with(
     );
     assert_close(&got, &want, 2e-4, &what);
 
+    // A key/value cache handed over with the segment's own entries already appended
+    // (generation, `with_memory_holding_segment`) gives the same outputs; a cache shorter than
+    // the segment is an error naming both lengths.
+    if let Some(m) = &mem {
+        let cached = att.clone().with_memory_keys_values(true);
+        let all = Tensor::cat(
+            vec![cached.cache_entry(m.clone()), cached.cache_entry(x.clone())],
+            1,
+        );
+        let held = ctx.clone().with_memory_holding_segment();
+        let out = cached
+            .forward(x.clone(), Some(all.clone()), &held, shared.as_ref())
+            .unwrap();
+        assert_close(
+            &host(out),
+            &want,
+            2e-4,
+            &format!("{what}, cache holding the segment"),
+        );
+        if case.qlen > 1 {
+            let short = all.narrow(1, 0, case.qlen - 1);
+            let err = cached
+                .forward(x.clone(), Some(short), &held, shared.as_ref())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("segment's {}", case.qlen)),
+                "{what}: {err}"
+            );
+        }
+    }
+
     // Generation's form of XL positions: `W_R R_d` read from a table per distance gives
     // the same outputs (fused kernel) and scores (tensor ops) as the projected sinusoids.
     let klen = case.qlen + case.mlen;

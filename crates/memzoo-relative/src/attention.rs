@@ -599,7 +599,16 @@ impl RelativeMultiHeadAttention {
                 self.d_model
             )));
         }
-        let mlen = memory.as_ref().map_or(0, |m| m.dims()[1]);
+        let held = ctx.memory_holds_segment && self.memory_keys_values;
+        let given = memory.as_ref().map_or(0, |m| m.dims()[1]);
+        let mlen = match held {
+            true => given.checked_sub(qlen).ok_or_else(|| {
+                RelativeError::Input(format!(
+                    "the memory should end with the segment's {qlen} entries, it holds {given}"
+                ))
+            })?,
+            false => given,
+        };
         if qlen != ctx.qlen || mlen != ctx.mlen {
             return Err(RelativeError::Input(format!(
                 "context built for qlen {} / mlen {}, got qlen {qlen} / mlen {mlen}",
@@ -607,6 +616,8 @@ impl RelativeMultiHeadAttention {
             )));
         }
         let (k, v) = match memory {
+            // The cache already ends with the segment's entries (the caller appended them).
+            Some(m) if held => self.cached_keys_values(m),
             // Keys/values cached by an earlier segment (`memory_keys_values`).
             // The segment's entries appended to the cache's, then split: one contiguous
             // copy of the memory (splitting the cache first would make `cat` copy each

@@ -337,6 +337,10 @@ pub struct RelativeContext {
     /// A slot every layer reading this context fills with its projections; `None`: none. See
     /// [`with_projection_tap`](Self::with_projection_tap).
     pub projection_tap: Option<crate::attention::ProjectionTap>,
+    /// The memory handed to a layer with cached keys and values already ends with the
+    /// segment's own entries (`mlen + qlen` of them): the layer splits it and appends
+    /// nothing. See [`with_memory_holding_segment`](Self::with_memory_holding_segment).
+    pub memory_holds_segment: bool,
 }
 
 impl RelativeContext {
@@ -414,6 +418,7 @@ impl RelativeContext {
             t5_table: None,
             value_residual: None,
             projection_tap: None,
+            memory_holds_segment: false,
         }
     }
 
@@ -464,6 +469,16 @@ impl RelativeContext {
     /// per forward pass.
     pub fn with_value_residual(mut self) -> Self {
         self.value_residual = Some(Default::default());
+        self
+    }
+
+    /// The same context for layers whose cached memory already ends with the segment's own
+    /// key/value entries (`cat(memory, entries(x))`, built once by the caller, which keeps it
+    /// as the next memory too): a layer with `memory_keys_values` then reads it as it is,
+    /// where it would append the entries itself (a copy of the whole memory per layer and
+    /// pass; generation, one token over a long memory, reads little else).
+    pub fn with_memory_holding_segment(mut self) -> Self {
+        self.memory_holds_segment = true;
         self
     }
 

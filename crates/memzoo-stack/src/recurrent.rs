@@ -406,7 +406,7 @@ impl RecurrentModel for TransformerXl {
                 self.run(inputs, &view.xl, &mask, &mut view.knn, opts.as_ref())?;
             // Every position stays: the memory grows by the inputs.
             let len = view.xl.len() + qlen;
-            view.xl = view.xl.update(&entries, len);
+            view.xl = self.next_memory(&view.xl, &entries, len, true);
             if self.document_resets {
                 for v in view.xl_valid.iter_mut() {
                     *v = (*v + qlen).min(len);

@@ -648,6 +648,7 @@ impl XlConfig {
             zero_first_memory: self.compat.zero_first_memory,
             memory_keys_values: self.compat.memory_keys_values,
             position_table: None,
+            memory_holds_segment: false,
             residual: self.residual,
             final_dropout: self.final_dropout,
             embedding_dropout: self.embedding_dropout,

@@ -72,6 +72,13 @@ pub struct TransformerXl {
     /// does.
     #[module(skip)]
     pub position_table: Option<usize>,
+    /// For generation: a pass appends each layer's key/value entries to its memory once,
+    /// hands the layer the result (which it reads as it is,
+    /// [`RelativeContext::with_memory_holding_segment`]) and keeps it as the next memory,
+    /// instead of the layer appending them and the memory update appending them again
+    /// ([`TransformerXl::for_generation`]).
+    #[module(skip)]
+    pub memory_holds_segment: bool,
     /// Final LayerNorm or RMSNorm (pre-LN with `final_norm` only).
     pub final_norm: Option<Norm>,
     /// Learned absolute positions added to the token embedding (`XlConfig::learned_positions`,
@@ -261,6 +268,12 @@ impl TransformerXl {
             .map(|l| l.with_position_table(max_distance))
             .collect();
         model.position_table = Some(max_distance);
+        // A kNN layer feeds its kNN memory from the memory and the segment apart: only
+        // relative layers read a memory that holds the segment.
+        model.memory_holds_segment = self
+            .layers
+            .iter()
+            .all(|l| matches!(l.attention, LayerAttention::Relative(_)));
         Some(model)
     }
 
@@ -463,7 +476,7 @@ impl TransformerXl {
         let (hidden, inputs) = self.run(tokens, memory, mask, &mut [], opts.as_ref())?;
         Ok(XlOutput {
             hidden,
-            memory: memory.update(&inputs, self.mem_len),
+            memory: self.next_memory(memory, &inputs, self.mem_len, true),
         })
     }
 
@@ -620,12 +633,28 @@ impl TransformerXl {
         qlen: usize,
         detach: bool,
     ) {
-        state.xl = state.xl.update_with(inputs, self.mem_len, detach);
+        state.xl = self.next_memory(&state.xl, inputs, self.mem_len, detach);
         if self.document_resets {
             let new_mlen = state.xl.len();
             for v in state.xl_valid.iter_mut() {
                 *v = (*v + qlen).min(new_mlen);
             }
+        }
+    }
+
+    /// The memory after a pass over `memory` whose layers left `inputs` ([`run`](Self::run)):
+    /// the last `mem_len` positions of each layer's `cat(memory, input)`, or of the input
+    /// itself where it already holds the memory ([`memory_holds_segment`](Self::memory_holds_segment)).
+    pub(crate) fn next_memory(
+        &self,
+        memory: &XlMemory,
+        inputs: &[Tensor<3>],
+        mem_len: usize,
+        detach: bool,
+    ) -> XlMemory {
+        match self.memory_holds_segment {
+            true => XlMemory::empty().update_with(inputs, mem_len, detach),
+            false => memory.update_with(inputs, mem_len, detach),
         }
     }
 
@@ -667,6 +696,10 @@ impl TransformerXl {
                 // Value residuals: the pass's first layer leaves its values to the others.
                 let ctx = match self.value_residual() {
                     true => ctx.with_value_residual(),
+                    false => ctx,
+                };
+                let ctx = match self.memory_holds_segment {
+                    true => ctx.with_memory_holding_segment(),
                     false => ctx,
                 };
                 contexts.push((p, key, ctx));
@@ -824,10 +857,19 @@ impl TransformerXl {
                         })?,
                         false => h.clone(),
                     };
+                    // Generation: the memory with the segment's entries, built once.
+                    let (cached, read) = match (self.memory_holds_segment, memory.layer(l)) {
+                        (true, Some(m)) => {
+                            let all = Tensor::cat(vec![m.clone(), cached], 1);
+                            (all.clone(), Some(all))
+                        }
+                        (true, None) => (cached.clone(), Some(cached)),
+                        (false, m) => (cached, m.cloned()),
+                    };
                     inputs.push(cached);
                     let mut cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
                     cx.trace = trace.map(|t| t.slot(l, ProbeLayout::XlMemory));
-                    h = layer.forward(h, memory.layer(l).cloned(), cx)?;
+                    h = layer.forward(h, read, cx)?;
                 }
                 reduce_streams(h, self.residual_streams)
             }
