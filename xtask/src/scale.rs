@@ -289,7 +289,7 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
     let (warmup, steps) = match point {
         ["reformer", ..] => (1, args.steps.unwrap_or(1)),
         ["memorizing", ..] => (1, args.steps.unwrap_or(2)),
-        [_, "generate", ..] => (0, args.steps.unwrap_or(if args.quick { 8 } else { 16 })),
+        [family, "generate", ..] => (0, generate_tokens(family, args)),
         _ => steps(args),
     };
     eprintln!("scale: peer {}", point.join(" "));
@@ -727,10 +727,22 @@ const GENERATORS: [&str; 3] = ["xl", "memorizing", "reformer"];
 /// default `--segment-len`).
 const MEMORIZING_SEGMENT: usize = 512;
 
+/// Tokens a generation point times, on both sides: `--steps`, else 64 for XL (milliseconds
+/// each), a whole segment for Memorizing ([`MEMORIZING_SEGMENT`]: a token inside a segment
+/// costs less than the one completing it), 16 for the Reformer (a forward pass over the
+/// window each, the peer's over a second at 4K); 8 with `--quick`.
+fn generate_tokens(family: &str, args: &BenchArgs) -> usize {
+    args.steps.unwrap_or(match (args.quick, family) {
+        (true, _) => 8,
+        (false, "xl") => 64,
+        (false, "memorizing") => MEMORIZING_SEGMENT,
+        (false, _) => 16,
+    })
+}
+
 /// A model of `family` (no dropout) generating greedily after a prompt of `context` random
-/// tokens, batch 1, through [`memzoo_train::generate::generate`]; `--steps` tokens (default 16,
-/// Memorizing a whole segment, [`MEMORIZING_SEGMENT`]; quick 8), the prompt's reading not
-/// timed:
+/// tokens, batch 1, through [`memzoo_train::generate::generate`]; [`generate_tokens`] tokens,
+/// the prompt's reading not timed:
 /// - `xl`: XL-small, one token per segment over an XL memory covering the context
 ///   (`memzoo generate --segment-len 1 --mem-len N`): the generator's key/value and position
 ///   caches ([`memzoo_stack::TransformerXl::for_generation`]);
@@ -748,11 +760,7 @@ fn generate_point(
     device: &Device,
 ) -> Result<Measurement, String> {
     use memzoo_train::generate::{GenerateConfig, SampleConfig, generate};
-    let tokens = args.steps.unwrap_or(match (args.quick, family) {
-        (true, _) => 8,
-        (false, "memorizing") => MEMORIZING_SEGMENT,
-        (false, _) => 16,
-    });
+    let tokens = generate_tokens(family, args);
     let (stack, segment_len) = match family {
         "xl" => (
             memzoo_stack::XlConfig::small()
