@@ -160,7 +160,8 @@ pub trait RecurrentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     /// unfinished segment again for every token. `peek` is `None` at a segment's start (the
     /// caller empties it when the segment is complete and read with
     /// [`Self::segment_logits`]); `state` is the committed state, left as it was; `reset`
-    /// applies where the segment starts (the first call). Returns the inputs' logits, or
+    /// applies where the segment starts (the first call). After an error `peek` is `None`.
+    /// Returns the inputs' logits, or
     /// `None` where the model keeps no such state (the caller then reads the unfinished
     /// segment with [`Self::peek_logits`]). Default: `None`.
     ///
@@ -416,7 +417,9 @@ impl RecurrentModel for TransformerXl {
         });
         // The kNN memories a first segment's read creates belong to no committed state.
         view.knn.clear();
-        *peek = Some(view);
+        // A failed read may have moved part of the view on: none is kept (the caller reads
+        // the segment from its start again).
+        *peek = logits.is_ok().then_some(view);
         logits.map(Some)
     }
 

@@ -391,9 +391,14 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
     fn peek_logits(&mut self, reset: &[bool]) -> Result<Tensor<3>, GenerateError> {
         if self.peeks != Some(false) {
             let ids = token_tensor(&self.current[self.peeked..], &self.device);
-            let logits = self
+            let read = self
                 .model
-                .peek_continue(ids, &mut self.state, &mut self.peek, reset)?;
+                .peek_continue(ids, &mut self.state, &mut self.peek, reset);
+            // After a failed read nothing of the segment is kept: the next reads it all.
+            if self.peek.is_none() {
+                self.peeked = 0;
+            }
+            let logits = read?;
             self.peeks = Some(logits.is_some());
             if let Some(logits) = logits {
                 self.peeked = self.current.len();
