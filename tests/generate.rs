@@ -236,9 +236,9 @@ fn check_cached_equals_recomputed<M: SegmentModel>(
     generator.segments()
 }
 
-/// Transformer-XL: segments of 4 over a memory of 6 (shorter than the context), and one-token
-/// steps over a memory covering the context, which equal one causal pass over the whole
-/// context (computed here directly, without the generator).
+/// Transformer-XL: segments of 4 and one-token steps over a memory of 6 (shorter than the
+/// context), and one-token steps over a memory covering the context, which equal one causal
+/// pass over the whole context (computed here directly, without the generator).
 #[test]
 fn xl_cached_generation_equals_recomputation() {
     let dev = flex();
@@ -247,6 +247,16 @@ fn xl_cached_generation_equals_recomputation() {
     let segments =
         check_cached_equals_recomputed(&model, 4, &prompt, 12, &dev, "xl, segments of 4");
     assert_eq!(segments, (5 + 12) / 4);
+    // One-token steps over the memory of 6, sliding: the generator's cache appends in place
+    // and moves to new buffers every 16 or so tokens (`XlMemory::begin_append`).
+    check_cached_equals_recomputed(
+        &model,
+        1,
+        &prompt,
+        40,
+        &dev,
+        "xl, one-token steps, memory 6",
+    );
 
     // With a memory covering the context, the generator reads the prompt in one pass
     // (`split_free_tokens`): the same logits as token by token.

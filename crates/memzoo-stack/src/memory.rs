@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Tensor, s};
 use memzoo_memory::{KnnIndex, KnnMemoryConfig, MemoryError};
 
 /// Cached hidden states of earlier segments: one tensor per layer, the *input* of that layer
@@ -14,6 +14,39 @@ use memzoo_memory::{KnnIndex, KnnMemoryConfig, MemoryError};
 #[derive(Debug, Clone, Default)]
 pub struct XlMemory {
     layers: Vec<Tensor<3>>,
+    /// Where the layers are views of buffers with room to append in place (generation,
+    /// [`begin_append`](Self::begin_append)); `None`: each layer its own tensor.
+    room: Option<Room>,
+}
+
+/// Buffers with room to append in place: per layer `[batch, capacity, width]`, whose positions
+/// `start .. start + len` are the memory (every layer the same `start`, `len` and capacity).
+/// A pass appending `q` positions writes them at `start + len` in every layer; when they do not
+/// fit, the memory moves to the front of new buffers with room for `q` and a quarter more (one
+/// copy every quarter of the memory's length, where a plain memory copies itself at every
+/// append).
+#[derive(Debug, Clone)]
+struct Room {
+    /// `None` only inside [`XlMemory::append`].
+    buffers: Vec<Option<Tensor<3>>>,
+    start: usize,
+    /// Positions held before the pass under way, and the pass's `q` (`None` between passes).
+    pass: Option<(usize, usize)>,
+}
+
+impl Room {
+    fn capacity(&self) -> usize {
+        self.buffers
+            .iter()
+            .flatten()
+            .next()
+            .map_or(0, |b| b.dims()[1])
+    }
+}
+
+/// The capacity of new buffers for `needed` positions: a quarter more, at least 16.
+fn with_slack(needed: usize) -> usize {
+    needed + (needed / 4).max(16)
 }
 
 impl XlMemory {
@@ -35,6 +68,7 @@ impl XlMemory {
             layers: (0..n_layers)
                 .map(|_| Tensor::zeros([batch, mlen, d_model], device))
                 .collect(),
+            room: None,
         }
     }
 
@@ -55,6 +89,7 @@ impl XlMemory {
         }
         Ok(Self {
             layers: layers.into_iter().map(|t| t.detach()).collect(),
+            room: None,
         })
     }
 
@@ -96,7 +131,7 @@ impl XlMemory {
                 t.clone().narrow(1, n - keep, keep)
             })
             .collect();
-        Self { layers }
+        Self { layers, room: None }
     }
 
     /// All layers.
@@ -112,6 +147,7 @@ impl XlMemory {
                 .into_iter()
                 .map(|t| t.to_device(device))
                 .collect(),
+            room: None,
         }
     }
 
@@ -156,7 +192,125 @@ impl XlMemory {
                 cat.narrow(1, total - keep, keep)
             })
             .collect();
-        Self { layers }
+        Self { layers, room: None }
+    }
+
+    /// Starts a pass that appends `q` positions to every layer in place
+    /// ([`append`](Self::append), then [`finish_append`](Self::finish_append)): the memory
+    /// moves into buffers with room where it has none or too little (one copy), and drops its
+    /// views so that each buffer is held by this memory alone (Burn writes a slice in place
+    /// only into a tensor nothing else holds; a buffer shared with a clone is copied at its
+    /// first write). Between `begin_append` and `finish_append` the memory has no layers.
+    pub(crate) fn begin_append(&mut self, q: usize) {
+        let len = self.len();
+        let views = std::mem::take(&mut self.layers);
+        let fits = self
+            .room
+            .as_ref()
+            .is_some_and(|r| r.start + len + q <= r.capacity());
+        if !fits {
+            // Each layer's memory at the front of a new buffer with room.
+            let cap = with_slack(len + q);
+            let buffers = views
+                .into_iter()
+                .map(|v| {
+                    let [b, _, w] = v.dims();
+                    let buffer = Tensor::zeros([b, cap, w], &v.device());
+                    Some(buffer.slice_assign(s![.., 0..len, ..], v))
+                })
+                .collect();
+            self.room = Some(Room {
+                buffers,
+                start: 0,
+                pass: None,
+            });
+        }
+        if let Some(room) = self.room.as_mut() {
+            room.pass = Some((len, q));
+        }
+    }
+
+    /// Layer `l`'s memory followed by `entry`, written into the layer's buffer after its
+    /// memory, as a view (inside a pass, [`begin_append`](Self::begin_append)).
+    ///
+    /// # Shapes
+    /// - `entry`: `[batch, q, width]` → `[batch, len + q, width]`
+    pub(crate) fn append(&mut self, l: usize, entry: Tensor<3>) -> Result<Tensor<3>, String> {
+        let room = self
+            .room
+            .as_mut()
+            .ok_or("append outside a pass (begin_append)")?;
+        let (len, q) = room.pass.ok_or("append outside a pass (begin_append)")?;
+        let [b, eq, w] = entry.dims();
+        if eq != q {
+            return Err(format!("entry of {eq} positions, the pass appends {q}"));
+        }
+        if l == room.buffers.len() {
+            // A memory that was empty: its buffers are made as the layers append.
+            let cap = room.capacity().max(with_slack(q));
+            room.buffers
+                .push(Some(Tensor::zeros([b, cap, w], &entry.device())));
+        }
+        let at = room.start + len;
+        let buffer = room
+            .buffers
+            .get_mut(l)
+            .and_then(Option::take)
+            .ok_or_else(|| format!("layer {l} has no buffer ({} layers)", room.buffers.len()))?;
+        let [bb, cap, bw] = buffer.dims();
+        if (bb, bw) != (b, w) || at + q > cap {
+            return Err(format!(
+                "entry [{b}, {q}, {w}] does not fit layer {l}'s buffer [{bb}, {cap}, {bw}] at {at}"
+            ));
+        }
+        let buffer = buffer.slice_assign(s![.., at..at + q, ..], entry);
+        let view = buffer.clone().narrow(1, room.start, len + q);
+        room.buffers[l] = Some(buffer);
+        Ok(view)
+    }
+
+    /// Ends a pass ([`begin_append`](Self::begin_append)): the memory holds `len + q`
+    /// positions per layer when every layer appended (`done`), else the `len` it held before
+    /// (what a failed pass wrote past them is never read).
+    pub(crate) fn finish_append(&mut self, done: bool) {
+        let Some(room) = self.room.as_mut() else {
+            return;
+        };
+        if let Some((len, q)) = room.pass.take() {
+            let n = if done { len + q } else { len };
+            self.layers = room
+                .buffers
+                .iter()
+                .flatten()
+                .filter(|_| n > 0)
+                .map(|b| b.clone().narrow(1, room.start, n))
+                .collect();
+        }
+    }
+
+    /// Keeps the most recent `len` positions of every layer, in place (a buffer's window
+    /// moves; other memories are narrowed); `len = 0`: an empty memory.
+    pub(crate) fn keep_recent(self, len: usize) -> Self {
+        let n = self.len();
+        match self.room {
+            Some(mut room) if len > 0 => {
+                if n > len {
+                    room.start += n - len;
+                }
+                let keep = n.min(len);
+                let layers = room
+                    .buffers
+                    .iter()
+                    .flatten()
+                    .map(|b| b.clone().narrow(1, room.start, keep))
+                    .collect();
+                Self {
+                    layers,
+                    room: Some(room),
+                }
+            }
+            _ => self.recent(len),
+        }
     }
 
     /// Every layer's memory detached from the graph.

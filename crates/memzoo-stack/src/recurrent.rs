@@ -403,11 +403,11 @@ impl RecurrentModel for TransformerXl {
             let qlen = inputs.dims()[1];
             let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
             let mask = self.prepare(&inputs, view, &reset)?;
-            let (hidden, entries) =
-                self.run(inputs, &view.xl, &mask, &mut view.knn, opts.as_ref())?;
             // Every position stays: the memory grows by the inputs.
             let len = view.xl.len() + qlen;
-            view.xl = self.next_memory(&view.xl, &entries, len, true);
+            let (hidden, entries) =
+                self.run(inputs, &mut view.xl, &mask, &mut view.knn, opts.as_ref())?;
+            view.xl = self.next_memory(std::mem::take(&mut view.xl), &entries, len, true);
             if self.document_resets {
                 for v in view.xl_valid.iter_mut() {
                     *v = (*v + qlen).min(len);

@@ -471,9 +471,10 @@ impl TransformerXl {
             )));
         }
         let first = self.first_memory(memory, tokens.dims()[0], &tokens.device());
-        let memory = first.as_ref().unwrap_or(memory);
+        // A clone shares the tensors; a pass that appends in place copies them first.
+        let mut memory = first.unwrap_or_else(|| memory.clone());
         let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
-        let (hidden, inputs) = self.run(tokens, memory, mask, &mut [], opts.as_ref())?;
+        let (hidden, inputs) = self.run(tokens, &mut memory, mask, &mut [], opts.as_ref())?;
         Ok(XlOutput {
             hidden,
             memory: self.next_memory(memory, &inputs, self.mem_len, true),
@@ -537,7 +538,7 @@ impl TransformerXl {
         let qlen = tokens.dims()[1];
         let mask = self.prepare(&tokens, state, reset)?;
         let knn = &mut state.knn;
-        let (hidden, inputs) = self.run_traced(tokens, &state.xl, &mask, knn, opts, trace)?;
+        let (hidden, inputs) = self.run_traced(tokens, &mut state.xl, &mask, knn, opts, trace)?;
         self.advance(state, &inputs, qlen);
         Ok(hidden)
     }
@@ -633,7 +634,7 @@ impl TransformerXl {
         qlen: usize,
         detach: bool,
     ) {
-        state.xl = self.next_memory(&state.xl, inputs, self.mem_len, detach);
+        state.xl = self.next_memory(std::mem::take(&mut state.xl), inputs, self.mem_len, detach);
         if self.document_resets {
             let new_mlen = state.xl.len();
             for v in state.xl_valid.iter_mut() {
@@ -643,17 +644,18 @@ impl TransformerXl {
     }
 
     /// The memory after a pass over `memory` whose layers left `inputs` ([`run`](Self::run)):
-    /// the last `mem_len` positions of each layer's `cat(memory, input)`, or of the input
-    /// itself where it already holds the memory ([`memory_holds_segment`](Self::memory_holds_segment)).
+    /// the last `mem_len` positions of each layer's `cat(memory, input)`; where the pass
+    /// appended to the memory itself ([`memory_holds_segment`](Self::memory_holds_segment)),
+    /// its last `mem_len` positions.
     pub(crate) fn next_memory(
         &self,
-        memory: &XlMemory,
+        memory: XlMemory,
         inputs: &[Tensor<3>],
         mem_len: usize,
         detach: bool,
     ) -> XlMemory {
         match self.memory_holds_segment {
-            true => XlMemory::empty().update_with(inputs, mem_len, detach),
+            true => memory.keep_recent(mem_len),
             false => memory.update_with(inputs, mem_len, detach),
         }
     }
@@ -814,7 +816,7 @@ impl TransformerXl {
     pub(crate) fn run(
         &self,
         tokens: Tensor<2, Int>,
-        memory: &XlMemory,
+        memory: &mut XlMemory,
         mask: &AttentionMask,
         knn: &mut [Box<dyn KnnIndex>],
         opts: Option<&ForwardOptions>,
@@ -826,7 +828,7 @@ impl TransformerXl {
     pub(crate) fn run_traced(
         &self,
         tokens: Tensor<2, Int>,
-        memory: &XlMemory,
+        memory: &mut XlMemory,
         mask: &AttentionMask,
         knn: &mut [Box<dyn KnnIndex>],
         opts: Option<&ForwardOptions>,
@@ -849,29 +851,39 @@ impl TransformerXl {
         let h = match self.residual {
             Residual::Sequential => {
                 let mut h = expand_streams(h, self.residual_streams);
-                for (l, layer) in self.layers.iter().enumerate() {
-                    // The layer's input, or its keys/values (`memory_keys_values`).
-                    let cached = match self.memory_keys_values {
-                        true => layer.cache_entry(h.clone()).ok_or_else(|| {
-                            XlError::Input(format!("layer {l} caches no keys/values"))
-                        })?,
-                        false => h.clone(),
-                    };
-                    // Generation: the memory with the segment's entries, built once.
-                    let (cached, read) = match (self.memory_holds_segment, memory.layer(l)) {
-                        (true, Some(m)) => {
-                            let all = Tensor::cat(vec![m.clone(), cached], 1);
-                            (all.clone(), Some(all))
-                        }
-                        (true, None) => (cached.clone(), Some(cached)),
-                        (false, m) => (cached, m.cloned()),
-                    };
-                    inputs.push(cached);
-                    let mut cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
-                    cx.trace = trace.map(|t| t.slot(l, ProbeLayout::XlMemory));
-                    h = layer.forward(h, read, cx)?;
+                if self.memory_holds_segment {
+                    memory.begin_append(qlen);
                 }
-                reduce_streams(h, self.residual_streams)
+                // (A failed pass leaves the memory as it was, below.)
+                let pass = || -> Result<Tensor<3>, XlError> {
+                    for (l, layer) in self.layers.iter().enumerate() {
+                        // The layer's input, or its keys/values (`memory_keys_values`).
+                        let cached = match self.memory_keys_values {
+                            true => layer.cache_entry(h.clone()).ok_or_else(|| {
+                                XlError::Input(format!("layer {l} caches no keys/values"))
+                            })?,
+                            false => h.clone(),
+                        };
+                        // Generation: the segment's entries appended to the memory in place.
+                        let (cached, read) = match self.memory_holds_segment {
+                            true => {
+                                let all = memory.append(l, cached).map_err(XlError::Input)?;
+                                (all.clone(), Some(all))
+                            }
+                            false => (cached, memory.layer(l).cloned()),
+                        };
+                        inputs.push(cached);
+                        let mut cx = self.layer_context(l, &contexts, next_store(layer)?, opts);
+                        cx.trace = trace.map(|t| t.slot(l, ProbeLayout::XlMemory));
+                        h = layer.forward(h, read, cx)?;
+                    }
+                    Ok(h)
+                };
+                let h = pass();
+                if self.memory_holds_segment {
+                    memory.finish_append(h.is_ok());
+                }
+                reduce_streams(h?, self.residual_streams)
             }
             Residual::Reversible => {
                 let (mut x1, mut x2) = (h.clone(), h);
