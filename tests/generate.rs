@@ -314,6 +314,35 @@ fn memorizing_cached_generation_equals_recomputation() {
     let (prompt, new, len) = (walk(6, 40, 3), 13, 4);
     let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, "memorizing");
     assert_eq!(segments, (6 + 13) / len);
+    // Fed with the pairs leaving the XL memory (memorizing-transformers-pytorch) and mixed in
+    // one softmax: the generator's cache, which holds each segment's entries after the memory,
+    // hands the kNN memory the same pairs.
+    let evicted = MemorizingConfig::new()
+        .with_xl(
+            small_xl(4)
+                .with_pre_ln(true)
+                .with_tie_weights(false)
+                .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
+        )
+        .with_knn_layers(vec![1])
+        .with_knn(
+            tiny_knn()
+                .with_feed(memzoo_stack::KnnFeed::Evicted)
+                .with_mixing(memzoo_knn::KnnMixing::Joint),
+        );
+    let evicted = seeded_weights(
+        evicted.init(&dev).unwrap(),
+        2,
+        xl_init_std(&evicted.stack()),
+    );
+    check_cached_equals_recomputed(
+        &evicted,
+        len,
+        &prompt,
+        new,
+        &dev,
+        "memorizing, evicted feed",
+    );
 
     // After generating: the kNN memory holds every completed segment and nothing of the
     // re-read unfinished one.

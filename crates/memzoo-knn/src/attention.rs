@@ -426,6 +426,18 @@ impl KnnAttention {
         (k.narrow(1, 0, n), v.narrow(1, 0, n))
     }
 
+    /// [`leading_pairs`](Self::leading_pairs) of a cache that already ends with the segment's
+    /// entries ([`RelativeContext::with_memory_holding_segment`]): its first `n` pairs, the
+    /// keys as the entries hold them (normalised, [`cache_entry`](Self::cache_entry)).
+    ///
+    /// # Shapes
+    /// - `memory`: `[batch, mlen + qlen, 2 n_kv_heads d_head]`
+    /// - output: `[batch, n, n_kv_heads, d_head]` each, detached
+    pub fn leading_pairs_held(&self, memory: Tensor<3>, n: usize) -> (Tensor<4>, Tensor<4>) {
+        let (k, v) = self.attention.cached_kv_heads(memory.detach());
+        (k.narrow(1, 0, n), v.narrow(1, 0, n))
+    }
+
     /// Which pairs the stack adds to this layer's kNN memory: `None`, the segment's
     /// ([`KnnAttentionOutput::keys`]); `Some(mem_len)`, those leaving the layer's XL memory of
     /// `mem_len` positions, the first `mlen + qlen - mem_len` of `cat(memory, segment)`

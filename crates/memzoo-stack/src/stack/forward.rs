@@ -268,12 +268,14 @@ impl TransformerXl {
             .map(|l| l.with_position_table(max_distance))
             .collect();
         model.position_table = Some(max_distance);
-        // A kNN layer feeds its kNN memory from the memory and the segment apart: only
-        // relative layers read a memory that holds the segment.
-        model.memory_holds_segment = self
-            .layers
-            .iter()
-            .all(|l| matches!(l.attention, LayerAttention::Relative(_)));
+        // Relative and kNN layers read a memory that holds the segment (LSH and local ones
+        // read `cat(memory, x)` of layer inputs, which the stack does not cache for them).
+        model.memory_holds_segment = self.layers.iter().all(|l| {
+            matches!(
+                l.attention,
+                LayerAttention::Relative(_) | LayerAttention::Knn(_)
+            )
+        });
         Some(model)
     }
 

@@ -349,7 +349,11 @@ impl XlLayer {
                 match evicted {
                     // knn.feed = evicted: the first klen - mem_len of cat(memory, x).
                     Some((n, m, x)) if n > 0 => {
-                        let (k, v) = a.leading_pairs(m, x, n);
+                        let (k, v) = match (ctx.memory_holds_segment, m) {
+                            // The cache already ends with the segment's entries.
+                            (true, Some(m)) => a.leading_pairs_held(m, n),
+                            (_, m) => a.leading_pairs(m, x, n),
+                        };
                         store.add(k, v)?;
                     }
                     Some(_) => {}
