@@ -25,7 +25,11 @@ usage: xtask/gpu/run.sh [OPTIONS]
   --dir DIR           what prepare.sh built: memzoo.gz, corpus.txt.gz, gl/*.deb, MANIFEST
                       (default .gpu)
   --device DEV        memzoo device string (default wgpu-vulkan)
-  --presets "A B"     presets to run, in order (default "xl-enwik8-base memorizing-paper")
+  --presets "A B"     presets to run, in order (default "xl-enwik8-base memorizing-paper");
+                      PRESET@VARIANT runs a variant of a preset with a kNN layer, to split its
+                      time: @hnsw (the kNN search on the host, in usearch's HNSW) or, for
+                      memorizing-paper, @no-knn (a T5 layer in place of the kNN one), e.g.
+                      --presets "memorizing-paper memorizing-paper@hnsw memorizing-paper@no-knn"
   --steps N           optimizer steps per run (default 300)
   --max-seconds S     training time cap per run, memzoo's train.max_seconds (default 120)
   --grace S           after the cap, seconds left for the final evaluation and checkpoint
@@ -256,6 +260,22 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+for run in $presets; do
+  case "$run" in
+    *@*@*) die "--presets: '$run' has more than one variant" ;;
+    memorizing-*@hnsw|memorizing-paper@no-knn) ;;
+    *@*) die "--presets: '$run': the variants are PRESET@hnsw (a memorizing preset) and memorizing-paper@no-knn" ;;
+  esac
+done
+
+# memorizing-paper's layers with its kNN layer (the 9th of 12; --tiny: the 2nd of 2) a T5 one.
+no_knn_layers() {
+  local n=12 list="" i
+  [ "${tiny_mode:-0}" = 1 ] && n=2
+  for ((i = 0; i < n; i++)); do list+="${list:+,}\"t5\""; done
+  echo "[$list]"
+}
+
 [ -d "$dir" ] || die "no folder '$dir': run xtask/gpu/prepare.sh first (here, with cargo), and carry it"
 dir=$(cd "$dir" && pwd)
 corpus="$dir/corpus.txt.gz"
@@ -353,11 +373,12 @@ check() {
   # ------------------------------------------------------------------------------------------
   rows=()
   failed=0
-  for preset in $presets; do
-    run_dir="$work/runs/$preset"
-    samples="$work/$preset.smi"
+  for run in $presets; do
+    preset=${run%%@*}
+    run_dir="$work/runs/$run"
+    samples="$work/$run.smi"
     : >"$samples"
-    say "---- $preset: $steps steps on $device (cap ${max_seconds}s of training, then ${grace}s for the end)"
+    say "---- $run: $steps steps on $device (cap ${max_seconds}s of training, then ${grace}s for the end)"
     sampler=""
     if [ "$smi" = 1 ]; then
       nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$samples" 2>/dev/null &
@@ -370,6 +391,11 @@ check() {
         "$preset:"*) sets+=(--set "${e#"$preset":}") ;;
       esac
     done
+    # A variant's settings come last, so they win over the preset's and --tiny's.
+    case "$run" in
+      *@hnsw) sets+=(--set model.knn.index=hnsw) ;;
+      *@no-knn) sets+=(--set "model.layers=$(no_knn_layers)") ;;
+    esac
     t0=$(date +%s)
     status=0
     # SIGINT first: memzoo then saves a checkpoint and stops cleanly; SIGKILL 30 s later.
@@ -387,8 +413,8 @@ check() {
     else
       last=- tps=- first=- loss=- vloss=-
     fi
-    rows+=("$(printf '%-18s %6s %12s %12s %9s %8s %8s %6s  %s' \
-      "$preset" "$last" "$tps" "$first" "$peak" "$loss" "$vloss" "$wall" "$result")")
+    rows+=("$(printf '%-24s %6s %12s %12s %9s %8s %8s %6s  %s' \
+      "$run" "$last" "$tps" "$first" "$peak" "$loss" "$vloss" "$wall" "$result")")
   done
 
   # The XL peer on the same machine: HF TransfoXL with the same model, batch and corpus
@@ -429,14 +455,14 @@ check() {
       field() { sed -n "s/.*\"$1\": \([^,}]*\).*/\1/p" <<<"$json" | tr -d '"'; }
       last=$(field steps); tps=$(field tokens_per_s); first=$(field first_window_tokens_per_s)
       loss=$(field loss)
-      rows+=("$(printf '%-18s %6s %12s %12s %9s %8s %8s %6s  %s' \
+      rows+=("$(printf '%-24s %6s %12s %12s %9s %8s %8s %6s  %s' \
         "hf-transfoxl" "${last:--}" "${tps:--}" "${first:--}" "$peak" "${loss:--}" "-" "$wall" "$result")")
     fi
   fi
 
   summary=$(
     echo "memzoo GPU check on $device ($(sed -n 's/^commit=//p' "$dir/MANIFEST" 2>/dev/null || echo '?'), features ${features:-?}):"
-    printf '%-18s %6s %12s %12s %9s %8s %8s %6s  %s\n' \
+    printf '%-24s %6s %12s %12s %9s %8s %8s %6s  %s\n' \
       preset steps "tokens/s" "1st window" "peak MiB" "loss" "valid" "wall s" result
     printf '%s\n' "${rows[@]}"
     echo "tokens/s: over the logged windows after the first; 1st window: its tokens/s (compilation,"
