@@ -855,3 +855,49 @@ fn dropout_mask_is_the_sequential_generators() {
         }
     }
 }
+
+/// `memzoo_fused::softmax::softmax` (whose backward keeps only its output) against Burn's
+/// softmax, its gradient included, along the last dim and an inner one, with a hidden key
+/// (`-inf`) in some rows: the same values and the same gradient `dS = P (dP - Σ P dP)`.
+#[test]
+fn softmax_keeping_output_matches_burns() {
+    let dev = flex().autodiff();
+    for dim in [3usize, 1] {
+        let x = randn([2, 3, 4, 5], 5, &dev);
+        // A hidden key in every row along `dim`'s first index, as the attention's masks do.
+        let hide = Tensor::<4>::zeros([2, 3, 4, 5], &dev)
+            .narrow(dim, 0, 1)
+            .add_scalar(1.0)
+            .bool();
+        let mut shape = [2, 3, 4, 5];
+        shape[dim] -= 1;
+        let visible = Tensor::<4>::zeros(shape, &dev).bool();
+        let hidden = Tensor::cat(vec![hide, visible], dim);
+        let w = randn([2, 3, 4, 5], 6, &dev);
+        let run = |lean: bool| {
+            let x = x.clone().require_grad();
+            let s = x.clone().mask_fill(hidden.clone(), f32::NEG_INFINITY);
+            let p = if lean {
+                memzoo_fused::softmax::softmax(s, dim)
+            } else {
+                burn::tensor::activation::softmax(s, dim)
+            };
+            let grads = (p.clone() * w.clone()).sum().backward();
+            (host(p.inner()), host(x.grad(&grads).unwrap()))
+        };
+        let (p_lean, g_lean) = run(true);
+        let (p_burn, g_burn) = run(false);
+        assert_close(&p_lean, &p_burn, 1e-6, &format!("softmax along {dim}"));
+        assert_close(
+            &g_lean,
+            &g_burn,
+            1e-5,
+            &format!("softmax gradient along {dim}"),
+        );
+        assert!(
+            g_lean.iter().any(|g| g.abs() > 1e-3),
+            "a gradient that is not all zero"
+        );
+    }
+    assert!(memzoo_fused::softmax::keeps_output_only(&dev));
+}

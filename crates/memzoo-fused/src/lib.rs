@@ -15,6 +15,10 @@
 //!
 //! - [`dropout::mask_values`]: seeded inverted-dropout masks, drawn on the host (replayable).
 //!
+//! - [`softmax::softmax`]: Burn's softmax with a backward that keeps only its output, on `flex`
+//!   and (feature `cube`) CubeCL's backend: the attention's tensor-op paths (GPUs) hold one
+//!   score-sized tensor per layer fewer until the backward.
+//!
 //! - [`gelu()`]: the exact GELU, forward and backward vectorised and multi-threaded (Burn's
 //!   `flex` GELU is one scalar `erff` at a time on one thread). The maths is in [`mod@gelu`].
 //!
@@ -61,6 +65,7 @@ pub mod knn;
 pub mod lsh;
 pub mod matmul;
 pub mod relative;
+pub mod softmax;
 
 mod autodiff;
 mod flex;

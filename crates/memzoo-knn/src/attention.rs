@@ -5,8 +5,9 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Initializer;
-use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::activation::sigmoid;
 use burn::tensor::{Device, Tensor, TensorData};
+use memzoo_fused::softmax::softmax;
 use memzoo_memory::{KnnIndex, Retrieved};
 use serde::{Deserialize, Serialize};
 

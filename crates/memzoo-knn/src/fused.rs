@@ -4,9 +4,9 @@
 //! tensor-op path [`memory_read_tensor_ops`](KnnAttention::memory_read_tensor_ops) everywhere
 //! else.
 
-use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Tensor};
 use memzoo_fused::knn_attention_fused;
+use memzoo_fused::softmax::softmax;
 use memzoo_memory::Retrieved;
 
 use crate::attention::{KnnAttention, MASKED};

@@ -3,8 +3,9 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
-use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::activation::sigmoid;
 use burn::tensor::{Device, Tensor, TensorData};
+use memzoo_fused::softmax::softmax;
 use std::sync::{Arc, Mutex};
 
 use memzoo_reformer::rng::{dropout_mask, mix};

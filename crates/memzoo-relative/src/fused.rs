@@ -15,8 +15,8 @@
 //! the same terms.
 
 use burn::module::Param;
-use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Int, Tensor};
+use memzoo_fused::softmax::softmax;
 use memzoo_fused::{RelativePosition, relative_attention_fused};
 
 use crate::attention::{PositionParams, RelativeMultiHeadAttention, XlBiases};

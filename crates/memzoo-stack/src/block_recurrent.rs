@@ -58,8 +58,9 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Initializer, LayerNorm, Linear};
-use burn::tensor::activation::{sigmoid, softmax, tanh};
+use burn::tensor::activation::{sigmoid, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_fused::softmax::softmax;
 use memzoo_reformer::ForwardOptions;
 use memzoo_relative::{QkNorm, linear_rows};
 use serde::{Deserialize, Serialize};

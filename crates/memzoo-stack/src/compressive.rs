@@ -35,8 +35,8 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Initializer, Linear, LinearConfig};
-use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use memzoo_fused::softmax::softmax;
 use memzoo_reformer::ForwardOptions;
 use memzoo_relative::shift::{distance_of_column, n_columns};
 use memzoo_relative::{
