@@ -161,9 +161,8 @@ pub trait RecurrentModel: Module + Clone + core::fmt::Debug + Send + 'static {
     /// caller empties it when the segment is complete and read with
     /// [`Self::segment_logits`]); `state` is the committed state, left as it was; `reset`
     /// applies where the segment starts (the first call). After an error `peek` is `None`.
-    /// Returns the inputs' logits, or
-    /// `None` where the model keeps no such state (the caller then reads the unfinished
-    /// segment with [`Self::peek_logits`]). Default: `None`.
+    /// Returns the inputs' logits, or `None` where the model keeps no such state (the caller
+    /// then reads the unfinished segment with [`Self::peek_logits`]). Default: `None`.
     ///
     /// # Shapes
     /// - `inputs`: `[batch, len]` → `[batch, len, vocab]`
@@ -378,13 +377,7 @@ impl RecurrentModel for TransformerXl {
             && self.compressive.is_none()
             && self.rmt.is_none()
             && self.block_recurrent.is_none()
-            && self.layers.iter().all(|l| {
-                matches!(
-                    l.attention,
-                    crate::stack::LayerAttention::Relative(_)
-                        | crate::stack::LayerAttention::Knn(_)
-                )
-            });
+            && self.relative_and_knn_only();
         if !plain {
             return Ok(None);
         }

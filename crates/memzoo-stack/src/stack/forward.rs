@@ -270,13 +270,18 @@ impl TransformerXl {
         model.position_table = Some(max_distance);
         // Relative and kNN layers read a memory that holds the segment (LSH and local ones
         // read `cat(memory, x)` of layer inputs, which the stack does not cache for them).
-        model.memory_holds_segment = self.layers.iter().all(|l| {
+        model.memory_holds_segment = self.relative_and_knn_only();
+        Some(model)
+    }
+
+    /// Whether every layer is a relative or a kNN attention (no LSH or local ones).
+    pub fn relative_and_knn_only(&self) -> bool {
+        self.layers.iter().all(|l| {
             matches!(
                 l.attention,
                 LayerAttention::Relative(_) | LayerAttention::Knn(_)
             )
-        });
-        Some(model)
+        })
     }
 
     /// The same model with an XL memory that caches every layer's keys and values
