@@ -302,12 +302,17 @@ fn memorizing_cached_generation_equals_recomputation() {
         .with_pre_ln(true)
         .with_tie_weights(false)
         .with_positions(PositionConfig::new().with_kind(PositionKind::T5));
-    let model = MemorizingConfig::new()
-        .with_xl(xl)
-        .with_knn_layers(vec![1])
-        .with_knn(tiny_knn());
-    let std = xl_init_std(&model.stack());
-    let model = seeded_weights(model.init(&dev).unwrap(), 2, std);
+    let config = |knn| {
+        MemorizingConfig::new()
+            .with_xl(xl.clone())
+            .with_knn_layers(vec![1])
+            .with_knn(knn)
+    };
+    let init = |config: MemorizingConfig| {
+        let std = xl_init_std(&config.stack());
+        seeded_weights(config.init(&dev).unwrap(), 2, std)
+    };
+    let model = init(config(tiny_knn()));
     // A kNN layer reads a segment's own keys locally and earlier ones from its memory: the
     // split into segments matters, so a prompt is read segment by segment.
     assert_eq!(model.split_free_tokens(), 0);
@@ -317,24 +322,11 @@ fn memorizing_cached_generation_equals_recomputation() {
     // Fed with the pairs leaving the XL memory (memorizing-transformers-pytorch) and mixed in
     // one softmax: the generator's cache, which holds each segment's entries after the memory,
     // hands the kNN memory the same pairs.
-    let evicted = MemorizingConfig::new()
-        .with_xl(
-            small_xl(4)
-                .with_pre_ln(true)
-                .with_tie_weights(false)
-                .with_positions(PositionConfig::new().with_kind(PositionKind::T5)),
-        )
-        .with_knn_layers(vec![1])
-        .with_knn(
-            tiny_knn()
-                .with_feed(memzoo_stack::KnnFeed::Evicted)
-                .with_mixing(memzoo_knn::KnnMixing::Joint),
-        );
-    let evicted = seeded_weights(
-        evicted.init(&dev).unwrap(),
-        2,
-        xl_init_std(&evicted.stack()),
-    );
+    let evicted = init(config(
+        tiny_knn()
+            .with_feed(memzoo_stack::KnnFeed::Evicted)
+            .with_mixing(memzoo_knn::KnnMixing::Joint),
+    ));
     check_cached_equals_recomputed(
         &evicted,
         len,

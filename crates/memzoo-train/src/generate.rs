@@ -280,8 +280,6 @@ pub struct Generator<'m, M: SegmentModel> {
     peek: Option<M::State>,
     /// Tokens of `current` that `peek` holds.
     peeked: usize,
-    /// Whether the model keeps a peek state (known after the first peek; `None` before).
-    peeks: Option<bool>,
     /// Completed segments read into `state`.
     segments: usize,
     /// The next token's logits `[1, 1, vocab]`, once computed.
@@ -306,7 +304,6 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
             current: Vec::new(),
             peek: None,
             peeked: 0,
-            peeks: None,
             segments: 0,
             next: None,
         })
@@ -389,21 +386,17 @@ impl<'m, M: SegmentModel> Generator<'m, M> {
     /// ([`RecurrentModel::peek_continue`](crate::RecurrentModel::peek_continue)), or the
     /// whole unfinished segment again where it keeps nothing.
     fn peek_logits(&mut self, reset: &[bool]) -> Result<Tensor<3>, GenerateError> {
-        if self.peeks != Some(false) {
-            let ids = token_tensor(&self.current[self.peeked..], &self.device);
-            let read = self
-                .model
-                .peek_continue(ids, &mut self.state, &mut self.peek, reset);
-            // After a failed read nothing of the segment is kept: the next reads it all.
-            if self.peek.is_none() {
-                self.peeked = 0;
-            }
-            let logits = read?;
-            self.peeks = Some(logits.is_some());
-            if let Some(logits) = logits {
-                self.peeked = self.current.len();
-                return Ok(logits);
-            }
+        let ids = token_tensor(&self.current[self.peeked..], &self.device);
+        let read = self
+            .model
+            .peek_continue(ids, &mut self.state, &mut self.peek, reset);
+        // After a failed read nothing of the segment is kept: the next reads it all.
+        if self.peek.is_none() {
+            self.peeked = 0;
+        }
+        if let Some(logits) = read? {
+            self.peeked = self.current.len();
+            return Ok(logits);
         }
         let ids = token_tensor(&self.current, &self.device);
         Ok(self.model.peek_logits(ids, &mut self.state, reset)?)
