@@ -29,7 +29,9 @@
 //!   recall@32 against an exact search over the same keys. Expected growth: search **linear**
 //!   in the store size with exact search, **sublinear** (about logarithmic) with HNSW at a
 //!   fixed expansion. A third kind, `hnsw64`, searches HNSW at a fixed expansion of 64 (a
-//!   recall/speed setting of the kind the peer's faiss index uses, its recall measured).
+//!   recall/speed setting of the kind the peer's faiss index uses, its recall measured);
+//!   `exactf32` and `exactint8` choose exact search's scoring on the host (`exact` takes the
+//!   default, int8 where the CPU has AVX-512 VNNI).
 //!   memorizing-transformers-pytorch beside it (`xtask/peers/scale.py
 //!   memorizing train N`: `bench_peers.py`'s `memorizing-small`, faiss HNSW with M 15, each
 //!   row's memory prefilled with N random unit keys) until a point fails.
@@ -66,7 +68,7 @@ use std::process::Command;
 use burn::module::Module;
 use burn::tensor::{Device, Distribution, Tensor};
 use memzoo_memory::keys::{fill, recall, retrieved_ids, segment_tensors};
-use memzoo_memory::{IndexKind, KnnMemoryConfig};
+use memzoo_memory::{HostScoring, IndexKind, KnnMemoryConfig};
 use memzoo_stack::{MemorizingConfig, ReformerConfig, XlMemory, XlState};
 use memzoo_train::Segment;
 use memzoo_train::TrainConfig;
@@ -140,7 +142,8 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                     .unwrap_or_else(|| ["exact", "hnsw", "hnsw64"].map(String::from).to_vec());
                 if let Some(k) = kinds.iter().find(|k| IndexChoice::parse(k).is_none()) {
                     return Err(format!(
-                        "--index-kinds: `{k}` is not exact, hnsw or hnsw<ef>[m<M>][a<ef_add>] \
+                        "--index-kinds: `{k}` is not exact, exactf32, exactint8, hnsw or \
+                         hnsw<ef>[m<M>][a<ef_add>] \
                          (each number > 0)"
                     ));
                 }
@@ -321,7 +324,8 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
     Ok(lines)
 }
 
-/// The kNN index of a Memorizing point, by name: `exact`; `hnsw` (memzoo's defaults, the
+/// The kNN index of a Memorizing point, by name: `exact` (the default scoring: int8 first
+/// where the CPU has AVX-512 VNNI), `exactf32` and `exactint8` (that scoring); `hnsw` (memzoo's defaults, the
 /// search expansion chosen by size); `hnsw<ef>[m<M>][a<ef_add>]`: HNSW searched with the
 /// fixed expansion `ef`, and optionally built with degree `M` and insertion expansion `ef_add`
 /// (`hnsw32m15a40`: the peer's faiss settings, `IndexHNSWFlat(M = 15)` with its default
@@ -329,6 +333,8 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct IndexChoice {
     pub(crate) kind: IndexKind,
+    /// Exact search's scoring (`exactf32`, `exactint8`; `exact`: the default, `auto`).
+    pub(crate) scoring: HostScoring,
     pub(crate) name: String,
     pub(crate) expansion_search: Option<usize>,
     pub(crate) connectivity: Option<usize>,
@@ -340,6 +346,7 @@ impl IndexChoice {
     pub(crate) fn parse(name: &str) -> Option<Self> {
         let mut choice = Self {
             kind: IndexKind::Hnsw,
+            scoring: HostScoring::Auto,
             name: name.to_string(),
             expansion_search: None,
             connectivity: None,
@@ -347,6 +354,10 @@ impl IndexChoice {
         };
         match name {
             "exact" => choice.kind = IndexKind::Exact,
+            "exactf32" | "exactint8" => {
+                choice.kind = IndexKind::Exact;
+                choice.scoring = name["exact".len()..].parse().ok()?;
+            }
             "hnsw" => {}
             _ => {
                 let rest = name.strip_prefix("hnsw")?;
@@ -513,6 +524,7 @@ fn memorizing_config(index: &IndexChoice, stored: usize, room: usize) -> Memoriz
         .knn
         .clone()
         .with_index(index.kind)
+        .with_scoring(index.scoring)
         .with_max_memories(stored + room)
         .with_hnsw(hnsw);
     small

@@ -54,6 +54,60 @@ pub enum TopkPlacement {
     Auto,
 }
 
+/// How the exact backend's host store scores the stored keys (CPU devices; see
+/// [`TopkPlacement`]). Every choice finds the same top-k.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HostScoring {
+    /// Every key in f32, a GEMM per chunk of keys with the top-k taken from its scores.
+    F32,
+    /// Every key in int8 first, then in f32 only the keys whose int8 score, widened by an
+    /// error bound, can still reach the top-k (an int8 copy of the keys is kept, a quarter of
+    /// their f32 size). AVX-512 VNNI where the CPU has it; elsewhere plain loops, far slower
+    /// than `f32` (for tests). Heads up to 128 wide.
+    Int8,
+    /// `int8` where the CPU has AVX-512 VNNI and a store holds at least
+    /// [`HostScoring::AUTO_INT8_FROM`] keys, `f32` elsewhere.
+    #[default]
+    Auto,
+}
+
+impl HostScoring {
+    /// Stored keys per (row, kv head) from which `auto` scores in int8: below it the f32
+    /// GEMM was as fast or faster. Measured on the 2-core Zen 5 (`cargo xtask bench scale
+    /// --families memorizing --index-kinds exactf32,exactint8`, a Memorizing-small step):
+    /// int8 7% slower at 32,768, level at 65,536, 13% faster at 131,072, 27-30% at 262,144.
+    pub const AUTO_INT8_FROM: usize = 65536;
+
+    /// The int8 kernel this choice runs on this CPU for keys `d` wide, and the stored keys
+    /// from which a search uses it; `None`: f32.
+    pub(crate) fn plan(self, d: usize) -> Option<(crate::int8::Kernel, usize)> {
+        use crate::int8::{Kernel, MAX_D};
+        if d > MAX_D {
+            return None;
+        }
+        match self {
+            HostScoring::F32 => None,
+            HostScoring::Int8 => Some((Kernel::detect().unwrap_or(Kernel::Portable), 0)),
+            HostScoring::Auto => Kernel::detect().map(|k| (k, Self::AUTO_INT8_FROM)),
+        }
+    }
+}
+
+impl std::str::FromStr for HostScoring {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f32" => Ok(HostScoring::F32),
+            "int8" => Ok(HostScoring::Int8),
+            "auto" => Ok(HostScoring::Auto),
+            other => Err(format!(
+                "unknown host scoring `{other}`: expected f32, int8 or auto"
+            )),
+        }
+    }
+}
+
 /// What a memory does when an add would take a (row, kv head) store above `max_memories`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -142,6 +196,10 @@ pub struct KnnMemoryConfig {
     /// Exact backend: where top-k is selected. Default: `auto`.
     #[config(default = "TopkPlacement::Auto")]
     pub topk: TopkPlacement,
+    /// Exact backend on the host: how the keys are scored. Default: `auto` (int8 first where
+    /// the CPU has AVX-512 VNNI).
+    #[config(default = "HostScoring::Auto")]
+    pub scoring: HostScoring,
     /// What happens when a row is full. Default: `evict` (the oldest pairs go first).
     #[config(default = "WhenFull::Evict")]
     pub when_full: WhenFull,
@@ -182,6 +240,13 @@ impl KnnMemoryConfig {
                 "n_kv_heads ({}) must divide n_heads ({})",
                 self.kv_heads(),
                 self.n_heads
+            ));
+        }
+        if self.scoring == HostScoring::Int8 && self.d_head > crate::int8::MAX_D {
+            return bad(format!(
+                "scoring int8 takes d_head up to {}, got {}",
+                crate::int8::MAX_D,
+                self.d_head
             ));
         }
         if self.hnsw.connectivity < 2 {

@@ -58,7 +58,12 @@ impl ExactIndex {
             TopkPlacement::Auto => memzoo_backend::is_host_cpu(device),
         };
         let store = if host {
-            Store::Host(HostStore::new(batch, config.kv_heads(), config.d_head))
+            Store::Host(HostStore::new(
+                batch,
+                config.kv_heads(),
+                config.d_head,
+                config.scoring.plan(config.d_head),
+            ))
         } else {
             Store::Device {
                 keys: None,
@@ -83,6 +88,7 @@ impl ExactIndex {
                     b,
                     h,
                     d,
+                    config.scoring.plan(config.d_head),
                     snap.slots,
                     snap.keys,
                     snap.values,

@@ -92,11 +92,12 @@ pub mod error;
 pub mod exact;
 pub mod hnsw;
 pub(crate) mod host;
+pub(crate) mod int8;
 pub mod keys;
 pub mod persist;
 pub mod reset;
 
-pub use config::{HnswConfig, IndexKind, KnnMemoryConfig, TopkPlacement, WhenFull};
+pub use config::{HnswConfig, HostScoring, IndexKind, KnnMemoryConfig, TopkPlacement, WhenFull};
 pub use error::MemoryError;
 pub use exact::ExactIndex;
 pub use hnsw::UsearchIndex;

@@ -328,6 +328,15 @@ fn bad_shapes_and_configs_are_errors() {
     let err = config(IndexKind::Hnsw, 2, 0, 8).init(1, &dev).unwrap_err();
     assert!(err.to_string().contains("d_head"), "{err}");
     assert!(config(IndexKind::Exact, 2, 4, 0).init(1, &dev).is_err());
+    let err = config(IndexKind::Exact, 2, 256, 8)
+        .with_scoring(HostScoring::Int8)
+        .init(1, &dev)
+        .unwrap_err();
+    assert!(err.to_string().contains("256"), "{err}");
+    // `auto` falls back to f32 for such heads.
+    assert!(config(IndexKind::Exact, 2, 256, 8).init(1, &dev).is_ok());
+    assert_eq!("int8".parse::<HostScoring>(), Ok(HostScoring::Int8));
+    assert!("int4".parse::<HostScoring>().unwrap_err().contains("int4"));
 }
 
 #[test]
@@ -627,9 +636,14 @@ fn grouped_exact_search_equals_naive_per_query_head() {
             v[2] = i as f32;
         }
         let queries = clustered_keys(b * t * h, d, 0, 0.0, 31 + kv as u64);
-        for topk in [TopkPlacement::Host, TopkPlacement::Device] {
+        for (topk, scoring) in [
+            (TopkPlacement::Host, HostScoring::F32),
+            (TopkPlacement::Host, HostScoring::Int8),
+            (TopkPlacement::Device, HostScoring::Auto),
+        ] {
             let mut index = grouped(IndexKind::Exact, h, kv, d, 512)
                 .with_topk(topk)
+                .with_scoring(scoring)
                 .init(b, &dev)
                 .unwrap();
             index
@@ -647,7 +661,7 @@ fn grouped_exact_search_equals_naive_per_query_head() {
             let mask = r.mask.into_data().try_into_vec::<bool>().unwrap();
             assert!(
                 mask.iter().all(|&m| !m),
-                "kv {kv} {topk:?}: every slot found"
+                "kv {kv} {topk:?} {scoring:?}: every slot found"
             );
             for row in 0..b {
                 for head in 0..h {
@@ -659,7 +673,8 @@ fn grouped_exact_search_equals_naive_per_query_head() {
                         for (j, &slot) in want.iter().enumerate() {
                             let o = (((row * t + ti) * h + head) * k + j) * d;
                             let at = format!(
-                                "kv {kv} {topk:?} row {row} head {head} query {ti} rank {j}"
+                                "kv {kv} {topk:?} {scoring:?} row {row} head {head} query \
+                                 {ti} rank {j}"
                             );
                             assert_eq!(rv[o] as usize, row, "{at}: row");
                             assert_eq!(rv[o + 1] as usize, g, "{at}: kv head");
@@ -931,4 +946,103 @@ fn hnsw_levels_after_open_are_those_of_the_saved_memory() {
         retrieved_ids(&index.search(q.clone(), 9).unwrap()),
         retrieved_ids(&opened.search(q, 9).unwrap())
     );
+}
+
+/// The int8 scan (`crate::int8`) against a full sort of f64 scores: at every rank the f64
+/// top-k's score within 2e-6, from a slot of that score, best first, exact ties by slot. Keys and queries: unit
+/// vectors (isotropic and clustered, as the kNN layer's normalised keys), unnormalised ones,
+/// one cluster so tight that the int8 scores cannot rank it, widths that are not a multiple
+/// of 4, a store that is not a multiple of the scan's 32
+/// slots, duplicated keys (exact ties), a zero query (every score tied) and k above the
+/// store. The portable loop, and the VNNI kernel where the CPU has it, which must agree
+/// bit for bit.
+#[test]
+fn int8_scan_equals_a_full_sort_per_query() {
+    use crate::int8::{Int8Keys, Kernel, Scan};
+    let kernels: Vec<Kernel> = [Some(Kernel::Portable), Kernel::detect()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let cases: [(&str, usize, usize, usize, usize, f32, usize); 7] = [
+        // name, d, stored, k, clusters, spread, duplicates (0: none)
+        ("isotropic 32", 32, 3001, 32, 0, 0.0, 0),
+        ("clustered 32", 32, 4096, 32, 8, 0.3, 0),
+        // Scores closer together than the int8 error: only the bound keeps the right keys.
+        ("one tight cluster", 32, 2000, 32, 1, 0.02, 0),
+        ("clustered 7", 7, 500, 5, 4, 0.5, 0),
+        ("isotropic 64", 64, 777, 40, 0, 0.0, 0),
+        ("duplicates 16", 16, 1000, 32, 0, 0.0, 37),
+        ("k above the store", 32, 20, 32, 0, 0.0, 0),
+    ];
+    for (case, (name, d, n, k, clusters, spread, dups)) in cases.into_iter().enumerate() {
+        let seed = 100 + 2 * case as u64;
+        let mut keys = clustered_keys(n, d, clusters, spread, seed);
+        if dups > 0 {
+            // Slot i holds key i % dups: every score is tied with others.
+            for i in dups..n {
+                let (src, dst) = keys.split_at_mut(i * d);
+                dst[..d].copy_from_slice(&src[(i % dups) * d..(i % dups + 1) * d]);
+            }
+        }
+        // Every third key scaled by 3 (not unit).
+        for key in keys.chunks_mut(d).step_by(3) {
+            key.iter_mut().for_each(|x| *x *= 3.0);
+        }
+        let mut queries = clustered_keys(37, d, clusters, spread, seed + 1);
+        queries[..d].iter_mut().for_each(|x| *x *= 5.0);
+        queries[d..2 * d].iter_mut().for_each(|x| *x = 0.0);
+        let kk = k.min(n);
+        let mut found = Vec::new();
+        for &kernel in &kernels {
+            // The keys in the second of two stores.
+            let mut int8 = Int8Keys::new(kernel, 2, d);
+            int8.grow(n);
+            for (slot, key) in keys.chunks(d).enumerate() {
+                int8.write(0, slot, &vec![1.0; d]);
+                int8.write(1, slot, key);
+            }
+            let mut scan = Scan::default();
+            int8.top_k(1, n, &keys, &queries, kk, &mut scan);
+            for (r, q) in queries.chunks(d).enumerate() {
+                let mut want: Vec<(f64, usize)> = keys
+                    .chunks(d)
+                    .enumerate()
+                    .map(|(i, key)| {
+                        (
+                            key.iter().zip(q).map(|(a, b)| *a as f64 * *b as f64).sum(),
+                            i,
+                        )
+                    })
+                    .collect();
+                want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                let got = &scan.rows[r];
+                let at = format!("{name}, {kernel:?}, query {r}");
+                assert_eq!(got.len(), kk, "{at}: count");
+                // Rank by rank, the f64 top-k's score; each slot's own f64 score; no slot
+                // twice. (Scores within 2e-6 may swap between f32 and f64.)
+                let mut seen = std::collections::HashSet::new();
+                for (j, (c, w)) in got.iter().zip(&want).enumerate() {
+                    let own = want.iter().find(|x| x.1 == c.1 as usize).unwrap().0;
+                    assert!(
+                        (c.0 as f64 - w.0).abs() < 2e-6 && (c.0 as f64 - own).abs() < 2e-6,
+                        "{at}, rank {j}: slot {} scored {} (f64 {own}), the f64 top-k's {}",
+                        c.1,
+                        c.0,
+                        w.0
+                    );
+                    assert!(seen.insert(c.1), "{at}: slot {} twice", c.1);
+                }
+                if dups > 0 || r == 1 {
+                    // Exact ties: by slot.
+                    let slots: Vec<usize> = got.iter().map(|c| c.1 as usize).collect();
+                    let want_slots: Vec<usize> = want[..kk].iter().map(|c| c.1).collect();
+                    assert_eq!(slots, want_slots, "{at}: ties by slot");
+                }
+            }
+            found.push(scan.rows.clone());
+        }
+        for other in &found[1..] {
+            assert_eq!(other, &found[0], "{name}: the kernels disagree");
+        }
+    }
 }

@@ -383,6 +383,7 @@ impl XlConfig {
             .with_kind(self.knn.index)
             .with_auto_crossover(self.knn.auto_crossover)
             .with_hnsw(self.knn.hnsw.clone())
+            .with_scoring(self.knn.scoring)
     }
 
     /// kNN layers: T5 local attention (the model's `positions` when they are T5, else T5's

@@ -3,7 +3,7 @@
 
 use burn::config::Config;
 use memzoo_knn::KnnMixing;
-use memzoo_memory::{HnswConfig, IndexKind, WhenFull};
+use memzoo_memory::{HnswConfig, HostScoring, IndexKind, WhenFull};
 use memzoo_relative::PositionKind;
 use serde::{Deserialize, Serialize};
 
@@ -195,6 +195,11 @@ pub struct KnnLayerConfig {
     /// HNSW parameters. Default: connectivity 32, expansion_add 64, expansion_search by size.
     #[config(default = "HnswConfig::new()")]
     pub hnsw: HnswConfig,
+    /// How exact search scores the keys in host memory (CPU devices): `f32`, `int8` (an int8
+    /// pass, then f32 for the keys that may reach the top-k: the same top-k) or `auto` (int8
+    /// where the CPU has AVX-512 VNNI). Default: auto.
+    #[config(default = "HostScoring::Auto")]
+    pub scoring: HostScoring,
     /// Initial temperature of the normalised scores. Default: 20.
     #[config(default = 20.0)]
     pub attn_scale_init: f64,
