@@ -1046,3 +1046,37 @@ fn int8_scan_equals_a_full_sort_per_query() {
         }
     }
 }
+
+/// Non-finite keys in the int8 scan: as in the f32 search, a key whose score is +inf ranks
+/// first, a NaN score is never kept; every other slot keeps its f32 rank.
+#[test]
+fn int8_scan_scores_non_finite_keys_in_f32() {
+    use crate::int8::{Int8Keys, Kernel, Scan};
+    let (d, n, k) = (8, 100, 3);
+    let mut keys = clustered_keys(n, d, 0, 0.0, 7);
+    keys[40 * d] = f32::INFINITY;
+    keys[70 * d + 1] = f32::NAN;
+    let query: Vec<f32> = (0..d).map(|i| if i == 0 { 1.0 } else { 0.1 }).collect();
+    for kernel in [Some(Kernel::Portable), Kernel::detect()]
+        .into_iter()
+        .flatten()
+    {
+        let mut int8 = Int8Keys::new(kernel, 1, d);
+        int8.grow(n);
+        for (slot, key) in keys.chunks(d).enumerate() {
+            int8.write(0, slot, key);
+        }
+        let mut scan = Scan::default();
+        int8.top_k(0, n, &keys, &query, k, &mut scan);
+        let mut finite: Vec<(f32, usize)> = keys
+            .chunks(d)
+            .enumerate()
+            .filter(|(i, _)| ![40, 70].contains(i))
+            .map(|(i, key)| (key.iter().zip(&query).map(|(a, b)| a * b).sum(), i))
+            .collect();
+        finite.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let slots: Vec<usize> = scan.rows[0].iter().map(|c| c.1 as usize).collect();
+        assert_eq!(slots, vec![40, finite[0].1, finite[1].1], "{kernel:?}");
+        assert_eq!(scan.rows[0][0].0, f32::INFINITY);
+    }
+}
