@@ -119,8 +119,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_peers: bool,
     /// `scale`'s Memorizing curve: the kNN indexes measured at each store size
-    /// (comma-separated: `exact`, `hnsw` with the expansion chosen by size, `hnsw<ef>` with a
-    /// fixed expansion `ef`, e.g. `hnsw32`; default: exact, hnsw, hnsw64).
+    /// (comma-separated: `exact`, `exactf32` / `exactint8` (exact search scored that way on
+    /// the host; `exact`: the default, `auto`), `hnsw` with the expansion chosen by size,
+    /// `hnsw<ef>` with a fixed expansion `ef`, e.g. `hnsw32`; default: exact, hnsw, hnsw64).
     #[arg(long, value_delimiter = ',')]
     pub index_kinds: Option<Vec<String>>,
     /// `quality`: the seed of both sides (initialisation, data order, dropout). Default: 0.
