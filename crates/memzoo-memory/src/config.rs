@@ -79,9 +79,15 @@ impl HostScoring {
     /// int8 7% slower at 32,768, level at 65,536, 13% faster at 131,072, 27-30% at 262,144.
     pub const AUTO_INT8_FROM: usize = 65536;
 
-    /// The int8 kernel this choice runs on this CPU for keys `d` wide, and the stored keys
-    /// from which a search uses it; `None`: f32.
-    pub(crate) fn plan(self, d: usize) -> Option<(crate::int8::Kernel, usize)> {
+    /// The int8 kernel this choice runs on this CPU for keys `d` wide in stores of at most
+    /// `max_memories`, and the stored keys from which a search uses it; `None`: f32 (and no
+    /// int8 copy of the keys: `auto` keeps none for stores that never reach
+    /// [`AUTO_INT8_FROM`](Self::AUTO_INT8_FROM)).
+    pub(crate) fn plan(
+        self,
+        d: usize,
+        max_memories: usize,
+    ) -> Option<(crate::int8::Kernel, usize)> {
         use crate::int8::{Kernel, MAX_D};
         if d > MAX_D {
             return None;
@@ -89,6 +95,7 @@ impl HostScoring {
         match self {
             HostScoring::F32 => None,
             HostScoring::Int8 => Some((Kernel::detect().unwrap_or(Kernel::Portable), 0)),
+            HostScoring::Auto if max_memories < Self::AUTO_INT8_FROM => None,
             HostScoring::Auto => Kernel::detect().map(|k| (k, Self::AUTO_INT8_FROM)),
         }
     }

@@ -62,7 +62,7 @@ impl ExactIndex {
                 batch,
                 config.kv_heads(),
                 config.d_head,
-                config.scoring.plan(config.d_head),
+                config.scoring.plan(config.d_head, config.max_memories),
             ))
         } else {
             Store::Device {
@@ -88,7 +88,7 @@ impl ExactIndex {
                     b,
                     h,
                     d,
-                    config.scoring.plan(config.d_head),
+                    config.scoring.plan(config.d_head, config.max_memories),
                     snap.slots,
                     snap.keys,
                     snap.values,

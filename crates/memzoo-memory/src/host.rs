@@ -50,6 +50,8 @@ pub(crate) struct HostStore {
     /// The keys again in int8 for the search's first pass (`crate::int8`), used by a search
     /// once a store holds `int8_from` keys; `None`: every key scored in f32 by a GEMM.
     pub int8: Option<Int8Keys>,
+    /// Keys in the fullest store from which a search scores in int8 (`usize::MAX` without
+    /// an int8 copy).
     pub int8_from: usize,
 }
 
@@ -291,15 +293,13 @@ impl HostStore {
         top.start(n_rows, kk);
         for c0 in (0..filled).step_by(KEY_CHUNK) {
             let c = KEY_CHUNK.min(filled - c0);
-            // S = Q Kᵀ for this block, kv head and chunk of keys: [m group, d] x
-            // [d, c], written column-major (`scores[j * n_rows + r]`). With a
-            // row-major output `gemm` transposes the problem and packs every key
-            // again for each block of queries; column-major, it reads the keys
-            // where they are.
-            // SAFETY: every pointer/stride pair stays inside its slice: the
-            // n_rows x d packed queries, slots c0..c0 + c of store (b, g) (within
-            // the `filled` written ones) read as a d x c matrix, and the
-            // n_rows x KEY_CHUNK buffer sized above.
+            // S = Q Kᵀ for this block, kv head and chunk of keys: [n_rows, d] x [d, c],
+            // written column-major (`scores[j * n_rows + r]`). With a row-major output `gemm`
+            // transposes the problem and packs every key again for each block of queries;
+            // column-major, it reads the keys where they are.
+            // SAFETY: every pointer/stride pair stays inside its slice: the n_rows x d packed
+            // queries, slots c0..c0 + c of the store at `store` (within the `filled` written
+            // ones) read as a d x c matrix, and the n_rows x KEY_CHUNK buffer sized above.
             unsafe {
                 gemm::gemm(
                     n_rows,

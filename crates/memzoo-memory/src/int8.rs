@@ -149,7 +149,7 @@ impl Int8Keys {
         for g in 0..self.groups {
             for b in 0..4 {
                 let x = key.get(4 * g + b).copied().unwrap_or(0.0);
-                let v = ((x * inv).round() as i32).clamp(-127, 127);
+                let v = quantise(x * inv);
                 let dequantised = v as f32 * scale;
                 err += (x - dequantised) * (x - dequantised);
                 hat += dequantised * dequantised;
@@ -325,7 +325,7 @@ impl Scan {
                 let mut word = [0u8; 4];
                 for (b, byte) in word.iter_mut().enumerate() {
                     let x = q.get(4 * g + b).copied().unwrap_or(0.0);
-                    let v = ((x * inv).round() as i32).clamp(-127, 127);
+                    let v = quantise(x * inv);
                     let e = x - v as f32 * sq;
                     err += e * e;
                     norm += x * x;
@@ -381,6 +381,14 @@ impl Scan {
             keep_best(row, self.k);
         }
     }
+}
+
+/// `y` (`|y| <= 127`) rounded to an integer, half away from zero up to the rounding of
+/// `y ± 0.5`: a conversion instead of `f32::round`'s call (this crate's baseline target has no
+/// rounding instruction). Any integer near `y` would do: the bounds use the error of the
+/// value chosen.
+fn quantise(y: f32) -> i32 {
+    ((y + 0.5f32.copysign(y)) as i32).clamp(-127, 127)
 }
 
 /// `a·b` in f32, in eight interleaved partial sums (the same order on every CPU).
