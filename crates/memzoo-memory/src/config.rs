@@ -67,7 +67,10 @@ pub enum HostScoring {
     /// than `f32` (for tests). Heads up to 128 wide.
     Int8,
     /// `int8` where the CPU has AVX-512 VNNI and a store holds at least
-    /// [`HostScoring::AUTO_INT8_FROM`] keys, `f32` elsewhere.
+    /// [`HostScoring::AUTO_INT8_FROM`] keys, `f32` elsewhere; and `f32` for the next 8
+    /// searches of a memory whose int8 search scored more than 2% of its keys again in f32
+    /// (queries with many keys about as close as their k-th best, where the f32 GEMM is
+    /// faster).
     #[default]
     Auto,
 }
@@ -79,24 +82,27 @@ impl HostScoring {
     /// int8 7% slower at 32,768, level at 65,536, 13% faster at 131,072, 27-30% at 262,144.
     pub const AUTO_INT8_FROM: usize = 65536;
 
-    /// The int8 kernel this choice runs on this CPU for keys `d` wide in stores of at most
-    /// `max_memories`, and the stored keys from which a search uses it; `None`: f32 (and no
-    /// int8 copy of the keys: `auto` keeps none for stores that never reach
-    /// [`AUTO_INT8_FROM`](Self::AUTO_INT8_FROM)).
-    pub(crate) fn plan(
-        self,
-        d: usize,
-        max_memories: usize,
-    ) -> Option<(crate::int8::Kernel, usize)> {
-        use crate::int8::{Kernel, MAX_D};
+    /// How a host store `d` wide of at most `max_memories` keys per store scores with this
+    /// choice on this CPU; `None`: f32 (and no int8 copy of the keys: `auto` keeps none for
+    /// stores that never reach [`AUTO_INT8_FROM`](Self::AUTO_INT8_FROM)).
+    pub(crate) fn plan(self, d: usize, max_memories: usize) -> Option<crate::int8::Plan> {
+        use crate::int8::{Kernel, MAX_D, Plan};
         if d > MAX_D {
             return None;
         }
         match self {
             HostScoring::F32 => None,
-            HostScoring::Int8 => Some((Kernel::detect().unwrap_or(Kernel::Portable), 0)),
+            HostScoring::Int8 => Some(Plan {
+                kernel: Kernel::detect().unwrap_or(Kernel::Portable),
+                from: 0,
+                adaptive: false,
+            }),
             HostScoring::Auto if max_memories < Self::AUTO_INT8_FROM => None,
-            HostScoring::Auto => Kernel::detect().map(|k| (k, Self::AUTO_INT8_FROM)),
+            HostScoring::Auto => Kernel::detect().map(|kernel| Plan {
+                kernel,
+                from: Self::AUTO_INT8_FROM,
+                adaptive: true,
+            }),
         }
     }
 }

@@ -13,10 +13,12 @@
 //! memory, copy of the scores to the host, index tensors, gather, permute, mask fill), each of
 //! which streamed the full score matrix or the `[.., k, d]` result through memory.
 
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
 use rayon::prelude::*;
 
 use crate::RowState;
-use crate::int8::{Int8Keys, Kernel, Scan};
+use crate::int8::{Int8Keys, Plan, Scan};
 
 /// Query rows scored together against one (row, kv head) store (with grouped heads, a
 /// block's tokens times the group's query heads).
@@ -26,6 +28,34 @@ const QUERY_BLOCK: usize = 64;
 /// from L1 by all of them (16 KiB of int8 queries). 512 against 256: 0.482 -> 0.462 s a
 /// Memorizing-small step at 262,144 keys on the 2-core Zen 5.
 const INT8_QUERY_BLOCK: usize = 512;
+
+/// With `auto` scoring, the share of (query, key) pairs an int8 search may score again in f32
+/// before the next searches go to f32. The f32 GEMM search costs about 2 cycles per pair on
+/// the 2-core Zen 5, the int8 scan 0.5 plus about 50 per pair scored again: even at about 3%.
+/// Measured: the Memorizing-small steps of `bench scale` score 0.25% again at 262,144 keys
+/// (int8 37% faster), its held-out search (the text's next keys as queries, many keys as close
+/// as their k-th best) 4% (int8 15-20% slower).
+const INT8_MAX_RESCORED: f64 = 0.02;
+
+/// Searches scored in f32 after an int8 search over [`INT8_MAX_RESCORED`], before int8 is
+/// tried again.
+const INT8_REST: u32 = 8;
+
+/// Searches left to score in f32 before int8 is tried again (adaptive plans only).
+#[derive(Debug, Default)]
+pub(crate) struct Int8Rest(AtomicU32);
+
+impl Clone for Int8Rest {
+    fn clone(&self) -> Self {
+        Self(AtomicU32::new(self.0.load(Ordering::Relaxed)))
+    }
+}
+
+impl Int8Rest {
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 /// Stored keys scored at once: a `QUERY_BLOCK x KEY_CHUNK` score block (2 MiB) is read for
 /// its top-k candidates right after the product writes it, so the scores of a whole store
@@ -47,12 +77,11 @@ pub(crate) struct HostStore {
     pub alloc: usize,
     pub keys: Vec<f32>,
     pub values: Vec<f32>,
-    /// The keys again in int8 for the search's first pass (`crate::int8`), used by a search
-    /// once a store holds `int8_from` keys; `None`: every key scored in f32 by a GEMM.
-    pub int8: Option<Int8Keys>,
-    /// Keys in the fullest store from which a search scores in int8 (`usize::MAX` without
-    /// an int8 copy).
-    pub int8_from: usize,
+    /// The keys again in int8 for the search's first pass (`crate::int8`), used as `plan`
+    /// says; `None`: every key scored in f32 by a GEMM.
+    pub int8: Option<(Int8Keys, Plan)>,
+    /// Adaptive plans: searches left in f32.
+    pub int8_rest: Int8Rest,
 }
 
 /// What a search returns on the host: keys and values `[batch, tokens, heads, k, d]`, best
@@ -64,9 +93,8 @@ pub(crate) struct HostHits {
 }
 
 impl HostStore {
-    /// An empty store; with `int8 = Some((kernel, from))`, searched with an int8 first pass
-    /// by that kernel once a store holds `from` keys.
-    pub fn new(batch: usize, heads: usize, d: usize, int8: Option<(Kernel, usize)>) -> Self {
+    /// An empty store; with `int8`, searched with an int8 first pass as it says.
+    pub fn new(batch: usize, heads: usize, d: usize, int8: Option<Plan>) -> Self {
         Self {
             batch,
             heads,
@@ -74,8 +102,8 @@ impl HostStore {
             alloc: 0,
             keys: Vec::new(),
             values: Vec::new(),
-            int8: int8.map(|(kernel, _)| Int8Keys::new(kernel, batch * heads, d)),
-            int8_from: int8.map_or(usize::MAX, |(_, from)| from),
+            int8: int8.map(|plan| (Int8Keys::new(plan.kernel, batch * heads, d), plan)),
+            int8_rest: Int8Rest::default(),
         }
     }
 
@@ -85,7 +113,7 @@ impl HostStore {
         batch: usize,
         heads: usize,
         d: usize,
-        int8: Option<(Kernel, usize)>,
+        int8: Option<Plan>,
         slots: usize,
         keys: Vec<f32>,
         values: Vec<f32>,
@@ -94,7 +122,7 @@ impl HostStore {
         store.alloc = slots;
         store.keys = keys;
         store.values = values;
-        if let Some(q) = &mut store.int8 {
+        if let Some((q, _)) = &mut store.int8 {
             q.grow(slots);
             for (s, key) in store.keys.chunks_exact(d).enumerate() {
                 q.write(s / slots, s % slots, key);
@@ -124,7 +152,7 @@ impl HostStore {
         self.keys = regrow(&self.keys);
         self.values = regrow(&self.values);
         self.alloc = new;
-        if let Some(q) = &mut self.int8 {
+        if let Some((q, _)) = &mut self.int8 {
             q.grow(new);
         }
     }
@@ -147,7 +175,7 @@ impl HostStore {
             let dst = self.offset(b, h, slot);
             self.keys[dst..dst + d].copy_from_slice(&keys[src..src + d]);
             self.values[dst..dst + d].copy_from_slice(&values[src..src + d]);
-            if let Some(q) = &mut self.int8 {
+            if let Some((q, _)) = &mut self.int8 {
                 q.write(b * h_n + h, slot, &keys[src..src + d]);
             }
         }
@@ -192,8 +220,7 @@ impl HostStore {
         };
         // About QUERY_BLOCK score rows per GEMM (INT8_QUERY_BLOCK per int8 scan), whatever
         // the group size.
-        let most = rows.iter().map(|r| r.len).max().unwrap_or(0);
-        let int8 = self.int8.as_ref().filter(|_| most >= self.int8_from);
+        let int8 = self.int8_for(rows);
         let rows_per_task = match int8 {
             Some(_) => INT8_QUERY_BLOCK,
             None => QUERY_BLOCK,
@@ -219,6 +246,8 @@ impl HostStore {
                 (ks, vs, es) = (k1, v1, e1);
             }
         }
+        // (query, key) pairs scored in int8, and again in f32.
+        let (scored, rescored) = (AtomicUsize::new(0), AtomicUsize::new(0));
         tasks.into_par_iter().zip(outs).for_each_init(
             || {
                 (
@@ -251,6 +280,8 @@ impl HostStore {
                         Some(int8) => {
                             let keys = &self.keys[store..store + filled * d];
                             int8.top_k(b * hk + g, filled, keys, packed, kk, scan);
+                            scored.fetch_add(n_rows * filled, Ordering::Relaxed);
+                            rescored.fetch_add(scan.rescored, Ordering::Relaxed);
                             &scan.rows
                         }
                         None => {
@@ -271,7 +302,29 @@ impl HostStore {
                 }
             },
         );
+        if int8.is_some() && self.int8.as_ref().is_some_and(|(_, plan)| plan.adaptive) {
+            let share = rescored.into_inner() as f64 / scored.into_inner().max(1) as f64;
+            if share > INT8_MAX_RESCORED {
+                self.int8_rest.0.store(INT8_REST, Ordering::Relaxed);
+            }
+        }
         hits
+    }
+
+    /// The int8 copy a search of `rows` scores with, if any: once the fullest store holds
+    /// the plan's `from` keys, unless an adaptive plan rests (one search of its rest is used
+    /// up here).
+    fn int8_for(&self, rows: &[RowState]) -> Option<&Int8Keys> {
+        let (int8, plan) = self.int8.as_ref()?;
+        if rows.iter().map(|r| r.len).max().unwrap_or(0) < plan.from {
+            return None;
+        }
+        let rest = self.int8_rest.get();
+        if plan.adaptive && rest > 0 {
+            self.int8_rest.0.store(rest - 1, Ordering::Relaxed);
+            return None;
+        }
+        Some(int8)
     }
 
     /// The top `kk` of the first `filled` slots of the store at `store` for the `n_rows`

@@ -65,6 +65,17 @@ impl Kernel {
     }
 }
 
+/// How a host store uses int8 scoring ([`crate::HostScoring::plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub kernel: Kernel,
+    /// Keys in the fullest store from which a search scores in int8.
+    pub from: usize,
+    /// Whether a search that scores too many keys again in f32 sends the next ones to f32
+    /// (`crate::host::Int8Rest`).
+    pub adaptive: bool,
+}
+
 /// The int8 copy of a host store's keys: per (row, kv head) store, `alloc` slots in tiles
 /// `[alloc / 16, groups, 16 keys, 4 bytes]`, each slot's scale, error and norm, and each
 /// pair of tiles' bound factors.
@@ -286,6 +297,8 @@ pub(crate) struct Scan {
     heaps: Vec<BinaryHeap<Reverse<Candidate>>>,
     /// Per query, after the scan: its best `k` (f32 score, slot), best first.
     pub rows: Vec<Vec<(f32, u32)>>,
+    /// (query, key) pairs scored again in f32 by the last scan.
+    pub rescored: usize,
     k: usize,
 }
 
@@ -306,6 +319,7 @@ impl Scan {
         self.qpack.resize(n_pad * groups, 0);
         self.qoff.clear();
         self.qoff.resize(n_pad, 0);
+        self.rescored = 0;
         self.heaps.resize_with(n, BinaryHeap::new);
         self.heaps.truncate(n);
         for heap in &mut self.heaps {
@@ -418,6 +432,7 @@ fn offer_lanes(
     mut mask: u16,
 ) {
     let d = store.d;
+    scan.rescored += mask.count_ones() as usize;
     while mask != 0 {
         let slot = first + mask.trailing_zeros() as usize;
         mask &= mask - 1;

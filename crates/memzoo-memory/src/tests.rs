@@ -1080,3 +1080,59 @@ fn int8_scan_scores_non_finite_keys_in_f32() {
         assert_eq!(scan.rows[0][0].0, f32::INFINITY);
     }
 }
+
+/// `auto` scoring sends the next 8 searches of a store to f32 after an int8 search that
+/// scored more than 2% of its (query, key) pairs again in f32 (one cluster so tight that every
+/// key is as close as the k-th best), and keeps int8 where few are (isotropic keys); every
+/// search equals the naive top-k. Needs AVX-512 VNNI (elsewhere `auto` is f32 throughout).
+#[test]
+fn auto_scoring_rests_int8_where_it_rescored_too_much() {
+    use crate::host::HostStore;
+    let Some(plan) = HostScoring::Auto.plan(16, 1 << 16) else {
+        return;
+    };
+    let (d, n, t, k) = (16, 1 << 16, 8, 4);
+    for (clusters, spread, rests) in [(1, 0.002, true), (0, 0.0, false)] {
+        let keys = clustered_keys(n, d, clusters, spread, 11);
+        let mut store = HostStore::new(1, 1, d, Some(plan));
+        store.grow(n);
+        for slot in 0..n {
+            store.write(&keys, &keys, n, 0, slot, slot);
+        }
+        let rows = [RowState { len: n, next: 0 }];
+        let queries = clustered_keys(t, d, clusters, spread, 12);
+        for search in 0..3 {
+            let hits = store.search(&rows, &queries, t, 1, k);
+            for (ti, q) in queries.chunks(d).enumerate() {
+                let want = naive_topk(&keys, q, d, k);
+                let got: Vec<usize> = (0..k)
+                    .map(|j| {
+                        let key = &hits.keys[(ti * k + j) * d..(ti * k + j + 1) * d];
+                        keys.chunks(d).position(|c| c == key).unwrap()
+                    })
+                    .collect();
+                // Compare scores (near-ties may swap between orders of summation).
+                let score = |i: usize| -> f32 {
+                    keys[i * d..(i + 1) * d]
+                        .iter()
+                        .zip(q)
+                        .map(|(a, b)| a * b)
+                        .sum()
+                };
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (score(*g) - score(*w)).abs() < 1e-6,
+                        "search {search}, query {ti}"
+                    );
+                }
+            }
+            let rest = store.int8_rest.get();
+            if rests {
+                // The first search rested int8; each later one uses up one search of it.
+                assert_eq!(rest, 8 - search as u32, "tight cluster, search {search}");
+            } else {
+                assert_eq!(rest, 0, "isotropic keys, search {search}");
+            }
+        }
+    }
+}
