@@ -197,7 +197,8 @@ pub struct KnnLayerConfig {
     pub hnsw: HnswConfig,
     /// How exact search scores the keys in host memory (CPU devices): `f32`, `int8` (an int8
     /// pass, then f32 for the keys that may reach the top-k: the same top-k) or `auto` (int8
-    /// where the CPU has AVX-512 VNNI). Default: auto.
+    /// from 65,536 keys per store where the CPU has AVX-512 VNNI, resting after searches
+    /// where it paid less; see `memzoo_memory::HostScoring`). Default: auto.
     #[config(default = "HostScoring::Auto")]
     pub scoring: HostScoring,
     /// Initial temperature of the normalised scores. Default: 20.
