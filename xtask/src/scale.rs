@@ -670,7 +670,9 @@ fn memorizing_point(
     // keys (exact search's is 1).
     let held_out = |states: &[XlState]| {
         let t = std::time::Instant::now();
-        let found = states[0].knn[0].search(q0.clone(), k).map_err(|e| e.to_string())?;
+        let found = states[0].knn[0]
+            .search(q0.clone(), k)
+            .map_err(|e| e.to_string())?;
         Ok::<_, String>((found, t.elapsed().as_secs_f64()))
     };
     let (mut search_s, mut recall_at_k) = (0.0, 1.0);
