@@ -4,28 +4,34 @@
 //! error bound, can still reach a query's k best scored again in f32. The result is the f32
 //! search's: the same keys, best first by their f32 scores, ties by slot.
 //!
-//! **The bound.** A key is stored as `k̂ = s_k round(k / s_k)` with `s_k = max_i |k_i| / 127`,
-//! a query taken as `q̂ = s_q round(q / s_q)`, `s_q = max_i |q_i| / 127`; so
-//! `|k_i − k̂_i| ≤ s_k / 2`, `|q_i − q̂_i| ≤ s_q / 2`, and
+//! **The bound.** Keys are stored in blocks of 64 slots, each with one scale
+//! `s_b = max |k_i| / 127` over the block's keys, as `k̂ = s_b round(k / s_b)`; a query is
+//! taken as `q̂ = s_q round(q / s_q)`, `s_q = max_i |q_i| / 127`. So
+//! `|k_i − k̂_i| ≤ s_b / 2`, `|q_i − q̂_i| ≤ s_q / 2`, and
 //!
 //! ```text
 //! |q·k − q̂·k̂| = |q·(k − k̂) + (q − q̂)·k̂| ≤ ‖q‖₂ ‖k − k̂‖₂ + ‖q − q̂‖₂ ‖k̂‖₂     (Cauchy-Schwarz)
 //! ```
 //!
-//! where `‖k − k̂‖₂` and `‖k̂‖₂` are measured when a key is stored (their largest over each
-//! pair of tiles, 32 slots, is kept) and `‖q‖₂`, `‖q − q̂‖₂` when a query is packed; plus the
-//! roundings of the f32 scores (in [`threshold`]). A key whose int8 score `q̂·k̂` is below
-//! `F − E`, where `F` is the k-th best f32 score among the keys scored so far (at most the
-//! final k-th best) and `E` that bound, has `q·k < F` and cannot be among the k best. (The
-//! rounding errors are at most `s/2` per component, so `E` is about `(‖q‖₂ s_k + s_q) √d / 2`
-//! at worst and `√(d/12)` times the scales on average.)
+//! where `‖k − k̂‖₂` and `‖k̂‖₂` are measured when a key is stored (their largest over the
+//! block is kept) and `‖q‖₂`, `‖q − q̂‖₂` when a query is packed; plus the roundings of the
+//! f32 scores (in [`Thresholds`]). A key whose int8 score `q̂·k̂` is below `F − E`, where `F`
+//! is the k-th best f32 score among the keys scored so far (at most the final k-th best) and
+//! `E` that bound, has `q·k < F` and cannot be among the k best.
 //!
-//! **The int8 product.** VNNI's `vpdpbusd` multiplies unsigned by signed bytes: keys are stored
-//! as `round(k / s_k) + 128` (unsigned), queries as `round(q / s_q)` (signed), and
-//! `Σ_i (k_i + 128) q_i = k·q + 128 Σ_i q_i`, whose second term is the query's own, subtracted
-//! once. Keys are laid out in tiles of 16 keys by 4 dimensions (one 64-byte register): the
-//! register of dimensions `4j..4j + 4` of 16 keys, times query bytes `4j..4j + 4` broadcast,
-//! adds to 16 lanes of scores at once.
+//! **The int8 product, compared in integers.** `q̂·k̂ = s_q s_b D` with the integer
+//! `D = Σ_i round(k_i / s_b) round(q_i / s_q)`, so the test `q̂·k̂ ≥ F − E` is
+//! `D ≥ (F − E) / (s_q s_b)`: one integer threshold per query and block, and the scan itself
+//! never leaves the integers. VNNI's `vpdpbusd` multiplies unsigned by signed bytes: keys are
+//! stored as `round(k / s_b) + 128` (unsigned), queries as `round(q / s_q)` (signed), and
+//! `Σ_i (k_i + 128) q_i = D + 128 Σ_i q_i`, whose second term, the query's own, is added to
+//! its thresholds. Keys are laid out in tiles of 16 keys by 4 dimensions (one 64-byte
+//! register): the register of dimensions `4j..4j + 4` of 16 keys, times query bytes
+//! `4j..4j + 4` broadcast, adds to 16 lanes of scores at once.
+//!
+//! One scale per block instead of one per key costs little precision (the bound takes the
+//! block's largest error either way: on Memorizing-small's keys it grew 12% and the keys scored
+//! again 6%) and takes the per-key conversions and products out of the scan.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
@@ -34,15 +40,21 @@ use crate::host::keep_best;
 
 /// Keys per tile: one 512-bit register of 32-bit scores.
 const TILE: usize = 16;
-/// Slots per step of the scan (two tiles, one bound); stores are allocated in multiples.
-const PAIR: usize = 2 * TILE;
+/// Slots per block: one scale, one bound, one threshold per query, four tiles scored at once.
+/// Stores are allocated in whole blocks.
+const BLOCK: usize = 4 * TILE;
 /// Query rows scored together (a register of scores each, per tile).
 const QUAD: usize = 4;
+/// Queries per vector of thresholds: per-query arrays are padded to a multiple.
+const LANES: usize = 16;
 /// The widest head the int8 scan takes (32 groups of 4 bytes).
 pub(crate) const MAX_D: usize = 128;
+/// The integer thresholds' range: beyond any `D` (`|D| <= 127 · 127 · 128 < 2^21`) and its
+/// offset, and exact in f32.
+const THRESHOLD_LIMIT: f32 = (1 << 30) as f32;
 
-/// Which loop scores the int8 keys: both compute the same integers and the same floats, so
-/// they find the same candidates.
+/// Which loop scores the int8 keys: both compute the same integers and the same thresholds,
+/// so they find the same candidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
     /// AVX-512 VNNI (`vpdpbusd`).
@@ -76,9 +88,19 @@ pub(crate) struct Plan {
     pub adaptive: bool,
 }
 
+/// A block's scale and bound factors.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct BlockInfo {
+    /// `1 / s_b` (0 where every key of the block is zero, empty or non-finite).
+    inv_scale: f32,
+    /// The factors `(α, β)` of the bound `‖q‖₂ α + ‖q − q̂‖₂ β` (see [`Thresholds`]).
+    alpha: f32,
+    beta: f32,
+}
+
 /// The int8 copy of a host store's keys: per (row, kv head) store, `alloc` slots in tiles
-/// `[alloc / 16, groups, 16 keys, 4 bytes]`, each slot's scale, error and norm, and each
-/// pair of tiles' bound factors.
+/// `[alloc / 16, groups, 16 keys, 4 bytes]`, each slot's largest component, error and norm,
+/// and each block's scale and bound factors.
 #[derive(Debug, Clone)]
 pub(crate) struct Int8Keys {
     kernel: Kernel,
@@ -86,19 +108,18 @@ pub(crate) struct Int8Keys {
     /// `d` in groups of 4 bytes, rounded up to a power of two (the padding is zero).
     groups: usize,
     stores: usize,
-    /// Slots per store, a multiple of [`PAIR`].
+    /// Slots per store, a multiple of [`BLOCK`].
     alloc: usize,
-    /// `[stores, alloc / TILE, groups, TILE, 4]`: `round(k / s_k) + 128`.
+    /// `[stores, alloc / TILE, groups, TILE, 4]`: `round(k / s_b) + 128`.
     tiles: Vec<u8>,
-    /// `[stores, alloc]`: `s_k` (0 for an empty or non-finite key).
-    scales: Vec<f32>,
+    /// `[stores, alloc]`: `max_i |k_i|` (0 for an empty or non-finite key).
+    maxabs: Vec<f32>,
     /// `[stores, alloc]`: `‖k − k̂‖₂` (infinite for a non-finite key: always scored in f32).
     errors: Vec<f32>,
     /// `[stores, alloc]`: `max(‖k‖₂, ‖k̂‖₂)`.
     norms: Vec<f32>,
-    /// `[stores, alloc / PAIR]`: the pair's factors `(α, β)` of its bound
-    /// `‖q‖₂ α + ‖q − q̂‖₂ β` (see [`threshold`]).
-    bounds: Vec<(f32, f32)>,
+    /// `[stores, alloc / BLOCK]`.
+    blocks: Vec<BlockInfo>,
 }
 
 impl Int8Keys {
@@ -112,10 +133,10 @@ impl Int8Keys {
             stores,
             alloc: 0,
             tiles: Vec::new(),
-            scales: Vec::new(),
+            maxabs: Vec::new(),
             errors: Vec::new(),
             norms: Vec::new(),
-            bounds: Vec::new(),
+            blocks: Vec::new(),
         }
     }
 
@@ -125,7 +146,7 @@ impl Int8Keys {
 
     /// Room for at least `slots` slots per store, keeping the written ones.
     pub fn grow(&mut self, slots: usize) {
-        let new = slots.next_multiple_of(PAIR);
+        let new = slots.next_multiple_of(BLOCK);
         let old = self.alloc;
         if new <= old {
             return;
@@ -141,26 +162,79 @@ impl Int8Keys {
         // Tiles hold whole slots, so the old tiles of a store are a prefix of its new ones.
         let per_slot = self.groups * 4;
         self.tiles = regrow(&self.tiles, stores, old * per_slot, new * per_slot, 0);
-        self.scales = regrow(&self.scales, stores, old, new, 0.0);
+        self.maxabs = regrow(&self.maxabs, stores, old, new, 0.0);
         self.errors = regrow(&self.errors, stores, old, new, 0.0);
         self.norms = regrow(&self.norms, stores, old, new, 0.0);
-        self.bounds = regrow(&self.bounds, stores, old / PAIR, new / PAIR, (0.0, 0.0));
+        let zero = BlockInfo::default();
+        self.blocks = regrow(&self.blocks, stores, old / BLOCK, new / BLOCK, zero);
         self.alloc = new;
     }
 
-    /// Stores `key` (`d` values) in `slot` of `store`.
-    pub fn write(&mut self, store: usize, slot: usize, key: &[f32]) {
-        let m = key.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    /// Stores slots `slots` of `store` from `keys`, the store's f32 keys (`[slots, d]` from
+    /// slot 0; slots past its end read as zero). A block whose scale changes is quantised
+    /// again whole, from `keys`.
+    pub fn write(&mut self, store: usize, slots: std::ops::Range<usize>, keys: &[f32]) {
+        let d = self.d;
+        let key = |slot: usize| keys.get(slot * d..(slot + 1) * d);
+        for slot in slots.clone() {
+            self.maxabs[store * self.alloc + slot] = match key(slot) {
+                Some(k) if k.iter().all(|x| x.is_finite()) => {
+                    k.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+                }
+                _ => 0.0,
+            };
+        }
+        if slots.is_empty() {
+            return;
+        }
+        for b in slots.start / BLOCK..slots.end.div_ceil(BLOCK) {
+            let first = store * self.alloc + b * BLOCK;
+            let m = self.maxabs[first..first + BLOCK]
+                .iter()
+                .fold(0.0f32, |m, &x| m.max(x));
+            let inv_scale = if m > 0.0 { 127.0 / m } else { 0.0 };
+            let at = store * self.alloc / BLOCK + b;
+            // The whole block where its scale changed, else only the written slots.
+            let redo = if self.blocks[at].inv_scale == inv_scale {
+                slots.start.max(b * BLOCK)..slots.end.min((b + 1) * BLOCK)
+            } else {
+                b * BLOCK..(b + 1) * BLOCK
+            };
+            self.blocks[at].inv_scale = inv_scale;
+            for slot in redo {
+                self.quantise(store, slot, key(slot).unwrap_or(&[]), inv_scale);
+            }
+            // The block's factors, from its 64 slots. 1% for the roundings of the scales
+            // and norms in f32; (d + 8) u for those of the f32 score (|error| <= d u
+            // Σ|q_i k_i| <= d u ‖q‖₂ ‖k‖₂) and of the thresholds.
+            let max = |v: &[f32]| {
+                v[first..first + BLOCK]
+                    .iter()
+                    .fold(0.0f32, |m, &x| m.max(x))
+            };
+            let (e, n) = (max(&self.errors), max(&self.norms));
+            let u = (d as f32 + 8.0) * f32::EPSILON;
+            self.blocks[at].alpha = 1.01 * e + u * n;
+            self.blocks[at].beta = (1.01 + u) * n;
+        }
+    }
+
+    /// Writes `key` (empty: a zero key) into `slot` of `store` at the scale `127 / inv_scale`.
+    fn quantise(&mut self, store: usize, slot: usize, key: &[f32], inv_scale: f32) {
         let finite = key.iter().all(|x| x.is_finite());
-        let scale = if finite && m > 0.0 { m / 127.0 } else { 0.0 };
-        let inv = if scale > 0.0 { 127.0 / m } else { 0.0 };
+        let scale = if inv_scale > 0.0 {
+            1.0 / inv_scale
+        } else {
+            0.0
+        };
         let base = store * self.store_bytes() + (slot / TILE) * self.groups * TILE * 4;
         let lane = slot % TILE;
         let (mut err, mut hat, mut norm) = (0.0f32, 0.0f32, 0.0f32);
         for g in 0..self.groups {
             for b in 0..4 {
                 let x = key.get(4 * g + b).copied().unwrap_or(0.0);
-                let v = quantise(x * inv);
+                // A non-finite key is stored as zero and always scored in f32.
+                let v = if finite { quantise(x * inv_scale) } else { 0 };
                 let dequantised = v as f32 * scale;
                 err += (x - dequantised) * (x - dequantised);
                 hat += dequantised * dequantised;
@@ -169,24 +243,16 @@ impl Int8Keys {
             }
         }
         let at = store * self.alloc + slot;
-        self.scales[at] = scale;
+        // `1 / inv_scale` is not `s_b` exactly: 1% in `α` covers its rounding.
         self.errors[at] = if finite { err.sqrt() } else { f32::INFINITY };
         self.norms[at] = hat.sqrt().max(norm.sqrt());
-        // The pair's factors, from its 32 slots.
-        let first = at - slot % PAIR;
-        let pair = |v: &[f32]| v[first..first + PAIR].iter().fold(0.0f32, |m, &x| m.max(x));
-        let (e, n) = (pair(&self.errors), pair(&self.norms));
-        // 1% for the roundings of the scales and norms in f32; (d + 8) u for those of the
-        // two f32 scores: the rescoring's d products and sums (|error| <= d u Σ|q_i k_i| <=
-        // d u ‖q‖₂ ‖k‖₂) and the int8 score's conversions and products (|error| <= 3 u
-        // |q̂·k̂|, and ‖q̂‖₂ <= ‖q‖₂ + ‖q − q̂‖₂).
-        let u = (self.d as f32 + 8.0) * f32::EPSILON;
-        self.bounds[store * self.alloc / PAIR + slot / PAIR] = (1.01 * e + u * n, (1.01 + u) * n);
     }
 
     /// The top `k` (`k <= filled`) of the first `filled` slots of `store` for every query of
     /// `queries` (`[n, d]`), by f32 inner product with `keys` (the store's f32 keys, `[slots,
-    /// d]`); `scan.rows[r]` is query `r`'s, best first, ties by slot.
+    /// d]`); `scan.rows[r]` is query `r`'s, best first, ties by slot. With `seeds`, its
+    /// first slots are not scanned: their top `k` per query is given.
+    #[allow(clippy::too_many_arguments)]
     pub fn top_k(
         &self,
         store: usize,
@@ -194,14 +260,23 @@ impl Int8Keys {
         keys: &[f32],
         queries: &[f32],
         k: usize,
+        seeds: Option<Seeds>,
         scan: &mut Scan,
     ) {
         scan.start(queries, self.d, self.groups, k);
-        let pairs = self.alloc / PAIR;
+        let first = match seeds {
+            Some(seeds) => {
+                assert!(seeds.slots.is_multiple_of(BLOCK) && seeds.slots <= filled);
+                scan.seed(queries, keys, self.d, seeds.rows);
+                seeds.slots / BLOCK
+            }
+            None => 0,
+        };
+        let blocks = self.alloc / BLOCK;
         let view = Store {
+            first,
             tiles: &self.tiles[store * self.store_bytes()..(store + 1) * self.store_bytes()],
-            scales: &self.scales[store * self.alloc..(store + 1) * self.alloc],
-            bounds: &self.bounds[store * pairs..(store + 1) * pairs],
+            blocks: &self.blocks[store * blocks..(store + 1) * blocks],
             keys,
             d: self.d,
             filled: filled.min(self.alloc),
@@ -226,11 +301,30 @@ impl Int8Keys {
     }
 }
 
-/// One store's int8 tiles, scales, bounds and f32 keys, as a scan reads them.
+/// A search's first slots already searched (by the f32 GEMM): every query's top `k` of
+/// them. Their scores are computed again by the scan's own f32 product, and the scan starts
+/// with these as its best `k` so far: its floors start where a scan of those slots would have
+/// left them, without the many keys a running top-k keeps on its way there (about
+/// `k ln(slots / k)`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seeds<'a> {
+    /// Slots `0..slots` (a multiple of [`Int8Keys::SEED_ALIGN`]).
+    pub slots: usize,
+    /// Per query, its top `k` of them (score, slot); scores are not read.
+    pub rows: &'a [Vec<(f32, u32)>],
+}
+
+impl Int8Keys {
+    /// The unit of [`Seeds::slots`].
+    pub const SEED_ALIGN: usize = BLOCK;
+}
+
+/// One store's int8 tiles, blocks and f32 keys, as a scan reads them.
 struct Store<'a> {
+    /// The first block to scan (those before it are seeded).
+    first: usize,
     tiles: &'a [u8],
-    scales: &'a [f32],
-    bounds: &'a [(f32, f32)],
+    blocks: &'a [BlockInfo],
     keys: &'a [f32],
     d: usize,
     filled: usize,
@@ -244,17 +338,41 @@ impl Store<'_> {
     }
 }
 
-/// The least int8 score a key of a pair with factors `(α, β)` needs to be scored in f32 by
-/// a query with floor `F`, `‖q‖₂ = norm` and `‖q − q̂‖₂ = error`: `F − E`, with
-/// `E = norm α + error β` (the bound, with the f32 scores' roundings) and `|F| 1e-6` for
-/// the roundings of this subtraction. Plus infinity for a query that takes nothing, minus
-/// infinity where the bound is not a number (a non-finite key: always scored in f32).
-fn threshold(floor: f32, norm: f32, error: f32, (alpha, beta): (f32, f32)) -> f32 {
-    if floor == f32::INFINITY {
-        return f32::INFINITY;
+/// The integer threshold of a query for a block: the least `Σ_i key_byte_i q_i` (the query's
+/// offset included) whose int8 score can reach its floor `F`.
+///
+/// ```text
+/// t = F − (‖q‖₂ α + ‖q − q̂‖₂ β) − 1e-6 |F|        (the bound E, and the subtraction's rounding)
+/// y = t · (1 / s_q) · (1 / s_b),   less 2e-6 |y|    (these two products' roundings)
+/// threshold = ⌊y⌋ + 128 Σ_i round(q_i / s_q)
+/// ```
+///
+/// `i32::MAX` (nothing passes) for a query that takes nothing (`F = +∞`); `y` clamped to
+/// `±2^30`, minus `2^30` where it is not a number (a non-finite key in the block, or a zero
+/// scale times an infinite `t`: every key passes). The VNNI kernel computes the same floats,
+/// 16 queries at a time, in the same order.
+struct Thresholds;
+
+impl Thresholds {
+    fn one(floor: f32, norm: f32, error: f32, inv_q: f32, offset: i32, b: &BlockInfo) -> i32 {
+        if floor == f32::INFINITY {
+            return i32::MAX;
+        }
+        let t = (floor - (norm * b.alpha + error * b.beta)) - 1e-6 * floor.abs();
+        let y = t * inv_q * b.inv_scale;
+        let y = y - 2e-6 * y.abs();
+        let y = if y.is_nan() {
+            -THRESHOLD_LIMIT
+        } else {
+            y.clamp(-THRESHOLD_LIMIT, THRESHOLD_LIMIT)
+        };
+        // ⌊y⌋ by a conversion (|y| <= 2^30).
+        let mut f = y as i32;
+        if f as f32 > y {
+            f -= 1;
+        }
+        f + offset
     }
-    let t = floor - (norm * alpha + error * beta) - 1e-6 * floor.abs();
-    if t.is_nan() { f32::NEG_INFINITY } else { t }
 }
 
 /// A kept candidate, ordered worst first in a min-heap: by f32 score, then the lower slot
@@ -277,13 +395,13 @@ impl PartialOrd for Candidate {
 }
 
 /// A scan's per-query state, reused across searches: the int8 queries, their norms, and the
-/// best `k` so far.
+/// best `k` so far. Per-query arrays are padded to a multiple of [`LANES`].
 #[derive(Debug, Default)]
 pub(crate) struct Scan {
-    /// Per query (padded to a multiple of [`QUAD`]), `groups` words of 4 signed bytes.
+    /// Per query, `groups` words of 4 signed bytes.
     qpack: Vec<i32>,
-    /// Per query: `s_q`.
-    qscale: Vec<f32>,
+    /// Per query: `1 / s_q` (0 for a zero query: its int8 scores are all 0).
+    qinv: Vec<f32>,
     /// Per query: `128 Σ_i round(q_i / s_q)`, the unsigned keys' offset.
     qoff: Vec<i32>,
     /// Per query: `‖q‖₂`.
@@ -293,6 +411,8 @@ pub(crate) struct Scan {
     /// Per query: the k-th best f32 score so far (`F`); minus infinity before `k` are kept,
     /// plus infinity for padding and non-finite queries (nothing to keep).
     floors: Vec<f32>,
+    /// Per query: its threshold for the block being scanned ([`Thresholds`]).
+    thresholds: Vec<i32>,
     /// Per query: the best `k` so far, worst on top.
     heaps: Vec<BinaryHeap<Reverse<Candidate>>>,
     /// Per query, after the scan: its best `k` (f32 score, slot), best first.
@@ -305,13 +425,13 @@ pub(crate) struct Scan {
 impl Scan {
     fn start(&mut self, queries: &[f32], d: usize, groups: usize, k: usize) {
         let n = queries.len() / d;
-        let n_pad = n.next_multiple_of(QUAD);
+        let n_pad = n.next_multiple_of(LANES);
         self.k = k;
         let reset = |v: &mut Vec<f32>, x: f32| {
             v.clear();
             v.resize(n_pad, x);
         };
-        reset(&mut self.qscale, 0.0);
+        reset(&mut self.qinv, 0.0);
         reset(&mut self.qnorm, 0.0);
         reset(&mut self.qerror, 0.0);
         reset(&mut self.floors, f32::INFINITY);
@@ -319,6 +439,8 @@ impl Scan {
         self.qpack.resize(n_pad * groups, 0);
         self.qoff.clear();
         self.qoff.resize(n_pad, 0);
+        self.thresholds.clear();
+        self.thresholds.resize(n_pad, i32::MAX);
         self.rescored = 0;
         self.heaps.resize_with(n, BinaryHeap::new);
         self.heaps.truncate(n);
@@ -348,7 +470,8 @@ impl Scan {
                 }
                 self.qpack[r * groups + g] = i32::from_le_bytes(word);
             }
-            self.qscale[r] = sq;
+            // `inv` is `1 / s_q` up to its rounding (in the thresholds' margin).
+            self.qinv[r] = inv;
             self.qoff[r] = 128 * sum;
             // 1% for the roundings of these norms.
             self.qnorm[r] = 1.01 * norm.sqrt();
@@ -357,28 +480,61 @@ impl Scan {
         }
     }
 
-    /// The threshold of query `r` for a pair with bound factors `bound`.
-    fn threshold(&self, r: usize, bound: (f32, f32)) -> f32 {
-        threshold(self.floors[r], self.qnorm[r], self.qerror[r], bound)
+    /// Starts every finite query's best `k` with its seeds (at most `k` distinct slots).
+    fn seed(&mut self, queries: &[f32], keys: &[f32], d: usize, rows: &[Vec<(f32, u32)>]) {
+        for (r, row) in rows.iter().enumerate().take(self.heaps.len()) {
+            if self.floors[r] == f32::INFINITY {
+                continue;
+            }
+            let q = &queries[r * d..(r + 1) * d];
+            for &(_, slot) in row.iter().take(self.k) {
+                let at = slot as usize * d;
+                let s = dot(q, &keys[at..at + d]);
+                self.rescored += 1;
+                if !s.is_nan() {
+                    self.heaps[r].push(Reverse(Candidate(s, slot)));
+                }
+            }
+            if self.heaps[r].len() == self.k {
+                self.floors[r] = self.heaps[r].peek().map_or(f32::NEG_INFINITY, |w| w.0.0);
+            }
+        }
     }
 
-    /// Scores `slot` for query `r` in f32 and keeps it if it beats the k-th best so far
-    /// (a NaN score never does), raising the floor.
-    #[inline(never)]
-    fn offer(&mut self, r: usize, slot: usize, q: &[f32], key: &[f32]) {
-        let s = dot(q, key);
-        if s.is_nan() {
+    /// Every query's threshold for block `b`, in plain loops.
+    fn thresholds_portable(&mut self, b: &BlockInfo) {
+        for r in 0..self.floors.len() {
+            self.thresholds[r] = Thresholds::one(
+                self.floors[r],
+                self.qnorm[r],
+                self.qerror[r],
+                self.qinv[r],
+                self.qoff[r],
+                b,
+            );
+        }
+    }
+
+    /// Keeps `slot`, f32 score `s`, for query `r` if it beats the k-th best so far (a NaN
+    /// score never does), raising the floor. Slots come in increasing order, so one that
+    /// ties the floor ranks after it.
+    #[inline]
+    fn offer(&mut self, r: usize, slot: usize, s: f32) {
+        self.rescored += 1;
+        if s.is_nan() || s <= self.floors[r] {
             return;
         }
-        let c = Candidate(s, slot as u32);
+        self.keep(r, Candidate(s, slot as u32));
+    }
+
+    #[inline(never)]
+    fn keep(&mut self, r: usize, c: Candidate) {
         let heap = &mut self.heaps[r];
         if heap.len() < self.k {
             heap.push(Reverse(c));
-        } else if let Some(mut worst) = heap.peek_mut().filter(|w| c > w.0) {
+        } else if let Some(mut worst) = heap.peek_mut() {
             // One sift instead of a pop and a push.
             *worst = Reverse(c);
-        } else {
-            return;
         }
         if heap.len() == self.k {
             self.floors[r] = heap.peek().map_or(f32::NEG_INFINITY, |w| w.0.0);
@@ -405,21 +561,58 @@ fn quantise(y: f32) -> i32 {
     ((y + 0.5f32.copysign(y)) as i32).clamp(-127, 127)
 }
 
-/// `a·b` in f32, in eight interleaved partial sums (the same order on every CPU).
+/// `a·b` in f32 in a fixed order, the one [`dot_avx512`] computes: 16 partial sums (lane
+/// `i` of chunk `c` of 16, zero-padded, added to sum `i`), then halves added pairwise
+/// (`i + 8`, `i + 4`, `i + 2`, `i + 1`).
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
+    let mut acc = [0.0f32; LANES];
+    for (x, y) in a.chunks(LANES).zip(b.chunks(LANES)) {
+        let pad = |v: &[f32], i: usize| v.get(i).copied().unwrap_or(0.0);
+        for (i, sum) in acc.iter_mut().enumerate() {
+            *sum += pad(x, i) * pad(y, i);
         }
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+        width /= 2;
     }
-    s
+    acc[0]
+}
+
+/// [`dot`] with AVX-512: the same floats.
+///
+/// # Safety
+/// The CPU must have AVX-512 F; `a` and `b` are `d` floats each.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn dot_avx512(a: *const f32, b: *const f32, d: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm512_setzero_ps();
+    for c in (0..d).step_by(LANES) {
+        let m = if d - c >= LANES {
+            u16::MAX
+        } else {
+            (1u16 << (d - c)) - 1
+        };
+        // SAFETY: the mask reads only the `d` floats of each.
+        let (x, y) = unsafe {
+            (
+                _mm512_maskz_loadu_ps(m, a.add(c)),
+                _mm512_maskz_loadu_ps(m, b.add(c)),
+            )
+        };
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(x, y));
+    }
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+    let h = _mm256_add_ps(_mm512_castps512_ps256(acc), high);
+    let h = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
+    _mm_cvtss_f32(h)
 }
 
 /// Offers every lane of `mask` (slots `first..first + 16`) to query `r`.
@@ -432,29 +625,26 @@ fn offer_lanes(
     mut mask: u16,
 ) {
     let d = store.d;
-    scan.rescored += mask.count_ones() as usize;
     while mask != 0 {
         let slot = first + mask.trailing_zeros() as usize;
         mask &= mask - 1;
-        scan.offer(
-            r,
-            slot,
+        let s = dot(
             &queries[r * d..(r + 1) * d],
             &store.keys[slot * d..(slot + 1) * d],
         );
+        scan.offer(r, slot, s);
     }
 }
 
-/// The scan in plain loops: the int8 score of query `r` and slot `j` is
-/// `(Σ_i key_byte_i q_i − qoff_r) · (s_q s_k)`, in the same operations as the VNNI kernel.
+/// The scan in plain loops: query `r` passes slot `j` where `Σ_i key_byte_i q_i` reaches its
+/// threshold, as in the VNNI kernel.
 fn scan_portable(store: &Store, groups: usize, queries: &[f32], scan: &mut Scan) {
     let n_pad = scan.floors.len();
     let tile_bytes = groups * TILE * 4;
-    for p in 0..store.filled.div_ceil(PAIR) {
+    for b in store.first..store.filled.div_ceil(BLOCK) {
+        scan.thresholds_portable(&store.blocks[b]);
         for r in 0..n_pad {
-            // One threshold for both tiles, as in the VNNI kernel.
-            let thr = scan.threshold(r, store.bounds[p]);
-            for t in [2 * p, 2 * p + 1] {
+            for t in 4 * b..4 * b + 4 {
                 let tile = &store.tiles[t * tile_bytes..(t + 1) * tile_bytes];
                 let valid = store.valid(t);
                 let mut mask = 0u16;
@@ -466,9 +656,7 @@ fn scan_portable(store: &Store, groups: usize, queries: &[f32], scan: &mut Scan)
                             acc += tile[(g * TILE + lane) * 4 + b] as i32 * qb as i8 as i32;
                         }
                     }
-                    let scale = scan.qscale[r] * store.scales[t * TILE + lane];
-                    let approx = (acc - scan.qoff[r]) as f32 * scale;
-                    if (valid >> lane) & 1 == 1 && approx >= thr {
+                    if (valid >> lane) & 1 == 1 && acc >= scan.thresholds[r] {
                         mask |= 1 << lane;
                     }
                 }
@@ -478,84 +666,152 @@ fn scan_portable(store: &Store, groups: usize, queries: &[f32], scan: &mut Scan)
     }
 }
 
-/// The scan with AVX-512 VNNI, for keys of `G` groups: per pair of tiles (32 slots) and quad
-/// of queries, eight registers of 16 int32 scores, `G` steps of two tile loads and eight
-/// `vpdpbusd`, then eight compares with the thresholds; the lanes that pass are offered.
+/// Every query's threshold for block `b` ([`Thresholds::one`]'s floats, 16 queries at once).
 ///
 /// # Safety
-/// The CPU must have AVX-512 F, BW and VNNI, and the store's slices their documented sizes
-/// (`tiles`: `G * 64` bytes per tile, `scales` one per slot, both over whole pairs).
+/// The CPU must have AVX-512 F; the per-query arrays are padded to a multiple of [`LANES`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn thresholds_vnni(scan: &mut Scan, b: &BlockInfo) {
+    use std::arch::x86_64::*;
+    let n_pad = scan.floors.len();
+    assert!(n_pad.is_multiple_of(LANES) && [scan.qnorm.len(), scan.qerror.len()] == [n_pad; 2]);
+    assert!([scan.qinv.len(), scan.qoff.len(), scan.thresholds.len()] == [n_pad; 3]);
+    let (alpha, beta) = (_mm512_set1_ps(b.alpha), _mm512_set1_ps(b.beta));
+    let inv_scale = _mm512_set1_ps(b.inv_scale);
+    let limit = _mm512_set1_ps(THRESHOLD_LIMIT);
+    let low = _mm512_set1_ps(-THRESHOLD_LIMIT);
+    for r in (0..n_pad).step_by(LANES) {
+        // SAFETY: `r + 16 <= n_pad`, the length of every array read and written.
+        unsafe {
+            let floor = _mm512_loadu_ps(scan.floors.as_ptr().add(r));
+            let norm = _mm512_loadu_ps(scan.qnorm.as_ptr().add(r));
+            let error = _mm512_loadu_ps(scan.qerror.as_ptr().add(r));
+            let inv_q = _mm512_loadu_ps(scan.qinv.as_ptr().add(r));
+            let offset = _mm512_loadu_si512(scan.qoff.as_ptr().add(r).cast());
+            let e = _mm512_add_ps(_mm512_mul_ps(norm, alpha), _mm512_mul_ps(error, beta));
+            let margin = _mm512_mul_ps(_mm512_set1_ps(1e-6), _mm512_abs_ps(floor));
+            let t = _mm512_sub_ps(_mm512_sub_ps(floor, e), margin);
+            let y = _mm512_mul_ps(_mm512_mul_ps(t, inv_q), inv_scale);
+            let y = _mm512_sub_ps(y, _mm512_mul_ps(_mm512_set1_ps(2e-6), _mm512_abs_ps(y)));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
+            let y = _mm512_min_ps(_mm512_max_ps(y, low), limit);
+            let y = _mm512_mask_blend_ps(nan, y, low);
+            let f = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(y);
+            let thr = _mm512_add_epi32(f, offset);
+            let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(floor, _mm512_set1_ps(f32::INFINITY));
+            let thr = _mm512_mask_blend_epi32(none, thr, _mm512_set1_epi32(i32::MAX));
+            _mm512_storeu_si512(scan.thresholds.as_mut_ptr().add(r).cast(), thr);
+        }
+    }
+}
+
+/// The scan with AVX-512 VNNI, for keys of `G` groups: per block (four tiles, 64 slots) and
+/// quad of queries, sixteen registers of 16 int32 scores, `G` steps of four tile loads and
+/// sixteen `vpdpbusd`; then, per query, the elementwise maximum of its four registers against
+/// its threshold, and only where some lane passes, each register's lanes offered.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW and VNNI, and the store's tiles their documented size
+/// (`G * 64` bytes per tile, over whole blocks).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut Scan) {
     use std::arch::x86_64::*;
     let n_pad = scan.floors.len();
     let tile_bytes = G * TILE * 4;
-    let pairs = store.filled.div_ceil(PAIR);
-    assert!(store.tiles.len() >= pairs * 2 * tile_bytes && store.scales.len() >= pairs * PAIR);
-    assert!(scan.qpack.len() >= n_pad * G);
-    for p in 0..pairs {
+    let blocks = store.filled.div_ceil(BLOCK);
+    assert!(store.tiles.len() >= blocks * 4 * tile_bytes && store.blocks.len() >= blocks);
+    assert!(scan.qpack.len() >= n_pad * G && scan.thresholds.len() == n_pad);
+    // Read by the offers: every valid slot's key, every query that can pass.
+    assert!(
+        store.keys.len() >= store.filled * store.d && queries.len() == scan.heaps.len() * store.d
+    );
+    for b in store.first..blocks {
+        // SAFETY: the CPU has AVX-512 F (this function's features).
+        unsafe { thresholds_vnni(scan, &store.blocks[b]) };
         // SAFETY (all loads below): within the lengths asserted above.
-        let t0 = unsafe { store.tiles.as_ptr().add(2 * p * tile_bytes) };
-        let t1 = unsafe { t0.add(tile_bytes) };
-        let ks = unsafe {
-            [
-                _mm512_loadu_ps(store.scales.as_ptr().add(p * PAIR)),
-                _mm512_loadu_ps(store.scales.as_ptr().add(p * PAIR + TILE)),
-            ]
-        };
-        let valid = [store.valid(2 * p), store.valid(2 * p + 1)];
-        // The f32 rows of the next pair, which the offers of some query of the block will
-        // most likely read: fetched while this pair is scored (a miss on each offered row
+        let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
+        // The f32 rows of the next block, which the offers of some query of the task will
+        // most likely read: fetched while this block is scored (a miss on each offered row
         // was half of the offers' time).
-        let next = ((p + 1) * PAIR * store.d).min(store.keys.len());
-        let end = ((p + 2) * PAIR * store.d).min(store.keys.len());
+        let next = ((b + 1) * BLOCK * store.d).min(store.keys.len());
+        let end = ((b + 2) * BLOCK * store.d).min(store.keys.len());
         for at in (next..end).step_by(16) {
             // SAFETY: `at` is inside `keys`; a prefetch reads nothing.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(store.keys.as_ptr().add(at).cast()) };
         }
-        let bound = store.bounds[p];
         for r0 in (0..n_pad).step_by(QUAD) {
             let qp = unsafe { scan.qpack.as_ptr().add(r0 * G) };
-            let mut acc = [_mm512_setzero_si512(); 2 * QUAD];
+            // acc[4 u + w]: query r0 + u, tile w.
+            let mut acc = [_mm512_setzero_si512(); 4 * QUAD];
             for g in 0..G {
-                let (k0, k1) = unsafe {
-                    (
-                        _mm512_loadu_si512(t0.add(g * 64).cast()),
-                        _mm512_loadu_si512(t1.add(g * 64).cast()),
-                    )
-                };
+                let k = [0, 1, 2, 3].map(|w| unsafe {
+                    _mm512_loadu_si512(tiles.add(w * tile_bytes + g * 64).cast())
+                });
                 for u in 0..QUAD {
                     let q = _mm512_set1_epi32(unsafe { *qp.add(u * G + g) });
-                    acc[u] = _mm512_dpbusd_epi32(acc[u], k0, q);
-                    acc[QUAD + u] = _mm512_dpbusd_epi32(acc[QUAD + u], k1, q);
-                }
-            }
-            let mut masks = [0u16; 2 * QUAD];
-            let mut any = 0u16;
-            for u in 0..QUAD {
-                let r = r0 + u;
-                let thr = _mm512_set1_ps(scan.threshold(r, bound));
-                let off = _mm512_set1_epi32(scan.qoff[r]);
-                let qs = _mm512_set1_ps(scan.qscale[r]);
-                for w in 0..2 {
-                    let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[w * QUAD + u], off));
-                    let approx = _mm512_mul_ps(v, _mm512_mul_ps(qs, ks[w]));
-                    let m = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(valid[w], approx, thr);
-                    masks[w * QUAD + u] = m;
-                    any |= m;
-                }
-            }
-            if any != 0 {
-                for u in 0..QUAD {
-                    for w in 0..2 {
-                        let m = masks[w * QUAD + u];
-                        if m != 0 {
-                            let first = (2 * p + w) * TILE;
-                            offer_lanes(store, queries, scan, r0 + u, first, m);
-                        }
+                    for w in 0..4 {
+                        acc[4 * u + w] = _mm512_dpbusd_epi32(acc[4 * u + w], k[w], q);
                     }
                 }
+            }
+            let mut any = 0u16;
+            for u in 0..QUAD {
+                let best = _mm512_max_epi32(
+                    _mm512_max_epi32(acc[4 * u], acc[4 * u + 1]),
+                    _mm512_max_epi32(acc[4 * u + 2], acc[4 * u + 3]),
+                );
+                let thr = _mm512_set1_epi32(scan.thresholds[r0 + u]);
+                any |= _mm512_cmpge_epi32_mask(best, thr);
+            }
+            if any != 0 {
+                // SAFETY: as this function.
+                unsafe { offer_block(store, queries, scan, b, r0, &acc) };
+            }
+        }
+    }
+}
+
+/// The offers of a quad of queries (`r0..r0 + 4`) for block `b`: every valid lane of `acc`
+/// (`acc[4 u + w]`: query `r0 + u`, tile `w`) at or above its query's threshold. Apart from
+/// the scan, so that its registers stay the scan's.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[cold]
+#[inline(never)]
+unsafe fn offer_block(
+    store: &Store,
+    queries: &[f32],
+    scan: &mut Scan,
+    b: usize,
+    r0: usize,
+    acc: &[std::arch::x86_64::__m512i; 4 * QUAD],
+) {
+    use std::arch::x86_64::*;
+    let d = store.d;
+    for u in 0..QUAD {
+        let r = r0 + u;
+        let thr = _mm512_set1_epi32(scan.thresholds[r]);
+        for w in 0..4 {
+            let t = 4 * b + w;
+            let mut m = _mm512_mask_cmpge_epi32_mask(store.valid(t), acc[4 * u + w], thr);
+            while m != 0 {
+                let slot = t * TILE + m.trailing_zeros() as usize;
+                m &= m - 1;
+                // SAFETY: a valid slot is below `filled`: its key is in `keys`, and a query
+                // that passes one is a real row of `queries`.
+                let s = unsafe {
+                    dot_avx512(
+                        queries.as_ptr().add(r * d),
+                        store.keys.as_ptr().add(slot * d),
+                        d,
+                    )
+                };
+                scan.offer(r, slot, s);
             }
         }
     }
