@@ -593,17 +593,17 @@ unsafe fn dot_avx512(a: *const f32, b: *const f32, d: usize) -> f32 {
     use std::arch::x86_64::*;
     let mut acc = _mm512_setzero_ps();
     for c in (0..d).step_by(LANES) {
-        let m = if d - c >= LANES {
-            u16::MAX
-        } else {
-            (1u16 << (d - c)) - 1
-        };
-        // SAFETY: the mask reads only the `d` floats of each.
+        // SAFETY: a whole chunk is inside both; the mask reads only the `d` floats of each.
         let (x, y) = unsafe {
-            (
-                _mm512_maskz_loadu_ps(m, a.add(c)),
-                _mm512_maskz_loadu_ps(m, b.add(c)),
-            )
+            if d - c >= LANES {
+                (_mm512_loadu_ps(a.add(c)), _mm512_loadu_ps(b.add(c)))
+            } else {
+                let m = (1u16 << (d - c)) - 1;
+                (
+                    _mm512_maskz_loadu_ps(m, a.add(c)),
+                    _mm512_maskz_loadu_ps(m, b.add(c)),
+                )
+            }
         };
         acc = _mm512_add_ps(acc, _mm512_mul_ps(x, y));
     }
@@ -741,8 +741,10 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
             // SAFETY: `at` is inside `keys`; a prefetch reads nothing.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(store.keys.as_ptr().add(at).cast()) };
         }
+        // Not changed by the offers (which change the floors and the heaps).
+        let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
         for r0 in (0..n_pad).step_by(QUAD) {
-            let qp = unsafe { scan.qpack.as_ptr().add(r0 * G) };
+            let qp = unsafe { qpack.add(r0 * G) };
             // acc[4 u + w]: query r0 + u, tile w.
             let mut acc = [_mm512_setzero_si512(); 4 * QUAD];
             for g in 0..G {
@@ -756,26 +758,30 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
                     }
                 }
             }
+            // SAFETY: `r0 + 4 <= n_pad`, the thresholds' length.
+            let thr = [0, 1, 2, 3].map(|u| _mm512_set1_epi32(unsafe { *thresholds.add(r0 + u) }));
             let mut any = 0u16;
             for u in 0..QUAD {
                 let best = _mm512_max_epi32(
                     _mm512_max_epi32(acc[4 * u], acc[4 * u + 1]),
                     _mm512_max_epi32(acc[4 * u + 2], acc[4 * u + 3]),
                 );
-                let thr = _mm512_set1_epi32(scan.thresholds[r0 + u]);
-                any |= _mm512_cmpge_epi32_mask(best, thr);
+                any |= _mm512_cmpge_epi32_mask(best, thr[u]);
             }
             if any != 0 {
+                // Only the masks leave the registers.
+                let masks: [u16; 4 * QUAD] =
+                    std::array::from_fn(|i| _mm512_cmpge_epi32_mask(acc[i], thr[i / 4]));
                 // SAFETY: as this function.
-                unsafe { offer_block(store, queries, scan, b, r0, &acc) };
+                unsafe { offer_block(store, queries, scan, b, r0, masks) };
             }
         }
     }
 }
 
-/// The offers of a quad of queries (`r0..r0 + 4`) for block `b`: every valid lane of `acc`
-/// (`acc[4 u + w]`: query `r0 + u`, tile `w`) at or above its query's threshold. Apart from
-/// the scan, so that its registers stay the scan's.
+/// The offers of a quad of queries (`r0..r0 + 4`) for block `b`: every valid lane of
+/// `masks[4 u + w]` (query `r0 + u`, tile `w`: the lanes at or above its threshold). Apart
+/// from the scan, so that its registers stay the scan's.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F.
@@ -789,16 +795,14 @@ unsafe fn offer_block(
     scan: &mut Scan,
     b: usize,
     r0: usize,
-    acc: &[std::arch::x86_64::__m512i; 4 * QUAD],
+    masks: [u16; 4 * QUAD],
 ) {
-    use std::arch::x86_64::*;
     let d = store.d;
     for u in 0..QUAD {
         let r = r0 + u;
-        let thr = _mm512_set1_epi32(scan.thresholds[r]);
         for w in 0..4 {
             let t = 4 * b + w;
-            let mut m = _mm512_mask_cmpge_epi32_mask(store.valid(t), acc[4 * u + w], thr);
+            let mut m = masks[4 * u + w] & store.valid(t);
             while m != 0 {
                 let slot = t * TILE + m.trailing_zeros() as usize;
                 m &= m - 1;
