@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use rayon::prelude::*;
 
 use crate::RowState;
-use crate::int8::{Int8Keys, Plan, Scan, Seeds};
+use crate::int8::{Int8Keys, Plan, Scan};
 
 /// Query rows scored together against one (row, kv head) store (with grouped heads, a
 /// block's tokens times the group's query heads).
@@ -28,22 +28,6 @@ const QUERY_BLOCK: usize = 64;
 /// from L1 by all of them (16 KiB of int8 queries). 512 against 256: 0.482 -> 0.462 s a
 /// Memorizing-small step at 262,144 keys on the 2-core Zen 5.
 const INT8_QUERY_BLOCK: usize = 512;
-
-/// Slots of a store that an int8 search takes from the f32 GEMM first ([`Seeds`]): 8,192
-/// from 32,768 stored. A running top-k over `n` keys keeps about `k ln(n / k)` of them on its
-/// way, each scored again in f32; started from the top k of the first 8,192 it keeps about
-/// `k ln(n / 8192)`.
-const INT8_SEED: usize = 8192;
-
-/// The slots an int8 search of a store of `filled` keys seeds from the GEMM: [`INT8_SEED`]
-/// from four times that.
-fn int8_seed_slots(filled: usize) -> usize {
-    if filled >= 4 * INT8_SEED {
-        INT8_SEED / Int8Keys::SEED_ALIGN * Int8Keys::SEED_ALIGN
-    } else {
-        0
-    }
-}
 
 /// With `auto` scoring, the share of (query, key) pairs an int8 search may score again in f32
 /// before the next searches go to f32. The f32 GEMM search costs about 2 cycles per pair on
@@ -298,16 +282,7 @@ impl HostStore {
                     let best = match int8 {
                         Some(int8) => {
                             let keys = &self.keys[store..store + filled * d];
-                            // The first slots by the GEMM, to start the scan's floors.
-                            let seeded = int8_seed_slots(filled);
-                            let seeds = (seeded > 0).then(|| {
-                                self.gemm_top_k(store, seeded, packed, n_rows, kk, scores, top);
-                                Seeds {
-                                    slots: seeded,
-                                    rows: &top.rows,
-                                }
-                            });
-                            int8.top_k(b * hk + g, filled, keys, packed, kk, seeds, scan);
+                            int8.top_k(b * hk + g, filled, keys, packed, kk, scan);
                             scored.fetch_add(n_rows * filled, Ordering::Relaxed);
                             rescored.fetch_add(scan.rescored, Ordering::Relaxed);
                             &scan.rows

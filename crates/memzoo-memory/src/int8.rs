@@ -250,9 +250,7 @@ impl Int8Keys {
 
     /// The top `k` (`k <= filled`) of the first `filled` slots of `store` for every query of
     /// `queries` (`[n, d]`), by f32 inner product with `keys` (the store's f32 keys, `[slots,
-    /// d]`); `scan.rows[r]` is query `r`'s, best first, ties by slot. With `seeds`, its
-    /// first slots are not scanned: their top `k` per query is given.
-    #[allow(clippy::too_many_arguments)]
+    /// d]`); `scan.rows[r]` is query `r`'s, best first, ties by slot.
     pub fn top_k(
         &self,
         store: usize,
@@ -260,21 +258,11 @@ impl Int8Keys {
         keys: &[f32],
         queries: &[f32],
         k: usize,
-        seeds: Option<Seeds>,
         scan: &mut Scan,
     ) {
         scan.start(queries, self.d, self.groups, k);
-        let first = match seeds {
-            Some(seeds) => {
-                assert!(seeds.slots.is_multiple_of(BLOCK) && seeds.slots <= filled);
-                scan.seed(queries, keys, self.d, seeds.rows);
-                seeds.slots / BLOCK
-            }
-            None => 0,
-        };
         let blocks = self.alloc / BLOCK;
         let view = Store {
-            first,
             tiles: &self.tiles[store * self.store_bytes()..(store + 1) * self.store_bytes()],
             blocks: &self.blocks[store * blocks..(store + 1) * blocks],
             keys,
@@ -301,28 +289,8 @@ impl Int8Keys {
     }
 }
 
-/// A search's first slots already searched (by the f32 GEMM): every query's top `k` of
-/// them. Their scores are computed again by the scan's own f32 product, and the scan starts
-/// with these as its best `k` so far: its floors start where a scan of those slots would have
-/// left them, without the many keys a running top-k keeps on its way there (about
-/// `k ln(slots / k)`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Seeds<'a> {
-    /// Slots `0..slots` (a multiple of [`Int8Keys::SEED_ALIGN`]).
-    pub slots: usize,
-    /// Per query, its top `k` of them (score, slot); scores are not read.
-    pub rows: &'a [Vec<(f32, u32)>],
-}
-
-impl Int8Keys {
-    /// The unit of [`Seeds::slots`].
-    pub const SEED_ALIGN: usize = BLOCK;
-}
-
 /// One store's int8 tiles, blocks and f32 keys, as a scan reads them.
 struct Store<'a> {
-    /// The first block to scan (those before it are seeded).
-    first: usize,
     tiles: &'a [u8],
     blocks: &'a [BlockInfo],
     keys: &'a [f32],
@@ -480,27 +448,6 @@ impl Scan {
         }
     }
 
-    /// Starts every finite query's best `k` with its seeds (at most `k` distinct slots).
-    fn seed(&mut self, queries: &[f32], keys: &[f32], d: usize, rows: &[Vec<(f32, u32)>]) {
-        for (r, row) in rows.iter().enumerate().take(self.heaps.len()) {
-            if self.floors[r] == f32::INFINITY {
-                continue;
-            }
-            let q = &queries[r * d..(r + 1) * d];
-            for &(_, slot) in row.iter().take(self.k) {
-                let at = slot as usize * d;
-                let s = dot(q, &keys[at..at + d]);
-                self.rescored += 1;
-                if !s.is_nan() {
-                    self.heaps[r].push(Reverse(Candidate(s, slot)));
-                }
-            }
-            if self.heaps[r].len() == self.k {
-                self.floors[r] = self.heaps[r].peek().map_or(f32::NEG_INFINITY, |w| w.0.0);
-            }
-        }
-    }
-
     /// Every query's threshold for block `b`, in plain loops.
     fn thresholds_portable(&mut self, b: &BlockInfo) {
         for r in 0..self.floors.len() {
@@ -641,7 +588,7 @@ fn offer_lanes(
 fn scan_portable(store: &Store, groups: usize, queries: &[f32], scan: &mut Scan) {
     let n_pad = scan.floors.len();
     let tile_bytes = groups * TILE * 4;
-    for b in store.first..store.filled.div_ceil(BLOCK) {
+    for b in 0..store.filled.div_ceil(BLOCK) {
         scan.thresholds_portable(&store.blocks[b]);
         for r in 0..n_pad {
             for t in 4 * b..4 * b + 4 {
@@ -727,7 +674,7 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
     assert!(
         store.keys.len() >= store.filled * store.d && queries.len() == scan.heaps.len() * store.d
     );
-    for b in store.first..blocks {
+    for b in 0..blocks {
         // SAFETY: the CPU has AVX-512 F (this function's features).
         unsafe { thresholds_vnni(scan, &store.blocks[b]) };
         // SAFETY (all loads below): within the lengths asserted above.

@@ -953,15 +953,13 @@ fn hnsw_levels_after_open_are_those_of_the_saved_memory() {
 /// Keys and queries: unit vectors (isotropic and clustered, as the kNN layer's normalised
 /// keys), unnormalised ones, one cluster so tight that the int8 scores cannot rank it, widths
 /// that are not a multiple of 4, a store that is not a multiple of the scan's 64-slot blocks,
-/// duplicated keys (exact ties), a zero query (every score tied) and k above the
-/// store. The keys are written one slot at a time over others (blocks quantised again as their
-/// scales change). The portable loop, and the VNNI kernel where the CPU has it, which must
-/// agree bit for bit.
+/// duplicated keys (exact ties), a zero query (every score tied) and k above the store. The
+/// keys are written one slot at a time over others (blocks quantised again as their scales
+/// change). The portable loop, and the VNNI kernel where the CPU has it, which must agree bit
+/// for bit.
 #[test]
 fn int8_scan_equals_a_full_sort_per_query() {
-    use crate::int8::{Int8Keys, Kernel, Scan, Seeds};
-    let naive_dot =
-        |a: &[f32], b: &[f32]| -> f64 { a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum() };
+    use crate::int8::{Int8Keys, Kernel, Scan};
     let kernels: Vec<Kernel> = [Some(Kernel::Portable), Kernel::detect()]
         .into_iter()
         .flatten()
@@ -1012,72 +1010,48 @@ fn int8_scan_equals_a_full_sort_per_query() {
                 current[slot * d..(slot + 1) * d].copy_from_slice(&keys[slot * d..(slot + 1) * d]);
                 int8.write(1, slot..slot + 1, &current);
             }
-            // Unseeded, and (where the store is large enough) its first 128 slots seeded with
-            // their exact top k (`Seeds`, as the GEMM gives them).
-            for seeded in [0, 128].into_iter().filter(|&s| s == 0 || s < n / 2) {
-                let seeds: Vec<Vec<(f32, u32)>> = queries
+            let mut scan = Scan::default();
+            int8.top_k(1, n, &keys, &queries, kk, &mut scan);
+            for (r, q) in queries.chunks(d).enumerate() {
+                let mut want: Vec<(f64, usize)> = keys
                     .chunks(d)
-                    .map(|q| {
-                        let mut row: Vec<(f64, u32)> = (0..seeded)
-                            .map(|i| (naive_dot(q, &keys[i * d..(i + 1) * d]), i as u32))
-                            .collect();
-                        row.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                        row.truncate(kk);
-                        // In no useful order.
-                        row.reverse();
-                        row.into_iter().map(|(_, i)| (0.0, i)).collect()
+                    .enumerate()
+                    .map(|(i, key)| {
+                        (
+                            key.iter().zip(q).map(|(a, b)| *a as f64 * *b as f64).sum(),
+                            i,
+                        )
                     })
                     .collect();
-                let seeds = (seeded > 0).then_some(Seeds {
-                    slots: seeded,
-                    rows: &seeds,
-                });
-                let mut scan = Scan::default();
-                int8.top_k(1, n, &keys, &queries, kk, seeds, &mut scan);
-                for (r, q) in queries.chunks(d).enumerate() {
-                    let mut want: Vec<(f64, usize)> = keys
-                        .chunks(d)
-                        .enumerate()
-                        .map(|(i, key)| {
-                            (
-                                key.iter().zip(q).map(|(a, b)| *a as f64 * *b as f64).sum(),
-                                i,
-                            )
-                        })
-                        .collect();
-                    want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                    let got = &scan.rows[r];
-                    let at = format!("{name}, {kernel:?}, {seeded} seeded, query {r}");
-                    assert_eq!(got.len(), kk, "{at}: count");
-                    // Rank by rank, the f64 top-k's score; each slot's own f64 score; no slot
-                    // twice. (Scores within 2e-6 may swap between f32 and f64.)
-                    let mut seen = std::collections::HashSet::new();
-                    for (j, (c, w)) in got.iter().zip(&want).enumerate() {
-                        let own = want.iter().find(|x| x.1 == c.1 as usize).unwrap().0;
-                        assert!(
-                            (c.0 as f64 - w.0).abs() < 2e-6 && (c.0 as f64 - own).abs() < 2e-6,
-                            "{at}, rank {j}: slot {} scored {} (f64 {own}), the f64 top-k's {}",
-                            c.1,
-                            c.0,
-                            w.0
-                        );
-                        assert!(seen.insert(c.1), "{at}: slot {} twice", c.1);
-                    }
-                    if dups > 0 || r == 1 {
-                        // Exact ties: by slot.
-                        let slots: Vec<usize> = got.iter().map(|c| c.1 as usize).collect();
-                        let want_slots: Vec<usize> = want[..kk].iter().map(|c| c.1).collect();
-                        assert_eq!(slots, want_slots, "{at}: ties by slot");
-                    }
+                want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                let got = &scan.rows[r];
+                let at = format!("{name}, {kernel:?}, query {r}");
+                assert_eq!(got.len(), kk, "{at}: count");
+                // Rank by rank, the f64 top-k's score; each slot's own f64 score; no slot
+                // twice. (Scores within 2e-6 may swap between f32 and f64.)
+                let mut seen = std::collections::HashSet::new();
+                for (j, (c, w)) in got.iter().zip(&want).enumerate() {
+                    let own = want.iter().find(|x| x.1 == c.1 as usize).unwrap().0;
+                    assert!(
+                        (c.0 as f64 - w.0).abs() < 2e-6 && (c.0 as f64 - own).abs() < 2e-6,
+                        "{at}, rank {j}: slot {} scored {} (f64 {own}), the f64 top-k's {}",
+                        c.1,
+                        c.0,
+                        w.0
+                    );
+                    assert!(seen.insert(c.1), "{at}: slot {} twice", c.1);
                 }
-                found.push(scan.rows.clone());
+                if dups > 0 || r == 1 {
+                    // Exact ties: by slot.
+                    let slots: Vec<usize> = got.iter().map(|c| c.1 as usize).collect();
+                    let want_slots: Vec<usize> = want[..kk].iter().map(|c| c.1).collect();
+                    assert_eq!(slots, want_slots, "{at}: ties by slot");
+                }
             }
+            found.push(scan.rows.clone());
         }
         for other in &found[1..] {
-            assert_eq!(
-                other, &found[0],
-                "{name}: the kernels or the seeded scan disagree"
-            );
+            assert_eq!(other, &found[0], "{name}: the kernels disagree");
         }
     }
 }
@@ -1100,7 +1074,7 @@ fn int8_scan_scores_non_finite_keys_in_f32() {
         int8.grow(n);
         int8.write(0, 0..n, &keys);
         let mut scan = Scan::default();
-        int8.top_k(0, n, &keys, &query, k, None, &mut scan);
+        int8.top_k(0, n, &keys, &query, k, &mut scan);
         let mut finite: Vec<(f32, usize)> = keys
             .chunks(d)
             .enumerate()
