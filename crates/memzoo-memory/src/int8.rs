@@ -381,6 +381,8 @@ pub(crate) struct Scan {
     floors: Vec<f32>,
     /// Per query: its threshold for the block being scanned ([`Thresholds`]).
     thresholds: Vec<i32>,
+    /// The block's queries with lanes that passed: (query, lanes), at most one per query.
+    entries: Vec<(u32, u64)>,
     /// Per query: the best `k` so far, worst on top.
     heaps: Vec<BinaryHeap<Reverse<Candidate>>>,
     /// Per query, after the scan: its best `k` (f32 score, slot), best first.
@@ -409,6 +411,8 @@ impl Scan {
         self.qoff.resize(n_pad, 0);
         self.thresholds.clear();
         self.thresholds.resize(n_pad, i32::MAX);
+        self.entries.clear();
+        self.entries.resize(n_pad, (0, 0));
         self.rescored = 0;
         self.heaps.resize_with(n, BinaryHeap::new);
         self.heaps.truncate(n);
@@ -670,6 +674,7 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
     let blocks = store.filled.div_ceil(BLOCK);
     assert!(store.tiles.len() >= blocks * 4 * tile_bytes && store.blocks.len() >= blocks);
     assert!(scan.qpack.len() >= n_pad * G && scan.thresholds.len() == n_pad);
+    assert!(scan.entries.len() == n_pad);
     // Read by the offers: every valid slot's key, every query that can pass.
     assert!(
         store.keys.len() >= store.filled * store.d && queries.len() == scan.heaps.len() * store.d
@@ -688,8 +693,11 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
             // SAFETY: `at` is inside `keys`; a prefetch reads nothing.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(store.keys.as_ptr().add(at).cast()) };
         }
-        // Not changed by the offers (which change the floors and the heaps).
+        // Each tile's lanes that hold written slots.
+        let valid: [u16; 4] = std::array::from_fn(|w| store.valid(4 * b + w));
         let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
+        let entries = scan.entries.as_mut_ptr();
+        let mut passed = 0;
         for r0 in (0..n_pad).step_by(QUAD) {
             let qp = unsafe { qpack.add(r0 * G) };
             // acc[4 u + w]: query r0 + u, tile w.
@@ -705,65 +713,56 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
                     }
                 }
             }
-            // SAFETY: `r0 + 4 <= n_pad`, the thresholds' length.
-            let thr = [0, 1, 2, 3].map(|u| _mm512_set1_epi32(unsafe { *thresholds.add(r0 + u) }));
-            let mut any = 0u16;
+            // Per query, its 64 lanes at or above its threshold (tile w in bits 16 w..16 w +
+            // 16), written to the next entry, which is kept (`passed` moves on) only if one
+            // passed: no branch on the scores.
             for u in 0..QUAD {
-                let best = _mm512_max_epi32(
-                    _mm512_max_epi32(acc[4 * u], acc[4 * u + 1]),
-                    _mm512_max_epi32(acc[4 * u + 2], acc[4 * u + 3]),
-                );
-                any |= _mm512_cmpge_epi32_mask(best, thr[u]);
-            }
-            if any != 0 {
-                // Only the masks leave the registers.
-                let masks: [u16; 4 * QUAD] =
-                    std::array::from_fn(|i| _mm512_cmpge_epi32_mask(acc[i], thr[i / 4]));
-                // SAFETY: as this function.
-                unsafe { offer_block(store, queries, scan, b, r0, masks) };
+                // SAFETY: `r0 + 4 <= n_pad`, the thresholds' length.
+                let thr = _mm512_set1_epi32(unsafe { *thresholds.add(r0 + u) });
+                let m: [__mmask16; 4] = std::array::from_fn(|w| {
+                    _mm512_mask_cmpge_epi32_mask(valid[w], acc[4 * u + w], thr)
+                });
+                let low = _mm512_kunpackw(m[1] as __mmask32, m[0] as __mmask32);
+                let high = _mm512_kunpackw(m[3] as __mmask32, m[2] as __mmask32);
+                let lanes = _mm512_kunpackd(high as __mmask64, low as __mmask64);
+                // SAFETY: `passed <= r0 + u < n_pad`, the entries' length.
+                unsafe { *entries.add(passed) = ((r0 + u) as u32, lanes) };
+                passed += (lanes != 0) as usize;
             }
         }
+        // The block's offers, in query order (each query's in slot order).
+        // SAFETY: as this function.
+        unsafe { offer_block(store, queries, scan, b, passed) };
     }
 }
 
-/// The offers of a quad of queries (`r0..r0 + 4`) for block `b`: every valid lane of
-/// `masks[4 u + w]` (query `r0 + u`, tile `w`: the lanes at or above its threshold). Apart
-/// from the scan, so that its registers stay the scan's.
+/// The offers of block `b`: per entry `(r, lanes)` of the first `passed` of
+/// `scan.entries`, every slot `64 b + i` of bit `i` of `lanes` to query `r`. Apart from the
+/// scan, so that its registers stay the scan's.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[cold]
 #[inline(never)]
-unsafe fn offer_block(
-    store: &Store,
-    queries: &[f32],
-    scan: &mut Scan,
-    b: usize,
-    r0: usize,
-    masks: [u16; 4 * QUAD],
-) {
+unsafe fn offer_block(store: &Store, queries: &[f32], scan: &mut Scan, b: usize, passed: usize) {
     let d = store.d;
-    for u in 0..QUAD {
-        let r = r0 + u;
-        for w in 0..4 {
-            let t = 4 * b + w;
-            let mut m = masks[4 * u + w] & store.valid(t);
-            while m != 0 {
-                let slot = t * TILE + m.trailing_zeros() as usize;
-                m &= m - 1;
-                // SAFETY: a valid slot is below `filled`: its key is in `keys`, and a query
-                // that passes one is a real row of `queries`.
-                let s = unsafe {
-                    dot_avx512(
-                        queries.as_ptr().add(r * d),
-                        store.keys.as_ptr().add(slot * d),
-                        d,
-                    )
-                };
-                scan.offer(r, slot, s);
-            }
+    for e in 0..passed {
+        let (r, mut m) = scan.entries[e];
+        let r = r as usize;
+        while m != 0 {
+            let slot = b * BLOCK + m.trailing_zeros() as usize;
+            m &= m - 1;
+            // SAFETY: a valid slot is below `filled`: its key is in `keys`, and a query that
+            // passes one is a real row of `queries`.
+            let s = unsafe {
+                dot_avx512(
+                    queries.as_ptr().add(r * d),
+                    store.keys.as_ptr().add(slot * d),
+                    d,
+                )
+            };
+            scan.offer(r, slot, s);
         }
     }
 }
