@@ -68,7 +68,7 @@ pub enum HostScoring {
     Int8,
     /// `int8` where the CPU has AVX-512 VNNI and a store holds at least
     /// [`HostScoring::AUTO_INT8_FROM`] keys, `f32` elsewhere; and `f32` for the next 8
-    /// searches of a memory whose int8 search scored more than 2% of its keys again in f32
+    /// searches of a memory whose int8 search scored more than 5% of its keys again in f32
     /// (queries with many keys about as close as their k-th best, where the f32 GEMM is
     /// faster).
     #[default]
@@ -77,10 +77,11 @@ pub enum HostScoring {
 
 impl HostScoring {
     /// Stored keys per (row, kv head) from which `auto` scores in int8: below it the f32
-    /// GEMM was as fast or faster. Measured on the 2-core Zen 5 (`cargo xtask bench scale
+    /// GEMM was about as fast. Measured on the 2-core Zen 5 (`cargo xtask bench scale
     /// --families memorizing --index-kinds exactf32,exactint8`, a Memorizing-small step):
-    /// int8 7% slower at 32,768, level at 65,536, 13% faster at 131,072, 27-30% at 262,144.
-    pub const AUTO_INT8_FROM: usize = 65536;
+    /// int8 takes 2% less time at 8,192 (level), 3% at 16,384, 14% at 32,768, 25% at 65,536
+    /// and 55% at 262,144 (0.291 against 0.648 s).
+    pub const AUTO_INT8_FROM: usize = 16384;
 
     /// How a host store `d` wide of at most `max_memories` keys per store scores with this
     /// choice on this CPU; `None`: f32 (and no int8 copy of the keys: `auto` keeps none for

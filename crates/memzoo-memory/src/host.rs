@@ -24,18 +24,18 @@ use crate::int8::{Int8Keys, Plan, Scan};
 /// block's tokens times the group's query heads).
 const QUERY_BLOCK: usize = 64;
 
-/// Query rows per task with int8 scoring: each pair of key tiles (1 KiB at width 32) is read
-/// from L1 by all of them (16 KiB of int8 queries). 512 against 256: 0.482 -> 0.462 s a
-/// Memorizing-small step at 262,144 keys on the 2-core Zen 5.
+/// Query rows per task with int8 scoring: each block of four key tiles (2 KiB at width 32) is
+/// read from L1 by all of them (16 KiB of int8 queries). 512 against 256: 0.482 -> 0.462 s a
+/// Memorizing-small step at 262,144 keys on the 2-core Zen 5 (measured with the scan of
+/// pairs of tiles).
 const INT8_QUERY_BLOCK: usize = 512;
 
 /// With `auto` scoring, the share of (query, key) pairs an int8 search may score again in f32
-/// before the next searches go to f32. The f32 GEMM search costs about 2 cycles per pair on
-/// the 2-core Zen 5, the int8 scan 0.5 plus about 50 per pair scored again: even at about 3%.
-/// Measured: the Memorizing-small steps of `bench scale` score 0.25% again at 262,144 keys
-/// (int8 37% faster), its held-out search (the text's next keys as queries, many keys as close
-/// as their k-th best) 4% (int8 15-20% slower).
-const INT8_MAX_RESCORED: f64 = 0.02;
+/// before the next searches go to f32. On the 2-core Zen 5 at 262,144 keys a task of 512
+/// queries costs the int8 search about 17 ms plus 5.6 ms per 1% scored again (queries of
+/// Memorizing-small's steps: 0.28%, 18.6 ms; near copies of stored keys: 0.9%, 24.7 ms, and 4%,
+/// 39.4 ms), the f32 GEMM search about 60 ms: even near 7.7%, and at 65,536 keys likewise.
+const INT8_MAX_RESCORED: f64 = 0.05;
 
 /// Searches scored in f32 after an int8 search over [`INT8_MAX_RESCORED`], before int8 is
 /// tried again.

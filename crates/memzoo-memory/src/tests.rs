@@ -1089,7 +1089,7 @@ fn int8_scan_scores_non_finite_keys_in_f32() {
 }
 
 /// `auto` scoring sends the next 8 searches of a store to f32 after an int8 search that
-/// scored more than 2% of its (query, key) pairs again in f32 (one cluster so tight that every
+/// scored more than 5% of its (query, key) pairs again in f32 (one cluster so tight that every
 /// key is as close as the k-th best), and keeps int8 where few are (isotropic keys); every
 /// search equals the naive top-k. Needs AVX-512 VNNI (elsewhere `auto` is f32 throughout).
 #[test]
