@@ -222,9 +222,7 @@ impl KnnIndex for ExactIndex {
                 for b in 0..batch {
                     let (runs, next) = self.rows[b].plan(tokens, cap);
                     for (slot, offset, count) in runs {
-                        for i in 0..count {
-                            host.write(&keys, &values, tokens, b, offset + i, slot + i);
-                        }
+                        host.write(&keys, &values, tokens, b, offset, slot, count);
                     }
                     self.rows[b] = next;
                 }

@@ -157,8 +157,9 @@ impl HostStore {
         }
     }
 
-    /// Writes token `token` of row `b` (from `[batch, tokens, heads, d]` data) into `slot`
-    /// of every head.
+    /// Writes tokens `token..token + count` of row `b` (from `[batch, tokens, heads, d]`
+    /// data) into slots `slot..slot + count` of every head (the int8 copy's blocks quantised
+    /// once per run).
     #[allow(clippy::too_many_arguments)]
     pub fn write(
         &mut self,
@@ -168,18 +169,21 @@ impl HostStore {
         b: usize,
         token: usize,
         slot: usize,
+        count: usize,
     ) {
         let (h_n, d) = (self.heads, self.d);
         for h in 0..h_n {
-            let src = ((b * tokens + token) * h_n + h) * d;
-            let dst = self.offset(b, h, slot);
-            self.keys[dst..dst + d].copy_from_slice(&keys[src..src + d]);
-            self.values[dst..dst + d].copy_from_slice(&values[src..src + d]);
+            for i in 0..count {
+                let src = ((b * tokens + token + i) * h_n + h) * d;
+                let dst = self.offset(b, h, slot + i);
+                self.keys[dst..dst + d].copy_from_slice(&keys[src..src + d]);
+                self.values[dst..dst + d].copy_from_slice(&values[src..src + d]);
+            }
             let first = self.offset(b, h, 0);
             if let Some((q, _)) = &mut self.int8 {
                 // The store's keys, from which a block whose scale changes is quantised again.
                 let store = &self.keys[first..first + self.alloc * d];
-                q.write(b * h_n + h, slot..slot + 1, store);
+                q.write(b * h_n + h, slot..slot + count, store);
             }
         }
     }

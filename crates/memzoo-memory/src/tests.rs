@@ -1104,7 +1104,7 @@ fn auto_scoring_rests_int8_where_it_rescored_too_much() {
         let mut store = HostStore::new(1, 1, d, Some(plan));
         store.grow(n);
         for slot in 0..n {
-            store.write(&keys, &keys, n, 0, slot, slot);
+            store.write(&keys, &keys, n, 0, slot, slot, 1);
         }
         let rows = [RowState { len: n, next: 0 }];
         let queries = clustered_keys(t, d, clusters, spread, 12);
