@@ -24,11 +24,18 @@ use crate::int8::{Int8Keys, Plan, Scan};
 /// block's tokens times the group's query heads).
 const QUERY_BLOCK: usize = 64;
 
-/// Query rows per task with int8 scoring: each block of four key tiles (2 KiB at width 32) is
-/// read from L1 by all of them (16 KiB of int8 queries). 512 against 256: 0.482 -> 0.462 s a
-/// Memorizing-small step at 262,144 keys on the 2-core Zen 5 (measured with the scan of
-/// pairs of tiles).
+/// Query rows per task with int8 scoring, at least: each block of four key tiles (2 KiB at
+/// width 32) is read from L1 by all of them (16 KiB of int8 queries). 512 against 256: 0.482
+/// -> 0.462 s a Memorizing-small step at 262,144 keys on the 2-core Zen 5 (measured with the
+/// scan of pairs of tiles).
 const INT8_QUERY_BLOCK: usize = 512;
+
+/// Query rows per task with int8 scoring, at most. Every task reads all of its store's keys
+/// (the int8 tiles, and most f32 rows for the keys scored again), so fewer, larger tasks read
+/// less: tasks are made as large as this while there is one per thread. On the 2-core Zen 5
+/// at 262,144 keys (a Memorizing-small step, two replicas of 4,096 query rows per store):
+/// 0.281-0.290 s with 512 rows per task, 0.273 with 1,024, 0.265-0.271 with 2,048.
+const INT8_QUERY_BLOCK_MAX: usize = 2048;
 
 /// With `auto` scoring, the share of (query, key) pairs an int8 search may score again in f32
 /// before the next searches go to f32. On the 2-core Zen 5 at 262,144 keys a task of 512
@@ -225,11 +232,14 @@ impl HostStore {
             values: vec![0.0; self.batch * tokens * per_token * d],
             empty: vec![true; self.batch * tokens * per_token],
         };
-        // About QUERY_BLOCK score rows per GEMM (INT8_QUERY_BLOCK per int8 scan), whatever
-        // the group size.
+        // About QUERY_BLOCK score rows per GEMM (INT8_QUERY_BLOCK to INT8_QUERY_BLOCK_MAX per
+        // int8 scan), whatever the group size.
         let int8 = self.int8_for(rows);
         let rows_per_task = match int8 {
-            Some(_) => INT8_QUERY_BLOCK,
+            Some(_) => {
+                let rows = self.batch * tokens * group;
+                (rows / rayon::current_num_threads()).clamp(INT8_QUERY_BLOCK, INT8_QUERY_BLOCK_MAX)
+            }
             None => QUERY_BLOCK,
         };
         let block = rows_per_task.div_ceil(group).clamp(1, tokens.max(1));
