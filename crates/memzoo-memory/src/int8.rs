@@ -659,8 +659,10 @@ unsafe fn thresholds_vnni(scan: &mut Scan, b: &BlockInfo) {
 
 /// The scan with AVX-512 VNNI, for keys of `G` groups: per block (four tiles, 64 slots) and
 /// quad of queries, sixteen registers of 16 int32 scores, `G` steps of four tile loads and
-/// sixteen `vpdpbusd`; then, per query, the elementwise maximum of its four registers against
-/// its threshold, and only where some lane passes, each register's lanes offered.
+/// sixteen `vpdpbusd`; then, per query, its four registers compared with its threshold into
+/// one 64-lane mask, written to the block's list of entries and kept if any lane passed (no
+/// branch on the scores). The entries are offered after the block ([`offer_block`]): each
+/// query's threshold for the block was fixed before it, and its lanes stay in slot order.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VNNI, and the store's tiles their documented size
