@@ -768,3 +768,89 @@ unsafe fn offer_block(store: &Store, queries: &[f32], scan: &mut Scan, b: usize,
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The thresholds: the AVX-512 loop's equal the scalar function's for every query (edge
+    /// cases included: no floor yet, a query that takes nothing, a zero query, a block of zero
+    /// keys, a block with a non-finite key), and each is at most the exact
+    /// `(F − E) / (s_q s_b)` (in f64) plus the query's offset, so that no key whose int8 score
+    /// reaches `F − E` fails it.
+    #[test]
+    fn thresholds_are_the_same_floats_and_never_above_the_exact_one() {
+        let mut state = 0x9e37_79b9_u32;
+        let mut rand = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as f32 / u32::MAX as f32
+        };
+        let n = 100;
+        let mut scan = Scan::default();
+        let queries: Vec<f32> = (0..n * 8).map(|_| rand() * 2.0 - 1.0).collect();
+        scan.start(&queries, 8, 2, 4);
+        for r in 0..n {
+            scan.floors[r] = match r % 10 {
+                0 => f32::NEG_INFINITY,
+                1 => f32::INFINITY,
+                _ => (rand() * 2.0 - 1.0) * [1.0, 1e3, 1e-3][r % 3],
+            };
+        }
+        // A zero query.
+        scan.qinv[5] = 0.0;
+        scan.qoff[5] = 0;
+        let blocks = [
+            BlockInfo {
+                inv_scale: 127.0 / 0.4,
+                alpha: 0.008,
+                beta: 1.01,
+            },
+            BlockInfo {
+                inv_scale: 127.0 / 30.0,
+                alpha: 0.5,
+                beta: 80.0,
+            },
+            BlockInfo {
+                inv_scale: 0.0,
+                alpha: 0.0,
+                beta: 0.0,
+            },
+            BlockInfo {
+                inv_scale: 127.0 / 0.4,
+                alpha: f32::INFINITY,
+                beta: 1.0,
+            },
+        ];
+        for b in &blocks {
+            scan.thresholds_portable(b);
+            let portable = scan.thresholds.clone();
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512 F; `start` padded the arrays.
+                unsafe { thresholds_vnni(&mut scan, b) };
+                assert_eq!(scan.thresholds, portable, "{b:?}");
+            }
+            for r in 0..n {
+                let (floor, thr) = (scan.floors[r], portable[r] as i64);
+                if floor == f32::INFINITY {
+                    assert_eq!(thr, i32::MAX as i64);
+                    continue;
+                }
+                let e =
+                    scan.qnorm[r] as f64 * b.alpha as f64 + scan.qerror[r] as f64 * b.beta as f64;
+                let exact = (floor as f64 - e) * scan.qinv[r] as f64 * b.inv_scale as f64;
+                if exact.is_nan() || exact == f64::NEG_INFINITY {
+                    // Every key passes.
+                    assert!(thr - scan.qoff[r] as i64 <= -(1 << 21), "{b:?}, query {r}");
+                } else {
+                    assert!(
+                        thr - scan.qoff[r] as i64 <= exact.floor() as i64,
+                        "{b:?}, query {r}"
+                    );
+                }
+            }
+        }
+    }
+}
