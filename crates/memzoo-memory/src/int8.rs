@@ -832,8 +832,8 @@ mod tests {
                 unsafe { thresholds_vnni(&mut scan, b) };
                 assert_eq!(scan.thresholds, portable, "{b:?}");
             }
-            for r in 0..n {
-                let (floor, thr) = (scan.floors[r], portable[r] as i64);
+            for (r, &thr) in portable.iter().enumerate().take(n) {
+                let (floor, thr) = (scan.floors[r], thr as i64);
                 if floor == f32::INFINITY {
                     assert_eq!(thr, i32::MAX as i64);
                     continue;
