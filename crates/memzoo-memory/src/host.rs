@@ -129,7 +129,9 @@ impl HostStore {
         store.alloc = slots;
         store.keys = keys;
         store.values = values;
-        if let Some((q, _)) = &mut store.int8 {
+        if let Some((q, _)) = &mut store.int8
+            && slots > 0
+        {
             q.grow(slots);
             for (s, keys) in store.keys.chunks_exact(slots * d).enumerate() {
                 q.write(s, 0..slots, keys);

@@ -369,10 +369,10 @@ fn hnsw_recall_at_defaults_on_random_and_clustered_keys() {
     }
 }
 
-fn round_trip(kind: IndexKind) {
+fn round_trip(kind: IndexKind, scoring: HostScoring) {
     let (b, h, d, cap) = (2, 2, 8, 32);
     let dev = device();
-    let c = config(kind, h, d, cap);
+    let c = config(kind, h, d, cap).with_scoring(scoring);
     let mut index = c.init(b, &dev).unwrap();
     let keys = clustered_keys(64, d, 3, 0.5, 12);
     // Wrap the ring (45 > 32) and leave row 1 shorter.
@@ -403,20 +403,44 @@ fn round_trip(kind: IndexKind) {
     opened.add(kt.clone(), vt.clone()).unwrap();
     index.add(kt, vt).unwrap();
     let q = tensor4(clustered_keys(b * 4 * h, d, 3, 0.5, 14), [b, 4, h, d]);
-    assert_eq!(
-        retrieved_ids(&index.search(q.clone(), 9).unwrap()),
-        retrieved_ids(&opened.search(q, 9).unwrap())
-    );
+    let ids = retrieved_ids(&opened.search(q.clone(), 9).unwrap());
+    assert_eq!(retrieved_ids(&index.search(q.clone(), 9).unwrap()), ids);
+    if kind == IndexKind::Exact && scoring != HostScoring::F32 {
+        // The same adds into an f32 memory find the same keys.
+        let mut f32 = config(kind, h, d, cap)
+            .with_scoring(HostScoring::F32)
+            .init(b, &dev)
+            .unwrap();
+        for (first, count) in [(0, 45), (45, 7), (52, 3)] {
+            if first == 45 {
+                f32.clear(&[1]).unwrap();
+            }
+            let (kt, vt) = segment_tensors(&keys, 64, first, count, b, h, d, &dev);
+            f32.add(kt, vt).unwrap();
+        }
+        assert_eq!(
+            retrieved_ids(&f32.search(q, 9).unwrap()),
+            ids,
+            "{scoring:?}"
+        );
+    }
 }
 
 #[test]
 fn save_open_round_trip_exact() {
-    round_trip(IndexKind::Exact);
+    round_trip(IndexKind::Exact, HostScoring::F32);
+}
+
+/// With int8 scoring: the opened memory quantises its keys from the file; both find the f32
+/// search's keys.
+#[test]
+fn save_open_round_trip_exact_int8() {
+    round_trip(IndexKind::Exact, HostScoring::Int8);
 }
 
 #[test]
 fn save_open_round_trip_hnsw() {
-    round_trip(IndexKind::Hnsw);
+    round_trip(IndexKind::Hnsw, HostScoring::Auto);
 }
 
 #[test]
