@@ -780,13 +780,7 @@ mod tests {
     /// reaches `F − E` fails it.
     #[test]
     fn thresholds_are_the_same_floats_and_never_above_the_exact_one() {
-        let mut state = 0x9e37_79b9_u32;
-        let mut rand = move || {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            state as f32 / u32::MAX as f32
-        };
+        let mut rand = crate::tests::uniform(0x9e37_79b9);
         let n = 100;
         let mut scan = Scan::default();
         let queries: Vec<f32> = (0..n * 8).map(|_| rand() * 2.0 - 1.0).collect();

@@ -519,6 +519,17 @@ fn damaged_or_mismatched_files_are_errors() {
     }
 }
 
+/// Uniform draws in `[0, 1)` from a xorshift generator started at `seed` (not 0).
+pub(crate) fn uniform(seed: u64) -> impl FnMut() -> f32 {
+    let mut state = seed;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
 /// The host top-k (block maxima, then the blocks that reach the floor) of every row of a
 /// column-major score matrix, fed in chunks of columns (the search's 8,192, and sizes that are
 /// not a multiple of the block), equals each row's full sort (score descending, index
@@ -526,13 +537,7 @@ fn damaged_or_mismatched_files_are_errors() {
 #[test]
 fn host_top_k_of_columns_equals_a_full_sort_per_row() {
     use crate::host::ColumnsTopK;
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rand = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 40) as f32 / (1u64 << 24) as f32
-    };
+    let mut rand = uniform(0x9e37_79b9_7f4a_7c15);
     let mut out = ColumnsTopK::default();
     for (n_rows, n, k, levels, chunk) in [
         (1, 9_000, 32, 0, 8192),
