@@ -63,11 +63,12 @@ pub enum HostScoring {
     F32,
     /// Every key in int8 first, then in f32 only the keys whose int8 score, widened by an
     /// error bound, can still reach the top-k (an int8 copy of the keys is kept, a quarter of
-    /// their f32 size). AVX-512 VNNI where the CPU has it; elsewhere plain loops, far slower
-    /// than `f32` (for tests). Heads up to 128 wide.
+    /// their f32 size). AVX-512 VNNI where the CPU has it, else AVX2 (queries in 7 bits);
+    /// elsewhere plain loops, far slower than `f32` (for tests). Heads up to 128 wide.
     Int8,
-    /// `int8` where the CPU has AVX-512 VNNI and a store holds at least
-    /// [`HostScoring::AUTO_INT8_FROM`] keys, `f32` elsewhere; and `f32` for the next 8
+    /// `int8` where a store holds at least [`HostScoring::AUTO_INT8_FROM`] keys on a CPU with
+    /// AVX-512 VNNI, or [`HostScoring::AUTO_INT8_AVX2_FROM`] with AVX2 only, `f32`
+    /// elsewhere; and `f32` for the next 8
     /// searches of a memory whose int8 search scored more than 5% of its keys again in f32
     /// (queries with many keys about as close as their k-th best, where the f32 GEMM is
     /// faster).
@@ -83,9 +84,17 @@ impl HostScoring {
     /// and 55% at 262,144 (0.291 against 0.648 s).
     pub const AUTO_INT8_FROM: usize = 16384;
 
+    /// As [`AUTO_INT8_FROM`](Self::AUTO_INT8_FROM), on a CPU with AVX2 but no AVX-512 VNNI.
+    /// Measured on the 2-core Zen 5 with the AVX2 kernel against the f32 search (whose GEMM
+    /// there runs `gemm`'s FMA kernel, as on an AVX2 CPU), one thread, 512 of a Memorizing-small
+    /// step's queries against the model's keys: int8 takes 4% less time at 8,192, 13-18% at
+    /// 16,384, 27% at 32,768, 37-38% at 65,536, 45% at 131,072 and 50% at 262,144 (49 against
+    /// 99 ms). Not measured on a CPU without AVX-512, hence the margin.
+    pub const AUTO_INT8_AVX2_FROM: usize = 32768;
+
     /// How a host store `d` wide of at most `max_memories` keys per store scores with this
     /// choice on this CPU; `None`: f32 (and no int8 copy of the keys: `auto` keeps none for
-    /// stores that never reach [`AUTO_INT8_FROM`](Self::AUTO_INT8_FROM)).
+    /// stores that never reach the size from which it would score in int8).
     pub(crate) fn plan(self, d: usize, max_memories: usize) -> Option<crate::int8::Plan> {
         use crate::int8::{Kernel, MAX_D, Plan};
         if d > MAX_D {
@@ -94,16 +103,23 @@ impl HostScoring {
         match self {
             HostScoring::F32 => None,
             HostScoring::Int8 => Some(Plan {
-                kernel: Kernel::detect().unwrap_or(Kernel::Portable),
+                kernel: Kernel::best(),
                 from: 0,
                 adaptive: false,
             }),
-            HostScoring::Auto if max_memories < Self::AUTO_INT8_FROM => None,
-            HostScoring::Auto => Kernel::detect().map(|kernel| Plan {
-                kernel,
-                from: Self::AUTO_INT8_FROM,
-                adaptive: true,
-            }),
+            HostScoring::Auto => {
+                let kernel = Kernel::best();
+                let from = match kernel {
+                    Kernel::Vnni => Self::AUTO_INT8_FROM,
+                    Kernel::Avx2 => Self::AUTO_INT8_AVX2_FROM,
+                    Kernel::Portable => return None,
+                };
+                (max_memories >= from).then_some(Plan {
+                    kernel,
+                    from,
+                    adaptive: true,
+                })
+            }
         }
     }
 }

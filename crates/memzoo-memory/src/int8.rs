@@ -59,13 +59,16 @@ const THRESHOLD_LIMIT: f32 = (1 << 30) as f32;
 pub(crate) enum Kernel {
     /// AVX-512 VNNI (`vpdpbusd`).
     Vnni,
-    /// Plain loops, for CPUs without it.
+    /// AVX2 (`vpmaddubsw`, then `vpmaddwd`): queries in 7 bits, so that the 16-bit sums of
+    /// two byte products cannot saturate (`2 · 255 · 63 < 2^15`).
+    Avx2,
+    /// Plain loops, for CPUs without either.
     Portable,
 }
 
 impl Kernel {
-    /// The kernel this CPU runs fastest, `None` where int8 scoring would not pay (no VNNI).
-    pub fn detect() -> Option<Self> {
+    /// The VNNI kernel, where the CPU has AVX-512 F, BW and VNNI.
+    pub fn vnni() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
@@ -74,6 +77,35 @@ impl Kernel {
             return Some(Kernel::Vnni);
         }
         None
+    }
+
+    /// The fastest kernel this CPU has: VNNI, else AVX2, else plain loops.
+    pub fn best() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return Self::vnni().unwrap_or(Kernel::Avx2);
+        }
+        Self::vnni().unwrap_or(Kernel::Portable)
+    }
+
+    /// Every kernel this CPU can run (the tests compare them).
+    #[cfg(test)]
+    pub fn available() -> Vec<Self> {
+        let mut all = vec![Kernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            all.push(Kernel::Avx2);
+        }
+        all.extend(Self::vnni());
+        all
+    }
+
+    /// The largest query byte: 127, or 63 for the AVX2 kernel.
+    fn query_levels(self) -> f32 {
+        match self {
+            Kernel::Avx2 => 63.0,
+            _ => 127.0,
+        }
     }
 }
 
@@ -260,7 +292,7 @@ impl Int8Keys {
         k: usize,
         scan: &mut Scan,
     ) {
-        scan.start(queries, self.d, self.groups, k);
+        scan.start(queries, self.d, self.groups, k, self.kernel.query_levels());
         let blocks = self.alloc / BLOCK;
         let view = Store {
             tiles: &self.tiles[store * self.store_bytes()..(store + 1) * self.store_bytes()],
@@ -270,8 +302,7 @@ impl Int8Keys {
             filled: filled.min(self.alloc),
         };
         match self.kernel {
-            // SAFETY: `Kernel::Vnni` is only chosen where `Kernel::detect` found the
-            // features.
+            // SAFETY: `Kernel::Vnni` is only chosen where `Kernel::vnni` found the features.
             #[cfg(target_arch = "x86_64")]
             Kernel::Vnni => unsafe {
                 match self.groups {
@@ -281,6 +312,18 @@ impl Int8Keys {
                     8 => scan_vnni::<8>(&view, queries, scan),
                     16 => scan_vnni::<16>(&view, queries, scan),
                     _ => scan_vnni::<32>(&view, queries, scan),
+                }
+            },
+            // SAFETY: `Kernel::Avx2` is only chosen where `Kernel::best` found AVX2.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe {
+                match self.groups {
+                    1 => scan_avx2::<1>(&view, queries, scan),
+                    2 => scan_avx2::<2>(&view, queries, scan),
+                    4 => scan_avx2::<4>(&view, queries, scan),
+                    8 => scan_avx2::<8>(&view, queries, scan),
+                    16 => scan_avx2::<16>(&view, queries, scan),
+                    _ => scan_avx2::<32>(&view, queries, scan),
                 }
             },
             _ => scan_portable(&view, self.groups, queries, scan),
@@ -393,7 +436,9 @@ pub(crate) struct Scan {
 }
 
 impl Scan {
-    fn start(&mut self, queries: &[f32], d: usize, groups: usize, k: usize) {
+    /// Packs `queries` (`[n, d]`) with bytes up to `levels` (127, or 63 for AVX2) and empties
+    /// the best `k` of each.
+    fn start(&mut self, queries: &[f32], d: usize, groups: usize, k: usize, levels: f32) {
         let n = queries.len() / d;
         let n_pad = n.next_multiple_of(LANES);
         self.k = k;
@@ -426,8 +471,8 @@ impl Scan {
                 continue;
             }
             let m = q.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-            let sq = m / 127.0;
-            let inv = if m > 0.0 { 127.0 / m } else { 0.0 };
+            let sq = m / levels;
+            let inv = if m > 0.0 { levels / m } else { 0.0 };
             let (mut sum, mut err, mut norm) = (0i32, 0.0f32, 0.0f32);
             for g in 0..groups {
                 let mut word = [0u8; 4];
@@ -515,12 +560,21 @@ fn quantise(y: f32) -> i32 {
 /// `a·b` in f32 in a fixed order, the one [`dot_avx512`] computes: 16 partial sums (lane
 /// `i` of chunk `c` of 16, zero-padded, added to sum `i`), then halves added pairwise
 /// (`i + 8`, `i + 4`, `i + 2`, `i + 1`).
+#[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
-    for (x, y) in a.chunks(LANES).zip(b.chunks(LANES)) {
+    let (xs, ys) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (x_tail, y_tail) = (xs.remainder(), ys.remainder());
+    for (x, y) in xs.zip(ys) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    if !x_tail.is_empty() {
+        // The last chunk zero-padded: `+ 0·0` in the lanes past the end too.
         let pad = |v: &[f32], i: usize| v.get(i).copied().unwrap_or(0.0);
         for (i, sum) in acc.iter_mut().enumerate() {
-            *sum += pad(x, i) * pad(y, i);
+            *sum += pad(x_tail, i) * pad(y_tail, i);
         }
     }
     let mut width = LANES / 2;
@@ -613,6 +667,50 @@ fn scan_portable(store: &Store, groups: usize, queries: &[f32], scan: &mut Scan)
                 }
                 offer_lanes(store, queries, scan, r, t * TILE, mask);
             }
+        }
+    }
+}
+
+/// Every query's threshold for block `b` ([`Thresholds::one`]'s floats, 8 queries at once).
+///
+/// # Safety
+/// The CPU must have AVX2; the per-query arrays are padded to a multiple of [`LANES`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn thresholds_avx2(scan: &mut Scan, b: &BlockInfo) {
+    use std::arch::x86_64::*;
+    let n_pad = scan.floors.len();
+    assert!(n_pad.is_multiple_of(LANES) && [scan.qnorm.len(), scan.qerror.len()] == [n_pad; 2]);
+    assert!([scan.qinv.len(), scan.qoff.len(), scan.thresholds.len()] == [n_pad; 3]);
+    let (alpha, beta) = (_mm256_set1_ps(b.alpha), _mm256_set1_ps(b.beta));
+    let inv_scale = _mm256_set1_ps(b.inv_scale);
+    let limit = _mm256_set1_ps(THRESHOLD_LIMIT);
+    let low = _mm256_set1_ps(-THRESHOLD_LIMIT);
+    let abs = |x: __m256| _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
+    for r in (0..n_pad).step_by(8) {
+        // SAFETY: `r + 8 <= n_pad`, the length of every array read and written.
+        unsafe {
+            let floor = _mm256_loadu_ps(scan.floors.as_ptr().add(r));
+            let norm = _mm256_loadu_ps(scan.qnorm.as_ptr().add(r));
+            let error = _mm256_loadu_ps(scan.qerror.as_ptr().add(r));
+            let inv_q = _mm256_loadu_ps(scan.qinv.as_ptr().add(r));
+            let offset = _mm256_loadu_si256(scan.qoff.as_ptr().add(r).cast());
+            let e = _mm256_add_ps(_mm256_mul_ps(norm, alpha), _mm256_mul_ps(error, beta));
+            let margin = _mm256_mul_ps(_mm256_set1_ps(1e-6), abs(floor));
+            let t = _mm256_sub_ps(_mm256_sub_ps(floor, e), margin);
+            let y = _mm256_mul_ps(_mm256_mul_ps(t, inv_q), inv_scale);
+            let y = _mm256_sub_ps(y, _mm256_mul_ps(_mm256_set1_ps(2e-6), abs(y)));
+            let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(y, y);
+            let y = _mm256_min_ps(_mm256_max_ps(y, low), limit);
+            let y = _mm256_blendv_ps(y, low, nan);
+            let f = _mm256_cvttps_epi32(_mm256_floor_ps(y));
+            let thr = _mm256_add_epi32(f, offset);
+            let none = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+                floor,
+                _mm256_set1_ps(f32::INFINITY),
+            ));
+            let thr = _mm256_blendv_epi8(thr, _mm256_set1_epi32(i32::MAX), none);
+            _mm256_storeu_si256(scan.thresholds.as_mut_ptr().add(r).cast(), thr);
         }
     }
 }
@@ -749,23 +847,121 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
 #[inline(never)]
 unsafe fn offer_block(store: &Store, queries: &[f32], scan: &mut Scan, b: usize, passed: usize) {
     let d = store.d;
+    offer_entries(scan, b, passed, |r, slot| {
+        // SAFETY: a valid slot is below `filled`: its key is in `keys`, and a query that
+        // passes one is a real row of `queries`; the CPU has AVX-512 F (this function's).
+        unsafe {
+            dot_avx512(
+                queries.as_ptr().add(r * d),
+                store.keys.as_ptr().add(slot * d),
+                d,
+            )
+        }
+    });
+}
+
+/// Per entry `(r, lanes)` of the first `passed` of `scan.entries`, every slot `64 b + i` of bit
+/// `i` of `lanes` scored by `score(r, slot)` and offered to query `r`. Inlined into each
+/// kernel's offers, with their instruction sets.
+#[inline(always)]
+fn offer_entries(scan: &mut Scan, b: usize, passed: usize, score: impl Fn(usize, usize) -> f32) {
     for e in 0..passed {
         let (r, mut m) = scan.entries[e];
         let r = r as usize;
         while m != 0 {
             let slot = b * BLOCK + m.trailing_zeros() as usize;
             m &= m - 1;
-            // SAFETY: a valid slot is below `filled`: its key is in `keys`, and a query that
-            // passes one is a real row of `queries`.
-            let s = unsafe {
-                dot_avx512(
-                    queries.as_ptr().add(r * d),
-                    store.keys.as_ptr().add(slot * d),
-                    d,
-                )
-            };
+            let s = score(r, slot);
             scan.offer(r, slot, s);
         }
+    }
+}
+
+/// The scan with AVX2, for keys of `G` groups: per block, pair of queries and half block (two
+/// tiles, 32 slots), eight registers of 8 int32 scores, `G` steps of four loads and eight
+/// `vpmaddubsw` + `vpmaddwd` + `vpaddd`; then the same per-query masks, list of entries and
+/// offers after the block as [`scan_vnni`] (with [`dot`] for the f32 scores).
+///
+/// # Safety
+/// The CPU must have AVX2, and the store's tiles their documented size (`G * 64` bytes per
+/// tile, over whole blocks); the queries packed with bytes up to 63.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scan_avx2<const G: usize>(store: &Store, queries: &[f32], scan: &mut Scan) {
+    use std::arch::x86_64::*;
+    let n_pad = scan.floors.len();
+    let tile_bytes = G * TILE * 4;
+    let blocks = store.filled.div_ceil(BLOCK);
+    assert!(store.tiles.len() >= blocks * 4 * tile_bytes && store.blocks.len() >= blocks);
+    assert!(scan.qpack.len() >= n_pad * G && scan.thresholds.len() == n_pad);
+    assert!(scan.entries.len() == n_pad);
+    assert!(
+        store.keys.len() >= store.filled * store.d && queries.len() == scan.heaps.len() * store.d
+    );
+    let ones = _mm256_set1_epi16(1);
+    let d = store.d;
+    for b in 0..blocks {
+        // SAFETY: the CPU has AVX2 (this function's features).
+        unsafe { thresholds_avx2(scan, &store.blocks[b]) };
+        // SAFETY (all loads below): within the lengths asserted above.
+        let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
+        let next = ((b + 1) * BLOCK * d).min(store.keys.len());
+        let end = ((b + 2) * BLOCK * d).min(store.keys.len());
+        for at in (next..end).step_by(16) {
+            // SAFETY: `at` is inside `keys`; a prefetch reads nothing.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(store.keys.as_ptr().add(at).cast()) };
+        }
+        let valid = (0..4).fold(0u64, |m, w| m | (store.valid(4 * b + w) as u64) << (16 * w));
+        let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
+        let entries = scan.entries.as_mut_ptr();
+        let mut passed = 0;
+        for r0 in (0..n_pad).step_by(2) {
+            let qp = unsafe { qpack.add(r0 * G) };
+            // `acc >= threshold` as `acc > threshold - 1` (thresholds are above i32::MIN).
+            let thr = [0, 1].map(|u| _mm256_set1_epi32(unsafe { *thresholds.add(r0 + u) } - 1));
+            let mut lanes = [0u64; 2];
+            for half in 0..2 {
+                // acc[4 u + j]: query r0 + u, keys 8 j..8 j + 8 of this half's 32.
+                let mut acc = [_mm256_setzero_si256(); 8];
+                let first = unsafe { tiles.add(2 * half * tile_bytes) };
+                for g in 0..G {
+                    let k = [0, 1, 2, 3].map(|j| unsafe {
+                        _mm256_loadu_si256(
+                            first
+                                .add((j / 2) * tile_bytes + g * 64 + (j % 2) * 32)
+                                .cast(),
+                        )
+                    });
+                    for u in 0..2 {
+                        let q = _mm256_set1_epi32(unsafe { *qp.add(u * G + g) });
+                        for j in 0..4 {
+                            let pairs = _mm256_maddubs_epi16(k[j], q);
+                            let sums = _mm256_madd_epi16(pairs, ones);
+                            acc[4 * u + j] = _mm256_add_epi32(acc[4 * u + j], sums);
+                        }
+                    }
+                }
+                for u in 0..2 {
+                    for j in 0..4 {
+                        let pass = _mm256_cmpgt_epi32(acc[4 * u + j], thr[u]);
+                        let m = _mm256_movemask_ps(_mm256_castsi256_ps(pass)) as u32 as u64;
+                        lanes[u] |= m << (32 * half + 8 * j);
+                    }
+                }
+            }
+            for (u, &l) in lanes.iter().enumerate() {
+                let l = l & valid;
+                // SAFETY: `passed <= r0 + u < n_pad`, the entries' length.
+                unsafe { *entries.add(passed) = ((r0 + u) as u32, l) };
+                passed += (l != 0) as usize;
+            }
+        }
+        offer_entries(scan, b, passed, |r, slot| {
+            dot(
+                &queries[r * d..(r + 1) * d],
+                &store.keys[slot * d..(slot + 1) * d],
+            )
+        });
     }
 }
 
@@ -773,7 +969,7 @@ unsafe fn offer_block(store: &Store, queries: &[f32], scan: &mut Scan, b: usize,
 mod tests {
     use super::*;
 
-    /// The thresholds: the AVX-512 loop's equal the scalar function's for every query (edge
+    /// The thresholds: the AVX-512 and AVX2 loops' equal the scalar function's for every query (edge
     /// cases included: no floor yet, a query that takes nothing, a zero query, a block of zero
     /// keys, a block with a non-finite key), and each is at most the exact
     /// `(F − E) / (s_q s_b)` (in f64) plus the query's offset, so that no key whose int8 score
@@ -784,7 +980,7 @@ mod tests {
         let n = 100;
         let mut scan = Scan::default();
         let queries: Vec<f32> = (0..n * 8).map(|_| rand() * 2.0 - 1.0).collect();
-        scan.start(&queries, 8, 2, 4);
+        scan.start(&queries, 8, 2, 4, 127.0);
         for r in 0..n {
             scan.floors[r] = match r % 10 {
                 0 => f32::NEG_INFINITY,
@@ -825,6 +1021,12 @@ mod tests {
                 // SAFETY: the CPU has AVX-512 F; `start` padded the arrays.
                 unsafe { thresholds_vnni(&mut scan, b) };
                 assert_eq!(scan.thresholds, portable, "{b:?}");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2; `start` padded the arrays.
+                unsafe { thresholds_avx2(&mut scan, b) };
+                assert_eq!(scan.thresholds, portable, "{b:?}, AVX2");
             }
             for (r, &thr) in portable.iter().enumerate().take(n) {
                 let (floor, thr) = (scan.floors[r], thr as i64);

@@ -12,10 +12,10 @@
 //! Two backends behind the one trait:
 //! - [`ExactIndex`]: a search is a batched matmul `Q Kᵀ` and a top-k: on the model's device
 //!   for GPUs (the fastest at any size we train with), fused per query block in host memory
-//!   for CPU devices. There, from 16,384 keys per store on a CPU with AVX-512 VNNI, the keys
-//!   are scored in int8 first and again in f32 only where an error bound says the int8 score
-//!   could be wrong about the top-k ([`HostScoring`]): the same top-k, a Memorizing-small
-//!   step at 262,144 keys 2.2x faster.
+//!   for CPU devices. There, from 16,384 keys per store on a CPU with AVX-512 VNNI (32,768
+//!   with AVX2 only), the keys are scored in int8 first and again in f32 only where an error
+//!   bound says the int8 score could be wrong about the top-k ([`HostScoring`]): the same
+//!   top-k, a Memorizing-small step at 262,144 keys 2.4x faster with VNNI.
 //! - [`UsearchIndex`]: an HNSW graph (usearch, inner product) per (row, kv head), values in a
 //!   host ring gathered by id. Adds and searches run in parallel across (row, kv head) stores.
 //!

@@ -989,10 +989,7 @@ fn hnsw_levels_after_open_are_those_of_the_saved_memory() {
 #[test]
 fn int8_scan_equals_a_full_sort_per_query() {
     use crate::int8::{Int8Keys, Kernel, Scan};
-    let kernels: Vec<Kernel> = [Some(Kernel::Portable), Kernel::detect()]
-        .into_iter()
-        .flatten()
-        .collect();
+    let kernels = Kernel::available();
     let cases: [(&str, usize, usize, usize, usize, f32, usize); 7] = [
         // name, d, stored, k, clusters, spread, duplicates (0: none)
         ("isotropic 32", 32, 3001, 32, 0, 0.0, 0),
@@ -1095,10 +1092,7 @@ fn int8_scan_scores_non_finite_keys_in_f32() {
     keys[40 * d] = f32::INFINITY;
     keys[70 * d + 1] = f32::NAN;
     let query: Vec<f32> = (0..d).map(|i| if i == 0 { 1.0 } else { 0.1 }).collect();
-    for kernel in [Some(Kernel::Portable), Kernel::detect()]
-        .into_iter()
-        .flatten()
-    {
+    for kernel in Kernel::available() {
         let mut int8 = Int8Keys::new(kernel, 1, d);
         int8.grow(n);
         int8.write(0, 0..n, &keys);
@@ -1120,7 +1114,8 @@ fn int8_scan_scores_non_finite_keys_in_f32() {
 /// `auto` scoring sends the next 8 searches of a store to f32 after an int8 search that
 /// scored more than 5% of its (query, key) pairs again in f32 (one cluster so tight that every
 /// key is as close as the k-th best), and keeps int8 where few are (isotropic keys); every
-/// search equals the naive top-k. Needs AVX-512 VNNI (elsewhere `auto` is f32 throughout).
+/// search equals the naive top-k. Needs AVX2 or AVX-512 VNNI (elsewhere `auto` is f32
+/// throughout).
 #[test]
 fn auto_scoring_rests_int8_where_it_rescored_too_much() {
     use crate::host::HostStore;
