@@ -1,12 +1,14 @@
 //! The host exact search's int8 first pass: every stored key also kept in int8, every query
 //! scored against every key in int8 (AVX-512 VNNI where the CPU has it: 64 multiply-adds an
-//! instruction, against 16 for an f32 FMA), and only the keys whose int8 score, widened by an
-//! error bound, can still reach a query's k best scored again in f32. The result is the f32
-//! search's: the same keys, best first by their f32 scores, ties by slot.
+//! instruction, against 16 for an f32 FMA; else AVX2's `vpmaddubsw`, with queries in 7 bits),
+//! and only the keys whose int8 score, widened by an error bound, can still reach a query's k
+//! best scored again in f32. The result is the f32 search's: the same keys, best first by
+//! their f32 scores, ties by slot.
 //!
 //! **The bound.** Keys are stored in blocks of 64 slots, each with one scale
 //! `s_b = max |k_i| / 127` over the block's keys, as `k̂ = s_b round(k / s_b)`; a query is
-//! taken as `q̂ = s_q round(q / s_q)`, `s_q = max_i |q_i| / 127`. So
+//! taken as `q̂ = s_q round(q / s_q)`, `s_q = max_i |q_i| / 127` (`/ 63` for the AVX2
+//! kernel). So
 //! `|k_i − k̂_i| ≤ s_b / 2`, `|q_i − q̂_i| ≤ s_q / 2`, and
 //!
 //! ```text
