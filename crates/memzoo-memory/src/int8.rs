@@ -362,8 +362,8 @@ impl Store<'_> {
 ///
 /// `i32::MAX` (nothing passes) for a query that takes nothing (`F = +∞`); `y` clamped to
 /// `±2^30`, minus `2^30` where it is not a number (a non-finite key in the block, or a zero
-/// scale times an infinite `t`: every key passes). The VNNI kernel computes the same floats,
-/// 16 queries at a time, in the same order.
+/// scale times an infinite `t`: every key passes). The SIMD kernels compute the same floats,
+/// 8 queries at a time, in the same order ([`thresholds_avx2`]).
 struct Thresholds;
 
 impl Thresholds {
@@ -673,7 +673,8 @@ fn scan_portable(store: &Store, groups: usize, queries: &[f32], scan: &mut Scan)
     }
 }
 
-/// Every query's threshold for block `b` ([`Thresholds::one`]'s floats, 8 queries at once).
+/// Every query's threshold for block `b` ([`Thresholds::one`]'s floats, 8 queries at once),
+/// for both SIMD kernels.
 ///
 /// # Safety
 /// The CPU must have AVX2; the per-query arrays are padded to a multiple of [`LANES`].
@@ -717,46 +718,6 @@ unsafe fn thresholds_avx2(scan: &mut Scan, b: &BlockInfo) {
     }
 }
 
-/// Every query's threshold for block `b` ([`Thresholds::one`]'s floats, 16 queries at once).
-///
-/// # Safety
-/// The CPU must have AVX-512 F; the per-query arrays are padded to a multiple of [`LANES`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn thresholds_vnni(scan: &mut Scan, b: &BlockInfo) {
-    use std::arch::x86_64::*;
-    let n_pad = scan.floors.len();
-    assert!(n_pad.is_multiple_of(LANES) && [scan.qnorm.len(), scan.qerror.len()] == [n_pad; 2]);
-    assert!([scan.qinv.len(), scan.qoff.len(), scan.thresholds.len()] == [n_pad; 3]);
-    let (alpha, beta) = (_mm512_set1_ps(b.alpha), _mm512_set1_ps(b.beta));
-    let inv_scale = _mm512_set1_ps(b.inv_scale);
-    let limit = _mm512_set1_ps(THRESHOLD_LIMIT);
-    let low = _mm512_set1_ps(-THRESHOLD_LIMIT);
-    for r in (0..n_pad).step_by(LANES) {
-        // SAFETY: `r + 16 <= n_pad`, the length of every array read and written.
-        unsafe {
-            let floor = _mm512_loadu_ps(scan.floors.as_ptr().add(r));
-            let norm = _mm512_loadu_ps(scan.qnorm.as_ptr().add(r));
-            let error = _mm512_loadu_ps(scan.qerror.as_ptr().add(r));
-            let inv_q = _mm512_loadu_ps(scan.qinv.as_ptr().add(r));
-            let offset = _mm512_loadu_si512(scan.qoff.as_ptr().add(r).cast());
-            let e = _mm512_add_ps(_mm512_mul_ps(norm, alpha), _mm512_mul_ps(error, beta));
-            let margin = _mm512_mul_ps(_mm512_set1_ps(1e-6), _mm512_abs_ps(floor));
-            let t = _mm512_sub_ps(_mm512_sub_ps(floor, e), margin);
-            let y = _mm512_mul_ps(_mm512_mul_ps(t, inv_q), inv_scale);
-            let y = _mm512_sub_ps(y, _mm512_mul_ps(_mm512_set1_ps(2e-6), _mm512_abs_ps(y)));
-            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
-            let y = _mm512_min_ps(_mm512_max_ps(y, low), limit);
-            let y = _mm512_mask_blend_ps(nan, y, low);
-            let f = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(y);
-            let thr = _mm512_add_epi32(f, offset);
-            let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(floor, _mm512_set1_ps(f32::INFINITY));
-            let thr = _mm512_mask_blend_epi32(none, thr, _mm512_set1_epi32(i32::MAX));
-            _mm512_storeu_si512(scan.thresholds.as_mut_ptr().add(r).cast(), thr);
-        }
-    }
-}
-
 /// The scan with AVX-512 VNNI, for keys of `G` groups: per block (four tiles, 64 slots) and
 /// quad of queries, sixteen registers of 16 int32 scores, `G` steps of four tile loads and
 /// sixteen `vpdpbusd`; then, per query, its four registers compared with its threshold into
@@ -782,8 +743,8 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
         store.keys.len() >= store.filled * store.d && queries.len() == scan.heaps.len() * store.d
     );
     for b in 0..blocks {
-        // SAFETY: the CPU has AVX-512 F (this function's features).
-        unsafe { thresholds_vnni(scan, &store.blocks[b]) };
+        // SAFETY: the CPU has AVX2 (implied by this function's AVX-512 F).
+        unsafe { thresholds_avx2(scan, &store.blocks[b]) };
         // SAFETY (all loads below): within the lengths asserted above.
         let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
         // The f32 rows of the next block, which the offers of some query of the task will
@@ -971,7 +932,7 @@ unsafe fn scan_avx2<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
 mod tests {
     use super::*;
 
-    /// The thresholds: the AVX-512 and AVX2 loops' equal the scalar function's for every query (edge
+    /// The thresholds: the AVX2 loop's equal the scalar function's for every query (edge
     /// cases included: no floor yet, a query that takes nothing, a zero query, a block of zero
     /// keys, a block with a non-finite key), and each is at most the exact
     /// `(F − E) / (s_q s_b)` (in f64) plus the query's offset, so that no key whose int8 score
@@ -1018,12 +979,6 @@ mod tests {
         for b in &blocks {
             scan.thresholds_portable(b);
             let portable = scan.thresholds.clone();
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has AVX-512 F; `start` padded the arrays.
-                unsafe { thresholds_vnni(&mut scan, b) };
-                assert_eq!(scan.thresholds, portable, "{b:?}");
-            }
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2; `start` padded the arrays.
