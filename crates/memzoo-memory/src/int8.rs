@@ -349,6 +349,36 @@ impl Store<'_> {
         let n = self.filled.saturating_sub(t * TILE).min(TILE);
         ((1u32 << n) - 1) as u16
     }
+
+    /// The blocks a SIMD scan of keys `groups` groups wide reads, after checking what it
+    /// reads without bounds checks: the tiles of every block (`groups * 64` bytes a tile),
+    /// `groups` packed words per query, a threshold and an entry per query, and for the
+    /// offers every valid slot's f32 key and every real query.
+    fn scan_blocks(&self, queries: &[f32], scan: &Scan, groups: usize) -> usize {
+        let n_pad = scan.floors.len();
+        let blocks = self.filled.div_ceil(BLOCK);
+        assert!(self.tiles.len() >= blocks * 4 * groups * TILE * 4 && self.blocks.len() >= blocks);
+        assert!(scan.qpack.len() >= n_pad * groups && scan.thresholds.len() == n_pad);
+        assert!(scan.entries.len() == n_pad);
+        assert!(
+            self.keys.len() >= self.filled * self.d && queries.len() == scan.heaps.len() * self.d
+        );
+        blocks
+    }
+
+    /// Fetches the f32 rows of block `b + 1`, which the offers of some query of the task will
+    /// most likely read, while block `b` is scored (a miss on each offered row was half of the
+    /// offers' time).
+    #[cfg(target_arch = "x86_64")]
+    fn prefetch_next_rows(&self, b: usize) {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let next = ((b + 1) * BLOCK * self.d).min(self.keys.len());
+        let end = ((b + 2) * BLOCK * self.d).min(self.keys.len());
+        for at in (next..end).step_by(16) {
+            // SAFETY: `at` is inside `keys`; a prefetch reads nothing.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(self.keys.as_ptr().add(at).cast()) };
+        }
+    }
 }
 
 /// The integer threshold of a query for a block: the least `Σ_i key_byte_i q_i` (the query's
@@ -734,28 +764,13 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
     use std::arch::x86_64::*;
     let n_pad = scan.floors.len();
     let tile_bytes = G * TILE * 4;
-    let blocks = store.filled.div_ceil(BLOCK);
-    assert!(store.tiles.len() >= blocks * 4 * tile_bytes && store.blocks.len() >= blocks);
-    assert!(scan.qpack.len() >= n_pad * G && scan.thresholds.len() == n_pad);
-    assert!(scan.entries.len() == n_pad);
-    // Read by the offers: every valid slot's key, every query that can pass.
-    assert!(
-        store.keys.len() >= store.filled * store.d && queries.len() == scan.heaps.len() * store.d
-    );
+    let blocks = store.scan_blocks(queries, scan, G);
     for b in 0..blocks {
         // SAFETY: the CPU has AVX2 (implied by this function's AVX-512 F).
         unsafe { thresholds_avx2(scan, &store.blocks[b]) };
         // SAFETY (all loads below): within the lengths asserted above.
         let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
-        // The f32 rows of the next block, which the offers of some query of the task will
-        // most likely read: fetched while this block is scored (a miss on each offered row
-        // was half of the offers' time).
-        let next = ((b + 1) * BLOCK * store.d).min(store.keys.len());
-        let end = ((b + 2) * BLOCK * store.d).min(store.keys.len());
-        for at in (next..end).step_by(16) {
-            // SAFETY: `at` is inside `keys`; a prefetch reads nothing.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(store.keys.as_ptr().add(at).cast()) };
-        }
+        store.prefetch_next_rows(b);
         // Each tile's lanes that hold written slots.
         let valid: [u16; 4] = std::array::from_fn(|w| store.valid(4 * b + w));
         let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
@@ -854,13 +869,7 @@ unsafe fn scan_avx2<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
     use std::arch::x86_64::*;
     let n_pad = scan.floors.len();
     let tile_bytes = G * TILE * 4;
-    let blocks = store.filled.div_ceil(BLOCK);
-    assert!(store.tiles.len() >= blocks * 4 * tile_bytes && store.blocks.len() >= blocks);
-    assert!(scan.qpack.len() >= n_pad * G && scan.thresholds.len() == n_pad);
-    assert!(scan.entries.len() == n_pad);
-    assert!(
-        store.keys.len() >= store.filled * store.d && queries.len() == scan.heaps.len() * store.d
-    );
+    let blocks = store.scan_blocks(queries, scan, G);
     let ones = _mm256_set1_epi16(1);
     let d = store.d;
     for b in 0..blocks {
@@ -868,12 +877,7 @@ unsafe fn scan_avx2<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
         unsafe { thresholds_avx2(scan, &store.blocks[b]) };
         // SAFETY (all loads below): within the lengths asserted above.
         let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
-        let next = ((b + 1) * BLOCK * d).min(store.keys.len());
-        let end = ((b + 2) * BLOCK * d).min(store.keys.len());
-        for at in (next..end).step_by(16) {
-            // SAFETY: `at` is inside `keys`; a prefetch reads nothing.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(store.keys.as_ptr().add(at).cast()) };
-        }
+        store.prefetch_next_rows(b);
         let valid = (0..4).fold(0u64, |m, w| m | (store.valid(4 * b + w) as u64) << (16 * w));
         let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
         let entries = scan.entries.as_mut_ptr();
