@@ -354,6 +354,7 @@ impl Store<'_> {
     /// reads without bounds checks: the tiles of every block (`groups * 64` bytes a tile),
     /// `groups` packed words per query, a threshold and an entry per query, and for the
     /// offers every valid slot's f32 key and every real query.
+    #[cfg(target_arch = "x86_64")]
     fn scan_blocks(&self, queries: &[f32], scan: &Scan, groups: usize) -> usize {
         let n_pad = scan.floors.len();
         let blocks = self.filled.div_ceil(BLOCK);
@@ -841,6 +842,7 @@ unsafe fn offer_block(store: &Store, queries: &[f32], scan: &mut Scan, b: usize,
 /// Per entry `(r, lanes)` of the first `passed` of `scan.entries`, every slot `64 b + i` of bit
 /// `i` of `lanes` scored by `score(r, slot)` and offered to query `r`. Inlined into each
 /// kernel's offers, with their instruction sets.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn offer_entries(scan: &mut Scan, b: usize, passed: usize, score: impl Fn(usize, usize) -> f32) {
     for e in 0..passed {
