@@ -1111,6 +1111,59 @@ fn int8_scan_scores_non_finite_keys_in_f32() {
     }
 }
 
+/// The host store's int8 search with every kernel this CPU has (plain loops, AVX2, VNNI):
+/// two rows of different lengths, two kv heads read by two query heads each, tokens in more
+/// than one task; every (row, token, query head) gets the naive top-k of its row and kv head,
+/// and the values stored with those keys.
+#[test]
+fn host_int8_search_of_every_kernel_equals_naive_topk() {
+    use crate::host::HostStore;
+    use crate::int8::{Kernel, Plan};
+    let (batch, heads, group, d, n, tokens, k) = (2, 2, 2, 16, 700, 300, 7);
+    let lens = [n, 451];
+    // [batch, n, heads, d]; row 1 holds only its first 451 slots.
+    let keys = clustered_keys(batch * n * heads, d, 6, 0.4, 21);
+    let values: Vec<f32> = (0..keys.len()).map(|i| i as f32).collect();
+    let queries = clustered_keys(batch * tokens * heads * group, d, 6, 0.4, 22);
+    for kernel in Kernel::available() {
+        let plan = Plan {
+            kernel,
+            from: 0,
+            adaptive: false,
+        };
+        let mut store = HostStore::new(batch, heads, d, Some(plan));
+        store.grow(n);
+        for (b, &len) in lens.iter().enumerate() {
+            store.write(&keys, &values, n, b, 0, 0, len);
+        }
+        let rows = lens.map(|len| RowState { len, next: 0 });
+        let hits = store.search(&rows, &queries, tokens, group, k);
+        for b in 0..batch {
+            for t in 0..tokens {
+                for j in 0..heads * group {
+                    let (g, at) = (j / group, ((b * tokens + t) * heads * group + j) * d);
+                    let q = &queries[at..at + d];
+                    // Row b, kv head g: slot s at ((b * n + s) * heads + g) * d.
+                    let own: Vec<f32> = (0..lens[b])
+                        .flat_map(|s| {
+                            let at = ((b * n + s) * heads + g) * d;
+                            keys[at..at + d].to_vec()
+                        })
+                        .collect();
+                    let want = naive_topk(&own, q, d, k);
+                    for (r, &slot) in want.iter().enumerate() {
+                        let out = (((b * tokens + t) * heads * group + j) * k + r) * d;
+                        let src = ((b * n + slot) * heads + g) * d;
+                        let at = format!("{kernel:?}, row {b}, token {t}, head {j}, rank {r}");
+                        assert_eq!(&hits.keys[out..out + d], &keys[src..src + d], "{at}");
+                        assert_eq!(&hits.values[out..out + d], &values[src..src + d], "{at}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `auto` scoring sends the next 8 searches of a store to f32 after an int8 search that
 /// scored more than 5% of its (query, key) pairs again in f32 (one cluster so tight that every
 /// key is as close as the k-th best), and keeps int8 where few are (isotropic keys); every
