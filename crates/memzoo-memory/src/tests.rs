@@ -1138,13 +1138,13 @@ fn host_int8_search_of_every_kernel_equals_naive_topk() {
         }
         let rows = lens.map(|len| RowState { len, next: 0 });
         let hits = store.search(&rows, &queries, tokens, group, k);
-        for b in 0..batch {
+        for (b, &len) in lens.iter().enumerate() {
             for t in 0..tokens {
                 for j in 0..heads * group {
                     let (g, at) = (j / group, ((b * tokens + t) * heads * group + j) * d);
                     let q = &queries[at..at + d];
                     // Row b, kv head g: slot s at ((b * n + s) * heads + g) * d.
-                    let own: Vec<f32> = (0..lens[b])
+                    let own: Vec<f32> = (0..len)
                         .flat_map(|s| {
                             let at = ((b * n + s) * heads + g) * d;
                             keys[at..at + d].to_vec()
