@@ -820,9 +820,10 @@ fn fused_linear_is_burns_linear_to_the_bit() {
 }
 
 /// The dropout mask drawn in parallel chunks (each from its own position of the ChaCha12
-/// stream) is the mask of the sequential loop over one `StdRng::seed_from_u64(seed)` (written
-/// here), element for element, at sizes below, at and across the chunks' boundaries; and about
-/// a fraction `p` of it is zero.
+/// stream; with `rand_chacha`, and with memzoo's AVX-512 ChaCha12 where the CPU has it) is the
+/// mask of the sequential loop over one `StdRng::seed_from_u64(seed)` (written here), element
+/// for element, at sizes below, at and across the chunks' boundaries and the 128-element
+/// batches of sixteen blocks; and about a fraction `p` of it is zero.
 #[test]
 fn dropout_mask_is_the_sequential_generators() {
     use rand::rngs::StdRng;
@@ -835,6 +836,9 @@ fn dropout_mask_is_the_sequential_generators() {
         (1 << 15, 0.1, 42),
         ((1 << 15) + 1, 0.1, 42),
         (3 * (1 << 15) + 17, 0.25, 123_456_789),
+        (127, 0.3, 9),
+        (129, 0.3, 9),
+        (300, 1.0, 3),
     ] {
         let mut rng = StdRng::seed_from_u64(seed);
         let keep = (1.0 / (1.0 - p)) as f32;
@@ -842,12 +846,21 @@ fn dropout_mask_is_the_sequential_generators() {
             .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
             .collect();
         let got = memzoo_fused::dropout::mask_values(n, p, seed);
-        assert_eq!(got.len(), n);
-        if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
-            panic!(
-                "n {n}, seed {seed}: element {i} is {}, the sequential draw {}",
-                got[i], want[i]
-            );
+        // The SIMD path where the CPU has one, and `rand_chacha`'s chunks.
+        for (path, got) in [
+            ("mask_values", &got),
+            (
+                "portable",
+                &memzoo_fused::dropout::mask_values_portable(n, p, seed),
+            ),
+        ] {
+            assert_eq!(got.len(), n);
+            if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+                panic!(
+                    "{path}, n {n}, seed {seed}: element {i} is {}, the sequential draw {}",
+                    got[i], want[i]
+                );
+            }
         }
         if n >= 1000 {
             let zeros = got.iter().filter(|&&m| m == 0.0).count() as f64 / n as f64;

