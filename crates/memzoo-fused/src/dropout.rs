@@ -19,8 +19,8 @@ const CHUNK: usize = 1 << 15;
 /// starts its own copy of the generator at its first element's word, and the mask is the one
 /// the sequential loop draws. Where the CPU has AVX-512 F and BMI2, the stream's blocks are
 /// computed here, sixteen at a time, and compared without leaving the registers (`rand_chacha`
-/// computes four at a time, and each draw went through its buffer): the same words, 4-5x
-/// fewer cycles (dropout took 16% of an XL-small step on the Zen 5, 3% since).
+/// computes four at a time, and each draw went through its buffer): the same words (dropout
+/// took 16% of an XL-small step on the Zen 5 with `rand_chacha`, 3% since).
 pub fn mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("bmi2")
