@@ -41,7 +41,9 @@ const INT8_QUERY_BLOCK_MAX: usize = 2048;
 /// before the next searches go to f32. On the 2-core Zen 5 at 262,144 keys a task of 512
 /// queries costs the int8 search about 17 ms plus 5.6 ms per 1% scored again (queries of
 /// Memorizing-small's steps: 0.28%, 18.6 ms; near copies of stored keys: 0.9%, 24.7 ms, and 4%,
-/// 39.4 ms), the f32 GEMM search about 60 ms: even near 7.7%, and at 65,536 keys likewise.
+/// 39.4 ms), the f32 GEMM search 60-100 ms (about 60 in the steps, 98.5 in that probe): even
+/// between 7.7% and 14%, and at 65,536 keys likewise; the AVX2 kernel (45-50 ms with 0.38%
+/// scored again) near 9%.
 const INT8_MAX_RESCORED: f64 = 0.05;
 
 /// Searches scored in f32 after an int8 search over [`INT8_MAX_RESCORED`], before int8 is
