@@ -820,8 +820,8 @@ fn fused_linear_is_burns_linear_to_the_bit() {
 }
 
 /// The dropout mask drawn in parallel chunks (each from its own position of the ChaCha12
-/// stream; with `rand_chacha`, and with memzoo's AVX-512 ChaCha12 where the CPU has it) is the
-/// mask of the sequential loop over one `StdRng::seed_from_u64(seed)` (written here), element
+/// stream; with `rand_chacha`, and with memzoo's AVX-512 and AVX2 ChaCha12 where the CPU has
+/// them) is the mask of the sequential loop over one `StdRng::seed_from_u64(seed)` (written here), element
 /// for element, at sizes below, at and across the chunks' boundaries and the 128-element
 /// batches of sixteen blocks; and about a fraction `p` of it is zero.
 #[test]
@@ -845,14 +845,13 @@ fn dropout_mask_is_the_sequential_generators() {
         let want: Vec<f32> = (0..n)
             .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
             .collect();
-        let got = memzoo_fused::dropout::mask_values(n, p, seed);
-        // The SIMD path where the CPU has one, and `rand_chacha`'s chunks.
+        use memzoo_fused::dropout::{mask_values, mask_values_avx2, mask_values_portable};
+        let got = mask_values(n, p, seed);
+        // The fastest path the CPU has, AVX2's where it has it, and `rand_chacha`'s chunks.
         for (path, got) in [
             ("mask_values", &got),
-            (
-                "portable",
-                &memzoo_fused::dropout::mask_values_portable(n, p, seed),
-            ),
+            ("avx2", &mask_values_avx2(n, p, seed)),
+            ("portable", &mask_values_portable(n, p, seed)),
         ] {
             assert_eq!(got.len(), n);
             if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
