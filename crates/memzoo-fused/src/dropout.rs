@@ -123,6 +123,24 @@ pub fn mask_values_portable(n: usize, p: f64, seed: u64) -> Vec<f32> {
     mask
 }
 
+/// ChaCha12's rounds on the state `x` (16 words, each a register of blocks): six double
+/// rounds, each the four column quarter rounds then the four diagonal ones.
+#[cfg(target_arch = "x86_64")]
+macro_rules! chacha12_rounds {
+    ($x:ident, $quarter:ident) => {
+        for _ in 0..6 {
+            $quarter(&mut $x, 0, 4, 8, 12);
+            $quarter(&mut $x, 1, 5, 9, 13);
+            $quarter(&mut $x, 2, 6, 10, 14);
+            $quarter(&mut $x, 3, 7, 11, 15);
+            $quarter(&mut $x, 0, 5, 10, 15);
+            $quarter(&mut $x, 1, 6, 11, 12);
+            $quarter(&mut $x, 2, 7, 8, 13);
+            $quarter(&mut $x, 3, 4, 9, 14);
+        }
+    };
+}
+
 /// The masks with AVX-512: sixteen ChaCha12 blocks at once, lane `j` of register `w` holding
 /// word `w` of block `j`, the same stream as `rand_chacha`'s (the RFC's state: constants, the
 /// 8 key words, a 64-bit block counter in words 12-13, the stream number, 0, in 14-15).
@@ -179,17 +197,7 @@ mod avx512 {
                 _ => _mm512_setzero_si512(),
             });
             let mut x = init;
-            // ChaCha12: six double rounds.
-            for _ in 0..6 {
-                quarter(&mut x, 0, 4, 8, 12);
-                quarter(&mut x, 1, 5, 9, 13);
-                quarter(&mut x, 2, 6, 10, 14);
-                quarter(&mut x, 3, 7, 11, 15);
-                quarter(&mut x, 0, 5, 10, 15);
-                quarter(&mut x, 1, 6, 11, 12);
-                quarter(&mut x, 2, 7, 8, 13);
-                quarter(&mut x, 3, 4, 9, 14);
-            }
+            chacha12_rounds!(x, quarter);
             for w in 0..16 {
                 x[w] = _mm512_add_epi32(x[w], init[w]);
             }
@@ -285,16 +293,7 @@ mod avx2 {
                 _ => _mm256_setzero_si256(),
             });
             let mut x = init;
-            for _ in 0..6 {
-                quarter(&mut x, 0, 4, 8, 12);
-                quarter(&mut x, 1, 5, 9, 13);
-                quarter(&mut x, 2, 6, 10, 14);
-                quarter(&mut x, 3, 7, 11, 15);
-                quarter(&mut x, 0, 5, 10, 15);
-                quarter(&mut x, 1, 6, 11, 12);
-                quarter(&mut x, 2, 7, 8, 13);
-                quarter(&mut x, 3, 4, 9, 14);
-            }
+            chacha12_rounds!(x, quarter);
             for w in 0..16 {
                 x[w] = _mm256_add_epi32(x[w], init[w]);
             }
