@@ -76,6 +76,7 @@ unsafe fn simd_mask(n: usize, p: f64, seed: u64, kernel: Kernel) -> Option<Vec<f
 }
 
 /// The ChaCha12 key of `StdRng::seed_from_u64(seed)`, as 8 little-endian words.
+#[cfg(target_arch = "x86_64")]
 fn key_words(seed: u64) -> [u32; 8] {
     let seed = ChaCha12Rng::seed_from_u64(seed).get_seed();
     std::array::from_fn(|i| {
