@@ -27,6 +27,7 @@
 mod attention;
 mod flops;
 mod generate;
+mod masks;
 mod measure;
 mod memory;
 mod models;
@@ -63,7 +64,7 @@ enum Command {
 /// Options shared by every benchmark.
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Suites (models, attention, memory, generate, quality) or single configs (xl-small,
+    /// Suites (models, attention, memory, generate, masks, quality) or single configs (xl-small,
     /// attention-xl-2048, ...).
     #[arg(required = true)]
     pub targets: Vec<String>,
@@ -119,8 +120,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_peers: bool,
     /// `scale`'s Memorizing curve: the kNN indexes measured at each store size
-    /// (comma-separated: `exact`, `exactf32` / `exactint8` (exact search scored that way on
-    /// the host; `exact`: the default, `auto`), `hnsw` with the expansion chosen by size,
+    /// (comma-separated: `exact`, `exactf32` / `exactint8` / `exactint8avx2` (exact search
+    /// scored that way on the host, the last with the AVX2 kernel even where the CPU has VNNI;
+    /// `exact`: the default, `auto`), `hnsw` with the expansion chosen by size,
     /// `hnsw<ef>` with a fixed expansion `ef`, e.g. `hnsw32`; default: exact, hnsw, hnsw64).
     #[arg(long, value_delimiter = ',')]
     pub index_kinds: Option<Vec<String>>,
@@ -202,6 +204,13 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                 }
                 continue;
             }
+            "masks" => {
+                for m in masks::suite(&args)? {
+                    emit(&m, args.out.as_ref())?;
+                    results.push(m);
+                }
+                continue;
+            }
             "generate" => {
                 for m in generate::suite(&args, &device)? {
                     emit(&m, args.out.as_ref())?;
@@ -242,7 +251,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                     return Err(format!(
                         "unknown benchmark `{other}`: expected models, attention, memory, \
                          memory-crossover, \
-                         generate, quality, xl-small, xl-small-trainer, xl-small-eval, \
+                         generate, masks, quality, xl-small, xl-small-trainer, xl-small-eval, \
                          reformer-small, reformer-step-<layers>-<rev|plain>-<len>[-<d_model>], \
                          memorizing-small[-full|-noknn] or attention-<full|lsh|xl|knn>-<len>"
                     ));

@@ -30,7 +30,8 @@
 //!   in the store size with exact search, **sublinear** (about logarithmic) with HNSW at a
 //!   fixed expansion. A third kind, `hnsw64`, searches HNSW at a fixed expansion of 64 (a
 //!   recall/speed setting of the kind the peer's faiss index uses, its recall measured);
-//!   `exactf32` and `exactint8` choose exact search's scoring on the host (`exact` takes the
+//!   `exactf32`, `exactint8` and `exactint8avx2` (the AVX2 kernel even where the CPU has
+//!   VNNI) choose exact search's scoring on the host (`exact` takes the
 //!   default, int8 where the CPU has AVX-512 VNNI).
 //!   memorizing-transformers-pytorch beside it (`xtask/peers/scale.py
 //!   memorizing train N`: `bench_peers.py`'s `memorizing-small`, faiss HNSW with M 15, each
@@ -142,7 +143,7 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                     .unwrap_or_else(|| ["exact", "hnsw", "hnsw64"].map(String::from).to_vec());
                 if let Some(k) = kinds.iter().find(|k| IndexChoice::parse(k).is_none()) {
                     return Err(format!(
-                        "--index-kinds: `{k}` is not exact, exactf32, exactint8, hnsw or \
+                        "--index-kinds: `{k}` is not exact, exactf32, exactint8, exactint8avx2, hnsw or \
                          hnsw<ef>[m<M>][a<ef_add>] \
                          (each number > 0)"
                     ));
@@ -325,7 +326,8 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
 }
 
 /// The kNN index of a Memorizing point, by name: `exact` (the default scoring: int8 first
-/// where the CPU has AVX-512 VNNI), `exactf32` and `exactint8` (that scoring); `hnsw` (memzoo's defaults, the
+/// where the CPU has AVX-512 VNNI), `exactf32`, `exactint8` and `exactint8avx2` (that scoring:
+/// the last, the AVX2 kernel even with VNNI); `hnsw` (memzoo's defaults, the
 /// search expansion chosen by size); `hnsw<ef>[m<M>][a<ef_add>]`: HNSW searched with the
 /// fixed expansion `ef`, and optionally built with degree `M` and insertion expansion `ef_add`
 /// (`hnsw32m15a40`: the peer's faiss settings, `IndexHNSWFlat(M = 15)` with its default
@@ -333,7 +335,8 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct IndexChoice {
     pub(crate) kind: IndexKind,
-    /// Exact search's scoring (`exactf32`, `exactint8`; `exact`: the default, `auto`).
+    /// Exact search's scoring (`exactf32`, `exactint8`, `exactint8avx2`; `exact`: the default,
+    /// `auto`).
     pub(crate) scoring: HostScoring,
     pub(crate) name: String,
     pub(crate) expansion_search: Option<usize>,
@@ -354,7 +357,7 @@ impl IndexChoice {
         };
         match name {
             "exact" => choice.kind = IndexKind::Exact,
-            "exactf32" | "exactint8" => {
+            "exactf32" | "exactint8" | "exactint8avx2" => {
                 choice.kind = IndexKind::Exact;
                 choice.scoring = name["exact".len()..].parse().ok()?;
             }

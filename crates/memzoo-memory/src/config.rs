@@ -66,6 +66,10 @@ pub enum HostScoring {
     /// their f32 size). AVX-512 VNNI where the CPU has it, else AVX2 (queries in 7 bits);
     /// elsewhere plain loops, far slower than `f32` (for tests). Heads up to 128 wide.
     Int8,
+    /// `int8` with the AVX2 kernel even where the CPU has AVX-512 VNNI (plain loops without
+    /// AVX2): to measure what a CPU without AVX-512 runs (`bench scale --index-kinds
+    /// exactint8avx2`).
+    Int8Avx2,
     /// `int8` where a store holds at least [`HostScoring::AUTO_INT8_FROM`] keys on a CPU with
     /// AVX-512 VNNI, or [`HostScoring::AUTO_INT8_AVX2_FROM`] with AVX2 only, `f32`
     /// elsewhere; and `f32` for the next 8
@@ -85,11 +89,12 @@ impl HostScoring {
     pub const AUTO_INT8_FROM: usize = 16384;
 
     /// As [`AUTO_INT8_FROM`](Self::AUTO_INT8_FROM), on a CPU with AVX2 but no AVX-512 VNNI.
-    /// Measured on the 2-core Zen 5 with the AVX2 kernel against the f32 search (whose GEMM
-    /// there runs `gemm`'s FMA kernel, as on an AVX2 CPU), one thread, 512 of a Memorizing-small
-    /// step's queries against the model's keys: int8 takes 4% less time at 8,192, 13-18% at
-    /// 16,384, 27% at 32,768, 37-38% at 65,536, 45% at 131,072 and 50% at 262,144 (49 against
-    /// 99 ms). Not measured on a CPU without AVX-512, hence the margin.
+    /// Measured on the 2-core Zen 5 with the AVX2 kernel forced (`cargo xtask bench scale
+    /// --families memorizing --index-kinds exactf32,exactint8avx2`, a Memorizing-small step),
+    /// against f32 scoring whose products there use AVX-512: level at 32,768 (0.235-0.239
+    /// against 0.234-0.240 s), 4% less time at 65,536, 12% at 131,072, 20% at 262,144 (0.533
+    /// against 0.669 s). A CPU with only AVX2 runs the f32 products at half the width; not
+    /// measured on one.
     pub const AUTO_INT8_AVX2_FROM: usize = 32768;
 
     /// How a host store `d` wide of at most `max_memories` keys per store scores with this
@@ -104,6 +109,11 @@ impl HostScoring {
             HostScoring::F32 => None,
             HostScoring::Int8 => Some(Plan {
                 kernel: Kernel::best(),
+                from: 0,
+                adaptive: false,
+            }),
+            HostScoring::Int8Avx2 => Some(Plan {
+                kernel: Kernel::avx2().unwrap_or(Kernel::Portable),
                 from: 0,
                 adaptive: false,
             }),
@@ -130,9 +140,10 @@ impl std::str::FromStr for HostScoring {
         match s {
             "f32" => Ok(HostScoring::F32),
             "int8" => Ok(HostScoring::Int8),
+            "int8avx2" => Ok(HostScoring::Int8Avx2),
             "auto" => Ok(HostScoring::Auto),
             other => Err(format!(
-                "unknown host scoring `{other}`: expected f32, int8 or auto"
+                "unknown host scoring `{other}`: expected f32, int8, int8avx2 or auto"
             )),
         }
     }

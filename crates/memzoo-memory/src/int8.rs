@@ -81,23 +81,25 @@ impl Kernel {
         None
     }
 
-    /// The fastest kernel this CPU has: VNNI, else AVX2, else plain loops.
-    pub fn best() -> Self {
+    /// The AVX2 kernel, where the CPU has AVX2.
+    pub fn avx2() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
-            return Self::vnni().unwrap_or(Kernel::Avx2);
+            return Some(Kernel::Avx2);
         }
-        Self::vnni().unwrap_or(Kernel::Portable)
+        None
+    }
+
+    /// The fastest kernel this CPU has: VNNI, else AVX2, else plain loops.
+    pub fn best() -> Self {
+        Self::vnni().or_else(Self::avx2).unwrap_or(Kernel::Portable)
     }
 
     /// Every kernel this CPU can run (the tests compare them).
     #[cfg(test)]
     pub fn available() -> Vec<Self> {
         let mut all = vec![Kernel::Portable];
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            all.push(Kernel::Avx2);
-        }
+        all.extend(Self::avx2());
         all.extend(Self::vnni());
         all
     }

@@ -336,6 +336,7 @@ fn bad_shapes_and_configs_are_errors() {
     // `auto` falls back to f32 for such heads.
     assert!(config(IndexKind::Exact, 2, 256, 8).init(1, &dev).is_ok());
     assert_eq!("int8".parse::<HostScoring>(), Ok(HostScoring::Int8));
+    assert_eq!("int8avx2".parse::<HostScoring>(), Ok(HostScoring::Int8Avx2));
     assert!("int4".parse::<HostScoring>().unwrap_err().contains("int4"));
 }
 
