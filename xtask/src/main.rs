@@ -164,6 +164,10 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     if let Some(bad) = args.lengths.iter().flatten().find(|&&l| l == 0) {
         return Err(format!("--lengths must be positive, got {bad}"));
     }
+    let simd = measure::check_simd()?;
+    if let Some(setting) = measure::simd_setting() {
+        eprintln!("bench: MEMZOO_SIMD={simd}: {setting} (the peers capped alike)");
+    }
     // Must happen before the first rayon use: Burn's flex backend sizes its pool from it.
     // SAFETY: single-threaded at this point, nothing else reads the environment concurrently.
     unsafe { std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string()) };
@@ -287,8 +291,14 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Prints one JSON line and appends it to `out`; a run under a SIMD cap says so in a `simd`
+/// field ([`measure::simd_setting`]).
 pub(crate) fn emit<T: serde::Serialize>(m: &T, out: Option<&PathBuf>) -> Result<(), String> {
-    let line = serde_json::to_string(m).map_err(|e| e.to_string())?;
+    let mut value = serde_json::to_value(m).map_err(|e| e.to_string())?;
+    if let (Some(setting), Some(fields)) = (measure::simd_setting(), value.as_object_mut()) {
+        fields.insert("simd".into(), setting.into());
+    }
+    let line = value.to_string();
     println!("{line}");
     if let Some(path) = out {
         let mut f = std::fs::OpenOptions::new()

@@ -5,6 +5,56 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+/// What `MEMZOO_SIMD` and the build leave memzoo's CPU code (`memzoo_backend::simd`), for the
+/// JSON lines: `None` for the default (everything the CPU has), else e.g. `kernels avx2, gemm
+/// avx2`.
+pub fn simd_setting() -> Option<String> {
+    use memzoo_backend::simd::{GEMM_AVX512, SimdLevel, simd_cap};
+    let cap = simd_cap();
+    if cap == SimdLevel::Avx512 && GEMM_AVX512 {
+        return None;
+    }
+    let gemm = if GEMM_AVX512 { "avx512" } else { "avx2" };
+    Some(format!("kernels {cap}, gemm {gemm}"))
+}
+
+/// Checks `MEMZOO_SIMD` before a benchmark: a value it knows, and a cap below AVX-512 only in
+/// a build whose matrix products cannot use AVX-512 either (else the products would still run
+/// the AVX-512 kernels the cap means to leave out).
+pub fn check_simd() -> Result<memzoo_backend::simd::SimdLevel, String> {
+    use memzoo_backend::simd::{GEMM_AVX512, SimdLevel, simd_level_from_env};
+    let level = simd_level_from_env().map_err(|e| e.to_string())?;
+    #[cfg(target_arch = "x86_64")]
+    if level < SimdLevel::Avx512 && GEMM_AVX512 && std::arch::is_x86_feature_detected!("avx512f") {
+        return Err(format!(
+            "MEMZOO_SIMD={level} caps memzoo's kernels, but this build's matrix products still use \
+             gemm's AVX-512 kernels on this CPU: build the harness without them, \
+             `MEMZOO_SIMD={level} cargo run -q -p xtask --no-default-features --features \
+             flex-avx2 -- bench ...` (best in its own CARGO_TARGET_DIR)"
+        ));
+    }
+    Ok(level)
+}
+
+/// Caps a PyTorch peer's CPU code as `MEMZOO_SIMD` caps memzoo's, so that both sides run what
+/// a CPU without AVX-512 (or AVX2) would: ATen's vectorised kernels (`ATEN_CPU_CAPABILITY`),
+/// oneDNN (`ONEDNN_MAX_CPU_ISA`), faiss (`FAISS_OPT_LEVEL`) and MKL
+/// (`MKL_ENABLE_INSTRUCTIONS`; on AMD CPUs MKL's single-precision products run its AVX2 Zen
+/// kernel whatever the cap, as they would on an AVX2-only AMD CPU). Nothing for the default.
+pub fn cap_peer(command: &mut std::process::Command) {
+    use memzoo_backend::simd::{SimdLevel, simd_cap};
+    let (aten, onednn, faiss, mkl) = match simd_cap() {
+        SimdLevel::Avx512 => return,
+        SimdLevel::Avx2 => ("avx2", "AVX2", "avx2", "AVX2"),
+        SimdLevel::Portable => ("default", "SSE41", "generic", "SSE4_2"),
+    };
+    command
+        .env("ATEN_CPU_CAPABILITY", aten)
+        .env("ONEDNN_MAX_CPU_ISA", onednn)
+        .env("FAISS_OPT_LEVEL", faiss)
+        .env("MKL_ENABLE_INSTRUCTIONS", mkl);
+}
+
 /// One benchmark result, printed as one JSON line.
 ///
 /// The field names match those of the PyTorch peer script (`name`, `tokens_per_s`,

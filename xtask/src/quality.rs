@@ -950,6 +950,7 @@ fn peer_command(
         serde_json::json!({"model": fam.peer_model, "recipe": peer_recipe(&t, args.threads)});
     let csv: Vec<String> = eval_at.iter().map(|s| s.to_string()).collect();
     let mut command = Command::new(python);
+    crate::measure::cap_peer(&mut command);
     // On a shared machine, OpenMP threads that spin while they wait stall for seconds whenever
     // another process holds a core (reformer-pytorch: 1-16 s per step instead of ~1.1 s).
     if std::env::var_os("OMP_WAIT_POLICY").is_none() {

@@ -298,7 +298,9 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
     };
     eprintln!("scale: peer {}", point.join(" "));
     // A point past PEER_LIMIT_S is killed (`timeout`): it gives no line and ends the curve.
-    let output = Command::new("timeout")
+    let mut command = Command::new("timeout");
+    crate::measure::cap_peer(&mut command);
+    let output = command
         .arg(PEER_LIMIT_S.to_string())
         .args(["nice", "-n", "5"])
         .arg(python)

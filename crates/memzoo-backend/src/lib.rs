@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 mod allocator;
+pub mod simd;
 
 pub use allocator::tune_allocator;
 

@@ -24,8 +24,7 @@ const CHUNK: usize = 1 << 15;
 /// `rand_chacha`, 6% with the AVX2 loop, 2-3% with the AVX-512 one.
 pub fn mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("bmi2")
-    {
+    if memzoo_backend::simd::avx512() {
         // SAFETY: the CPU has AVX-512 F and BMI2.
         if let Some(mask) = unsafe { simd_mask(n, p, seed, avx512::mask) } {
             return mask;
@@ -38,7 +37,7 @@ pub fn mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
 /// else `rand_chacha`'s: the same mask.
 pub fn mask_values_avx2(n: usize, p: f64, seed: u64) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("bmi2") {
+    if memzoo_backend::simd::avx2() {
         // SAFETY: the CPU has AVX2 and BMI2.
         if let Some(mask) = unsafe { simd_mask(n, p, seed, avx2::mask) } {
             return mask;

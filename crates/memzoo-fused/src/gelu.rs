@@ -151,7 +151,7 @@ pub fn forward(x: Rows, y: &mut [f32]) {
 /// same operations, so the same results: Rust does not contract `a * b + c` into an FMA).
 fn forward_chunk(x: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if memzoo_backend::simd::avx2() {
         // SAFETY: the CPU supports the feature the function is compiled for.
         return unsafe { forward_chunk_avx2(x, y) };
     }
@@ -194,7 +194,7 @@ pub fn backward(x: Rows, dy: &[f32], dx: &mut [f32]) {
 /// [`backward`] on one chunk, on AVX2 where the CPU has it (as [`forward_chunk`]).
 fn backward_chunk(x: &[f32], dy: &[f32], dx: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if memzoo_backend::simd::avx2() {
         // SAFETY: the CPU supports the feature the function is compiled for.
         return unsafe { backward_chunk_avx2(x, dy, dx) };
     }

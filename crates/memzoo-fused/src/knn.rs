@@ -96,7 +96,7 @@ fn dots_into(a: &[f32], rows: &[f32], skip: &[bool], out: &mut [f32]) {
     let dh = a.len();
     assert!(rows.len() >= out.len() * dh && skip.len() >= out.len());
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if memzoo_backend::simd::avx2() {
         // SAFETY: the CPU supports the features; `rows` holds `out.len()` rows (asserted).
         return unsafe { dots_avx2(a, rows, skip, out) };
     }
@@ -310,14 +310,7 @@ fn backward_row_avx2(
 }
 
 fn avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    memzoo_backend::simd::avx2()
 }
 
 /// The reads (and log-partitions) of every unit, `[rows, heads, width]`.

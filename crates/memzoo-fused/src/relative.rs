@@ -337,7 +337,7 @@ fn softmax_blocks(s: &mut [f32], kl: usize, blocks: &[(usize, usize, usize)]) {
 /// Softmax of each `w`-wide row of `s` in place.
 fn softmax_rows(s: &mut [f32], w: usize) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if memzoo_backend::simd::avx2() {
         // SAFETY: the CPU supports the features the function is compiled for.
         return unsafe { softmax_rows_avx2(s, w) };
     }
@@ -367,7 +367,7 @@ fn softmax_rows_impl(s: &mut [f32], w: usize) {
 /// `ds = P (dP - Σ_j P dP)` per row in place of `dp`, 0 where `hidden`.
 fn softmax_grad_rows(p: &[f32], dp: &mut [f32], w: usize, hidden: Option<&[bool]>) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if memzoo_backend::simd::avx2() {
         // SAFETY: the CPU supports the features the function is compiled for.
         return unsafe { softmax_grad_rows_avx2(p, dp, w, hidden) };
     }

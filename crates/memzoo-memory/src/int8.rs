@@ -69,28 +69,27 @@ pub(crate) enum Kernel {
 }
 
 impl Kernel {
-    /// The VNNI kernel, where the CPU has AVX-512 F, BW and VNNI.
+    /// The VNNI kernel, where the CPU has AVX-512 F, BW and VNNI and `MEMZOO_SIMD` allows
+    /// AVX-512 (`memzoo_backend::simd`).
     pub fn vnni() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-        {
+        if memzoo_backend::simd::avx512() && std::arch::is_x86_feature_detected!("avx512vnni") {
             return Some(Kernel::Vnni);
         }
         None
     }
 
-    /// The AVX2 kernel, where the CPU has AVX2.
+    /// The AVX2 kernel, where the CPU has AVX2 and `MEMZOO_SIMD` allows it.
     pub fn avx2() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if memzoo_backend::simd::avx2() {
             return Some(Kernel::Avx2);
         }
         None
     }
 
-    /// The fastest kernel this CPU has: VNNI, else AVX2, else plain loops.
+    /// The fastest kernel this CPU has and `MEMZOO_SIMD` allows: VNNI, else AVX2, else plain
+    /// loops.
     pub fn best() -> Self {
         Self::vnni().or_else(Self::avx2).unwrap_or(Kernel::Portable)
     }

@@ -307,6 +307,12 @@ enum DataCommand {
 /// on stderr as `error: ...`.
 fn main() {
     memzoo::backend::tune_allocator();
+    // A cap on the CPU kernels' vector extensions that no kernel knows is a usage error, before
+    // any kernel runs (`memzoo_backend::simd`).
+    if let Err(e) = memzoo::backend::simd::simd_level_from_env() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(None) => {}

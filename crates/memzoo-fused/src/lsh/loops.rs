@@ -111,7 +111,7 @@ fn score_grads_avx2(p: &[f32], dp: &mut [f32], live: &[bool], shift: &[f32]) {
 /// [`score_grads_impl`], compiled for AVX2 where the CPU has it.
 pub(super) fn score_grads(p: &[f32], dp: &mut [f32], live: &[bool], shift: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if memzoo_backend::simd::avx2() {
         // SAFETY: the CPU supports the features the function is compiled for.
         return unsafe { score_grads_avx2(p, dp, live, shift) };
     }
@@ -150,7 +150,7 @@ pub(super) fn mask_row(
     scratch: (&mut [u32], &mut [f32]),
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if memzoo_backend::simd::avx2() {
         // SAFETY: the CPU supports the features the function is compiled for.
         return unsafe { mask_row_avx2(p, g, keys, query, row, live, scratch) };
     }
@@ -263,7 +263,7 @@ fn softmax_rows_avx2(s: &mut [f32], w: usize, lse: &mut [f32]) {
 /// [`softmax_rows_impl`], compiled for AVX2 where the CPU has it.
 pub(super) fn softmax_rows(s: &mut [f32], w: usize, lse: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if memzoo_backend::simd::avx2() {
         // SAFETY: the CPU supports the features the function is compiled for.
         return unsafe { softmax_rows_avx2(s, w, lse) };
     }
