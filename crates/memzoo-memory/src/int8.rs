@@ -783,9 +783,13 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
             // acc[4 u + w]: query r0 + u, tile w.
             let mut acc = [_mm512_setzero_si512(); 4 * QUAD];
             for g in 0..G {
-                let k = [0, 1, 2, 3].map(|w| unsafe {
-                    _mm512_loadu_si512(tiles.add(w * tile_bytes + g * 64).cast())
-                });
+                // Plain loops, no closures, in both kernels: a closure of intrinsics that
+                // LLVM does not inline becomes a call per load (the AVX2 kernel ran 3x slower
+                // so in one build).
+                let mut k = [_mm512_setzero_si512(); 4];
+                for (w, k) in k.iter_mut().enumerate() {
+                    *k = unsafe { _mm512_loadu_si512(tiles.add(w * tile_bytes + g * 64).cast()) };
+                }
                 for u in 0..QUAD {
                     let q = _mm512_set1_epi32(unsafe { *qp.add(u * G + g) });
                     for w in 0..4 {
@@ -799,9 +803,10 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
             for u in 0..QUAD {
                 // SAFETY: `r0 + 4 <= n_pad`, the thresholds' length.
                 let thr = _mm512_set1_epi32(unsafe { *thresholds.add(r0 + u) });
-                let m: [__mmask16; 4] = std::array::from_fn(|w| {
-                    _mm512_mask_cmpge_epi32_mask(valid[w], acc[4 * u + w], thr)
-                });
+                let mut m: [__mmask16; 4] = [0; 4];
+                for (w, m) in m.iter_mut().enumerate() {
+                    *m = _mm512_mask_cmpge_epi32_mask(valid[w], acc[4 * u + w], thr);
+                }
                 let low = _mm512_kunpackw(m[1] as __mmask32, m[0] as __mmask32);
                 let high = _mm512_kunpackw(m[3] as __mmask32, m[2] as __mmask32);
                 let lanes = _mm512_kunpackd(high as __mmask64, low as __mmask64);
@@ -888,20 +893,22 @@ unsafe fn scan_avx2<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
         for r0 in (0..n_pad).step_by(2) {
             let qp = unsafe { qpack.add(r0 * G) };
             // `acc >= threshold` as `acc > threshold - 1` (thresholds are above i32::MIN).
-            let thr = [0, 1].map(|u| _mm256_set1_epi32(unsafe { *thresholds.add(r0 + u) } - 1));
+            let mut thr = [_mm256_setzero_si256(); 2];
+            for (u, thr) in thr.iter_mut().enumerate() {
+                *thr = _mm256_set1_epi32(unsafe { *thresholds.add(r0 + u) } - 1);
+            }
             let mut lanes = [0u64; 2];
             for half in 0..2 {
                 // acc[4 u + j]: query r0 + u, keys 8 j..8 j + 8 of this half's 32.
                 let mut acc = [_mm256_setzero_si256(); 8];
                 let first = unsafe { tiles.add(2 * half * tile_bytes) };
                 for g in 0..G {
-                    let k = [0, 1, 2, 3].map(|j| unsafe {
-                        _mm256_loadu_si256(
-                            first
-                                .add((j / 2) * tile_bytes + g * 64 + (j % 2) * 32)
-                                .cast(),
-                        )
-                    });
+                    // No closures (see `scan_vnni`).
+                    let mut k = [_mm256_setzero_si256(); 4];
+                    for (j, k) in k.iter_mut().enumerate() {
+                        let at = (j / 2) * tile_bytes + g * 64 + (j % 2) * 32;
+                        *k = unsafe { _mm256_loadu_si256(first.add(at).cast()) };
+                    }
                     for u in 0..2 {
                         let q = _mm256_set1_epi32(unsafe { *qp.add(u * G + g) });
                         for j in 0..4 {
