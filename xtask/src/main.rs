@@ -294,11 +294,16 @@ fn bench(args: BenchArgs) -> Result<(), String> {
 /// Prints one JSON line and appends it to `out`; a run under a SIMD cap says so in a `simd`
 /// field ([`measure::simd_setting`]).
 pub(crate) fn emit<T: serde::Serialize>(m: &T, out: Option<&PathBuf>) -> Result<(), String> {
-    let mut value = serde_json::to_value(m).map_err(|e| e.to_string())?;
-    if let (Some(setting), Some(fields)) = (measure::simd_setting(), value.as_object_mut()) {
-        fields.insert("simd".into(), setting.into());
-    }
-    let line = value.to_string();
+    let line = match measure::simd_setting() {
+        None => serde_json::to_string(m).map_err(|e| e.to_string())?,
+        Some(setting) => {
+            let mut value = serde_json::to_value(m).map_err(|e| e.to_string())?;
+            if let Some(fields) = value.as_object_mut() {
+                fields.insert("simd".into(), setting.into());
+            }
+            value.to_string()
+        }
+    };
     println!("{line}");
     if let Some(path) = out {
         let mut f = std::fs::OpenOptions::new()
