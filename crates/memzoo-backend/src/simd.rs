@@ -158,4 +158,50 @@ mod tests {
         assert_eq!(err.value, "sse9");
         assert!(err.to_string().contains("MEMZOO_SIMD=\"sse9\""), "{err}");
     }
+
+    /// The cap comes from the environment once per process, and the extension checks obey it:
+    /// the test runs itself again under each cap (the child asserts; the parent checks it ran).
+    #[test]
+    fn the_environment_caps_the_extension_checks() {
+        const CHILD: &str = "MEMZOO_SIMD_TEST_CHILD";
+        if let Ok(expected) = std::env::var(CHILD) {
+            assert_eq!(simd_cap().name(), expected);
+            assert!(simd_allows(SimdLevel::Portable));
+            if simd_cap() < SimdLevel::Avx512 {
+                assert!(!avx512(), "AVX-512 under {expected}");
+            }
+            if simd_cap() < SimdLevel::Avx2 {
+                assert!(!avx2(), "AVX2 under {expected}");
+            }
+            return;
+        }
+        let exe = std::env::current_exe().unwrap();
+        for level in ["portable", "avx2", "avx512"] {
+            let out = std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "simd::tests::the_environment_caps_the_extension_checks",
+                ])
+                .env(SIMD_ENV, level)
+                .env(CHILD, level)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{level}: {stdout}");
+            assert!(
+                stdout.contains("1 passed"),
+                "{level}: the child ran no test: {stdout}"
+            );
+        }
+        // Without a cap, the checks are the CPU's.
+        #[cfg(target_arch = "x86_64")]
+        if std::env::var_os(SIMD_ENV).is_none() {
+            assert_eq!(
+                avx2(),
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("bmi2")
+            );
+        }
+    }
 }
