@@ -92,7 +92,7 @@ impl FusedBackend for Flex {
         let rot = rotations.into_data();
         let (rounds, half) = (rot.shape()[1], rot.shape()[2]);
         let ids = lsh::hash(&f32_vec(x), (n, len, dh), &f32_vec(rot), rounds);
-        debug_assert_eq!(ids.len(), n * rounds * len, "{half} buckets / 2");
+        assert_eq!(ids.len(), n * rounds * len, "{half} buckets / 2");
         let ids: Vec<i32> = ids.into_iter().map(|i| i as i32).collect();
         Flex::int_from_data(TensorData::new(ids, [n, rounds, len]), &Default::default())
     }

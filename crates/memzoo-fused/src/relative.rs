@@ -608,7 +608,7 @@ pub fn backward(
                             ptrs.4.get().add(t * n_buckets),
                             n_buckets,
                         );
-                        debug_assert_eq!(runs.last().map_or(0, |r| r.1), bucket.len());
+                        assert_eq!(runs.last().map_or(0, |r| r.1), bucket.len());
                         for &(start, end, u) in &runs {
                             db[u as usize] += sum_lanes(&ds[start..end]);
                         }

@@ -205,10 +205,10 @@ pub(super) fn matmul(
     alpha: f32,
 ) {
     // The last element each operand touches lies inside its slice.
-    debug_assert!((m - 1) * dst_rs + n <= dst.len());
-    debug_assert!((m - 1) * lhs_rs + (k - 1) * lhs_cs < lhs.len());
-    debug_assert!((k - 1) * rhs_rs + (n - 1) * rhs_cs < rhs.len());
-    // SAFETY: the strides keep every access inside the slices (checked above in debug builds;
+    assert!((m - 1) * dst_rs + n <= dst.len());
+    assert!((m - 1) * lhs_rs + (k - 1) * lhs_cs < lhs.len());
+    assert!((k - 1) * rhs_rs + (n - 1) * rhs_cs < rhs.len());
+    // SAFETY: the strides keep every access inside the slices (checked above;
     // the callers' shapes guarantee it).
     unsafe {
         gemm(
