@@ -94,6 +94,7 @@ pub fn simd_level_from_env() -> Result<SimdLevel, SimdLevelError> {
 
 /// The cap in force, read from [`SIMD_ENV`] once per process; a value it does not know caps
 /// nothing (the binaries refuse it before any kernel runs).
+#[inline]
 pub fn simd_cap() -> SimdLevel {
     static CAP: OnceLock<SimdLevel> = OnceLock::new();
     *CAP.get_or_init(|| simd_level_from_env().unwrap_or(SimdLevel::Avx512))
@@ -101,6 +102,7 @@ pub fn simd_cap() -> SimdLevel {
 
 /// Whether memzoo's kernels may use `level`'s extensions (the CPU must still have them: each
 /// kernel asks it too).
+#[inline]
 pub fn simd_allows(level: SimdLevel) -> bool {
     simd_cap() >= level
 }
@@ -108,7 +110,14 @@ pub fn simd_allows(level: SimdLevel) -> bool {
 /// Whether memzoo's kernels may use AVX2, FMA and BMI2 here: the cap allows them and the CPU
 /// has all three (every x86-64-v3 CPU does). A kernel compiled with `target_feature`s among
 /// these may run where this is true.
+#[inline]
 pub fn avx2() -> bool {
+    // The cap and the CPU do not change within a process: one load on the kernels' paths.
+    static AVX2: OnceLock<bool> = OnceLock::new();
+    *AVX2.get_or_init(detect_avx2)
+}
+
+fn detect_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         simd_allows(SimdLevel::Avx2)
@@ -124,7 +133,13 @@ pub fn avx2() -> bool {
 
 /// Whether memzoo's kernels may use AVX-512 F, BW and VL here (with [`avx2`]'s extensions): the
 /// cap allows them and the CPU has them. A kernel that needs more (VNNI) asks the CPU for it too.
+#[inline]
 pub fn avx512() -> bool {
+    static AVX512: OnceLock<bool> = OnceLock::new();
+    *AVX512.get_or_init(detect_avx512)
+}
+
+fn detect_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         simd_allows(SimdLevel::Avx512)
