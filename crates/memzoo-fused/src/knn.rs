@@ -309,10 +309,6 @@ fn backward_row_avx2(
     backward_row_impl(d, x, g, r, grads, scratch)
 }
 
-fn avx2() -> bool {
-    memzoo_backend::simd::avx2()
-}
-
 /// The reads (and log-partitions) of every unit, `[rows, heads, width]`.
 pub fn forward(d: KnnDims, x: &KnnInputs) -> Vec<f32> {
     let w = d.width();
@@ -320,7 +316,7 @@ pub fn forward(d: KnnDims, x: &KnnInputs) -> Vec<f32> {
     if out.is_empty() {
         return out;
     }
-    let fast = avx2();
+    let fast = memzoo_backend::simd::avx2();
     out.par_chunks_mut(d.heads * w)
         .enumerate()
         .with_min_len(MIN_ROWS)
@@ -347,7 +343,7 @@ pub fn backward(d: KnnDims, x: &KnnInputs, g: &[f32]) -> (Vec<f32>, Vec<f32>) {
     // how rayon splits the rows).
     let mut dtau_rows = vec![0f32; d.rows * h];
     if !dq.is_empty() {
-        let fast = avx2();
+        let fast = memzoo_backend::simd::avx2();
         dq.par_chunks_mut(h * dh)
             .zip(dtau_rows.par_chunks_mut(h))
             .enumerate()

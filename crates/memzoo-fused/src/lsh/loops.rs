@@ -204,12 +204,12 @@ pub(super) fn matmul(
     (rhs_cs, rhs_rs): (usize, usize),
     alpha: f32,
 ) {
-    // The last element each operand touches lies inside its slice.
-    assert!((m - 1) * dst_rs + n <= dst.len());
-    assert!((m - 1) * lhs_rs + (k - 1) * lhs_cs < lhs.len());
-    assert!((k - 1) * rhs_rs + (n - 1) * rhs_cs < rhs.len());
-    // SAFETY: the strides keep every access inside the slices (checked above;
-    // the callers' shapes guarantee it).
+    // The last element each operand touches lies inside its slice (an operand with a zero
+    // dimension is not read).
+    assert!(m == 0 || n == 0 || (m - 1) * dst_rs + n <= dst.len());
+    assert!(m == 0 || k == 0 || (m - 1) * lhs_rs + (k - 1) * lhs_cs < lhs.len());
+    assert!(k == 0 || n == 0 || (k - 1) * rhs_rs + (n - 1) * rhs_cs < rhs.len());
+    // SAFETY: the strides keep every access inside the slices (checked above).
     unsafe {
         gemm(
             m,
