@@ -292,6 +292,42 @@ fn xl_cached_generation_equals_recomputation() {
     assert!(model.for_generation(1).unwrap().for_generation(1).is_none());
 }
 
+/// A compressive stack keeps the tokens of its unfinished segment after its XL memory as it
+/// reads them (`RecurrentModel::peek_continue`: a new token is one query, where it was a pass
+/// over the segment so far) and compresses only when a segment completes: the generator equals
+/// recomputation across segments whose memories fill, are compressed and fill the compressed
+/// memory, with relative (XL) positions and with the lucidrains peer's learned positions
+/// counted from the end of a window whose memories are still filling.
+#[test]
+fn compressive_cached_generation_equals_recomputation() {
+    use memzoo_stack::{CompressiveConfig, XlState};
+    let dev = flex();
+    let compressive = CompressiveConfig::new().with_cmem_len(3).with_ratio(2);
+    let xl = small_xl(4).with_compressive(Some(compressive.clone()));
+    let learned = small_xl(4)
+        .with_pre_ln(true)
+        .with_positions(PositionConfig::new().with_kind(PositionKind::Learned))
+        .with_compressive(Some(compressive.with_window_end_positions(true)));
+    for (config, what) in [
+        (xl, "compressive, XL positions"),
+        (learned, "compressive, learned"),
+    ] {
+        let std = xl_init_std(&config);
+        let model = seeded_weights(config.init(&dev).unwrap(), 4, std);
+        // The generator reads the unfinished segment token by token.
+        let mut peek = None;
+        let x = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 2], [1, 2]), &dev);
+        let read = model.peek_continue(x, &mut XlState::new(), &mut peek, &[false]);
+        assert!(read.unwrap().is_some(), "{what}: no peek_continue");
+        assert_eq!(peek.as_ref().map(|p| p.xl.len()), Some(2), "{what}");
+        // Segments of 3 over a memory of 4: the first two segments are read while the
+        // memory fills (the learned positions shift), the later ones compress.
+        let (prompt, new, len) = (walk(2, 40, 3), 19, 3);
+        let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, what);
+        assert_eq!(segments, (2 + 19) / len, "{what}");
+    }
+}
+
 /// The Memorizing Transformer generates retrieving from its kNN memory and adding to it: the
 /// cached generator (read-only views of the memory for the current segment) equals
 /// recomputation, and the memory holds exactly the completed segments.

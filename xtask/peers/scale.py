@@ -15,6 +15,24 @@ Usage: scale.py CURVE MODE X [--warmup W] [--steps S] [--mem-budget-gb G]
                       token per forward with `mems` (what its `generate` does after the prompt:
                       prepare_inputs_for_generation feeds the last token and the mems), under
                       no_grad; the prompt is not timed. tokens_per_s = 1 / median token time.
+  compressive|rmt|block-recurrent generate CTX [--config JSON]
+                      the lucidrains peer of `cargo xtask bench quality`'s recipe (quality.py's
+                      model, from its DEFAULTS and --config, the recipe's numbers), batch 1, under
+                      no_grad, eval mode: the prompt of CTX random tokens read segment by segment
+                      (its complete segments but the last, state carried), then --steps tokens
+                      greedily, each a forward over the current, unfinished segment on the
+                      committed state, as the package's own generate loop does (each package
+                      reads its unfinished segment again for every token): compressive as
+                      AutoregressiveWrapper.generate (segments of seq_len; it carries the memories
+                      every call returns, so every token also moves the XL memory and compresses
+                      what leaves it), rmt as RecurrentMemoryTransformerWrapper.generate (segments
+                      of seq_len, the memory committed when a segment completes), block-recurrent
+                      as RecurrentTrainerWrapper.generate (windows of max_seq_len, two blocks;
+                      memories and states committed when a window completes; the package's
+                      generate takes no prompt longer than a window, so the prompt's complete
+                      windows are read with its forward, as its training does). The first
+                      token's pass reads the prompt's last segment. tokens_per_s = the tokens
+                      over their total time (a token's cost grows through its segment).
   memorizing train N  memorizing-transformers-pytorch as bench_peers.py's `memorizing-small`
                       (faiss HNSW, M 15), each row's kNN memory prefilled with N random unit keys
                       (its curve: memorizing-faiss), training steps as bench_peers.py's.
@@ -232,24 +250,92 @@ def generate_reformer(context, tokens):
     print_generation("reformer", context, "reformer-pytorch", torch, info, times, tokens)
 
 
-def print_generation(family, context, implementation, torch, info, times, tokens):
+def generate_recurrent(family, context, tokens, config):
+    import os
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import quality
+    c = dict(quality.DEFAULTS[family])
+    c.update(config)
+    peer = quality.PEERS[family](c)
+    model = peer.model.eval()
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (1, context), generator=g)
+    times = []
+    with torch.no_grad():
+        reset_peak()
+        if family == "compressive":
+            # AutoregressiveWrapper.generate: every call's memories are carried.
+            seq = c["seq_len"]
+            mem = None
+            *primes, out = prompt.split(seq, dim=1)
+            for p in primes:
+                _, mem, _ = model(p, memories=mem)
+            input_len = out.shape[1]
+            for _ in range(tokens):
+                t0 = time.perf_counter()
+                logits, mem, _ = model(out[:, -input_len:], memories=mem)
+                out = torch.cat((out, logits[:, -1:].argmax(-1)), dim=-1)
+                input_len = input_len % seq + 1
+                times.append(time.perf_counter() - t0)
+        else:
+            if family == "rmt":
+                seq = c["seq_len"]
+                state = (None, None)
+
+                def forward(x, s):
+                    logits, memories, xl = model(x, s[0], xl_memories=s[1])
+                    return logits, (memories, xl)
+            else:
+                seq = c["max_seq_len"]
+                state = ([], [])
+
+                def forward(x, s):
+                    return (lambda r: (r[0], (r[1], r[2])))(
+                        model(x, xl_memories=s[0], states=s[1], return_memories_and_states=True))
+            *past, cur = prompt.split(seq, dim=-1)
+            for p in past:
+                _, state = forward(p, state)
+            for _ in range(tokens):
+                t0 = time.perf_counter()
+                logits, following = forward(cur, state)
+                cur = torch.cat((cur, logits[:, -1:].argmax(-1)), dim=-1)
+                # The segment (window) is complete: its state is committed, the new token
+                # starts the next one.
+                if (cur.shape[-1] - 1) % seq == 0:
+                    state = following
+                    cur = cur[..., -1:]
+                times.append(time.perf_counter() - t0)
+    info = {"impl": peer.name, "context": context, "tokens": tokens, "segment_len": seq,
+            "curve": f"generate-{family}", "x": context, "rate": "mean"}
+    print_generation(family, context, peer.name, torch, info, times, tokens, mean=True)
+
+
+def print_generation(family, context, implementation, torch, info, times, tokens, mean=False):
+    """One generation point's line; tokens_per_s = 1 / the median token's time, or with `mean`
+    the tokens over their total time (for tokens whose cost varies through a segment, as
+    memzoo's generator reports it)."""
     med = statistics.median(times)
     print(json.dumps({"name": f"scale-generate-{family}-{context}",
                       "implementation": implementation,
                       "backend": "torch " + torch.__version__, "threads": 2, "config": info,
                       "steps": tokens, "step_s_median": med, "step_s_min": min(times),
-                      "step_s_max": max(times), "tokens_per_s": 1.0 / med,
+                      "step_s_max": max(times),
+                      "tokens_per_s": len(times) / sum(times) if mean else 1.0 / med,
                       "peak_rss_mb": status_kb("VmHWM") / 1024.0}))
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("curve", choices=["xl", "reformer", "memorizing"])
+    ap.add_argument("curve", choices=["xl", "reformer", "memorizing", "compressive", "rmt",
+                                      "block-recurrent"])
     ap.add_argument("mode", choices=["train", "eval", "generate"])
     ap.add_argument("x", type=int)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--mem-budget-gb", type=float, default=12.0)
+    ap.add_argument("--config", default="{}",
+                    help="the model's arguments as JSON (compressive, rmt, block-recurrent)")
     a = ap.parse_args()
     import torch
     torch.set_num_threads(2)
@@ -259,7 +345,14 @@ def main():
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
     curve = f"{a.curve}-{a.mode}" if a.curve == "xl" else a.curve
     if a.mode == "generate":
-        (generate_xl if a.curve == "xl" else generate_reformer)(a.x, a.steps)
+        if a.curve == "xl":
+            generate_xl(a.x, a.steps)
+        elif a.curve == "reformer":
+            generate_reformer(a.x, a.steps)
+        elif a.curve == "memorizing":
+            sys.exit("memorizing-transformers-pytorch has no generation")
+        else:
+            generate_recurrent(a.curve, a.x, a.steps, json.loads(a.config))
         return
     try:
         if a.curve == "xl":

@@ -120,7 +120,17 @@ pub fn forward_flops_per_token(config: &XlConfig, tgt_len: usize, batch: usize) 
 ///   forward pass of its tokens without memory, plus the scores, the position term (XL) and
 ///   the values of each query over the cached keys, `(2 + 2 [+ 2 XL]) h e` per key;
 /// - a stack without state (the Reformer) reads the window of the last `segment_len` tokens
-///   again for every token: `segment_len` tokens' forward pass.
+///   again for every token: `segment_len` tokens' forward pass;
+/// - a compressive stack keeps the tokens of its unfinished segment after its XL memory as it
+///   reads them, but caches no keys or values: the token at position `p` is one query over
+///   the compressed memory, the memory and the segment's `p` earlier tokens, whose keys and
+///   values it projects again (a pass of one token over a memory of `m + p` positions, the
+///   compressed ones counted as memory), and the token that completes a segment reads it for
+///   good (the compression not counted);
+/// - an RMT or Block-Recurrent stack keeps nothing of an unfinished segment and reads the
+///   segment so far again for every token: the token at position `p` costs the forward pass
+///   of `p + 1` tokens over the memory, the RMT's read and write memory tokens counted as more
+///   tokens of the pass (the Block-Recurrent state's own attention and gates are not).
 ///
 /// The mean over the `tokens` new tokens.
 pub fn generation_flops_per_token(
@@ -130,6 +140,25 @@ pub fn generation_flops_per_token(
     tokens: usize,
 ) -> f64 {
     let s = segment_len.max(1);
+    if config.compressive.is_some() || config.rmt.is_some() || config.block_recurrent.is_some() {
+        let cmem = config.compressive.as_ref().map_or(0, |c| c.cmem_len);
+        let memory_tokens = config.rmt.as_ref().map_or(0, |r| 2 * r.mem_tokens);
+        let m = context.min(config.mem_len + cmem);
+        let over = |memory: usize| config.clone().with_mem_len(memory);
+        let tokens = tokens.max(1);
+        let total: f64 = (0..tokens)
+            .map(|i| match (context + i) % s {
+                p if config.compressive.is_some() && p + 1 < s => {
+                    forward_flops_per_token(&over(m + p), 1, 1)
+                }
+                p => {
+                    let rows = p + 1 + memory_tokens;
+                    rows as f64 * forward_flops_per_token(&over(m), rows, 1)
+                }
+            })
+            .sum();
+        return total / tokens as f64;
+    }
     let stateful = config.mem_len > 0 || config.layer_kinds().contains(&LayerKind::Knn);
     if !stateful {
         return forward_flops_per_token(config, s, 1) * s as f64;

@@ -108,8 +108,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub real_keys: Option<PathBuf>,
     /// `quality`: the families to train (comma-separated: xl, reformer, memorizing,
-    /// compressive, rmt, block-recurrent; default: all six). `scale`: the curves (xl, memorizing, reformer,
-    /// generate; default: xl, memorizing).
+    /// compressive, rmt, block-recurrent; default: all six). `scale`: the curves (xl,
+    /// memorizing, reformer, generate, or one family's generation curve, `generate-<family>`;
+    /// default: xl, memorizing).
     #[arg(long, value_delimiter = ',')]
     pub families: Option<Vec<String>>,
     /// `quality`: the steps at which both sides score the whole validation split

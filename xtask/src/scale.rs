@@ -6,7 +6,8 @@
 //!     [--steps N] [--warmup N] [--no-peers] [--out FILE.jsonl] [--plot DIR]
 //! ```
 //!
-//! Curves (`--families`; default `xl,memorizing`; `--lengths` overrides the x values of each):
+//! Curves (`--families`; default `xl,memorizing`; `--lengths` overrides the x values of each;
+//! `generate-<family>` is that family's generation curve alone):
 //!
 //! - **`xl`**: XL-small (`bench xl-small`'s config: batch 8, segments of 128) against its
 //!   memory length, 128 -> 4,096 (quick: 128, 512). Training (forward + backward + AdamW) and
@@ -42,8 +43,9 @@
 //!   `venv`) until a point fails: out of its 12 GiB address space or past [`PEER_LIMIT_S`].
 //!   Expected growth: **n log n** (chunked attention is linear, the sort n log n; the
 //!   hashing's `n / 64` buckets per round make a small quadratic term, see [`crate::flops`]).
-//! - **`generate`**: three curves, `generate-xl`, `generate-memorizing` and
-//!   `generate-reformer`: each family's small model generating 16 tokens (quick 8; `--steps`)
+//! - **`generate`**: six curves, `generate-xl`, `generate-memorizing`, `generate-reformer`,
+//!   `generate-compressive`, `generate-rmt` and `generate-block-recurrent`: each family's
+//!   small model generating 16 tokens (quick 8; `--steps`; the last three a whole segment)
 //!   greedily, batch 1, after a prompt of random tokens, the prompt's reading not timed
 //!   ([`generate_point`]). XL-small one token per segment over an XL memory covering the
 //!   context (128 -> 4,096; quick 128, 512), with the generator's key/value and position
@@ -56,7 +58,12 @@
 //!   **linear** in the context with a small slope (scores and values over the cached keys;
 //!   before the caches, the keys', values' and positions' projections too); Memorizing
 //!   **flat** but for the exact search, linear in the store; the Reformer **n log n** in the
-//!   window (a whole forward pass per token).
+//!   window (a whole forward pass per token). The compressive, RMT and Block-Recurrent models
+//!   of `bench quality`'s recipes generate 128 tokens after contexts of 512 -> 8K (quick 512,
+//!   2K) in their training segments, beside their lucidrains peers' own generate loops
+//!   (`xtask/peers/scale.py`); their state is of a fixed size, so a token's cost is **flat** in
+//!   the context and grows with its position in the unfinished segment, which both sides read
+//!   again for every token.
 //!
 //! Every point runs in its own process (its own peak RSS). Every line is a [`Measurement`]
 //! named `scale-<curve>-<x>`, its `implementation` memzoo or the peer, its `config` holding
@@ -97,6 +104,20 @@ fn points(curve: &str, args: &BenchArgs) -> Vec<usize> {
         ("generate-memorizing", false) => vec![512, 2_048, 8_192, 32_768],
         ("generate-reformer", true) => vec![512, 1_024],
         ("generate-reformer", false) => vec![512, 1_024, 2_048, 4_096],
+        (c, true)
+            if RECURRENT_GENERATORS
+                .iter()
+                .any(|f| c == format!("generate-{f}")) =>
+        {
+            vec![512, 2_048]
+        }
+        (c, false)
+            if RECURRENT_GENERATORS
+                .iter()
+                .any(|f| c == format!("generate-{f}")) =>
+        {
+            vec![512, 2_048, 8_192]
+        }
         _ => vec![4_096, 8_192, 16_384, 32_768, 65_536],
     }
 }
@@ -182,8 +203,12 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                     }
                 }
             }
-            "generate" => {
-                for family in GENERATORS {
+            c if c == "generate" || GENERATORS.iter().any(|f| c == format!("generate-{f}")) => {
+                // `generate`: every family's curve; `generate-<family>`: that one.
+                let families = GENERATORS
+                    .into_iter()
+                    .filter(|f| c == "generate" || c == format!("generate-{f}"));
+                for family in families {
                     for &context in &points(&format!("generate-{family}"), args) {
                         let target = format!("scale-generate-{family}-{context}");
                         keep(&mut out, args, child(&target, args, &[])?)?;
@@ -197,7 +222,9 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
             }
             other => {
                 return Err(format!(
-                    "unknown curve `{other}`: expected xl, memorizing, reformer or generate"
+                    "unknown curve `{other}`: expected xl, memorizing, reformer, generate or \
+                     generate-<family> (one of {})",
+                    GENERATORS.join(", ")
                 ));
             }
         }
@@ -296,6 +323,13 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
         [family, "generate", ..] => (0, generate_tokens(family, args)),
         _ => steps(args),
     };
+    // The recipes' peers take their model's numbers from memzoo's side.
+    let config = match point {
+        [f, "generate", ..] if RECURRENT_GENERATORS.contains(f) => {
+            crate::quality::family(f)?.peer_model.to_string()
+        }
+        _ => "{}".to_string(),
+    };
     eprintln!("scale: peer {}", point.join(" "));
     // A point past PEER_LIMIT_S is killed (`timeout`): it gives no line and ends the curve.
     let mut command = Command::new("timeout");
@@ -311,6 +345,8 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
             &warmup.to_string(),
             "--steps",
             &steps.to_string(),
+            "--config",
+            &config,
         ])
         .env("OMP_NUM_THREADS", args.threads.to_string())
         .env("OMP_WAIT_POLICY", "PASSIVE")
@@ -399,7 +435,9 @@ pub fn point(target: &str, args: &BenchArgs, device: &Device) -> Result<Vec<Meas
             Ok(vec![memorizing_point(&index, x, args, device)?])
         }
         Some(["reformer"]) => Ok(vec![reformer_point(x, args, device)?]),
-        Some(["generate", family]) => Ok(vec![generate_point(family, x, args, device)?]),
+        Some(["generate", family @ ..]) if !family.is_empty() => {
+            Ok(vec![generate_point(&family.join("-"), x, args, device)?])
+        }
         _ => Err(bad()),
     }
 }
@@ -750,7 +788,24 @@ fn reformer_point(len: usize, args: &BenchArgs, device: &Device) -> Result<Measu
 
 /// The families of the generation curves (`--families generate`), one curve each,
 /// `generate-<family>`.
-const GENERATORS: [&str; 3] = ["xl", "memorizing", "reformer"];
+const GENERATORS: [&str; 6] = [
+    "xl",
+    "memorizing",
+    "reformer",
+    "compressive",
+    "rmt",
+    "block-recurrent",
+];
+
+/// The families of `bench quality`'s recipes whose state has a fixed size (compressed memory,
+/// memory tokens, recurrent states): they generate in their training segments, beside their
+/// lucidrains peers' generate loops, [`RECURRENT_GENERATED`] tokens per point.
+const RECURRENT_GENERATORS: [&str; 3] = ["compressive", "rmt", "block-recurrent"];
+
+/// Tokens a point of [`RECURRENT_GENERATORS`] times: a whole segment of the compressive and
+/// RMT recipes (128), two of the Block-Recurrent one's (blocks of 64; its peer's generate
+/// reads windows of 128): a token's cost grows through its segment on both sides.
+const RECURRENT_GENERATED: usize = 128;
 
 /// Memorizing-small's generation segments: its training segment length (`memzoo generate`'s
 /// default `--segment-len`).
@@ -765,6 +820,7 @@ fn generate_tokens(family: &str, args: &BenchArgs) -> usize {
         (true, _) => 8,
         (false, "xl") => 64,
         (false, "memorizing") => MEMORIZING_SEGMENT,
+        (false, f) if RECURRENT_GENERATORS.contains(&f) => RECURRENT_GENERATED,
         (false, _) => 16,
     })
 }
@@ -781,7 +837,10 @@ fn generate_tokens(family: &str, args: &BenchArgs) -> usize {
 ///   last token of the segment reads it for good (into the kNN memory), all in the timed
 ///   tokens;
 /// - `reformer`: Reformer-small (axial positions for `context`) reading the window of the last
-///   `context` tokens again for every token (no sound cache for LSH attention).
+///   `context` tokens again for every token (no sound cache for LSH attention);
+/// - `compressive`, `rmt`, `block-recurrent`: the model of `bench quality`'s recipe
+///   ([`crate::quality::family`]) without dropout, in its training segments, each token
+///   reading the unfinished segment again on the committed state.
 fn generate_point(
     family: &str,
     context: usize,
@@ -817,6 +876,14 @@ fn generate_point(
                 .stack(),
             context,
         ),
+        f if RECURRENT_GENERATORS.contains(&f) => match crate::quality::family(f)? {
+            crate::quality::Family {
+                model: crate::quality::FamilyModel::Xl(c),
+                tgt_len,
+                ..
+            } => (c.with_dropout(0.0), tgt_len),
+            _ => return Err(format!("`{f}`'s recipe is not a layer stack")),
+        },
         other => return Err(format!("no generation curve for `{other}`")),
     };
     let model = stack.init(device).map_err(|e| e.to_string())?;

@@ -490,6 +490,35 @@ fn generation_flops_match_a_hand_count() {
     let once = crate::flops::forward_flops_per_token(&window, 64, 1) * 64.0;
     let counted = crate::flops::generation_flops_per_token(&window, 1000, 64, 3);
     assert!((counted - once).abs() < 1e-9 * once);
+    // After a context of 2 segments and 2 tokens, the two new tokens are the 3rd and 4th of
+    // their segment. A compressive stack keeps the segment's earlier tokens after its XL
+    // memory (m positions, the compressed memory's included) and projects their keys again:
+    // one query over m + 2 and over m + 3 positions. An RMT reads the segment so far again,
+    // with its 16 read and 16 write memory tokens: passes of 3 + 32 and 4 + 32 tokens.
+    let recipe = |family: crate::quality::Family| match family.model {
+        crate::quality::FamilyModel::Xl(c) => c,
+        _ => panic!("the recipe is a layer stack"),
+    };
+    let flops = crate::flops::forward_flops_per_token;
+    let comp = recipe(crate::quality::compressive_small());
+    let m = comp.mem_len + comp.compressive.as_ref().expect("compressive").cmem_len;
+    assert!(m > comp.mem_len && comp.mem_len > 0);
+    let query = |n: usize| flops(&comp.clone().with_mem_len(n), 1, 1);
+    let hand = (query(m + 2) + query(m + 3)) / 2.0;
+    let counted = crate::flops::generation_flops_per_token(&comp, 2 * 128 + 2, 128, 2);
+    assert!(
+        (counted - hand).abs() < 1e-9 * hand,
+        "compressive: counted {counted}, by hand {hand}"
+    );
+    let rmt = recipe(crate::quality::rmt_small());
+    assert_eq!(rmt.rmt.as_ref().expect("rmt").mem_tokens, 16);
+    let pass = |n: usize| n as f64 * flops(&rmt, n, 1);
+    let hand = (pass(3 + 32) + pass(4 + 32)) / 2.0;
+    let counted = crate::flops::generation_flops_per_token(&rmt, 2 * 128 + 2, 128, 2);
+    assert!(
+        (counted - hand).abs() < 1e-9 * hand,
+        "rmt: counted {counted}, by hand {hand}"
+    );
 }
 
 /// `bench scale`'s table pairs each point with the peer's at the same x and states the growth

@@ -429,6 +429,43 @@ impl TransformerXl {
         train: bool,
         trace: Option<&Trace>,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), XlError> {
+        self.read_compressive(tokens, state, reset, opts, train, trace, None)
+    }
+
+    /// Reads tokens of an unfinished segment that follow those `view` already holds after its
+    /// XL memory, and keeps them there (none leaves it, nothing is compressed): generation's
+    /// read of one new token ([`crate::RecurrentModel::peek_continue`]). `committed` is the
+    /// length of the XL memory the segment started from, which the window's positions count
+    /// from (`window_end_positions`). A query then sees the compressed memory, the memory and
+    /// the segment's earlier tokens at the distances a pass over the whole segment gives it.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]`, `reset`: `batch` flags → `[batch, qlen, d_model]`
+    pub(crate) fn peek_compressive(
+        &self,
+        tokens: Tensor<2, Int>,
+        view: &mut XlState,
+        reset: &[bool],
+        opts: Option<&ForwardOptions>,
+        committed: usize,
+    ) -> Result<Tensor<3>, XlError> {
+        let read = self.read_compressive(tokens, view, reset, opts, false, None, Some(committed));
+        Ok(read?.0)
+    }
+
+    /// [`forward_compressive`](Self::forward_compressive), or with `peek` (the committed XL
+    /// memory's length) [`peek_compressive`](Self::peek_compressive)'s read.
+    #[allow(clippy::too_many_arguments)]
+    fn read_compressive(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        opts: Option<&ForwardOptions>,
+        train: bool,
+        trace: Option<&Trace>,
+        peek: Option<usize>,
+    ) -> Result<(Tensor<3>, Option<Tensor<1>>), XlError> {
         let comp = self
             .compressive
             .as_ref()
@@ -498,8 +535,11 @@ impl TransformerXl {
         };
         let mut contexts = self.contexts(batch, qlen, clen + mlen, &mask, &device)?;
         if cfg.window_end_positions {
+            // Counted from the memory the segment started from (a peek's view holds the
+            // segment's earlier tokens after it).
+            let committed = peek.unwrap_or(mlen);
             let missing =
-                (self.mem_len.saturating_sub(mlen) + cfg.cmem_len.saturating_sub(clen)) as i64;
+                (self.mem_len.saturating_sub(committed) + cfg.cmem_len.saturating_sub(clen)) as i64;
             for (p, _, ctx) in contexts.iter_mut() {
                 if p.kind != PositionKind::Learned {
                     continue;
@@ -567,6 +607,11 @@ impl TransformerXl {
             received: &received,
             projections: &projections,
         };
+        if peek.is_some() {
+            // Every position stays until the segment completes; nothing is compressed.
+            state.xl = state.xl.update_with(&inputs, mlen + qlen, true);
+            return Ok((hidden, None));
+        }
         let aux = self.compress_memories(comp, state, reads, qlen, train)?;
         Ok((hidden, aux))
     }

@@ -365,7 +365,9 @@ impl RecurrentModel for TransformerXl {
     /// leaves it before the segment completes (in a segment pass every query sees the whole
     /// memory), with read-only views of the kNN memories (searched as the segment pass
     /// searches them, written by it alone). A new token then reads the memory and the
-    /// segment's earlier tokens as that pass does: the same keys at the same distances.
+    /// segment's earlier tokens as that pass does: the same keys at the same distances. A
+    /// compressive stack keeps them the same way after its XL memory, its compressed memory
+    /// as committed.
     fn peek_continue(
         &self,
         inputs: Tensor<2, Int>,
@@ -373,6 +375,9 @@ impl RecurrentModel for TransformerXl {
         peek: &mut Option<XlState>,
         reset: &[bool],
     ) -> Result<Option<Tensor<3>>, XlError> {
+        if self.compressive.is_some() {
+            return self.peek_continue_compressive(inputs, state, peek, reset);
+        }
         let plain = !self.same_length
             && self.compressive.is_none()
             && self.rmt.is_none()
@@ -507,5 +512,44 @@ impl KnnIndex for ReadOnlyIndex {
 
     fn save_extra(&self, dir: &std::path::Path) -> Result<Vec<u32>, MemoryError> {
         self.0.save_extra(dir)
+    }
+}
+
+impl TransformerXl {
+    /// [`RecurrentModel::peek_continue`] of a compressive stack with an XL memory, reading
+    /// documents as one stream, without kNN layers and with a compression that needs no
+    /// attention statistics (`None` otherwise: the generator then reads the unfinished segment
+    /// again for every token): `peek` is the committed state with the unfinished segment's
+    /// tokens read so far after its XL memory ([`TransformerXl::peek_compressive`]); the
+    /// compressed memory is the committed one.
+    fn peek_continue_compressive(
+        &self,
+        inputs: Tensor<2, Int>,
+        state: &mut XlState,
+        peek: &mut Option<XlState>,
+        reset: &[bool],
+    ) -> Result<Option<Tensor<3>>, XlError> {
+        let streams = self
+            .compressive_config()
+            .is_some_and(|c| c.function != crate::compressive::CompressionKind::MostUsed)
+            && self.mem_len > 0
+            && !self.same_length
+            && !self.document_resets
+            && self.n_knn_layers() == 0;
+        if !streams {
+            return Ok(None);
+        }
+        let mut view = peek.take().unwrap_or_else(|| XlState {
+            xl: state.xl.clone(),
+            compressed: state.compressed.clone(),
+            ..XlState::new()
+        });
+        let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
+        let hidden = self.peek_compressive(inputs, &mut view, reset, opts.as_ref(), state.xl.len());
+        // A failed read may have moved part of the view on: none is kept (the caller reads
+        // the segment from its start again).
+        let logits = hidden.map(|h| self.logits(h));
+        *peek = logits.is_ok().then_some(view);
+        logits.map(Some)
     }
 }
