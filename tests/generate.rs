@@ -328,6 +328,41 @@ fn compressive_cached_generation_equals_recomputation() {
     }
 }
 
+/// A Block-Recurrent stack keeps the tokens of its unfinished block after its XL memory as it
+/// reads them, reading the carried state and writing none until the block completes: the
+/// generator equals recomputation across several blocks, for memzoo's layout (XL positions,
+/// the state read and written by the first layer) and for the lucidrains peer's (rotary
+/// positions with xPos, one key/value head, the key/value memory of the last block).
+#[test]
+fn block_recurrent_cached_generation_equals_recomputation() {
+    use memzoo_stack::{BlockRecurrentConfig, XlState};
+    let dev = flex();
+    let own = small_xl(4).with_block_recurrent(Some(
+        BlockRecurrentConfig::new().with_state_len(3).with_layer(0),
+    ));
+    let peer: memzoo_import::BlockRecurrentPeerConfig = serde_json::from_value(serde_json::json!({
+        "num_tokens": 40, "dim": 32, "depth": 3, "heads": 4, "dim_head": 8, "ff_mult": 2,
+        "max_seq_len": 8, "block_width": 4, "recurrent_layers": [2], "num_state_vectors": 3,
+    }))
+    .unwrap();
+    let lucidrains = peer.xl_config().unwrap();
+    for (config, what) in [
+        (own, "block-recurrent"),
+        (lucidrains, "block-recurrent, peer's"),
+    ] {
+        let std = xl_init_std(&config);
+        let model = seeded_weights(config.init(&dev).unwrap(), 5, std);
+        let mut peek = None;
+        let x = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 2], [1, 2]), &dev);
+        let read = model.peek_continue(x, &mut XlState::new(), &mut peek, &[false]);
+        assert!(read.unwrap().is_some(), "{what}: no peek_continue");
+        assert_eq!(peek.as_ref().map(|p| p.xl.len()), Some(2), "{what}");
+        let (prompt, new, len) = (walk(2, 40, 3), 15, 4);
+        let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, what);
+        assert_eq!(segments, (2 + 15) / len, "{what}");
+    }
+}
+
 /// The Memorizing Transformer generates retrieving from its kNN memory and adding to it: the
 /// cached generator (read-only views of the memory for the current segment) equals
 /// recomputation, and the memory holds exactly the completed segments.

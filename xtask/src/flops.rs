@@ -121,16 +121,16 @@ pub fn forward_flops_per_token(config: &XlConfig, tgt_len: usize, batch: usize) 
 ///   the values of each query over the cached keys, `(2 + 2 [+ 2 XL]) h e` per key;
 /// - a stack without state (the Reformer) reads the window of the last `segment_len` tokens
 ///   again for every token: `segment_len` tokens' forward pass;
-/// - a compressive stack keeps the tokens of its unfinished segment after its XL memory as it
-///   reads them, but caches no keys or values: the token at position `p` is one query over
-///   the compressed memory, the memory and the segment's `p` earlier tokens, whose keys and
-///   values it projects again (a pass of one token over a memory of `m + p` positions, the
-///   compressed ones counted as memory), and the token that completes a segment reads it for
-///   good (the compression not counted);
-/// - an RMT or Block-Recurrent stack keeps nothing of an unfinished segment and reads the
-///   segment so far again for every token: the token at position `p` costs the forward pass
-///   of `p + 1` tokens over the memory, the RMT's read and write memory tokens counted as more
-///   tokens of the pass (the Block-Recurrent state's own attention and gates are not).
+/// - a compressive or Block-Recurrent stack keeps the tokens of its unfinished segment after
+///   its XL memory as it reads them: the token at position `p` is one query over the
+///   compressed memory, the memory and the segment's `p` earlier tokens, whose keys and values
+///   it projects again (a pass of one token over a memory of `m + p` positions, the
+///   compressed ones counted as memory) or, with a key/value memory (the lucidrains
+///   Block-Recurrent layout), reads cached; the token that completes a segment reads it for
+///   good (the compression and the Block-Recurrent state's attention and gates not counted);
+/// - an RMT stack keeps nothing of an unfinished segment and reads the segment so far again
+///   for every token: the token at position `p` costs the forward pass of `p + 1` tokens and
+///   of its read and write memory tokens.
 ///
 /// The mean over the `tokens` new tokens.
 pub fn generation_flops_per_token(
@@ -140,32 +140,14 @@ pub fn generation_flops_per_token(
     tokens: usize,
 ) -> f64 {
     let s = segment_len.max(1);
-    if config.compressive.is_some() || config.rmt.is_some() || config.block_recurrent.is_some() {
-        let cmem = config.compressive.as_ref().map_or(0, |c| c.cmem_len);
-        let memory_tokens = config.rmt.as_ref().map_or(0, |r| 2 * r.mem_tokens);
-        let m = context.min(config.mem_len + cmem);
-        let over = |memory: usize| config.clone().with_mem_len(memory);
-        let tokens = tokens.max(1);
-        let total: f64 = (0..tokens)
-            .map(|i| match (context + i) % s {
-                p if config.compressive.is_some() && p + 1 < s => {
-                    forward_flops_per_token(&over(m + p), 1, 1)
-                }
-                p => {
-                    let rows = p + 1 + memory_tokens;
-                    rows as f64 * forward_flops_per_token(&over(m), rows, 1)
-                }
-            })
-            .sum();
-        return total / tokens as f64;
-    }
+    let fixed_state =
+        config.compressive.is_some() || config.rmt.is_some() || config.block_recurrent.is_some();
     let stateful = config.mem_len > 0 || config.layer_kinds().contains(&LayerKind::Knn);
-    if !stateful {
+    if !stateful && !fixed_state {
         return forward_flops_per_token(config, s, 1) * s as f64;
     }
     let h = config.n_heads as f64;
     let e = config.head_width() as f64;
-    let m = context.min(config.mem_len) as f64;
     let local = config.clone().with_mem_len(0);
     let d = config.d_model as f64;
     // Per query over `keys` cached keys: their scores, values and (XL) position term; less
@@ -183,6 +165,30 @@ pub fn generation_flops_per_token(
             .sum()
     };
     let tokens = tokens.max(1);
+    if fixed_state {
+        let cmem = config.compressive.as_ref().map_or(0, |c| c.cmem_len);
+        let memory_tokens = config.rmt.as_ref().map_or(0, |r| 2 * r.mem_tokens);
+        let m = context.min(config.mem_len + cmem);
+        let over = |memory: usize| config.clone().with_mem_len(memory);
+        let keeps = config.rmt.is_none();
+        let total: f64 = (0..tokens)
+            .map(|i| match (context + i) % s {
+                // One query over the memories and the segment's `p` earlier tokens: their keys
+                // and values cached (a key/value memory), or projected again.
+                p if keeps && p + 1 < s => match config.compat.memory_keys_values {
+                    true => forward_flops_per_token(&local, 1, 1) + per_query((m + p) as f64),
+                    false => forward_flops_per_token(&over(m + p), 1, 1),
+                },
+                // The segment so far read again, or read for good when the token completes it.
+                p => {
+                    let rows = p + 1 + memory_tokens;
+                    rows as f64 * forward_flops_per_token(&over(m), rows, 1)
+                }
+            })
+            .sum();
+        return total / tokens as f64;
+    }
+    let m = context.min(config.mem_len) as f64;
     let total: f64 = (0..tokens)
         .map(|i| match (context + i) % s {
             // The token completes its segment: the segment read for good over the memory.

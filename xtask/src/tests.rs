@@ -519,6 +519,19 @@ fn generation_flops_match_a_hand_count() {
         (counted - hand).abs() < 1e-9 * hand,
         "rmt: counted {counted}, by hand {hand}"
     );
+    // The Block-Recurrent recipe keeps the block's earlier tokens after a key/value memory of
+    // one block (64): the 3rd token of a block projects only itself and reads 64 + 2 cached
+    // keys and itself, scores and values, 4 h e FLOPs per key in each of its rotary layers.
+    let brt = recipe(crate::quality::block_recurrent_small());
+    assert!(brt.compat.memory_keys_values && brt.mem_len == 64);
+    let (h, e, layers) = (brt.n_heads, brt.head_width(), brt.n_layers);
+    let own = flops(&brt.clone().with_mem_len(0), 1, 1);
+    let hand = own + (layers * 4 * h * e * (64 + 2)) as f64;
+    let counted = crate::flops::generation_flops_per_token(&brt, 2 * 64 + 2, 64, 1);
+    assert!(
+        (counted - hand).abs() < 1e-9 * hand,
+        "block-recurrent: counted {counted}, by hand {hand}"
+    );
 }
 
 /// `bench scale`'s table pairs each point with the peer's at the same x and states the growth

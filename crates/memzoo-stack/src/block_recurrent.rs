@@ -665,6 +665,41 @@ impl TransformerXl {
         keep_graph: bool,
         trace: Option<&Trace>,
     ) -> Result<Tensor<3>, XlError> {
+        self.read_block_recurrent(tokens, state, reset, opts, keep_graph, trace, false)
+    }
+
+    /// Reads tokens of an unfinished block that follow those `view` already holds after its XL
+    /// memory, and keeps them there (none leaves it), reading the carried state `c_τ` and
+    /// writing none: generation's read of one new token
+    /// ([`crate::RecurrentModel::peek_continue`]). A token's output reads only `c_τ` and the
+    /// keys before it, so it is what a pass over the whole block gives it; `c_{τ+1}` is
+    /// written when the block completes.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]`, `reset`: `batch` flags → `[batch, qlen, d_model]`
+    pub(crate) fn peek_block_recurrent(
+        &self,
+        tokens: Tensor<2, Int>,
+        view: &mut XlState,
+        reset: &[bool],
+        opts: Option<&ForwardOptions>,
+    ) -> Result<Tensor<3>, XlError> {
+        self.read_block_recurrent(tokens, view, reset, opts, false, None, true)
+    }
+
+    /// [`forward_block_recurrent`](Self::forward_block_recurrent), or with `peek`
+    /// [`peek_block_recurrent`](Self::peek_block_recurrent)'s read.
+    #[allow(clippy::too_many_arguments)]
+    fn read_block_recurrent(
+        &self,
+        tokens: Tensor<2, Int>,
+        state: &mut XlState,
+        reset: &[bool],
+        opts: Option<&ForwardOptions>,
+        keep_graph: bool,
+        trace: Option<&Trace>,
+        peek: bool,
+    ) -> Result<Tensor<3>, XlError> {
         let rec = self.block_recurrent.as_ref().ok_or_else(|| {
             XlError::Input("this stack is not a Block-Recurrent Transformer".into())
         })?;
@@ -707,7 +742,7 @@ impl TransformerXl {
             cx.trace = trace.map(|t| t.slot(l, crate::stack::ProbeLayout::XlMemory));
             let memory = state.xl.layer(l).cloned();
             h = if l == write_layer || l == read_layer {
-                let write = (l == write_layer).then(|| c.clone());
+                let write = (l == write_layer && !peek).then(|| c.clone());
                 let (out, c_next) =
                     layer.forward_recurrent(h, memory, cx, rec, &shared, l == read_layer, write)?;
                 next = c_next.or(next);
@@ -718,6 +753,12 @@ impl TransformerXl {
         }
         drop(contexts);
         drop(stores);
+        if peek {
+            // Every position stays until the block completes; the state is as it was.
+            let len = state.xl.len() + qlen;
+            state.xl = self.next_memory(std::mem::take(&mut state.xl), &inputs, len, true);
+            return Ok(self.finish(h, opts));
+        }
         // A key/value memory stays in the graph within an unroll; layer inputs never do.
         self.advance_with(
             state,

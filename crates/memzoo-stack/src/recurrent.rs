@@ -366,8 +366,8 @@ impl RecurrentModel for TransformerXl {
     /// memory), with read-only views of the kNN memories (searched as the segment pass
     /// searches them, written by it alone). A new token then reads the memory and the
     /// segment's earlier tokens as that pass does: the same keys at the same distances. A
-    /// compressive stack keeps them the same way after its XL memory, its compressed memory
-    /// as committed.
+    /// compressive or Block-Recurrent stack keeps them the same way after its XL memory, its
+    /// compressed memory or recurrent state as committed.
     fn peek_continue(
         &self,
         inputs: Tensor<2, Int>,
@@ -375,8 +375,8 @@ impl RecurrentModel for TransformerXl {
         peek: &mut Option<XlState>,
         reset: &[bool],
     ) -> Result<Option<Tensor<3>>, XlError> {
-        if self.compressive.is_some() {
-            return self.peek_continue_compressive(inputs, state, peek, reset);
+        if self.compressive.is_some() || self.block_recurrent.is_some() {
+            return self.peek_continue_kept(inputs, state, peek, reset);
         }
         let plain = !self.same_length
             && self.compressive.is_none()
@@ -516,22 +516,26 @@ impl KnnIndex for ReadOnlyIndex {
 }
 
 impl TransformerXl {
-    /// [`RecurrentModel::peek_continue`] of a compressive stack with an XL memory, reading
-    /// documents as one stream, without kNN layers and with a compression that needs no
-    /// attention statistics (`None` otherwise: the generator then reads the unfinished segment
-    /// again for every token): `peek` is the committed state with the unfinished segment's
-    /// tokens read so far after its XL memory ([`TransformerXl::peek_compressive`]); the
-    /// compressed memory is the committed one.
-    fn peek_continue_compressive(
+    /// [`RecurrentModel::peek_continue`] of a compressive or Block-Recurrent stack with an XL
+    /// memory, reading documents as one stream, without kNN layers (and a compression that
+    /// needs no attention statistics); `None` otherwise (the generator then reads the
+    /// unfinished segment again for every token). `peek` is the committed state with the
+    /// unfinished segment's tokens read so far after its XL memory
+    /// ([`TransformerXl::peek_compressive`], [`TransformerXl::peek_block_recurrent`]); the
+    /// compressed memory and the recurrent state are the committed ones.
+    fn peek_continue_kept(
         &self,
         inputs: Tensor<2, Int>,
         state: &mut XlState,
         peek: &mut Option<XlState>,
         reset: &[bool],
     ) -> Result<Option<Tensor<3>>, XlError> {
-        let streams = self
-            .compressive_config()
-            .is_some_and(|c| c.function != crate::compressive::CompressionKind::MostUsed)
+        let kept = match (self.compressive_config(), &self.block_recurrent) {
+            (Some(c), None) => c.function != crate::compressive::CompressionKind::MostUsed,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        let streams = kept
             && self.mem_len > 0
             && !self.same_length
             && !self.document_resets
@@ -542,10 +546,17 @@ impl TransformerXl {
         let mut view = peek.take().unwrap_or_else(|| XlState {
             xl: state.xl.clone(),
             compressed: state.compressed.clone(),
+            block_recurrent: state.block_recurrent.clone(),
             ..XlState::new()
         });
         let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
-        let hidden = self.peek_compressive(inputs, &mut view, reset, opts.as_ref(), state.xl.len());
+        let hidden = match self.compressive {
+            Some(_) => {
+                let committed = state.xl.len();
+                self.peek_compressive(inputs, &mut view, reset, opts.as_ref(), committed)
+            }
+            None => self.peek_block_recurrent(inputs, &mut view, reset, opts.as_ref()),
+        };
         // A failed read may have moved part of the view on: none is kept (the caller reads
         // the segment from its start again).
         let logits = hidden.map(|h| self.logits(h));

@@ -15,10 +15,11 @@
 //! a segment pass computes for it. When the segment is complete it is read once more for good
 //! ([`crate::RecurrentModel::segment_logits`]), which moves the state on: the XL memory keeps
 //! the last `mem_len` layer inputs, the kNN memory stores the segment's keys and values. A
-//! compressive stack does the same with its XL memory, its compressed memory as it was until
-//! the segment completes and is compressed. A model that keeps nothing of an unfinished
-//! segment (an RMT or Block-Recurrent stack, LSH or local layers) reads it again for every
-//! new token
+//! compressive or Block-Recurrent stack does the same with its XL memory, its compressed memory
+//! or recurrent state as it was until the segment completes (and is compressed, or writes the
+//! next state). A model that keeps nothing of an unfinished segment (an RMT stack, whose
+//! memory tokens read the whole segment, LSH or local layers) reads it again for every new
+//! token
 //! ([`crate::RecurrentModel::peek_logits`], which leaves the state as it was): one pass over at
 //! most `segment_len` tokens per token.
 //!
