@@ -292,9 +292,10 @@ fn xl_cached_generation_equals_recomputation() {
     assert!(model.for_generation(1).unwrap().for_generation(1).is_none());
 }
 
-/// A compressive stack keeps the tokens of its unfinished segment after its XL memory as it
-/// reads them (`RecurrentModel::peek_continue`: a new token is one query, where it was a pass
-/// over the segment so far) and compresses only when a segment completes: the generator equals
+/// A compressive stack keeps the keys and values of its memories and of its unfinished
+/// segment's tokens as it reads them (`RecurrentModel::peek_continue`: a new token is one query
+/// that projects only its own, where it was a pass over the segment so far that projected both
+/// memories again) and compresses only when a segment completes: the generator equals
 /// recomputation across segments whose memories fill, are compressed and fill the compressed
 /// memory, with relative (XL) positions and with the lucidrains peer's learned positions
 /// counted from the end of a window whose memories are still filling.
@@ -319,7 +320,11 @@ fn compressive_cached_generation_equals_recomputation() {
         let x = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 2], [1, 2]), &dev);
         let read = model.peek_continue(x, &mut XlState::new(), &mut peek, &[false]);
         assert!(read.unwrap().is_some(), "{what}: no peek_continue");
-        assert_eq!(peek.as_ref().map(|p| p.xl.len()), Some(2), "{what}");
+        // It keeps every layer's keys and values of the tokens read (4 heads of 8: width 64),
+        // not their inputs (d_model 32).
+        let cache = &peek.as_ref().expect("kept").xl;
+        assert_eq!(cache.len(), 2, "{what}");
+        assert_eq!(cache.layer(0).unwrap().dims()[2], 2 * 4 * 8, "{what}");
         // Segments of 3 over a memory of 4: the first two segments are read while the
         // memory fills (the learned positions shift), the later ones compress.
         let (prompt, new, len) = (walk(2, 40, 3), 19, 3);

@@ -121,13 +121,14 @@ pub fn forward_flops_per_token(config: &XlConfig, tgt_len: usize, batch: usize) 
 ///   the values of each query over the cached keys, `(2 + 2 [+ 2 XL]) h e` per key;
 /// - a stack without state (the Reformer) reads the window of the last `segment_len` tokens
 ///   again for every token: `segment_len` tokens' forward pass;
-/// - a compressive or Block-Recurrent stack keeps the tokens of its unfinished segment after
-///   its XL memory as it reads them: the token at position `p` is one query over the
-///   compressed memory, the memory and the segment's `p` earlier tokens, whose keys and values
-///   it projects again (a pass of one token over a memory of `m + p` positions, the
-///   compressed ones counted as memory) or, with a key/value memory (the lucidrains
-///   Block-Recurrent layout), reads cached; the token that completes a segment reads it for
-///   good (the compression and the Block-Recurrent state's attention and gates not counted);
+/// - a compressive or Block-Recurrent stack keeps the tokens of its unfinished segment as it
+///   reads them: the token at position `p` is one query over the compressed memory, the
+///   memory and the segment's `p` earlier tokens (`m + p` keys, the compressed ones counted
+///   as memory), whose keys and values are cached (a compressive stack's generator, and the
+///   lucidrains Block-Recurrent layout's key/value memory) or, where the memory holds layer
+///   inputs (memzoo's Block-Recurrent layout), projected again (a pass of one token over a
+///   memory of `m + p` positions); the token that completes a segment reads it for good (the
+///   compression and the Block-Recurrent state's attention and gates not counted);
 /// - an RMT stack keeps nothing of an unfinished segment and reads the segment so far again
 ///   for every token: the token at position `p` costs the forward pass of `p + 1` tokens and
 ///   of its read and write memory tokens.
@@ -175,10 +176,12 @@ pub fn generation_flops_per_token(
             .map(|i| match (context + i) % s {
                 // One query over the memories and the segment's `p` earlier tokens: their keys
                 // and values cached (a key/value memory), or projected again.
-                p if keeps && p + 1 < s => match config.compat.memory_keys_values {
-                    true => forward_flops_per_token(&local, 1, 1) + per_query((m + p) as f64),
-                    false => forward_flops_per_token(&over(m + p), 1, 1),
-                },
+                p if keeps && p + 1 < s => {
+                    match config.compat.memory_keys_values || config.compressive.is_some() {
+                        true => forward_flops_per_token(&local, 1, 1) + per_query((m + p) as f64),
+                        false => forward_flops_per_token(&over(m + p), 1, 1),
+                    }
+                }
                 // The segment so far read again, or read for good when the token completes it.
                 p => {
                     let rows = p + 1 + memory_tokens;

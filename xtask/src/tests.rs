@@ -491,10 +491,12 @@ fn generation_flops_match_a_hand_count() {
     let counted = crate::flops::generation_flops_per_token(&window, 1000, 64, 3);
     assert!((counted - once).abs() < 1e-9 * once);
     // After a context of 2 segments and 2 tokens, the two new tokens are the 3rd and 4th of
-    // their segment. A compressive stack keeps the segment's earlier tokens after its XL
-    // memory (m positions, the compressed memory's included) and projects their keys again:
-    // one query over m + 2 and over m + 3 positions. An RMT reads the segment so far again,
-    // with its 16 read and 16 write memory tokens: passes of 3 + 32 and 4 + 32 tokens.
+    // their segment. A compressive stack's generator caches the keys and values of its
+    // memories (m positions, the compressed memory's included) and of the segment's earlier
+    // tokens: each token projects only itself, then one query over m + 2 and m + 3 cached
+    // keys and itself, scores, values and the learned position term, 6 h e FLOPs per key in
+    // each layer. An RMT reads the segment so far again, with its 16 read and 16 write memory
+    // tokens: passes of 3 + 32 and 4 + 32 tokens.
     let recipe = |family: crate::quality::Family| match family.model {
         crate::quality::FamilyModel::Xl(c) => c,
         _ => panic!("the recipe is a layer stack"),
@@ -503,7 +505,14 @@ fn generation_flops_match_a_hand_count() {
     let comp = recipe(crate::quality::compressive_small());
     let m = comp.mem_len + comp.compressive.as_ref().expect("compressive").cmem_len;
     assert!(m > comp.mem_len && comp.mem_len > 0);
-    let query = |n: usize| flops(&comp.clone().with_mem_len(n), 1, 1);
+    assert!(
+        comp.layer_kinds()
+            .iter()
+            .all(|k| *k == memzoo_stack::LayerKind::Learned)
+    );
+    let own = flops(&comp.clone().with_mem_len(0), 1, 1);
+    let (h, e, layers) = (comp.n_heads, comp.head_width(), comp.n_layers);
+    let query = |keys: usize| own + (layers * 6 * h * e * keys) as f64;
     let hand = (query(m + 2) + query(m + 3)) / 2.0;
     let counted = crate::flops::generation_flops_per_token(&comp, 2 * 128 + 2, 128, 2);
     assert!(

@@ -429,43 +429,6 @@ impl TransformerXl {
         train: bool,
         trace: Option<&Trace>,
     ) -> Result<(Tensor<3>, Option<Tensor<1>>), XlError> {
-        self.read_compressive(tokens, state, reset, opts, train, trace, None)
-    }
-
-    /// Reads tokens of an unfinished segment that follow those `view` already holds after its
-    /// XL memory, and keeps them there (none leaves it, nothing is compressed): generation's
-    /// read of one new token ([`crate::RecurrentModel::peek_continue`]). `committed` is the
-    /// length of the XL memory the segment started from, which the window's positions count
-    /// from (`window_end_positions`). A query then sees the compressed memory, the memory and
-    /// the segment's earlier tokens at the distances a pass over the whole segment gives it.
-    ///
-    /// # Shapes
-    /// - `tokens`: `[batch, qlen]`, `reset`: `batch` flags → `[batch, qlen, d_model]`
-    pub(crate) fn peek_compressive(
-        &self,
-        tokens: Tensor<2, Int>,
-        view: &mut XlState,
-        reset: &[bool],
-        opts: Option<&ForwardOptions>,
-        committed: usize,
-    ) -> Result<Tensor<3>, XlError> {
-        let read = self.read_compressive(tokens, view, reset, opts, false, None, Some(committed));
-        Ok(read?.0)
-    }
-
-    /// [`forward_compressive`](Self::forward_compressive), or with `peek` (the committed XL
-    /// memory's length) [`peek_compressive`](Self::peek_compressive)'s read.
-    #[allow(clippy::too_many_arguments)]
-    fn read_compressive(
-        &self,
-        tokens: Tensor<2, Int>,
-        state: &mut XlState,
-        reset: &[bool],
-        opts: Option<&ForwardOptions>,
-        train: bool,
-        trace: Option<&Trace>,
-        peek: Option<usize>,
-    ) -> Result<(Tensor<3>, Option<Tensor<1>>), XlError> {
         let comp = self
             .compressive
             .as_ref()
@@ -534,26 +497,7 @@ impl TransformerXl {
             AttentionMask::causal()
         };
         let mut contexts = self.contexts(batch, qlen, clen + mlen, &mask, &device)?;
-        if cfg.window_end_positions {
-            // Counted from the memory the segment started from (a peek's view holds the
-            // segment's earlier tokens after it).
-            let committed = peek.unwrap_or(mlen);
-            let missing =
-                (self.mem_len.saturating_sub(committed) + cfg.cmem_len.saturating_sub(clen)) as i64;
-            for (p, _, ctx) in contexts.iter_mut() {
-                if p.kind != PositionKind::Learned {
-                    continue;
-                }
-                let klen = ctx.klen();
-                let causal = matches!(mask, AttentionMask::Causal { .. });
-                let idx: Vec<i64> = (0..n_columns(qlen, klen, causal))
-                    .map(|c| p.table_index(distance_of_column(c, klen) + missing) as i64)
-                    .collect();
-                let w = idx.len();
-                ctx.index =
-                    PositionIndex::Learned(Tensor::from_data(TensorData::new(idx, [w]), &device));
-            }
-        }
+        self.window_end_positions(&mut contexts, qlen, (mlen, clen), &mask, &device);
         // The reconstruction loss reads each layer's queries and the keys and values of what
         // it compresses: the attention's own, kept as it computes them.
         let tap = (train && cfg.function == CompressionKind::Conv && cfg.cmem_len > 0)
@@ -607,13 +551,118 @@ impl TransformerXl {
             received: &received,
             projections: &projections,
         };
-        if peek.is_some() {
-            // Every position stays until the segment completes; nothing is compressed.
-            state.xl = state.xl.update_with(&inputs, mlen + qlen, true);
-            return Ok((hidden, None));
-        }
         let aux = self.compress_memories(comp, state, reads, qlen, train)?;
         Ok((hidden, aux))
+    }
+
+    /// With `compressive.window_end_positions`, the learned layers' distances shifted by the
+    /// memories' missing positions: counted from the end of a window of `cmem_len + mem_len +
+    /// qlen` keys, the memories (`(mlen, clen)` positions) still filling. `mlen` is the
+    /// memory the segment started from, also where a generator's cache holds the segment's
+    /// earlier tokens after it.
+    fn window_end_positions(
+        &self,
+        contexts: &mut [crate::stack::ContextEntry<'_>],
+        qlen: usize,
+        (mlen, clen): (usize, usize),
+        mask: &AttentionMask,
+        device: &Device,
+    ) {
+        let Some(cfg) = self.compressive_config().filter(|c| c.window_end_positions) else {
+            return;
+        };
+        let missing =
+            (self.mem_len.saturating_sub(mlen) + cfg.cmem_len.saturating_sub(clen)) as i64;
+        for (p, _, ctx) in contexts.iter_mut() {
+            if p.kind != PositionKind::Learned {
+                continue;
+            }
+            let klen = ctx.klen();
+            let causal = matches!(mask, AttentionMask::Causal { .. });
+            let idx: Vec<i64> = (0..n_columns(qlen, klen, causal))
+                .map(|c| p.table_index(distance_of_column(c, klen) + missing) as i64)
+                .collect();
+            let w = idx.len();
+            ctx.index =
+                PositionIndex::Learned(Tensor::from_data(TensorData::new(idx, [w]), device));
+        }
+    }
+
+    /// Reads tokens of an unfinished segment on top of the `committed` state through `cache`:
+    /// per layer the keys and values (`[k; v]` entries) of `cat(cm, m)` and of the segment's
+    /// tokens read so far, which it extends by the tokens' own; an empty `cache` is filled from
+    /// the committed memories first (once per segment). Generation's read of one new token
+    /// ([`crate::RecurrentModel::peek_continue`]): a query sees the compressed memory, the
+    /// memory and the segment's earlier tokens at the distances a pass over the whole segment
+    /// gives it, and only its own keys and values are projected; the memories move on (and
+    /// compress) when the segment completes, read by [`forward_compressive`](Self::forward_compressive).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]` → `[batch, qlen, d_model]`; `cache`: per layer `[batch,
+    ///   clen + mlen + read, 2 kv_heads d_head]`
+    pub(crate) fn peek_compressive(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut XlMemory,
+        committed: &XlState,
+        opts: Option<&ForwardOptions>,
+    ) -> Result<Tensor<3>, XlError> {
+        let [batch, qlen] = tokens.dims();
+        let device = tokens.device();
+        self.check_memory(batch, &committed.xl)?;
+        let (mlen, clen) = (committed.xl.len(), committed.compressed.layers.len());
+        fn relative(layer: &XlLayer) -> Result<&RelativeMultiHeadAttention, XlError> {
+            layer.attention.relative().ok_or_else(|| {
+                XlError::Input("a compressive stack's layers are relative attention".into())
+            })
+        }
+        if cache.is_empty() && mlen + clen > 0 {
+            let mut entries = Vec::with_capacity(self.layers.len());
+            for (l, layer) in self.layers.iter().enumerate() {
+                let mem = committed
+                    .xl
+                    .layer(l)
+                    .map(|m| layer.read_memory(m.clone(), false));
+                let compressed = committed.compressed.layers.layer(l).cloned();
+                let prefix = match (compressed, mem) {
+                    (Some(c), Some(m)) => Tensor::cat(vec![c, m], 1),
+                    (c, m) => c.or(m).ok_or_else(|| {
+                        XlError::Input(format!("layer {l} has no memory to cache"))
+                    })?,
+                };
+                entries.push(relative(layer)?.cache_entry(prefix));
+            }
+            *cache = XlMemory::from_layers(entries).map_err(XlError::Input)?;
+        }
+        let mask = AttentionMask::causal();
+        let mut contexts = self.contexts(batch, qlen, cache.len(), &mask, &device)?;
+        self.window_end_positions(&mut contexts, qlen, (mlen, clen), &mask, &device);
+        // The cache handed to a layer ends with the tokens' own entries.
+        for (_, _, ctx) in contexts.iter_mut() {
+            ctx.memory_holds_segment = true;
+        }
+        let mut h = self.embed(tokens, opts)?;
+        let mut next = Vec::with_capacity(self.layers.len());
+        for (l, layer) in self.layers.iter().enumerate() {
+            let reader = layer
+                .clone()
+                .caching_keys_values()
+                .ok_or_else(|| XlError::Input(format!("layer {l} caches no keys/values")))?;
+            let a = relative(layer)?;
+            let cached = cache.layer(l).cloned();
+            let mut cx = self.layer_context(l, &contexts, None, opts);
+            h = layer.block.forward(h, None, opts, |x, _| {
+                let own = a.cache_entry(x.clone());
+                let all = match &cached {
+                    Some(c) => Tensor::cat(vec![c.clone(), own], 1),
+                    None => own,
+                };
+                next.push(all.clone());
+                Ok::<_, XlError>(reader.attend(x, Some(all), &mut cx, Replay::Nothing)?.0)
+            })?;
+        }
+        *cache = XlMemory::from_layers(next).map_err(XlError::Input)?;
+        Ok(self.finish(h, opts))
     }
 
     /// Moves the XL and compressed memories on past a segment whose layers read `reads`; with

@@ -519,10 +519,11 @@ impl TransformerXl {
     /// [`RecurrentModel::peek_continue`] of a compressive or Block-Recurrent stack with an XL
     /// memory, reading documents as one stream, without kNN layers (and a compression that
     /// needs no attention statistics); `None` otherwise (the generator then reads the
-    /// unfinished segment again for every token). `peek` is the committed state with the
-    /// unfinished segment's tokens read so far after its XL memory
-    /// ([`TransformerXl::peek_compressive`], [`TransformerXl::peek_block_recurrent`]); the
-    /// compressed memory and the recurrent state are the committed ones.
+    /// unfinished segment again for every token). `peek` holds the unfinished segment's tokens
+    /// read so far: for a compressive stack a cache of every layer's keys and values of the
+    /// committed memories and of those tokens ([`TransformerXl::peek_compressive`]); for a
+    /// Block-Recurrent one the committed state with the tokens after its XL memory
+    /// ([`TransformerXl::peek_block_recurrent`]).
     fn peek_continue_kept(
         &self,
         inputs: Tensor<2, Int>,
@@ -543,19 +544,24 @@ impl TransformerXl {
         if !streams {
             return Ok(None);
         }
-        let mut view = peek.take().unwrap_or_else(|| XlState {
-            xl: state.xl.clone(),
-            compressed: state.compressed.clone(),
-            block_recurrent: state.block_recurrent.clone(),
-            ..XlState::new()
-        });
         let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
-        let hidden = match self.compressive {
+        let (view, hidden) = match self.compressive {
+            // The view's XL memory is the cache of keys and values (empty: filled from the
+            // committed memories).
             Some(_) => {
-                let committed = state.xl.len();
-                self.peek_compressive(inputs, &mut view, reset, opts.as_ref(), committed)
+                let mut view = peek.take().unwrap_or_default();
+                let hidden = self.peek_compressive(inputs, &mut view.xl, state, opts.as_ref());
+                (view, hidden)
             }
-            None => self.peek_block_recurrent(inputs, &mut view, reset, opts.as_ref()),
+            None => {
+                let mut view = peek.take().unwrap_or_else(|| XlState {
+                    xl: state.xl.clone(),
+                    block_recurrent: state.block_recurrent.clone(),
+                    ..XlState::new()
+                });
+                let hidden = self.peek_block_recurrent(inputs, &mut view, reset, opts.as_ref());
+                (view, hidden)
+            }
         };
         // A failed read may have moved part of the view on: none is kept (the caller reads
         // the segment from its start again).
