@@ -292,6 +292,20 @@ fn xl_cached_generation_equals_recomputation() {
     assert!(model.for_generation(1).unwrap().for_generation(1).is_none());
 }
 
+/// What `model` keeps of the first two tokens of a document's unfinished segment
+/// (`RecurrentModel::peek_continue` from an empty state), which it must keep.
+fn first_peek<M: RecurrentModel<State = memzoo_stack::XlState>>(
+    model: &M,
+    dev: &Device,
+    what: &str,
+) -> memzoo_stack::XlState {
+    let mut peek = None;
+    let x = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 2], [1, 2]), dev);
+    let read = model.peek_continue(x, &mut memzoo_stack::XlState::new(), &mut peek, &[false]);
+    assert!(read.unwrap().is_some(), "{what}: no peek_continue");
+    peek.expect("kept")
+}
+
 /// A compressive stack keeps the keys and values of its memories and of its unfinished
 /// segment's tokens as it reads them (`RecurrentModel::peek_continue`: a new token is one query
 /// that projects only its own, where it was a pass over the segment so far that projected both
@@ -301,7 +315,7 @@ fn xl_cached_generation_equals_recomputation() {
 /// counted from the end of a window whose memories are still filling.
 #[test]
 fn compressive_cached_generation_equals_recomputation() {
-    use memzoo_stack::{CompressiveConfig, XlState};
+    use memzoo_stack::CompressiveConfig;
     let dev = flex();
     let compressive = CompressiveConfig::new().with_cmem_len(3).with_ratio(2);
     let xl = small_xl(4).with_compressive(Some(compressive.clone()));
@@ -316,13 +330,9 @@ fn compressive_cached_generation_equals_recomputation() {
         let std = xl_init_std(&config);
         let model = seeded_weights(config.init(&dev).unwrap(), 4, std);
         // The generator reads the unfinished segment token by token.
-        let mut peek = None;
-        let x = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 2], [1, 2]), &dev);
-        let read = model.peek_continue(x, &mut XlState::new(), &mut peek, &[false]);
-        assert!(read.unwrap().is_some(), "{what}: no peek_continue");
         // It keeps every layer's keys and values of the tokens read (4 heads of 8: width 64),
         // not their inputs (d_model 32).
-        let cache = &peek.as_ref().expect("kept").xl;
+        let cache = first_peek(&model, &dev, what).xl;
         assert_eq!(cache.len(), 2, "{what}");
         assert_eq!(cache.layer(0).unwrap().dims()[2], 2 * 4 * 8, "{what}");
         // Segments of 3 over a memory of 4: the first two segments are read while the
@@ -340,7 +350,7 @@ fn compressive_cached_generation_equals_recomputation() {
 /// positions with xPos, one key/value head, the key/value memory of the last block).
 #[test]
 fn block_recurrent_cached_generation_equals_recomputation() {
-    use memzoo_stack::{BlockRecurrentConfig, XlState};
+    use memzoo_stack::BlockRecurrentConfig;
     let dev = flex();
     let own = small_xl(4).with_block_recurrent(Some(
         BlockRecurrentConfig::new().with_state_len(3).with_layer(0),
@@ -357,11 +367,7 @@ fn block_recurrent_cached_generation_equals_recomputation() {
     ] {
         let std = xl_init_std(&config);
         let model = seeded_weights(config.init(&dev).unwrap(), 5, std);
-        let mut peek = None;
-        let x = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 2], [1, 2]), &dev);
-        let read = model.peek_continue(x, &mut XlState::new(), &mut peek, &[false]);
-        assert!(read.unwrap().is_some(), "{what}: no peek_continue");
-        assert_eq!(peek.as_ref().map(|p| p.xl.len()), Some(2), "{what}");
+        assert_eq!(first_peek(&model, &dev, what).xl.len(), 2, "{what}");
         let (prompt, new, len) = (walk(2, 40, 3), 15, 4);
         let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, what);
         assert_eq!(segments, (2 + 15) / len, "{what}");
