@@ -121,17 +121,18 @@ pub fn forward_flops_per_token(config: &XlConfig, tgt_len: usize, batch: usize) 
 ///   the values of each query over the cached keys, `(2 + 2 [+ 2 XL]) h e` per key;
 /// - a stack without state (the Reformer) reads the window of the last `segment_len` tokens
 ///   again for every token: `segment_len` tokens' forward pass;
-/// - a compressive or Block-Recurrent stack keeps the tokens of its unfinished segment as it
-///   reads them: the token at position `p` is one query over the compressed memory, the
+/// - a compressive or Block-Recurrent stack keeps what the tokens of its unfinished segment
+///   leave as it reads them: the token at position `p` is one query over the compressed memory, the
 ///   memory and the segment's `p` earlier tokens (`m + p` keys, the compressed ones counted
 ///   as memory), whose keys and values are cached (a compressive stack's generator, and the
 ///   lucidrains Block-Recurrent layout's key/value memory) or, where the memory holds layer
 ///   inputs (memzoo's Block-Recurrent layout), projected again (a pass of one token over a
 ///   memory of `m + p` positions); the token that completes a segment reads it for good (the
 ///   compression and the Block-Recurrent state's attention and gates not counted);
-/// - an RMT stack keeps nothing of an unfinished segment and reads the segment so far again
-///   for every token: the token at position `p` costs the forward pass of `p + 1` tokens and
-///   of its read and write memory tokens.
+/// - an RMT stack keeps the inputs of its read tokens (read once per segment) and of the
+///   segment's tokens: the token at position `p` is one query over the `m` read tokens and the
+///   `p` earlier ones, projecting their keys and values again; the token that completes the
+///   segment reads it for good with the read and write tokens.
 ///
 /// The mean over the `tokens` new tokens.
 pub fn generation_flops_per_token(
@@ -168,24 +169,36 @@ pub fn generation_flops_per_token(
     let tokens = tokens.max(1);
     if fixed_state {
         let cmem = config.compressive.as_ref().map_or(0, |c| c.cmem_len);
-        let memory_tokens = config.rmt.as_ref().map_or(0, |r| 2 * r.mem_tokens);
-        let m = context.min(config.mem_len + cmem);
+        let read_tokens = config.rmt.as_ref().map_or(0, |r| r.mem_tokens);
+        let memories = context.min(config.mem_len + cmem);
+        // The keys before the segment: the memories, an RMT's read tokens.
+        let m = memories + read_tokens;
         let over = |memory: usize| config.clone().with_mem_len(memory);
-        let keeps = config.rmt.is_none();
+        let cached = config.compat.memory_keys_values || config.compressive.is_some();
+        let head = 2.0 * d * config.vocab_size as f64;
         let total: f64 = (0..tokens)
             .map(|i| match (context + i) % s {
                 // One query over the memories and the segment's `p` earlier tokens: their keys
-                // and values cached (a key/value memory), or projected again.
-                p if keeps && p + 1 < s => {
-                    match config.compat.memory_keys_values || config.compressive.is_some() {
+                // and values cached, or projected again from their inputs.
+                p if p + 1 < s => {
+                    let query = match cached {
                         true => forward_flops_per_token(&local, 1, 1) + per_query((m + p) as f64),
                         false => forward_flops_per_token(&over(m + p), 1, 1),
-                    }
+                    };
+                    // An RMT's read tokens, read once per segment (they see only each other;
+                    // no head).
+                    let t = read_tokens as f64;
+                    let read = match p == 0 && read_tokens > 0 {
+                        true => t * (forward_flops_per_token(&over(0), read_tokens, 1) - head),
+                        false => 0.0,
+                    };
+                    query + read
                 }
-                // The segment so far read again, or read for good when the token completes it.
+                // The token that completes the segment reads it for good (with an RMT's read
+                // and write tokens).
                 p => {
-                    let rows = p + 1 + memory_tokens;
-                    rows as f64 * forward_flops_per_token(&over(m), rows, 1)
+                    let rows = p + 1 + 2 * read_tokens;
+                    rows as f64 * forward_flops_per_token(&over(memories), rows, 1)
                 }
             })
             .sum();

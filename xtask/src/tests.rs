@@ -495,8 +495,10 @@ fn generation_flops_match_a_hand_count() {
     // memories (m positions, the compressed memory's included) and of the segment's earlier
     // tokens: each token projects only itself, then one query over m + 2 and m + 3 cached
     // keys and itself, scores, values and the learned position term, 6 h e FLOPs per key in
-    // each layer. An RMT reads the segment so far again, with its 16 read and 16 write memory
-    // tokens: passes of 3 + 32 and 4 + 32 tokens.
+    // each layer. An RMT keeps the inputs of its 16 read tokens and of the segment's earlier
+    // tokens: one query over 16 + 2 and over 16 + 3 positions, their keys and values projected
+    // again; the segment's first token also reads the 16 read tokens (no head), and its last
+    // reads the segment with the read and write tokens.
     let recipe = |family: crate::quality::Family| match family.model {
         crate::quality::FamilyModel::Xl(c) => c,
         _ => panic!("the recipe is a layer stack"),
@@ -521,12 +523,22 @@ fn generation_flops_match_a_hand_count() {
     );
     let rmt = recipe(crate::quality::rmt_small());
     assert_eq!(rmt.rmt.as_ref().expect("rmt").mem_tokens, 16);
-    let pass = |n: usize| n as f64 * flops(&rmt, n, 1);
-    let hand = (pass(3 + 32) + pass(4 + 32)) / 2.0;
+    assert_eq!(rmt.mem_len, 0);
+    let query = |keys: usize| flops(&rmt.clone().with_mem_len(keys), 1, 1);
+    let hand = (query(16 + 2) + query(16 + 3)) / 2.0;
     let counted = crate::flops::generation_flops_per_token(&rmt, 2 * 128 + 2, 128, 2);
     assert!(
         (counted - hand).abs() < 1e-9 * hand,
         "rmt: counted {counted}, by hand {hand}"
+    );
+    let head = (2 * rmt.d_model * rmt.vocab_size) as f64;
+    let read = 16.0 * (flops(&rmt, 16, 1) - head);
+    let last = (128 + 32) as f64 * flops(&rmt, 128 + 32, 1);
+    let hand = (query(16) + read + last) / 2.0;
+    let counted = crate::flops::generation_flops_per_token(&rmt, 2 * 128 - 1, 128, 2);
+    assert!(
+        (counted - hand).abs() < 1e-9 * hand,
+        "rmt across a boundary: counted {counted}, by hand {hand}"
     );
     // The Block-Recurrent recipe keeps the block's earlier tokens after a key/value memory of
     // one block (64): the 3rd token of a block projects only itself and reads 64 + 2 cached

@@ -449,11 +449,19 @@ impl RelativeMultiHeadAttention {
     ) -> Result<Tensor<3>, RelativeError> {
         let [batch, qlen, _] = x.dims();
         let (h, dh) = (self.n_heads, self.d_head);
-        let (q, k, v) = self.project(x.clone(), memory, ctx)?;
+        // A value gate reads the input of every key: the memory's (its inputs) and the
+        // segment's.
+        let gate_input = match &memory {
+            Some(m) if self.has_value_gate() && !self.memory_keys_values => {
+                Tensor::cat(vec![m.clone(), x.clone()], 1)
+            }
+            _ => x.clone(),
+        };
+        let (q, k, v) = self.project(x, memory, ctx)?;
         if let Some(tap) = &ctx.projection_tap {
             tap.set((q.clone(), k.clone(), v.clone()));
         }
-        let v = self.mix_values(x, v, ctx)?;
+        let v = self.mix_values(gate_input, v, ctx)?;
         // [batch, len, heads, d_head] -> [batch, heads, len, d_head]; fused where it applies.
         let [q, k, v] = [q, k, v].map(|t| t.swap_dims(1, 2));
         let null_kv = self.peer.as_ref().and_then(|p| p.null_kv.as_ref());
@@ -477,7 +485,8 @@ impl RelativeMultiHeadAttention {
     /// (a gate then is an error).
     ///
     /// # Shapes
-    /// - `x`: `[batch, len, d_model]`, `v`: `[batch, len, heads, d_head]` → as `v`
+    /// - `x`: the inputs of the keys (a memory's, then the segment's), `[batch, len,
+    ///   d_model]`; `v`: `[batch, len, heads, d_head]` → as `v`
     fn mix_values(
         &self,
         x: Tensor<3>,
@@ -519,6 +528,13 @@ impl RelativeMultiHeadAttention {
                     )));
                 }
                 let [b, len, h, _] = v.dims();
+                if x.dims()[1] != len {
+                    return Err(RelativeError::Input(format!(
+                        "a value gate reads the inputs of {} keys, the values are of {len} \
+                         (a memory of cached keys and values has no inputs to gate)",
+                        x.dims()[1]
+                    )));
+                }
                 let g = sigmoid(linear_rows(gate, x)).reshape([b, len, h, 1]);
                 Ok(v.clone() + g * (v1.clone() - v))
             }

@@ -367,7 +367,7 @@ impl RecurrentModel for TransformerXl {
     /// searches them, written by it alone). A new token then reads the memory and the
     /// segment's earlier tokens as that pass does: the same keys at the same distances. A
     /// compressive or Block-Recurrent stack keeps them the same way after its XL memory, its
-    /// compressed memory or recurrent state as committed.
+    /// compressed memory or recurrent state as committed; an RMT stack after its read tokens.
     fn peek_continue(
         &self,
         inputs: Tensor<2, Int>,
@@ -377,6 +377,19 @@ impl RecurrentModel for TransformerXl {
     ) -> Result<Option<Tensor<3>>, XlError> {
         if self.compressive.is_some() || self.block_recurrent.is_some() {
             return self.peek_continue_kept(inputs, state, peek, reset);
+        }
+        if self.rmt.is_some() {
+            if !self.rmt_peeks() {
+                return Ok(None);
+            }
+            let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
+            let mut view = peek.take().unwrap_or_default();
+            let logits = self
+                .peek_rmt(inputs, &mut view.xl, state, opts.as_ref())
+                .map(|h| self.logits(h));
+            // A failed read may have moved part of the view on: none is kept.
+            *peek = logits.is_ok().then_some(view);
+            return logits.map(Some);
         }
         let plain = !self.same_length
             && self.compressive.is_none()

@@ -55,7 +55,7 @@ use memzoo_reformer::ForwardOptions;
 use memzoo_relative::AttentionMask;
 
 use crate::error::XlError;
-use crate::memory::{Carried, XlState};
+use crate::memory::{Carried, XlMemory, XlState};
 use crate::stack::{LayerKind, ProbeLayout, Residual, Trace, TransformerXl, XlConfig};
 
 /// Settings of the Recurrent Memory Transformer ([`XlConfig::rmt`](crate::XlConfig::rmt)).
@@ -372,5 +372,96 @@ impl TransformerXl {
             false => written.detach(),
         });
         Ok(self.finish(h.narrow(1, m, len), opts))
+    }
+
+    /// Whether generation can keep what an unfinished segment's tokens leave
+    /// ([`peek_rmt`](Self::peek_rmt)): an RMT stack without an XL memory, document resets or
+    /// hyper-connections, with sequential residuals.
+    pub(crate) fn rmt_peeks(&self) -> bool {
+        self.rmt.is_some()
+            && self.mem_len == 0
+            && !self.document_resets
+            && self.residual_streams == 1
+            && self.residual == Residual::Sequential
+            && self.n_knn_layers() == 0
+    }
+
+    /// Reads tokens of an unfinished segment on top of the `committed` memory through `view`:
+    /// per layer the inputs of the read tokens and of the segment's tokens read so far, which
+    /// it extends by the tokens' own; an empty `view` is filled first with the read tokens'
+    /// (once per segment: they see only each other). Generation's read of new tokens
+    /// ([`crate::RecurrentModel::peek_continue`]): a segment token sees the read tokens and
+    /// the segment's earlier tokens, and the write tokens after the segment see it, so what
+    /// a token gets is what a pass over the whole segment gives it; the memory is written when
+    /// the segment completes ([`forward_rmt`](Self::forward_rmt)).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, qlen]` → `[batch, qlen, d_model]`; `view`: per layer `[batch, m +
+    ///   read, d_model]`
+    pub(crate) fn peek_rmt(
+        &self,
+        tokens: Tensor<2, Int>,
+        view: &mut XlMemory,
+        committed: &XlState,
+        opts: Option<&ForwardOptions>,
+    ) -> Result<Tensor<3>, XlError> {
+        let rmt = self.rmt.as_ref().ok_or_else(|| {
+            XlError::Input("this stack is not a Recurrent Memory Transformer".into())
+        })?;
+        if !self.rmt_peeks() {
+            return Err(XlError::Input(
+                "this RMT stack cannot read a segment's tokens on their own".into(),
+            ));
+        }
+        let [batch, _] = tokens.dims();
+        let device = tokens.device();
+        let m = rmt.config.mem_tokens;
+        // The layer inputs of a pass over `h` reading `view`'s (or nothing), `view` extended.
+        let read = |h: Tensor<3>, mask: AttentionMask, view: &mut XlMemory| {
+            let [_, len, _] = h.dims();
+            let mlen = view.len();
+            let contexts = self.contexts(batch, len, mlen, &mask, &device)?;
+            let mut h = h;
+            let mut inputs = Vec::with_capacity(self.layers.len());
+            for (l, layer) in self.layers.iter().enumerate() {
+                let before = view.layer(l).cloned();
+                inputs.push(match &before {
+                    Some(b) => Tensor::cat(vec![b.clone(), h.clone()], 1),
+                    None => h.clone(),
+                });
+                let cx = self.layer_context(l, &contexts, None, opts);
+                h = layer.forward(h, before, cx)?;
+            }
+            *view = XlMemory::from_layers(inputs).map_err(XlError::Input)?;
+            Ok::<_, XlError>(h)
+        };
+        if view.is_empty() {
+            let mem = match (&committed.rmt.value, rmt.carry) {
+                (Some(t), true) => t.clone(),
+                _ => rmt.fresh(batch),
+            };
+            if mem.dims() != [batch, m, self.d_model] {
+                return Err(XlError::Input(format!(
+                    "the carried RMT memory is {:?}, the model needs [{batch}, {m}, {}]",
+                    mem.dims(),
+                    self.d_model
+                )));
+            }
+            // The read tokens see each other (causally with `causal_memory`), nothing after.
+            let mask = match rmt.config.causal_memory {
+                true => AttentionMask::causal(),
+                false => AttentionMask::None,
+            };
+            read(rmt.read_write(mem).0, mask, view)?;
+        }
+        let first = view.len().checked_sub(m).ok_or_else(|| {
+            XlError::Input(format!(
+                "an RMT view of {} positions, fewer than {m}",
+                view.len()
+            ))
+        })?;
+        let h = self.embed_from(tokens, opts, first)?;
+        let h = read(h, AttentionMask::causal(), view)?;
+        Ok(self.finish(h, opts))
     }
 }

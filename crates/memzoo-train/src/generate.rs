@@ -17,9 +17,10 @@
 //! the last `mem_len` layer inputs, the kNN memory stores the segment's keys and values. A
 //! compressive or Block-Recurrent stack does the same with its XL memory, its compressed memory
 //! or recurrent state as it was until the segment completes (and is compressed, or writes the
-//! next state). A model that keeps nothing of an unfinished segment (an RMT stack, whose
-//! memory tokens read the whole segment, LSH or local layers) reads it again for every new
-//! token
+//! next state); an RMT stack keeps its read tokens' and the segment's layer inputs, and writes
+//! its memory when the segment completes. A model that keeps nothing of an unfinished segment
+//! (LSH or local layers; an RMT stack with an XL memory or hyper-connections) reads it again for
+//! every new token
 //! ([`crate::RecurrentModel::peek_logits`], which leaves the state as it was): one pass over at
 //! most `segment_len` tokens per token.
 //!

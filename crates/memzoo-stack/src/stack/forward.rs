@@ -769,23 +769,46 @@ impl TransformerXl {
         tokens: Tensor<2, Int>,
         opts: Option<&ForwardOptions>,
     ) -> Result<Tensor<3>, XlError> {
+        self.embed_from(tokens, opts, 0)
+    }
+
+    /// [`embed`](Self::embed) of tokens at positions `first..` of their segment (absolute or
+    /// learned positions; generation reads a segment's later tokens on their own).
+    pub(crate) fn embed_from(
+        &self,
+        tokens: Tensor<2, Int>,
+        opts: Option<&ForwardOptions>,
+        first: usize,
+    ) -> Result<Tensor<3>, XlError> {
         let qlen = tokens.dims()[1];
         let device = tokens.device();
         let mut h = self.embedding.embed(tokens, self.scale);
         if let Some(axial) = &self.axial {
+            if first > 0 {
+                return Err(XlError::Input(format!(
+                    "axial positions index whole sequences: tokens from position {first} \
+                     cannot be read on their own"
+                )));
+            }
             h = h + axial.forward(qlen)?;
         }
         if let Some(table) = &self.position_embedding {
             let rows = table.weight.dims()[0];
-            if qlen > rows {
+            if first + qlen > rows {
                 return Err(XlError::Input(format!(
-                    "a segment of {qlen} tokens, the learned positions cover {rows} \
-                     (learned_positions)"
+                    "a segment of {} tokens, the learned positions cover {rows} \
+                     (learned_positions)",
+                    first + qlen
                 )));
             }
-            h = h + table.weight.val().narrow(0, 0, qlen).unsqueeze_dim::<3>(0);
+            h = h + table
+                .weight
+                .val()
+                .narrow(0, first, qlen)
+                .unsqueeze_dim::<3>(0);
         } else if self.absolute_positions() {
-            h = h + absolute_positions(qlen, self.d_model, &device).unsqueeze_dim::<3>(0);
+            let table = absolute_positions(first + qlen, self.d_model, &device);
+            h = h + table.narrow(0, first, qlen).unsqueeze_dim::<3>(0);
         }
         // e ← f e + (1 − f) stopgrad(e): the forward unchanged, the gradient scaled by f.
         let f = self.embedding_gradient_scale;
