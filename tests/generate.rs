@@ -403,6 +403,54 @@ fn rmt_cached_generation_equals_recomputation() {
     }
 }
 
+/// A generator's read of an unfinished segment refuses a state or a kept view that does not
+/// fit the tokens, naming the shapes, and keeps nothing of the failed read.
+#[test]
+fn peek_continue_refuses_states_of_another_batch() {
+    use memzoo_stack::{CompressiveConfig, RmtConfig, XlState};
+    let dev = flex();
+    let tokens = |batch: usize| {
+        let ids: Vec<i64> = (0..batch * 3).map(|i| (i % 40) as i64).collect();
+        Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, 3]), &dev)
+    };
+    // A compressive model's memory of two rows, read with one.
+    let compressive = small_xl(4).with_compressive(Some(
+        CompressiveConfig::new().with_cmem_len(2).with_ratio(2),
+    ));
+    let model = seeded_weights(
+        compressive.init(&dev).unwrap(),
+        7,
+        xl_init_std(&compressive),
+    );
+    let mut state = XlState::new();
+    model
+        .segment_logits(tokens(2), &mut state, &[false, false])
+        .unwrap();
+    let mut peek = None;
+    let err = model
+        .peek_continue(tokens(1), &mut state, &mut peek, &[false])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("[2, _, 32]") && err.contains("[1, _, 32]"),
+        "{err}"
+    );
+    assert!(peek.is_none());
+    // An RMT's kept view of one row, continued with two.
+    let rmt = small_xl(0).with_rmt(Some(RmtConfig::new().with_mem_tokens(3)));
+    let model = seeded_weights(rmt.init(&dev).unwrap(), 7, xl_init_std(&rmt));
+    let mut peek = Some(first_peek(&model, &dev, "rmt"));
+    let err = model
+        .peek_continue(tokens(2), &mut XlState::new(), &mut peek, &[false, false])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("RMT view") && err.contains("[1, 5, 32]"),
+        "{err}"
+    );
+    assert!(peek.is_none());
+}
+
 /// The Memorizing Transformer generates retrieving from its kNN memory and adding to it: the
 /// cached generator (read-only views of the memory for the current segment) equals
 /// recomputation, and the memory holds exactly the completed segments.

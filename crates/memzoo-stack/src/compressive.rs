@@ -444,18 +444,7 @@ impl TransformerXl {
         }
         self.check_memory(batch, &state.xl)?;
         let cmem = &state.compressed.layers;
-        if !cmem.is_empty() {
-            let [cb, _, cd] = cmem.layer(0).expect("non-empty").dims();
-            if cmem.n_layers() != self.layers.len() || cb != batch || cd != self.d_model {
-                return Err(XlError::Input(format!(
-                    "compressed memory has {} layers of [{cb}, _, {cd}], the model needs {} of \
-                     [{batch}, _, {}]",
-                    cmem.n_layers(),
-                    self.layers.len(),
-                    self.d_model
-                )));
-            }
-        }
+        self.check_compressed(batch, cmem)?;
         let (mlen, clen) = (state.xl.len(), cmem.len());
         // kNN layers (searched over everything read, beside the compressed memory).
         let n_knn = self.n_knn_layers();
@@ -555,6 +544,24 @@ impl TransformerXl {
         Ok((hidden, aux))
     }
 
+    /// A compressed memory of the stack's layers and width for `batch` rows (or none).
+    fn check_compressed(&self, batch: usize, cmem: &XlMemory) -> Result<(), XlError> {
+        let Some(first) = cmem.layer(0) else {
+            return Ok(());
+        };
+        let [cb, _, cd] = first.dims();
+        if cmem.n_layers() != self.layers.len() || cb != batch || cd != self.d_model {
+            return Err(XlError::Input(format!(
+                "compressed memory has {} layers of [{cb}, _, {cd}], the model needs {} of \
+                 [{batch}, _, {}]",
+                cmem.n_layers(),
+                self.layers.len(),
+                self.d_model
+            )));
+        }
+        Ok(())
+    }
+
     /// With `compressive.window_end_positions`, the learned layers' distances shifted by the
     /// memories' missing positions: counted from the end of a window of `cmem_len + mem_len +
     /// qlen` keys, the memories (`(mlen, clen)` positions) still filling. `mlen` is the
@@ -610,7 +617,20 @@ impl TransformerXl {
         let [batch, qlen] = tokens.dims();
         let device = tokens.device();
         self.check_memory(batch, &committed.xl)?;
+        self.check_compressed(batch, &committed.compressed.layers)?;
         let (mlen, clen) = (committed.xl.len(), committed.compressed.layers.len());
+        if let Some(c) = cache.layer(0) {
+            let [cb, len, _] = c.dims();
+            if cache.n_layers() != self.layers.len() || cb != batch || len < mlen + clen {
+                return Err(XlError::Input(format!(
+                    "a generation cache of {} layers of {:?} for a batch of {batch} over \
+                     memories of {} positions",
+                    cache.n_layers(),
+                    c.dims(),
+                    mlen + clen
+                )));
+            }
+        }
         fn relative(layer: &XlLayer) -> Result<&RelativeMultiHeadAttention, XlError> {
             layer.attention.relative().ok_or_else(|| {
                 XlError::Input("a compressive stack's layers are relative attention".into())

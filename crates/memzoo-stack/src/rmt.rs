@@ -416,6 +416,18 @@ impl TransformerXl {
         let [batch, _] = tokens.dims();
         let device = tokens.device();
         let m = rmt.config.mem_tokens;
+        if let Some(v) = view.layer(0) {
+            let [vb, _, vd] = v.dims();
+            if view.n_layers() != self.layers.len() || vb != batch || vd != self.d_model {
+                return Err(XlError::Input(format!(
+                    "an RMT view of {} layers of {:?}, the model needs {} of [{batch}, _, {}]",
+                    view.n_layers(),
+                    v.dims(),
+                    self.layers.len(),
+                    self.d_model
+                )));
+            }
+        }
         // The layer inputs of a pass over `h` reading `view`'s (or nothing), `view` extended.
         let read = |h: Tensor<3>, mask: AttentionMask, view: &mut XlMemory| {
             let [_, len, _] = h.dims();
