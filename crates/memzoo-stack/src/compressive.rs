@@ -661,28 +661,30 @@ impl TransformerXl {
         for (_, _, ctx) in contexts.iter_mut() {
             ctx.memory_holds_segment = true;
         }
-        let mut h = self.embed(tokens, opts)?;
-        let mut next = Vec::with_capacity(self.layers.len());
-        for (l, layer) in self.layers.iter().enumerate() {
-            let reader = layer
-                .clone()
-                .caching_keys_values()
-                .ok_or_else(|| XlError::Input(format!("layer {l} caches no keys/values")))?;
-            let a = relative(layer)?;
-            let cached = cache.layer(l).cloned();
-            let mut cx = self.layer_context(l, &contexts, None, opts);
-            h = layer.block.forward(h, None, opts, |x, _| {
-                let own = a.cache_entry(x.clone());
-                let all = match &cached {
-                    Some(c) => Tensor::cat(vec![c.clone(), own], 1),
-                    None => own,
-                };
-                next.push(all.clone());
-                Ok::<_, XlError>(reader.attend(x, Some(all), &mut cx, Replay::Nothing)?.0)
-            })?;
-        }
-        *cache = XlMemory::from_layers(next).map_err(XlError::Input)?;
-        Ok(self.finish(h, opts))
+        let h = self.embed(tokens, opts)?;
+        // The tokens' entries written into the cache's buffers in place (a failed pass leaves
+        // the cache as it was).
+        cache.begin_append(qlen);
+        let mut pass = |mut h: Tensor<3>| -> Result<Tensor<3>, XlError> {
+            for (l, layer) in self.layers.iter().enumerate() {
+                let reader = layer
+                    .clone()
+                    .caching_keys_values()
+                    .ok_or_else(|| XlError::Input(format!("layer {l} caches no keys/values")))?;
+                let a = relative(layer)?;
+                let mut cx = self.layer_context(l, &contexts, None, opts);
+                h = layer.block.forward(h, None, opts, |x, _| {
+                    let all = cache
+                        .append(l, a.cache_entry(x.clone()))
+                        .map_err(XlError::Input)?;
+                    Ok::<_, XlError>(reader.attend(x, Some(all), &mut cx, Replay::Nothing)?.0)
+                })?;
+            }
+            Ok(h)
+        };
+        let h = pass(h);
+        cache.finish_append(h.is_ok());
+        Ok(self.finish(h?, opts))
     }
 
     /// Moves the XL and compressed memories on past a segment whose layers read `reads`; with

@@ -428,24 +428,26 @@ impl TransformerXl {
                 )));
             }
         }
-        // The layer inputs of a pass over `h` reading `view`'s (or nothing), `view` extended.
+        // A pass over `h` reading `view`'s layer inputs (or nothing), each layer's input
+        // written after them into the view's buffers in place (a failed pass leaves the view
+        // as it was).
         let read = |h: Tensor<3>, mask: AttentionMask, view: &mut XlMemory| {
             let [_, len, _] = h.dims();
             let mlen = view.len();
             let contexts = self.contexts(batch, len, mlen, &mask, &device)?;
-            let mut h = h;
-            let mut inputs = Vec::with_capacity(self.layers.len());
-            for (l, layer) in self.layers.iter().enumerate() {
-                let before = view.layer(l).cloned();
-                inputs.push(match &before {
-                    Some(b) => Tensor::cat(vec![b.clone(), h.clone()], 1),
-                    None => h.clone(),
-                });
-                let cx = self.layer_context(l, &contexts, None, opts);
-                h = layer.forward(h, before, cx)?;
-            }
-            *view = XlMemory::from_layers(inputs).map_err(XlError::Input)?;
-            Ok::<_, XlError>(h)
+            view.begin_append(len);
+            let mut pass = |mut h: Tensor<3>| -> Result<Tensor<3>, XlError> {
+                for (l, layer) in self.layers.iter().enumerate() {
+                    let all = view.append(l, h.clone()).map_err(XlError::Input)?;
+                    let before = (mlen > 0).then(|| all.narrow(1, 0, mlen));
+                    let cx = self.layer_context(l, &contexts, None, opts);
+                    h = layer.forward(h, before, cx)?;
+                }
+                Ok(h)
+            };
+            let h = pass(h);
+            view.finish_append(h.is_ok());
+            h
         };
         if view.is_empty() {
             let mem = match (&committed.rmt.value, rmt.carry) {
