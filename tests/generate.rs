@@ -377,14 +377,16 @@ fn block_recurrent_cached_generation_equals_recomputation() {
 /// An RMT stack keeps the layer inputs of its read tokens (once per segment: they see only
 /// each other) and of its unfinished segment's tokens as it reads them, and writes its memory
 /// when the segment completes: the generator equals recomputation across several segments, the
-/// memory carried, for the paper's layout (a causal mask over the memory tokens, XL positions)
-/// and for the lucidrains peer's (the read tokens seeing each other, a learned read embedding,
+/// memory carried, for the paper's layout (a causal mask over the memory tokens, XL positions),
+/// with an XL memory of 5 segment tokens before the read tokens (RMT + Transformer-XL), and for
+/// the lucidrains peer's (the read tokens seeing each other, a learned read embedding,
 /// learned absolute positions, a null key/value, value residuals, RMSNorm).
 #[test]
 fn rmt_cached_generation_equals_recomputation() {
     use memzoo_stack::RmtConfig;
     let dev = flex();
     let paper = small_xl(0).with_rmt(Some(RmtConfig::new().with_mem_tokens(3)));
+    let with_xl = small_xl(5).with_rmt(Some(RmtConfig::new().with_mem_tokens(3)));
     let peer: memzoo_import::RmtPeerConfig = serde_json::from_value(serde_json::json!({
         "num_tokens": 40, "dim": 32, "depth": 3, "heads": 4, "dim_head": 8,
         "num_memory_tokens": 3, "seq_len": 4, "ff_mult": 2, "use_xl_memories": false,
@@ -392,10 +394,14 @@ fn rmt_cached_generation_equals_recomputation() {
     }))
     .unwrap();
     let lucidrains = peer.xl_config().unwrap();
-    for (config, what) in [(paper, "rmt"), (lucidrains, "rmt, peer's")] {
+    for (config, what) in [
+        (paper, "rmt"),
+        (with_xl, "rmt + xl"),
+        (lucidrains, "rmt, peer's"),
+    ] {
         let std = xl_init_std(&config);
         let model = seeded_weights(config.init(&dev).unwrap(), 6, std);
-        // The 3 read tokens' inputs and the 2 tokens'.
+        // The 3 read tokens' inputs and the 2 tokens' (no XL memory yet).
         assert_eq!(first_peek(&model, &dev, what).xl.len(), 3 + 2, "{what}");
         let (prompt, new, len) = (walk(2, 40, 3), 15, 4);
         let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, what);

@@ -185,11 +185,13 @@ pub fn generation_flops_per_token(
                         true => forward_flops_per_token(&local, 1, 1) + per_query((m + p) as f64),
                         false => forward_flops_per_token(&over(m + p), 1, 1),
                     };
-                    // An RMT's read tokens, read once per segment (they see only each other;
-                    // no head).
+                    // An RMT's read tokens, read once per segment (they see only its XL
+                    // memory and each other; no head).
                     let t = read_tokens as f64;
                     let read = match p == 0 && read_tokens > 0 {
-                        true => t * (forward_flops_per_token(&over(0), read_tokens, 1) - head),
+                        true => {
+                            t * (forward_flops_per_token(&over(memories), read_tokens, 1) - head)
+                        }
                         false => 0.0,
                     };
                     query + read

@@ -375,11 +375,10 @@ impl TransformerXl {
     }
 
     /// Whether generation can keep what an unfinished segment's tokens leave
-    /// ([`peek_rmt`](Self::peek_rmt)): an RMT stack without an XL memory, document resets or
+    /// ([`peek_rmt`](Self::peek_rmt)): an RMT stack without document resets or
     /// hyper-connections, with sequential residuals.
     pub(crate) fn rmt_peeks(&self) -> bool {
         self.rmt.is_some()
-            && self.mem_len == 0
             && !self.document_resets
             && self.residual_streams == 1
             && self.residual == Residual::Sequential
@@ -387,9 +386,10 @@ impl TransformerXl {
     }
 
     /// Reads tokens of an unfinished segment on top of the `committed` memory through `view`:
-    /// per layer the inputs of the read tokens and of the segment's tokens read so far, which
-    /// it extends by the tokens' own; an empty `view` is filled first with the read tokens'
-    /// (once per segment: they see only each other). Generation's read of new tokens
+    /// per layer the inputs of the XL memory (RMT + Transformer-XL), of the read tokens and of
+    /// the segment's tokens read so far, which it extends by the tokens' own; an empty `view`
+    /// is filled first with the XL memory's and the read tokens' (once per segment: the read
+    /// tokens see only the XL memory and each other). Generation's read of new tokens
     /// ([`crate::RecurrentModel::peek_continue`]): a segment token sees the read tokens and
     /// the segment's earlier tokens, and the write tokens after the segment see it, so what
     /// a token gets is what a pass over the whole segment gives it; the memory is written when
@@ -449,7 +449,10 @@ impl TransformerXl {
             view.finish_append(h.is_ok());
             h
         };
+        self.check_memory(batch, &committed.xl)?;
+        let xl = committed.xl.len();
         if view.is_empty() {
+            *view = committed.xl.clone();
             let mem = match (&committed.rmt.value, rmt.carry) {
                 (Some(t), true) => t.clone(),
                 _ => rmt.fresh(batch),
@@ -461,16 +464,18 @@ impl TransformerXl {
                     self.d_model
                 )));
             }
-            // The read tokens see each other (causally with `causal_memory`), nothing after.
+            // The read tokens see the XL memory and each other (causally with
+            // `causal_memory`), nothing after.
             let mask = match rmt.config.causal_memory {
                 true => AttentionMask::causal(),
                 false => AttentionMask::None,
             };
             read(rmt.read_write(mem).0, mask, view)?;
         }
-        let first = view.len().checked_sub(m).ok_or_else(|| {
+        let first = view.len().checked_sub(xl + m).ok_or_else(|| {
             XlError::Input(format!(
-                "an RMT view of {} positions, fewer than {m}",
+                "an RMT view of {} positions, fewer than the {xl} of the XL memory and the {m} \
+                 read tokens",
                 view.len()
             ))
         })?;
