@@ -375,21 +375,8 @@ impl RecurrentModel for TransformerXl {
         peek: &mut Option<XlState>,
         reset: &[bool],
     ) -> Result<Option<Tensor<3>>, XlError> {
-        if self.compressive.is_some() || self.block_recurrent.is_some() {
+        if self.compressive.is_some() || self.block_recurrent.is_some() || self.rmt.is_some() {
             return self.peek_continue_kept(inputs, state, peek, reset);
-        }
-        if self.rmt.is_some() {
-            if !self.rmt_peeks() {
-                return Ok(None);
-            }
-            let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
-            let mut view = peek.take().unwrap_or_default();
-            let logits = self
-                .peek_rmt(inputs, &mut view.xl, state, opts.as_ref())
-                .map(|h| self.logits(h));
-            // A failed read may have moved part of the view on: none is kept.
-            *peek = logits.is_ok().then_some(view);
-            return logits.map(Some);
         }
         let plain = !self.same_length
             && self.compressive.is_none()
@@ -529,12 +516,15 @@ impl KnnIndex for ReadOnlyIndex {
 }
 
 impl TransformerXl {
-    /// [`RecurrentModel::peek_continue`] of a compressive or Block-Recurrent stack with an XL
-    /// memory, reading documents as one stream, without kNN layers (and a compression that
-    /// needs no attention statistics); `None` otherwise (the generator then reads the
-    /// unfinished segment again for every token). `peek` holds the unfinished segment's tokens
-    /// read so far: for a compressive stack a cache of every layer's keys and values of the
-    /// committed memories and of those tokens ([`TransformerXl::peek_compressive`]); for a
+    /// [`RecurrentModel::peek_continue`] of a compressive, RMT or Block-Recurrent stack
+    /// reading documents as one stream, without kNN layers: a compressive or Block-Recurrent
+    /// one with an XL memory (and a compression that needs no attention statistics), an RMT
+    /// one with sequential residuals; `None` otherwise (the generator then reads the
+    /// unfinished segment again for every token). `peek` holds what the unfinished segment's
+    /// tokens read so far left: for a compressive stack a cache of every layer's keys and
+    /// values of the committed memories and of those tokens
+    /// ([`TransformerXl::peek_compressive`]); for an RMT one every layer's inputs of its XL
+    /// memory, its read tokens and those tokens ([`TransformerXl::peek_rmt`]); for a
     /// Block-Recurrent one the committed state with the tokens after its XL memory
     /// ([`TransformerXl::peek_block_recurrent`]).
     fn peek_continue_kept(
@@ -544,29 +534,35 @@ impl TransformerXl {
         peek: &mut Option<XlState>,
         reset: &[bool],
     ) -> Result<Option<Tensor<3>>, XlError> {
-        let kept = match (self.compressive_config(), &self.block_recurrent) {
-            (Some(c), None) => c.function != crate::compressive::CompressionKind::MostUsed,
-            (None, Some(_)) => true,
+        let stream = !self.same_length && !self.document_resets && self.n_knn_layers() == 0;
+        let kept = match (self.compressive_config(), &self.block_recurrent, &self.rmt) {
+            (Some(c), None, None) => {
+                c.function != crate::compressive::CompressionKind::MostUsed && self.mem_len > 0
+            }
+            (None, Some(_), None) => self.mem_len > 0,
+            (None, None, Some(_)) => self.rmt_peeks(),
             _ => false,
         };
-        let streams = kept
-            && self.mem_len > 0
-            && !self.same_length
-            && !self.document_resets
-            && self.n_knn_layers() == 0;
-        if !streams {
+        if !(stream && kept) {
             return Ok(None);
         }
         let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
-        let (view, hidden) = match self.compressive {
+        let (view, hidden) = match (&self.compressive, &self.rmt) {
             // The view's XL memory is the cache of keys and values (empty: filled from the
             // committed memories).
-            Some(_) => {
+            (Some(_), _) => {
                 let mut view = peek.take().unwrap_or_default();
                 let hidden = self.peek_compressive(inputs, &mut view.xl, state, opts.as_ref());
                 (view, hidden)
             }
-            None => {
+            // The view's XL memory holds the layer inputs (empty: filled with the XL memory's
+            // and the read tokens').
+            (None, Some(_)) => {
+                let mut view = peek.take().unwrap_or_default();
+                let hidden = self.peek_rmt(inputs, &mut view.xl, state, opts.as_ref());
+                (view, hidden)
+            }
+            (None, None) => {
                 let mut view = peek.take().unwrap_or_else(|| XlState {
                     xl: state.xl.clone(),
                     block_recurrent: state.block_recurrent.clone(),

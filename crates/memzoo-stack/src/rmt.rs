@@ -376,13 +376,13 @@ impl TransformerXl {
 
     /// Whether generation can keep what an unfinished segment's tokens leave
     /// ([`peek_rmt`](Self::peek_rmt)): an RMT stack without document resets or
-    /// hyper-connections, with sequential residuals.
+    /// hyper-connections, with sequential residuals (and no kNN layers, which the caller
+    /// checks).
     pub(crate) fn rmt_peeks(&self) -> bool {
         self.rmt.is_some()
             && !self.document_resets
             && self.residual_streams == 1
             && self.residual == Residual::Sequential
-            && self.n_knn_layers() == 0
     }
 
     /// Reads tokens of an unfinished segment on top of the `committed` memory through `view`:
