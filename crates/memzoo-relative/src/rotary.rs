@@ -21,6 +21,9 @@
 //! scores are `s q̂·k̂` with a fixed scale `s` (ViT-22B's learned-temperature-free form; the
 //! peer's 0.4.4 computes `s = 1 / sqrt(d_head)`).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use burn::module::{Module, Param};
 use burn::nn::Initializer;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -92,6 +95,10 @@ impl RotaryTables {
     /// The tables of `klen` keys of `d_head` (even) at positions `width − klen .. width`
     /// (`width`: `klen` when `None`), frequency base `theta`, xPos scale base `xpos` (`None`:
     /// no xPos scaling).
+    ///
+    /// The host's values are computed once per set of arguments and kept (a pass builds its
+    /// tables again, and generation runs a pass per token: the `cos`, `sin` and `powf` of every
+    /// entry were 29% of a Block-Recurrent token).
     pub fn new(
         d_head: usize,
         klen: usize,
@@ -100,26 +107,10 @@ impl RotaryTables {
         xpos: Option<f64>,
         device: &Device,
     ) -> Self {
-        let width = width.unwrap_or(klen) as i64;
-        let half = d_head / 2;
-        let (mut cos, mut sin, mut scale) = (vec![], vec![], vec![]);
-        for j in 0..klen as i64 {
-            let t = (width - klen as i64 + j) as f64;
-            let power = (t - (width / 2) as f64) / xpos.unwrap_or(1.0);
-            for c in 0..d_head {
-                // The peer's frequencies, cat(freqs, freqs): plane `k = c mod d_head/2`.
-                let k = (c % half) as f64;
-                let inv_freq = 1.0 / theta.powf(2.0 * k / d_head as f64);
-                cos.push((t * inv_freq).cos() as f32);
-                sin.push((t * inv_freq).sin() as f32);
-                let zeta = (2.0 * k + 0.4 * d_head as f64) / (1.4 * d_head as f64);
-                scale.push(match xpos {
-                    Some(_) => zeta.powf(power) as f32,
-                    None => 1.0,
-                });
-            }
-        }
-        let t = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [klen, d_head]), device);
+        let tables = host_tables(d_head, klen, width, theta, xpos);
+        let [cos, sin, scale] = &*tables;
+        let t =
+            |v: &[f32]| Tensor::<2>::from_data(TensorData::new(v.to_vec(), [klen, d_head]), device);
         Self {
             cos: t(cos),
             sin: t(sin),
@@ -146,6 +137,56 @@ impl RotaryTables {
         (at(q, klen - qlen, qlen, false), at(k, 0, klen, true))
     }
 }
+
+/// The `cos`, `sin` and `scale` values of [`RotaryTables::new`] (row-major `[klen, d_head]`),
+/// computed once per argument set and kept for the process (at most [`KEPT_TABLES`] sets; the
+/// lot is dropped when full).
+fn host_tables(
+    d_head: usize,
+    klen: usize,
+    width: Option<usize>,
+    theta: f64,
+    xpos: Option<f64>,
+) -> Arc<[Vec<f32>; 3]> {
+    type Key = (usize, usize, Option<usize>, u64, Option<u64>);
+    type Kept = Mutex<HashMap<Key, Arc<[Vec<f32>; 3]>>>;
+    static KEPT: OnceLock<Kept> = OnceLock::new();
+    let key = (d_head, klen, width, theta.to_bits(), xpos.map(f64::to_bits));
+    let kept = KEPT.get_or_init(Default::default);
+    if let Some(t) = kept.lock().ok().and_then(|k| k.get(&key).cloned()) {
+        return t;
+    }
+    let width = width.unwrap_or(klen) as i64;
+    let half = d_head / 2;
+    let (mut cos, mut sin, mut scale) = (vec![], vec![], vec![]);
+    for j in 0..klen as i64 {
+        let t = (width - klen as i64 + j) as f64;
+        let power = (t - (width / 2) as f64) / xpos.unwrap_or(1.0);
+        for c in 0..d_head {
+            // The peer's frequencies, cat(freqs, freqs): plane `k = c mod d_head/2`.
+            let k = (c % half) as f64;
+            let inv_freq = 1.0 / theta.powf(2.0 * k / d_head as f64);
+            cos.push((t * inv_freq).cos() as f32);
+            sin.push((t * inv_freq).sin() as f32);
+            let zeta = (2.0 * k + 0.4 * d_head as f64) / (1.4 * d_head as f64);
+            scale.push(match xpos {
+                Some(_) => zeta.powf(power) as f32,
+                None => 1.0,
+            });
+        }
+    }
+    let tables = Arc::new([cos, sin, scale]);
+    if let Ok(mut k) = kept.lock() {
+        if k.len() >= KEPT_TABLES {
+            k.clear();
+        }
+        k.insert(key, tables.clone());
+    }
+    tables
+}
+
+/// The most argument sets of rotary tables [`host_tables`] keeps.
+const KEPT_TABLES: usize = 512;
 
 /// `[x_1; x_2] ↦ [−x_2; x_1]` over the last dimension (halves of `d_head / 2`).
 ///
