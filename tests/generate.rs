@@ -306,6 +306,28 @@ fn first_peek<M: RecurrentModel<State = memzoo_stack::XlState>>(
     peek.expect("kept")
 }
 
+/// For each `(config, what)`, a seeded model that keeps `(positions, width)` of the first two
+/// tokens of a document's unfinished segment ([`first_peek`]), and whose generator equals
+/// recomputation over `new` tokens after a prompt of 2, in segments of `len`.
+fn check_kept_reads(
+    configs: Vec<(memzoo_stack::XlConfig, &str)>,
+    seed: u64,
+    kept: (usize, usize),
+    (new, len): (usize, usize),
+    dev: &Device,
+) {
+    for (config, what) in configs {
+        let std = xl_init_std(&config);
+        let model = seeded_weights(config.init(dev).unwrap(), seed, std);
+        let first = first_peek(&model, dev, what).xl;
+        assert_eq!(first.len(), kept.0, "{what}");
+        assert_eq!(first.layer(0).unwrap().dims()[2], kept.1, "{what}");
+        let prompt = walk(2, 40, 3);
+        let segments = check_cached_equals_recomputed(&model, len, &prompt, new, dev, what);
+        assert_eq!(segments, (2 + new) / len, "{what}");
+    }
+}
+
 /// A compressive stack keeps the keys and values of its memories and of its unfinished
 /// segment's tokens as it reads them (`RecurrentModel::peek_continue`: a new token is one query
 /// that projects only its own, where it was a pass over the segment so far that projected both
@@ -323,24 +345,15 @@ fn compressive_cached_generation_equals_recomputation() {
         .with_pre_ln(true)
         .with_positions(PositionConfig::new().with_kind(PositionKind::Learned))
         .with_compressive(Some(compressive.with_window_end_positions(true)));
-    for (config, what) in [
+    // It keeps every layer's keys and values of the tokens read (4 heads of 8: width 64),
+    // not their inputs (d_model 32). Segments of 3 over a memory of 4: the first two
+    // segments are read while the memory fills (the learned positions shift), the later
+    // ones compress.
+    let configs = vec![
         (xl, "compressive, XL positions"),
         (learned, "compressive, learned"),
-    ] {
-        let std = xl_init_std(&config);
-        let model = seeded_weights(config.init(&dev).unwrap(), 4, std);
-        // The generator reads the unfinished segment token by token.
-        // It keeps every layer's keys and values of the tokens read (4 heads of 8: width 64),
-        // not their inputs (d_model 32).
-        let cache = first_peek(&model, &dev, what).xl;
-        assert_eq!(cache.len(), 2, "{what}");
-        assert_eq!(cache.layer(0).unwrap().dims()[2], 2 * 4 * 8, "{what}");
-        // Segments of 3 over a memory of 4: the first two segments are read while the
-        // memory fills (the learned positions shift), the later ones compress.
-        let (prompt, new, len) = (walk(2, 40, 3), 19, 3);
-        let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, what);
-        assert_eq!(segments, (2 + 19) / len, "{what}");
-    }
+    ];
+    check_kept_reads(configs, 4, (2, 2 * 4 * 8), (19, 3), &dev);
 }
 
 /// A Block-Recurrent stack keeps the tokens of its unfinished block after its XL memory as it
@@ -361,17 +374,11 @@ fn block_recurrent_cached_generation_equals_recomputation() {
     }))
     .unwrap();
     let lucidrains = peer.xl_config().unwrap();
-    for (config, what) in [
-        (own, "block-recurrent"),
-        (lucidrains, "block-recurrent, peer's"),
-    ] {
-        let std = xl_init_std(&config);
-        let model = seeded_weights(config.init(&dev).unwrap(), 5, std);
-        assert_eq!(first_peek(&model, &dev, what).xl.len(), 2, "{what}");
-        let (prompt, new, len) = (walk(2, 40, 3), 15, 4);
-        let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, what);
-        assert_eq!(segments, (2 + 15) / len, "{what}");
-    }
+    // The tokens' inputs (memzoo's layout: d_model 32) or keys and values (the peer's: one
+    // key/value head of 8, width 16).
+    check_kept_reads(vec![(own, "block-recurrent")], 5, (2, 32), (15, 4), &dev);
+    let peer = vec![(lucidrains, "block-recurrent, peer's")];
+    check_kept_reads(peer, 5, (2, 2 * 8), (15, 4), &dev);
 }
 
 /// An RMT stack keeps the layer inputs of its read tokens (once per segment: they see only
@@ -394,19 +401,13 @@ fn rmt_cached_generation_equals_recomputation() {
     }))
     .unwrap();
     let lucidrains = peer.xl_config().unwrap();
-    for (config, what) in [
+    // The 3 read tokens' inputs and the 2 tokens' (no XL memory yet), of d_model 32.
+    let configs = vec![
         (paper, "rmt"),
         (with_xl, "rmt + xl"),
         (lucidrains, "rmt, peer's"),
-    ] {
-        let std = xl_init_std(&config);
-        let model = seeded_weights(config.init(&dev).unwrap(), 6, std);
-        // The 3 read tokens' inputs and the 2 tokens' (no XL memory yet).
-        assert_eq!(first_peek(&model, &dev, what).xl.len(), 3 + 2, "{what}");
-        let (prompt, new, len) = (walk(2, 40, 3), 15, 4);
-        let segments = check_cached_equals_recomputed(&model, len, &prompt, new, &dev, what);
-        assert_eq!(segments, (2 + 15) / len, "{what}");
-    }
+    ];
+    check_kept_reads(configs, 6, (3 + 2, 32), (15, 4), &dev);
 }
 
 /// A generator's read of an unfinished segment refuses a state or a kept view that does not
