@@ -333,8 +333,9 @@ fn check_kept_reads(
 /// that projects only its own, where it was a pass over the segment so far that projected both
 /// memories again) and compresses only when a segment completes: the generator equals
 /// recomputation across segments whose memories fill, are compressed and fill the compressed
-/// memory, with relative (XL) positions and with the lucidrains peer's learned positions
-/// counted from the end of a window whose memories are still filling.
+/// memory, with relative (XL) positions, with the lucidrains peer's learned positions counted
+/// from the end of a window whose memories are still filling, and with document resets (the
+/// generator's first segment starts a document; a run on documents has them).
 #[test]
 fn compressive_cached_generation_equals_recomputation() {
     use memzoo_stack::CompressiveConfig;
@@ -350,8 +351,12 @@ fn compressive_cached_generation_equals_recomputation() {
     // segments are read while the memory fills (the learned positions shift), the later
     // ones compress.
     let configs = vec![
-        (xl, "compressive, XL positions"),
+        (xl.clone(), "compressive, XL positions"),
         (learned, "compressive, learned"),
+        (
+            xl.with_document_resets(true),
+            "compressive, document resets",
+        ),
     ];
     check_kept_reads(configs, 4, (2, 2 * 4 * 8), (19, 3), &dev);
 }
@@ -359,8 +364,9 @@ fn compressive_cached_generation_equals_recomputation() {
 /// A Block-Recurrent stack keeps the tokens of its unfinished block after its XL memory as it
 /// reads them, reading the carried state and writing none until the block completes: the
 /// generator equals recomputation across several blocks, for memzoo's layout (XL positions,
-/// the state read and written by the first layer) and for the lucidrains peer's (rotary
-/// positions with xPos, one key/value head, the key/value memory of the last block).
+/// the state read and written by the first layer; also with document resets, as the presets
+/// have) and for the lucidrains peer's (rotary positions with xPos, one key/value head, the
+/// key/value memory of the last block).
 #[test]
 fn block_recurrent_cached_generation_equals_recomputation() {
     use memzoo_stack::BlockRecurrentConfig;
@@ -376,7 +382,14 @@ fn block_recurrent_cached_generation_equals_recomputation() {
     let lucidrains = peer.xl_config().unwrap();
     // The tokens' inputs (memzoo's layout: d_model 32) or keys and values (the peer's: one
     // key/value head of 8, width 16).
-    check_kept_reads(vec![(own, "block-recurrent")], 5, (2, 32), (15, 4), &dev);
+    let configs = vec![
+        (own.clone(), "block-recurrent"),
+        (
+            own.with_document_resets(true),
+            "block-recurrent, document resets",
+        ),
+    ];
+    check_kept_reads(configs, 5, (2, 32), (15, 4), &dev);
     let peer = vec![(lucidrains, "block-recurrent, peer's")];
     check_kept_reads(peer, 5, (2, 2 * 8), (15, 4), &dev);
 }
@@ -385,9 +398,10 @@ fn block_recurrent_cached_generation_equals_recomputation() {
 /// each other) and of its unfinished segment's tokens as it reads them, and writes its memory
 /// when the segment completes: the generator equals recomputation across several segments, the
 /// memory carried, for the paper's layout (a causal mask over the memory tokens, XL positions),
-/// with an XL memory of 5 segment tokens before the read tokens (RMT + Transformer-XL), and for
-/// the lucidrains peer's (the read tokens seeing each other, a learned read embedding,
-/// learned absolute positions, a null key/value, value residuals, RMSNorm).
+/// with an XL memory of 5 segment tokens before the read tokens (RMT + Transformer-XL), both
+/// also with document resets (as the presets have), and for the lucidrains peer's (the read
+/// tokens seeing each other, a learned read embedding, learned absolute positions, a null
+/// key/value, value residuals, RMSNorm).
 #[test]
 fn rmt_cached_generation_equals_recomputation() {
     use memzoo_stack::RmtConfig;
@@ -403,9 +417,14 @@ fn rmt_cached_generation_equals_recomputation() {
     let lucidrains = peer.xl_config().unwrap();
     // The 3 read tokens' inputs and the 2 tokens' (no XL memory yet), of d_model 32.
     let configs = vec![
-        (paper, "rmt"),
-        (with_xl, "rmt + xl"),
+        (paper.clone(), "rmt"),
+        (with_xl.clone(), "rmt + xl"),
         (lucidrains, "rmt, peer's"),
+        (paper.with_document_resets(true), "rmt, document resets"),
+        (
+            with_xl.with_document_resets(true),
+            "rmt + xl, document resets",
+        ),
     ];
     check_kept_reads(configs, 6, (3 + 2, 32), (15, 4), &dev);
 }

@@ -757,6 +757,11 @@ impl TransformerXl {
             // Every position stays until the block completes; the state is as it was.
             let len = state.xl.len() + qlen;
             state.xl = self.next_memory(std::mem::take(&mut state.xl), &inputs, len, true);
+            if self.document_resets {
+                for v in state.xl_valid.iter_mut() {
+                    *v = (*v + qlen).min(len);
+                }
+            }
             return Ok(self.finish(h, opts));
         }
         // A key/value memory stays in the graph within an unroll; layer inputs never do.

@@ -517,9 +517,10 @@ impl KnnIndex for ReadOnlyIndex {
 
 impl TransformerXl {
     /// [`RecurrentModel::peek_continue`] of a compressive, RMT or Block-Recurrent stack
-    /// reading documents as one stream, without kNN layers: a compressive or Block-Recurrent
-    /// one with an XL memory (and a compression that needs no attention statistics), an RMT
-    /// one with sequential residuals; `None` otherwise (the generator then reads the
+    /// without kNN layers: a compressive or Block-Recurrent one with an XL memory (and a
+    /// compression that needs no attention statistics), an RMT one with sequential residuals;
+    /// with document resets, where the rows read the whole of their committed state; `None`
+    /// otherwise (the generator then reads the
     /// unfinished segment again for every token). `peek` holds what the unfinished segment's
     /// tokens read so far left: for a compressive stack a cache of every layer's keys and
     /// values of the committed memories and of those tokens
@@ -534,7 +535,7 @@ impl TransformerXl {
         peek: &mut Option<XlState>,
         reset: &[bool],
     ) -> Result<Option<Tensor<3>>, XlError> {
-        let stream = !self.same_length && !self.document_resets && self.n_knn_layers() == 0;
+        let plain = !self.same_length && self.n_knn_layers() == 0;
         let kept = match (self.compressive_config(), &self.block_recurrent, &self.rmt) {
             (Some(c), None, None) => {
                 c.function != crate::compressive::CompressionKind::MostUsed && self.mem_len > 0
@@ -543,8 +544,29 @@ impl TransformerXl {
             (None, None, Some(_)) => self.rmt_peeks(),
             _ => false,
         };
-        if !(stream && kept) {
+        if !(plain && kept) {
             return Ok(None);
+        }
+        // The segment's resets apply where it starts (the first read).
+        let first = peek.is_none();
+        let reset: Vec<bool> = match first {
+            true => reset.to_vec(),
+            false => vec![false; reset.len()],
+        };
+        // With document resets, a kept read computes what a pass over the segment does where
+        // every row reads the whole of its committed memories (one document) or a row that
+        // starts a document has nothing committed (a generator's first segment); otherwise
+        // the segment is read again.
+        if self.document_resets {
+            let committed = !state.xl.is_empty()
+                || !state.compressed.layers.is_empty()
+                || state.rmt.value.is_some()
+                || state.block_recurrent.value.is_some();
+            let whole = state.xl_valid.iter().all(|&v| v >= state.xl.len())
+                && (state.compressed.valid.iter()).all(|&v| v >= state.compressed.layers.len());
+            if (reset.contains(&true) && committed) || !whole {
+                return Ok(None);
+            }
         }
         let opts = (self.randomness == Randomness::Seeded).then(|| self.eval_options());
         let (view, hidden) = match (&self.compressive, &self.rmt) {
@@ -565,10 +587,11 @@ impl TransformerXl {
             (None, None) => {
                 let mut view = peek.take().unwrap_or_else(|| XlState {
                     xl: state.xl.clone(),
+                    xl_valid: state.xl_valid.clone(),
                     block_recurrent: state.block_recurrent.clone(),
                     ..XlState::new()
                 });
-                let hidden = self.peek_block_recurrent(inputs, &mut view, reset, opts.as_ref());
+                let hidden = self.peek_block_recurrent(inputs, &mut view, &reset, opts.as_ref());
                 (view, hidden)
             }
         };

@@ -375,14 +375,11 @@ impl TransformerXl {
     }
 
     /// Whether generation can keep what an unfinished segment's tokens leave
-    /// ([`peek_rmt`](Self::peek_rmt)): an RMT stack without document resets or
-    /// hyper-connections, with sequential residuals (and no kNN layers, which the caller
-    /// checks).
+    /// ([`peek_rmt`](Self::peek_rmt)): an RMT stack without hyper-connections, with
+    /// sequential residuals (the caller checks the rest: no kNN layers, and with document
+    /// resets a state read whole).
     pub(crate) fn rmt_peeks(&self) -> bool {
-        self.rmt.is_some()
-            && !self.document_resets
-            && self.residual_streams == 1
-            && self.residual == Residual::Sequential
+        self.rmt.is_some() && self.residual_streams == 1 && self.residual == Residual::Sequential
     }
 
     /// Reads tokens of an unfinished segment on top of the `committed` memory through `view`:

@@ -19,8 +19,8 @@
 //! or recurrent state as it was until the segment completes (and is compressed, or writes the
 //! next state); an RMT stack keeps its read tokens' and the segment's layer inputs, and writes
 //! its memory when the segment completes. A model that keeps nothing of an unfinished segment
-//! (LSH or local layers; an RMT stack with document resets or hyper-connections) reads it again
-//! for every new token
+//! (LSH or local layers; an RMT stack with hyper-connections) reads it again for every new
+//! token
 //! ([`crate::RecurrentModel::peek_logits`], which leaves the state as it was): one pass over at
 //! most `segment_len` tokens per token.
 //!
