@@ -581,7 +581,7 @@ impl TransformerXl {
             // and the read tokens').
             (None, Some(_)) => {
                 let mut view = peek.take().unwrap_or_default();
-                let hidden = self.peek_rmt(inputs, &mut view.xl, state, opts.as_ref());
+                let hidden = self.peek_rmt(inputs, &mut view.xl, state, &reset, opts.as_ref());
                 (view, hidden)
             }
             (None, None) => {

@@ -311,28 +311,7 @@ impl TransformerXl {
             )));
         }
         let m = rmt.config.mem_tokens;
-        let fresh = rmt.fresh(batch);
-        // H^mem_τ: the carried memory, a fresh one for rows that start a document.
-        let mem = match (&state.rmt.value, rmt.carry) {
-            (Some(t), true) => {
-                if t.dims() != [batch, m, self.d_model] {
-                    return Err(XlError::Input(format!(
-                        "the carried RMT memory is {:?}, the model needs [{batch}, {m}, {}]",
-                        t.dims(),
-                        self.d_model
-                    )));
-                }
-                if self.document_resets && reset.iter().any(|&r| r) {
-                    let keep: Vec<f32> = reset.iter().map(|&r| f32::from(u8::from(!r))).collect();
-                    let keep =
-                        Tensor::<3>::from_data(TensorData::new(keep, [batch, 1, 1]), &device);
-                    t.clone() * keep.clone() + fresh * (keep.neg() + 1.0)
-                } else {
-                    t.clone()
-                }
-            }
-            _ => fresh,
-        };
+        let mem = self.rmt_memory(state, reset)?;
         // H̃⁰_τ = [read ∘ H⁰_τ ∘ write].
         let (read, write) = rmt.read_write(mem);
         // RMT + Transformer-XL: every query also reads the XL memory of the segments' tokens.
@@ -374,6 +353,35 @@ impl TransformerXl {
         Ok(self.finish(h.narrow(1, m, len), opts))
     }
 
+    /// `H^mem_τ`, the memory a segment reads: the carried one, a fresh one for rows that start
+    /// a document (with `document_resets`) or where nothing is carried.
+    ///
+    /// # Shapes
+    /// - `reset`: `batch` flags → `[batch, m, d_model]`
+    fn rmt_memory(&self, state: &XlState, reset: &[bool]) -> Result<Tensor<3>, XlError> {
+        let rmt = self.rmt.as_ref().ok_or_else(|| {
+            XlError::Input("this stack is not a Recurrent Memory Transformer".into())
+        })?;
+        let (batch, m) = (reset.len(), rmt.config.mem_tokens);
+        let fresh = rmt.fresh(batch);
+        let Some(t) = state.rmt.value.as_ref().filter(|_| rmt.carry) else {
+            return Ok(fresh);
+        };
+        if t.dims() != [batch, m, self.d_model] {
+            return Err(XlError::Input(format!(
+                "the carried RMT memory is {:?}, the model needs [{batch}, {m}, {}]",
+                t.dims(),
+                self.d_model
+            )));
+        }
+        if !(self.document_resets && reset.iter().any(|&r| r)) {
+            return Ok(t.clone());
+        }
+        let keep: Vec<f32> = reset.iter().map(|&r| f32::from(u8::from(!r))).collect();
+        let keep = Tensor::<3>::from_data(TensorData::new(keep, [batch, 1, 1]), &t.device());
+        Ok(t.clone() * keep.clone() + fresh * (keep.neg() + 1.0))
+    }
+
     /// Whether generation can keep what an unfinished segment's tokens leave
     /// ([`peek_rmt`](Self::peek_rmt)): an RMT stack without hyper-connections, with
     /// sequential residuals (the caller checks the rest: no kNN layers, and with document
@@ -393,13 +401,14 @@ impl TransformerXl {
     /// the segment completes ([`forward_rmt`](Self::forward_rmt)).
     ///
     /// # Shapes
-    /// - `tokens`: `[batch, qlen]` → `[batch, qlen, d_model]`; `view`: per layer `[batch, m +
-    ///   read, d_model]`
+    /// - `tokens`: `[batch, qlen]`, `reset`: `batch` flags (the segment's first read) →
+    ///   `[batch, qlen, d_model]`; `view`: per layer `[batch, xl + m + read, d_model]`
     pub(crate) fn peek_rmt(
         &self,
         tokens: Tensor<2, Int>,
         view: &mut XlMemory,
         committed: &XlState,
+        reset: &[bool],
         opts: Option<&ForwardOptions>,
     ) -> Result<Tensor<3>, XlError> {
         let rmt = self.rmt.as_ref().ok_or_else(|| {
@@ -413,6 +422,12 @@ impl TransformerXl {
         let [batch, _] = tokens.dims();
         let device = tokens.device();
         let m = rmt.config.mem_tokens;
+        if reset.len() != batch {
+            return Err(XlError::Input(format!(
+                "reset has {} flags for a batch of {batch}",
+                reset.len()
+            )));
+        }
         if let Some(v) = view.layer(0) {
             let [vb, _, vd] = v.dims();
             if view.n_layers() != self.layers.len() || vb != batch || vd != self.d_model {
@@ -449,18 +464,8 @@ impl TransformerXl {
         self.check_memory(batch, &committed.xl)?;
         let xl = committed.xl.len();
         if view.is_empty() {
+            let mem = self.rmt_memory(committed, reset)?;
             *view = committed.xl.clone();
-            let mem = match (&committed.rmt.value, rmt.carry) {
-                (Some(t), true) => t.clone(),
-                _ => rmt.fresh(batch),
-            };
-            if mem.dims() != [batch, m, self.d_model] {
-                return Err(XlError::Input(format!(
-                    "the carried RMT memory is {:?}, the model needs [{batch}, {m}, {}]",
-                    mem.dims(),
-                    self.d_model
-                )));
-            }
             // The read tokens see the XL memory and each other (causally with
             // `causal_memory`), nothing after.
             let mask = match rmt.config.causal_memory {
