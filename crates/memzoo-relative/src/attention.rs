@@ -12,7 +12,7 @@ use memzoo_reformer::rng::{dropout_mask, mix};
 
 use crate::error::RelativeError;
 use crate::positions::{PositionConfig, PositionIndex, PositionKind, RelativeContext, sinusoid};
-use crate::rotary::{QkNorm, RotaryTables};
+use crate::rotary::{QkNorm, RotarySpec, RotaryTables};
 use crate::rows::linear_rows;
 use crate::shift::relative_shift;
 
@@ -970,32 +970,29 @@ impl RelativeMultiHeadAttention {
         let (q, k, s) = match &self.qk_norm {
             Some(norm) => {
                 let (q, k) = norm.normalise(q, k);
-                (q, k, norm.scale as f32)
+                (q, k, norm.scale)
             }
-            None => (q, k, 1.0 / (dh as f32).sqrt()),
+            None => (q, k, 1.0 / (dh as f64).sqrt()),
         };
-        let (q, k) = match self.scheme {
-            PositionParams::Absolute(_) => (q, k),
+        match self.scheme {
+            PositionParams::Absolute(_) => Ok((q.mul_scalar(s), k)),
             PositionParams::Rotary(_) => {
                 let p = &self.positions;
-                let tables = RotaryTables::new(
-                    dh,
+                let spec = RotarySpec {
+                    d_head: dh,
                     klen,
-                    p.rotary_width,
-                    p.rotary_theta,
-                    p.xpos_scale_base,
-                    &q.device(),
-                );
-                tables.apply(q, k)
+                    width: p.rotary_width,
+                    theta: p.rotary_theta,
+                    xpos: p.xpos_scale_base,
+                    query_scale: s,
+                };
+                Ok(RotaryTables::new(spec, &q.device()).apply(q, k))
             }
-            _ => {
-                return Err(RelativeError::Input(format!(
-                    "{:?} positions add a position term to the scores",
-                    self.positions.kind
-                )));
-            }
-        };
-        Ok((q.mul_scalar(s), k))
+            _ => Err(RelativeError::Input(format!(
+                "{:?} positions add a position term to the scores",
+                self.positions.kind
+            ))),
+        }
     }
 
     /// Pre-softmax scores `[batch, heads, qlen, klen]` (see the type docs for the formulas).

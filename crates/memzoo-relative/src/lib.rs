@@ -52,5 +52,5 @@ pub use positions::{
     AttentionMask, PositionConfig, PositionIndex, PositionKind, RelativeContext, t5_bucket,
 };
 pub use probe::{AttentionProbe, KeySplit, RetrievedProbe};
-pub use rotary::{QkNorm, RotaryTables, l2norm, rotate_half};
+pub use rotary::{QkNorm, RotarySpec, RotaryTables, l2norm};
 pub use rows::linear_rows;
