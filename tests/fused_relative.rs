@@ -6,7 +6,9 @@ use burn::module::Param;
 use burn::nn::Initializer;
 use burn::optim::GradientsParams;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
-use memzoo_fused::{FusedError, RelativePosition, knn_attention_fused, relative_attention_fused};
+use memzoo_fused::{
+    FusedError, RelParams, RelativePosition, knn_attention_fused, relative_attention_fused,
+};
 use memzoo_knn::{KnnAttention, KnnAttentionConfig, KnnMixing};
 use memzoo_memory::Retrieved;
 use memzoo_relative::{
@@ -105,6 +107,10 @@ fn check(positions: PositionConfig, own: bool, (qlen, mlen): (usize, usize), mas
         positions.kind
     );
     let fused = run(&att, shared.as_ref(), &x, mem.as_ref(), &ctx, Path::Fused);
+    // The probabilities computed again in the backward pass: the same floats, to the bit.
+    let recomputing = att.clone().with_recompute_probabilities(true);
+    let again = run(&recomputing, shared.as_ref(), &x, mem.as_ref(), &ctx, Path::Fused);
+    assert!(again == fused, "{what}: recomputed probabilities change the gradients");
     let reference = run(
         &att,
         shared.as_ref(),
@@ -236,7 +242,7 @@ fn fused_attention_rejects_bad_shapes() {
             v,
             pos,
             None,
-            -1e9,
+            RelParams::new(-1e9),
         ))
     };
     let e = with(k.clone(), bias([5, 3], 28));
@@ -263,7 +269,7 @@ fn fused_attention_rejects_bad_shapes() {
         k,
         bias([5, 3], 24),
         Some(mask),
-        -1e9,
+        RelParams::new(-1e9),
     ));
     assert!(e.contains("mask has shape [3, 4, 6]"), "{e}");
 }
@@ -596,7 +602,7 @@ fn fused_content_attention_matches_tensor_ops() {
                     "{:?} xpos {:?} qk_norm {qk_norm:?} null {null} qlen {qlen} mlen {mlen} {mask:?}",
                     positions.kind, positions.xpos_scale_base
                 );
-                let run = |fused: bool| {
+                let run = |fused: bool, att: &RelativeMultiHeadAttention| {
                     let x = x.clone().require_grad();
                     let mem = mem.clone().map(|m| m.require_grad());
                     let pair = randn([2, h, dh], 23, &dev).require_grad();
@@ -628,13 +634,18 @@ fn fused_content_attention_matches_tensor_ops() {
                             pair.grad(&grads).expect("the null pair gets a gradient"),
                         ));
                     }
-                    let params = GradientsParams::from_grads(grads, &att);
-                    for g in param_vectors(&att, Some(&params)) {
+                    let params = GradientsParams::from_grads(grads, att);
+                    for g in param_vectors(att, Some(&params)) {
                         all.push(g.expect("every parameter gets a gradient"));
                     }
                     all
                 };
-                let (fused, reference) = (run(true), run(false));
+                let (fused, reference) = (run(true, &att), run(false, &att));
+                let recomputing = att.clone().with_recompute_probabilities(true);
+                assert!(
+                    run(true, &recomputing) == fused,
+                    "{what}: recomputed probabilities change the gradients"
+                );
                 assert_eq!(fused.len(), reference.len());
                 for (n, (a, b)) in fused.iter().zip(&reference).enumerate() {
                     let scale = b.iter().fold(1f32, |m, v| m.max(v.abs()));

@@ -812,3 +812,65 @@ fn dropout_sites_turn_off_one_by_one() {
         );
     }
 }
+
+/// `recompute_attention`: the fused kernel's backward computes the attention probabilities
+/// again instead of keeping them. Two models with the same weights, one of each, train on one
+/// segment three times with their memories carried (XL and T5 layers, a causal mask over memory and
+/// segment; plain SGD between them): the same losses and the same gradients of every
+/// parameter, to the bit, and the loss of the segment, read again, falls (the gradients train).
+#[test]
+fn recomputed_attention_probabilities_train_the_same() {
+    use memzoo_stack::RecurrentModel;
+    let dev = flex().autodiff();
+    let cfg = small_xl(6).with_layers(vec![LayerKind::Xl, LayerKind::T5, LayerKind::Xl]);
+    let run = |recompute: bool| {
+        let cfg = cfg.clone().with_recompute_attention(recompute);
+        let mut model = seeded_weights(cfg.init(&dev).unwrap(), 5, xl_init_std(&cfg));
+        let mut state = XlState::new();
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            let ids = |o: i64| {
+                let rows: Vec<i64> = (0..2 * 8).map(|i| (3 * (i % 8) + o + i / 8) % 40).collect();
+                Tensor::<2, Int>::from_data(TensorData::new(rows, [2, 8]), &dev)
+            };
+            let (loss, grads) =
+                RecurrentModel::train_step(&model, ids(0), ids(1), &mut state, &[false; 2], None)
+                    .unwrap();
+            let grads = param_vectors(&model, Some(&grads));
+            out.push((loss, grads.clone()));
+            // A plain SGD step, so that later segments see trained weights.
+            let mut g = grads.into_iter();
+            model = model.map(&mut SgdStep { grads: &mut g, lr: 0.2 });
+        }
+        out
+    };
+    let (kept, recomputed) = (run(false), run(true));
+    for (s, ((l0, g0), (l1, g1))) in kept.iter().zip(&recomputed).enumerate() {
+        assert_eq!(l0.to_bits(), l1.to_bits(), "segment {s}: loss {l0} vs {l1}");
+        assert!(g0 == g1, "segment {s}: gradients differ");
+        assert!(g0.iter().all(Option::is_some), "segment {s}: every parameter trains");
+    }
+    assert!(kept[2].0 < kept[0].0, "losses {:?}", kept.iter().map(|k| k.0).collect::<Vec<_>>());
+}
+
+/// `w ← w − lr g` with the gradients of [`param_vectors`]' order.
+struct SgdStep<'a, I: Iterator<Item = Option<Vec<f32>>>> {
+    grads: &'a mut I,
+    lr: f32,
+}
+
+impl<I: Iterator<Item = Option<Vec<f32>>>> burn::module::ModuleMapper for SgdStep<'_, I> {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<Tensor<D>>,
+    ) -> burn::module::Param<Tensor<D>> {
+        let Some(Some(g)) = self.grads.next() else {
+            return param;
+        };
+        let (id, value, _) = param.consume();
+        let shape = value.shape();
+        let g = Tensor::<D>::from_data(TensorData::new(g, shape), &value.device());
+        let stepped = (value.clone().inner() - g.inner() * self.lr).detach();
+        burn::module::Param::initialized(id, Tensor::from_inner(stepped).require_grad())
+    }
+}

@@ -18,6 +18,10 @@
 //!   Expected growth: **linear** in the memory length (keys, values and scores over
 //!   `mem + 128` keys, the memory's keys and values recomputed each segment): the table
 //!   compares the step time's growth with the FLOP count's ([`crate::flops`]).
+//! - **`xl-recompute`**: the `xl` curve's training with `recompute_attention` (the fused
+//!   attention keeps no probabilities for the backward pass and computes them again there),
+//!   HF TransfoXL's training beside it: what the probabilities cost in memory, and their
+//!   second computation in time.
 //! - **`memorizing`**: Memorizing-small (`bench memorizing-small`'s config: batch 2, seq 512,
 //!   kNN layer 4, top-32, multi-query) against the kNN store size per row, 8K -> 262K (quick:
 //!   8K, 32K), exact and HNSW (the preset's connectivity; the search expansion of a store of
@@ -93,8 +97,8 @@ fn points(curve: &str, args: &BenchArgs) -> Vec<usize> {
         return l.clone();
     }
     match (curve, args.quick) {
-        ("xl", true) => vec![128, 512],
-        ("xl", false) => vec![128, 256, 512, 1024, 2048, 4096],
+        ("xl" | "xl-recompute", true) => vec![128, 512],
+        ("xl" | "xl-recompute", false) => vec![128, 256, 512, 1024, 2048, 4096],
         ("memorizing", true) => vec![8_192, 32_768],
         ("memorizing", false) => vec![8_192, 16_384, 32_768, 65_536, 131_072, 262_144],
         ("reformer", true) => vec![4_096, 8_192],
@@ -148,6 +152,16 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                         if !args.no_peers {
                             keep(&mut out, args, peer(&["xl", mode, &mem.to_string()], args)?)?;
                         }
+                    }
+                }
+            }
+            // XL-small's training with `recompute_attention`, HF's training beside it.
+            "xl-recompute" => {
+                for &mem in &xs {
+                    let target = format!("scale-xl-recompute-{mem}");
+                    keep(&mut out, args, child(&target, args, &[])?)?;
+                    if !args.no_peers {
+                        keep(&mut out, args, peer(&["xl", "train", &mem.to_string()], args)?)?;
                     }
                 }
             }
@@ -222,8 +236,8 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
             }
             other => {
                 return Err(format!(
-                    "unknown curve `{other}`: expected xl, memorizing, reformer, generate or \
-                     generate-<family> (one of {})",
+                    "unknown curve `{other}`: expected xl, xl-recompute, memorizing, reformer, \
+                     generate or generate-<family> (one of {})",
                     GENERATORS.join(", ")
                 ));
             }
@@ -422,14 +436,22 @@ impl IndexChoice {
     }
 }
 
-/// A child's point: `scale-xl-<train|eval>-<mem>`, `scale-memorizing-<exact|hnsw|hnsw<ef>>-<n>`,
+/// A child's point: `scale-xl-<train|recompute|eval>-<mem>`, `scale-memorizing-<exact|hnsw|hnsw<ef>>-<n>`,
 /// `scale-reformer-<len>`.
 pub fn point(target: &str, args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, String> {
     let bad = || format!("bad target `{target}`");
     let parts: Vec<&str> = target.split('-').collect();
     let x: usize = parts.last().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
     match parts.get(1..parts.len() - 1) {
-        Some(["xl", mode]) => Ok(vec![xl_point(*mode == "train", x, args, device)?]),
+        Some(["xl", mode]) => {
+            let (train, recompute) = match *mode {
+                "train" => (true, false),
+                "recompute" => (true, true),
+                "eval" => (false, false),
+                _ => return Err(bad()),
+            };
+            Ok(vec![xl_point(train, recompute, x, args, device)?])
+        }
         Some(["memorizing", kind]) => {
             let index = IndexChoice::parse(kind).ok_or_else(bad)?;
             Ok(vec![memorizing_point(&index, x, args, device)?])
@@ -472,12 +494,16 @@ fn measurement(
 /// XL-small with a memory of `mem`, filled before the first step, trained or evaluated.
 fn xl_point(
     train: bool,
+    recompute: bool,
     mem: usize,
     args: &BenchArgs,
     device: &Device,
 ) -> Result<Measurement, String> {
     let (batch, tgt_len) = (8, 128);
-    let config = crate::models::bench_xl().with_mem_len(mem);
+    let recompute = train && recompute;
+    let config = crate::models::bench_xl()
+        .with_mem_len(mem)
+        .with_recompute_attention(recompute);
     let (warmup, steps) = steps(args);
     let replicas = args
         .replicas
@@ -524,7 +550,11 @@ fn xl_point(
             eval_step_sharded(&model, &device, &segment, &mut states).expect("valid shapes");
         })
     };
-    let mode = if train { "train" } else { "eval" };
+    let mode = match (train, recompute) {
+        (true, true) => "recompute",
+        (true, false) => "train",
+        (false, _) => "eval",
+    };
     let flops = if train {
         crate::flops::train_flops_per_token(&config, tgt_len, batch)
     } else {
@@ -534,7 +564,8 @@ fn xl_point(
         &format!("xl-{mode}"),
         mem,
         serde_json::json!({"model": "xl-small", "mem_len": mem, "tgt_len": tgt_len,
-            "batch": batch, "replicas": replicas, "memory": "filled before the first step"}),
+            "batch": batch, "replicas": replicas, "memory": "filled before the first step",
+            "recompute_attention": recompute}),
         &times,
         batch * tgt_len,
         params,
@@ -1009,10 +1040,10 @@ pub fn markdown(results: &[Measurement]) -> String {
 /// The peer's curve beside memzoo's `curve`: the same, but for the Memorizing curves, whose
 /// exact and HNSW stores both stand beside the peer's one faiss HNSW store.
 fn peer_curve(curve: &str) -> &str {
-    if curve.starts_with("memorizing-") {
-        "memorizing-faiss"
-    } else {
-        curve
+    match curve {
+        c if c.starts_with("memorizing-") => "memorizing-faiss",
+        "xl-recompute" => "xl-train",
+        c => c,
     }
 }
 

@@ -18,15 +18,17 @@ use crate::{
     FusedBackend, KnnParams, LshKernelParams, RelParams, gelu, knn, lsh, matmul, relative,
 };
 
-/// State of the relative attention's backward: the inputs and the probabilities.
+/// State of the relative attention's backward: the inputs and the probabilities (`None`:
+/// [`RelParams::recompute_probabilities`], the backward computes them again).
 #[derive(Clone, Debug)]
 struct RelState {
     inputs: RelInputs,
-    probs: Vec<f32>,
+    probs: Option<Vec<f32>>,
 }
 
 /// Runs the relative attention's forward on `inputs`, and records `op` (the backward of the
-/// position form the inputs hold) with their probabilities when a parent is tracked.
+/// position form the inputs hold) with their probabilities, unless the inputs' parameters ask
+/// for them to be computed again, when a parent is tracked.
 fn relative_op<C: CheckpointStrategy, const N: usize>(
     op: impl Backward<Flex, N, State = RelState>,
     nodes: [NodeGuard; N],
@@ -34,10 +36,10 @@ fn relative_op<C: CheckpointStrategy, const N: usize>(
 ) -> FloatTensor<Autodiff<Flex, C>> {
     match op.prepare::<C>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
-            let (out, probs) = inputs.forward();
+            let (out, probs) = inputs.forward(!inputs.params().recompute_probabilities);
             prep.finish(RelState { inputs, probs }, out)
         }
-        OpsKind::UnTracked(prep) => prep.finish(inputs.forward().0),
+        OpsKind::UnTracked(prep) => prep.finish(inputs.forward(false).0),
     }
 }
 
@@ -56,7 +58,7 @@ fn rel_backward<const N: usize>(
     let grad = grads.consume::<Flex>(&ops.node);
     let RelState { inputs, probs } = ops.state;
     let d = inputs.dims();
-    let g = inputs.backward(&probs, grad);
+    let g = inputs.backward(probs.as_deref(), grad);
     for (parent, (values, shape)) in ops.parents.into_iter().zip(pick(g, d, &inputs.pos)) {
         if let Some(node) = parent {
             grads.register::<Flex>(node.id, flex_from(values, &shape));

@@ -107,7 +107,7 @@ impl FusedBackend for Flex {
         params: RelParams,
     ) -> FloatTensor<Self> {
         let inputs = RelInputs::new(qc, k, v, RelPosTensors::Shifted { qp, r }, mask, params);
-        inputs.forward().0
+        inputs.forward(false).0
     }
 
     fn relative_attention_bucketed(
@@ -121,7 +121,7 @@ impl FusedBackend for Flex {
     ) -> FloatTensor<Self> {
         let pos = RelPosTensors::buckets(table, buckets);
         let inputs = RelInputs::new(qc, k, v, pos, mask, params);
-        inputs.forward().0
+        inputs.forward(false).0
     }
 
     fn relative_attention_content(
@@ -132,7 +132,7 @@ impl FusedBackend for Flex {
         params: RelParams,
     ) -> FloatTensor<Self> {
         RelInputs::new(qc, k, v, RelPosTensors::None, mask, params)
-            .forward()
+            .forward(false)
             .0
     }
 
@@ -306,6 +306,11 @@ impl RelInputs {
         }
     }
 
+    /// The kernel's settings.
+    pub(crate) fn params(&self) -> RelParams {
+        self.params
+    }
+
     pub(crate) fn dims(&self) -> relative::RelDims {
         let s = self.qc.layout().shape();
         let columns = match &self.pos {
@@ -346,8 +351,9 @@ impl RelInputs {
     }
 
     /// The output `[batch, heads, qlen, d_head]` (stored as `[batch, qlen, heads, d_head]`,
-    /// so that the heads' concatenation is a free reshape) and the probabilities.
-    pub(crate) fn forward(&self) -> (FloatTensor<Flex>, Vec<f32>) {
+    /// so that the heads' concatenation is a free reshape) and, with `keep`, the
+    /// probabilities (else `None`).
+    pub(crate) fn forward(&self, keep: bool) -> (FloatTensor<Flex>, Option<Vec<f32>>) {
         let d = self.dims();
         let (out, probs) = relative::forward(
             d,
@@ -356,13 +362,20 @@ impl RelInputs {
             view(&self.v),
             self.position(),
             self.mask(),
+            keep,
         );
+        let probs = keep.then_some(probs);
         let out = flex_from(out, &[d.batch, d.qlen, d.heads, d.d_head]);
         (Flex::float_permute(out, &[0, 2, 1, 3]), probs)
     }
 
-    /// The gradients from `dL/d output` (`[batch, heads, qlen, d_head]`).
-    pub(crate) fn backward(&self, probs: &[f32], grad: FloatTensor<Flex>) -> relative::RelGrads {
+    /// The gradients from `dL/d output` (`[batch, heads, qlen, d_head]`), with the
+    /// probabilities [`forward`](Self::forward) kept (`None`: computed again).
+    pub(crate) fn backward(
+        &self,
+        probs: Option<&[f32]>,
+        grad: FloatTensor<Flex>,
+    ) -> relative::RelGrads {
         let g = Flex::float_permute(grad, &[0, 2, 1, 3]);
         relative::backward(
             self.dims(),

@@ -168,6 +168,30 @@ pub struct KnnParams {
 pub struct RelParams {
     /// The score of a hidden key (`-inf` or a large negative number).
     pub mask_value: f32,
+    /// In training, keep no probabilities `P` (`[batch, heads, qlen, klen]`, f32) for the
+    /// backward pass and compute them again there, as FlashAttention's backward does: the same
+    /// gradients, to the bit, in `4 · batch · heads · qlen · klen` bytes less per call kept
+    /// for the backward, for a second computation of the scores and their softmax. (Without
+    /// gradients no call keeps them.)
+    pub recompute_probabilities: bool,
+}
+
+impl RelParams {
+    /// Hidden keys score `mask_value`; the probabilities are kept for the backward pass.
+    pub fn new(mask_value: f32) -> Self {
+        Self {
+            mask_value,
+            recompute_probabilities: false,
+        }
+    }
+
+    /// With [`recompute_probabilities`](Self::recompute_probabilities) set to `recompute`.
+    pub fn with_recompute_probabilities(self, recompute: bool) -> Self {
+        Self {
+            recompute_probabilities: recompute,
+            ..self
+        }
+    }
 }
 
 /// LSH bucket ids `h(x) = argmax([xR; -xR])` for every round as one op that never holds `xR`
@@ -314,7 +338,9 @@ pub enum RelativePosition {
 
 /// Relative multi-head attention as one fused op (the maths is in [`relative`]):
 /// `o_i = Σ_j softmax_j(mask(qc_i · k_j + B_ij)) v_j`, `B` the [`RelativePosition`] term;
-/// hidden keys score `mask_value` (their scores get no gradient, as with `mask_fill`).
+/// hidden keys score `params.mask_value` (their scores get no gradient, as with `mask_fill`);
+/// `params.recompute_probabilities` trades the probabilities kept for training for a second
+/// computation in the backward pass ([`RelParams`]).
 /// Differentiable in every float input on an autodiff device.
 ///
 /// Errors name the bad shape or dtype, or a device other than `flex` (see [`supports`]).
@@ -330,7 +356,7 @@ pub fn relative_attention_fused(
     v: Tensor<4>,
     position: RelativePosition,
     mask: Option<Tensor<3, Bool>>,
-    mask_value: f32,
+    params: RelParams,
 ) -> Result<Tensor<4>, FusedError> {
     let bad = |m: String| Err(FusedError::Input(m));
     let device = qc.device();
@@ -407,7 +433,6 @@ pub fn relative_attention_fused(
         Some(m) => m,
         None => Tensor::<3, Bool>::empty([0, q, kl], &device),
     };
-    let params = RelParams { mask_value };
     let out = match position {
         RelativePosition::Shifted { qp, r } => {
             <Dispatch as FusedBackend>::relative_attention_shifted(

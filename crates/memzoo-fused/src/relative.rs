@@ -408,8 +408,10 @@ fn softmax_grad_rows_impl(p: &[f32], dp: &mut [f32], w: usize, hidden: Option<&[
     }
 }
 
-/// Forward pass: writes `o` (`[batch, qlen, heads, d_head]`, contiguous) and returns `P`
-/// (`[batch, heads, qlen, klen]`, contiguous), which the backward needs.
+/// Forward pass: writes `o` (`[batch, qlen, heads, d_head]`, contiguous) and, with `keep`,
+/// returns `P` (`[batch, heads, qlen, klen]`, contiguous) for the backward; without it, an
+/// empty vector (each task's probabilities live in a scratch buffer of its thread, and
+/// [`backward`] computes them again).
 pub fn forward(
     d: RelDims,
     qc: View,
@@ -417,37 +419,66 @@ pub fn forward(
     v: View,
     pos: Position,
     mask: Mask,
+    keep: bool,
 ) -> (Vec<f32>, Vec<f32>) {
     let (q, kl, dh, nh) = (d.qlen, d.klen, d.d_head, d.heads);
     let mut out = vec![0f32; d.batch * q * nh * dh];
-    let mut probs = vec![0f32; d.batch * nh * q * kl];
     let dst = SharedMut(out.as_mut_ptr());
     let blocks = mask_blocks(mask, q, kl);
-    probs.par_chunks_mut(q * kl).enumerate().for_each_init(
-        || vec![0f32; q * d.columns],
-        |x, (t, p)| {
-            let (b, h) = (t / nh, t % nh);
-            let blocks = &blocks[if blocks.len() == 1 { 0 } else { b }];
-            scores(d, (b, h), qc, k, pos, mask, blocks, p, x);
-            softmax_blocks(p, kl, blocks);
-            for &(r0, r1, w) in blocks {
-                // SAFETY: task (b, h) writes o[b, r0..r1, h, :] only; `v` covers its shape.
-                unsafe {
-                    mm(
-                        (r1 - r0, dh, w),
-                        dst.get().add(((b * q + r0) * nh + h) * dh),
-                        ((nh * dh) as isize, 1),
-                        false,
-                        p.as_ptr().add(r0 * kl),
-                        (kl as isize, 1),
-                        v.ptr([b, h, 0, 0]),
-                        (v.strides[2], v.strides[3]),
-                    );
-                }
+    // Task t = (b, h): its scores and probabilities into `p` ([Q, K]), then o = P V.
+    let task = |t: usize, p: &mut [f32], x: &mut [f32]| {
+        let (b, h) = (t / nh, t % nh);
+        let blocks = &blocks[if blocks.len() == 1 { 0 } else { b }];
+        probabilities(d, (b, h), qc, k, pos, mask, blocks, p, x);
+        for &(r0, r1, w) in blocks {
+            // SAFETY: task (b, h) writes o[b, r0..r1, h, :] only; `v` covers its shape.
+            unsafe {
+                mm(
+                    (r1 - r0, dh, w),
+                    dst.get().add(((b * q + r0) * nh + h) * dh),
+                    ((nh * dh) as isize, 1),
+                    false,
+                    p.as_ptr().add(r0 * kl),
+                    (kl as isize, 1),
+                    v.ptr([b, h, 0, 0]),
+                    (v.strides[2], v.strides[3]),
+                );
             }
-        },
-    );
-    (out, probs)
+        }
+    };
+    let scratch = || vec![0f32; q * d.columns];
+    if keep {
+        let mut probs = vec![0f32; d.batch * nh * q * kl];
+        probs
+            .par_chunks_mut(q * kl)
+            .enumerate()
+            .for_each_init(scratch, |x, (t, p)| task(t, p, x));
+        (out, probs)
+    } else {
+        (0..d.batch * nh)
+            .into_par_iter()
+            .for_each_init(|| (vec![0f32; q * kl], scratch()), |(p, x), t| task(t, p, x));
+        (out, Vec::new())
+    }
+}
+
+/// One task's probabilities `P = softmax(mask(scores))` into `p` (`[Q, K]`, every entry
+/// written); `x` is scratch `[Q, S]`. The forward pass and a backward without saved
+/// probabilities run the same code, so both get the same floats.
+#[allow(clippy::too_many_arguments)]
+fn probabilities(
+    d: RelDims,
+    (b, h): (usize, usize),
+    qc: View,
+    k: View,
+    pos: Position,
+    mask: Mask,
+    blocks: &[(usize, usize, usize)],
+    p: &mut [f32],
+    x: &mut [f32],
+) {
+    scores(d, (b, h), qc, k, pos, mask, blocks, p, x);
+    softmax_blocks(p, d.klen, blocks);
 }
 
 /// Gradients of [`forward`]'s inputs (contiguous): `dqc`, `dk`, `dv` (`[batch, heads, len,
@@ -466,8 +497,9 @@ pub struct RelGrads {
     pub table: Vec<f32>,
 }
 
-/// Backward pass from `g = dL/do` (`[batch, qlen, heads, d_head]`, any strides) and the saved
-/// probabilities.
+/// Backward pass from `g = dL/do` (`[batch, qlen, heads, d_head]`, any strides) and the
+/// probabilities [`forward`] kept (`None`: each task computes its own again, the forward's
+/// floats, for the cost of its scores and softmax).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     d: RelDims,
@@ -476,7 +508,7 @@ pub fn backward(
     v: View,
     pos: Position,
     mask: Mask,
-    probs: &[f32],
+    probs: Option<&[f32]>,
     g: View,
 ) -> RelGrads {
     let (q, kl, dh, nh, nb) = (d.qlen, d.klen, d.d_head, d.heads, d.batch);
@@ -509,12 +541,23 @@ pub fn backward(
         SharedMut(dqp.as_mut_ptr()),
         SharedMut(partial.as_mut_ptr()),
     );
+    // Per thread: dS, dX, and without saved probabilities a task's P and its scratch.
+    let recompute = if probs.is_none() { q * kl } else { 0 };
     (0..nb * nh).into_par_iter().for_each_init(
-        || (vec![0f32; q * kl], vec![0f32; q * sc]),
-        |(ds, dx), t| {
+        || {
+            let f = |n: usize| vec![0f32; n];
+            (f(q * kl), f(q * sc), f(recompute), f(recompute.min(1) * q * sc))
+        },
+        |(ds, dx, own, x), t| {
             let (b, h) = (t / nh, t % nh);
-            let p = &probs[t * q * kl..(t + 1) * q * kl];
             let blocks = &blocks[if blocks.len() == 1 { 0 } else { b }];
+            let p: &[f32] = match probs {
+                Some(all) => &all[t * q * kl..(t + 1) * q * kl],
+                None => {
+                    probabilities(d, (b, h), qc, k, pos, mask, blocks, own, x);
+                    own
+                }
+            };
             // SAFETY: every write below goes to task t's own slices of the outputs; the views
             // cover their tensors' shapes.
             unsafe {

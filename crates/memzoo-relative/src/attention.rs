@@ -73,6 +73,14 @@ pub struct RelativeAttentionConfig {
     /// Default: false.
     #[config(default = false)]
     pub memory_keys_values: bool,
+    /// In training on `flex`, the fused attention kernel keeps no probabilities for the
+    /// backward pass and computes them again there (FlashAttention's trade): the same
+    /// gradients, `4 · batch · n_heads · qlen · klen` bytes less per layer held for the
+    /// backward, for a second computation of the scores and their softmax. For long memories
+    /// (`klen = mem_len + qlen`), where the probabilities are most of a step's memory. No
+    /// effect on the tensor-op path or without gradients. Default: false.
+    #[config(default = false)]
+    pub recompute_probabilities: bool,
     /// A learned null key and value per head, `[2, n_heads, d_head]`, prepended to the keys
     /// and visible to every query (recurrent-memory-transformer-pytorch's `null_kv`): the
     /// output is `softmax_j(s q·[k_null, k_j]) [v_null, v_j]`. Absolute positions only (the
@@ -285,6 +293,10 @@ pub struct RelativeMultiHeadAttention {
     /// Whether the memory holds cached keys/values instead of layer inputs (from the config).
     #[module(skip)]
     pub memory_keys_values: bool,
+    /// Whether the fused kernel computes the probabilities again in the backward pass instead
+    /// of keeping them (from the config).
+    #[module(skip)]
+    pub recompute_probabilities: bool,
     /// Seed of this pass's dropout masks ([`with_dropout_seed`](Self::with_dropout_seed)):
     /// `Some`, the masks on the output and on the probabilities are drawn on the host from it
     /// (the same seed, the same masks, whichever thread runs the pass and whatever it drew
@@ -425,6 +437,7 @@ impl RelativeAttentionConfig {
             n_kv_heads: hk,
             memory_gradients: self.memory_gradients,
             memory_keys_values: self.memory_keys_values,
+            recompute_probabilities: self.recompute_probabilities,
             dropout_seed: None,
             position_table: None,
         })
@@ -662,6 +675,14 @@ impl RelativeMultiHeadAttention {
     /// projection would compute again), so a trained layer can generate from a cache.
     pub fn with_memory_keys_values(mut self, on: bool) -> Self {
         self.memory_keys_values = on;
+        self
+    }
+
+    /// The same layer with [`recompute_probabilities`](RelativeAttentionConfig::recompute_probabilities)
+    /// set to `on`: the fused kernel's backward computes the probabilities again instead of
+    /// keeping them (the same outputs and gradients).
+    pub fn with_recompute_probabilities(mut self, on: bool) -> Self {
+        self.recompute_probabilities = on;
         self
     }
 

@@ -17,7 +17,7 @@
 use burn::module::Param;
 use burn::tensor::{DType, Int, Tensor};
 use memzoo_fused::softmax::softmax;
-use memzoo_fused::{RelativePosition, relative_attention_fused};
+use memzoo_fused::{RelParams, RelativePosition, relative_attention_fused};
 
 use crate::attention::{PositionParams, RelativeMultiHeadAttention, XlBiases};
 use crate::error::RelativeError;
@@ -148,7 +148,7 @@ impl RelativeMultiHeadAttention {
         };
         let (qc, position) = position;
         // The shapes come from this layer: a rejection names them as a bad input.
-        relative_attention_fused(qc, k, v, position, ctx.mask.clone(), ctx.mask_value)
+        relative_attention_fused(qc, k, v, position, ctx.mask.clone(), self.fused_params(ctx))
             .map_err(|e| RelativeError::Input(e.to_string()))
     }
 
@@ -168,9 +168,15 @@ impl RelativeMultiHeadAttention {
             v,
             RelativePosition::None,
             ctx.mask.clone(),
-            ctx.mask_value,
+            self.fused_params(ctx),
         )
         .map_err(|e| RelativeError::Input(e.to_string()))
+    }
+
+    /// The fused kernel's settings for `ctx`: its mask value, and this layer's
+    /// [`recompute_probabilities`](crate::RelativeAttentionConfig::recompute_probabilities).
+    fn fused_params(&self, ctx: &RelativeContext) -> RelParams {
+        RelParams::new(ctx.mask_value).with_recompute_probabilities(self.recompute_probabilities)
     }
 
     /// Whether [`attend_null`](Self::attend_null) runs the fused kernel: where
@@ -210,7 +216,8 @@ impl RelativeMultiHeadAttention {
             Tensor::cat(vec![seen, m], 2)
         });
         let (qc, k) = self.content_operands(q, k)?;
-        relative_attention_fused(qc, k, v, RelativePosition::None, mask, ctx.mask_value)
+        let params = self.fused_params(ctx);
+        relative_attention_fused(qc, k, v, RelativePosition::None, mask, params)
             .map_err(|e| RelativeError::Input(e.to_string()))
     }
 }

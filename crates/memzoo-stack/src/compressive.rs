@@ -328,7 +328,7 @@ fn content_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
             v.clone(),
             memzoo_fused::RelativePosition::None,
             None,
-            f32::NEG_INFINITY,
+            memzoo_fused::RelParams::new(f32::NEG_INFINITY),
         )
     {
         return out;

@@ -48,6 +48,13 @@ pub struct XlConfig {
     /// Dropout on attention probabilities. Default: 0.0.
     #[config(default = 0.0)]
     pub dropatt: f64,
+    /// In training on `flex`, the fused attention kernel keeps no attention probabilities for
+    /// the backward pass and computes them again there: the same gradients in
+    /// `4 · batch · n_heads · tgt_len · (mem_len + tgt_len)` bytes less per layer, for a second
+    /// computation of the scores (see `RelativeAttentionConfig::recompute_probabilities`).
+    /// Worth it for long memories. Default: false.
+    #[config(default = false)]
+    pub recompute_attention: bool,
     /// Positions of earlier segments kept as memory (0: no recurrence). Default: 128.
     #[config(default = 128)]
     pub mem_len: usize,
@@ -435,6 +442,7 @@ impl XlConfig {
             .with_memory_gradients(self.compat.memory_gradients)
             .with_memory_keys_values(self.compat.memory_keys_values)
             .with_null_key_value(self.compat.null_key_value)
+            .with_recompute_probabilities(self.recompute_attention)
             .with_initializer(self.initializer())
     }
 
