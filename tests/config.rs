@@ -305,7 +305,7 @@ fn peer_switches_are_one_section_and_older_files_convert() {
         !default.contains("compat") && !default.contains("final_norm"),
         "{default}"
     );
-    assert_eq!(default.lines().count(), 84, "{default}");
+    assert_eq!(default.lines().count(), 85, "{default}");
     // The old key on the command line names the new one.
     let err = RunConfig::resolve(None, &["model.final_norm=false".into()])
         .unwrap_err()
