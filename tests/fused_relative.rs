@@ -109,8 +109,18 @@ fn check(positions: PositionConfig, own: bool, (qlen, mlen): (usize, usize), mas
     let fused = run(&att, shared.as_ref(), &x, mem.as_ref(), &ctx, Path::Fused);
     // The probabilities computed again in the backward pass: the same floats, to the bit.
     let recomputing = att.clone().with_recompute_probabilities(true);
-    let again = run(&recomputing, shared.as_ref(), &x, mem.as_ref(), &ctx, Path::Fused);
-    assert!(again == fused, "{what}: recomputed probabilities change the gradients");
+    let again = run(
+        &recomputing,
+        shared.as_ref(),
+        &x,
+        mem.as_ref(),
+        &ctx,
+        Path::Fused,
+    );
+    assert!(
+        again == fused,
+        "{what}: recomputed probabilities change the gradients"
+    );
     let reference = run(
         &att,
         shared.as_ref(),

@@ -840,7 +840,10 @@ fn recomputed_attention_probabilities_train_the_same() {
             out.push((loss, grads.clone()));
             // A plain SGD step, so that later segments see trained weights.
             let mut g = grads.into_iter();
-            model = model.map(&mut SgdStep { grads: &mut g, lr: 0.2 });
+            model = model.map(&mut SgdStep {
+                grads: &mut g,
+                lr: 0.2,
+            });
         }
         out
     };
@@ -848,9 +851,16 @@ fn recomputed_attention_probabilities_train_the_same() {
     for (s, ((l0, g0), (l1, g1))) in kept.iter().zip(&recomputed).enumerate() {
         assert_eq!(l0.to_bits(), l1.to_bits(), "segment {s}: loss {l0} vs {l1}");
         assert!(g0 == g1, "segment {s}: gradients differ");
-        assert!(g0.iter().all(Option::is_some), "segment {s}: every parameter trains");
+        assert!(
+            g0.iter().all(Option::is_some),
+            "segment {s}: every parameter trains"
+        );
     }
-    assert!(kept[2].0 < kept[0].0, "losses {:?}", kept.iter().map(|k| k.0).collect::<Vec<_>>());
+    assert!(
+        kept[2].0 < kept[0].0,
+        "losses {:?}",
+        kept.iter().map(|k| k.0).collect::<Vec<_>>()
+    );
 }
 
 /// `w ← w − lr g` with the gradients of [`param_vectors`]' order.

@@ -161,7 +161,11 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                     let target = format!("scale-xl-recompute-{mem}");
                     keep(&mut out, args, child(&target, args, &[])?)?;
                     if !args.no_peers {
-                        keep(&mut out, args, peer(&["xl", "train", &mem.to_string()], args)?)?;
+                        keep(
+                            &mut out,
+                            args,
+                            peer(&["xl", "train", &mem.to_string()], args)?,
+                        )?;
                     }
                 }
             }

@@ -455,9 +455,10 @@ pub fn forward(
             .for_each_init(scratch, |x, (t, p)| task(t, p, x));
         (out, probs)
     } else {
-        (0..d.batch * nh)
-            .into_par_iter()
-            .for_each_init(|| (vec![0f32; q * kl], scratch()), |(p, x), t| task(t, p, x));
+        (0..d.batch * nh).into_par_iter().for_each_init(
+            || (vec![0f32; q * kl], scratch()),
+            |(p, x), t| task(t, p, x),
+        );
         (out, Vec::new())
     }
 }
@@ -546,7 +547,12 @@ pub fn backward(
     (0..nb * nh).into_par_iter().for_each_init(
         || {
             let f = |n: usize| vec![0f32; n];
-            (f(q * kl), f(q * sc), f(recompute), f(recompute.min(1) * q * sc))
+            (
+                f(q * kl),
+                f(q * sc),
+                f(recompute),
+                f(recompute.min(1) * q * sc),
+            )
         },
         |(ds, dx, own, x), t| {
             let (b, h) = (t / nh, t % nh);
