@@ -228,10 +228,12 @@ fn mask_blocks(mask: Mask, q: usize, kl: usize) -> Vec<Vec<(usize, usize, usize)
         .collect()
 }
 
-/// Scores of one task, masked, into `s` (`[Q, K]`, row-major) for each row's block's width
-/// (the rest of a row is left as it is); `x` is scratch `[Q, S]`.
+/// One task's probabilities `P = softmax(mask(scores))` into `s` (`[Q, K]`, row-major, every
+/// entry written: each row's scores over its block's width, then their softmax, 0 after it);
+/// `x` is scratch `[Q, S]`. The forward pass and a backward without kept probabilities run
+/// this one function, so both get the same floats.
 #[allow(clippy::too_many_arguments)]
-fn scores(
+fn probabilities(
     d: RelDims,
     (b, h): (usize, usize),
     qc: View,
@@ -322,6 +324,7 @@ fn scores(
             }
         }
     }
+    softmax_blocks(s, kl, blocks);
 }
 
 /// Softmax of each row of `s` (`[Q, K]`) over its block's width; the rest of the row is 0.
@@ -461,25 +464,6 @@ pub fn forward(
         );
         (out, Vec::new())
     }
-}
-
-/// One task's probabilities `P = softmax(mask(scores))` into `p` (`[Q, K]`, every entry
-/// written); `x` is scratch `[Q, S]`. The forward pass and a backward without saved
-/// probabilities run the same code, so both get the same floats.
-#[allow(clippy::too_many_arguments)]
-fn probabilities(
-    d: RelDims,
-    (b, h): (usize, usize),
-    qc: View,
-    k: View,
-    pos: Position,
-    mask: Mask,
-    blocks: &[(usize, usize, usize)],
-    p: &mut [f32],
-    x: &mut [f32],
-) {
-    scores(d, (b, h), qc, k, pos, mask, blocks, p, x);
-    softmax_blocks(p, d.klen, blocks);
 }
 
 /// Gradients of [`forward`]'s inputs (contiguous): `dqc`, `dk`, `dv` (`[batch, heads, len,
