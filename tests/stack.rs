@@ -273,6 +273,10 @@ fn invalid_stacks_say_why() {
                 .with_knn(memzoo_stack::KnnLayerConfig::new().with_top_k(0)),
             "knn.top_k must be positive",
         ),
+        (
+            tiny().with_recompute_attention(true).with_dropatt(0.1),
+            "recompute_attention = true needs dropatt = 0 (got 0.1)",
+        ),
     ] {
         let err = config.init(&dev).unwrap_err().to_string();
         assert!(err.contains(needle), "{err}");

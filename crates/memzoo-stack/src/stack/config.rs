@@ -52,7 +52,8 @@ pub struct XlConfig {
     /// the backward pass and computes them again there: the same gradients in
     /// `4 · batch · n_heads · tgt_len · (mem_len + tgt_len)` bytes less per layer, for a second
     /// computation of the scores (see `RelativeAttentionConfig::recompute_probabilities`).
-    /// Worth it for long memories. Default: false.
+    /// Worth it for long memories. Needs `dropatt = 0` (an error otherwise); on other
+    /// backends, which run attention as tensor ops, it changes nothing. Default: false.
     #[config(default = false)]
     pub recompute_attention: bool,
     /// Positions of earlier segments kept as memory (0: no recurrence). Default: 128.

@@ -272,6 +272,14 @@ impl XlConfig {
                 ));
             }
         }
+        if self.recompute_attention && self.dropatt > 0.0 {
+            return bad(format!(
+                "recompute_attention = true needs dropatt = 0 (got {}): the probabilities are \
+                 kept or computed again by the fused attention kernel, which runs only without \
+                 attention dropout",
+                self.dropatt
+            ));
+        }
         Ok(())
     }
 }
