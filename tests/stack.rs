@@ -820,7 +820,7 @@ fn dropout_sites_turn_off_one_by_one() {
 /// `recompute_attention`: the fused kernel's backward computes the attention probabilities
 /// again instead of keeping them. Two models with the same weights, one of each, train on one
 /// segment three times with their memories carried (XL and T5 layers, a causal mask over memory and
-/// segment; plain SGD between them): the same losses and the same gradients of every
+/// segment; the trainer's optimiser between them): the same losses and the same gradients of every
 /// parameter, to the bit, and the loss of the segment, read again, falls (the gradients train).
 #[test]
 fn recomputed_attention_probabilities_train_the_same() {
@@ -830,6 +830,7 @@ fn recomputed_attention_probabilities_train_the_same() {
     let run = |recompute: bool| {
         let cfg = cfg.clone().with_recompute_attention(recompute);
         let mut model = seeded_weights(cfg.init(&dev).unwrap(), 5, xl_init_std(&cfg));
+        let mut optim = memzoo_train::TrainConfig::new().optimizer();
         let mut state = XlState::new();
         let mut out = Vec::new();
         for _ in 0..3 {
@@ -840,14 +841,9 @@ fn recomputed_attention_probabilities_train_the_same() {
             let (loss, grads) =
                 RecurrentModel::train_step(&model, ids(0), ids(1), &mut state, &[false; 2], None)
                     .unwrap();
-            let grads = param_vectors(&model, Some(&grads));
-            out.push((loss, grads.clone()));
-            // A plain SGD step, so that later segments see trained weights.
-            let mut g = grads.into_iter();
-            model = model.map(&mut SgdStep {
-                grads: &mut g,
-                lr: 0.2,
-            });
+            out.push((loss, param_vectors(&model, Some(&grads))));
+            // The trainer's optimiser, so that later segments see trained weights.
+            model = optim.step(1e-2, model, grads);
         }
         out
     };
@@ -865,26 +861,4 @@ fn recomputed_attention_probabilities_train_the_same() {
         "losses {:?}",
         kept.iter().map(|k| k.0).collect::<Vec<_>>()
     );
-}
-
-/// `w ← w − lr g` with the gradients of [`param_vectors`]' order.
-struct SgdStep<'a, I: Iterator<Item = Option<Vec<f32>>>> {
-    grads: &'a mut I,
-    lr: f32,
-}
-
-impl<I: Iterator<Item = Option<Vec<f32>>>> burn::module::ModuleMapper for SgdStep<'_, I> {
-    fn map_float<const D: usize>(
-        &mut self,
-        param: burn::module::Param<Tensor<D>>,
-    ) -> burn::module::Param<Tensor<D>> {
-        let Some(Some(g)) = self.grads.next() else {
-            return param;
-        };
-        let (id, value, _) = param.consume();
-        let shape = value.shape();
-        let g = Tensor::<D>::from_data(TensorData::new(g, shape), &value.device());
-        let stepped = (value.clone().inner() - g.inner() * self.lr).detach();
-        burn::module::Param::initialized(id, Tensor::from_inner(stepped).require_grad())
-    }
 }
