@@ -558,15 +558,15 @@ pub fn backward(
         SharedMut(partial.as_mut_ptr()),
     );
     // Per thread: dS, dX, and without saved probabilities a task's P and its scratch.
-    let recompute = if probs.is_none() { q * kl } else { 0 };
+    let recompute = usize::from(probs.is_none());
     (0..nb * nh).into_par_iter().for_each_init(
         || {
             let f = |n: usize| vec![0f32; n];
             (
                 f(q * kl),
                 f(q * sc),
-                f(recompute),
-                f(recompute.min(1) * q * sc),
+                f(recompute * q * kl),
+                f(recompute * q * sc),
             )
         },
         |(ds, dx, own, x), t| {
