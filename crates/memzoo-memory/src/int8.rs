@@ -370,7 +370,9 @@ impl Store<'_> {
 
     /// Fetches the f32 rows of block `b + 1`, which the offers of some query of the task will
     /// most likely read, while block `b` is scored (a miss on each offered row was half of the
-    /// offers' time).
+    /// offers' time). The kernels call it only after a block with offers: a scan of a few
+    /// queries (a generated token's) offers in few blocks, and fetching every block's f32 rows,
+    /// four times the bytes of its int8 tiles, made such a scan memory-bound.
     #[cfg(target_arch = "x86_64")]
     fn prefetch_next_rows(&self, b: usize) {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
@@ -529,6 +531,11 @@ impl Scan {
             self.qerror[r] = 1.01 * err.sqrt();
             self.floors[r] = f32::NEG_INFINITY;
         }
+    }
+
+    /// The queries of the scan (`n`; the per-query arrays hold `n` rounded up to [`LANES`]).
+    fn real_rows(&self) -> usize {
+        self.heaps.len()
     }
 
     /// Every query's threshold for block `b`, in plain loops.
@@ -722,7 +729,8 @@ unsafe fn thresholds_avx2(scan: &mut Scan, b: &BlockInfo) {
     let limit = _mm256_set1_ps(THRESHOLD_LIMIT);
     let low = _mm256_set1_ps(-THRESHOLD_LIMIT);
     let abs = |x: __m256| _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
-    for r in (0..n_pad).step_by(8) {
+    // The real queries' vectors (the padding keeps its `i32::MAX` from `start`).
+    for r in (0..scan.real_rows().next_multiple_of(8)).step_by(8) {
         // SAFETY: `r + 8 <= n_pad`, the length of every array read and written.
         unsafe {
             let floor = _mm256_loadu_ps(scan.floors.as_ptr().add(r));
@@ -764,21 +772,27 @@ unsafe fn thresholds_avx2(scan: &mut Scan, b: &BlockInfo) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut Scan) {
     use std::arch::x86_64::*;
-    let n_pad = scan.floors.len();
+    // Whole quads over the real queries: the padding beyond them takes nothing.
+    let n_scan = scan.real_rows().next_multiple_of(QUAD);
     let tile_bytes = G * TILE * 4;
     let blocks = store.scan_blocks(queries, scan, G);
+    // Whether the last block had offers: the next block's f32 rows are fetched only then
+    // (see `prefetch_next_rows`).
+    let mut offered = true;
     for b in 0..blocks {
         // SAFETY: the CPU has AVX2 (implied by this function's AVX-512 F).
         unsafe { thresholds_avx2(scan, &store.blocks[b]) };
         // SAFETY (all loads below): within the lengths asserted above.
         let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
-        store.prefetch_next_rows(b);
+        if offered {
+            store.prefetch_next_rows(b);
+        }
         // Each tile's lanes that hold written slots.
         let valid: [u16; 4] = std::array::from_fn(|w| store.valid(4 * b + w));
         let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
         let entries = scan.entries.as_mut_ptr();
         let mut passed = 0;
-        for r0 in (0..n_pad).step_by(QUAD) {
+        for r0 in (0..n_scan).step_by(QUAD) {
             let qp = unsafe { qpack.add(r0 * G) };
             // acc[4 u + w]: query r0 + u, tile w.
             let mut acc = [_mm512_setzero_si512(); 4 * QUAD];
@@ -801,7 +815,7 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
             // 16), written to the next entry, which is kept (`passed` moves on) only if one
             // passed: no branch on the scores.
             for u in 0..QUAD {
-                // SAFETY: `r0 + 4 <= n_pad`, the thresholds' length.
+                // SAFETY: `r0 + 4 <= n_scan <= n_pad`, the thresholds' length.
                 let thr = _mm512_set1_epi32(unsafe { *thresholds.add(r0 + u) });
                 let mut m: [__mmask16; 4] = [0; 4];
                 for (w, m) in m.iter_mut().enumerate() {
@@ -810,11 +824,12 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
                 let low = _mm512_kunpackw(m[1] as __mmask32, m[0] as __mmask32);
                 let high = _mm512_kunpackw(m[3] as __mmask32, m[2] as __mmask32);
                 let lanes = _mm512_kunpackd(high as __mmask64, low as __mmask64);
-                // SAFETY: `passed <= r0 + u < n_pad`, the entries' length.
+                // SAFETY: `passed <= r0 + u < n_scan <= n_pad`, the entries' length.
                 unsafe { *entries.add(passed) = ((r0 + u) as u32, lanes) };
                 passed += (lanes != 0) as usize;
             }
         }
+        offered = passed > 0;
         // The block's offers, in query order (each query's in slot order).
         // SAFETY: as this function.
         unsafe { offer_block(store, queries, scan, b, passed) };
@@ -875,22 +890,28 @@ fn offer_entries(scan: &mut Scan, b: usize, passed: usize, score: impl Fn(usize,
 #[target_feature(enable = "avx2")]
 unsafe fn scan_avx2<const G: usize>(store: &Store, queries: &[f32], scan: &mut Scan) {
     use std::arch::x86_64::*;
-    let n_pad = scan.floors.len();
+    // Whole pairs over the real queries: the padding beyond them takes nothing.
+    let n_scan = scan.real_rows().next_multiple_of(2);
     let tile_bytes = G * TILE * 4;
     let blocks = store.scan_blocks(queries, scan, G);
     let ones = _mm256_set1_epi16(1);
     let d = store.d;
+    // Whether the last block had offers: the next block's f32 rows are fetched only then
+    // (see `prefetch_next_rows`).
+    let mut offered = true;
     for b in 0..blocks {
         // SAFETY: the CPU has AVX2 (this function's features).
         unsafe { thresholds_avx2(scan, &store.blocks[b]) };
         // SAFETY (all loads below): within the lengths asserted above.
         let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
-        store.prefetch_next_rows(b);
+        if offered {
+            store.prefetch_next_rows(b);
+        }
         let valid = (0..4).fold(0u64, |m, w| m | (store.valid(4 * b + w) as u64) << (16 * w));
         let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
         let entries = scan.entries.as_mut_ptr();
         let mut passed = 0;
-        for r0 in (0..n_pad).step_by(2) {
+        for r0 in (0..n_scan).step_by(2) {
             let qp = unsafe { qpack.add(r0 * G) };
             // `acc >= threshold` as `acc > threshold - 1` (thresholds are above i32::MIN).
             let thr0 = _mm256_set1_epi32(unsafe { *thresholds.add(r0) } - 1);
@@ -953,11 +974,12 @@ unsafe fn scan_avx2<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
             }
             for (u, &l) in lanes.iter().enumerate() {
                 let l = l & valid;
-                // SAFETY: `passed <= r0 + u < n_pad`, the entries' length.
+                // SAFETY: `passed <= r0 + u < n_scan <= n_pad`, the entries' length.
                 unsafe { *entries.add(passed) = ((r0 + u) as u32, l) };
                 passed += (l != 0) as usize;
             }
         }
+        offered = passed > 0;
         offer_entries(scan, b, passed, |r, slot| {
             dot(
                 &queries[r * d..(r + 1) * d],

@@ -985,8 +985,8 @@ fn hnsw_levels_after_open_are_those_of_the_saved_memory() {
 /// that are not a multiple of 4, a store that is not a multiple of the scan's 64-slot blocks,
 /// duplicated keys (exact ties), a zero query (every score tied) and k above the store. The
 /// keys are written one slot at a time over others (blocks quantised again as their scales
-/// change). The portable loop, and the VNNI kernel where the CPU has it, which must agree bit
-/// for bit.
+/// change). 37 queries, then 1 and 6 with the same scan state. The portable loop, and the
+/// AVX2 and VNNI kernels where the CPU has them, which must agree bit for bit.
 #[test]
 fn int8_scan_equals_a_full_sort_per_query() {
     use crate::int8::{Int8Keys, Kernel, Scan};
@@ -1037,48 +1037,54 @@ fn int8_scan_equals_a_full_sort_per_query() {
                 current[slot * d..(slot + 1) * d].copy_from_slice(&keys[slot * d..(slot + 1) * d]);
                 int8.write(1, slot..slot + 1, &current);
             }
+            // One scan state for 37 queries, then 1 and 6 (a generated token's few queries:
+            // the kernels score whole quads or pairs of them, not the padded 16).
             let mut scan = Scan::default();
-            int8.top_k(1, n, &keys, &queries, kk, &mut scan);
-            for (r, q) in queries.chunks(d).enumerate() {
-                let mut want: Vec<(f64, usize)> = keys
-                    .chunks(d)
-                    .enumerate()
-                    .map(|(i, key)| {
-                        (
-                            key.iter().zip(q).map(|(a, b)| *a as f64 * *b as f64).sum(),
-                            i,
-                        )
-                    })
-                    .collect();
-                want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                let got = &scan.rows[r];
-                let at = format!("{name}, {kernel:?}, query {r}");
-                assert_eq!(got.len(), kk, "{at}: count");
-                // Rank by rank, the f64 top-k's score; each slot's own f64 score; no slot
-                // twice. (Scores within 2e-6 may swap between f32 and f64.)
-                let mut seen = std::collections::HashSet::new();
-                for (j, (c, w)) in got.iter().zip(&want).enumerate() {
-                    let own = want.iter().find(|x| x.1 == c.1 as usize).unwrap().0;
-                    assert!(
-                        (c.0 as f64 - w.0).abs() < 2e-6 && (c.0 as f64 - own).abs() < 2e-6,
-                        "{at}, rank {j}: slot {} scored {} (f64 {own}), the f64 top-k's {}",
-                        c.1,
-                        c.0,
-                        w.0
-                    );
-                    assert!(seen.insert(c.1), "{at}: slot {} twice", c.1);
+            for nq in [37, 1, 6] {
+                let queries = &queries[..nq * d];
+                int8.top_k(1, n, &keys, queries, kk, &mut scan);
+                for (r, q) in queries.chunks(d).enumerate() {
+                    let mut want: Vec<(f64, usize)> = keys
+                        .chunks(d)
+                        .enumerate()
+                        .map(|(i, key)| {
+                            (
+                                key.iter().zip(q).map(|(a, b)| *a as f64 * *b as f64).sum(),
+                                i,
+                            )
+                        })
+                        .collect();
+                    want.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                    let got = &scan.rows[r];
+                    let at = format!("{name}, {kernel:?}, query {r}");
+                    assert_eq!(got.len(), kk, "{at}: count");
+                    // Rank by rank, the f64 top-k's score; each slot's own f64 score; no slot
+                    // twice. (Scores within 2e-6 may swap between f32 and f64.)
+                    let mut seen = std::collections::HashSet::new();
+                    for (j, (c, w)) in got.iter().zip(&want).enumerate() {
+                        let own = want.iter().find(|x| x.1 == c.1 as usize).unwrap().0;
+                        assert!(
+                            (c.0 as f64 - w.0).abs() < 2e-6 && (c.0 as f64 - own).abs() < 2e-6,
+                            "{at}, rank {j}: slot {} scored {} (f64 {own}), the f64 top-k's {}",
+                            c.1,
+                            c.0,
+                            w.0
+                        );
+                        assert!(seen.insert(c.1), "{at}: slot {} twice", c.1);
+                    }
+                    if dups > 0 || r == 1 {
+                        // Exact ties: by slot.
+                        let slots: Vec<usize> = got.iter().map(|c| c.1 as usize).collect();
+                        let want_slots: Vec<usize> = want[..kk].iter().map(|c| c.1).collect();
+                        assert_eq!(slots, want_slots, "{at}: ties by slot");
+                    }
                 }
-                if dups > 0 || r == 1 {
-                    // Exact ties: by slot.
-                    let slots: Vec<usize> = got.iter().map(|c| c.1 as usize).collect();
-                    let want_slots: Vec<usize> = want[..kk].iter().map(|c| c.1).collect();
-                    assert_eq!(slots, want_slots, "{at}: ties by slot");
-                }
+                found.push((nq, scan.rows.clone()));
             }
-            found.push(scan.rows.clone());
         }
-        for other in &found[1..] {
-            assert_eq!(other, &found[0], "{name}: the kernels disagree");
+        for (nq, rows) in &found {
+            let first = &found.iter().find(|(m, _)| m == nq).unwrap().1;
+            assert_eq!(rows, first, "{name}, {nq} queries: the kernels disagree");
         }
     }
 }
