@@ -154,6 +154,25 @@ unsafe fn mm(
     if m == 0 || n == 0 {
         return;
     }
+    // One query (a generated token): the scores and the output without `gemm`'s
+    // matrix-vector loops (see `row`).
+    // SAFETY: forwarded to the caller.
+    if m == 1
+        && unsafe {
+            crate::row::product(
+                (n, k),
+                dst,
+                dst_cs,
+                accumulate,
+                lhs,
+                lhs_cs,
+                rhs,
+                (rhs_rs, rhs_cs),
+            )
+        }
+    {
+        return;
+    }
     // SAFETY: forwarded to the caller.
     unsafe {
         gemm(

@@ -1,0 +1,327 @@
+//! Products of a single row, `o = a B`, for the attention of one query (a generated token):
+//! the scores `o_j = a · b_j` against each key row `b_j`, and the output `o = Σ_j a_j b_j`
+//! over the value rows.
+//!
+//! `gemm` runs a one-row product as a matrix-vector product whose inner loop, for the scores,
+//! ends every output with a horizontal sum of one register (about 30 cycles per 32-wide key on
+//! the Zen 5), and for the output loads and stores the accumulator at every row. Here the
+//! scores take eight keys at a time in eight independent accumulators, and the output keeps its
+//! accumulators in registers across the rows. The sums are taken in another order than
+//! `gemm`'s, so the results differ from its in the last bits.
+
+/// `dst[0, :] (+)= lhs[0, :] · rhs` for a one-row product `[1, k] x [k, n]` through raw
+/// strides, as `relative`'s `mm` takes them (`rhs_rs` along `k`, `rhs_cs` along `n`), where a
+/// kernel here takes the layout: the scores (`lhs` and `rhs`'s rows along `k` contiguous: one
+/// dot per column) with AVX-512 or AVX2, the output (`rhs`'s and `dst`'s columns contiguous:
+/// one multiply-add of a row per `k`) with AVX-512. `false` (nothing written) elsewhere.
+///
+/// # Safety
+/// Every element the shapes and strides address must be valid (`dst` writable, not aliased).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn product(
+    (n, k): (usize, usize),
+    dst: *mut f32,
+    dst_cs: isize,
+    accumulate: bool,
+    lhs: *const f32,
+    lhs_cs: isize,
+    rhs: *const f32,
+    (rhs_rs, rhs_cs): (isize, isize),
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if lhs_cs == 1 && rhs_rs == 1 && rhs_cs > 0 {
+        if memzoo_backend::simd::avx512() {
+            // SAFETY: the CPU has AVX-512 F; column `j` of `rhs` is `k` floats at `j rhs_cs`.
+            unsafe { dots_avx512(lhs, rhs, rhs_cs as usize, k, n, dst, dst_cs, accumulate) };
+            return true;
+        }
+        if memzoo_backend::simd::avx2() {
+            // SAFETY: the CPU has AVX2 and FMA; as above.
+            unsafe { dots_avx2(lhs, rhs, rhs_cs as usize, k, n, dst, dst_cs, accumulate) };
+            return true;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if lhs_cs == 1 && rhs_cs == 1 && dst_cs == 1 && rhs_rs > 0 && memzoo_backend::simd::avx512() {
+        // SAFETY: the CPU has AVX-512 F; row `j` of `rhs` is `n` floats at `j rhs_rs`.
+        unsafe { combine_avx512(lhs, rhs, rhs_rs as usize, n, k, dst, accumulate) };
+        return true;
+    }
+    // (Read here too so that a build for another architecture, without the kernels, does
+    // not warn of unused arguments.)
+    let _ = (
+        n, k, dst, dst_cs, accumulate, lhs, lhs_cs, rhs, rhs_rs, rhs_cs,
+    );
+    false
+}
+
+/// Keys scored together: eight independent chains of multiply-adds keep both FMA units busy
+/// through their latency.
+const ROWS: usize = 8;
+
+/// `o[j · os] (+)= Σ_{c < d} a[c] · b[j · bs + c]` for `j < n` (`+=` when `accumulate`):
+/// eight rows at a time, 16 columns per multiply-add (the last ones masked), each row's
+/// register summed at the end.
+///
+/// # Safety
+/// The CPU must have AVX-512 F; `a` holds `d` floats; `b` holds `n` rows of `d` floats `bs`
+/// apart; `o` is writable at `j · os` for `j < n` and aliases neither.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dots_avx512(
+    a: *const f32,
+    b: *const f32,
+    bs: usize,
+    d: usize,
+    n: usize,
+    o: *mut f32,
+    os: isize,
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    let full = d / 16 * 16;
+    let tail: __mmask16 = ((1u32 << (d % 16)) - 1) as __mmask16;
+    // SAFETY (every load): columns `c < d` of `a` and of rows `j < n` of `b`, the tail masked.
+    let row = |j: usize, acc: &mut __m512| unsafe {
+        let r = b.add(j * bs);
+        let mut c = 0;
+        while c < full {
+            *acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(c)), _mm512_loadu_ps(r.add(c)), *acc);
+            c += 16;
+        }
+        if tail != 0 {
+            let x = _mm512_maskz_loadu_ps(tail, a.add(full));
+            *acc = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(tail, r.add(full)), *acc);
+        }
+    };
+    // SAFETY: `j < n`, the caller's.
+    let put = |j: usize, s: f32| unsafe {
+        let at = o.offset(j as isize * os);
+        *at = if accumulate { *at + s } else { s };
+    };
+    let mut j0 = 0;
+    while j0 + ROWS <= n {
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            row(j0 + r, acc);
+        }
+        for (r, acc) in acc.into_iter().enumerate() {
+            put(j0 + r, _mm512_reduce_add_ps(acc));
+        }
+        j0 += ROWS;
+    }
+    for j in j0..n {
+        let mut acc = _mm512_setzero_ps();
+        row(j, &mut acc);
+        put(j, _mm512_reduce_add_ps(acc));
+    }
+}
+
+/// [`dots_avx512`] with AVX2: 8 columns per multiply-add and the last `d % 8` in plain
+/// arithmetic.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; as [`dots_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dots_avx2(
+    a: *const f32,
+    b: *const f32,
+    bs: usize,
+    d: usize,
+    n: usize,
+    o: *mut f32,
+    os: isize,
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    let full = d / 8 * 8;
+    // SAFETY (every load): columns `c < d` of `a` and of rows `j < n` of `b`.
+    let row = |j: usize, acc: &mut __m256| -> f32 {
+        unsafe {
+            let r = b.add(j * bs);
+            let mut c = 0;
+            while c < full {
+                *acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(c)), _mm256_loadu_ps(r.add(c)), *acc);
+                c += 8;
+            }
+            (full..d).map(|c| *a.add(c) * *r.add(c)).sum()
+        }
+    };
+    let hsum = |v: __m256| -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    };
+    // SAFETY: `j < n`, the caller's.
+    let put = |j: usize, s: f32| unsafe {
+        let at = o.offset(j as isize * os);
+        *at = if accumulate { *at + s } else { s };
+    };
+    let mut j0 = 0;
+    while j0 + ROWS <= n {
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        let mut rest = [0f32; ROWS];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            rest[r] = row(j0 + r, acc);
+        }
+        for (r, acc) in acc.into_iter().enumerate() {
+            put(j0 + r, hsum(acc) + rest[r]);
+        }
+        j0 += ROWS;
+    }
+    for j in j0..n {
+        let mut acc = _mm256_setzero_ps();
+        let rest = row(j, &mut acc);
+        put(j, hsum(acc) + rest);
+    }
+}
+
+/// Output columns whose accumulators stay in registers across the rows: four 16-wide ones.
+const COLUMNS: usize = 64;
+
+/// `o[c] (+)= Σ_{j < n} a[j] · b[j · bs + c]` for `c < d` (`+=` when `accumulate`): per band
+/// of 64 columns, four accumulators (the last band's masked) through every row.
+///
+/// # Safety
+/// The CPU must have AVX-512 F; `a` holds `n` floats; `b` holds `n` rows of `d` floats `bs`
+/// apart; `o` holds `d` floats and aliases neither.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn combine_avx512(
+    a: *const f32,
+    b: *const f32,
+    bs: usize,
+    d: usize,
+    n: usize,
+    o: *mut f32,
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    for c0 in (0..d).step_by(COLUMNS) {
+        // Lanes of each of the band's four registers inside the output.
+        let masks: [__mmask16; 4] = std::array::from_fn(|v| {
+            let lanes = d.saturating_sub(c0 + 16 * v).min(16);
+            ((1u32 << lanes) - 1) as __mmask16
+        });
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for j in 0..n {
+            // SAFETY: `j < n`; row `j`'s columns `c0 + 16 v + lane` below `d` (masked).
+            unsafe {
+                let w = _mm512_set1_ps(*a.add(j));
+                let r = b.add(j * bs + c0);
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm512_maskz_loadu_ps(masks[v], r.add(16 * v));
+                    *acc = _mm512_fmadd_ps(w, x, *acc);
+                }
+            }
+        }
+        for (v, acc) in acc.into_iter().enumerate() {
+            // SAFETY: the output's columns `c0 + 16 v + lane` below `d` (masked).
+            unsafe {
+                let at = o.add(c0 + 16 * v);
+                let sum = if accumulate {
+                    _mm512_add_ps(_mm512_maskz_loadu_ps(masks[v], at), acc)
+                } else {
+                    acc
+                };
+                _mm512_mask_storeu_ps(at, masks[v], sum);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// A float in [-1, 1) from a counter (no generator needed).
+    fn value(i: usize) -> f32 {
+        ((i.wrapping_mul(2_654_435_761) % 2000) as f32 - 1000.0) / 1000.0
+    }
+
+    type Dots = unsafe fn(*const f32, *const f32, usize, usize, usize, *mut f32, isize, bool);
+
+    /// Each kernel this CPU has against the naive sums in f64, for widths around the
+    /// registers' (tails of 1, 7 and 15 columns, several bands of 64), row counts around the
+    /// eight-row groups, a row stride wider than the row, a strided output (scores) and both
+    /// write modes; nothing written between or past the outputs.
+    #[test]
+    fn one_row_products_equal_naive_sums() {
+        let mut kernels: Vec<(&str, Dots)> = Vec::new();
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            kernels.push(("avx2", dots_avx2));
+        }
+        let avx512 = is_x86_feature_detected!("avx512f");
+        if avx512 {
+            kernels.push(("avx512", dots_avx512));
+        }
+        for d in [1, 7, 16, 31, 32, 64, 65, 130] {
+            for n in [1, 7, 8, 9, 17, 100] {
+                let bs = d + 3;
+                let a: Vec<f32> = (0..n.max(d)).map(value).collect();
+                let b: Vec<f32> = (0..n * bs).map(|i| value(i + 7919)).collect();
+                let tol = |want: f64| 1e-5 * (1.0 + want.abs()) * (n.max(d) as f64).sqrt();
+                for accumulate in [false, true] {
+                    let base = if accumulate { 0.5 } else { 0.0 };
+                    for &(name, kernel) in &kernels {
+                        // Scores: n outputs, 2 apart.
+                        let mut o = vec![0.5f32; 2 * n];
+                        // SAFETY: the sizes above; the CPU has the kernel's features.
+                        unsafe {
+                            kernel(
+                                a.as_ptr(),
+                                b.as_ptr(),
+                                bs,
+                                d,
+                                n,
+                                o.as_mut_ptr(),
+                                2,
+                                accumulate,
+                            )
+                        };
+                        for j in 0..n {
+                            let want = base
+                                + (0..d)
+                                    .map(|c| a[c] as f64 * b[j * bs + c] as f64)
+                                    .sum::<f64>();
+                            let got = o[2 * j] as f64;
+                            let at = format!("{name} dots d {d} n {n} j {j}");
+                            assert!((got - want).abs() < tol(want), "{at}: {got} vs {want}");
+                            assert_eq!(o[2 * j + 1], 0.5, "{at}: wrote between outputs");
+                        }
+                    }
+                    if avx512 {
+                        // Output: d contiguous columns, then a sentinel.
+                        let mut o = vec![0.5f32; d + 1];
+                        // SAFETY: the sizes above; the CPU has AVX-512 F.
+                        unsafe {
+                            combine_avx512(
+                                a.as_ptr(),
+                                b.as_ptr(),
+                                bs,
+                                d,
+                                n,
+                                o.as_mut_ptr(),
+                                accumulate,
+                            )
+                        };
+                        for c in 0..d {
+                            let want = base
+                                + (0..n)
+                                    .map(|j| a[j] as f64 * b[j * bs + c] as f64)
+                                    .sum::<f64>();
+                            let got = o[c] as f64;
+                            let at = format!("combine d {d} n {n} c {c}");
+                            assert!((got - want).abs() < tol(want), "{at}: {got} vs {want}");
+                        }
+                        assert_eq!(o[d], 0.5, "combine d {d} n {n}: wrote past the output");
+                    }
+                }
+            }
+        }
+    }
+}
