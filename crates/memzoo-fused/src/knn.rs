@@ -70,100 +70,14 @@ pub struct KnnInputs<'a> {
 /// Rows per rayon task (a row is `heads * k * d_head * 2` multiply-adds: 16K at 8 x 32 x 32).
 const MIN_ROWS: usize = 8;
 
-/// `a · b` in 8 interleaved partial sums (vectorises).
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] = x[l].mul_add(y[l], acc[l]);
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
 /// `out[j] = a · rows[j]` for the `out.len()` rows of `rows` (each `a.len()` wide); rows where
 /// `skip[j]` get 0.
 #[inline(always)]
 fn dots_into(a: &[f32], rows: &[f32], skip: &[bool], out: &mut [f32]) {
-    let dh = a.len();
-    assert!(rows.len() >= out.len() * dh && skip.len() >= out.len());
-    #[cfg(target_arch = "x86_64")]
-    if memzoo_backend::simd::avx2() {
-        // SAFETY: the CPU supports the features; `rows` holds `out.len()` rows (asserted).
-        return unsafe { dots_avx2(a, rows, skip, out) };
-    }
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = if skip[j] {
-            0.0
-        } else {
-            dot(a, &rows[j * dh..(j + 1) * dh])
-        };
-    }
-}
-
-/// [`dots_into`] with four rows at a time in independent AVX2 accumulators (one dot alone
-/// is a chain of dependent multiply-adds).
-///
-/// # Safety
-/// The CPU has AVX2 and FMA; `rows.len() >= out.len() * a.len()`, `skip.len() >= out.len()`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2(a: &[f32], rows: &[f32], skip: &[bool], out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    #[inline(always)]
-    fn hsum(v: __m256) -> f32 {
-        // SAFETY: only called from the AVX2 function below.
-        unsafe {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-        }
-    }
-    let (dh, n) = (a.len(), out.len());
-    let main = dh - dh % 8;
-    let (pa, pr) = (a.as_ptr(), rows.as_ptr());
-    let tail = |j: usize| -> f32 { (main..dh).map(|c| a[c] * rows[j * dh + c]).sum() };
-    let mut j0 = 0;
-    // SAFETY: every load reads 8 floats at `c + 8 <= main <= dh` inside row `j < n` of `rows`
-    // or inside `a`.
-    unsafe {
-        while j0 + 4 <= n {
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut c = 0;
-            while c < main {
-                let x = _mm256_loadu_ps(pa.add(c));
-                for (jj, acc) in acc.iter_mut().enumerate() {
-                    let y = _mm256_loadu_ps(pr.add((j0 + jj) * dh + c));
-                    *acc = _mm256_fmadd_ps(x, y, *acc);
-                }
-                c += 8;
-            }
-            for (jj, acc) in acc.into_iter().enumerate() {
-                let j = j0 + jj;
-                out[j] = if skip[j] { 0.0 } else { hsum(acc) + tail(j) };
-            }
-            j0 += 4;
-        }
-        for j in j0..n {
-            let mut acc = _mm256_setzero_ps();
-            let mut c = 0;
-            while c < main {
-                acc = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(pa.add(c)),
-                    _mm256_loadu_ps(pr.add(j * dh + c)),
-                    acc,
-                );
-                c += 8;
-            }
-            out[j] = if skip[j] { 0.0 } else { hsum(acc) + tail(j) };
+    crate::row::dots_into(a, rows, out);
+    for (o, &skip) in out.iter_mut().zip(skip) {
+        if skip {
+            *o = 0.0;
         }
     }
 }

@@ -1,6 +1,6 @@
-//! Products of a single row, `o = a B`, for the attention of one query (a generated token):
-//! the scores `o_j = a · b_j` against each key row `b_j`, and the output `o = Σ_j a_j b_j`
-//! over the value rows.
+//! Products of a single row, `o = a B`, for the attention of one query (a generated token)
+//! and for the kNN attention's units: the scores `o_j = a · b_j` against each key row `b_j`,
+//! and the output `o = Σ_j a_j b_j` over the value rows.
 //!
 //! `gemm` runs a one-row product as a matrix-vector product whose inner loop, for the scores,
 //! ends every output with a horizontal sum of one register (about 30 cycles per 32-wide key on
@@ -9,11 +9,94 @@
 //! accumulators in registers across the rows. The sums are taken in another order than
 //! `gemm`'s, so the results differ from its in the last bits.
 
+/// `out[j] = a · rows[j]` for the `out.len()` rows of `rows`, each `a.len()` wide.
+///
+/// # Panics
+/// When `rows` holds fewer than `out.len()` rows.
+pub(crate) fn dots_into(a: &[f32], rows: &[f32], out: &mut [f32]) {
+    let (d, n) = (a.len(), out.len());
+    assert!(
+        rows.len() >= n * d,
+        "dots_into: {n} rows of {d} in {}",
+        rows.len()
+    );
+    // SAFETY: `a` is `d` floats, `rows` holds `n` rows of `d` (asserted), `out` `n` floats.
+    unsafe {
+        dots(
+            a.as_ptr(),
+            rows.as_ptr(),
+            d,
+            d,
+            n,
+            out.as_mut_ptr(),
+            1,
+            false,
+        )
+    };
+}
+
+/// `o[j · os] (+)= Σ_{c < d} a[c] · b[j · bs + c]` for `j < n` (`+=` when `accumulate`), with
+/// AVX-512 or AVX2 where the CPU has them, else a plain loop.
+///
+/// # Safety
+/// `a` holds `d` floats; `b` holds `n` rows of `d` floats `bs` apart; `o` is writable at
+/// `j · os` for `j < n` and aliases neither.
+#[allow(clippy::too_many_arguments)]
+unsafe fn dots(
+    a: *const f32,
+    b: *const f32,
+    bs: usize,
+    d: usize,
+    n: usize,
+    o: *mut f32,
+    os: isize,
+    accumulate: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if memzoo_backend::simd::avx512() {
+            // SAFETY: the CPU has AVX-512 F; the rest is the caller's.
+            return unsafe { dots_avx512(a, b, bs, d, n, o, os, accumulate) };
+        }
+        if memzoo_backend::simd::avx2() {
+            // SAFETY: the CPU has AVX2 and FMA; the rest is the caller's.
+            return unsafe { dots_avx2(a, b, bs, d, n, o, os, accumulate) };
+        }
+    }
+    // SAFETY: the caller's.
+    unsafe { dots_portable(a, b, bs, d, n, o, os, accumulate) }
+}
+
+/// [`dots`] in plain loops.
+///
+/// # Safety
+/// As [`dots`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn dots_portable(
+    a: *const f32,
+    b: *const f32,
+    bs: usize,
+    d: usize,
+    n: usize,
+    o: *mut f32,
+    os: isize,
+    accumulate: bool,
+) {
+    for j in 0..n {
+        // SAFETY: the caller's.
+        unsafe {
+            let s: f32 = (0..d).map(|c| *a.add(c) * *b.add(j * bs + c)).sum();
+            let at = o.offset(j as isize * os);
+            *at = if accumulate { *at + s } else { s };
+        }
+    }
+}
+
 /// `dst[0, :] (+)= lhs[0, :] · rhs` for a one-row product `[1, k] x [k, n]` through raw
 /// strides, as `relative`'s `mm` takes them (`rhs_rs` along `k`, `rhs_cs` along `n`), where a
-/// kernel here takes the layout: the scores (`lhs` and `rhs`'s rows along `k` contiguous: one
-/// dot per column) with AVX-512 or AVX2, the output (`rhs`'s and `dst`'s columns contiguous:
-/// one multiply-add of a row per `k`) with AVX-512. `false` (nothing written) elsewhere.
+/// SIMD kernel here takes the layout: the scores ([`dots`]: `lhs` and `rhs`'s rows along `k`
+/// contiguous) with AVX-512 or AVX2, the output (`rhs`'s and `dst`'s columns contiguous: one
+/// multiply-add of a row per `k`) with AVX-512. `false` (nothing written) elsewhere.
 ///
 /// # Safety
 /// Every element the shapes and strides address must be valid (`dst` writable, not aliased).
@@ -29,17 +112,10 @@ pub(crate) unsafe fn product(
     (rhs_rs, rhs_cs): (isize, isize),
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if lhs_cs == 1 && rhs_rs == 1 && rhs_cs > 0 {
-        if memzoo_backend::simd::avx512() {
-            // SAFETY: the CPU has AVX-512 F; column `j` of `rhs` is `k` floats at `j rhs_cs`.
-            unsafe { dots_avx512(lhs, rhs, rhs_cs as usize, k, n, dst, dst_cs, accumulate) };
-            return true;
-        }
-        if memzoo_backend::simd::avx2() {
-            // SAFETY: the CPU has AVX2 and FMA; as above.
-            unsafe { dots_avx2(lhs, rhs, rhs_cs as usize, k, n, dst, dst_cs, accumulate) };
-            return true;
-        }
+    if lhs_cs == 1 && rhs_rs == 1 && rhs_cs > 0 && memzoo_backend::simd::avx2() {
+        // SAFETY: column `j` of `rhs` is `k` floats at `j rhs_cs`; the rest the caller's.
+        unsafe { dots(lhs, rhs, rhs_cs as usize, k, n, dst, dst_cs, accumulate) };
+        return true;
     }
     #[cfg(target_arch = "x86_64")]
     if lhs_cs == 1 && rhs_cs == 1 && dst_cs == 1 && rhs_rs > 0 && memzoo_backend::simd::avx512() {
@@ -59,13 +135,11 @@ pub(crate) unsafe fn product(
 /// through their latency.
 const ROWS: usize = 8;
 
-/// `o[j · os] (+)= Σ_{c < d} a[c] · b[j · bs + c]` for `j < n` (`+=` when `accumulate`):
-/// eight rows at a time, 16 columns per multiply-add (the last ones masked), each row's
-/// register summed at the end.
+/// [`dots`] with AVX-512: eight rows at a time, 16 columns per multiply-add (the last ones
+/// masked), each row's register summed at the end.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F; `a` holds `d` floats; `b` holds `n` rows of `d` floats `bs`
-/// apart; `o` is writable at `j · os` for `j < n` and aliases neither.
+/// The CPU must have AVX-512 F; as [`dots`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -118,11 +192,11 @@ unsafe fn dots_avx512(
     }
 }
 
-/// [`dots_avx512`] with AVX2: 8 columns per multiply-add and the last `d % 8` in plain
-/// arithmetic.
+/// [`dots`] with AVX2: as [`dots_avx512`], 8 columns per multiply-add and the last `d % 8`
+/// in plain arithmetic.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA; as [`dots_avx512`].
+/// The CPU must have AVX2 and FMA; as [`dots`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -245,13 +319,13 @@ mod tests {
 
     type Dots = unsafe fn(*const f32, *const f32, usize, usize, usize, *mut f32, isize, bool);
 
-    /// Each kernel this CPU has against the naive sums in f64, for widths around the
+    /// Each kernel this CPU has (and the plain loop) against the naive sums in f64, for widths around the
     /// registers' (tails of 1, 7 and 15 columns, several bands of 64), row counts around the
     /// eight-row groups, a row stride wider than the row, a strided output (scores) and both
     /// write modes; nothing written between or past the outputs.
     #[test]
     fn one_row_products_equal_naive_sums() {
-        let mut kernels: Vec<(&str, Dots)> = Vec::new();
+        let mut kernels: Vec<(&str, Dots)> = vec![("portable", dots_portable)];
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             kernels.push(("avx2", dots_avx2));
         }
