@@ -9,6 +9,57 @@
 //! accumulators in registers across the rows. The sums are taken in another order than
 //! `gemm`'s, so the results differ from its in the last bits.
 
+/// The operands of `n` dots of one vector: `o[j · os] (+)= Σ_{c < d} a[c] · b[j · bs + c]`
+/// for `j < n` (`+=` when `accumulate`). Raw pointers: the constructor's caller vouches for
+/// them (see [`Dots::compute`]).
+#[derive(Clone, Copy)]
+struct Dots {
+    a: *const f32,
+    b: *const f32,
+    bs: usize,
+    d: usize,
+    n: usize,
+    o: *mut f32,
+    os: isize,
+    accumulate: bool,
+}
+
+impl Dots {
+    /// Writes output `j`: `s`, or `s` added to it.
+    ///
+    /// # Safety
+    /// `j < n`, and `o` writable at `j · os`.
+    #[inline(always)]
+    unsafe fn put(self, j: usize, s: f32) {
+        // SAFETY: the caller's.
+        unsafe {
+            let at = self.o.offset(j as isize * self.os);
+            *at = if self.accumulate { *at + s } else { s };
+        }
+    }
+
+    /// The dots, with AVX-512 or AVX2 where the CPU has them, else a plain loop.
+    ///
+    /// # Safety
+    /// `a` holds `d` floats; `b` holds `n` rows of `d` floats `bs` apart; `o` is writable at
+    /// `j · os` for `j < n` and aliases neither.
+    unsafe fn compute(self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if memzoo_backend::simd::avx512() {
+                // SAFETY: the CPU has AVX-512 F; the rest is the caller's.
+                return unsafe { dots_avx512(self) };
+            }
+            if memzoo_backend::simd::avx2() {
+                // SAFETY: the CPU has AVX2 and FMA; the rest is the caller's.
+                return unsafe { dots_avx2(self) };
+            }
+        }
+        // SAFETY: the caller's.
+        unsafe { dots_portable(self) }
+    }
+}
+
 /// `out[j] = a · rows[j]` for the `out.len()` rows of `rows`, each `a.len()` wide.
 ///
 /// # Panics
@@ -22,79 +73,37 @@ pub(crate) fn dots_into(a: &[f32], rows: &[f32], out: &mut [f32]) {
     );
     // SAFETY: `a` is `d` floats, `rows` holds `n` rows of `d` (asserted), `out` `n` floats.
     unsafe {
-        dots(
-            a.as_ptr(),
-            rows.as_ptr(),
-            d,
+        Dots {
+            a: a.as_ptr(),
+            b: rows.as_ptr(),
+            bs: d,
             d,
             n,
-            out.as_mut_ptr(),
-            1,
-            false,
-        )
+            o: out.as_mut_ptr(),
+            os: 1,
+            accumulate: false,
+        }
+        .compute()
     };
 }
 
-/// `o[j · os] (+)= Σ_{c < d} a[c] · b[j · bs + c]` for `j < n` (`+=` when `accumulate`), with
-/// AVX-512 or AVX2 where the CPU has them, else a plain loop.
+/// [`Dots::compute`] in plain loops.
 ///
 /// # Safety
-/// `a` holds `d` floats; `b` holds `n` rows of `d` floats `bs` apart; `o` is writable at
-/// `j · os` for `j < n` and aliases neither.
-#[allow(clippy::too_many_arguments)]
-unsafe fn dots(
-    a: *const f32,
-    b: *const f32,
-    bs: usize,
-    d: usize,
-    n: usize,
-    o: *mut f32,
-    os: isize,
-    accumulate: bool,
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if memzoo_backend::simd::avx512() {
-            // SAFETY: the CPU has AVX-512 F; the rest is the caller's.
-            return unsafe { dots_avx512(a, b, bs, d, n, o, os, accumulate) };
-        }
-        if memzoo_backend::simd::avx2() {
-            // SAFETY: the CPU has AVX2 and FMA; the rest is the caller's.
-            return unsafe { dots_avx2(a, b, bs, d, n, o, os, accumulate) };
-        }
-    }
-    // SAFETY: the caller's.
-    unsafe { dots_portable(a, b, bs, d, n, o, os, accumulate) }
-}
-
-/// [`dots`] in plain loops.
-///
-/// # Safety
-/// As [`dots`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn dots_portable(
-    a: *const f32,
-    b: *const f32,
-    bs: usize,
-    d: usize,
-    n: usize,
-    o: *mut f32,
-    os: isize,
-    accumulate: bool,
-) {
-    for j in 0..n {
+/// As [`Dots::compute`].
+unsafe fn dots_portable(x: Dots) {
+    for j in 0..x.n {
         // SAFETY: the caller's.
         unsafe {
-            let s: f32 = (0..d).map(|c| *a.add(c) * *b.add(j * bs + c)).sum();
-            let at = o.offset(j as isize * os);
-            *at = if accumulate { *at + s } else { s };
+            let s: f32 = (0..x.d).map(|c| *x.a.add(c) * *x.b.add(j * x.bs + c)).sum();
+            x.put(j, s);
         }
     }
 }
 
 /// `dst[0, :] (+)= lhs[0, :] · rhs` for a one-row product `[1, k] x [k, n]` through raw
 /// strides, as `relative`'s `mm` takes them (`rhs_rs` along `k`, `rhs_cs` along `n`), where a
-/// SIMD kernel here takes the layout: the scores ([`dots`]: `lhs` and `rhs`'s rows along `k`
+/// SIMD kernel here takes the layout: the scores ([`Dots`]: `lhs` and `rhs`'s rows along `k`
 /// contiguous) with AVX-512 or AVX2, the output (`rhs`'s and `dst`'s columns contiguous: one
 /// multiply-add of a row per `k`) with AVX-512. `false` (nothing written) elsewhere.
 ///
@@ -114,7 +123,17 @@ pub(crate) unsafe fn product(
     #[cfg(target_arch = "x86_64")]
     if lhs_cs == 1 && rhs_rs == 1 && rhs_cs > 0 && memzoo_backend::simd::avx2() {
         // SAFETY: column `j` of `rhs` is `k` floats at `j rhs_cs`; the rest the caller's.
-        unsafe { dots(lhs, rhs, rhs_cs as usize, k, n, dst, dst_cs, accumulate) };
+        let x = Dots {
+            a: lhs,
+            b: rhs,
+            bs: rhs_cs as usize,
+            d: k,
+            n,
+            o: dst,
+            os: dst_cs,
+            accumulate,
+        };
+        unsafe { x.compute() };
         return true;
     }
     #[cfg(target_arch = "x86_64")]
@@ -135,25 +154,16 @@ pub(crate) unsafe fn product(
 /// through their latency.
 const ROWS: usize = 8;
 
-/// [`dots`] with AVX-512: eight rows at a time, 16 columns per multiply-add (the last ones
+/// [`Dots::compute`] with AVX-512: eight rows at a time, 16 columns per multiply-add (the last ones
 /// masked), each row's register summed at the end.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F; as [`dots`].
+/// The CPU must have AVX-512 F; as [`Dots::compute`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dots_avx512(
-    a: *const f32,
-    b: *const f32,
-    bs: usize,
-    d: usize,
-    n: usize,
-    o: *mut f32,
-    os: isize,
-    accumulate: bool,
-) {
+unsafe fn dots_avx512(x: Dots) {
     use std::arch::x86_64::*;
+    let Dots { a, b, bs, d, n, .. } = x;
     let full = d / 16 * 16;
     let tail: __mmask16 = ((1u32 << (d % 16)) - 1) as __mmask16;
     // SAFETY (every load): columns `c < d` of `a` and of rows `j < n` of `b`, the tail masked.
@@ -170,10 +180,7 @@ unsafe fn dots_avx512(
         }
     };
     // SAFETY: `j < n`, the caller's.
-    let put = |j: usize, s: f32| unsafe {
-        let at = o.offset(j as isize * os);
-        *at = if accumulate { *at + s } else { s };
-    };
+    let put = |j: usize, s: f32| unsafe { x.put(j, s) };
     let mut j0 = 0;
     while j0 + ROWS <= n {
         let mut acc = [_mm512_setzero_ps(); ROWS];
@@ -192,25 +199,16 @@ unsafe fn dots_avx512(
     }
 }
 
-/// [`dots`] with AVX2: as [`dots_avx512`], 8 columns per multiply-add and the last `d % 8`
+/// [`Dots::compute`] with AVX2: as [`dots_avx512`], 8 columns per multiply-add and the last `d % 8`
 /// in plain arithmetic.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA; as [`dots`].
+/// The CPU must have AVX2 and FMA; as [`Dots::compute`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dots_avx2(
-    a: *const f32,
-    b: *const f32,
-    bs: usize,
-    d: usize,
-    n: usize,
-    o: *mut f32,
-    os: isize,
-    accumulate: bool,
-) {
+unsafe fn dots_avx2(x: Dots) {
     use std::arch::x86_64::*;
+    let Dots { a, b, bs, d, n, .. } = x;
     let full = d / 8 * 8;
     // SAFETY (every load): columns `c < d` of `a` and of rows `j < n` of `b`.
     let row = |j: usize, acc: &mut __m256| -> f32 {
@@ -230,10 +228,7 @@ unsafe fn dots_avx2(
         _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
     };
     // SAFETY: `j < n`, the caller's.
-    let put = |j: usize, s: f32| unsafe {
-        let at = o.offset(j as isize * os);
-        *at = if accumulate { *at + s } else { s };
-    };
+    let put = |j: usize, s: f32| unsafe { x.put(j, s) };
     let mut j0 = 0;
     while j0 + ROWS <= n {
         let mut acc = [_mm256_setzero_ps(); ROWS];
@@ -317,7 +312,7 @@ mod tests {
         ((i.wrapping_mul(2_654_435_761) % 2000) as f32 - 1000.0) / 1000.0
     }
 
-    type Dots = unsafe fn(*const f32, *const f32, usize, usize, usize, *mut f32, isize, bool);
+    type Kernel = unsafe fn(Dots);
 
     /// Each kernel this CPU has (and the plain loop) against the naive sums in f64, for widths around the
     /// registers' (tails of 1, 7 and 15 columns, several bands of 64), row counts around the
@@ -325,7 +320,7 @@ mod tests {
     /// write modes; nothing written between or past the outputs.
     #[test]
     fn one_row_products_equal_naive_sums() {
-        let mut kernels: Vec<(&str, Dots)> = vec![("portable", dots_portable)];
+        let mut kernels: Vec<(&str, Kernel)> = vec![("portable", dots_portable)];
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             kernels.push(("avx2", dots_avx2));
         }
@@ -346,16 +341,16 @@ mod tests {
                         let mut o = vec![0.5f32; 2 * n];
                         // SAFETY: the sizes above; the CPU has the kernel's features.
                         unsafe {
-                            kernel(
-                                a.as_ptr(),
-                                b.as_ptr(),
+                            kernel(Dots {
+                                a: a.as_ptr(),
+                                b: b.as_ptr(),
                                 bs,
                                 d,
                                 n,
-                                o.as_mut_ptr(),
-                                2,
+                                o: o.as_mut_ptr(),
+                                os: 2,
                                 accumulate,
-                            )
+                            })
                         };
                         for j in 0..n {
                             let want = base
