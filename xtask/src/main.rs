@@ -121,8 +121,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_peers: bool,
     /// `scale`'s Memorizing curve: the kNN indexes measured at each store size
-    /// (comma-separated: `exact`, `exactf32` / `exactint8` / `exactint8avx2` (exact search
-    /// scored that way on the host, the last with the AVX2 kernel even where the CPU has VNNI;
+    /// (comma-separated: `exact`, `exactf32` / `exactint8` / `exactint8avx2` /
+    /// `exactint8avxvnni` (exact search scored that way on the host, the last two with the
+    /// AVX2 or AVX-VNNI kernel even where the CPU has AVX-512 VNNI;
     /// `exact`: the default, `auto`), `hnsw` with the expansion chosen by size,
     /// `hnsw<ef>` with a fixed expansion `ef`, e.g. `hnsw32`; default: exact, hnsw, hnsw64).
     #[arg(long, value_delimiter = ',')]

@@ -35,8 +35,9 @@
 //!   in the store size with exact search, **sublinear** (about logarithmic) with HNSW at a
 //!   fixed expansion. A third kind, `hnsw64`, searches HNSW at a fixed expansion of 64 (a
 //!   recall/speed setting of the kind the peer's faiss index uses, its recall measured);
-//!   `exactf32`, `exactint8` and `exactint8avx2` (the AVX2 kernel even where the CPU has
-//!   VNNI) choose exact search's scoring on the host (`exact` takes the
+//!   `exactf32`, `exactint8`, `exactint8avx2` and `exactint8avxvnni` (the AVX2 or AVX-VNNI
+//!   kernel even where the CPU has AVX-512 VNNI) choose exact search's scoring on the host
+//!   (`exact` takes the
 //!   default, int8 where the CPU has AVX-512 VNNI).
 //!   memorizing-transformers-pytorch beside it (`xtask/peers/scale.py
 //!   memorizing train N`: `bench_peers.py`'s `memorizing-small`, faiss HNSW with M 15, each
@@ -182,7 +183,8 @@ pub fn suite(args: &BenchArgs, device: &Device) -> Result<Vec<Measurement>, Stri
                     .unwrap_or_else(|| ["exact", "hnsw", "hnsw64"].map(String::from).to_vec());
                 if let Some(k) = kinds.iter().find(|k| IndexChoice::parse(k).is_none()) {
                     return Err(format!(
-                        "--index-kinds: `{k}` is not exact, exactf32, exactint8, exactint8avx2, hnsw or \
+                        "--index-kinds: `{k}` is not exact, exactf32, exactint8, exactint8avx2, \
+                         exactint8avxvnni, hnsw or \
                          hnsw<ef>[m<M>][a<ef_add>] \
                          (each number > 0)"
                     ));
@@ -382,8 +384,9 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
 }
 
 /// The kNN index of a Memorizing point, by name: `exact` (the default scoring: int8 first
-/// where the CPU has AVX-512 VNNI), `exactf32`, `exactint8` and `exactint8avx2` (that scoring:
-/// the last, the AVX2 kernel even with VNNI); `hnsw` (memzoo's defaults, the
+/// where the CPU has AVX-512 VNNI), `exactf32`, `exactint8`, `exactint8avx2` and
+/// `exactint8avxvnni` (that scoring: the last two, the AVX2 or AVX-VNNI kernel even with
+/// AVX-512 VNNI); `hnsw` (memzoo's defaults, the
 /// search expansion chosen by size); `hnsw<ef>[m<M>][a<ef_add>]`: HNSW searched with the
 /// fixed expansion `ef`, and optionally built with degree `M` and insertion expansion `ef_add`
 /// (`hnsw32m15a40`: the peer's faiss settings, `IndexHNSWFlat(M = 15)` with its default
@@ -391,8 +394,8 @@ fn peer(point: &[&str], args: &BenchArgs) -> Result<Vec<Measurement>, String> {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct IndexChoice {
     pub(crate) kind: IndexKind,
-    /// Exact search's scoring (`exactf32`, `exactint8`, `exactint8avx2`; `exact`: the default,
-    /// `auto`).
+    /// Exact search's scoring (`exactf32`, `exactint8`, `exactint8avx2`, `exactint8avxvnni`;
+    /// `exact`: the default, `auto`).
     pub(crate) scoring: HostScoring,
     pub(crate) name: String,
     pub(crate) expansion_search: Option<usize>,
@@ -413,7 +416,7 @@ impl IndexChoice {
         };
         match name {
             "exact" => choice.kind = IndexKind::Exact,
-            "exactf32" | "exactint8" | "exactint8avx2" => {
+            "exactf32" | "exactint8" | "exactint8avx2" | "exactint8avxvnni" => {
                 choice.kind = IndexKind::Exact;
                 choice.scoring = name["exact".len()..].parse().ok()?;
             }

@@ -636,6 +636,14 @@ fn scale_index_names_parse_to_their_settings() {
     use memzoo_memory::IndexKind;
     let exact = IndexChoice::parse("exact").unwrap();
     assert_eq!(exact.kind, IndexKind::Exact);
+    for (name, scoring) in [
+        ("exactf32", memzoo_memory::HostScoring::F32),
+        ("exactint8avx2", memzoo_memory::HostScoring::Int8Avx2),
+        ("exactint8avxvnni", memzoo_memory::HostScoring::Int8AvxVnni),
+    ] {
+        let c = IndexChoice::parse(name).unwrap();
+        assert_eq!((c.kind, c.scoring), (IndexKind::Exact, scoring), "{name}");
+    }
     let by_size = IndexChoice::parse("hnsw").unwrap();
     assert_eq!(
         (by_size.kind, by_size.expansion_search, by_size.connectivity),

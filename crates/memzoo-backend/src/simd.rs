@@ -8,7 +8,7 @@
 //! | `MEMZOO_SIMD` | memzoo's kernels use |
 //! |---|---|
 //! | unset, empty or `avx512` | whatever the CPU has (the default) |
-//! | `avx2` | AVX2, FMA and BMI2 at most: no AVX-512 |
+//! | `avx2` | AVX2, FMA and BMI2 at most: no AVX-512, no AVX-VNNI |
 //! | `portable` | no explicit SIMD (the compiler's own, for the build's target) |
 //!
 //! The matrix products are `gemm`'s, whose AVX-512 kernels are a build choice instead: the
@@ -37,7 +37,8 @@ pub enum SimdLevel {
     Portable,
     /// AVX2, FMA and BMI2 (x86-64-v3).
     Avx2,
-    /// AVX-512 too (F, BW, VNNI where a kernel needs them): no cap.
+    /// AVX-512 too (F, BW, VNNI where a kernel needs them), and every other extension a
+    /// kernel asks the CPU for (AVX-VNNI): no cap.
     Avx512,
 }
 

@@ -63,15 +63,20 @@ pub enum HostScoring {
     F32,
     /// Every key in int8 first, then in f32 only the keys whose int8 score, widened by an
     /// error bound, can still reach the top-k (an int8 copy of the keys is kept, a quarter of
-    /// their f32 size). AVX-512 VNNI where the CPU has it, else AVX2 (queries in 7 bits);
-    /// elsewhere plain loops, far slower than `f32` (for tests). Heads up to 128 wide.
+    /// their f32 size). AVX-512 VNNI where the CPU has it, else AVX-VNNI, else AVX2 (queries
+    /// in 7 bits); elsewhere plain loops, far slower than `f32` (for tests). Heads up to 128
+    /// wide.
     Int8,
-    /// `int8` with the AVX2 kernel even where the CPU has AVX-512 VNNI (plain loops without
-    /// AVX2): to measure what a CPU without AVX-512 runs (`bench scale --index-kinds
-    /// exactint8avx2`).
+    /// `int8` with the AVX2 kernel even where the CPU has AVX-512 VNNI or AVX-VNNI (plain
+    /// loops without AVX2): to measure what a CPU with AVX2 alone runs (`bench scale
+    /// --index-kinds exactint8avx2`).
     Int8Avx2,
+    /// `int8` with the AVX-VNNI kernel even where the CPU has AVX-512 VNNI (the AVX2 kernel
+    /// without AVX-VNNI): to measure what a CPU with AVX-VNNI but no AVX-512 runs (`bench
+    /// scale --index-kinds exactint8avxvnni`).
+    Int8AvxVnni,
     /// `int8` where a store holds at least [`HostScoring::AUTO_INT8_FROM`] keys on a CPU with
-    /// AVX-512 VNNI, or [`HostScoring::AUTO_INT8_AVX2_FROM`] with AVX2 only, `f32`
+    /// AVX-512 VNNI or AVX-VNNI, or [`HostScoring::AUTO_INT8_AVX2_FROM`] with AVX2 only, `f32`
     /// elsewhere; and `f32` for the next 8
     /// searches of a memory whose int8 search scored more than 5% of its keys again in f32
     /// (queries with many keys about as close as their k-th best, where the f32 GEMM is
@@ -117,10 +122,17 @@ impl HostScoring {
                 from: 0,
                 adaptive: false,
             }),
+            HostScoring::Int8AvxVnni => Some(Plan {
+                kernel: Kernel::avx_vnni()
+                    .or_else(Kernel::avx2)
+                    .unwrap_or(Kernel::Portable),
+                from: 0,
+                adaptive: false,
+            }),
             HostScoring::Auto => {
                 let kernel = Kernel::best();
                 let from = match kernel {
-                    Kernel::Vnni => Self::AUTO_INT8_FROM,
+                    Kernel::Vnni | Kernel::AvxVnni => Self::AUTO_INT8_FROM,
                     Kernel::Avx2 => Self::AUTO_INT8_AVX2_FROM,
                     Kernel::Portable => return None,
                 };
@@ -141,9 +153,11 @@ impl std::str::FromStr for HostScoring {
             "f32" => Ok(HostScoring::F32),
             "int8" => Ok(HostScoring::Int8),
             "int8avx2" => Ok(HostScoring::Int8Avx2),
+            "int8avxvnni" => Ok(HostScoring::Int8AvxVnni),
             "auto" => Ok(HostScoring::Auto),
             other => Err(format!(
-                "unknown host scoring `{other}`: expected f32, int8, int8avx2 or auto"
+                "unknown host scoring `{other}`: expected f32, int8, int8avx2, int8avxvnni or \
+                 auto"
             )),
         }
     }

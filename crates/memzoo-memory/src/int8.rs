@@ -61,6 +61,9 @@ const THRESHOLD_LIMIT: f32 = (1 << 30) as f32;
 pub(crate) enum Kernel {
     /// AVX-512 VNNI (`vpdpbusd`).
     Vnni,
+    /// AVX-VNNI (`vpdpbusd` on 256-bit registers): CPUs with AVX2 and AVX-VNNI but no
+    /// AVX-512 (Intel's client cores since Alder Lake, Sierra Forest).
+    AvxVnni,
     /// AVX2 (`vpmaddubsw`, then `vpmaddwd`): queries in 7 bits, so that the 16-bit sums of
     /// two byte products cannot saturate (`2 · 255 · 63 < 2^15`).
     Avx2,
@@ -79,6 +82,19 @@ impl Kernel {
         None
     }
 
+    /// The AVX-VNNI kernel, where the CPU has AVX2 and AVX-VNNI and `MEMZOO_SIMD` leaves
+    /// every extension on (its `avx2` cap stands for a CPU with AVX2 alone).
+    pub fn avx_vnni() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if memzoo_backend::simd::avx2()
+            && memzoo_backend::simd::simd_allows(memzoo_backend::simd::SimdLevel::Avx512)
+            && std::arch::is_x86_feature_detected!("avxvnni")
+        {
+            return Some(Kernel::AvxVnni);
+        }
+        None
+    }
+
     /// The AVX2 kernel, where the CPU has AVX2 and `MEMZOO_SIMD` allows it.
     pub fn avx2() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
@@ -88,10 +104,13 @@ impl Kernel {
         None
     }
 
-    /// The fastest kernel this CPU has and `MEMZOO_SIMD` allows: VNNI, else AVX2, else plain
-    /// loops.
+    /// The fastest kernel this CPU has and `MEMZOO_SIMD` allows: AVX-512 VNNI, else
+    /// AVX-VNNI, else AVX2, else plain loops.
     pub fn best() -> Self {
-        Self::vnni().or_else(Self::avx2).unwrap_or(Kernel::Portable)
+        Self::vnni()
+            .or_else(Self::avx_vnni)
+            .or_else(Self::avx2)
+            .unwrap_or(Kernel::Portable)
     }
 
     /// Every kernel this CPU can run (the tests compare them).
@@ -99,6 +118,7 @@ impl Kernel {
     pub fn available() -> Vec<Self> {
         let mut all = vec![Kernel::Portable];
         all.extend(Self::avx2());
+        all.extend(Self::avx_vnni());
         all.extend(Self::vnni());
         all
     }
@@ -315,6 +335,19 @@ impl Int8Keys {
                     8 => scan_vnni::<8>(&view, queries, scan),
                     16 => scan_vnni::<16>(&view, queries, scan),
                     _ => scan_vnni::<32>(&view, queries, scan),
+                }
+            },
+            // SAFETY: `Kernel::AvxVnni` is only chosen where `Kernel::avx_vnni` found the
+            // features.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => unsafe {
+                match self.groups {
+                    1 => scan_avx_vnni::<1>(&view, queries, scan),
+                    2 => scan_avx_vnni::<2>(&view, queries, scan),
+                    4 => scan_avx_vnni::<4>(&view, queries, scan),
+                    8 => scan_avx_vnni::<8>(&view, queries, scan),
+                    16 => scan_avx_vnni::<16>(&view, queries, scan),
+                    _ => scan_avx_vnni::<32>(&view, queries, scan),
                 }
             },
             // SAFETY: `Kernel::Avx2` is only chosen where `Kernel::best` found AVX2.
@@ -878,115 +911,170 @@ fn offer_entries(scan: &mut Scan, b: usize, passed: usize, score: impl Fn(usize,
     }
 }
 
-/// The scan with AVX2, for keys of `G` groups: per block, pair of queries and half block (two
-/// tiles, 32 slots), eight registers of 8 int32 scores, `G` steps of four loads and eight
-/// `vpmaddubsw` + `vpmaddwd` + `vpaddd`; then the same per-query masks, list of entries and
-/// offers after the block as [`scan_vnni`] (with [`dot`] for the f32 scores).
+/// The 8 lanes of `acc` over `thr`, as bits `32 half + 8 j..` of a block's 64: the 256-bit
+/// kernels' masks.
+macro_rules! ymm_lanes {
+    ($acc:ident, $thr:ident, $half:ident, $j:literal) => {{
+        let pass = _mm256_cmpgt_epi32($acc, $thr);
+        let m = _mm256_movemask_ps(_mm256_castsi256_ps(pass)) as u32 as u64;
+        m << (32 * $half + 8 * $j)
+    }};
+}
+
+/// The scan with 256-bit registers, for keys of `G` groups: per block, pair of queries and half
+/// block (two tiles, 32 slots), eight registers of 8 int32 scores, `G` steps of four loads and
+/// eight `$dot4` (a word's four byte products added to the scores); then the same per-query
+/// masks, list of entries and offers after the block as [`scan_vnni`] (with [`dot`] for the
+/// f32 scores). Two kernels differ only in `$dot4`: [`scan_avx2`] and [`scan_avx_vnni`].
+macro_rules! scan_ymm {
+    ($(#[$attr:meta])* fn $name:ident, $dot4:path) => {
+        $(#[$attr])*
+        unsafe fn $name<const G: usize>(store: &Store, queries: &[f32], scan: &mut Scan) {
+            use std::arch::x86_64::*;
+            // Whole pairs over the real queries: the padding beyond them takes nothing.
+            let n_scan = scan.real_rows().next_multiple_of(2);
+            let tile_bytes = G * TILE * 4;
+            let blocks = store.scan_blocks(queries, scan, G);
+            let ones = _mm256_set1_epi16(1);
+            let d = store.d;
+            // Whether the last block had offers: the next block's f32 rows are fetched only then
+            // (see `prefetch_next_rows`).
+            let mut offered = true;
+            for b in 0..blocks {
+                // SAFETY: the CPU has AVX2 (among this function's features).
+                unsafe { thresholds_avx2(scan, &store.blocks[b]) };
+                // SAFETY (all loads below): within the lengths asserted above.
+                let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
+                if offered {
+                    store.prefetch_next_rows(b);
+                }
+                let valid = (0..4).fold(0u64, |m, w| m | (store.valid(4 * b + w) as u64) << (16 * w));
+                let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
+                let entries = scan.entries.as_mut_ptr();
+                let mut passed = 0;
+                for r0 in (0..n_scan).step_by(2) {
+                    let qp = unsafe { qpack.add(r0 * G) };
+                    // `acc >= threshold` as `acc > threshold - 1` (thresholds are above i32::MIN).
+                    let thr0 = _mm256_set1_epi32(unsafe { *thresholds.add(r0) } - 1);
+                    let thr1 = _mm256_set1_epi32(unsafe { *thresholds.add(r0 + 1) } - 1);
+                    let mut lanes = [0u64; 2];
+                    for half in 0..2 {
+                        // `a{u}{j}`: query r0 + u, keys 8 j..8 j + 8 of this half's 32. Named
+                        // registers and no closures (see `scan_vnni`): the 8 accumulators, 4 key
+                        // vectors, the query word and `ones` fill the 16 YMM registers, and an array
+                        // here went through the stack in one build.
+                        let z = _mm256_setzero_si256();
+                        let (mut a00, mut a01, mut a02, mut a03) = (z, z, z, z);
+                        let (mut a10, mut a11, mut a12, mut a13) = (z, z, z, z);
+                        let first = unsafe { tiles.add(2 * half * tile_bytes) };
+                        for g in 0..G {
+                            // `k0 k1`: tile 2 half, keys 0..16 and 16..32 of this word; `k2 k3`: the
+                            // next tile's.
+                            let (k0, k1, k2, k3) = unsafe {
+                                let t = first.add(g * 64);
+                                (
+                                    _mm256_loadu_si256(t.cast()),
+                                    _mm256_loadu_si256(t.add(32).cast()),
+                                    _mm256_loadu_si256(t.add(tile_bytes).cast()),
+                                    _mm256_loadu_si256(t.add(tile_bytes + 32).cast()),
+                                )
+                            };
+                            // Σ over the word's 4 bytes of key x query, added to the scores.
+                            // SAFETY (the products): the CPU has this kernel's features.
+                            let q0 = _mm256_set1_epi32(unsafe { *qp.add(g) });
+                            a00 = unsafe { $dot4(a00, k0, q0, ones) };
+                            a01 = unsafe { $dot4(a01, k1, q0, ones) };
+                            a02 = unsafe { $dot4(a02, k2, q0, ones) };
+                            a03 = unsafe { $dot4(a03, k3, q0, ones) };
+                            let q1 = _mm256_set1_epi32(unsafe { *qp.add(G + g) });
+                            a10 = unsafe { $dot4(a10, k0, q1, ones) };
+                            a11 = unsafe { $dot4(a11, k1, q1, ones) };
+                            a12 = unsafe { $dot4(a12, k2, q1, ones) };
+                            a13 = unsafe { $dot4(a13, k3, q1, ones) };
+                        }
+                        lanes[0] |= ymm_lanes!(a00, thr0, half, 0) | ymm_lanes!(a01, thr0, half, 1);
+                        lanes[0] |= ymm_lanes!(a02, thr0, half, 2) | ymm_lanes!(a03, thr0, half, 3);
+                        lanes[1] |= ymm_lanes!(a10, thr1, half, 0) | ymm_lanes!(a11, thr1, half, 1);
+                        lanes[1] |= ymm_lanes!(a12, thr1, half, 2) | ymm_lanes!(a13, thr1, half, 3);
+                    }
+                    for (u, &l) in lanes.iter().enumerate() {
+                        let l = l & valid;
+                        // SAFETY: `passed <= r0 + u < n_scan <= n_pad`, the entries' length.
+                        unsafe { *entries.add(passed) = ((r0 + u) as u32, l) };
+                        passed += (l != 0) as usize;
+                    }
+                }
+                offered = passed > 0;
+                offer_entries(scan, b, passed, |r, slot| {
+                    dot(
+                        &queries[r * d..(r + 1) * d],
+                        &store.keys[slot * d..(slot + 1) * d],
+                    )
+                });
+            }
+
+        }
+    };
+}
+
+scan_ymm!(
+    /// [`scan_ymm`] with AVX2: `vpmaddubsw` + `vpmaddwd` + `vpaddd` per word ([`dot4_avx2`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, and the store's tiles their documented size (`G * 64` bytes per
+    /// tile, over whole blocks); the queries packed with bytes up to 63.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn scan_avx2,
+    dot4_avx2
+);
+
+scan_ymm!(
+    /// [`scan_ymm`] with AVX-VNNI: one `vpdpbusd` per word ([`dot4_avx_vnni`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and AVX-VNNI, and the store's tiles their documented size; the
+    /// queries packed with bytes up to 127.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avxvnni")]
+    fn scan_avx_vnni,
+    dot4_avx_vnni
+);
+
+/// `acc + Σ_{i < 4} k_i q_i` per 32-bit lane, keys unsigned and queries signed bytes, with
+/// AVX2: the byte pairs in i16 (`vpmaddubsw`: the queries in 7 bits, so that `2 · 255 · 63 <
+/// 2^15` cannot saturate), the pairs' sums in i32 (`vpmaddwd` by `ones`).
 ///
 /// # Safety
-/// The CPU must have AVX2, and the store's tiles their documented size (`G * 64` bytes per
-/// tile, over whole blocks); the queries packed with bytes up to 63.
+/// The CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scan_avx2<const G: usize>(store: &Store, queries: &[f32], scan: &mut Scan) {
+#[inline]
+unsafe fn dot4_avx2(
+    acc: std::arch::x86_64::__m256i,
+    k: std::arch::x86_64::__m256i,
+    q: std::arch::x86_64::__m256i,
+    ones: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
-    // Whole pairs over the real queries: the padding beyond them takes nothing.
-    let n_scan = scan.real_rows().next_multiple_of(2);
-    let tile_bytes = G * TILE * 4;
-    let blocks = store.scan_blocks(queries, scan, G);
-    let ones = _mm256_set1_epi16(1);
-    let d = store.d;
-    // Whether the last block had offers: the next block's f32 rows are fetched only then
-    // (see `prefetch_next_rows`).
-    let mut offered = true;
-    for b in 0..blocks {
-        // SAFETY: the CPU has AVX2 (this function's features).
-        unsafe { thresholds_avx2(scan, &store.blocks[b]) };
-        // SAFETY (all loads below): within the lengths asserted above.
-        let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
-        if offered {
-            store.prefetch_next_rows(b);
-        }
-        let valid = (0..4).fold(0u64, |m, w| m | (store.valid(4 * b + w) as u64) << (16 * w));
-        let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
-        let entries = scan.entries.as_mut_ptr();
-        let mut passed = 0;
-        for r0 in (0..n_scan).step_by(2) {
-            let qp = unsafe { qpack.add(r0 * G) };
-            // `acc >= threshold` as `acc > threshold - 1` (thresholds are above i32::MIN).
-            let thr0 = _mm256_set1_epi32(unsafe { *thresholds.add(r0) } - 1);
-            let thr1 = _mm256_set1_epi32(unsafe { *thresholds.add(r0 + 1) } - 1);
-            let mut lanes = [0u64; 2];
-            for half in 0..2 {
-                // `a{u}{j}`: query r0 + u, keys 8 j..8 j + 8 of this half's 32. Named
-                // registers and no closures (see `scan_vnni`): the 8 accumulators, 4 key
-                // vectors, the query word and `ones` fill the 16 YMM registers, and an array
-                // here went through the stack in one build.
-                let z = _mm256_setzero_si256();
-                let (mut a00, mut a01, mut a02, mut a03) = (z, z, z, z);
-                let (mut a10, mut a11, mut a12, mut a13) = (z, z, z, z);
-                let first = unsafe { tiles.add(2 * half * tile_bytes) };
-                for g in 0..G {
-                    // `k0 k1`: tile 2 half, keys 0..16 and 16..32 of this word; `k2 k3`: the
-                    // next tile's.
-                    let (k0, k1, k2, k3) = unsafe {
-                        let t = first.add(g * 64);
-                        (
-                            _mm256_loadu_si256(t.cast()),
-                            _mm256_loadu_si256(t.add(32).cast()),
-                            _mm256_loadu_si256(t.add(tile_bytes).cast()),
-                            _mm256_loadu_si256(t.add(tile_bytes + 32).cast()),
-                        )
-                    };
-                    // Σ over the word's 4 bytes of key x query: byte pairs in i16, then the
-                    // pairs' sums in i32.
-                    macro_rules! dot4 {
-                        ($acc:ident, $k:ident, $q:ident) => {
-                            $acc = _mm256_add_epi32(
-                                $acc,
-                                _mm256_madd_epi16(_mm256_maddubs_epi16($k, $q), ones),
-                            )
-                        };
-                    }
-                    let q0 = _mm256_set1_epi32(unsafe { *qp.add(g) });
-                    dot4!(a00, k0, q0);
-                    dot4!(a01, k1, q0);
-                    dot4!(a02, k2, q0);
-                    dot4!(a03, k3, q0);
-                    let q1 = _mm256_set1_epi32(unsafe { *qp.add(G + g) });
-                    dot4!(a10, k0, q1);
-                    dot4!(a11, k1, q1);
-                    dot4!(a12, k2, q1);
-                    dot4!(a13, k3, q1);
-                }
-                // The 8 lanes of `acc` over `thr`, as bits `32 half + 8 j..` of `lanes`.
-                macro_rules! pass {
-                    ($acc:ident, $thr:ident, $j:literal) => {{
-                        let pass = _mm256_cmpgt_epi32($acc, $thr);
-                        let m = _mm256_movemask_ps(_mm256_castsi256_ps(pass)) as u32 as u64;
-                        m << (32 * half + 8 * $j)
-                    }};
-                }
-                lanes[0] |= pass!(a00, thr0, 0) | pass!(a01, thr0, 1);
-                lanes[0] |= pass!(a02, thr0, 2) | pass!(a03, thr0, 3);
-                lanes[1] |= pass!(a10, thr1, 0) | pass!(a11, thr1, 1);
-                lanes[1] |= pass!(a12, thr1, 2) | pass!(a13, thr1, 3);
-            }
-            for (u, &l) in lanes.iter().enumerate() {
-                let l = l & valid;
-                // SAFETY: `passed <= r0 + u < n_scan <= n_pad`, the entries' length.
-                unsafe { *entries.add(passed) = ((r0 + u) as u32, l) };
-                passed += (l != 0) as usize;
-            }
-        }
-        offered = passed > 0;
-        offer_entries(scan, b, passed, |r, slot| {
-            dot(
-                &queries[r * d..(r + 1) * d],
-                &store.keys[slot * d..(slot + 1) * d],
-            )
-        });
-    }
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(k, q), ones))
+}
+
+/// [`dot4_avx2`] in one instruction (`vpdpbusd`, VEX-encoded: AVX-VNNI), the queries in 8
+/// bits.
+///
+/// # Safety
+/// The CPU must have AVX2 and AVX-VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+#[inline]
+unsafe fn dot4_avx_vnni(
+    acc: std::arch::x86_64::__m256i,
+    k: std::arch::x86_64::__m256i,
+    q: std::arch::x86_64::__m256i,
+    _ones: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    std::arch::x86_64::_mm256_dpbusd_avx_epi32(acc, k, q)
 }
 
 #[cfg(test)]

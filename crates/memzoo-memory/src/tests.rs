@@ -337,6 +337,10 @@ fn bad_shapes_and_configs_are_errors() {
     assert!(config(IndexKind::Exact, 2, 256, 8).init(1, &dev).is_ok());
     assert_eq!("int8".parse::<HostScoring>(), Ok(HostScoring::Int8));
     assert_eq!("int8avx2".parse::<HostScoring>(), Ok(HostScoring::Int8Avx2));
+    assert_eq!(
+        "int8avxvnni".parse::<HostScoring>(),
+        Ok(HostScoring::Int8AvxVnni)
+    );
     assert!("int4".parse::<HostScoring>().unwrap_err().contains("int4"));
 }
 
