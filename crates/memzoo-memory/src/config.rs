@@ -90,7 +90,10 @@ impl HostScoring {
     /// GEMM was about as fast. Measured on the 2-core Zen 5 (`cargo xtask bench scale
     /// --families memorizing --index-kinds exactf32,exactint8`, a Memorizing-small step):
     /// int8 takes 2% less time at 8,192 (level), 3% at 16,384, 14% at 32,768, 25% at 65,536
-    /// and 55% at 262,144 (0.291 against 0.648 s).
+    /// and 55% at 262,144 (0.291 against 0.648 s). The AVX-VNNI kernel's too: forced there
+    /// (`exactint8avxvnni`), a segment's search at 16,384 took 0.038-0.045 s against 0.043 s
+    /// with f32 scoring whose products use AVX-512, where a CPU with AVX-VNNI alone runs them
+    /// at half the width.
     pub const AUTO_INT8_FROM: usize = 16384;
 
     /// As [`AUTO_INT8_FROM`](Self::AUTO_INT8_FROM), on a CPU with AVX2 but no AVX-512 VNNI.
