@@ -401,3 +401,58 @@ fn eval_reads_a_knn_memory_of_another_size() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `memzoo devices --measure`: each shape's rate is its FLOP count over its median time, every
+/// timing positive; zero repeats and an unknown device are refused by name (exit status 2); the
+/// XL shapes are `xl-enwik8-base`'s, as the paper trains it.
+#[test]
+fn devices_measure_reports_each_shape_and_refuses_bad_flags() {
+    use memzoo::commands::{ProductShape, measure_products, product_shapes};
+    let shapes = [
+        ProductShape {
+            name: "small".into(),
+            dims: [1, 64, 32, 48],
+        },
+        ProductShape {
+            name: "batched".into(),
+            dims: [3, 16, 8, 24],
+        },
+    ];
+    let rates = measure_products("flex", &shapes, 3).unwrap();
+    assert_eq!(rates.len(), 2);
+    for (r, s) in rates.iter().zip(&shapes) {
+        let [b, m, k, n] = s.dims;
+        assert_eq!((&r.name, r.dims), (&s.name, s.dims));
+        assert!(r.seconds > 0.0, "{}: {} s", r.name, r.seconds);
+        let want = 2.0 * (b * m * k * n) as f64 / r.seconds / 1e9;
+        assert!(
+            (r.gflops - want).abs() <= 1e-9 * want,
+            "{}: {} vs {want}",
+            r.name,
+            r.gflops
+        );
+    }
+    check(
+        measure_products("flex", &shapes, 0).map(|_| ()),
+        &["--repeats", "0"],
+        2,
+        "zero repeats",
+    );
+    check(
+        measure_products("flux", &shapes, 1).map(|_| ()),
+        &["flux"],
+        2,
+        "an unknown device",
+    );
+    // The XL shapes are the preset's: 22 x 512 tokens of d_model 512 into a feed-forward of
+    // 2,048; 22 x 8 heads of 64, 512 queries over 512 + 512 keys.
+    let dims: Vec<[usize; 4]> = product_shapes()[1..].iter().map(|s| s.dims).collect();
+    assert_eq!(
+        dims,
+        [
+            [1, 22 * 512, 512, 2048],
+            [22 * 8, 512, 64, 1024],
+            [22 * 8, 512, 1024, 64]
+        ]
+    );
+}

@@ -45,6 +45,10 @@ usage: xtask/gpu/run.sh [OPTIONS]
   --peer-seconds S    training time cap of the XL peer, HF TransfoXL (xtask/gpu/peer_tfxl.py),
                       run after xl-enwik8-base when prepare.sh brought its wheels (default 60)
   --no-peer           skip the peer
+  --no-products       skip the matrix-product rates (`memzoo devices --measure DEVICE`: a
+                      4096-square product and xl-enwik8-base's, timed before the runs); --tiny
+                      skips them too, as llvmpipe takes minutes per large product, unless
+  --products          asks for them
   --self-test         check the summary arithmetic on a made-up metrics file, then exit
 EOF
 }
@@ -214,6 +218,7 @@ steps=300
 max_seconds=120
 peer_seconds=60
 peer=1
+products=1
 grace=45
 log_every=10
 eval_segments=4
@@ -244,6 +249,8 @@ while [ $# -gt 0 ]; do
     --keep) keep=1; shift ;;
     --peer-seconds) peer_seconds=${2:-}; positive --peer-seconds "$peer_seconds"; shift 2 ;;
     --no-peer) peer=0; shift ;;
+    --no-products) products=0; shift ;;
+    --products) products=forced; shift ;;
     --tiny)
       tiny_mode=1
       # The presets' layer kinds and schedules stay; only sizes shrink. Put before the
@@ -259,6 +266,8 @@ while [ $# -gt 0 ]; do
     *) usage >&2; die "unknown option '$1'" ;;
   esac
 done
+
+if [ "${tiny_mode:-0}" = 1 ] && [ "$products" != forced ]; then products=0; fi
 
 for run in $presets; do
   case "$run" in
@@ -371,6 +380,19 @@ check() {
   restore_autotune_cache "$dir"
 
   # ------------------------------------------------------------------------------------------
+  # The device's own float32 products at the shapes xl-enwik8-base trains with, to set the
+  # runs' tokens/s against (a step is mostly these products; docs/backends.md).
+  product_lines=""
+  if [ "$products" != 0 ]; then
+    say "---- matrix products on $device (memzoo devices --measure)"
+    status=0
+    product_lines=$(cd "$work" && timeout -k 10 120 "$bin" devices --measure "$device" --repeats 5) \
+      || status=$?
+    echo "$product_lines"
+    [ "$status" = 0 ] || say "warning: the product timings failed or timed out (status $status)"
+  fi
+
+  # ------------------------------------------------------------------------------------------
   rows=()
   failed=0
   for run in $presets; do
@@ -468,6 +490,7 @@ check() {
     echo "tokens/s: over the logged windows after the first; 1st window: its tokens/s (compilation,"
     echo "autotune); peak MiB: nvidia-smi's memory.used, the whole GPU, sampled every 200 ms ('-': not"
     echo "measured); loss: the last window's training loss (nats); valid: $eval_segments validation segments at the end."
+    [ -z "$product_lines" ] || echo "$product_lines"
   )
   echo
   echo "$summary"

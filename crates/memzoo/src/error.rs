@@ -167,6 +167,16 @@ pub enum CliError {
     /// The `--device` string.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// A device that started but failed while working (its backend's error).
+    #[error("device `{device}` failed {doing}: {message}")]
+    DeviceFailed {
+        /// The device string.
+        device: String,
+        /// What it was doing.
+        doing: &'static str,
+        /// The backend's own error.
+        message: String,
+    },
     /// Generation (a token outside the vocabulary, an empty prompt, the model).
     #[error(transparent)]
     Generate(GenerateError),

@@ -258,8 +258,19 @@ enum Command {
         #[command(flatten)]
         options: memzoo::recl::ReclOptions,
     },
-    /// List device strings and which backends this binary has.
-    Devices,
+    /// List device strings and which backends this binary has; with `--measure DEVICE`, time
+    /// that device's float32 matrix products at the shapes the papers' presets train with.
+    Devices {
+        /// A device string (`flex`, `wgpu-vulkan`, `cuda:0`, ...) whose products to time.
+        #[arg(long)]
+        measure: Option<String>,
+        /// Timed products per shape (after one untimed), their median reported.
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Print JSON (with `--measure`).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -479,7 +490,12 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
             model,
             seed,
         } => commands::recall(&common.device, &model, steps, lr, batch, seed, common.json),
-        Command::Devices => {
+        Command::Devices {
+            measure: Some(device),
+            repeats,
+            json,
+        } => commands::devices_measure(&device, repeats, json),
+        Command::Devices { measure: None, .. } => {
             for (name, feature) in memzoo::backend::DEVICE_NAMES {
                 let spec: memzoo::backend::DeviceSpec = name.parse().expect("known name");
                 let state = if spec.is_compiled() {

@@ -9,6 +9,8 @@
 //!   `memzoo recall` ([`recall`]);
 //! - `data`: `memzoo data list | fetch | prepare | stats` ([`data_list`], [`data_fetch`],
 //!   [`data_prepare`], [`data_stats`]);
+//! - `devices`: `memzoo devices --measure DEVICE`, a device's matrix-product rate at the
+//!   presets' shapes ([`devices_measure`], [`measure_products`]);
 //! - `inspect`: `memzoo inspect` ([`inspect()`], [`InspectArgs`]; the page is built in
 //!   [`crate::inspect`]);
 //! - `loading`: shared helpers reading a run directory: its model with a checkpoint
@@ -25,6 +27,7 @@ use crate::error::CliError;
 
 mod checks;
 mod data;
+mod devices;
 mod eval;
 mod generate;
 mod inspect;
@@ -34,6 +37,7 @@ mod train;
 
 pub(crate) use checks::check_import_memory;
 pub use data::{data_fetch, data_list, data_prepare, data_stats};
+pub use devices::{ProductRate, ProductShape, devices_measure, measure_products, product_shapes};
 pub use eval::{EvalArgs, eval, eval_with};
 pub use generate::{GenerateOptions, generate};
 pub use inspect::{InspectArgs, inspect};
