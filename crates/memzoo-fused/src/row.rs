@@ -105,7 +105,8 @@ unsafe fn dots_portable(x: Dots) {
 /// strides, as `relative`'s `mm` takes them (`rhs_rs` along `k`, `rhs_cs` along `n`), where a
 /// SIMD kernel here takes the layout: the scores ([`Dots`]: `lhs` and `rhs`'s rows along `k`
 /// contiguous) with AVX-512 or AVX2, the output (`rhs`'s and `dst`'s columns contiguous: one
-/// multiply-add of a row per `k`) with AVX-512. `false` (nothing written) elsewhere.
+/// multiply-add of a row per `k`) with AVX-512, or AVX2 for whole registers. `false` (nothing
+/// written) elsewhere.
 ///
 /// # Safety
 /// Every element the shapes and strides address must be valid (`dst` writable, not aliased).
