@@ -9,11 +9,15 @@
 //! accumulators in registers across the rows. The sums are taken in another order than
 //! `gemm`'s, so the results differ from its in the last bits.
 
-/// The operands of `n` dots of one vector: `o[j · os] (+)= Σ_{c < d} a[c] · b[j · bs + c]`
-/// for `j < n` (`+=` when `accumulate`). Raw pointers: the constructor's caller vouches for
-/// them (see [`Dots::compute`]).
+/// The operands of a one-row product: a vector `a`, `n` rows `b_j` of `d` floats `bs` apart
+/// (`b[j · bs + c]`), and the output `o` (`+=` when `accumulate`), for either product:
+/// - the dots ([`Rows::dots`]): `o[j · os] (+)= Σ_{c < d} a[c] · b[j · bs + c]` for `j < n`;
+/// - the combination ([`combine_avx512`], [`combine_avx2`]; `os` 1):
+///   `o[c] (+)= Σ_{j < n} a[j] · b[j · bs + c]` for `c < d`.
+///
+/// Raw pointers: the constructor's caller vouches for them.
 #[derive(Clone, Copy)]
-struct Dots {
+struct Rows {
     a: *const f32,
     b: *const f32,
     bs: usize,
@@ -24,7 +28,7 @@ struct Dots {
     accumulate: bool,
 }
 
-impl Dots {
+impl Rows {
     /// Writes output `j`: `s`, or `s` added to it.
     ///
     /// # Safety
@@ -43,7 +47,7 @@ impl Dots {
     /// # Safety
     /// `a` holds `d` floats; `b` holds `n` rows of `d` floats `bs` apart; `o` is writable at
     /// `j · os` for `j < n` and aliases neither.
-    unsafe fn compute(self) {
+    unsafe fn dots(self) {
         #[cfg(target_arch = "x86_64")]
         {
             if memzoo_backend::simd::avx512() {
@@ -73,7 +77,7 @@ pub(crate) fn dots_into(a: &[f32], rows: &[f32], out: &mut [f32]) {
     );
     // SAFETY: `a` is `d` floats, `rows` holds `n` rows of `d` (asserted), `out` `n` floats.
     unsafe {
-        Dots {
+        Rows {
             a: a.as_ptr(),
             b: rows.as_ptr(),
             bs: d,
@@ -83,15 +87,15 @@ pub(crate) fn dots_into(a: &[f32], rows: &[f32], out: &mut [f32]) {
             os: 1,
             accumulate: false,
         }
-        .compute()
+        .dots()
     };
 }
 
-/// [`Dots::compute`] in plain loops.
+/// [`Rows::dots`] in plain loops.
 ///
 /// # Safety
-/// As [`Dots::compute`].
-unsafe fn dots_portable(x: Dots) {
+/// As [`Rows::dots`].
+unsafe fn dots_portable(x: Rows) {
     for j in 0..x.n {
         // SAFETY: the caller's.
         unsafe {
@@ -103,7 +107,7 @@ unsafe fn dots_portable(x: Dots) {
 
 /// `dst[0, :] (+)= lhs[0, :] · rhs` for a one-row product `[1, k] x [k, n]` through raw
 /// strides, as `relative`'s `mm` takes them (`rhs_rs` along `k`, `rhs_cs` along `n`), where a
-/// SIMD kernel here takes the layout: the scores ([`Dots`]: `lhs` and `rhs`'s rows along `k`
+/// SIMD kernel here takes the layout: the scores ([`Rows::dots`]: `lhs` and `rhs`'s rows along `k`
 /// contiguous) with AVX-512 or AVX2, the output (`rhs`'s and `dst`'s columns contiguous: one
 /// multiply-add of a row per `k`) with AVX-512, or AVX2 for whole registers. `false` (nothing
 /// written) elsewhere.
@@ -124,7 +128,7 @@ pub(crate) unsafe fn product(
     #[cfg(target_arch = "x86_64")]
     if lhs_cs == 1 && rhs_rs == 1 && rhs_cs > 0 && memzoo_backend::simd::avx2() {
         // SAFETY: column `j` of `rhs` is `k` floats at `j rhs_cs`; the rest the caller's.
-        let x = Dots {
+        let x = Rows {
             a: lhs,
             b: rhs,
             bs: rhs_cs as usize,
@@ -134,19 +138,30 @@ pub(crate) unsafe fn product(
             os: dst_cs,
             accumulate,
         };
-        unsafe { x.compute() };
+        unsafe { x.dots() };
         return true;
     }
     #[cfg(target_arch = "x86_64")]
     if lhs_cs == 1 && rhs_cs == 1 && dst_cs == 1 && rhs_rs > 0 {
+        // Row `j` of `rhs` is `n` floats at `j rhs_rs`, `lhs` `k` floats.
+        let x = Rows {
+            a: lhs,
+            b: rhs,
+            bs: rhs_rs as usize,
+            d: n,
+            n: k,
+            o: dst,
+            os: 1,
+            accumulate,
+        };
         if memzoo_backend::simd::avx512() {
-            // SAFETY: the CPU has AVX-512 F; row `j` of `rhs` is `n` floats at `j rhs_rs`.
-            unsafe { combine_avx512(lhs, rhs, rhs_rs as usize, n, k, dst, accumulate) };
+            // SAFETY: the CPU has AVX-512 F; the rest is the caller's.
+            unsafe { combine_avx512(x) };
             return true;
         }
         if memzoo_backend::simd::avx2() && n.is_multiple_of(8) {
-            // SAFETY: the CPU has AVX2 and FMA; as above, `n` whole registers wide.
-            unsafe { combine_avx2(lhs, rhs, rhs_rs as usize, n, k, dst, accumulate) };
+            // SAFETY: the CPU has AVX2 and FMA; `n` whole registers wide; as above.
+            unsafe { combine_avx2(x) };
             return true;
         }
     }
@@ -162,16 +177,16 @@ pub(crate) unsafe fn product(
 /// through their latency.
 const ROWS: usize = 8;
 
-/// [`Dots::compute`] with AVX-512: eight rows at a time, 16 columns per multiply-add (the last ones
+/// [`Rows::dots`] with AVX-512: eight rows at a time, 16 columns per multiply-add (the last ones
 /// masked), each row's register summed at the end.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F; as [`Dots::compute`].
+/// The CPU must have AVX-512 F; as [`Rows::dots`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn dots_avx512(x: Dots) {
+unsafe fn dots_avx512(x: Rows) {
     use std::arch::x86_64::*;
-    let Dots { a, b, bs, d, n, .. } = x;
+    let Rows { a, b, bs, d, n, .. } = x;
     let full = d / 16 * 16;
     let tail: __mmask16 = ((1u32 << (d % 16)) - 1) as __mmask16;
     // SAFETY (every load): columns `c < d` of `a` and of rows `j < n` of `b`, the tail masked.
@@ -207,16 +222,16 @@ unsafe fn dots_avx512(x: Dots) {
     }
 }
 
-/// [`Dots::compute`] with AVX2: as [`dots_avx512`], 8 columns per multiply-add and the last `d % 8`
+/// [`Rows::dots`] with AVX2: as [`dots_avx512`], 8 columns per multiply-add and the last `d % 8`
 /// in plain arithmetic.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA; as [`Dots::compute`].
+/// The CPU must have AVX2 and FMA; as [`Rows::dots`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2(x: Dots) {
+unsafe fn dots_avx2(x: Rows) {
     use std::arch::x86_64::*;
-    let Dots { a, b, bs, d, n, .. } = x;
+    let Rows { a, b, bs, d, n, .. } = x;
     let full = d / 8 * 8;
     // SAFETY (every load): columns `c < d` of `a` and of rows `j < n` of `b`.
     let row = |j: usize, acc: &mut __m256| -> f32 {
@@ -267,17 +282,18 @@ const COLUMNS: usize = 64;
 /// apart; `o` holds `d` floats and aliases neither.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn combine_avx512(
-    a: *const f32,
-    b: *const f32,
-    bs: usize,
-    d: usize,
-    n: usize,
-    o: *mut f32,
-    accumulate: bool,
-) {
+unsafe fn combine_avx512(x: Rows) {
     use std::arch::x86_64::*;
+    let Rows {
+        a,
+        b,
+        bs,
+        d,
+        n,
+        o,
+        accumulate,
+        ..
+    } = x;
     for c0 in (0..d).step_by(COLUMNS) {
         // Lanes of each of the band's four registers inside the output.
         let masks: [__mmask16; 4] = std::array::from_fn(|v| {
@@ -318,17 +334,18 @@ unsafe fn combine_avx512(
 /// The CPU must have AVX2 and FMA; `d` a multiple of 8; as [`combine_avx512`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn combine_avx2(
-    a: *const f32,
-    b: *const f32,
-    bs: usize,
-    d: usize,
-    n: usize,
-    o: *mut f32,
-    accumulate: bool,
-) {
+unsafe fn combine_avx2(x: Rows) {
     use std::arch::x86_64::*;
+    let Rows {
+        a,
+        b,
+        bs,
+        d,
+        n,
+        o,
+        accumulate,
+        ..
+    } = x;
     const BAND: usize = 32;
     for c0 in (0..d).step_by(BAND) {
         let width = (d - c0).min(BAND) / 8;
@@ -367,7 +384,7 @@ mod tests {
         ((i.wrapping_mul(2_654_435_761) % 2000) as f32 - 1000.0) / 1000.0
     }
 
-    type Kernel = unsafe fn(Dots);
+    type Kernel = unsafe fn(Rows);
 
     /// Each kernel this CPU has (and the plain loop) against the naive sums in f64, for widths around the
     /// registers' (tails of 1, 7 and 15 columns, several bands of 64), row counts around the
@@ -397,7 +414,7 @@ mod tests {
                         let mut o = vec![0.5f32; 2 * n];
                         // SAFETY: the sizes above; the CPU has the kernel's features.
                         unsafe {
-                            kernel(Dots {
+                            kernel(Rows {
                                 a: a.as_ptr(),
                                 b: b.as_ptr(),
                                 bs,
@@ -419,9 +436,7 @@ mod tests {
                             assert_eq!(o[2 * j + 1], 0.5, "{at}: wrote between outputs");
                         }
                     }
-                    type Combine =
-                        unsafe fn(*const f32, *const f32, usize, usize, usize, *mut f32, bool);
-                    let mut combines: Vec<(&str, Combine)> = Vec::new();
+                    let mut combines: Vec<(&str, Kernel)> = Vec::new();
                     if avx512 {
                         combines.push(("avx512", combine_avx512));
                     }
@@ -433,7 +448,16 @@ mod tests {
                         let mut o = vec![0.5f32; d + 1];
                         // SAFETY: the sizes above; the CPU has the kernel's features.
                         unsafe {
-                            combine(a.as_ptr(), b.as_ptr(), bs, d, n, o.as_mut_ptr(), accumulate)
+                            combine(Rows {
+                                a: a.as_ptr(),
+                                b: b.as_ptr(),
+                                bs,
+                                d,
+                                n,
+                                o: o.as_mut_ptr(),
+                                os: 1,
+                                accumulate,
+                            })
                         };
                         for c in 0..d {
                             let want = base

@@ -177,6 +177,21 @@ pub(crate) struct Int8Keys {
     blocks: Vec<BlockInfo>,
 }
 
+/// `kernel::<G>(args)` for a store of `groups` groups of four bytes per key (1, 2, 4, 8, 16 or
+/// 32: the width rounded up to a power of two).
+macro_rules! by_groups {
+    ($kernel:ident, $groups:expr, $($arg:expr),*) => {
+        match $groups {
+            1 => $kernel::<1>($($arg),*),
+            2 => $kernel::<2>($($arg),*),
+            4 => $kernel::<4>($($arg),*),
+            8 => $kernel::<8>($($arg),*),
+            16 => $kernel::<16>($($arg),*),
+            _ => $kernel::<32>($($arg),*),
+        }
+    };
+}
+
 impl Int8Keys {
     /// No slots yet in each of `stores` stores of keys `d` wide (`d <= MAX_D`).
     pub fn new(kernel: Kernel, stores: usize, d: usize) -> Self {
@@ -327,41 +342,16 @@ impl Int8Keys {
         match self.kernel {
             // SAFETY: `Kernel::Vnni` is only chosen where `Kernel::vnni` found the features.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Vnni => unsafe {
-                match self.groups {
-                    1 => scan_vnni::<1>(&view, queries, scan),
-                    2 => scan_vnni::<2>(&view, queries, scan),
-                    4 => scan_vnni::<4>(&view, queries, scan),
-                    8 => scan_vnni::<8>(&view, queries, scan),
-                    16 => scan_vnni::<16>(&view, queries, scan),
-                    _ => scan_vnni::<32>(&view, queries, scan),
-                }
-            },
+            Kernel::Vnni => unsafe { by_groups!(scan_vnni, self.groups, &view, queries, scan) },
             // SAFETY: `Kernel::AvxVnni` is only chosen where `Kernel::avx_vnni` found the
             // features.
             #[cfg(target_arch = "x86_64")]
             Kernel::AvxVnni => unsafe {
-                match self.groups {
-                    1 => scan_avx_vnni::<1>(&view, queries, scan),
-                    2 => scan_avx_vnni::<2>(&view, queries, scan),
-                    4 => scan_avx_vnni::<4>(&view, queries, scan),
-                    8 => scan_avx_vnni::<8>(&view, queries, scan),
-                    16 => scan_avx_vnni::<16>(&view, queries, scan),
-                    _ => scan_avx_vnni::<32>(&view, queries, scan),
-                }
+                by_groups!(scan_avx_vnni, self.groups, &view, queries, scan)
             },
             // SAFETY: `Kernel::Avx2` is only chosen where `Kernel::best` found AVX2.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe {
-                match self.groups {
-                    1 => scan_avx2::<1>(&view, queries, scan),
-                    2 => scan_avx2::<2>(&view, queries, scan),
-                    4 => scan_avx2::<4>(&view, queries, scan),
-                    8 => scan_avx2::<8>(&view, queries, scan),
-                    16 => scan_avx2::<16>(&view, queries, scan),
-                    _ => scan_avx2::<32>(&view, queries, scan),
-                }
-            },
+            Kernel::Avx2 => unsafe { by_groups!(scan_avx2, self.groups, &view, queries, scan) },
             _ => scan_portable(&view, self.groups, queries, scan),
         }
         scan.finish();
@@ -399,6 +389,30 @@ impl Store<'_> {
             self.keys.len() >= self.filled * self.d && queries.len() == scan.heaps.len() * self.d
         );
         blocks
+    }
+
+    /// Block `b`'s start in a SIMD scan: every query's threshold for it, the f32 rows of block
+    /// `b + 1` fetched when the last block had offers (`offered`; see [`prefetch_next_rows`](Self::prefetch_next_rows)),
+    /// and a pointer to its tiles (`tile_bytes` each).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `b` below [`scan_blocks`](Self::scan_blocks)'s count.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn begin_block(
+        &self,
+        b: usize,
+        scan: &mut Scan,
+        tile_bytes: usize,
+        offered: bool,
+    ) -> *const u8 {
+        // SAFETY: the caller's.
+        unsafe { thresholds_avx2(scan, &self.blocks[b]) };
+        if offered {
+            self.prefetch_next_rows(b);
+        }
+        // SAFETY: block `b`'s four tiles lie inside `tiles` (`scan_blocks`).
+        unsafe { self.tiles.as_ptr().add(4 * b * tile_bytes) }
     }
 
     /// Fetches the f32 rows of block `b + 1`, which the offers of some query of the task will
@@ -813,13 +827,9 @@ unsafe fn scan_vnni<const G: usize>(store: &Store, queries: &[f32], scan: &mut S
     // (see `prefetch_next_rows`).
     let mut offered = true;
     for b in 0..blocks {
-        // SAFETY: the CPU has AVX2 (implied by this function's AVX-512 F).
-        unsafe { thresholds_avx2(scan, &store.blocks[b]) };
-        // SAFETY (all loads below): within the lengths asserted above.
-        let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
-        if offered {
-            store.prefetch_next_rows(b);
-        }
+        // SAFETY: the CPU has AVX2 (implied by this function's AVX-512 F); `b < blocks`. (All
+        // loads below: within the lengths `scan_blocks` asserted.)
+        let tiles = unsafe { store.begin_block(b, scan, tile_bytes, offered) };
         // Each tile's lanes that hold written slots.
         let valid: [u16; 4] = std::array::from_fn(|w| store.valid(4 * b + w));
         let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
@@ -941,13 +951,9 @@ macro_rules! scan_ymm {
             // (see `prefetch_next_rows`).
             let mut offered = true;
             for b in 0..blocks {
-                // SAFETY: the CPU has AVX2 (among this function's features).
-                unsafe { thresholds_avx2(scan, &store.blocks[b]) };
-                // SAFETY (all loads below): within the lengths asserted above.
-                let tiles = unsafe { store.tiles.as_ptr().add(4 * b * tile_bytes) };
-                if offered {
-                    store.prefetch_next_rows(b);
-                }
+                // SAFETY: the CPU has AVX2 (among this function's features); `b < blocks`.
+                // (All loads below: within the lengths `scan_blocks` asserted.)
+                let tiles = unsafe { store.begin_block(b, scan, tile_bytes, offered) };
                 let valid = (0..4).fold(0u64, |m, w| m | (store.valid(4 * b + w) as u64) << (16 * w));
                 let (qpack, thresholds) = (scan.qpack.as_ptr(), scan.thresholds.as_ptr());
                 let entries = scan.entries.as_mut_ptr();
