@@ -65,7 +65,7 @@ pub mod knn;
 pub mod lsh;
 pub mod matmul;
 pub mod relative;
-mod row;
+pub mod row;
 pub mod softmax;
 
 mod autodiff;

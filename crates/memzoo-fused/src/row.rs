@@ -1,5 +1,5 @@
-//! Products of a single row, `o = a B`, for the attention of one query (a generated token)
-//! and for the kNN attention's units: the scores `o_j = a · b_j` against each key row `b_j`,
+//! Products of a single row, `o = a B`, for the attention of one query (a generated token),
+//! the kNN attention's units and a kNN store's search of one query ([`dots_into`]): the scores `o_j = a · b_j` against each key row `b_j`,
 //! and the output `o = Σ_j a_j b_j` over the value rows.
 //!
 //! `gemm` runs a one-row product as a matrix-vector product whose inner loop, for the scores,
@@ -64,11 +64,13 @@ impl Rows {
     }
 }
 
-/// `out[j] = a · rows[j]` for the `out.len()` rows of `rows`, each `a.len()` wide.
+/// `out[j] = a · rows[j]` for the `out.len()` rows of `rows`, each `a.len()` wide: one query's
+/// scores against keys stored row by row (the kNN attention's units, a kNN store's search of
+/// one query).
 ///
 /// # Panics
 /// When `rows` holds fewer than `out.len()` rows.
-pub(crate) fn dots_into(a: &[f32], rows: &[f32], out: &mut [f32]) {
+pub fn dots_into(a: &[f32], rows: &[f32], out: &mut [f32]) {
     let (d, n) = (a.len(), out.len());
     assert!(
         rows.len() >= n * d,

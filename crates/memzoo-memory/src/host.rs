@@ -367,6 +367,14 @@ impl HostStore {
         top.start(n_rows, kk);
         for c0 in (0..filled).step_by(KEY_CHUNK) {
             let c = KEY_CHUNK.min(filled - c0);
+            if n_rows == 1 {
+                // One query (a generated token's head): its dots eight keys at a time, where
+                // `gemm`'s matrix-vector loop sums one register per key.
+                let keys = &self.keys[store + c0 * d..store + (c0 + c) * d];
+                memzoo_fused::row::dots_into(packed, keys, &mut scores[..c]);
+                top.push(&scores[..c], c0);
+                continue;
+            }
             // S = Q Kᵀ for this block, kv head and chunk of keys: [n_rows, d] x [d, c],
             // written column-major (`scores[j * n_rows + r]`). With a row-major output `gemm`
             // transposes the problem and packs every key again for each block of queries;

@@ -55,9 +55,17 @@ fn naive_topk(keys: &[f32], q: &[f32], d: usize, k: usize) -> Vec<usize> {
     scored.into_iter().take(k).map(|(_, i)| i).collect()
 }
 
+/// Exact search against a naive top-k, for 4 queries a row and for 1 (a generated token's:
+/// the host store scores a single query without `gemm`).
 #[test]
 fn exact_search_equals_naive_topk_per_row_and_head() {
-    let (b, h, d, n, t, k) = (2, 3, 8, 50, 4, 5);
+    for t in [4, 1] {
+        exact_search_equals_naive_topk(t);
+    }
+}
+
+fn exact_search_equals_naive_topk(t: usize) {
+    let (b, h, d, n, k) = (2, 3, 8, 50, 5);
     let dev = device();
     let mut index = config(IndexKind::Exact, h, d, 64).init(b, &dev).unwrap();
     // Distinct keys per (row, head): [b, n, h, d]; value = [row, head, slot, 0...].
