@@ -26,6 +26,9 @@
 //!   the zeroing and copying of every output that Burn's `flex` matmul does first (see
 //!   [`mod@matmul`]).
 //!
+//! - [`row::dots_into`]: one vector's dots against many rows, eight at a time (the single-query
+//!   products of the relative and kNN attention and of a kNN store's search; see [`row`]).
+//!
 //! The kernels run on the `flex` backend (with or without autodiff); [`supports`] says whether a
 //! device can run them. Callers keep their tensor-op path for every other backend and as the
 //! reference the kernels are tested against (`memzoo-reformer`'s `attention` tests).
@@ -34,8 +37,8 @@
 //! the [`FusedBackend`] extension are here; the plain `flex` backend's side (the inputs read on
 //! the host, the kernels called) in `flex.rs`; the autodiff side (what each op saves, the
 //! gradients it registers) in `autodiff.rs`; the maths of each kernel, forward and backward, in
-//! [`lsh`], [`relative`], [`knn`], [`mod@gelu`] and [`mod@matmul`]; the dropout masks in
-//! [`dropout`].
+//! [`lsh`], [`relative`], [`knn`], [`mod@gelu`], [`mod@matmul`] and [`row`]; the dropout masks
+//! in [`dropout`].
 //!
 //! This crate is compiled at `opt-level = 3` in the dev profile (the workspace's own crates are
 //! at 1): its loops are the hot path.
