@@ -74,6 +74,12 @@ const MIN_ROWS: usize = 8;
 /// `skip[j]` get 0.
 #[inline(always)]
 fn dots_into(a: &[f32], rows: &[f32], skip: &[bool], out: &mut [f32]) {
+    assert!(
+        skip.len() >= out.len(),
+        "dots_into: {} skips for {} rows",
+        skip.len(),
+        out.len()
+    );
     crate::row::dots_into(a, rows, out);
     for (o, &skip) in out.iter_mut().zip(skip) {
         if skip {

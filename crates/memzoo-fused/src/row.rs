@@ -1,6 +1,7 @@
 //! Products of a single row, `o = a B`, for the attention of one query (a generated token),
-//! the kNN attention's units and a kNN store's search of one query ([`dots_into`]): the scores `o_j = a · b_j` against each key row `b_j`,
-//! and the output `o = Σ_j a_j b_j` over the value rows.
+//! the kNN attention's units and a kNN store's search of one query ([`dots_into`]): the scores
+//! `o_j = a · b_j` against each key row `b_j`, and the output `o = Σ_j a_j b_j` over the value
+//! rows.
 //!
 //! `gemm` runs a one-row product as a matrix-vector product whose inner loop, for the scores,
 //! ends every output with a horizontal sum of one register (about 30 cycles per 32-wide key on
