@@ -247,9 +247,20 @@ impl HostStore {
             None => QUERY_BLOCK,
         };
         let block = rows_per_task.div_ceil(group).clamp(1, tokens.max(1));
-        // Tasks: (row, block of queries); each owns its slice of the outputs.
-        let tasks: Vec<(usize, usize)> = (0..self.batch)
-            .flat_map(|b| (0..tokens).step_by(block).map(move |t| (b, t)))
+        // Tasks: (row, block of queries, kv heads); each owns its slice of the outputs. A
+        // single query per row (a generated token) is one task per kv head, so that the
+        // stores' scans, each reading its whole store, share the threads; a token's heads are
+        // adjacent in the outputs.
+        let head_tasks = if tokens == 1 { hk } else { 1 };
+        let tasks: Vec<(usize, usize, std::ops::Range<usize>)> = (0..self.batch)
+            .flat_map(|b| {
+                (0..tokens).step_by(block).flat_map(move |t| {
+                    (0..head_tasks).map(move |c| {
+                        let per = hk.div_ceil(head_tasks);
+                        (b, t, (c * per).min(hk)..((c + 1) * per).min(hk))
+                    })
+                })
+            })
             .collect();
         let mut outs: Vec<(&mut [f32], &mut [f32], &mut [bool])> = Vec::new();
         {
@@ -258,11 +269,16 @@ impl HostStore {
                 hits.values.as_mut_slice(),
                 hits.empty.as_mut_slice(),
             );
-            for &(_, t0) in &tasks {
-                let n = block.min(tokens - t0);
-                let (k0, k1) = ks.split_at_mut(n * per_token * d);
-                let (v0, v1) = vs.split_at_mut(n * per_token * d);
-                let (e0, e1) = es.split_at_mut(n * per_token);
+            for (_, t0, heads) in &tasks {
+                // Its tokens' pairs, or (one task per kv head) its query heads' of one token.
+                let n = if head_tasks > 1 {
+                    heads.len() * group * k
+                } else {
+                    block.min(tokens - t0) * per_token
+                };
+                let (k0, k1) = ks.split_at_mut(n * d);
+                let (v0, v1) = vs.split_at_mut(n * d);
+                let (e0, e1) = es.split_at_mut(n);
                 outs.push((k0, v0, e0));
                 (ks, vs, es) = (k1, v1, e1);
             }
@@ -279,7 +295,7 @@ impl HostStore {
                 )
             },
             |(scores, packed, top, scan): &mut (Vec<f32>, Vec<f32>, ColumnsTopK, Scan),
-             ((b, t0), (ko, vo, eo))| {
+             ((b, t0, heads), (ko, vo, eo))| {
                 let filled = rows[b].len.min(self.alloc);
                 if filled == 0 {
                     return;
@@ -289,7 +305,9 @@ impl HostStore {
                 let n_rows = m * group;
                 let kk = k.min(filled);
                 packed.resize(n_rows * d, 0.0);
-                for g in 0..hk {
+                // The outputs' query heads: those of the task's kv heads, from `h0`.
+                let (h0, width) = (heads.start * group, heads.len() * group);
+                for g in heads {
                     let store = self.offset(b, g, 0);
                     for i in 0..m {
                         // The group's heads are adjacent in a token's queries.
@@ -314,10 +332,10 @@ impl HostStore {
                         let (i, h) = (r / group, g * group + r % group);
                         for (j, &(_, slot)) in best.iter().enumerate() {
                             let src = store + slot as usize * d;
-                            let dst = ((i * h_n + h) * k + j) * d;
-                            ko[dst..dst + d].copy_from_slice(&self.keys[src..src + d]);
-                            vo[dst..dst + d].copy_from_slice(&self.values[src..src + d]);
-                            eo[(i * h_n + h) * k + j] = false;
+                            let at = (i * width + h - h0) * k + j;
+                            ko[at * d..(at + 1) * d].copy_from_slice(&self.keys[src..src + d]);
+                            vo[at * d..(at + 1) * d].copy_from_slice(&self.values[src..src + d]);
+                            eo[at] = false;
                         }
                     }
                 }

@@ -663,10 +663,17 @@ fn grouped(kind: IndexKind, heads: usize, kv: usize, d: usize, max: usize) -> Kn
 #[test]
 fn grouped_exact_search_equals_naive_per_query_head() {
     // 8 query heads on 1 and 2 kv heads, host and device top-k; 400 stored per (row, kv
-    // head) takes the host top-k's block pass (n >= 4 k 16).
-    let (b, h, d, n, t, k) = (2, 8, 8, 400, 5, 5);
+    // head) takes the host top-k's block pass (n >= 4 k 16). 5 queries a row, and 1 (a
+    // generated token's: the host store searches each kv head in a task of its own).
+    for t in [5, 1] {
+        grouped_exact_search_equals_naive(t);
+    }
+}
+
+fn grouped_exact_search_equals_naive(t: usize) {
+    let (b, h, d, n, k) = (2, 8, 8, 400, 5);
     let dev = device();
-    for kv in [1, 2] {
+    for kv in [1, 2, 4] {
         let group = h / kv;
         // Keys [b, n, kv, d]; value = [row, kv head, slot, 0...].
         let keys = clustered_keys(b * n * kv, d, 0, 0.0, 21 + kv as u64);
