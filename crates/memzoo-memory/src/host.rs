@@ -251,14 +251,13 @@ impl HostStore {
         // single query per row (a generated token) is one task per kv head, so that the
         // stores' scans, each reading its whole store, share the threads; a token's heads are
         // adjacent in the outputs.
-        let head_tasks = if tokens == 1 { hk } else { 1 };
+        let heads_per_task = if tokens == 1 { 1 } else { hk };
         let tasks: Vec<(usize, usize, std::ops::Range<usize>)> = (0..self.batch)
             .flat_map(|b| {
                 (0..tokens).step_by(block).flat_map(move |t| {
-                    (0..head_tasks).map(move |c| {
-                        let per = hk.div_ceil(head_tasks);
-                        (b, t, (c * per).min(hk)..((c + 1) * per).min(hk))
-                    })
+                    (0..hk)
+                        .step_by(heads_per_task)
+                        .map(move |g| (b, t, g..g + heads_per_task))
                 })
             })
             .collect();
@@ -270,12 +269,9 @@ impl HostStore {
                 hits.empty.as_mut_slice(),
             );
             for (_, t0, heads) in &tasks {
-                // Its tokens' pairs, or (one task per kv head) its query heads' of one token.
-                let n = if head_tasks > 1 {
-                    heads.len() * group * k
-                } else {
-                    block.min(tokens - t0) * per_token
-                };
+                // Its tokens' pairs of its kv heads' query heads (of every head, or of one kv
+                // head's for a single token: adjacent in the outputs either way).
+                let n = block.min(tokens - t0) * heads.len() * group * k;
                 let (k0, k1) = ks.split_at_mut(n * d);
                 let (v0, v1) = vs.split_at_mut(n * d);
                 let (e0, e1) = es.split_at_mut(n);
