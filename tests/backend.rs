@@ -18,3 +18,119 @@ fn device_strings_pick_backends_or_name_the_missing_feature() {
     let err = parse_device("gpu").unwrap_err().to_string();
     assert!(err.contains("unknown device `gpu`"), "{err}");
 }
+
+/// The softmax test's seeded input `x` (`8 (U - 1/2)`) and weights `w` (`2 (U - 1/2)`).
+fn softmax_inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut draw = |scale: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| scale * (rng.random::<f32>() - 0.5))
+            .collect()
+    };
+    let x = draw(8.0);
+    (x, draw(2.0))
+}
+
+/// What an autodiff graph through `f` holds on `ad` after the forward, in bytes of the device
+/// allocator's live slices (`None` where the device has no pools), and the gradient it gives
+/// `x`, for `loss = Σ w ⊙ f(x)` ([`softmax_inputs`] of `shape`, made on the host).
+fn held_by_graph(
+    ad: &burn::tensor::Device,
+    shape: [usize; 4],
+    f: fn(burn::tensor::Tensor<4>) -> burn::tensor::Tensor<4>,
+) -> Option<(u64, Vec<f32>)> {
+    use burn::tensor::{Tensor, TensorData};
+    let (x, w) = softmax_inputs(shape.iter().product());
+    let x = Tensor::<4>::from_data(TensorData::new(x, shape), ad).require_grad();
+    let w = Tensor::<4>::from_data(TensorData::new(w, shape), ad);
+    // Both on the device before the first reading.
+    let _ = (x.clone().sum() + w.clone().sum()).into_scalar::<f32>();
+    let in_use = || ad.memory_pool_usage().map(|u| u.bytes_in_use);
+    let before = in_use()?;
+    let loss = (f(x.clone()) * w).sum();
+    let _ = loss.clone().into_scalar::<f32>();
+    let held = in_use()?.saturating_sub(before);
+    let grads = loss.backward();
+    Some((
+        held,
+        memzoo_tests::host(x.grad(&grads).expect("x has a gradient")),
+    ))
+}
+
+/// memzoo's softmax (`memzoo_fused::softmax`) keeps one score-sized tensor for its backward on
+/// the devices that pool their memory (CubeCL's: wgpu, with or without fusion), where Burn's
+/// composition keeps two (the exponentials and the probabilities); both give the gradient
+/// `dS = P ⊙ (w - Σ_j P_j w_j)` computed here on the host in f64.
+///
+/// Read from the device allocator's bytes in use after the forward (Burn's
+/// `Device::memory_pool_usage`): the claim of `docs/backends.md` ("one score-sized tensor per
+/// layer fewer") on the allocator a GPU run uses. Skipped, with a line, on devices without
+/// pools (flex, LibTorch).
+#[test]
+fn backend_softmax_graph_holds_only_its_output() {
+    let shape = [2, 4, 64, 256];
+    let n: usize = shape.iter().product();
+    let bytes = 4 * n as u64;
+    let want = {
+        let (x, w) = softmax_inputs(n);
+        let cols = shape[3];
+        let mut want = vec![0.0f32; n];
+        for ((xr, wr), out) in x
+            .chunks(cols)
+            .zip(w.chunks(cols))
+            .zip(want.chunks_mut(cols))
+        {
+            let m = xr.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64));
+            let e: Vec<f64> = xr.iter().map(|&v| (v as f64 - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            let pw: f64 = e.iter().zip(wr).map(|(e, &w)| e / z * w as f64).sum();
+            for ((o, e), &w) in out.iter_mut().zip(&e).zip(wr) {
+                *o = (e / z * (w as f64 - pw)) as f32;
+            }
+        }
+        want
+    };
+    let specs = memzoo_backend::test_devices().unwrap_or_else(|e| panic!("{e}"));
+    for spec in specs {
+        let name = spec.to_string();
+        let device = spec.init().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ad = device.clone().autodiff();
+        let ours = held_by_graph(&ad, shape, |x| memzoo_fused::softmax::softmax(x, 3));
+        let Some((ours, g_ours)) = ours else {
+            println!("{name}: no memory pools to read, skipped");
+            continue;
+        };
+        let (burns, g_burn) =
+            held_by_graph(&ad, shape, |x| burn::tensor::activation::softmax(x, 3))
+                .expect("the same device reports pools");
+        println!(
+            "{name}: the graph holds {:.2} score-sized tensors with memzoo's softmax, {:.2} with Burn's",
+            ours as f64 / bytes as f64,
+            burns as f64 / bytes as f64
+        );
+        assert!(
+            memzoo_fused::softmax::keeps_output_only(&device),
+            "{name}: memzoo's softmax op does not run here"
+        );
+        assert!(
+            ours < bytes * 3 / 2,
+            "{name}: memzoo's softmax holds {ours} bytes for a {bytes}-byte output"
+        );
+        assert!(
+            burns >= bytes * 19 / 10,
+            "{name}: Burn's softmax holds {burns} bytes: the meter does not see its two tensors"
+        );
+        for (what, got) in [("memzoo's", &g_ours), ("Burn's", &g_burn)] {
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst < 1e-5,
+                "{name}: {what} softmax gradient off by {worst}"
+            );
+        }
+    }
+}
