@@ -644,3 +644,68 @@ fn training_from_hf_weights_follows_pytorch_step_by_step() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The trainer's log lines carry what a pooling device's allocator holds (CubeCL's: wgpu,
+/// CUDA), and nothing on flex. Checked against the model's own size: after a step the live
+/// bytes hold at least the weights and AdamW's two moments, `3 x 4 bytes x parameters`, and
+/// the reserved bytes and their peak hold at least the live ones.
+#[test]
+fn backend_trainer_reports_the_device_allocator() {
+    let tokens = stream();
+    let specs = memzoo_backend::test_devices().unwrap_or_else(|e| panic!("{e}"));
+    for spec in specs {
+        let name = spec.to_string();
+        let dev = spec
+            .init()
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .autodiff();
+        let model = seeded_weights(tiny_xl().init(&dev).unwrap(), 1, xl_init_std(&tiny_xl()));
+        let weights_mib = (4 * model.num_params()) as f64 / (1u64 << 20) as f64;
+        let dir = scratch(&format!("allocator-{}", name.replace(':', "-")));
+        let config = tiny_train(2).with_log_every(1).with_checkpoint_every(0);
+        train(
+            model,
+            &config,
+            &mut batcher(&tokens),
+            None,
+            &options(&dir, false),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let in_use = train_metric(&dir, "device_mib_in_use");
+        let reserved = train_metric(&dir, "device_mib_reserved");
+        let peak = train_metric(&dir, "device_mib_reserved_peak");
+        if dev.memory_pool_usage().is_none() {
+            assert!(
+                in_use.is_empty() && reserved.is_empty() && peak.is_empty(),
+                "{name} has no pools but the log reads some"
+            );
+            println!("{name}: no pools, no allocator lines");
+            continue;
+        }
+        assert_eq!(
+            (in_use.len(), reserved.len(), peak.len()),
+            (2, 2, 2),
+            "{name}: one reading per logged step"
+        );
+        println!(
+            "{name}: in use {in_use:?} MiB, reserved {reserved:?}, peak {peak:?}; weights {weights_mib:.3} MiB"
+        );
+        for s in 0..2 {
+            assert!(
+                in_use[s] >= 3.0 * weights_mib,
+                "{name}: {} MiB in use after step {} holds less than the weights and two moments ({} MiB)",
+                in_use[s],
+                s + 1,
+                3.0 * weights_mib
+            );
+            assert!(
+                reserved[s] >= in_use[s] && peak[s] >= reserved[s],
+                "{name}: reserved {} / peak {} below the {} MiB in use",
+                reserved[s],
+                peak[s],
+                in_use[s]
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

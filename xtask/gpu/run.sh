@@ -90,14 +90,16 @@ summarize_metrics() {
       }
       if (split_ == "train" && metric == "loss") { train_loss = value; last = step }
       if (split_ == "valid" && metric == "loss") { valid_loss = value }
+      if (split_ == "train" && metric == "device_mib_reserved_peak" && value + 0 > alloc) { alloc = value + 0 }
     }
     END {
-      printf "%s\t%s\t%s\t%s\t%s\n",
+      printf "%s\t%s\t%s\t%s\t%s\t%s\n",
         (last == "" ? "-" : last),
         (secs > 0 ? sprintf("%.1f", steps / secs) : "-"),
         (first == "" ? "-" : sprintf("%.1f", first)),
         (train_loss == "" ? "-" : sprintf("%.4f", train_loss)),
-        (valid_loss == "" ? "-" : sprintf("%.4f", valid_loss))
+        (valid_loss == "" ? "-" : sprintf("%.4f", valid_loss)),
+        (alloc > 0 ? sprintf("%.0f", alloc) : "-")
     }' "$1"
 }
 
@@ -171,9 +173,12 @@ self_test() {
 {"step":35,"split":"train","metric":"tokens_per_s","value":2000.0}
 {"step":35,"split":"valid","metric":"loss","value":3.125}
 {"step":35,"split":"valid","metric":"bpc","value":4.5}
+{"step":20,"split":"train","metric":"device_mib_reserved_peak","value":2113.0}
+{"step":35,"split":"train","metric":"device_mib_reserved_peak","value":2344.4}
+{"step":35,"split":"train","metric":"device_mib_reserved","value":2264.3}
 EOF
   got=$(summarize_metrics "$tmp/metrics.jsonl")
-  local want=$'35\t1666.7\t100.0\t3.2500\t3.1250'
+  local want=$'35\t1666.7\t100.0\t3.2500\t3.1250\t2344'
   printf '%s\n' 250 1200 81000 abc 900 >"$tmp/smi"
   local peak empty
   peak=$(peak_of "$tmp/smi")
@@ -188,7 +193,7 @@ EOF
     echo "self-test FAILED: peak '$peak', expected 81000" >&2
     exit 1
   fi
-  if [ "$empty" != $'-\t-\t-\t-\t-' ]; then
+  if [ "$empty" != $'-\t-\t-\t-\t-\t-' ]; then
     echo "self-test FAILED: an empty metrics file gave '$empty'" >&2
     exit 1
   fi
@@ -431,12 +436,12 @@ check() {
     finish_run
     metrics="$run_dir/metrics.jsonl"
     if [ -f "$metrics" ]; then
-      IFS=$'\t' read -r last tps first loss vloss < <(summarize_metrics "$metrics")
+      IFS=$'\t' read -r last tps first loss vloss alloc < <(summarize_metrics "$metrics")
     else
-      last=- tps=- first=- loss=- vloss=-
+      last=- tps=- first=- loss=- vloss=- alloc=-
     fi
-    rows+=("$(printf '%-24s %6s %12s %12s %9s %8s %8s %6s  %s' \
-      "$run" "$last" "$tps" "$first" "$peak" "$loss" "$vloss" "$wall" "$result")")
+    rows+=("$(printf '%-24s %6s %12s %12s %9s %9s %8s %8s %6s  %s' \
+      "$run" "$last" "$tps" "$first" "$peak" "$alloc" "$loss" "$vloss" "$wall" "$result")")
   done
 
   # The XL peer on the same machine: HF TransfoXL with the same model, batch and corpus
@@ -477,19 +482,21 @@ check() {
       field() { sed -n "s/.*\"$1\": \([^,}]*\).*/\1/p" <<<"$json" | tr -d '"'; }
       last=$(field steps); tps=$(field tokens_per_s); first=$(field first_window_tokens_per_s)
       loss=$(field loss)
-      rows+=("$(printf '%-24s %6s %12s %12s %9s %8s %8s %6s  %s' \
-        "hf-transfoxl" "${last:--}" "${tps:--}" "${first:--}" "$peak" "${loss:--}" "-" "$wall" "$result")")
+      rows+=("$(printf '%-24s %6s %12s %12s %9s %9s %8s %8s %6s  %s' \
+        "hf-transfoxl" "${last:--}" "${tps:--}" "${first:--}" "$peak" "-" "${loss:--}" "-" "$wall" "$result")")
     fi
   fi
 
   summary=$(
     echo "memzoo GPU check on $device ($(sed -n 's/^commit=//p' "$dir/MANIFEST" 2>/dev/null || echo '?'), features ${features:-?}):"
-    printf '%-24s %6s %12s %12s %9s %8s %8s %6s  %s\n' \
-      preset steps "tokens/s" "1st window" "peak MiB" "loss" "valid" "wall s" result
+    printf '%-24s %6s %12s %12s %9s %9s %8s %8s %6s  %s\n' \
+      preset steps "tokens/s" "1st window" "peak MiB" "alloc MiB" "loss" "valid" "wall s" result
     printf '%s\n' "${rows[@]}"
     echo "tokens/s: over the logged windows after the first; 1st window: its tokens/s (compilation,"
     echo "autotune); peak MiB: nvidia-smi's memory.used, the whole GPU, sampled every 200 ms ('-': not"
-    echo "measured); loss: the last window's training loss (nats); valid: $eval_segments validation segments at the end."
+    echo "measured); alloc MiB: the most memzoo's device allocator held (device_mib_reserved_peak; the"
+    echo "rest of peak MiB is the driver's context and other processes); loss: the last window's"
+    echo "training loss (nats); valid: $eval_segments validation segments at the end."
     [ -z "$product_lines" ] || echo "$product_lines"
   )
   echo

@@ -470,8 +470,9 @@ pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
 ///
 /// Reads two environment variables (see [`test_devices_from`]):
 /// - `MEMZOO_WGPU_API`: which wgpu graphics APIs to list, a comma-separated list of `gl`,
-///   `vulkan`, `auto`, or `none`. Default: `gl`, the API that also works on a CPU-only machine (Mesa's
-///   llvmpipe; Vulkan on lavapipe crashes in matmul). On a GPU machine use `vulkan`.
+///   `vulkan`, `auto`, or `none`. Default: `gl`, the API a CPU-only machine has with Mesa's
+///   llvmpipe alone. On a GPU machine use `vulkan`; on a CPU-only one with Mesa's lavapipe
+///   (`mesa-vulkan-drivers`) `vulkan` runs the `wgpu` build (autotune and fusion) there too.
 /// - `MEMZOO_TEST_CUDA=1`: also list `cuda:0` and `tch-cuda:0` (when compiled in).
 ///
 /// An unknown `MEMZOO_WGPU_API` value is an error that names it.

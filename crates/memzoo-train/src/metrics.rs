@@ -160,7 +160,55 @@ const METRICS: &[(&str, Option<&str>, bool)] = &[
     ("clipped", None, false),
     ("selected_bpc", Some("bits/char"), false),
     ("selected_accuracy", None, true),
+    ("device_mib_in_use", Some("MiB"), false),
+    ("device_mib_reserved", Some("MiB"), false),
+    ("device_mib_reserved_peak", Some("MiB"), false),
 ];
+
+/// What the devices' allocators hold after a step, summed over `devices` (each counted once),
+/// for the devices that pool their memory (CubeCL's: wgpu, CUDA); empty where none does (flex
+/// and LibTorch report nothing).
+///
+/// - `device_mib_in_use`: the live tensors' bytes (weights, gradients, optimiser state, the
+///   carried memories): what the step leaves behind;
+/// - `device_mib_reserved`: the bytes the allocator holds now, live or kept for reuse;
+/// - `device_mib_reserved_peak`: the most it ever held at once, the sum of each pool's peak
+///   pages times their size. With the device's own context this is what `nvidia-smi` shows;
+///   the difference from the live tensors is the step's temporaries (activations kept for the
+///   backward) and the pages they leave.
+pub(crate) fn allocator_mib(devices: &[burn::tensor::Device]) -> Vec<(&'static str, f64)> {
+    let mut seen: Vec<&burn::tensor::Device> = Vec::new();
+    let mut sums = [0u64; 3];
+    let mut any = false;
+    for d in devices {
+        if seen.contains(&d) {
+            continue;
+        }
+        seen.push(d);
+        let Some(usage) = d.memory_pool_usage() else {
+            continue;
+        };
+        any = true;
+        let peak: u64 = d
+            .memory_pool_report()
+            .unwrap_or_default()
+            .iter()
+            .map(|p| p.pages_peak * p.page_size)
+            .sum();
+        sums[0] += usage.bytes_in_use;
+        sums[1] += usage.bytes_reserved;
+        sums[2] += peak.max(usage.bytes_reserved);
+    }
+    if !any {
+        return Vec::new();
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    vec![
+        ("device_mib_in_use", mib(sums[0])),
+        ("device_mib_reserved", mib(sums[1])),
+        ("device_mib_reserved_peak", mib(sums[2])),
+    ]
+}
 
 impl Reporter {
     /// Opens `<run_dir>/metrics.jsonl` for appending and starts the renderer: with `quiet`

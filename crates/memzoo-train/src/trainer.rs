@@ -722,19 +722,17 @@ pub fn train_on_devices<M: SegmentModel>(
             let loss = window.0 / window.1 as f64;
             train_loss = Some(loss);
             let tps = window.2 as f64 / window.3.elapsed().as_secs_f64();
-            reporter.record(
-                step,
-                "train",
-                &[
-                    ("loss", loss),
-                    ("bpc", loss / std::f64::consts::LN_2),
-                    ("lr", lr),
-                    ("tokens_per_s", tps),
-                    ("grad_norm", norms.mean()),
-                    ("grad_norm_max", norms.max),
-                    ("clipped", norms.clipped_share()),
-                ],
-            )?;
+            let mut values = vec![
+                ("loss", loss),
+                ("bpc", loss / std::f64::consts::LN_2),
+                ("lr", lr),
+                ("tokens_per_s", tps),
+                ("grad_norm", norms.mean()),
+                ("grad_norm_max", norms.max),
+                ("clipped", norms.clipped_share()),
+            ];
+            values.extend(crate::metrics::allocator_mib(&placement));
+            reporter.record(step, "train", &values)?;
             window = (0.0, 0, 0, Instant::now());
             norms = NormWindow::default();
         }
