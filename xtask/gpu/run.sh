@@ -49,6 +49,11 @@ usage: xtask/gpu/run.sh [OPTIONS]
                       4096-square product and xl-enwik8-base's, timed before the runs); --tiny
                       skips them too, as llvmpipe takes minutes per large product, unless
   --products          asks for them
+  --profile-steps N   after the runs, train xl-enwik8-base N more steps with CubeCL's kernel
+                      profiler on (each kernel timed, so run apart from the timed runs) and
+                      print where the time goes, kernel by kernel and by kind (default 10;
+                      --tiny skips it unless given; the whole log goes to $OUT gzipped)
+  --no-profile        skip the kernel profile
   --self-test         check the summary arithmetic on a made-up metrics file, then exit
 EOF
 }
@@ -107,6 +112,52 @@ summarize_metrics() {
 peak_of() {
   awk '$1 ~ /^[0-9]+$/ && $1 + 0 > max { max = $1 + 0; seen = 1 }
        END { if (seen) print max; else print "-" }' "$1" 2>/dev/null || echo "-"
+}
+
+# Where the time of CubeCL's profiled kernels went. Reads profile lines, one a kernel launch,
+# "| 1.25ms | NAME | PART | ... _<hash>" (the duration in ns, µs/us, ms or s), and prints the
+# total, then the TOP most costly kernels (their name without the per-shape hash; a matmul's
+# with its algorithm family), then the time by kind: matmul, reduce, fused elementwise, other
+# elementwise, copy and gather, random, other. Every other line of the file is skipped.
+summarize_profile() {
+  awk -v top="$2" '
+    /^\| *[0-9.]+ *(ns|µs|us|ms|s) *\|/ {
+      n = split($0, f, "|")
+      d = f[2]; gsub(/ /, "", d)
+      v = d; sub(/[^0-9.].*$/, "", v); u = d; sub(/^[0-9.]+/, "", u)
+      ms = v * (u == "ns" ? 1e-6 : (u == "ms" ? 1 : (u == "s" ? 1000 : 1e-3)))
+      name = f[3]; gsub(/^ +| +$/, "", name)
+      if (name ~ /^Matmul/) {
+        for (i = 4; i <= n; i++) if (f[i] ~ /Family/ && f[i] ~ /Matmul/) {
+          fam = f[i]; gsub(/^ +| +$/, "", fam); name = name " " fam; break
+        }
+      }
+      sub(/_[0-9a-f]+$/, "", name)
+      kind = "other"
+      if (name ~ /Matmul|matmul/) kind = "matmul"
+      else if (name ~ /Reduce|reduce/) kind = "reduce"
+      else if (name ~ /Elemwise|elemwise/) kind = "fused elementwise"
+      else if (name ~ /Binop|Unary|Scalar|Full|MaskFill|Cmp|Cast/) kind = "elementwise"
+      else if (name ~ /Copy|Slice|Gather|Scatter|Select|Cat|copy/) kind = "copy and gather"
+      else if (name ~ /Prng|Random/) kind = "random"
+      t[name] += ms; c[name]++; k[kind] += ms; total += ms; launches++
+    }
+    END {
+      if (launches == 0) { print "no profiled kernels"; exit }
+      printf "kernels: %d launches, %.1f ms of kernel time\n", launches, total
+      for (i = 1; i <= top; i++) {
+        best = ""; bt = -1
+        for (x in t) if (t[x] > bt) { bt = t[x]; best = x }
+        if (best == "") break
+        printf "  %6.1f%% %10.1f ms %7d x  %s\n", 100 * bt / total, bt, c[best], best
+        delete t[best]
+      }
+      line = "by kind:"
+      split("matmul,reduce,fused elementwise,elementwise,copy and gather,random,other", kinds, ",")
+      for (i = 1; i <= 7; i++) if (k[kinds[i]] > 0) line = line sprintf(" %s %.1f%%;", kinds[i], 100 * k[kinds[i]] / total)
+      sub(/;$/, "", line)
+      print line
+    }' "$1"
 }
 
 # After a run: stops the memory sampler ($sampler, if any) and sets wall (seconds since $t0),
@@ -197,6 +248,26 @@ EOF
     echo "self-test FAILED: an empty metrics file gave '$empty'" >&2
     exit 1
   fi
+  # The kernel profile: 6 + 2 ms of one matmul (two shapes, one name), 1.5 ms of a fused
+  # kernel in µs, 0.5 ms of a reduce in ns, 0.5 ms of an unfused binary op; a compilation line
+  # between them is skipped.
+  tmp=$(mktemp -d)
+  cat >"$tmp/profile.log" <<'EOF'
+| 6ms        | MatmulEntry | TensorArgs | SimpleMatmulFamily | UnitPartitioner | RowMajor_9c249f6e
+let v1 = 2;
+| 2.0ms      | MatmulEntry | TensorArgs | SimpleMatmulFamily | UnitPartitioner | RowMajor_f2e10182
+| 1500µs     | ElemwiseFuse_0366e1b2
+| 500000ns   | ReduceKernel_12ab
+| 0.5ms      | KernelBinop_77
+EOF
+  local prof want_prof
+  prof=$(summarize_profile "$tmp/profile.log" 2)
+  want_prof=$'kernels: 5 launches, 10.5 ms of kernel time\n    76.2%        8.0 ms       2 x  MatmulEntry SimpleMatmulFamily\n    14.3%        1.5 ms       1 x  ElemwiseFuse\nby kind: matmul 76.2%; reduce 4.8%; fused elementwise 14.3%; elementwise 4.8%'
+  rm -rf "$tmp"
+  if [ "$prof" != "$want_prof" ]; then
+    printf 'self-test FAILED: the profile summary is\n%s\nexpected\n%s\n' "$prof" "$want_prof" >&2
+    exit 1
+  fi
   # The autotune cache: saved from one cache folder, restored into another.
   tmp=$(mktemp -d)
   mkdir -p "$tmp/a/cubecl/env" "$tmp/out" "$tmp/b"
@@ -224,6 +295,8 @@ max_seconds=120
 peer_seconds=60
 peer=1
 products=1
+profile_steps=10
+profile=1
 grace=45
 log_every=10
 eval_segments=4
@@ -256,6 +329,8 @@ while [ $# -gt 0 ]; do
     --no-peer) peer=0; shift ;;
     --no-products) products=0; shift ;;
     --products) products=forced; shift ;;
+    --profile-steps) profile_steps=${2:-}; positive --profile-steps "$profile_steps"; profile=forced; shift 2 ;;
+    --no-profile) profile=0; shift ;;
     --tiny)
       tiny_mode=1
       # The presets' layer kinds and schedules stay; only sizes shrink. Put before the
@@ -273,6 +348,7 @@ while [ $# -gt 0 ]; do
 done
 
 if [ "${tiny_mode:-0}" = 1 ] && [ "$products" != forced ]; then products=0; fi
+if [ "${tiny_mode:-0}" = 1 ] && [ "$profile" != forced ]; then profile=0; fi
 
 for run in $presets; do
   case "$run" in
@@ -298,10 +374,14 @@ corpus="$dir/corpus.txt.gz"
 
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
-# The binary travels gzipped (stripped it is ~80 MB); unpacked once per copy of it.
+# The binary travels gzipped (stripped it is ~80 MB); unpacked once per copy of it: again
+# whenever the archive's checksum differs from the one it was unpacked from (another --dir's
+# build, an older one with a newer date).
 bin="$work/memzoo"
-if [ ! -x "$bin" ] || [ "$dir/memzoo.gz" -nt "$bin" ]; then
+sum=$(cksum <"$dir/memzoo.gz")
+if [ ! -x "$bin" ] || [ "$(cat "$bin.cksum" 2>/dev/null)" != "$sum" ]; then
   gzip -dc "$dir/memzoo.gz" >"$bin.part" && chmod +x "$bin.part" && mv "$bin.part" "$bin"
+  echo "$sum" >"$bin.cksum"
 fi
 log="$work/gpu-check.log"
 summary_file="$work/gpu-check-summary.txt"
@@ -487,6 +567,47 @@ check() {
     fi
   fi
 
+  # ------------------------------------------------------------------------------------------
+  # Where XL's time goes on this device: xl-enwik8-base again for $profile_steps steps with
+  # CubeCL's kernel profiler on (a cubecl.toml in the run's folder: CubeCL reads it from the
+  # working folder up). Each kernel is timed on its own, so this run is apart from the timed
+  # ones; its autotune choices are the cached ones of the run above. At most 90 s.
+  profile_lines=""
+  if [ "$profile" != 0 ]; then
+    pdir="$work/profile"
+    rm -rf "$pdir" && mkdir -p "$pdir"
+    printf '[profiling.logger]\nfile = "%s"\nlevel = "basic"\n' "$pdir/kernels.log" >"$pdir/cubecl.toml"
+    say "---- kernel profile: xl-enwik8-base, $profile_steps steps on $device"
+    sets=()
+    for e in ${extra[@]+"${extra[@]}"}; do
+      case "$e" in
+        ":"*) sets+=(--set "${e#:}") ;;
+        "xl-enwik8-base:"*) sets+=(--set "${e#xl-enwik8-base:}") ;;
+      esac
+    done
+    t0=$(date +%s)
+    status=0
+    (cd "$pdir" && timeout -s INT -k 10 80 "$bin" train \
+        --device "$device" --preset xl-enwik8-base --data "$corpus" \
+        --steps "$profile_steps" --run-dir "$pdir/run" --overwrite \
+        --set train.log_every="$profile_steps" --set train.eval_every=0 \
+        --set train.eval_segments=1 --set train.checkpoint_every=0 \
+        --set train.keep_checkpoints=1 ${sets[@]+"${sets[@]}"}) || status=$?
+    if [ -s "$pdir/kernels.log" ]; then
+      profile_lines=$(
+        echo "kernel profile of xl-enwik8-base ($profile_steps steps and 1 validation segment, $(( $(date +%s) - t0 )) s, exit $status):"
+        summarize_profile "$pdir/kernels.log" 15
+      )
+      if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
+        gzip -c "$pdir/kernels.log" >"$OUT/cubecl-kernels.log.gz"
+      fi
+    else
+      profile_lines="kernel profile: CubeCL wrote none (exit $status)"
+    fi
+    echo "$profile_lines"
+    [ "$keep" = 1 ] || rm -rf "$pdir"
+  fi
+
   summary=$(
     echo "memzoo GPU check on $device ($(sed -n 's/^commit=//p' "$dir/MANIFEST" 2>/dev/null || echo '?'), features ${features:-?}):"
     printf '%-24s %6s %12s %12s %9s %9s %8s %8s %6s  %s\n' \
@@ -498,6 +619,7 @@ check() {
     echo "rest of peak MiB is the driver's context and other processes); loss: the last window's"
     echo "training loss (nats); valid: $eval_segments validation segments at the end."
     [ -z "$product_lines" ] || echo "$product_lines"
+    [ -z "$profile_lines" ] || echo "$profile_lines"
   )
   echo
   echo "$summary"
