@@ -49,10 +49,11 @@ usage: xtask/gpu/run.sh [OPTIONS]
                       4096-square product and xl-enwik8-base's, timed before the runs); --tiny
                       skips them too, as llvmpipe takes minutes per large product, unless
   --products          asks for them
-  --profile-steps N   after the runs, train xl-enwik8-base N more steps with CubeCL's kernel
-                      profiler on (each kernel timed, so run apart from the timed runs) and
-                      print where the time goes, kernel by kernel and by kind (default 10;
-                      --tiny skips it unless given; the whole log goes to $OUT gzipped)
+  --profile-steps N   after the runs (with xl-enwik8-base among them), train it N more steps
+                      with CubeCL's kernel profiler on (each kernel timed, so apart from the
+                      timed runs) and print where the time goes, kernel by kernel and by kind
+                      (default 10; --tiny skips it unless given; the whole log goes to $OUT
+                      gzipped)
   --no-profile        skip the kernel profile
   --self-test         check the summary arithmetic on a made-up metrics file, then exit
 EOF
@@ -573,7 +574,7 @@ check() {
   # working folder up). Each kernel is timed on its own, so this run is apart from the timed
   # ones; its autotune choices are the cached ones of the run above. At most 90 s.
   profile_lines=""
-  if [ "$profile" != 0 ]; then
+  if [ "$profile" != 0 ] && [[ " $presets " == *" xl-enwik8-base "* ]]; then
     pdir="$work/profile"
     rm -rf "$pdir" && mkdir -p "$pdir"
     printf '[profiling.logger]\nfile = "%s"\nlevel = "basic"\n' "$pdir/kernels.log" >"$pdir/cubecl.toml"
