@@ -49,12 +49,13 @@ usage: xtask/gpu/run.sh [OPTIONS]
                       4096-square product and xl-enwik8-base's, timed before the runs); --tiny
                       skips them too, as llvmpipe takes minutes per large product, unless
   --products          asks for them
-  --profile-steps N   after the runs (with xl-enwik8-base among them), train it N more steps
-                      with CubeCL's kernel profiler on (each kernel timed, so apart from the
-                      timed runs) and print where the time goes, kernel by kernel and by kind
-                      (default 10; --tiny skips it unless given; the whole log goes to $OUT
-                      gzipped)
-  --no-profile        skip the kernel profile
+  --profile-steps N   after the runs, train each preset (not its @variants) N more steps with
+                      CubeCL's kernel profiler on (each kernel timed, so apart from the timed
+                      runs) and print where the time goes, kernel by kernel and by kind
+                      (default 6; --tiny skips it unless given; the whole logs go to $OUT
+                      gzipped); --presets memorizing-paper --profile-steps 4 profiles the
+                      Memorizing Transformer alone
+  --no-profile        skip the kernel profiles
   --self-test         check the summary arithmetic on a made-up metrics file, then exit
 EOF
 }
@@ -296,7 +297,7 @@ max_seconds=120
 peer_seconds=60
 peer=1
 products=1
-profile_steps=10
+profile_steps=6
 profile=1
 grace=45
 log_every=10
@@ -358,6 +359,19 @@ for run in $presets; do
     *@*) die "--presets: '$run': the variants are PRESET@hnsw (a memorizing preset) and memorizing-paper@no-knn" ;;
   esac
 done
+
+# Sets `sets` to the --set arguments of `extra` that apply to preset $1 (":K=V" for every
+# preset, "PRESET:K=V" for that one), in order.
+preset_sets() {
+  sets=()
+  local e
+  for e in ${extra[@]+"${extra[@]}"}; do
+    case "$e" in
+      ":"*) sets+=(--set "${e#:}") ;;
+      "$1:"*) sets+=(--set "${e#"$1":}") ;;
+    esac
+  done
+}
 
 # memorizing-paper's layers with its kNN layer (the 9th of 12; --tiny: the 2nd of 2) a T5 one.
 no_knn_layers() {
@@ -492,13 +506,7 @@ check() {
       nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$samples" 2>/dev/null &
       sampler=$!
     fi
-    sets=()
-    for e in ${extra[@]+"${extra[@]}"}; do
-      case "$e" in
-        ":"*) sets+=(--set "${e#:}") ;;
-        "$preset:"*) sets+=(--set "${e#"$preset":}") ;;
-      esac
-    done
+    preset_sets "$preset"
     # A variant's settings come last, so they win over the preset's and --tiny's.
     case "$run" in
       *@hnsw) sets+=(--set model.knn.index=hnsw) ;;
@@ -569,44 +577,42 @@ check() {
   fi
 
   # ------------------------------------------------------------------------------------------
-  # Where XL's time goes on this device: xl-enwik8-base again for $profile_steps steps with
-  # CubeCL's kernel profiler on (a cubecl.toml in the run's folder: CubeCL reads it from the
-  # working folder up). Each kernel is timed on its own, so this run is apart from the timed
-  # ones; its autotune choices are the cached ones of the run above. At most 90 s.
+  # Where each preset's time goes on this device: every preset of the check again (not the
+  # @variants) for $profile_steps steps with CubeCL's kernel profiler on (a cubecl.toml in the
+  # run's folder: CubeCL reads it from the working folder up). Each kernel is timed on its own,
+  # so these runs are apart from the timed ones; their autotune choices are the cached ones of
+  # the runs above. At most 70 s each.
   profile_lines=""
-  if [ "$profile" != 0 ] && [[ " $presets " == *" xl-enwik8-base "* ]]; then
-    pdir="$work/profile"
-    rm -rf "$pdir" && mkdir -p "$pdir"
-    printf '[profiling.logger]\nfile = "%s"\nlevel = "basic"\n' "$pdir/kernels.log" >"$pdir/cubecl.toml"
-    say "---- kernel profile: xl-enwik8-base, $profile_steps steps on $device"
-    sets=()
-    for e in ${extra[@]+"${extra[@]}"}; do
-      case "$e" in
-        ":"*) sets+=(--set "${e#:}") ;;
-        "xl-enwik8-base:"*) sets+=(--set "${e#xl-enwik8-base:}") ;;
-      esac
-    done
-    t0=$(date +%s)
-    status=0
-    (cd "$pdir" && timeout -s INT -k 10 80 "$bin" train \
-        --device "$device" --preset xl-enwik8-base --data "$corpus" \
-        --steps "$profile_steps" --run-dir "$pdir/run" --overwrite \
-        --set train.log_every="$profile_steps" --set train.eval_every=0 \
-        --set train.eval_segments=1 --set train.checkpoint_every=0 \
-        --set train.keep_checkpoints=1 ${sets[@]+"${sets[@]}"}) || status=$?
-    if [ -s "$pdir/kernels.log" ]; then
-      profile_lines=$(
-        echo "kernel profile of xl-enwik8-base ($profile_steps steps and 1 validation segment, $(( $(date +%s) - t0 )) s, exit $status):"
-        summarize_profile "$pdir/kernels.log" 15
-      )
-      if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
-        gzip -c "$pdir/kernels.log" >"$OUT/cubecl-kernels.log.gz"
+  if [ "$profile" != 0 ]; then
+    for preset in $(printf '%s\n' $presets | sed 's/@.*//' | awk '!seen[$0]++'); do
+      pdir="$work/profile-$preset"
+      rm -rf "$pdir" && mkdir -p "$pdir"
+      printf '[profiling.logger]\nfile = "%s"\nlevel = "basic"\n' "$pdir/kernels.log" >"$pdir/cubecl.toml"
+      say "---- kernel profile: $preset, $profile_steps steps on $device"
+      preset_sets "$preset"
+      t0=$(date +%s)
+      status=0
+      (cd "$pdir" && timeout -s INT -k 10 60 "$bin" train \
+          --device "$device" --preset "$preset" --data "$corpus" \
+          --steps "$profile_steps" --run-dir "$pdir/run" --overwrite \
+          --set train.log_every="$profile_steps" --set train.eval_every=0 \
+          --set train.eval_segments=1 --set train.checkpoint_every=0 \
+          --set train.keep_checkpoints=1 ${sets[@]+"${sets[@]}"}) || status=$?
+      if [ -s "$pdir/kernels.log" ]; then
+        lines=$(
+          echo "kernel profile of $preset ($profile_steps steps and 1 validation segment, $(( $(date +%s) - t0 )) s, exit $status):"
+          summarize_profile "$pdir/kernels.log" 15
+        )
+        if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
+          gzip -c "$pdir/kernels.log" >"$OUT/cubecl-kernels-$preset.log.gz"
+        fi
+      else
+        lines="kernel profile of $preset: CubeCL wrote none (exit $status)"
       fi
-    else
-      profile_lines="kernel profile: CubeCL wrote none (exit $status)"
-    fi
-    echo "$profile_lines"
-    [ "$keep" = 1 ] || rm -rf "$pdir"
+      echo "$lines"
+      profile_lines+="${profile_lines:+$'\n'}$lines"
+      [ "$keep" = 1 ] || rm -rf "$pdir"
+    done
   fi
 
   summary=$(
