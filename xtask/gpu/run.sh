@@ -622,9 +622,10 @@ check() {
     printf '%s\n' "${rows[@]}"
     echo "tokens/s: over the logged windows after the first; 1st window: its tokens/s (compilation,"
     echo "autotune); peak MiB: nvidia-smi's memory.used, the whole GPU, sampled every 200 ms ('-': not"
-    echo "measured); alloc MiB: the most memzoo's device allocator held (device_mib_reserved_peak; the"
-    echo "rest of peak MiB is the driver's context and other processes); loss: the last window's"
-    echo "training loss (nats); valid: $eval_segments validation segments at the end."
+    echo "measured); alloc MiB: the most memzoo's device allocator held, each pool's peak summed"
+    echo "(device_mib_reserved_peak; the rest of peak MiB is the driver's context and other"
+    echo "processes); loss: the last window's training loss (nats); valid: $eval_segments validation"
+    echo "segments at the end."
     [ -z "$product_lines" ] || echo "$product_lines"
     [ -z "$profile_lines" ] || echo "$profile_lines"
   )

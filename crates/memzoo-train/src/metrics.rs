@@ -172,10 +172,11 @@ const METRICS: &[(&str, Option<&str>, bool)] = &[
 /// - `device_mib_in_use`: the live tensors' bytes (weights, gradients, optimiser state, the
 ///   carried memories): what the step leaves behind;
 /// - `device_mib_reserved`: the bytes the allocator holds now, live or kept for reuse;
-/// - `device_mib_reserved_peak`: the most it ever held at once, the sum of each pool's peak
-///   pages times their size. With the device's own context this is what `nvidia-smi` shows;
-///   the difference from the live tensors is the step's temporaries (activations kept for the
-///   backward) and the pages they leave.
+/// - `device_mib_reserved_peak`: each pool's most pages times their size, summed (the pools
+///   may have peaked at different moments, so this bounds the most held at once from above;
+///   with one pool holding the large tensors the two are close). With the device's own
+///   context it is what `nvidia-smi`'s peak shows; the difference from the live tensors is
+///   the step's temporaries (activations kept for the backward) and the pages they leave.
 pub(crate) fn allocator_mib(devices: &[burn::tensor::Device]) -> Vec<(&'static str, f64)> {
     let mut seen: Vec<&burn::tensor::Device> = Vec::new();
     let mut sums = [0u64; 3];
