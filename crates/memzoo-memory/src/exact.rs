@@ -31,6 +31,8 @@ const SCORE_BLOCK: usize = 1 << 24;
 #[derive(Debug)]
 pub struct ExactIndex {
     config: KnnMemoryConfig,
+    /// The model's device without its autodiff association: the store, the scores and the
+    /// top-k run there (see [`ExactIndex::new`]).
     device: Device,
     rows: Vec<RowState>,
     store: Store,
@@ -51,6 +53,13 @@ enum Store {
 
 impl ExactIndex {
     /// An empty memory for `batch` rows.
+    ///
+    /// The device store and its searches leave autodiff out (`Device::without_autodiff`):
+    /// nothing in them is differentiated, and Burn 0.22.1's autodiff backend has no
+    /// `topk_with_indices` of its own, so on an autodiff device the top-k falls back to Burn's
+    /// default, a full sort, which CubeCL's backends (wgpu, CUDA) run on the host: every score
+    /// copied to the CPU and back at each search. Without autodiff it is CubeCL's top-k
+    /// reduction on the device.
     pub fn new(config: &KnnMemoryConfig, batch: usize, device: &Device) -> Self {
         let host = match config.topk {
             TopkPlacement::Host => true,
@@ -72,7 +81,7 @@ impl ExactIndex {
         };
         Self {
             config: config.clone(),
-            device: device.clone(),
+            device: device.clone().without_autodiff(),
             rows: vec![RowState::default(); batch],
             store,
         }
@@ -95,12 +104,11 @@ impl ExactIndex {
                 )),
                 Store::Device { .. } => {
                     let shape = [b, h, snap.slots, d];
+                    let on_device =
+                        |v| Some(Tensor::from_data(TensorData::new(v, shape), &index.device));
                     Store::Device {
-                        keys: Some(Tensor::from_data(TensorData::new(snap.keys, shape), device)),
-                        values: Some(Tensor::from_data(
-                            TensorData::new(snap.values, shape),
-                            device,
-                        )),
+                        keys: on_device(snap.keys),
+                        values: on_device(snap.values),
                     }
                 }
             };
@@ -151,6 +159,11 @@ impl ExactIndex {
     /// memory is: a GPU backend compiles (and autotunes) its kernels per shape, so a search
     /// over exactly the filled slots, 512 more each step, would meet new shapes every step.
     fn topk(&self, q: Tensor<4>, keys: &Tensor<4>, kk: usize) -> (Tensor<4, Int>, Tensor<4, Bool>) {
+        // Autodiff's top-k is a host sort on CubeCL (see `new`): a broken invariant, not input.
+        assert!(
+            !q.is_autodiff() && !keys.is_autodiff(),
+            "the device search runs without autodiff"
+        );
         let [batch, kv_heads, rows, _] = q.dims();
         let slots = keys.dims()[2];
         let hidden = self.rows.iter().any(|r| r.len < slots).then(|| {
@@ -232,8 +245,14 @@ impl KnnIndex for ExactIndex {
                 values: store_v,
             } => {
                 // [batch, tokens, heads, d] -> [batch, heads, tokens, d], on our device, detached.
-                let keys = keys.detach().to_device(&self.device).swap_dims(1, 2);
-                let values = values.detach().to_device(&self.device).swap_dims(1, 2);
+                let keys = keys
+                    .without_autodiff()
+                    .to_device(&self.device)
+                    .swap_dims(1, 2);
+                let values = values
+                    .without_autodiff()
+                    .to_device(&self.device)
+                    .swap_dims(1, 2);
                 let mut sk = store_k.take().expect("grown");
                 let mut sv = store_v.take().expect("grown");
                 for b in 0..batch {
@@ -300,7 +319,7 @@ impl KnnIndex for ExactIndex {
         let (hk, group) = (self.config.kv_heads(), self.config.group());
         let n = group * tokens;
         let q = queries
-            .detach()
+            .without_autodiff()
             .to_device(&self.device)
             .reshape([batch, tokens, hk, group, d])
             .permute([0, 2, 3, 1, 4])
@@ -341,9 +360,14 @@ impl KnnIndex for ExactIndex {
             );
             mask = Tensor::cat(vec![mask, pad_mask], 3);
         }
+        // Back on the queries' device, with their autodiff association (as constants).
+        let (mut rk, mut rv) = (rk.to_device(&out_device), rv.to_device(&out_device));
+        if out_device.is_autodiff() {
+            (rk, rv) = (rk.autodiff(), rv.autodiff());
+        }
         Ok(Retrieved {
-            keys: rk.to_device(&out_device),
-            values: rv.to_device(&out_device),
+            keys: rk,
+            values: rv,
             mask: mask.to_device(&out_device),
         })
     }

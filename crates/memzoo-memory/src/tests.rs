@@ -178,6 +178,40 @@ fn device_search_over_a_partly_filled_allocation_is_exact() {
     }
 }
 
+/// A model trains on an autodiff device, so its kNN memory gets autodiff tensors; the device
+/// store leaves autodiff out (Burn's autodiff top-k is a full sort, on the host for CubeCL's
+/// backends; `topk` asserts it in debug builds), finds what a naive search finds, and hands
+/// back keys and values on the queries' autodiff device.
+#[test]
+fn device_search_from_an_autodiff_model_leaves_autodiff_out() {
+    let (b, h, d, n, t, k) = (1, 2, 8, 100, 3, 4);
+    let dev = device().autodiff();
+    let keys = clustered_keys(n, d, 4, 0.5, 43);
+    let queries = clustered_keys(b * t * h, d, 4, 0.5, 44);
+    let mut index = config(IndexKind::Exact, h, d, 256)
+        .with_topk(TopkPlacement::Device)
+        .init(b, &dev)
+        .unwrap();
+    let (kt, vt) = segment_tensors(&keys, n, 0, n, b, h, d, &dev);
+    assert!(kt.is_autodiff(), "the test feeds autodiff keys");
+    index.add(kt, vt).unwrap();
+    let q = Tensor::<4>::from_data(TensorData::new(queries.clone(), [b, t, h, d]), &dev);
+    let r = index.search(q, k).unwrap();
+    assert!(r.keys.is_autodiff() && r.values.is_autodiff());
+    let ids = retrieved_ids(&r);
+    for ti in 0..t {
+        for head in 0..h {
+            let qa = (ti * h + head) * d;
+            let want: Vec<i64> = naive_topk(&keys, &queries[qa..qa + d], d, k)
+                .into_iter()
+                .map(|i| i as i64)
+                .collect();
+            let at = (ti * h + head) * k;
+            assert_eq!(ids[at..at + k], want[..], "query {ti} head {head}");
+        }
+    }
+}
+
 #[test]
 fn fewer_than_k_entries_are_masked_and_zero() {
     for kind in KINDS {
