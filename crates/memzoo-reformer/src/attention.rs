@@ -2,7 +2,7 @@
 
 use burn::tensor::activation::softmax;
 use burn::tensor::kind::Basic;
-use burn::tensor::{Bool, Int, Tensor};
+use burn::tensor::{Bool, IndexingUpdateOp, Int, Tensor};
 
 use crate::rng::{dropout_mask, mix};
 
@@ -443,9 +443,17 @@ pub fn lsh_attention_with_buckets(
     let ticker = Tensor::<1, Int>::arange(0..rl as i64, &device)
         .reshape([1, rl])
         .expand([n, rl]);
-    let key = buckets.mul_scalar(l as i64) + ticker.remainder_scalar(l as i64);
+    let key = buckets.mul_scalar(l as i64) + ticker.clone().remainder_scalar(l as i64);
     let (_, sticker) = key.sort_with_indices(1);
-    let undo = sticker.clone().argsort(1);
+    // The inverse permutation, undo[sticker[j]] = j: a scatter, not a second sort (CubeCL has
+    // no sort, so Burn's sorts on the host: one copy of the keys to the CPU and back fewer
+    // per layer on a GPU).
+    let undo = Tensor::<2, Int>::zeros([n, rl], &device).scatter(
+        1,
+        sticker.clone(),
+        ticker,
+        IndexingUpdateOp::Add,
+    );
     let spos = sticker.clone().remainder_scalar(l as i64);
 
     // Gather the sorted copies (each round sees all `l` positions once) as row selections of
