@@ -141,16 +141,22 @@ def build_memorizing(stored, room):
     x 32, kNN layer 4, top-32, batch 2, segments of 512, faiss IndexHNSWFlat M=15 on the CPU),
     each row's kNN memory prefilled with `stored` random unit keys (bench_peers.py's prefill)
     and room for the timed steps' (`room`), so that no step resets it."""
+    import atexit
+    import shutil
     import tempfile
     import torch
     import faiss
     from memorizing_transformers_pytorch import MemorizingTransformer
+    # The memories' memmap files (~130 MB a point at 262K keys): gone when this process ends,
+    # as they were not before (92 folders, 12 GB, had filled the temporary directory).
+    memmaps = tempfile.mkdtemp(prefix="knnmem-")
+    atexit.register(shutil.rmtree, memmaps, ignore_errors=True)
     faiss.omp_set_num_threads(2)
     seq, batch, dim_head = 512, 2, 32
     model = MemorizingTransformer(num_tokens=VOCAB, dim=256, depth=6, dim_head=dim_head, heads=8,
                                   memorizing_layers=(4,), max_knn_memories=stored + room,
                                   num_retrieved_memories=32,
-                                  knn_memories_directory=tempfile.mkdtemp(prefix="knnmem-"),
+                                  knn_memories_directory=memmaps,
                                   knn_memory_multiprocessing=False)
     mems = model.create_knn_memories(batch_size=batch)
     g = torch.Generator().manual_seed(2)
