@@ -244,7 +244,7 @@ impl KnnIndex for ExactIndex {
                 keys: store_k,
                 values: store_v,
             } => {
-                // [batch, tokens, heads, d] -> [batch, heads, tokens, d], on our device, detached.
+                // [batch, tokens, heads, d] -> [batch, heads, tokens, d], on our device, without autodiff.
                 let keys = keys
                     .without_autodiff()
                     .to_device(&self.device)
@@ -361,13 +361,13 @@ impl KnnIndex for ExactIndex {
             mask = Tensor::cat(vec![mask, pad_mask], 3);
         }
         // Back on the queries' device, with their autodiff association (as constants).
-        let (mut rk, mut rv) = (rk.to_device(&out_device), rv.to_device(&out_device));
-        if out_device.is_autodiff() {
-            (rk, rv) = (rk.autodiff(), rv.autodiff());
-        }
+        let back = |t: Tensor<5>| match t.to_device(&out_device) {
+            t if out_device.is_autodiff() => t.autodiff(),
+            t => t,
+        };
         Ok(Retrieved {
-            keys: rk,
-            values: rv,
+            keys: back(rk),
+            values: back(rv),
             mask: mask.to_device(&out_device),
         })
     }
