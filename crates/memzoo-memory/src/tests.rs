@@ -180,7 +180,8 @@ fn device_search_over_a_partly_filled_allocation_is_exact() {
 
 /// A model trains on an autodiff device, so its kNN memory gets autodiff tensors; the device
 /// store leaves autodiff out (Burn's autodiff top-k is a full sort, on the host for CubeCL's
-/// backends; `topk` asserts it in debug builds), finds what a naive search finds, and hands
+/// backends; `topk` asserts it, so this fails when the store keeps autodiff), finds what a
+/// naive search finds, and hands
 /// back keys and values on the queries' autodiff device.
 #[test]
 fn device_search_from_an_autodiff_model_leaves_autodiff_out() {

@@ -179,35 +179,33 @@ const METRICS: &[(&str, Option<&str>, bool)] = &[
 ///   the step's temporaries (activations kept for the backward) and the pages they leave.
 pub(crate) fn allocator_mib(devices: &[burn::tensor::Device]) -> Vec<(&'static str, f64)> {
     let mut seen: Vec<&burn::tensor::Device> = Vec::new();
-    let mut sums = [0u64; 3];
-    let mut any = false;
-    for d in devices {
-        if seen.contains(&d) {
-            continue;
-        }
-        seen.push(d);
-        let Some(usage) = d.memory_pool_usage() else {
-            continue;
-        };
-        any = true;
-        let peak: u64 = d
-            .memory_pool_report()
-            .unwrap_or_default()
-            .iter()
-            .map(|p| p.pages_peak * p.page_size)
-            .sum();
-        sums[0] += usage.bytes_in_use;
-        sums[1] += usage.bytes_reserved;
-        sums[2] += peak.max(usage.bytes_reserved);
-    }
-    if !any {
+    // [in use, reserved, reserved peak] of each pooling device, counted once.
+    let readings: Vec<[u64; 3]> = devices
+        .iter()
+        .filter(|d| {
+            let new = !seen.contains(d);
+            seen.push(d);
+            new
+        })
+        .filter_map(|d| {
+            let usage = d.memory_pool_usage()?;
+            let pools = d.memory_pool_report().unwrap_or_default();
+            let peak: u64 = pools.iter().map(|p| p.pages_peak * p.page_size).sum();
+            Some([
+                usage.bytes_in_use,
+                usage.bytes_reserved,
+                peak.max(usage.bytes_reserved),
+            ])
+        })
+        .collect();
+    if readings.is_empty() {
         return Vec::new();
     }
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mib = |i: usize| readings.iter().map(|r| r[i]).sum::<u64>() as f64 / (1u64 << 20) as f64;
     vec![
-        ("device_mib_in_use", mib(sums[0])),
-        ("device_mib_reserved", mib(sums[1])),
-        ("device_mib_reserved_peak", mib(sums[2])),
+        ("device_mib_in_use", mib(0)),
+        ("device_mib_reserved", mib(1)),
+        ("device_mib_reserved_peak", mib(2)),
     ]
 }
 
