@@ -461,6 +461,24 @@ pub fn is_host_cpu(device: &Device) -> bool {
     host.contains(device)
 }
 
+/// Whether Burn sorts on the host for `device` (or the device an autodiff device wraps):
+/// CubeCL (wgpu, CUDA) has no sort kernel, so Burn's `sort`, `argsort` and `sort_with_indices`
+/// there copy the tensor to the CPU, sort it and copy the result back, a round trip that stalls
+/// the device's queue. Code on a hot path that needs an order there computes it with device ops
+/// instead (the Reformer's bucket sort, the kNN memory's top-k).
+pub fn sorts_on_host(device: &Device) -> bool {
+    #[cfg(any(feature = "wgpu-plain", feature = "cuda"))]
+    {
+        // Only CubeCL's devices report who they are (the part, what kernels are built for).
+        device.identity().is_some()
+    }
+    #[cfg(not(any(feature = "wgpu-plain", feature = "cuda")))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// Parses a device string (see the crate docs) and initialises the device.
 pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
     name.parse::<DeviceSpec>()?.init()
@@ -561,6 +579,23 @@ mod tests {
         }
         #[cfg(feature = "tch")]
         assert!(!is_host_cpu(&Device::libtorch_cuda(0)));
+    }
+
+    #[test]
+    fn only_cubecl_devices_sort_on_the_host() {
+        for spec in test_devices_from(Some("gl"), false).unwrap() {
+            let cubecl = matches!(
+                spec,
+                DeviceSpec::Wgpu(_) | DeviceSpec::WgpuAt(..) | DeviceSpec::Cuda(_)
+            );
+            let device = spec.init().unwrap();
+            assert_eq!(sorts_on_host(&device), cubecl, "{spec}");
+            assert_eq!(
+                sorts_on_host(&device.autodiff()),
+                cubecl,
+                "{spec} (autodiff)"
+            );
+        }
     }
 
     #[test]

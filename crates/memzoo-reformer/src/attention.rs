@@ -443,11 +443,15 @@ pub fn lsh_attention_with_buckets(
     let ticker = Tensor::<1, Int>::arange(0..rl as i64, &device)
         .reshape([1, rl])
         .expand([n, rl]);
-    let key = buckets.mul_scalar(l as i64) + ticker.clone().remainder_scalar(l as i64);
-    let (_, sticker) = key.sort_with_indices(1);
-    // The inverse permutation, undo[sticker[j]] = j: a scatter, not a second sort (CubeCL has
-    // no sort, so Burn's sorts on the host: one copy of the keys to the CPU and back fewer
-    // per layer on a GPU).
+    let sticker = if memzoo_backend::sorts_on_host(&device) {
+        // Burn would sort on the host here: sort by bucket alone, stably, on the device (the
+        // rounds' offsets keep their buckets apart, so within a bucket the order is by position).
+        crate::order::stable_order(buckets, r * n_buckets)
+    } else {
+        let key = buckets.mul_scalar(l as i64) + ticker.clone().remainder_scalar(l as i64);
+        key.sort_with_indices(1).1
+    };
+    // The inverse permutation, undo[sticker[j]] = j: a scatter, not a second sort.
     let undo = Tensor::<2, Int>::zeros([n, rl], &device).scatter(
         1,
         sticker.clone(),

@@ -4,6 +4,7 @@ use crate::rng::normal_vec;
 
 mod attention;
 mod fused;
+mod order;
 
 pub(crate) fn dev() -> Device {
     Device::flex()
