@@ -28,10 +28,10 @@ pub(crate) fn prefix_sum(x: Tensor<2, Int>) -> Tensor<2, Int> {
     let blocks = len.div_ceil(SCAN_BLOCK);
     let padded = match blocks * SCAN_BLOCK - len {
         0 => x,
-        pad => Tensor::cat(
-            vec![x.clone(), Tensor::zeros_like(&x).slice([0..rows, 0..pad])],
-            1,
-        ),
+        pad => {
+            let zeros = Tensor::<2, Int>::zeros([rows, pad], &x.device()).cast(x.dtype());
+            Tensor::cat(vec![x, zeros], 1)
+        }
     };
     let within = padded.reshape([rows, blocks, SCAN_BLOCK]).cumsum(2);
     let totals = within
@@ -84,7 +84,9 @@ pub(crate) fn stable_order(keys: Tensor<2, Int>, n_values: usize) -> Tensor<2, I
             Tensor::zeros_like(&values).scatter(1, dest.clone(), values, IndexingUpdateOp::Add)
         };
         order = place(order);
-        keys = place(keys);
+        if p + 1 < bits {
+            keys = place(keys);
+        }
     }
     order
 }

@@ -1,19 +1,16 @@
 use burn::tensor::{Int, Tensor, TensorData};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use super::dev;
 use crate::order::{prefix_sum, stable_order};
 
-/// Keys in `0..n_values` from a fixed linear congruential stream, the last of each row
-/// `n_values - 1` (the top bit set).
+/// Keys in `0..n_values` drawn from `seed`, the last of each row `n_values - 1` (the top bit
+/// set).
 fn keys(rows: usize, len: usize, n_values: usize, seed: u64) -> Vec<i64> {
-    let mut state = seed;
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut out: Vec<i64> = (0..rows * len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 33) % n_values as u64) as i64
-        })
+        .map(|_| rng.random_range(0..n_values as i64))
         .collect();
     for r in 0..rows {
         out[r * len + len - 1] = n_values as i64 - 1;
