@@ -38,8 +38,9 @@ usage: xtask/gpu/run.sh [OPTIONS]
   --eval-segments N   validation segments at the end of each run (default 4)
   --set K=V           extra memzoo config override for every run (repeatable);
                       --set PRESET:K=V for that preset's run only
-  --tiny              shrink both presets to 2 layers of 64 on batches of 2 x 16 (kNN memory
-                      256, vocabulary 256): the CPU test on llvmpipe, which runs ~0.6 GFLOP/s
+  --tiny              shrink the presets to 2 layers of 64 on batches of 2 x 16 (kNN memory
+                      256, vocabulary 256; reformer-enwik8 too, which runs only when named):
+                      the CPU test on llvmpipe or lavapipe, which run ~0.6 GFLOP/s
   --work DIR          scratch folder for the run directories (default /tmp/memzoo-gpu-check)
   --keep              keep the run directories (default: removed after the summary)
   --peer-seconds S    training time cap of the XL peer, HF TransfoXL (xtask/gpu/peer_tfxl.py),
@@ -339,9 +340,18 @@ while [ $# -gt 0 ]; do
       # caller's own --set (memzoo applies them in order), so those win wherever given.
       tiny=(model.n_layers=2 model.d_model=64 model.n_heads=4 model.d_head=16 model.d_inner=128
             model.mem_len=16 train.batch=2 train.tgt_len=16)
-      for t in "${tiny[@]}"; do extra=(":$t" ${extra[@]+"${extra[@]}"}); done
-      extra=('memorizing-paper:model.layers=["t5","knn"]' 'memorizing-paper:model.knn.max_memories=256'
-             'memorizing-paper:model.vocab_size=256' "${extra[@]}")
+      sets=()
+      for t in "${tiny[@]}"; do sets+=(":$t"); done
+      # After the common sizes, so that a preset's own win: memorizing-paper with its kNN
+      # layer second of two; reformer-enwik8 (not a default preset) with one local and one LSH
+      # layer, axial positions as wide as the model, chunks and buckets of the tiny segment
+      # and no memory (axial positions index one segment).
+      sets+=('memorizing-paper:model.layers=["t5","knn"]' 'memorizing-paper:model.knn.max_memories=256'
+             'memorizing-paper:model.vocab_size=256'
+             'reformer-enwik8:model.layers=["local","lsh"]' 'reformer-enwik8:model.axial.dims=[32,32]'
+             'reformer-enwik8:model.lsh.chunk_len=8' 'reformer-enwik8:model.lsh.local_chunk_len=8'
+             'reformer-enwik8:model.lsh.n_buckets=4' 'reformer-enwik8:model.mem_len=0')
+      extra=("${sets[@]}" ${extra[@]+"${extra[@]}"})
       shift ;;
     --self-test) self_test; exit 0 ;;
     -h|--help) usage; exit 0 ;;
