@@ -133,3 +133,43 @@ fn backend_softmax_graph_holds_only_its_output() {
         }
     }
 }
+
+/// The seeded dropout masks a device builds from the packed bits it receives
+/// (`memzoo_reformer::rng::dropout_mask`: `f32` values on the host CPU, bits elsewhere) are the
+/// host's `f32` mask, element for element, on every test device: at sizes within one word,
+/// across words and the host's parallel chunks, and with every element dropped. The bits'
+/// rebuilding alone (`mask_from_keep_words`) is checked on `flex` too, where `dropout_mask`
+/// itself takes the `f32` path.
+#[test]
+fn backend_dropout_masks_rebuilt_from_bits_are_the_hosts() {
+    use memzoo_fused::dropout::{keep_words, mask_values};
+    use memzoo_reformer::rng::{dropout_mask, mask_from_keep_words};
+    let cases: [([usize; 3], f64, u64); 5] = [
+        ([1, 1, 5], 0.1, 3),
+        ([2, 3, 32], 0.5, 4),
+        ([2, 40, 33], 0.2, 5),
+        ([1, 2, (1 << 15) + 77], 0.1, 6),
+        ([2, 2, 9], 1.0, 7),
+    ];
+    let specs = memzoo_backend::test_devices().unwrap_or_else(|e| panic!("{e}"));
+    for spec in specs {
+        let name = spec.to_string();
+        let device = spec.init().unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (shape, p, seed) in cases {
+            let n: usize = shape.iter().product();
+            let want = mask_values(n, p, seed);
+            let rebuilt = mask_from_keep_words(&keep_words(n, p, seed), shape, p, &device);
+            let mask = dropout_mask(shape, p, seed, &device).expect("p > 0 gives a mask");
+            for (what, got) in [("rebuilt", rebuilt), ("dropout_mask", mask)] {
+                assert_eq!(got.dims(), shape, "{name}: {what}");
+                let got = memzoo_tests::host(got);
+                if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+                    panic!(
+                        "{name}: {what} {shape:?}, p {p}: element {i} is {}, the host's {}",
+                        got[i], want[i]
+                    );
+                }
+            }
+        }
+    }
+}

@@ -844,7 +844,7 @@ fn fused_linear_is_burns_linear_to_the_bit() {
 /// stream; with `rand_chacha`, and with memzoo's AVX-512 and AVX2 ChaCha12 where the CPU has
 /// them) is the mask of the sequential loop over one `StdRng::seed_from_u64(seed)` (written here), element
 /// for element, at sizes below, at and across the chunks' boundaries and the 128-element
-/// batches of sixteen blocks; and about a fraction `p` of it is zero.
+/// batches of sixteen blocks, also packed into bits; and about a fraction `p` of it is zero.
 #[test]
 fn dropout_mask_is_the_sequential_generators() {
     use rand::rngs::StdRng;
@@ -881,6 +881,17 @@ fn dropout_mask_is_the_sequential_generators() {
                     got[i], want[i]
                 );
             }
+        }
+        // Packed: bit i % 32 of word i / 32 set where element i is kept, the tail's bits 0.
+        let words = memzoo_fused::dropout::keep_words(n, p, seed);
+        assert_eq!(words.len(), n.div_ceil(32), "n {n}");
+        for i in 0..32 * words.len() {
+            let bit = (words[i / 32] >> (i % 32)) & 1 == 1;
+            assert_eq!(
+                bit,
+                i < n && want[i] != 0.0,
+                "packed, n {n}, seed {seed}: element {i}"
+            );
         }
         if n >= 1000 {
             let zeros = got.iter().filter(|&&m| m == 0.0).count() as f64 / n as f64;

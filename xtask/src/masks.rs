@@ -1,10 +1,11 @@
 //! `cargo xtask bench masks`: the seeded dropout masks (`memzoo_fused::dropout`) drawn by each
 //! path this CPU has: `mask_values` (AVX-512 where the CPU has it), `mask_values_avx2` and
-//! `mask_values_portable` (`rand_chacha`). The same masks on every path (the test
+//! `mask_values_portable` (`rand_chacha`), and `keep_words` (the best path's mask packed into
+//! bits, as a GPU receives it). The same masks on every path (the test
 //! `dropout_mask_is_the_sequential_generators`); here only their time, allocation included.
 //! `--threads 1` for one core's rate.
 
-use memzoo_fused::dropout::{mask_values, mask_values_avx2, mask_values_portable};
+use memzoo_fused::dropout::{keep_words, mask_values, mask_values_avx2, mask_values_portable};
 
 use crate::BenchArgs;
 use crate::measure::{Measurement, median, time_steps};
@@ -12,15 +13,24 @@ use crate::measure::{Measurement, median, time_steps};
 /// Elements per mask: 4M, an XL-small step's activations are of this order.
 const ELEMENTS: usize = 1 << 22;
 
-/// A mask path: `(n, p, seed)` to the mask.
-type Draw = fn(usize, f64, u64) -> Vec<f32>;
+/// A mask path: `(n, p, seed)` to the mask (its length, kept from the optimiser).
+type Draw = fn(usize, f64, u64) -> usize;
 
 pub fn suite(args: &BenchArgs) -> Result<Vec<Measurement>, String> {
     let (warmup, steps) = (args.warmup(), args.steps.unwrap_or(10));
-    let paths: [(&str, Draw); 3] = [
-        ("best", mask_values),
-        ("avx2", mask_values_avx2),
-        ("portable", mask_values_portable),
+    let paths: [(&str, Draw); 4] = [
+        ("best", |n, p, s| {
+            std::hint::black_box(mask_values(n, p, s)).len()
+        }),
+        ("avx2", |n, p, s| {
+            std::hint::black_box(mask_values_avx2(n, p, s)).len()
+        }),
+        ("portable", |n, p, s| {
+            std::hint::black_box(mask_values_portable(n, p, s)).len()
+        }),
+        ("bits", |n, p, s| {
+            std::hint::black_box(keep_words(n, p, s)).len()
+        }),
     ];
     let mut out = Vec::new();
     for (name, draw) in paths {

@@ -23,55 +23,156 @@ const CHUNK: usize = 1 << 15;
 /// buffer): the same words. Dropout took 15% of an XL-small step on the Zen 5 with
 /// `rand_chacha`, 6% with the AVX2 loop, 2-3% with the AVX-512 one.
 pub fn mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if memzoo_backend::simd::avx512() {
-        // SAFETY: the CPU has AVX-512 F and BMI2.
-        if let Some(mask) = unsafe { simd_mask(n, p, seed, avx512::mask) } {
-            return mask;
-        }
-    }
-    mask_values_avx2(n, p, seed)
+    Drawer::fastest(p, seed).mask(n)
 }
 
 /// [`mask_values`] with AVX2 and BMI2 (8 ChaCha12 blocks at a time), where the CPU has them,
 /// else `rand_chacha`'s: the same mask.
 pub fn mask_values_avx2(n: usize, p: f64, seed: u64) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if memzoo_backend::simd::avx2() {
-        // SAFETY: the CPU has AVX2 and BMI2.
-        if let Some(mask) = unsafe { simd_mask(n, p, seed, avx2::mask) } {
-            return mask;
-        }
-    }
-    mask_values_portable(n, p, seed)
+    Drawer::avx2(p, seed).mask(n)
+}
+
+/// [`mask_values`] with `rand_chacha`'s generator on any CPU: the same mask.
+pub fn mask_values_portable(n: usize, p: f64, seed: u64) -> Vec<f32> {
+    Drawer::portable(p, seed).mask(n)
+}
+
+/// [`mask_values`] packed into bits: bit `i % 32` of word `i / 32` is 1 where element `i` is
+/// kept (`1 / (1 - p)`), 0 where it is dropped; the last word's bits past `n` are 0. The form
+/// a device uploads: 32 times fewer bytes than the `f32` mask, which the device rebuilds as
+/// `bit · 1 / (1 - p)` (`memzoo_reformer::rng::dropout_mask`).
+pub fn keep_words(n: usize, p: f64, seed: u64) -> Vec<u32> {
+    let drawer = Drawer::fastest(p, seed);
+    let mut words = vec![0u32; n.div_ceil(32)];
+    words
+        .par_chunks_mut(CHUNK / 32)
+        .enumerate()
+        .for_each(|(c, words)| {
+            let mut values = vec![0f32; (n - c * CHUNK).min(CHUNK)];
+            drawer.fill(c, &mut values);
+            for (word, values) in words.iter_mut().zip(values.chunks(32)) {
+                *word = values
+                    .iter()
+                    .enumerate()
+                    .fold(0, |w, (b, &v)| w | (u32::from(v != 0.0) << b));
+            }
+        });
+    words
 }
 
 /// A SIMD kernel's mask of one chunk: `(key, first block, limit, keep, out)`.
 #[cfg(target_arch = "x86_64")]
 type Kernel = unsafe fn(&[u32; 8], u64, u64, f32, &mut [f32]);
 
-/// The mask drawn by `kernel`, chunks in parallel; `None` where `p >= 1` (every element
-/// dropped: the portable path's).
-///
-/// # Safety
-/// The CPU must have the kernel's features.
-#[cfg(target_arch = "x86_64")]
-unsafe fn simd_mask(n: usize, p: f64, seed: u64, kernel: Kernel) -> Option<Vec<f32>> {
-    let (keep, threshold) = keep_and_threshold(p);
-    if threshold >= 1 << 53 {
-        return None;
+/// How the chunks of one mask are drawn: a SIMD kernel of this CPU, or `rand_chacha`'s
+/// generator (the same values).
+enum Drawer {
+    /// Element `i` reads the stream's words `2i` and `2i + 1`; a kernel starts at a chunk's
+    /// first block from the key alone.
+    #[cfg(target_arch = "x86_64")]
+    Simd {
+        kernel: Kernel,
+        key: [u32; 8],
+        limit: u64,
+        keep: f32,
+    },
+    /// A copy of the generator set to each chunk's first word.
+    Portable {
+        start: Box<ChaCha12Rng>,
+        threshold: u64,
+        keep: f32,
+    },
+}
+
+impl Drawer {
+    /// AVX-512 F and BMI2 where the CPU has them, else [`Drawer::avx2`].
+    fn fastest(p: f64, seed: u64) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if memzoo_backend::simd::avx512()
+            && let Some(drawer) = Self::simd(p, seed, avx512::mask)
+        {
+            return drawer;
+        }
+        Self::avx2(p, seed)
     }
-    let key = key_words(seed);
-    let mut mask = vec![0f32; n];
-    mask.par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(c, chunk)| {
-            // Element i reads words 2i and 2i + 1: block 2i / 16.
-            let first_block = (2 * c * CHUNK / 16) as u64;
-            // SAFETY: the caller's.
-            unsafe { kernel(&key, first_block, threshold << 11, keep, chunk) };
-        });
-    Some(mask)
+
+    /// AVX2 and BMI2 where the CPU has them, else [`Drawer::portable`].
+    fn avx2(p: f64, seed: u64) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if memzoo_backend::simd::avx2()
+            && let Some(drawer) = Self::simd(p, seed, avx2::mask)
+        {
+            return drawer;
+        }
+        Self::portable(p, seed)
+    }
+
+    /// `kernel`'s drawer; `None` where `p >= 1` (every element dropped: the portable path's).
+    /// Only for a kernel whose features the CPU has (the callers check).
+    #[cfg(target_arch = "x86_64")]
+    fn simd(p: f64, seed: u64, kernel: Kernel) -> Option<Self> {
+        let (keep, threshold) = keep_and_threshold(p);
+        (threshold < 1 << 53).then(|| Drawer::Simd {
+            kernel,
+            key: key_words(seed),
+            limit: threshold << 11,
+            keep,
+        })
+    }
+
+    fn portable(p: f64, seed: u64) -> Self {
+        let (keep, threshold) = keep_and_threshold(p);
+        Drawer::Portable {
+            start: Box::new(ChaCha12Rng::seed_from_u64(seed)),
+            threshold,
+            keep,
+        }
+    }
+
+    /// The `n` values, chunks in parallel.
+    fn mask(&self, n: usize) -> Vec<f32> {
+        let mut mask = vec![0f32; n];
+        mask.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, chunk)| self.fill(c, chunk));
+        mask
+    }
+
+    /// Chunk `c` of the mask (elements from `c · CHUNK` on) into `out`.
+    fn fill(&self, c: usize, out: &mut [f32]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Drawer::Simd {
+                kernel,
+                key,
+                limit,
+                keep,
+            } => {
+                // Element i reads words 2i and 2i + 1: block 2i / 16.
+                let first_block = (2 * c * CHUNK / 16) as u64;
+                // SAFETY: a `Simd` drawer holds a kernel whose features the CPU has.
+                unsafe { kernel(key, first_block, *limit, *keep, out) };
+            }
+            Drawer::Portable {
+                start,
+                threshold,
+                keep,
+            } => {
+                let mut rng = ChaCha12Rng::clone(start);
+                rng.set_word_pos(2 * (c * CHUNK) as u128);
+                // The draws a block at a time (`fill` reads the stream's words in order, two
+                // per `u64`, as `next_u64` does), then a branch-free loop over them.
+                let mut words = [0u64; 512];
+                for block in out.chunks_mut(words.len()) {
+                    let words = &mut words[..block.len()];
+                    rng.fill(words);
+                    for (m, &x) in block.iter_mut().zip(words.iter()) {
+                        *m = if (x >> 11) < *threshold { 0.0 } else { *keep };
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The ChaCha12 key of `StdRng::seed_from_u64(seed)`, as 8 little-endian words.
@@ -97,30 +198,6 @@ fn keep_and_threshold(p: f64) -> (f32, u64) {
         (1.0 / (1.0 - p)) as f32,
         (p * (1u64 << 53) as f64).ceil() as u64,
     )
-}
-
-/// [`mask_values`] with `rand_chacha`'s generator on any CPU: the same mask.
-pub fn mask_values_portable(n: usize, p: f64, seed: u64) -> Vec<f32> {
-    let (keep, threshold) = keep_and_threshold(p);
-    let start = ChaCha12Rng::seed_from_u64(seed);
-    let mut mask = vec![0f32; n];
-    mask.par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(c, chunk)| {
-            let mut rng = start.clone();
-            rng.set_word_pos(2 * (c * CHUNK) as u128);
-            // The draws a block at a time (`fill` reads the stream's words in order, two
-            // per `u64`, as `next_u64` does), then a branch-free loop over them.
-            let mut words = [0u64; 512];
-            for block in chunk.chunks_mut(words.len()) {
-                let words = &mut words[..block.len()];
-                rng.fill(words);
-                for (m, &x) in block.iter_mut().zip(words.iter()) {
-                    *m = if (x >> 11) < threshold { 0.0 } else { keep };
-                }
-            }
-        });
-    mask
 }
 
 /// ChaCha12's rounds on the state `x` (16 words, each a register of blocks): six double
