@@ -479,6 +479,16 @@ pub fn sorts_on_host(device: &Device) -> bool {
     }
 }
 
+/// `[0, 1, ..., n - 1]` on `device`, made on the host and copied there: Burn's `arange` on
+/// fused backends (the GPU build: CubeCL with `fusion`) is a cumulative sum of ones, which
+/// CubeCL computes with a quadratic kernel and which in Burn 0.22.1 returns 65,534 for every
+/// index from 65,535 on (on Vulkan and on GL; `backend_index_ranges_are_exact` checks this
+/// function and shows the difference).
+pub fn index_range(n: usize, device: &Device) -> burn::tensor::Tensor<1, burn::tensor::Int> {
+    let values: Vec<i64> = (0..n as i64).collect();
+    burn::tensor::Tensor::from_data(burn::tensor::TensorData::new(values, [n]), device)
+}
+
 /// Parses a device string (see the crate docs) and initialises the device.
 pub fn parse_device(name: &str) -> Result<Device, DeviceError> {
     name.parse::<DeviceSpec>()?.init()

@@ -435,12 +435,12 @@ pub fn lsh_attention_with_buckets(
     let device = qk.device();
 
     // Buckets with round offsets, so that rounds never share a bucket: [n, r*l].
-    let offsets = Tensor::<1, Int>::arange(0..r as i64, &device)
+    let offsets = memzoo_backend::index_range(r, &device)
         .mul_scalar(n_buckets as i64)
         .reshape([1, 1, r, 1]);
     let buckets = (buckets + offsets).reshape([n, rl]);
     // Sort by (bucket, position): the keys are unique, so any sort is stable here.
-    let ticker = Tensor::<1, Int>::arange(0..rl as i64, &device)
+    let ticker = memzoo_backend::index_range(rl, &device)
         .reshape([1, rl])
         .expand([n, rl]);
     let sticker = if memzoo_backend::sorts_on_host(&device) {
@@ -463,7 +463,7 @@ pub fn lsh_attention_with_buckets(
     // Gather the sorted copies (each round sees all `l` positions once) as row selections of
     // the flattened `[n * l, dh]` inputs.
     let row = |len: usize| {
-        Tensor::<1, Int>::arange(0..n as i64, &device)
+        memzoo_backend::index_range(n, &device)
             .mul_scalar(len as i64)
             .reshape([n, 1])
     };
@@ -594,7 +594,7 @@ pub fn local_attention(
     let [b, h, l, dh] = q.dims();
     let (n, c) = (b * h, params.chunk_len);
     let nc = l / c;
-    let pos = Tensor::<1, Int>::arange(0..l as i64, &q.device())
+    let pos = memzoo_backend::index_range(l, &q.device())
         .reshape([1, nc, c])
         .expand([n, nc, c]);
     let pad = key_pad.map(|m| {

@@ -39,7 +39,7 @@ pub mod config;
 pub mod error;
 pub mod feedforward;
 pub mod layer;
-mod order;
+pub mod order;
 pub mod reversible;
 pub mod rng;
 

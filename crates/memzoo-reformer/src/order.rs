@@ -20,7 +20,7 @@ const SCAN_BLOCK: usize = 64;
 ///
 /// # Shapes
 /// - `x`, output: `[rows, len]`
-pub(crate) fn prefix_sum(x: Tensor<2, Int>) -> Tensor<2, Int> {
+pub fn prefix_sum(x: Tensor<2, Int>) -> Tensor<2, Int> {
     let [rows, len] = x.dims();
     if len <= SCAN_BLOCK {
         return x.cumsum(1);
@@ -59,10 +59,10 @@ pub(crate) fn prefix_sum(x: Tensor<2, Int>) -> Tensor<2, Int> {
 /// # Shapes
 /// - `keys`: `[rows, len]`, values in `0..n_values`
 /// - output: `[rows, len]`, indices into `0..len`
-pub(crate) fn stable_order(keys: Tensor<2, Int>, n_values: usize) -> Tensor<2, Int> {
+pub fn stable_order(keys: Tensor<2, Int>, n_values: usize) -> Tensor<2, Int> {
     let [rows, len] = keys.dims();
     let device = keys.device();
-    let index = Tensor::<1, Int>::arange(0..len as i64, &device)
+    let index = memzoo_backend::index_range(len, &device)
         .reshape([1, len])
         .expand([rows, len])
         .cast(keys.dtype());

@@ -97,7 +97,7 @@ pub fn mask_from_keep_words<const D: usize>(
     debug_assert_eq!(w, n.div_ceil(32), "one word per 32 elements");
     let words: Vec<i32> = words.iter().map(|&x| x as i32).collect();
     let words = Tensor::<1, Int>::from_data(TensorData::new(words, [w]), device);
-    let shifts = Tensor::<1, Int>::arange(0..32, device)
+    let shifts = memzoo_backend::index_range(32, device)
         .reshape([1, 32])
         .cast(words.dtype());
     let keep = (1.0 / (1.0 - p)) as f32;
