@@ -15,7 +15,7 @@ const SCAN_BLOCK: usize = 64;
 /// `O(len · SCAN_BLOCK)` work.
 ///
 /// CubeCL's `cumsum` reads the whole prefix for each output (`O(len²)` along the dimension), so
-/// the sum runs in levels: within blocks of [`SCAN_BLOCK`], then over the blocks' totals (the
+/// the sum runs in levels: within blocks of 64 (`SCAN_BLOCK`), then over the blocks' totals (the
 /// same way, recursively), each block adding the totals of the blocks before it.
 ///
 /// # Shapes
