@@ -282,3 +282,67 @@ fn backend_index_ranges_are_exact() {
         }
     }
 }
+
+/// LSH attention (given buckets, tensor ops: what a GPU runs) and local attention past 65,536
+/// positions, the Reformer's enwik8 length, agree with `flex` on every test device: the
+/// positions, the device bucket sort and the gathers hold at that size. One row and head,
+/// 66,560 positions (65,536 + 1,024) of width 16, chunks of 64, 2 rounds of 64 buckets.
+#[test]
+fn backend_reformer_attention_past_65536_positions_matches_flex() {
+    use burn::tensor::{Int, Tensor, TensorData};
+    use memzoo_reformer::attention::lsh_attention_with_buckets;
+    use memzoo_reformer::{ChunkParams, LshKernel, LshScores, local_attention};
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    let (l, dh, rounds, n_buckets) = (65_536 + 1_024, 16, 2, 64);
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut draw = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random::<f32>() - 0.5).collect() };
+    let (qk, v, k) = (draw(l * dh), draw(l * dh), draw(l * dh));
+    let buckets: Vec<i64> = (0..rounds * l)
+        .map(|_| rng.random_range(0..n_buckets as i64))
+        .collect();
+    let params = ChunkParams {
+        chunk_len: 64,
+        before: 1,
+        after: 0,
+        causal: true,
+        dedup_rounds: true,
+        lsh_scores: LshScores::ScaledUnitKeys,
+        kernel: LshKernel::Tensor,
+        key_eps: 0.0,
+    };
+    let run = |device: &burn::tensor::Device| -> [Vec<f32>; 2] {
+        let t = |x: &Vec<f32>| {
+            Tensor::<4>::from_data(TensorData::new(x.clone(), [1, 1, l, dh]), device)
+        };
+        let b = Tensor::<4, Int>::from_data(
+            TensorData::new(buckets.clone(), [1, 1, rounds, l]),
+            device,
+        );
+        let lsh = lsh_attention_with_buckets(t(&qk), t(&v), b, n_buckets, None, params, None);
+        let local = local_attention(t(&qk), t(&k), t(&v), None, params, None);
+        [memzoo_tests::host(lsh), memzoo_tests::host(local)]
+    };
+    let want = run(&burn::tensor::Device::flex());
+    let specs = memzoo_backend::test_devices().unwrap_or_else(|e| panic!("{e}"));
+    for spec in specs {
+        let name = spec.to_string();
+        let device = spec.init().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = run(&device);
+        for (what, got, want) in [("LSH", &got[0], &want[0]), ("local", &got[1], &want[1])] {
+            let diff = |i: usize| (got[i] - want[i]).abs();
+            let worst = (0..got.len())
+                .max_by(|&a, &b| diff(a).total_cmp(&diff(b)))
+                .unwrap();
+            println!(
+                "{name}: {what} attention over {l} positions, max |diff| {:.2e} at position {}",
+                diff(worst),
+                worst / dh
+            );
+            assert!(
+                diff(worst) < 1e-4,
+                "{name}: {what} attention differs at position {}",
+                worst / dh
+            );
+        }
+    }
+}
