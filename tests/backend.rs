@@ -346,3 +346,56 @@ fn backend_reformer_attention_past_65536_positions_matches_flex() {
         }
     }
 }
+
+/// The kNN memory's device search (what a GPU runs: CubeCL's top-k over every stored key)
+/// past 65,536 keys, `memorizing-paper`'s store size, finds the naive top 32 on every test
+/// device: one store of 70,000 clustered keys of width 16, 4 queries. (Without the blocks of
+/// `memzoo_memory`'s `blocked_topk` it fails on Vulkan and GL: CubeCL's top 32 of a row of
+/// 65,536 or more never returns the entries from index 65,534 on.)
+#[test]
+fn backend_knn_device_search_past_65536_keys_is_exact() {
+    use burn::tensor::{Tensor, TensorData};
+    use memzoo_memory::keys::{clustered_keys, retrieved_ids, segment_tensors};
+    use memzoo_memory::{IndexKind, KnnMemoryConfig, TopkPlacement};
+    let (n, d, t, k) = (70_000, 16, 4, 32);
+    let keys = clustered_keys(n, d, 8, 0.5, 21);
+    let queries = clustered_keys(t, d, 8, 0.5, 22);
+    // The ids of the k largest q · key, by exact search here.
+    let want: Vec<i64> = queries
+        .chunks(d)
+        .flat_map(|q| {
+            let mut scored: Vec<(f32, usize)> = keys
+                .chunks(d)
+                .enumerate()
+                .map(|(i, key)| (key.iter().zip(q).map(|(a, b)| a * b).sum::<f32>(), i))
+                .collect();
+            scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+            scored[..k]
+                .iter()
+                .map(|&(_, i)| i as i64)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let specs = memzoo_backend::test_devices().unwrap_or_else(|e| panic!("{e}"));
+    for spec in specs {
+        let name = spec.to_string();
+        let device = spec.init().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut index = KnnMemoryConfig::new(1, d)
+            .with_kind(IndexKind::Exact)
+            .with_topk(TopkPlacement::Device)
+            .with_max_memories(1 << 17)
+            .init(1, &device)
+            .unwrap();
+        let (kt, vt) = segment_tensors(&keys, n, 0, n, 1, 1, d, &device);
+        index.add(kt, vt).unwrap();
+        let q = Tensor::<4>::from_data(TensorData::new(queries.clone(), [1, t, 1, d]), &device);
+        let got = retrieved_ids(&index.search(q, k).unwrap());
+        for (qi, (got, want)) in got.chunks(k).zip(want.chunks(k)).enumerate() {
+            let (mut g, mut w) = (got.to_vec(), want.to_vec());
+            g.sort_unstable();
+            w.sort_unstable();
+            assert_eq!(g, w, "{name}: query {qi}'s top {k}");
+        }
+        println!("{name}: the device search over {n} keys finds the naive top {k}");
+    }
+}

@@ -16,6 +16,39 @@ const EMPTY: f32 = -1.0e30;
 const EMPTY_BELOW: f32 = -1.0e29;
 /// Largest score block (elements) computed at once; queries are chunked to stay under it.
 const SCORE_BLOCK: usize = 1 << 24;
+/// Columns one top-k reduction reads at most. CubeCL's top-k (Burn 0.22.1) never returns the
+/// entries from index 65,534 on when it selects 32 of a row of 65,536 or more (found on Vulkan
+/// and GL; `backend_knn_device_search_past_65536_keys_is_exact`): `memorizing-paper`'s full
+/// store is 65,536 slots. Longer rows go in blocks ([`blocked_topk`]).
+const TOPK_BLOCK: usize = 1 << 15;
+
+/// `scores.topk_with_indices(k, 3)` for `[batch, heads, n, slots]` scores, in blocks of at
+/// most [`TOPK_BLOCK`] slots: each block's top `k` (which hold every one of the row's top `k`
+/// that falls in the block), their indices offset by the block's first slot, then the top `k`
+/// of those candidates, whose indices are gathered.
+///
+/// # Shapes
+/// - `scores`: `[batch, heads, n, slots]`, `k ≤ slots`
+/// - output: values and slot indices `[batch, heads, n, k]`, the values in descending order
+fn blocked_topk(scores: Tensor<4>, k: usize) -> (Tensor<4>, Tensor<4, Int>) {
+    let slots = scores.dims()[3];
+    if slots <= TOPK_BLOCK {
+        return scores.topk_with_indices(k, 3);
+    }
+    let (vals, idx): (Vec<_>, Vec<_>) = (0..slots)
+        .step_by(TOPK_BLOCK)
+        .map(|start| {
+            let len = TOPK_BLOCK.min(slots - start);
+            let (v, i) = scores
+                .clone()
+                .narrow(3, start, len)
+                .topk_with_indices(k.min(len), 3);
+            (v, i.add_scalar(start as i64))
+        })
+        .unzip();
+    let (top, at) = Tensor::cat(vals, 3).topk_with_indices(k, 3);
+    (top, Tensor::cat(idx, 3).gather(3, at))
+}
 
 /// Brute-force kNN memory, exact top-k by inner product.
 ///
@@ -189,7 +222,7 @@ impl ExactIndex {
             if let Some(h) = &hidden {
                 scores = scores.mask_fill(h.clone().expand([batch, kv_heads, t, slots]), EMPTY);
             }
-            let (vals, idx) = scores.topk_with_indices(kk, 3);
+            let (vals, idx) = blocked_topk(scores, kk);
             idx_parts.push(idx);
             empty_parts.push(vals.lower_elem(EMPTY_BELOW));
         }

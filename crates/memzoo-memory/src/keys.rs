@@ -124,14 +124,23 @@ pub fn retrieved_ids(r: &Retrieved) -> Vec<i64> {
         .convert::<f32>()
         .try_into_vec::<f32>()
         .expect("f32");
+    // Through integers: a device stores its booleans in its own width (`u32` on CubeCL).
     let m = r
         .mask
         .clone()
+        .int()
         .into_data()
-        .try_into_vec::<bool>()
-        .expect("bool");
+        .convert::<i64>()
+        .try_into_vec::<i64>()
+        .expect("i64");
     (0..b * t * h * k)
-        .map(|i| if m[i] { -1 } else { v[i * d].round() as i64 })
+        .map(|i| {
+            if m[i] != 0 {
+                -1
+            } else {
+                v[i * d].round() as i64
+            }
+        })
         .collect()
 }
 
