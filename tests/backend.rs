@@ -399,3 +399,26 @@ fn backend_knn_device_search_past_65536_keys_is_exact() {
         println!("{name}: the device search over {n} keys finds the naive top {k}");
     }
 }
+
+/// `memzoo devices --verify` on every test device: the operations memzoo's workarounds stand
+/// on (its host index ranges, the kNN memory's blocked device search, the Reformer's device
+/// sort) give the host's answers everywhere, and on `flex` every check does; the others are
+/// printed (on Mesa's drivers some of Burn's reductions past 65,535 elements are wrong:
+/// `docs/backends.md`).
+#[test]
+fn backend_devices_verify_holds_what_memzoo_builds_on() {
+    let specs = memzoo_backend::test_devices().unwrap_or_else(|e| panic!("{e}"));
+    for spec in specs {
+        let name = spec.to_string();
+        let device = spec.init().unwrap_or_else(|e| panic!("{name}: {e}"));
+        for v in memzoo::commands::verify(&device) {
+            println!("{name}: {} -> {:?}", v.check, v.difference);
+            let ours = v.check.starts_with("memzoo_backend")
+                || v.check.contains("kNN memory's device search")
+                || v.check.contains("Reformer's device bucket sort");
+            if ours || spec == memzoo_backend::DeviceSpec::Flex {
+                assert_eq!(v.difference, None, "{name}: {}", v.check);
+            }
+        }
+    }
+}

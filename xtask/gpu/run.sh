@@ -503,6 +503,19 @@ check() {
   fi
 
   # ------------------------------------------------------------------------------------------
+  # Large-shape operations against the host (`memzoo devices --verify`: sums, top-k, index
+  # ranges past 65,535 elements, the kNN device search, the Reformer's device sort). Reported,
+  # not fatal: on Mesa's software drivers some of Burn's reductions are wrong there
+  # (docs/backends.md), and this says whether this device's are.
+  verify_lines=""
+  say "---- large-shape operations on $device (memzoo devices --verify)"
+  status=0
+  verify_lines=$(cd "$work" && timeout -k 10 120 "$bin" devices --verify "$device" 2>&1) \
+    || status=$?
+  echo "$verify_lines"
+  [ "$status" = 0 ] || say "warning: an operation memzoo's models use was wrong (status $status)"
+
+  # ------------------------------------------------------------------------------------------
   rows=()
   failed=0
   for run in $presets; do
@@ -637,6 +650,7 @@ check() {
     echo "processes); loss: the last window's training loss (nats); valid: $eval_segments validation"
     echo "segments at the end."
     [ -z "$product_lines" ] || echo "$product_lines"
+    [ -z "$verify_lines" ] || echo "$verify_lines"
     [ -z "$profile_lines" ] || echo "$profile_lines"
   )
   echo

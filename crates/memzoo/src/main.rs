@@ -259,7 +259,8 @@ enum Command {
         options: memzoo::recl::ReclOptions,
     },
     /// List device strings and which backends this binary has; with `--measure DEVICE`, time
-    /// that device's float32 matrix products at the shapes the papers' presets train with.
+    /// that device's float32 matrix products at the shapes the papers' presets train with;
+    /// with `--verify DEVICE`, check its large-shape operations against the host.
     Devices {
         /// A device string (`flex`, `wgpu-vulkan`, `cuda:0`, ...) whose products to time.
         #[arg(long)]
@@ -267,7 +268,12 @@ enum Command {
         /// Timed products per shape (after one untimed), their median reported.
         #[arg(long, default_value_t = 5)]
         repeats: usize,
-        /// Print JSON (with `--measure`).
+        /// A device string whose large-shape operations (sums, top-k, index ranges, the
+        /// Reformer's device sort, the kNN device search, past 65,535 elements) to check
+        /// against the host; an error when one memzoo's models use is wrong.
+        #[arg(long, conflicts_with = "measure")]
+        verify: Option<String>,
+        /// Print JSON (with `--measure` or `--verify`).
         #[arg(long)]
         json: bool,
     },
@@ -494,8 +500,14 @@ fn run(command: Command) -> Result<Option<i32>, CliError> {
             measure: Some(device),
             repeats,
             json,
+            ..
         } => commands::devices_measure(&device, repeats, json),
-        Command::Devices { measure: None, .. } => {
+        Command::Devices {
+            verify: Some(device),
+            json,
+            ..
+        } => commands::devices_verify(&device, json),
+        Command::Devices { .. } => {
             for (name, feature) in memzoo::backend::DEVICE_NAMES {
                 let spec: memzoo::backend::DeviceSpec = name.parse().expect("known name");
                 let state = if spec.is_compiled() {

@@ -10,7 +10,8 @@
 //! - `data`: `memzoo data list | fetch | prepare | stats` ([`data_list`], [`data_fetch`],
 //!   [`data_prepare`], [`data_stats`]);
 //! - `devices`: `memzoo devices --measure DEVICE`, a device's matrix-product rate at the
-//!   presets' shapes ([`devices_measure`], [`measure_products`]);
+//!   presets' shapes ([`devices_measure`], [`measure_products`]); large-shape operations
+//!   against the host ([`devices_verify`]);
 //! - `inspect`: `memzoo inspect` ([`inspect()`], [`InspectArgs`]; the page is built in
 //!   [`crate::inspect`]);
 //! - `loading`: shared helpers reading a run directory: its model with a checkpoint
@@ -34,6 +35,7 @@ mod inspect;
 mod loading;
 mod tasks;
 mod train;
+mod verify;
 
 pub(crate) use checks::check_import_memory;
 pub use data::{data_fetch, data_list, data_prepare, data_stats};
@@ -45,6 +47,7 @@ pub(crate) use loading::load_checkpoint;
 pub use loading::load_xl;
 pub use tasks::{duplication, recall};
 pub use train::{recall_summary, train};
+pub use verify::{Verdict, devices_verify, verify};
 
 pub(crate) fn device(name: &str) -> Result<Device, CliError> {
     Ok(memzoo_backend::parse_device(name)?)
