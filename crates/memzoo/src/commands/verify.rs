@@ -90,8 +90,15 @@ pub fn verify(device: &Device) -> Vec<Verdict> {
         first_difference(&ints(Tensor::arange(0..n as i64, device)), &want, 0.0),
     );
 
-    // Reductions: 1-D and 2-D, long rows, many short rows, the preset's largest weight.
-    for dims in [[1, 1_000_003], [1, 65_535], [2_048, 512], [70_000, 16]] {
+    // Reductions: long rows, many short rows, and the presets' weights (xl-enwik8-base's
+    // feed-forward, reformer-enwik8's).
+    for dims in [
+        [1, 1_000_003],
+        [1, 65_535],
+        [2_048, 512],
+        [4_096, 1_024],
+        [70_000, 16],
+    ] {
         let [m, c] = dims;
         let v = ramp(m, c);
         let t = Tensor::<2>::from_data(TensorData::new(v.clone(), dims), device);
