@@ -136,6 +136,20 @@ pub fn verify(device: &Device) -> Vec<Verdict> {
         );
     }
 
+    // The loss's mean over the presets' targets: xl-enwik8-base's 22 x 512, reformer-enwik8's
+    // 65,536 a row (8 rows: a batch of 8), block-recurrent-paper's 32 x 4,096.
+    for dims in [[22, 512], [8, 65_536], [32, 4_096]] {
+        let [m, c] = dims;
+        let v = ramp(m, c);
+        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / (m * c) as f64;
+        let t = Tensor::<2>::from_data(TensorData::new(v, dims), device);
+        record(
+            format!("mean of {dims:?} (a loss's)"),
+            true,
+            first_difference(&floats(t.mean()), &[mean], 1e-4),
+        );
+    }
+
     // Top 32 of a full kNN store (memorizing-paper: 65,536 slots), Burn's and memzoo's.
     let (rows, slots, k) = (8, 65_536, 32);
     let v = ramp(rows, slots);
