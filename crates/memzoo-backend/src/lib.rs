@@ -482,7 +482,7 @@ pub fn sorts_on_host(device: &Device) -> bool {
 /// `[0, 1, ..., n - 1]` on `device`, made on the host and copied there: Burn's `arange` on
 /// fused backends (the GPU build: CubeCL with `fusion`) is a cumulative sum of ones, which
 /// CubeCL computes with a quadratic kernel and which in Burn 0.22.1 returns 65,534 for every
-/// index from 65,535 on (on Vulkan and on GL; `backend_index_ranges_are_exact` checks this
+/// index from 65,535 on (on Vulkan and on GL; `memzoo devices --verify` checks this
 /// function and shows the difference).
 pub fn index_range(n: usize, device: &Device) -> burn::tensor::Tensor<1, burn::tensor::Int> {
     let values: Vec<i64> = (0..n as i64).collect();

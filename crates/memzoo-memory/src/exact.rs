@@ -18,7 +18,7 @@ const EMPTY_BELOW: f32 = -1.0e29;
 const SCORE_BLOCK: usize = 1 << 24;
 /// Columns one top-k reduction reads at most. CubeCL's top-k (Burn 0.22.1) never returns the
 /// entries from index 65,534 on when it selects 32 of a row of 65,536 or more (found on Vulkan
-/// and GL; `backend_knn_device_search_past_65536_keys_is_exact`): `memorizing-paper`'s full
+/// and GL; `memzoo devices --verify`, `backend_devices_verify_holds_what_memzoo_builds_on`): `memorizing-paper`'s full
 /// store is 65,536 slots. Longer rows go in blocks ([`blocked_topk`]).
 const TOPK_BLOCK: usize = 1 << 15;
 
