@@ -136,6 +136,22 @@ pub fn verify(device: &Device) -> Vec<Verdict> {
         );
     }
 
+    // The LSH hash's argmax over many rows (reformer-enwik8 hashes 8 x 65,536 x 2 rows).
+    let (m, c) = (131_072, 64);
+    let v: Vec<f32> = (0..m * c)
+        .map(|i| ((i * 7_919) % 10_007) as f32 / 10_007.0)
+        .collect();
+    let want: Vec<f64> = v
+        .chunks(c)
+        .map(|r| (0..c).fold(0, |b, j| if r[j] > r[b] { j } else { b }) as f64)
+        .collect();
+    let t = Tensor::<2>::from_data(TensorData::new(v, [m, c]), device);
+    record(
+        format!("argmax(1) of [{m}, {c}] (the LSH hash's)"),
+        true,
+        first_difference(&ints(t.argmax(1)), &want, 0.0),
+    );
+
     // The loss's mean over the presets' targets: xl-enwik8-base's 22 x 512, reformer-enwik8's
     // 65,536 a row (8 rows: a batch of 8), block-recurrent-paper's 32 x 4,096.
     for dims in [[22, 512], [8, 65_536], [32, 4_096]] {
