@@ -47,7 +47,7 @@ pub(crate) use loading::load_checkpoint;
 pub use loading::load_xl;
 pub use tasks::{duplication, recall};
 pub use train::{recall_summary, train};
-pub use verify::{Verdict, devices_verify, verify};
+pub use verify::{Role, Verdict, devices_verify, verify};
 
 pub(crate) fn device(name: &str) -> Result<Device, CliError> {
     Ok(memzoo_backend::parse_device(name)?)

@@ -15,13 +15,25 @@ use serde::Serialize;
 
 use crate::error::CliError;
 
+/// Whose operation a check runs, and whether memzoo's models run it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// memzoo's own (its workarounds): must be right on every device.
+    Memzoo,
+    /// Burn's, as memzoo's models use it (a failure makes them wrong on this device).
+    BurnUsed,
+    /// Burn's, which memzoo's models no longer use (reported for Burn's sake).
+    BurnAvoided,
+}
+
 /// One check's outcome.
 #[derive(Clone, Debug, Serialize)]
 pub struct Verdict {
     /// What was computed, with its shape.
     pub check: String,
-    /// Whether memzoo's models depend on it (a failure there is a memzoo bug).
-    pub used_by_memzoo: bool,
+    /// Whose operation it is.
+    pub role: Role,
     /// `None` when the device's answer is the host's; else the first difference.
     pub difference: Option<String>,
 }
@@ -70,10 +82,10 @@ fn ramp(rows: usize, len: usize) -> Vec<f32> {
 /// Every check on `device`.
 pub fn verify(device: &Device) -> Vec<Verdict> {
     let mut out = Vec::new();
-    let mut record = |check: String, used: bool, difference: Option<String>| {
+    let mut record = |check: String, role: Role, difference: Option<String>| {
         out.push(Verdict {
             check,
-            used_by_memzoo: used,
+            role,
             difference,
         })
     };
@@ -81,12 +93,12 @@ pub fn verify(device: &Device) -> Vec<Verdict> {
     let want: Vec<f64> = (0..n).map(|i| i as f64).collect();
     record(
         format!("memzoo_backend::index_range({n})"),
-        true,
+        Role::Memzoo,
         first_difference(&ints(memzoo_backend::index_range(n, device)), &want, 0.0),
     );
     record(
         format!("Burn's arange(0..{n})"),
-        false,
+        Role::BurnAvoided,
         first_difference(&ints(Tensor::arange(0..n as i64, device)), &want, 0.0),
     );
 
@@ -116,22 +128,22 @@ pub fn verify(device: &Device) -> Vec<Verdict> {
         let sq = floats(t.clone().powi_scalar(2).sum());
         record(
             format!("sum of {dims:?}"),
-            true,
+            Role::BurnUsed,
             first_difference(&sum, &[total], 1e-4),
         );
         record(
             format!("sum of squares of {dims:?} (the gradient norm's)"),
-            true,
+            Role::BurnUsed,
             first_difference(&sq, &[squares], 1e-4),
         );
         record(
             format!("sum_dim(1) of {dims:?}"),
-            true,
+            Role::BurnUsed,
             first_difference(&floats(t.clone().sum_dim(1)), &rows, 1e-4),
         );
         record(
             format!("max_dim(1) of {dims:?}"),
-            true,
+            Role::BurnUsed,
             first_difference(&floats(t.max_dim(1)), &maxima, 0.0),
         );
     }
@@ -148,7 +160,7 @@ pub fn verify(device: &Device) -> Vec<Verdict> {
     let t = Tensor::<2>::from_data(TensorData::new(v, [m, c]), device);
     record(
         format!("argmax(1) of [{m}, {c}] (the LSH hash's)"),
-        true,
+        Role::BurnUsed,
         first_difference(&ints(t.argmax(1)), &want, 0.0),
     );
 
@@ -161,7 +173,7 @@ pub fn verify(device: &Device) -> Vec<Verdict> {
         let t = Tensor::<2>::from_data(TensorData::new(v, dims), device);
         record(
             format!("mean of {dims:?} (a loss's)"),
-            true,
+            Role::BurnUsed,
             first_difference(&floats(t.mean()), &[mean], 1e-4),
         );
     }
@@ -175,12 +187,12 @@ pub fn verify(device: &Device) -> Vec<Verdict> {
     let firsts: Vec<f64> = ints(idx).chunks(k).map(|c| c[0]).collect();
     record(
         format!("Burn's top {k} of [{rows}, {slots}] (the best's index)"),
-        false,
+        Role::BurnAvoided,
         first_difference(&firsts, &want_top, 0.0),
     );
     record(
         "the kNN memory's device search over 70,000 keys (naive top 32)".into(),
-        true,
+        Role::Memzoo,
         knn_search_difference(device),
     );
 
@@ -201,7 +213,7 @@ pub fn verify(device: &Device) -> Vec<Verdict> {
     let t = Tensor::<2, Int>::from_data(TensorData::new(keys, [rows, len]), device);
     record(
         format!("the Reformer's device bucket sort of [{rows}, {len}] keys below {values}"),
-        true,
+        Role::Memzoo,
         first_difference(
             &ints(memzoo_reformer::order::stable_order(t, values)),
             &want,
@@ -270,17 +282,17 @@ pub fn devices_verify(device_name: &str, json: bool) -> Result<(), CliError> {
                 None => "ok".to_string(),
                 Some(d) => format!("WRONG ({d})"),
             };
-            let whose = if v.used_by_memzoo {
-                ""
-            } else {
-                " [Burn's; memzoo works around it]"
+            let whose = match v.role {
+                Role::Memzoo => " [memzoo's]",
+                Role::BurnUsed => "",
+                Role::BurnAvoided => " [Burn's; memzoo works around it]",
             };
             println!("  {:70} {result}{whose}", v.check);
         }
     }
     let broken: Vec<&str> = verdicts
         .iter()
-        .filter(|v| v.used_by_memzoo && v.difference.is_some())
+        .filter(|v| v.role != Role::BurnAvoided && v.difference.is_some())
         .map(|v| v.check.as_str())
         .collect();
     if broken.is_empty() {
